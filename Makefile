@@ -1,0 +1,60 @@
+# forge: make builds build/libforge.a, build/libforge.so, build/forge (CLI) and build/forge_tests;
+# `make test` runs the test suite (the same GoogleTest binary CTest runs).
+CC ?= cc
+CXX ?= c++
+BUILD ?= build
+GLSLANG ?= glslangValidator
+PREFIX ?= /usr/local
+OPT ?= -O2 -g
+
+WARN := -Wall -Wextra -Wno-format-truncation -Wno-unused-function
+CFLAGS_FORGE := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -I. -I$(BUILD)
+LIBS := -lcjson -lpthread -ldl -lm
+
+KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
+
+.PHONY: all lib cli tests test install clean fuzz
+all: lib cli tests
+lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
+cli: $(BUILD)/forge
+tests: $(BUILD)/forge_tests
+
+$(BUILD)/forge_kernels.h: $(KERNELS)
+	@mkdir -p $(BUILD)
+	sh tools/build_kernels.sh $(GLSLANG) kernels $@
+
+$(BUILD)/forge.o: forge.c forge.h $(BUILD)/forge_kernels.h
+	$(CC) $(CFLAGS_FORGE) -c forge.c -o $@
+
+$(BUILD)/libforge.a: $(BUILD)/forge.o
+	ar rcs $@ $^
+
+$(BUILD)/libforge.so: $(BUILD)/forge.o
+	$(CC) -shared -Wl,-soname,libforge.so.0 -o $@ $^ $(LIBS)
+
+$(BUILD)/forge: tools/forge_cli.c bench/bench.c forge.h $(BUILD)/libforge.a
+	$(CC) -std=c11 $(OPT) $(WARN) -I. tools/forge_cli.c bench/bench.c $(BUILD)/libforge.a $(LIBS) -o $@
+
+# Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
+TEST_SRCS := $(wildcard tests/test_*.cpp)
+$(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
+	$(CC) -std=c11 $(OPT) $(WARN) -DFORGE_TESTING -I. -I$(BUILD) -c tests/internal.c -o $@
+
+$(BUILD)/forge_tests: $(TEST_SRCS) tests/internal.h tests/util.h $(BUILD)/internal_test.o
+	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
+		-lgtest -lgtest_main $(LIBS) -o $@
+
+test: $(BUILD)/forge_tests
+	cd $(BUILD) && ./forge_tests
+
+install: lib cli
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 forge.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(BUILD)/libforge.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libforge.so $(DESTDIR)$(PREFIX)/lib/libforge.so.0
+	ln -sf libforge.so.0 $(DESTDIR)$(PREFIX)/lib/libforge.so
+	install -m 755 $(BUILD)/forge $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,138 @@
+/* bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3]`.
+ *
+ * Measures, from token ids alone (no tokenizer), on one session:
+ *   prefill: one forge_eval of P prompt tokens (pseudo-random ids), from an empty cache;
+ *   decode:  N single-token steps after that prefill, each feeding back the argmax of the
+ *            last logits (greedy decoding), logits read back every step.
+ * Each is repeated R times and the median reported. Prints one JSON object on stdout:
+ *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
+ *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
+ *    "peak_device_bytes", "load_s"}
+ * ttft_ms is the median prefill time plus one decode step: the time to the first new token. */
+#define _POSIX_C_SOURCE 200809L
+#include "forge.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+forge_model *forge_cli_load(const char *path, const char *device, int verbose); /* tools/forge_cli.c */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void json_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
+        else putchar(*s);
+    }
+    putchar('"');
+}
+
+int forge_bench_main(int argc, char **argv) {
+    const char *path = NULL, *device = NULL;
+    int P = 512, N = 128, R = 3, verbose = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-p") && i + 1 < argc) P = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) N = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!path) path = argv[i];
+        else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!path || P < 1 || N < 1 || R < 1) {
+        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D]\n");
+        return 2;
+    }
+    double t0 = now_s();
+    forge_model *m = forge_cli_load(path, device, verbose);
+    if (!m) return 1;
+    double load_s = now_s() - t0;
+    forge_model_info info;
+    forge_model_get_info(m, &info);
+    int V = info.n_vocab;
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = P + N + 1;
+    sp.n_batch = P;
+    forge_session *s = NULL;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        fprintf(stderr, "forge bench: %s\n", forge_model_errmsg(m));
+        forge_model_free(m);
+        return 1;
+    }
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    double *pre = malloc(sizeof(double) * (size_t)R), *dec = malloc(sizeof(double) * (size_t)R), *first = malloc(sizeof(double) * (size_t)R);
+    uint32_t rng = 12345;
+    for (int i = 0; i < P; i++) {
+        rng = rng * 1664525u + 1013904223u;
+        prompt[i] = (int32_t)((rng >> 8) % (uint32_t)V);
+    }
+    int rc = 0;
+    for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
+        forge_session_truncate(s, 0);
+        double a = now_s();
+        if (forge_eval(s, prompt, P, 0, logits, (size_t)V) != FORGE_OK) { rc = 1; break; }
+        double b = now_s();
+        double step_first = 0;
+        for (int i = 0; i < N; i++) {
+            int32_t best = 0;
+            for (int j = 1; j < V; j++) if (logits[j] > logits[best]) best = j;
+            double c = now_s();
+            if (forge_eval(s, &best, 1, 0, logits, (size_t)V) != FORGE_OK) { rc = 1; break; }
+            if (i == 0) step_first = now_s() - c;
+        }
+        double e = now_s();
+        if (r > 0) {
+            pre[r - 1] = P / (b - a);
+            dec[r - 1] = N / (e - b);
+            first[r - 1] = (b - a + step_first) * 1e3;
+        }
+    }
+    if (rc) {
+        fprintf(stderr, "forge bench: %s\n", forge_session_errmsg(s));
+    } else {
+        forge_model_get_info(m, &info);
+        printf("{\"device\": ");
+        json_str(info.device_name);
+        printf(", \"driver\": ");
+        json_str(info.device_driver);
+        printf(", \"model\": ");
+        json_str(path);
+        printf(", \"format\": ");
+        json_str(info.source_format);
+        printf(", \"arch\": ");
+        json_str(info.architecture);
+        printf(", \"dtype\": ");
+        json_str(info.weight_dtype);
+        printf(", \"parameters\": %llu, \"weight_bytes\": %llu, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d",
+               (unsigned long long)info.n_params, (unsigned long long)info.weight_bytes, P, N, R);
+        printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
+        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f}\n", (unsigned long long)info.memory.device_peak_bytes, load_s);
+    }
+    free(prompt);
+    free(logits);
+    free(pre);
+    free(dec);
+    free(first);
+    forge_session_free(s);
+    forge_model_free(m);
+    return rc;
+}

@@ -1,0 +1,3367 @@
+/* forge.c: the forge runtime, one C11 translation unit. The public API is forge.h.
+ *
+ * Contents, in the order data flows:
+ *   0. Basics        status names, error messages, logging, small helpers
+ *   1. Memory        the host arena; device memory accounting
+ *   2. Files         mmap, safetensors, GGUF, config.json -> forge__config
+ *   3. Tokenizer     tokenizer.json and GGUF vocabularies
+ *   4. Device        Vulkan instance, device choice, capabilities, buffers
+ *   5. Op table      one row per kernel; pipelines; dispatch recording
+ *   6. Models        weights: naming conventions, validation, the upload plan
+ *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
+ *   8. Public API    what forge.h declares and the sections above do not
+ *
+ * Conventions: every internal name is static and starts with forge__; tensors are row-major
+ * and their shapes are written outermost first ([rows, cols]); activations are f32.
+ */
+#if !defined(_WIN32) && !defined(_GNU_SOURCE)
+#  define _GNU_SOURCE 1   /* mmap, pthread, strndup, clock_gettime */
+#endif
+
+#include "forge.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <vulkan/vulkan.h>
+
+#include "forge_kernels.h" /* generated at build time: the SPIR-V of kernels/ as arrays */
+
+#ifdef FORGE_TESTING
+#  define FORGE__INTERNAL        /* tests reach internals by including this file */
+#else
+#  define FORGE__INTERNAL static
+#endif
+
+/* =======================================================================================
+ * 0. Basics
+ * Status names, per-object error messages, the log callback, checked arithmetic.
+ * ===================================================================================== */
+
+#define FORGE__ERRMSG_SIZE 1024
+#define FORGE__MAX_LAYERS 512
+#define FORGE__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define FORGE__MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FORGE__MAX(a, b) ((a) > (b) ? (a) : (b))
+
+FORGE_API const char *forge_status_name(forge_status status) {
+    switch (status) {
+    case FORGE_OK: return "FORGE_OK";
+    case FORGE_ERR_INVALID_ARGUMENT: return "FORGE_ERR_INVALID_ARGUMENT";
+    case FORGE_ERR_IO: return "FORGE_ERR_IO";
+    case FORGE_ERR_FORMAT: return "FORGE_ERR_FORMAT";
+    case FORGE_ERR_UNSUPPORTED: return "FORGE_ERR_UNSUPPORTED";
+    case FORGE_ERR_MODEL: return "FORGE_ERR_MODEL";
+    case FORGE_ERR_DEVICE: return "FORGE_ERR_DEVICE";
+    case FORGE_ERR_OUT_OF_MEMORY: return "FORGE_ERR_OUT_OF_MEMORY";
+    case FORGE_ERR_LIMIT: return "FORGE_ERR_LIMIT";
+    case FORGE_ERR_BUFFER_TOO_SMALL: return "FORGE_ERR_BUFFER_TOO_SMALL";
+    }
+    return "FORGE_ERR_UNKNOWN";
+}
+
+FORGE_API const char *forge_version(void) { return "0.1.0"; }
+
+/* An error slot: the message of the last failure on the object that owns it. */
+typedef struct forge__err {
+    char msg[FORGE__ERRMSG_SIZE];
+} forge__err;
+
+/* Formats a message into `err` and returns `status`, so callers write
+ * `return forge__fail(err, FORGE_ERR_FORMAT, "%s: ...", path);`. */
+static forge_status forge__fail(forge__err *err, forge_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static forge_status forge__fail(forge__err *err, forge_status status, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* Prefixes the message already in `err` with more context ("loading x: <old message>"). */
+static forge_status forge__wrap(forge__err *err, forge_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static forge_status forge__wrap(forge__err *err, forge_status status, const char *fmt, ...) {
+    char prefix[512], old[FORGE__ERRMSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, err->msg, sizeof old);
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    return status;
+}
+
+typedef struct forge__logger {
+    forge_log_fn fn;
+    void *user;
+} forge__logger;
+
+static void forge__log(const forge__logger *lg, forge_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void forge__log(const forge__logger *lg, forge_log_level level, const char *fmt, ...) {
+    if (!lg || !lg->fn) return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    lg->fn(lg->user, level, line);
+}
+
+/* a*b and a+b on sizes that come from files: false on overflow. */
+static bool forge__mul_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (a != 0 && b > UINT64_MAX / a) return false;
+    *out = a * b;
+    return true;
+}
+static bool forge__add_ok(uint64_t a, uint64_t b, uint64_t *out) {
+    if (b > UINT64_MAX - a) return false;
+    *out = a + b;
+    return true;
+}
+
+static uint64_t forge__align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static double forge__now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static bool forge__ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* IEEE half / bfloat16 <-> float on the host (upload conversions, references in tests). */
+static float forge__f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: renormalize */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) { mant <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static float forge__bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+static uint16_t forge__f32_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+static uint16_t forge__f32_to_f16(float f) { /* round to nearest even */
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000, ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
+    if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* overflow -> inf */
+    if (ax < 0x38800000u) { /* subnormal or zero */
+        float af;
+        memcpy(&af, &ax, 4);
+        return (uint16_t)(sign | (uint32_t)lrintf(af * 16777216.0f)); /* 2^24 */
+    }
+    uint32_t r = ax + 0xfff + ((ax >> 13) & 1) - 0x38000000u;
+    return (uint16_t)(sign | (r >> 13));
+}
+
+/* =======================================================================================
+ * 1. Memory
+ * The host arena: every table a model or session keeps lives in one arena, allocated while
+ * loading (or creating the session) and released at once on free. Nothing is allocated on the
+ * hot path. The device side is accounted here too: every VkDeviceMemory forge allocates is
+ * counted against its owner, so in-use and peak bytes are exact.
+ * ===================================================================================== */
+
+typedef struct forge__arena_block {
+    struct forge__arena_block *next;
+    size_t size, used;
+    _Alignas(16) unsigned char data[];
+} forge__arena_block;
+
+typedef struct forge__arena {
+    forge__arena_block *head;
+    size_t bytes;          /* total bytes reserved from the system */
+    size_t block_size;     /* default block size */
+} forge__arena;
+
+static void *forge__arena_alloc(forge__arena *a, size_t size, size_t align) {
+    if (align < 16) align = 16;
+    forge__arena_block *b = a->head;
+    if (b) {
+        size_t off = (size_t)forge__align_up(b->used, align);
+        if (off <= b->size && size <= b->size - off) {
+            b->used = off + size;
+            memset(b->data + off, 0, size);
+            return b->data + off;
+        }
+    }
+    size_t bs = a->block_size ? a->block_size : (size_t)1 << 20;
+    if (size + align > bs) bs = size + align;
+    b = (forge__arena_block *)malloc(sizeof *b + bs);
+    if (!b) return NULL;
+    b->next = a->head;
+    b->size = bs;
+    b->used = size;
+    a->head = b;
+    a->bytes += sizeof *b + bs;
+    memset(b->data, 0, size);
+    return b->data;
+}
+
+static char *forge__arena_strndup(forge__arena *a, const char *s, size_t n) {
+    char *p = (char *)forge__arena_alloc(a, n + 1, 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+static char *forge__arena_strdup(forge__arena *a, const char *s) {
+    return forge__arena_strndup(a, s, strlen(s));
+}
+
+static void forge__arena_free(forge__arena *a) {
+    forge__arena_block *b = a->head;
+    while (b) {
+        forge__arena_block *n = b->next;
+        free(b);
+        b = n;
+    }
+    a->head = NULL;
+    a->bytes = 0;
+}
+
+/* Device memory accounting for one owner (a model or a session), and the device-wide total
+ * the model keeps for all its sessions (peak device memory in benchmarks). */
+typedef struct forge__mem_counter {
+    uint64_t planned, in_use, peak, n_buffers, n_allocations;
+} forge__mem_counter;
+
+static void forge__mem_add(forge__mem_counter *c, forge__mem_counter *total, uint64_t bytes) {
+    c->in_use += bytes;
+    c->n_allocations++;
+    if (c->in_use > c->peak) c->peak = c->in_use;
+    if (total) {
+        total->in_use += bytes;
+        if (total->in_use > total->peak) total->peak = total->in_use;
+    }
+}
+static void forge__mem_sub(forge__mem_counter *c, forge__mem_counter *total, uint64_t bytes) {
+    c->in_use -= bytes;
+    c->n_allocations--;
+    if (total) total->in_use -= bytes;
+}
+
+/* =======================================================================================
+ * 2. Files
+ * Checkpoints are mapped read-only, never copied. Every offset, size and shape read from a
+ * file is checked against the file's size before it is used: a hostile file gets an error
+ * naming the file and field, never a crash. The result of this section is a tensor table
+ * (name -> dtype, shape, bytes in the mapping) and a forge__config, whatever the format.
+ * ===================================================================================== */
+
+typedef struct forge__file {
+    char *path;
+    const uint8_t *data;
+    uint64_t size;
+} forge__file;
+
+static forge_status forge__file_map(forge__file *f, const char *path, forge__err *err) {
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return forge__fail(err, FORGE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return forge__fail(err, FORGE_ERR_IO, "%s: not a regular file", path);
+    }
+    f->size = (uint64_t)st.st_size;
+    if (f->size > 0) {
+        void *p = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return forge__fail(err, FORGE_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
+        }
+        f->data = (const uint8_t *)p;
+    }
+    close(fd);
+    f->path = strdup(path);
+    if (!f->path) {
+        if (f->data) munmap((void *)f->data, (size_t)f->size);
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    return FORGE_OK;
+}
+
+static void forge__file_unmap(forge__file *f) {
+    if (f->data) munmap((void *)f->data, (size_t)f->size);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+/* Reads a whole small file (config.json) into a NUL-terminated malloc'd buffer. */
+static forge_status forge__read_text(const char *path, char **out, size_t *len, forge__err *err) {
+    forge__file f;
+    forge_status st = forge__file_map(&f, path, err);
+    if (st) return st;
+    char *buf = (char *)malloc((size_t)f.size + 1);
+    if (!buf) {
+        forge__file_unmap(&f);
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory reading %s", path);
+    }
+    if (f.size) memcpy(buf, f.data, (size_t)f.size);
+    buf[f.size] = 0;
+    *len = (size_t)f.size;
+    *out = buf;
+    forge__file_unmap(&f);
+    return FORGE_OK;
+}
+
+/* ---- Tensor data types, with GGUF's numbering where GGUF has the type ---- */
+
+typedef enum forge__dtype {
+    FORGE__F32 = 0,
+    FORGE__F16 = 1,
+    FORGE__Q4_0 = 2,
+    FORGE__Q4_1 = 3,
+    FORGE__Q5_0 = 6,
+    FORGE__Q5_1 = 7,
+    FORGE__Q8_0 = 8,
+    FORGE__Q8_1 = 9,
+    FORGE__Q2_K = 10,
+    FORGE__Q3_K = 11,
+    FORGE__Q4_K = 12,
+    FORGE__Q5_K = 13,
+    FORGE__Q6_K = 14,
+    FORGE__Q8_K = 15,
+    FORGE__IQ2_XXS = 16,
+    FORGE__IQ2_XS = 17,
+    FORGE__IQ3_XXS = 18,
+    FORGE__IQ1_S = 19,
+    FORGE__IQ4_NL = 20,
+    FORGE__IQ3_S = 21,
+    FORGE__IQ2_S = 22,
+    FORGE__IQ4_XS = 23,
+    FORGE__I8 = 24,
+    FORGE__I16 = 25,
+    FORGE__I32 = 26,
+    FORGE__I64 = 27,
+    FORGE__F64 = 28,
+    FORGE__IQ1_M = 29,
+    FORGE__BF16 = 30,
+    FORGE__TQ1_0 = 34,
+    FORGE__TQ2_0 = 35,
+    FORGE__MXFP4 = 39,
+    FORGE__GGUF_TYPE_END = 40,
+    /* types only safetensors has */
+    FORGE__U8 = 100,
+    FORGE__U16,
+    FORGE__U32,
+    FORGE__U64,
+    FORGE__BOOL,
+    FORGE__F8_E4M3,
+    FORGE__F8_E5M2,
+    FORGE__DTYPE_INVALID = 255
+} forge__dtype;
+
+typedef struct forge__dtype_traits {
+    const char *name;      /* lower-case, as printed by forge info */
+    uint32_t block;        /* elements per block */
+    uint32_t block_bytes;  /* bytes per block */
+} forge__dtype_traits;
+
+static forge__dtype_traits forge__dtype_info(forge__dtype t) {
+    switch (t) {
+    case FORGE__F32: return (forge__dtype_traits){"f32", 1, 4};
+    case FORGE__F16: return (forge__dtype_traits){"f16", 1, 2};
+    case FORGE__BF16: return (forge__dtype_traits){"bf16", 1, 2};
+    case FORGE__F64: return (forge__dtype_traits){"f64", 1, 8};
+    case FORGE__I8: return (forge__dtype_traits){"i8", 1, 1};
+    case FORGE__I16: return (forge__dtype_traits){"i16", 1, 2};
+    case FORGE__I32: return (forge__dtype_traits){"i32", 1, 4};
+    case FORGE__I64: return (forge__dtype_traits){"i64", 1, 8};
+    case FORGE__U8: return (forge__dtype_traits){"u8", 1, 1};
+    case FORGE__U16: return (forge__dtype_traits){"u16", 1, 2};
+    case FORGE__U32: return (forge__dtype_traits){"u32", 1, 4};
+    case FORGE__U64: return (forge__dtype_traits){"u64", 1, 8};
+    case FORGE__BOOL: return (forge__dtype_traits){"bool", 1, 1};
+    case FORGE__F8_E4M3: return (forge__dtype_traits){"f8_e4m3", 1, 1};
+    case FORGE__F8_E5M2: return (forge__dtype_traits){"f8_e5m2", 1, 1};
+    case FORGE__Q4_0: return (forge__dtype_traits){"q4_0", 32, 18};
+    case FORGE__Q4_1: return (forge__dtype_traits){"q4_1", 32, 20};
+    case FORGE__Q5_0: return (forge__dtype_traits){"q5_0", 32, 22};
+    case FORGE__Q5_1: return (forge__dtype_traits){"q5_1", 32, 24};
+    case FORGE__Q8_0: return (forge__dtype_traits){"q8_0", 32, 34};
+    case FORGE__Q8_1: return (forge__dtype_traits){"q8_1", 32, 36};
+    case FORGE__Q2_K: return (forge__dtype_traits){"q2_k", 256, 84};
+    case FORGE__Q3_K: return (forge__dtype_traits){"q3_k", 256, 110};
+    case FORGE__Q4_K: return (forge__dtype_traits){"q4_k", 256, 144};
+    case FORGE__Q5_K: return (forge__dtype_traits){"q5_k", 256, 176};
+    case FORGE__Q6_K: return (forge__dtype_traits){"q6_k", 256, 210};
+    case FORGE__Q8_K: return (forge__dtype_traits){"q8_k", 256, 292};
+    case FORGE__IQ2_XXS: return (forge__dtype_traits){"iq2_xxs", 256, 66};
+    case FORGE__IQ2_XS: return (forge__dtype_traits){"iq2_xs", 256, 74};
+    case FORGE__IQ3_XXS: return (forge__dtype_traits){"iq3_xxs", 256, 98};
+    case FORGE__IQ1_S: return (forge__dtype_traits){"iq1_s", 256, 50};
+    case FORGE__IQ4_NL: return (forge__dtype_traits){"iq4_nl", 32, 18};
+    case FORGE__IQ3_S: return (forge__dtype_traits){"iq3_s", 256, 110};
+    case FORGE__IQ2_S: return (forge__dtype_traits){"iq2_s", 256, 82};
+    case FORGE__IQ4_XS: return (forge__dtype_traits){"iq4_xs", 256, 136};
+    case FORGE__IQ1_M: return (forge__dtype_traits){"iq1_m", 256, 56};
+    case FORGE__TQ1_0: return (forge__dtype_traits){"tq1_0", 256, 54};
+    case FORGE__TQ2_0: return (forge__dtype_traits){"tq2_0", 256, 66};
+    case FORGE__MXFP4: return (forge__dtype_traits){"mxfp4", 32, 17};
+    default: return (forge__dtype_traits){NULL, 0, 0};
+    }
+}
+
+static const char *forge__dtype_name(forge__dtype t) {
+    const char *n = forge__dtype_info(t).name;
+    return n ? n : "unknown";
+}
+
+/* Bytes of one row of `cols` elements; false when cols is not a whole number of blocks. */
+static bool forge__row_bytes(forge__dtype t, uint64_t cols, uint64_t *out) {
+    forge__dtype_traits tr = forge__dtype_info(t);
+    if (!tr.block || cols % tr.block) return false;
+    return forge__mul_ok(cols / tr.block, tr.block_bytes, out);
+}
+
+/* ---- The tensor table: what a checkpoint holds, whatever its format ---- */
+
+#define FORGE__MAX_DIMS 4
+
+typedef struct forge__tensor {
+    const char *name;          /* canonical name (GGUF or HF naming, prefix stripped) */
+    forge__dtype dtype;
+    int n_dims;
+    int64_t shape[FORGE__MAX_DIMS]; /* outermost first: an HF Linear weight is [out, in] */
+    const uint8_t *data;       /* in the mapping */
+    uint64_t nbytes;
+    const char *file;          /* path, for messages */
+    bool used;                 /* consumed by the model builder */
+} forge__tensor;
+
+typedef struct forge__tensor_table {
+    forge__tensor *items;
+    int count, capacity;
+    int *hash;                 /* open addressing: index+1, 0 = empty; size hash_cap */
+    int hash_cap;
+} forge__tensor_table;
+
+static uint64_t forge__hash_str(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static forge__tensor *forge__tensor_find(const forge__tensor_table *t, const char *name) {
+    if (!t->hash_cap) return NULL;
+    uint64_t h = forge__hash_str(name);
+    for (int probe = 0; probe < t->hash_cap; probe++) {
+        int slot = (int)((h + (uint64_t)probe) % (uint64_t)t->hash_cap);
+        int idx = t->hash[slot];
+        if (!idx) return NULL;
+        if (strcmp(t->items[idx - 1].name, name) == 0) return &t->items[idx - 1];
+    }
+    return NULL;
+}
+
+/* Adds a tensor; names are unique across all shards of a checkpoint. */
+static forge_status forge__tensor_add(forge__tensor_table *t, forge__arena *a, const forge__tensor *src,
+                                      forge__err *err) {
+    if (forge__tensor_find(t, src->name))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' appears twice", src->file, src->name);
+    if (t->count == t->capacity) {
+        int cap = t->capacity ? t->capacity * 2 : 256;
+        forge__tensor *items = (forge__tensor *)forge__arena_alloc(a, sizeof *items * (size_t)cap, 16);
+        int *hash = (int *)forge__arena_alloc(a, sizeof *hash * (size_t)cap * 2, 16);
+        if (!items || !hash) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        if (t->count) memcpy(items, t->items, sizeof *items * (size_t)t->count);
+        t->items = items;
+        t->capacity = cap;
+        t->hash = hash;
+        t->hash_cap = cap * 2;
+        for (int i = 0; i < t->count; i++) {
+            uint64_t h = forge__hash_str(items[i].name);
+            int slot = (int)(h % (uint64_t)t->hash_cap);
+            while (hash[slot]) slot = (slot + 1) % t->hash_cap;
+            hash[slot] = i + 1;
+        }
+    }
+    t->items[t->count] = *src;
+    uint64_t h = forge__hash_str(src->name);
+    int slot = (int)(h % (uint64_t)t->hash_cap);
+    while (t->hash[slot]) slot = (slot + 1) % t->hash_cap;
+    t->hash[slot] = ++t->count;
+    return FORGE_OK;
+}
+
+static uint64_t forge__tensor_elements(const forge__tensor *t) {
+    uint64_t n = 1;
+    for (int i = 0; i < t->n_dims; i++) n *= (uint64_t)t->shape[i];
+    return n;
+}
+
+static void forge__shape_str(const forge__tensor *t, char *buf, size_t size) {
+    int o = snprintf(buf, size, "[");
+    for (int i = 0; i < t->n_dims && o < (int)size; i++)
+        o += snprintf(buf + o, size - (size_t)o, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+    if (o < (int)size) snprintf(buf + o, size - (size_t)o, "]");
+}
+
+/* ---- safetensors ----
+ * Layout: u64 little-endian header length N, N bytes of JSON, then the data. The JSON maps
+ * tensor names to {"dtype", "shape", "data_offsets": [begin, end]} (offsets relative to the
+ * data), plus an optional "__metadata__" object of strings. */
+
+static forge__dtype forge__safetensors_dtype(const char *s) {
+    static const struct { const char *name; forge__dtype t; } map[] = {
+        {"F32", FORGE__F32}, {"F16", FORGE__F16}, {"BF16", FORGE__BF16}, {"F64", FORGE__F64},
+        {"I8", FORGE__I8}, {"I16", FORGE__I16}, {"I32", FORGE__I32}, {"I64", FORGE__I64},
+        {"U8", FORGE__U8}, {"U16", FORGE__U16}, {"U32", FORGE__U32}, {"U64", FORGE__U64},
+        {"BOOL", FORGE__BOOL}, {"F8_E4M3", FORGE__F8_E4M3}, {"F8_E5M2", FORGE__F8_E5M2},
+    };
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(map); i++)
+        if (strcmp(map[i].name, s) == 0) return map[i].t;
+    return FORGE__DTYPE_INVALID;
+}
+
+/* Strips the prefixes multimodal and wrapped checkpoints put before the text model's names:
+ * "language_model.model.x" and "model.language_model.x" -> "model.x"; "language_model.lm_head"
+ * -> "lm_head". Returns NULL for tensors of other towers (vision, audio, projector), which
+ * forge skips. */
+static const char *forge__hf_canonical_name(const char *name, char *buf, size_t size) {
+    static const char *skip[] = {"vision_tower.", "vision_model.", "multi_modal_projector.",
+                                 "model.vision_tower.", "model.multi_modal_projector.",
+                                 "audio_tower.", "model.audio_tower.", "embed_vision.",
+                                 "model.embed_vision.", "embed_audio.", "model.embed_audio."};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(skip); i++)
+        if (strncmp(name, skip[i], strlen(skip[i])) == 0) return NULL;
+    if (strncmp(name, "language_model.", 15) == 0) {
+        name += 15;
+    } else if (strncmp(name, "model.language_model.", 21) == 0) {
+        snprintf(buf, size, "model.%s", name + 21);
+        return buf;
+    }
+    snprintf(buf, size, "%s", name);
+    return buf;
+}
+
+FORGE__INTERNAL forge_status forge__safetensors_parse(const forge__file *f, forge__tensor_table *table,
+                                                      forge__arena *arena, cJSON **metadata_out,
+                                                      forge__err *err) {
+    const char *path = f->path;
+    if (f->size < 8)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: file of %llu bytes is too short for a safetensors header",
+                           path, (unsigned long long)f->size);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->data[i];
+    if (hlen > f->size - 8)
+        return forge__fail(err, FORGE_ERR_FORMAT,
+                           "%s: header length %llu runs past the end of the file (%llu bytes)", path,
+                           (unsigned long long)hlen, (unsigned long long)f->size);
+    if (hlen > ((uint64_t)100 << 20))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: header length %llu exceeds 100 MiB", path,
+                           (unsigned long long)hlen);
+    const uint8_t *data = f->data + 8 + hlen;
+    uint64_t data_size = f->size - 8 - hlen;
+    cJSON *root = cJSON_ParseWithLength((const char *)f->data + 8, (size_t)hlen);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: header is not a JSON object", path);
+    }
+    forge_status st = FORGE_OK;
+    const char *fpath = forge__arena_strdup(arena, path);
+    for (cJSON *it = root->child; it; it = it->next) {
+        const char *key = it->string;
+        if (!key) continue;
+        if (strcmp(key, "__metadata__") == 0) {
+            if (!cJSON_IsObject(it)) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: __metadata__ is not an object", path);
+                break;
+            }
+            continue;
+        }
+        if (!cJSON_IsObject(it)) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: entry '%s' is not an object", path, key);
+            break;
+        }
+        cJSON *jd = cJSON_GetObjectItemCaseSensitive(it, "dtype");
+        cJSON *js = cJSON_GetObjectItemCaseSensitive(it, "shape");
+        cJSON *jo = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
+        if (!cJSON_IsString(jd) || !cJSON_IsArray(js) || !cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2) {
+            st = forge__fail(err, FORGE_ERR_FORMAT,
+                             "%s: tensor '%s' lacks a string dtype, a shape array or two data_offsets", path, key);
+            break;
+        }
+        forge__tensor t;
+        memset(&t, 0, sizeof t);
+        t.file = fpath;
+        t.dtype = forge__safetensors_dtype(jd->valuestring);
+        if (t.dtype == FORGE__DTYPE_INVALID) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, key,
+                             jd->valuestring);
+            break;
+        }
+        int nd = cJSON_GetArraySize(js);
+        if (nd > FORGE__MAX_DIMS) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has %d dimensions (at most %d)", path,
+                             key, nd, FORGE__MAX_DIMS);
+            break;
+        }
+        t.n_dims = nd;
+        uint64_t nel = 1;
+        bool shape_ok = true;
+        for (int d = 0; d < nd; d++) {
+            cJSON *x = cJSON_GetArrayItem(js, d);
+            if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9.0e15 ||
+                x->valuedouble != floor(x->valuedouble)) {
+                shape_ok = false;
+                break;
+            }
+            t.shape[d] = (int64_t)x->valuedouble;
+            if (!forge__mul_ok(nel, (uint64_t)t.shape[d], &nel)) { shape_ok = false; break; }
+        }
+        if (!shape_ok) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has an invalid or overflowing shape", path, key);
+            break;
+        }
+        double b = cJSON_GetArrayItem(jo, 0)->valuedouble, e = cJSON_GetArrayItem(jo, 1)->valuedouble;
+        if (!cJSON_IsNumber(cJSON_GetArrayItem(jo, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(jo, 1)) || b < 0 ||
+            e < b || e > 1.8e19 || b != floor(b) || e != floor(e)) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has invalid data_offsets", path, key);
+            break;
+        }
+        uint64_t begin = (uint64_t)b, end = (uint64_t)e, expect = 0;
+        if (end > data_size) {
+            st = forge__fail(err, FORGE_ERR_FORMAT,
+                             "%s: tensor '%s' data_offsets [%llu, %llu] run past the end of the data (%llu bytes)",
+                             path, key, (unsigned long long)begin, (unsigned long long)end,
+                             (unsigned long long)data_size);
+            break;
+        }
+        if (!forge__mul_ok(nel, forge__dtype_info(t.dtype).block_bytes, &expect) || expect != end - begin) {
+            st = forge__fail(err, FORGE_ERR_FORMAT,
+                             "%s: tensor '%s' holds %llu bytes but its shape and dtype %s need %llu", path, key,
+                             (unsigned long long)(end - begin), jd->valuestring, (unsigned long long)expect);
+            break;
+        }
+        t.data = data + begin;
+        t.nbytes = end - begin;
+        char nbuf[512];
+        const char *canon = forge__hf_canonical_name(key, nbuf, sizeof nbuf);
+        if (!canon) continue; /* another tower's weights */
+        t.name = forge__arena_strdup(arena, canon);
+        if (!t.name) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+        if ((st = forge__tensor_add(table, arena, &t, err))) break;
+    }
+    if (!st && metadata_out) {
+        cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
+        *metadata_out = md ? cJSON_Duplicate(md, 1) : NULL;
+    }
+    cJSON_Delete(root);
+    return st;
+}
+
+/* ---- GGUF (v2, v3) ----
+ * Layout: "GGUF", u32 version, u64 n_tensors, u64 n_kv, then n_kv (key, type, value) entries,
+ * then n_tensors infos (name, n_dims, ne[n_dims], type, offset), then padding to the
+ * alignment (general.alignment, default 32) and the tensor data. Strings are u64 length +
+ * bytes. ne[0] is the innermost (contiguous) dimension. */
+
+typedef enum forge__gguf_type {
+    FORGE__GGUF_UINT8 = 0, FORGE__GGUF_INT8 = 1, FORGE__GGUF_UINT16 = 2, FORGE__GGUF_INT16 = 3,
+    FORGE__GGUF_UINT32 = 4, FORGE__GGUF_INT32 = 5, FORGE__GGUF_FLOAT32 = 6, FORGE__GGUF_BOOL = 7,
+    FORGE__GGUF_STRING = 8, FORGE__GGUF_ARRAY = 9, FORGE__GGUF_UINT64 = 10, FORGE__GGUF_INT64 = 11,
+    FORGE__GGUF_FLOAT64 = 12, FORGE__GGUF_TYPE_COUNT = 13
+} forge__gguf_type;
+
+static const uint32_t forge__gguf_type_size[FORGE__GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+
+typedef struct forge__gguf_kv {
+    const char *key;             /* NUL-terminated copy in the arena */
+    forge__gguf_type type;
+    forge__gguf_type elem_type;  /* for arrays */
+    uint64_t count;              /* array length (1 for scalars) */
+    const uint8_t *value;        /* points into the mapping: the scalar, string (len+bytes) or array elements */
+} forge__gguf_kv;
+
+typedef struct forge__gguf {
+    uint32_t version;
+    uint32_t alignment;
+    forge__gguf_kv *kv;
+    int n_kv;
+    uint64_t data_offset;
+} forge__gguf;
+
+typedef struct forge__reader {
+    const uint8_t *p, *end;
+    const char *path;
+    forge__err *err;
+    bool failed;
+} forge__reader;
+
+static bool forge__rd(forge__reader *r, void *dst, uint64_t n, const char *what) {
+    if (r->failed) return false;
+    if ((uint64_t)(r->end - r->p) < n) {
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: truncated while reading %s", r->path, what);
+        r->failed = true;
+        return false;
+    }
+    if (dst) memcpy(dst, r->p, (size_t)n);
+    r->p += n;
+    return true;
+}
+
+static bool forge__rd_str(forge__reader *r, const char **s, uint64_t *len, const char *what) {
+    uint64_t n;
+    if (!forge__rd(r, &n, 8, what)) return false;
+    if ((uint64_t)(r->end - r->p) < n) {
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: %s of %llu bytes runs past the end of the file", r->path, what,
+                    (unsigned long long)n);
+        r->failed = true;
+        return false;
+    }
+    *s = (const char *)r->p;
+    *len = n;
+    r->p += n;
+    return true;
+}
+
+/* Skips a value of `type`; arrays are checked element by element for strings, by size
+ * otherwise. Nested arrays are not part of the GGUF spec and are rejected. */
+static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, const char *key, int depth) {
+    if ((unsigned)type >= FORGE__GGUF_TYPE_COUNT) {
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has unknown value type %u", r->path, key, (unsigned)type);
+        r->failed = true;
+        return false;
+    }
+    if (type == FORGE__GGUF_STRING) {
+        const char *s;
+        uint64_t n;
+        return forge__rd_str(r, &s, &n, key);
+    }
+    if (type == FORGE__GGUF_ARRAY) {
+        uint32_t et;
+        uint64_t count;
+        if (!forge__rd(r, &et, 4, key) || !forge__rd(r, &count, 8, key)) return false;
+        if (depth > 0 || et == FORGE__GGUF_ARRAY || et >= FORGE__GGUF_TYPE_COUNT) {
+            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has an array of unsupported type %u", r->path, key, et);
+            r->failed = true;
+            return false;
+        }
+        if (et == FORGE__GGUF_STRING) {
+            for (uint64_t i = 0; i < count; i++)
+                if (!forge__gguf_skip_value(r, FORGE__GGUF_STRING, key, depth + 1)) return false;
+            return true;
+        }
+        uint64_t bytes;
+        if (!forge__mul_ok(count, forge__gguf_type_size[et], &bytes)) {
+            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' array length overflows", r->path, key);
+            r->failed = true;
+            return false;
+        }
+        return forge__rd(r, NULL, bytes, key);
+    }
+    return forge__rd(r, NULL, forge__gguf_type_size[type], key);
+}
+
+FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf *g, forge__tensor_table *table,
+                                               forge__arena *arena, forge__err *err) {
+    memset(g, 0, sizeof *g);
+    forge__reader r = {f->data, f->data + f->size, f->path, err, false};
+    char magic[4];
+    if (!forge__rd(&r, magic, 4, "magic")) return FORGE_ERR_FORMAT;
+    if (memcmp(magic, "GGUF", 4) != 0) return forge__fail(err, FORGE_ERR_FORMAT, "%s: not a GGUF file (bad magic)", f->path);
+    uint64_t n_tensors, n_kv;
+    if (!forge__rd(&r, &g->version, 4, "version")) return FORGE_ERR_FORMAT;
+    if (g->version != 2 && g->version != 3)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: GGUF version %u (forge reads 2 and 3)", f->path, g->version);
+    if (!forge__rd(&r, &n_tensors, 8, "tensor count") || !forge__rd(&r, &n_kv, 8, "metadata count"))
+        return FORGE_ERR_FORMAT;
+    /* Each kv needs at least 12 bytes, each tensor info at least 24: bounds before allocating. */
+    if (n_kv > f->size / 12 || n_tensors > f->size / 24)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %llu metadata entries / %llu tensors cannot fit in %llu bytes",
+                           f->path, (unsigned long long)n_kv, (unsigned long long)n_tensors,
+                           (unsigned long long)f->size);
+    g->kv = (forge__gguf_kv *)forge__arena_alloc(arena, sizeof *g->kv * (size_t)(n_kv ? n_kv : 1), 16);
+    if (!g->kv) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    g->alignment = 32;
+    for (uint64_t i = 0; i < n_kv; i++) {
+        const char *k;
+        uint64_t klen;
+        uint32_t type;
+        if (!forge__rd_str(&r, &k, &klen, "metadata key") || !forge__rd(&r, &type, 4, "metadata type"))
+            return FORGE_ERR_FORMAT;
+        forge__gguf_kv *kv = &g->kv[g->n_kv++];
+        kv->key = forge__arena_strndup(arena, k, (size_t)klen);
+        if (!kv->key) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        kv->type = (forge__gguf_type)type;
+        kv->count = 1;
+        if (type == FORGE__GGUF_ARRAY) {
+            if ((uint64_t)(r.end - r.p) >= 12) {
+                uint32_t et;
+                memcpy(&et, r.p, 4);
+                memcpy(&kv->count, r.p + 4, 8);
+                kv->elem_type = (forge__gguf_type)et;
+                kv->value = r.p + 12;
+            }
+        } else {
+            kv->value = r.p;
+        }
+        if (!forge__gguf_skip_value(&r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
+        if (strcmp(kv->key, "general.alignment") == 0) {
+            if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", f->path);
+            memcpy(&g->alignment, kv->value, 4);
+            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) || g->alignment > 65536)
+                return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment %u is not a power of two <= 65536",
+                                   f->path, g->alignment);
+        }
+    }
+    /* Tensor infos: offsets are validated after the data offset is known. */
+    typedef struct { const char *name; uint64_t len; uint32_t nd; uint64_t ne[FORGE__MAX_DIMS]; uint32_t type; uint64_t off; } info_t;
+    info_t *infos = (info_t *)malloc(sizeof *infos * (size_t)(n_tensors ? n_tensors : 1));
+    if (!infos) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status st = FORGE_OK;
+    for (uint64_t i = 0; i < n_tensors && !st; i++) {
+        info_t *ti = &infos[i];
+        if (!forge__rd_str(&r, &ti->name, &ti->len, "tensor name") || !forge__rd(&r, &ti->nd, 4, "tensor n_dims")) {
+            st = FORGE_ERR_FORMAT;
+            break;
+        }
+        if (ti->nd == 0 || ti->nd > FORGE__MAX_DIMS) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%.*s' has %u dimensions", f->path, (int)FORGE__MIN(ti->len, 200),
+                             ti->name, ti->nd);
+            break;
+        }
+        if (!forge__rd(&r, ti->ne, 8ull * ti->nd, "tensor shape") || !forge__rd(&r, &ti->type, 4, "tensor type") ||
+            !forge__rd(&r, &ti->off, 8, "tensor offset"))
+            st = FORGE_ERR_FORMAT;
+    }
+    if (!st) {
+        uint64_t pos = (uint64_t)(r.p - f->data);
+        g->data_offset = forge__align_up(pos, g->alignment);
+        if (g->data_offset > f->size && n_tensors > 0)
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor data would start at %llu, past the end of the file (%llu bytes)",
+                             f->path, (unsigned long long)g->data_offset, (unsigned long long)f->size);
+    }
+    const char *fpath = st ? NULL : forge__arena_strdup(arena, f->path);
+    uint64_t data_size = g->data_offset <= f->size ? f->size - g->data_offset : 0;
+    for (uint64_t i = 0; i < n_tensors && !st; i++) {
+        info_t *ti = &infos[i];
+        forge__tensor t;
+        memset(&t, 0, sizeof t);
+        t.file = fpath;
+        t.name = forge__arena_strndup(arena, ti->name, (size_t)ti->len);
+        if (!t.name) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+        forge__dtype_traits tr = ti->type < FORGE__GGUF_TYPE_END ? forge__dtype_info((forge__dtype)ti->type)
+                                                                 : (forge__dtype_traits){NULL, 0, 0};
+        if (!tr.name) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown GGUF type %u", f->path, t.name, ti->type);
+            break;
+        }
+        t.dtype = (forge__dtype)ti->type;
+        t.n_dims = (int)ti->nd;
+        uint64_t nel = 1;
+        bool ok = true;
+        for (uint32_t d = 0; d < ti->nd; d++) {
+            if (ti->ne[d] > (uint64_t)INT64_MAX || !forge__mul_ok(nel, ti->ne[d], &nel)) ok = false;
+            t.shape[ti->nd - 1 - d] = (int64_t)ti->ne[d]; /* outermost first */
+        }
+        uint64_t row_bytes, rows = ti->ne[0] ? nel / ti->ne[0] : 0;
+        if (!ok || !forge__row_bytes(t.dtype, ti->ne[0], &row_bytes) || !forge__mul_ok(row_bytes, rows, &t.nbytes)) {
+            st = forge__fail(err, FORGE_ERR_FORMAT,
+                             "%s: tensor '%s' has an invalid shape for type %s (row of %llu elements, blocks of %u)",
+                             f->path, t.name, tr.name, (unsigned long long)ti->ne[0], tr.block);
+            break;
+        }
+        uint64_t end;
+        if (ti->off % g->alignment) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' offset %llu is not a multiple of the alignment %u",
+                             f->path, t.name, (unsigned long long)ti->off, g->alignment);
+            break;
+        }
+        if (!forge__add_ok(ti->off, t.nbytes, &end) || end > data_size) {
+            st = forge__fail(err, FORGE_ERR_FORMAT,
+                             "%s: tensor '%s' (offset %llu, %llu bytes) runs past the end of the data (%llu bytes)",
+                             f->path, t.name, (unsigned long long)ti->off, (unsigned long long)t.nbytes,
+                             (unsigned long long)data_size);
+            break;
+        }
+        t.data = f->data + g->data_offset + ti->off;
+        st = forge__tensor_add(table, arena, &t, err);
+    }
+    free(infos);
+    return st;
+}
+
+static const forge__gguf_kv *forge__gguf_find(const forge__gguf *g, const char *key) {
+    for (int i = 0; i < g->n_kv; i++)
+        if (strcmp(g->kv[i].key, key) == 0) return &g->kv[i];
+    return NULL;
+}
+
+/* Reads an integer-typed scalar of any width; false when missing or not an integer. */
+static bool forge__gguf_get_int(const forge__gguf *g, const char *key, int64_t *out) {
+    const forge__gguf_kv *kv = forge__gguf_find(g, key);
+    if (!kv) return false;
+    const uint8_t *v = kv->value;
+    switch (kv->type) {
+    case FORGE__GGUF_UINT8: *out = *v; return true;
+    case FORGE__GGUF_INT8: *out = (int8_t)*v; return true;
+    case FORGE__GGUF_UINT16: { uint16_t x; memcpy(&x, v, 2); *out = x; return true; }
+    case FORGE__GGUF_INT16: { int16_t x; memcpy(&x, v, 2); *out = x; return true; }
+    case FORGE__GGUF_UINT32: { uint32_t x; memcpy(&x, v, 4); *out = x; return true; }
+    case FORGE__GGUF_INT32: { int32_t x; memcpy(&x, v, 4); *out = x; return true; }
+    case FORGE__GGUF_UINT64: { uint64_t x; memcpy(&x, v, 8); *out = (int64_t)x; return x <= INT64_MAX; }
+    case FORGE__GGUF_INT64: { int64_t x; memcpy(&x, v, 8); *out = x; return true; }
+    case FORGE__GGUF_BOOL: *out = *v != 0; return true;
+    default: return false;
+    }
+}
+
+static bool forge__gguf_get_float(const forge__gguf *g, const char *key, double *out) {
+    const forge__gguf_kv *kv = forge__gguf_find(g, key);
+    if (!kv) return false;
+    if (kv->type == FORGE__GGUF_FLOAT32) { float x; memcpy(&x, kv->value, 4); *out = x; return true; }
+    if (kv->type == FORGE__GGUF_FLOAT64) { double x; memcpy(&x, kv->value, 8); *out = x; return true; }
+    int64_t i;
+    if (forge__gguf_get_int(g, key, &i)) { *out = (double)i; return true; }
+    return false;
+}
+
+/* A string value as (pointer into the mapping, length); not NUL-terminated. */
+static bool forge__gguf_get_str(const forge__gguf *g, const char *key, const char **s, uint64_t *len) {
+    const forge__gguf_kv *kv = forge__gguf_find(g, key);
+    if (!kv || kv->type != FORGE__GGUF_STRING) return false;
+    memcpy(len, kv->value, 8);
+    *s = (const char *)kv->value + 8;
+    return true;
+}
+
+/* Iterates an array of strings: *cursor starts at kv->value; each call yields one string.
+ * The parser validated every length, so this cannot run past the mapping. */
+static void forge__gguf_next_str(const uint8_t **cursor, const char **s, uint64_t *len) {
+    memcpy(len, *cursor, 8);
+    *s = (const char *)*cursor + 8;
+    *cursor += 8 + *len;
+}
+
+/* ---- Model configuration ----
+ * One decoder covers every supported family; the config says which parts it uses. */
+
+typedef enum forge__arch {
+    FORGE__ARCH_LLAMA = 0,
+    FORGE__ARCH_QWEN2,
+    FORGE__ARCH_QWEN3,
+    FORGE__ARCH_GEMMA2,
+    FORGE__ARCH_GEMMA3,
+    FORGE__ARCH_COUNT
+} forge__arch;
+
+static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+
+typedef enum forge__rope_scaling {
+    FORGE__ROPE_NONE = 0,
+    FORGE__ROPE_LINEAR,   /* positions divided by factor */
+    FORGE__ROPE_LLAMA3,   /* Llama 3.1 frequency-dependent scaling */
+} forge__rope_scaling;
+
+typedef struct forge__rope {
+    double theta;                 /* base */
+    forge__rope_scaling scaling;
+    double factor, low_freq_factor, high_freq_factor;
+    int original_max_pos;
+} forge__rope;
+
+typedef enum forge__act { FORGE__ACT_SILU = 0, FORGE__ACT_GELU_TANH = 1 } forge__act;
+
+typedef struct forge__config {
+    forge__arch arch;
+    int n_layers, hidden, n_heads, n_kv_heads, head_dim, ffn, n_vocab, n_ctx_train;
+    double norm_eps;
+    forge__rope rope_full;        /* full-attention layers (all layers for Llama/Qwen) */
+    forge__rope rope_sliding;     /* sliding-window layers (Gemma 3: rope_local_base_freq) */
+    bool rope_adjacent_pairs;     /* GGUF `llama`: rotate (x[2i], x[2i+1]); else HF rotate-half */
+    bool tied;                    /* lm head = embedding table */
+    bool qkv_bias;                /* Qwen 2 */
+    bool o_bias;                  /* Llama attention_bias */
+    bool qk_norm;                 /* Qwen 3, Gemma 3 */
+    bool norm_plus_one;           /* Gemma: RMSNorm multiplies by (1 + w); folded at load for HF files */
+    bool sandwich_norms;          /* Gemma 2/3: post-attention and post-feedforward norms */
+    forge__act act;
+    int sliding_window;           /* 0: none */
+    uint8_t layer_sliding[FORGE__MAX_LAYERS];
+    double attn_softcap, final_softcap; /* 0: none */
+    double attn_scale;            /* multiplies q.k */
+    double embed_scale;           /* multiplies the embedding rows (Gemma: sqrt(hidden) in the model dtype) */
+    forge__dtype dtype;           /* the checkpoint's compute dtype (torch_dtype) */
+    /* MLX affine quantization (safetensors) */
+    bool mlx_quant;
+    int mlx_bits, mlx_group_size;
+} forge__config;
+
+static double forge__round_to_dtype(double x, forge__dtype t) {
+    if (t == FORGE__BF16) return forge__bf16_to_f32(forge__f32_to_bf16((float)x));
+    if (t == FORGE__F16) return forge__f16_to_f32(forge__f32_to_f16((float)x));
+    return (float)x;
+}
+
+/* Fills what is derived from the rest of the config (scales, defaults). */
+static void forge__config_finish(forge__config *c, double query_pre_attn_scalar) {
+    if (c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3) {
+        c->attn_scale = 1.0 / sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : (double)c->head_dim);
+        /* HF: hidden * torch.tensor(hidden**0.5, dtype=hidden.dtype) */
+        c->embed_scale = forge__round_to_dtype(sqrt((double)c->hidden), c->dtype);
+    } else {
+        c->attn_scale = 1.0 / sqrt((double)c->head_dim);
+        c->embed_scale = 1.0;
+    }
+}
+
+static int forge__json_int(const cJSON *o, const char *key, int def) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(x) ? (int)x->valuedouble : def;
+}
+static double forge__json_num(const cJSON *o, const char *key, double def) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(x) ? x->valuedouble : def;
+}
+static bool forge__json_bool(const cJSON *o, const char *key, bool def) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsBool(x)) return cJSON_IsTrue(x);
+    return def;
+}
+static const char *forge__json_str(const cJSON *o, const char *key) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(x) ? x->valuestring : NULL;
+}
+
+/* Reads one RoPE description, in either key style: a `rope_scaling` / `rope_parameters`
+ * object ({"rope_type" or "type", "factor", ...}) and a theta that is inside it
+ * (`rope_parameters.rope_theta`, transformers 5) or beside it (`rope_theta`). */
+static forge_status forge__rope_from_json(const cJSON *params, double theta_default, forge__rope *r,
+                                          const char *where, forge__err *err) {
+    memset(r, 0, sizeof *r);
+    r->theta = theta_default;
+    if (!params || cJSON_IsNull(params)) return FORGE_OK;
+    if (!cJSON_IsObject(params)) return forge__fail(err, FORGE_ERR_FORMAT, "%s is not an object", where);
+    r->theta = forge__json_num(params, "rope_theta", theta_default);
+    const char *type = forge__json_str(params, "rope_type");
+    if (!type) type = forge__json_str(params, "type");
+    if (!type || strcmp(type, "default") == 0) return FORGE_OK;
+    r->factor = forge__json_num(params, "factor", 1.0);
+    if (strcmp(type, "linear") == 0) {
+        r->scaling = FORGE__ROPE_LINEAR;
+    } else if (strcmp(type, "llama3") == 0) {
+        r->scaling = FORGE__ROPE_LLAMA3;
+        r->low_freq_factor = forge__json_num(params, "low_freq_factor", 1.0);
+        r->high_freq_factor = forge__json_num(params, "high_freq_factor", 4.0);
+        r->original_max_pos = forge__json_int(params, "original_max_position_embeddings", 8192);
+        if (r->high_freq_factor <= r->low_freq_factor || r->original_max_pos <= 0)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: llama3 rope scaling needs high_freq_factor > low_freq_factor and original_max_position_embeddings > 0", where);
+    } else {
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: rope type '%s' is not supported (default, linear, llama3)",
+                           where, type);
+    }
+    if (!(r->factor > 0)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: rope factor must be > 0", where);
+    return FORGE_OK;
+}
+
+static forge__dtype forge__dtype_from_torch(const char *s) {
+    if (!s) return FORGE__DTYPE_INVALID;
+    if (!strcmp(s, "float32")) return FORGE__F32;
+    if (!strcmp(s, "bfloat16")) return FORGE__BF16;
+    if (!strcmp(s, "float16")) return FORGE__F16;
+    return FORGE__DTYPE_INVALID;
+}
+
+/* Parses an HF config.json (text) into *c. `path` names the file in messages. */
+FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t len, const char *path,
+                                                        forge__config *c, forge__err *err) {
+    memset(c, 0, sizeof *c);
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: not a JSON object", path);
+    }
+    forge_status st = FORGE_OK;
+    const cJSON *o = root;
+    const char *mt = forge__json_str(root, "model_type");
+    if (!mt) {
+        st = forge__fail(err, FORGE_ERR_FORMAT, "%s: field 'model_type' is missing", path);
+        goto done;
+    }
+    if (!strcmp(mt, "gemma3")) { /* multimodal wrapper: the text model's config is nested */
+        o = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        if (!cJSON_IsObject(o)) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: model_type 'gemma3' needs a 'text_config' object", path);
+            goto done;
+        }
+        c->arch = FORGE__ARCH_GEMMA3;
+    } else if (!strcmp(mt, "llama")) c->arch = FORGE__ARCH_LLAMA;
+    else if (!strcmp(mt, "qwen2")) c->arch = FORGE__ARCH_QWEN2;
+    else if (!strcmp(mt, "qwen3")) c->arch = FORGE__ARCH_QWEN3;
+    else if (!strcmp(mt, "gemma2")) c->arch = FORGE__ARCH_GEMMA2;
+    else if (!strcmp(mt, "gemma3_text")) c->arch = FORGE__ARCH_GEMMA3;
+    else {
+        st = forge__fail(err, FORGE_ERR_UNSUPPORTED,
+                         "%s: model_type '%s' is not supported (llama, qwen2, qwen3, gemma2, gemma3, gemma3_text)", path, mt);
+        goto done;
+    }
+    bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3;
+    c->hidden = forge__json_int(o, "hidden_size", 0);
+    c->n_layers = forge__json_int(o, "num_hidden_layers", 0);
+    c->n_heads = forge__json_int(o, "num_attention_heads", 0);
+    c->n_kv_heads = forge__json_int(o, "num_key_value_heads", c->n_heads);
+    c->ffn = forge__json_int(o, "intermediate_size", 0);
+    c->n_vocab = forge__json_int(o, "vocab_size", 0);
+    c->n_ctx_train = forge__json_int(o, "max_position_embeddings", 2048);
+    c->norm_eps = forge__json_num(o, "rms_norm_eps", 1e-6);
+    {
+        static const char *need[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"};
+        int vals[] = {c->hidden, c->n_layers, c->n_heads, c->ffn, c->n_vocab};
+        for (int i = 0; i < 5; i++)
+            if (vals[i] <= 0) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: field '%s' is missing or not a positive integer", path, need[i]);
+                goto done;
+            }
+    }
+    if (c->n_layers > FORGE__MAX_LAYERS) {
+        st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
+        goto done;
+    }
+    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(o, "head_dim");
+    c->head_dim = cJSON_IsNumber(hd) ? (int)hd->valuedouble : (c->n_heads ? c->hidden / c->n_heads : 0);
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
+        st = forge__fail(err, FORGE_ERR_FORMAT,
+                         "%s: head_dim %d / num_key_value_heads %d invalid (head_dim must be even, heads a multiple of kv heads)",
+                         path, c->head_dim, c->n_kv_heads);
+        goto done;
+    }
+    const char *dt = forge__json_str(o, "torch_dtype");
+    if (!dt) dt = forge__json_str(o, "dtype");
+    if (!dt) dt = forge__json_str(root, "torch_dtype");
+    if (!dt) dt = forge__json_str(root, "dtype");
+    c->dtype = dt ? forge__dtype_from_torch(dt) : FORGE__F32;
+    if (c->dtype == FORGE__DTYPE_INVALID) {
+        st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: dtype '%s' is not supported (float32, float16, bfloat16)", path, dt);
+        goto done;
+    }
+    c->tied = forge__json_bool(o, "tie_word_embeddings", forge__json_bool(root, "tie_word_embeddings", gemma));
+    c->qkv_bias = c->arch == FORGE__ARCH_QWEN2 || forge__json_bool(o, "attention_bias", false);
+    c->o_bias = c->arch == FORGE__ARCH_LLAMA && forge__json_bool(o, "attention_bias", false);
+    c->qk_norm = c->arch == FORGE__ARCH_QWEN3 || c->arch == FORGE__ARCH_GEMMA3;
+    c->norm_plus_one = gemma;
+    c->sandwich_norms = gemma;
+    c->act = FORGE__ACT_SILU;
+    if (gemma) {
+        const char *act = forge__json_str(o, "hidden_activation");
+        if (!act) act = forge__json_str(o, "hidden_act");
+        if (act && strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_tanh")) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: hidden_activation '%s' is not supported (gelu_pytorch_tanh)", path, act);
+            goto done;
+        }
+        c->act = FORGE__ACT_GELU_TANH;
+    } else {
+        const char *act = forge__json_str(o, "hidden_act");
+        if (act && strcmp(act, "silu")) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (silu)", path, act);
+            goto done;
+        }
+    }
+    /* RoPE: old style (rope_theta + rope_scaling) or rope_parameters, which transformers 5
+     * writes either flat or keyed by layer type ("full_attention", "sliding_attention"). */
+    double theta = forge__json_num(o, "rope_theta", 10000.0);
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "full_attention")) {
+        st = forge__rope_from_json(cJSON_GetObjectItemCaseSensitive(rp, "full_attention"), theta, &c->rope_full,
+                                   "rope_parameters.full_attention", err);
+        if (!st) {
+            const cJSON *sl = cJSON_GetObjectItemCaseSensitive(rp, "sliding_attention");
+            st = forge__rope_from_json(sl, forge__json_num(o, "rope_local_base_freq", 10000.0), &c->rope_sliding,
+                                       "rope_parameters.sliding_attention", err);
+        }
+    } else {
+        st = forge__rope_from_json(cJSON_IsObject(rp) ? rp : rs, theta, &c->rope_full,
+                                   cJSON_IsObject(rp) ? "rope_parameters" : "rope_scaling", err);
+        c->rope_sliding = c->rope_full;
+        if (c->arch == FORGE__ARCH_GEMMA3) { /* local layers: plain RoPE with rope_local_base_freq */
+            memset(&c->rope_sliding, 0, sizeof c->rope_sliding);
+            c->rope_sliding.theta = forge__json_num(o, "rope_local_base_freq", 10000.0);
+        }
+    }
+    if (st) {
+        forge__wrap(err, st, "%s", path);
+        goto done;
+    }
+    /* Sliding windows */
+    if (gemma) {
+        c->sliding_window = forge__json_int(o, "sliding_window", 4096);
+        c->attn_softcap = forge__json_num(o, "attn_logit_softcapping", 0.0);
+        c->final_softcap = forge__json_num(o, "final_logit_softcapping", 0.0);
+        const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
+        if (cJSON_IsArray(lt)) {
+            if (cJSON_GetArraySize(lt) != c->n_layers) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: layer_types has %d entries for %d layers", path,
+                                 cJSON_GetArraySize(lt), c->n_layers);
+                goto done;
+            }
+            for (int i = 0; i < c->n_layers; i++) {
+                const cJSON *x = cJSON_GetArrayItem(lt, i);
+                if (!cJSON_IsString(x) || (strcmp(x->valuestring, "sliding_attention") && strcmp(x->valuestring, "full_attention"))) {
+                    st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: layer_types[%d] is not 'sliding_attention' or 'full_attention'", path, i);
+                    goto done;
+                }
+                c->layer_sliding[i] = strcmp(x->valuestring, "sliding_attention") == 0;
+            }
+        } else if (c->arch == FORGE__ARCH_GEMMA2) {
+            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2) == 0; /* even layers slide */
+        } else {
+            int pattern = forge__json_int(o, "sliding_window_pattern", 6);
+            if (pattern <= 0) pattern = 6;
+            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+        }
+        if (c->sliding_window <= 0) memset(c->layer_sliding, 0, sizeof c->layer_sliding);
+    }
+    /* MLX affine quantization */
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization");
+    if (!q) q = cJSON_GetObjectItemCaseSensitive(root, "quantization_config");
+    if (cJSON_IsObject(q)) {
+        const char *mode = forge__json_str(q, "mode");
+        const char *method = forge__json_str(q, "quant_method");
+        if ((mode && strcmp(mode, "affine")) || method) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: quantization %s '%s' is not supported (MLX affine)", path,
+                             mode ? "mode" : "method", mode ? mode : method);
+            goto done;
+        }
+        c->mlx_quant = true;
+        c->mlx_bits = forge__json_int(q, "bits", 4);
+        c->mlx_group_size = forge__json_int(q, "group_size", 64);
+    }
+    forge__config_finish(c, forge__json_num(o, "query_pre_attn_scalar", 0.0));
+done:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* Fills *c from GGUF metadata (llama.cpp's keys: "{arch}.embedding_length", ...). */
+FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const forge__tensor_table *tt,
+                                                     const char *path, forge__config *c, forge__err *err) {
+    memset(c, 0, sizeof *c);
+    const char *as;
+    uint64_t alen;
+    if (!forge__gguf_get_str(g, "general.architecture", &as, &alen))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key 'general.architecture' is missing", path);
+    char arch[64];
+    snprintf(arch, sizeof arch, "%.*s", (int)FORGE__MIN(alen, 63), as);
+    int a = -1;
+    for (int i = 0; i < FORGE__ARCH_COUNT; i++)
+        if (!strcmp(arch, forge__arch_names[i])) a = i;
+    if (a < 0)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED,
+                           "%s: architecture '%s' is not supported (llama, qwen2, qwen3, gemma2, gemma3)", path, arch);
+    c->arch = (forge__arch)a;
+    char key[160];
+    int64_t v;
+#define FORGE__GGUF_INT(field, suffix, required)                                                              \
+    snprintf(key, sizeof key, "%s." suffix, arch);                                                            \
+    if (forge__gguf_get_int(g, key, &v)) {                                                                    \
+        if (v <= 0 || v > INT32_MAX) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)v); \
+        c->field = (int)v;                                                                                    \
+    } else if (required) return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' is missing", path, key);
+    FORGE__GGUF_INT(hidden, "embedding_length", true)
+    FORGE__GGUF_INT(n_layers, "block_count", true)
+    FORGE__GGUF_INT(n_heads, "attention.head_count", true)
+    FORGE__GGUF_INT(ffn, "feed_forward_length", true)
+    FORGE__GGUF_INT(n_ctx_train, "context_length", false)
+    c->n_kv_heads = c->n_heads;
+    FORGE__GGUF_INT(n_kv_heads, "attention.head_count_kv", false)
+    c->head_dim = c->hidden / c->n_heads;
+    FORGE__GGUF_INT(head_dim, "attention.key_length", false)
+    FORGE__GGUF_INT(n_vocab, "vocab_size", false)
+#undef FORGE__GGUF_INT
+    if (c->n_layers > FORGE__MAX_LAYERS)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
+    if (!c->n_ctx_train) c->n_ctx_train = 2048;
+    if (!c->n_vocab) {
+        const forge__gguf_kv *tok = forge__gguf_find(g, "tokenizer.ggml.tokens");
+        const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
+        if (tok && tok->type == FORGE__GGUF_ARRAY) c->n_vocab = (int)tok->count;
+        else if (emb && emb->n_dims == 2) c->n_vocab = (int)emb->shape[0];
+        else return forge__fail(err, FORGE_ERR_FORMAT, "%s: cannot tell the vocabulary size (no %s.vocab_size, tokens or token_embd)", path, arch);
+    }
+    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: head_dim %d must be even and head_count a multiple of head_count_kv",
+                           path, c->head_dim);
+    double d;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    c->norm_eps = forge__gguf_get_float(g, key, &d) ? d : 1e-5;
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    c->rope_full.theta = forge__gguf_get_float(g, key, &d) ? d : 10000.0;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    const char *rst;
+    uint64_t rsl;
+    if (forge__gguf_get_str(g, key, &rst, &rsl) && !(rsl == 4 && !memcmp(rst, "none", 4))) {
+        if (rsl == 6 && !memcmp(rst, "linear", 6)) {
+            c->rope_full.scaling = FORGE__ROPE_LINEAR;
+            snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+            c->rope_full.factor = forge__gguf_get_float(g, key, &d) ? d : 1.0;
+        } else {
+            return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %s '%.*s' is not supported", path, key, (int)FORGE__MIN(rsl, 64), rst);
+        }
+    }
+    c->rope_sliding = c->rope_full;
+    /* llama.cpp's converters permute q/k rows of `llama` checkpoints so that RoPE rotates
+     * adjacent pairs; the other architectures keep HF's rotate-half layout (NEOX). */
+    c->rope_adjacent_pairs = c->arch == FORGE__ARCH_LLAMA;
+    c->tied = forge__tensor_find(tt, "output.weight") == NULL;
+    c->qkv_bias = forge__tensor_find(tt, "blk.0.attn_q.bias") != NULL;
+    c->o_bias = forge__tensor_find(tt, "blk.0.attn_output.bias") != NULL;
+    c->qk_norm = forge__tensor_find(tt, "blk.0.attn_q_norm.weight") != NULL;
+    bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3;
+    c->norm_plus_one = false; /* llama.cpp's Gemma converters already add 1 to the norm weights */
+    c->sandwich_norms = gemma;
+    c->act = gemma ? FORGE__ACT_GELU_TANH : FORGE__ACT_SILU;
+    const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
+    c->dtype = emb && (emb->dtype == FORGE__F16 || emb->dtype == FORGE__BF16) ? emb->dtype : FORGE__F32;
+    if (gemma) {
+        snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+        c->sliding_window = forge__gguf_get_int(g, key, &v) ? (int)v : 4096;
+        snprintf(key, sizeof key, "%s.attn_logit_softcapping", arch);
+        c->attn_softcap = forge__gguf_get_float(g, key, &d) ? d : 0.0;
+        snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
+        c->final_softcap = forge__gguf_get_float(g, key, &d) ? d : 0.0;
+        if (c->arch == FORGE__ARCH_GEMMA2) {
+            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2) == 0;
+        } else {
+            snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+            int pattern = forge__gguf_get_int(g, key, &v) && v > 0 ? (int)v : 6;
+            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+            memset(&c->rope_sliding, 0, sizeof c->rope_sliding);
+            c->rope_sliding.theta = 10000.0; /* llama.cpp: rope_freq_base_train_swa for gemma3 */
+        }
+    }
+    forge__config_finish(c, 0.0);
+    return FORGE_OK;
+}
+
+/* =======================================================================================
+ * 3. Tokenizer
+ * (see the tokenizer section below the marker; filled by the tokenizer work)
+ * ===================================================================================== */
+
+
+/* Until the full tokenizer lands, a model's tokenizer is its vocabulary: id <-> piece and the
+ * special ids, read from the GGUF (tokenizer.ggml.*). */
+typedef struct forge__tokenizer {
+    int n_vocab;
+    const char **pieces;        /* [n_vocab], NUL-terminated copies in the model arena */
+    int32_t bos, eos, eot, pad, unk;
+} forge__tokenizer;
+
+static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge__gguf *g, forge__arena *a,
+                                               const char *path, forge__err *err) {
+    memset(tk, 0, sizeof *tk);
+    tk->bos = tk->eos = tk->eot = tk->pad = tk->unk = -1;
+    const forge__gguf_kv *kv = forge__gguf_find(g, "tokenizer.ggml.tokens");
+    if (!kv) return FORGE_OK; /* no vocabulary in this file */
+    if (kv->type != FORGE__GGUF_ARRAY || kv->elem_type != FORGE__GGUF_STRING || kv->count > INT32_MAX)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.tokens is not an array of strings", path);
+    tk->n_vocab = (int)kv->count;
+    tk->pieces = (const char **)forge__arena_alloc(a, sizeof(char *) * (size_t)(tk->n_vocab + 1), 16);
+    if (!tk->pieces) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    const uint8_t *cur = kv->value;
+    for (int i = 0; i < tk->n_vocab; i++) {
+        const char *s;
+        uint64_t len;
+        forge__gguf_next_str(&cur, &s, &len);
+        if (!(tk->pieces[i] = forge__arena_strndup(a, s, (size_t)len)))
+            return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    int64_t v;
+    if (forge__gguf_get_int(g, "tokenizer.ggml.bos_token_id", &v) && v >= 0 && v < tk->n_vocab) tk->bos = (int32_t)v;
+    if (forge__gguf_get_int(g, "tokenizer.ggml.eos_token_id", &v) && v >= 0 && v < tk->n_vocab) tk->eos = (int32_t)v;
+    if (forge__gguf_get_int(g, "tokenizer.ggml.eot_token_id", &v) && v >= 0 && v < tk->n_vocab) tk->eot = (int32_t)v;
+    if (forge__gguf_get_int(g, "tokenizer.ggml.padding_token_id", &v) && v >= 0 && v < tk->n_vocab) tk->pad = (int32_t)v;
+    if (forge__gguf_get_int(g, "tokenizer.ggml.unknown_token_id", &v) && v >= 0 && v < tk->n_vocab) tk->unk = (int32_t)v;
+    return FORGE_OK;
+}
+
+
+/* =======================================================================================
+ * 4. Device
+ * Vulkan is loaded at run time (libvulkan.so.1), so a machine without a loader gets an error
+ * instead of a program that cannot start. One forge__device per model: instance, physical
+ * device, logical device, one compute queue, and the capabilities read once. Buffers never
+ * exceed the device's limits and are always bound with explicit ranges.
+ * ===================================================================================== */
+
+#include <dlfcn.h>
+
+#define FORGE__VK_INSTANCE_FNS(X)                                                                  \
+    X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)             \
+    X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceFeatures2)                                \
+    X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties)              \
+    X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)
+
+#define FORGE__VK_DEVICE_FNS(X)                                                                     \
+    X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                      \
+    X(vkGetBufferMemoryRequirements) X(vkAllocateMemory) X(vkFreeMemory) X(vkBindBufferMemory)       \
+    X(vkMapMemory) X(vkUnmapMemory) X(vkInvalidateMappedMemoryRanges) X(vkFlushMappedMemoryRanges)  \
+    X(vkCreateShaderModule) X(vkDestroyShaderModule) X(vkCreateDescriptorSetLayout)                 \
+    X(vkDestroyDescriptorSetLayout) X(vkCreatePipelineLayout) X(vkDestroyPipelineLayout)            \
+    X(vkCreateComputePipelines) X(vkDestroyPipeline) X(vkCreateDescriptorPool)                      \
+    X(vkDestroyDescriptorPool) X(vkResetDescriptorPool) X(vkAllocateDescriptorSets)                 \
+    X(vkUpdateDescriptorSets) X(vkCreateCommandPool) X(vkDestroyCommandPool)                        \
+    X(vkAllocateCommandBuffers) X(vkFreeCommandBuffers) X(vkBeginCommandBuffer)                     \
+    X(vkEndCommandBuffer) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants)     \
+    X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCmdFillBuffer)                  \
+    X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)         \
+    X(vkDeviceWaitIdle)
+
+typedef struct forge__vkfn {
+    void *lib;
+    PFN_vkGetInstanceProcAddr vkGetInstanceProcAddr;
+    PFN_vkCreateInstance vkCreateInstance;
+    PFN_vkEnumerateInstanceVersion vkEnumerateInstanceVersion;
+#define FORGE__VK_DECL(name) PFN_##name name;
+    FORGE__VK_INSTANCE_FNS(FORGE__VK_DECL)
+    FORGE__VK_DEVICE_FNS(FORGE__VK_DECL)
+#undef FORGE__VK_DECL
+} forge__vkfn;
+
+/* What forge knows about a device, read once. */
+typedef struct forge__caps {
+    VkPhysicalDeviceProperties props;
+    forge_device_type type;
+    uint64_t max_storage_range;   /* the binding limit forge honours (maybe lowered by params) */
+    uint64_t max_alloc;           /* the largest allocation forge makes (maybe lowered) */
+    uint64_t max_buffer_size;
+    uint64_t storage_align;       /* minStorageBufferOffsetAlignment */
+    uint32_t subgroup_size;
+    uint32_t max_shared_bytes;
+    uint32_t max_wg_invocations;
+    bool fp16, int8, int_dot, coopmat;
+    bool uma;                     /* device-local memory is host-visible (CPU and integrated devices) */
+    uint64_t device_local_bytes;
+    uint32_t queue_family;
+    uint32_t mem_device;          /* memory type index for weights and activations */
+    uint32_t mem_upload;          /* host-visible, coherent: staging and per-step inputs */
+    uint32_t mem_readback;        /* host-visible, cached if possible: logits */
+    bool readback_coherent;
+} forge__caps;
+
+typedef struct forge__device {
+    forge__vkfn vk;
+    VkInstance instance;
+    VkPhysicalDevice phys;
+    VkDevice dev;
+    VkQueue queue;
+    pthread_mutex_t queue_lock;   /* the model is shared between threads; its queue is not */
+    forge__caps caps;
+    forge_device_info info;
+} forge__device;
+
+/* A device buffer with its own memory. `mapped` is set for host-visible memory. */
+typedef struct forge__buffer {
+    VkBuffer buf;
+    VkDeviceMemory mem;
+    uint64_t size;
+    void *mapped;
+} forge__buffer;
+
+/* A binding: buffer + explicit offset and range, never VK_WHOLE_SIZE. */
+typedef struct forge__range {
+    VkBuffer buf;
+    uint64_t offset, size;
+} forge__range;
+
+static forge_status forge__vk_load(forge__vkfn *vk, forge__err *err) {
+    memset(vk, 0, sizeof *vk);
+    const char *names[] = {"libvulkan.so.1", "libvulkan.so", "libvulkan.1.dylib", "libMoltenVK.dylib"};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(names) && !vk->lib; i++) vk->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!vk->lib) return forge__fail(err, FORGE_ERR_DEVICE, "no Vulkan loader found (libvulkan.so.1): install libvulkan1 and a driver (mesa-vulkan-drivers for the CPU)");
+    vk->vkGetInstanceProcAddr = (PFN_vkGetInstanceProcAddr)dlsym(vk->lib, "vkGetInstanceProcAddr");
+    if (!vk->vkGetInstanceProcAddr) {
+        dlclose(vk->lib);
+        vk->lib = NULL;
+        return forge__fail(err, FORGE_ERR_DEVICE, "the Vulkan loader lacks vkGetInstanceProcAddr");
+    }
+    vk->vkCreateInstance = (PFN_vkCreateInstance)vk->vkGetInstanceProcAddr(NULL, "vkCreateInstance");
+    vk->vkEnumerateInstanceVersion =
+        (PFN_vkEnumerateInstanceVersion)vk->vkGetInstanceProcAddr(NULL, "vkEnumerateInstanceVersion");
+    return FORGE_OK;
+}
+
+static forge_status forge__vk_instance(forge__vkfn *vk, VkInstance *out, forge__err *err) {
+    uint32_t version = VK_API_VERSION_1_0;
+    if (vk->vkEnumerateInstanceVersion) vk->vkEnumerateInstanceVersion(&version);
+    if (version < VK_API_VERSION_1_2)
+        return forge__fail(err, FORGE_ERR_DEVICE, "the Vulkan loader supports %u.%u; forge needs 1.2",
+                           VK_API_VERSION_MAJOR(version), VK_API_VERSION_MINOR(version));
+    VkApplicationInfo app = {.sType = VK_STRUCTURE_TYPE_APPLICATION_INFO, .pApplicationName = "forge",
+                             .pEngineName = "forge", .apiVersion = VK_API_VERSION_1_2};
+    VkInstanceCreateInfo ci = {.sType = VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO, .pApplicationInfo = &app};
+    VkResult r = vk->vkCreateInstance(&ci, NULL, out);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkCreateInstance failed (VkResult %d)", (int)r);
+#define FORGE__VK_LOAD(name) vk->name = (PFN_##name)vk->vkGetInstanceProcAddr(*out, #name);
+    FORGE__VK_INSTANCE_FNS(FORGE__VK_LOAD)
+#undef FORGE__VK_LOAD
+    return FORGE_OK;
+}
+
+static bool forge__has_ext(const VkExtensionProperties *exts, uint32_t n, const char *name) {
+    for (uint32_t i = 0; i < n; i++)
+        if (!strcmp(exts[i].extensionName, name)) return true;
+    return false;
+}
+
+static int forge__type_rank(forge_device_type t) {
+    switch (t) {
+    case FORGE_DEVICE_DISCRETE_GPU: return 0;
+    case FORGE_DEVICE_INTEGRATED_GPU: return 1;
+    case FORGE_DEVICE_VIRTUAL_GPU: return 2;
+    case FORGE_DEVICE_CPU: return 3;
+    default: return 4;
+    }
+}
+
+/* Reads everything forge needs to know about one physical device. */
+static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forge__caps *c, forge_device_info *info) {
+    memset(c, 0, sizeof *c);
+    memset(info, 0, sizeof *info);
+    VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
+    VkPhysicalDeviceMaintenance4Properties m4 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES, .pNext = &m3};
+    VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, .pNext = &m4};
+    VkPhysicalDeviceDriverProperties drv = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_DRIVER_PROPERTIES, .pNext = &sg};
+    VkPhysicalDeviceProperties2 p2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2, .pNext = &drv};
+    vk->vkGetPhysicalDeviceProperties(pd, &c->props);
+    uint32_t n_ext = 0;
+    vk->vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, NULL);
+    VkExtensionProperties *exts = (VkExtensionProperties *)calloc(n_ext ? n_ext : 1, sizeof *exts);
+    if (exts) vk->vkEnumerateDeviceExtensionProperties(pd, NULL, &n_ext, exts);
+    else n_ext = 0;
+    bool has_m4 = c->props.apiVersion >= VK_API_VERSION_1_3 || forge__has_ext(exts, n_ext, "VK_KHR_maintenance4");
+    if (!has_m4) sg.pNext = &m3;
+    if (c->props.apiVersion >= VK_API_VERSION_1_1) vk->vkGetPhysicalDeviceProperties2(pd, &p2);
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, .pNext = &f12};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
+    if (c->props.apiVersion >= VK_API_VERSION_1_2) vk->vkGetPhysicalDeviceFeatures2(pd, &f2);
+
+    switch (c->props.deviceType) {
+    case VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: c->type = FORGE_DEVICE_DISCRETE_GPU; break;
+    case VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: c->type = FORGE_DEVICE_INTEGRATED_GPU; break;
+    case VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: c->type = FORGE_DEVICE_VIRTUAL_GPU; break;
+    case VK_PHYSICAL_DEVICE_TYPE_CPU: c->type = FORGE_DEVICE_CPU; break;
+    default: c->type = FORGE_DEVICE_OTHER; break;
+    }
+    c->max_storage_range = c->props.limits.maxStorageBufferRange;
+    c->max_alloc = m3.maxMemoryAllocationSize ? m3.maxMemoryAllocationSize : ((uint64_t)1 << 30);
+    c->max_buffer_size = has_m4 && m4.maxBufferSize ? m4.maxBufferSize : c->max_alloc;
+    c->storage_align = c->props.limits.minStorageBufferOffsetAlignment ? c->props.limits.minStorageBufferOffsetAlignment : 16;
+    if (c->storage_align < 16) c->storage_align = 16;
+    c->subgroup_size = sg.subgroupSize ? sg.subgroupSize : 1;
+    c->max_shared_bytes = c->props.limits.maxComputeSharedMemorySize;
+    c->max_wg_invocations = c->props.limits.maxComputeWorkGroupInvocations;
+    c->fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
+    c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
+    c->int_dot = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product") || c->props.apiVersion >= VK_API_VERSION_1_3;
+    c->coopmat = forge__has_ext(exts, n_ext, "VK_KHR_cooperative_matrix") || forge__has_ext(exts, n_ext, "VK_NV_cooperative_matrix");
+    free(exts);
+
+    VkPhysicalDeviceMemoryProperties mp;
+    vk->vkGetPhysicalDeviceMemoryProperties(pd, &mp);
+    for (uint32_t h = 0; h < mp.memoryHeapCount; h++)
+        if ((mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) && mp.memoryHeaps[h].size > c->device_local_bytes)
+            c->device_local_bytes = mp.memoryHeaps[h].size;
+    /* Memory types: the first that has all `want` bits, preferring ones without `avoid`. */
+    uint32_t best_dev = UINT32_MAX, best_up = UINT32_MAX, best_rb = UINT32_MAX;
+    for (uint32_t i = 0; i < mp.memoryTypeCount; i++) {
+        VkMemoryPropertyFlags f = mp.memoryTypes[i].propertyFlags;
+        if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && best_dev == UINT32_MAX) best_dev = i;
+        if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
+            if (best_up == UINT32_MAX) best_up = i;
+        }
+        if (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
+            bool cached = f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
+            if (best_rb == UINT32_MAX || (cached && !(mp.memoryTypes[best_rb].propertyFlags & VK_MEMORY_PROPERTY_HOST_CACHED_BIT)))
+                best_rb = i;
+        }
+    }
+    c->mem_device = best_dev != UINT32_MAX ? best_dev : 0;
+    c->mem_upload = best_up != UINT32_MAX ? best_up : c->mem_device;
+    c->mem_readback = best_rb != UINT32_MAX ? best_rb : c->mem_upload;
+    c->readback_coherent = mp.memoryTypes[c->mem_readback].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
+    c->uma = (mp.memoryTypes[c->mem_device].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
+
+    uint32_t nq = 0;
+    vk->vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, NULL);
+    VkQueueFamilyProperties qf[32];
+    if (nq > 32) nq = 32;
+    vk->vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, qf);
+    c->queue_family = UINT32_MAX;
+    for (uint32_t i = 0; i < nq; i++) /* prefer a compute queue without graphics (async compute) only if it is the only one */
+        if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && c->queue_family == UINT32_MAX) c->queue_family = i;
+
+    snprintf(info->name, sizeof info->name, "%s", c->props.deviceName);
+    if (drv.driverName[0])
+        snprintf(info->driver, sizeof info->driver, "%s %s", drv.driverName, drv.driverInfo);
+    else
+        snprintf(info->driver, sizeof info->driver, "driver %u", c->props.driverVersion);
+    info->type = c->type;
+    info->vendor_id = c->props.vendorID;
+    info->api_version = c->props.apiVersion;
+    info->device_local_bytes = c->device_local_bytes;
+    info->max_storage_buffer_range = c->max_storage_range;
+    info->max_allocation_size = c->max_alloc;
+    info->max_buffer_size = c->max_buffer_size;
+    info->subgroup_size = c->subgroup_size;
+    info->fp16 = c->fp16;
+    info->int8 = c->int8;
+    info->integer_dot_product = c->int_dot;
+    info->cooperative_matrix = c->coopmat;
+    info->usable = c->props.apiVersion >= VK_API_VERSION_1_2 && c->queue_family != UINT32_MAX &&
+                   c->max_wg_invocations >= 256 && c->max_shared_bytes >= 16384;
+}
+
+/* Enumerates devices in preference order (discrete, integrated, virtual, CPU, other). */
+static forge_status forge__enumerate(const forge__vkfn *vk, VkInstance inst, VkPhysicalDevice *pds, forge__caps *caps,
+                                     forge_device_info *infos, int cap, int *count, forge__err *err) {
+    uint32_t n = 0;
+    VkResult r = vk->vkEnumeratePhysicalDevices(inst, &n, NULL);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkEnumeratePhysicalDevices failed (VkResult %d)", (int)r);
+    if (n > (uint32_t)cap) n = (uint32_t)cap;
+    r = vk->vkEnumeratePhysicalDevices(inst, &n, pds);
+    if (r != VK_SUCCESS && r != VK_INCOMPLETE) return forge__fail(err, FORGE_ERR_DEVICE, "vkEnumeratePhysicalDevices failed (VkResult %d)", (int)r);
+    for (uint32_t i = 0; i < n; i++) forge__query_device(vk, pds[i], &caps[i], &infos[i]);
+    /* stable insertion sort by type rank */
+    for (uint32_t i = 1; i < n; i++)
+        for (uint32_t j = i; j > 0 && forge__type_rank(infos[j].type) < forge__type_rank(infos[j - 1].type); j--) {
+            VkPhysicalDevice tp = pds[j]; pds[j] = pds[j - 1]; pds[j - 1] = tp;
+            forge__caps tc = caps[j]; caps[j] = caps[j - 1]; caps[j - 1] = tc;
+            forge_device_info ti = infos[j]; infos[j] = infos[j - 1]; infos[j - 1] = ti;
+        }
+    for (uint32_t i = 0; i < n; i++) infos[i].index = (int)i;
+    *count = (int)n;
+    return FORGE_OK;
+}
+
+#define FORGE__MAX_DEVICES 16
+
+FORGE_API forge_status forge_list_devices(forge_device_info *out, int capacity, int *count, char *errmsg,
+                                          size_t errmsg_size) {
+    forge__err err = {{0}};
+    forge__vkfn vk;
+    VkInstance inst = VK_NULL_HANDLE;
+    if (count) *count = 0;
+    forge_status st = forge__vk_load(&vk, &err);
+    if (!st) st = forge__vk_instance(&vk, &inst, &err);
+    if (!st) {
+        VkPhysicalDevice pds[FORGE__MAX_DEVICES];
+        forge__caps caps[FORGE__MAX_DEVICES];
+        forge_device_info infos[FORGE__MAX_DEVICES];
+        int n = 0;
+        st = forge__enumerate(&vk, inst, pds, caps, infos, FORGE__MAX_DEVICES, &n, &err);
+        if (!st) {
+            if (n == 0) st = forge__fail(&err, FORGE_ERR_DEVICE, "no Vulkan device found (install a driver; mesa-vulkan-drivers gives a CPU device)");
+            for (int i = 0; i < n && i < capacity && out; i++) out[i] = infos[i];
+            if (count) *count = n;
+        }
+        vk.vkDestroyInstance(inst, NULL);
+    }
+    if (vk.lib) dlclose(vk.lib);
+    if (st && errmsg && errmsg_size) snprintf(errmsg, errmsg_size, "%s", err.msg);
+    return st;
+}
+
+/* Creates the device chosen by index or name (else the preferred one). Limits from the
+ * params lower the device's own, for tests of tensor splitting. */
+static forge_status forge__device_open(forge__device *d, int index, const char *name, uint64_t max_range,
+                                       uint64_t max_alloc, forge__err *err) {
+    memset(d, 0, sizeof *d);
+    forge_status st = forge__vk_load(&d->vk, err);
+    if (st) return st;
+    if ((st = forge__vk_instance(&d->vk, &d->instance, err))) return st;
+    VkPhysicalDevice pds[FORGE__MAX_DEVICES];
+    forge__caps caps[FORGE__MAX_DEVICES];
+    forge_device_info infos[FORGE__MAX_DEVICES];
+    int n = 0;
+    if ((st = forge__enumerate(&d->vk, d->instance, pds, caps, infos, FORGE__MAX_DEVICES, &n, err))) return st;
+    if (n == 0) return forge__fail(err, FORGE_ERR_DEVICE, "no Vulkan device found (install a driver; mesa-vulkan-drivers gives a CPU device)");
+    int pick = -1;
+    if (name && name[0]) {
+        for (int i = 0; i < n && pick < 0; i++)
+            if (strstr(infos[i].name, name)) pick = i;
+        if (pick < 0) return forge__fail(err, FORGE_ERR_DEVICE, "no Vulkan device has a name containing '%s'", name);
+    } else if (index >= 0) {
+        if (index >= n) return forge__fail(err, FORGE_ERR_DEVICE, "device index %d out of range (%d devices)", index, n);
+        pick = index;
+    } else {
+        for (int i = 0; i < n && pick < 0; i++)
+            if (infos[i].usable) pick = i;
+        if (pick < 0) return forge__fail(err, FORGE_ERR_DEVICE, "no usable Vulkan device (forge needs Vulkan 1.2 with compute)");
+    }
+    if (!infos[pick].usable)
+        return forge__fail(err, FORGE_ERR_DEVICE, "device '%s' is not usable (forge needs Vulkan 1.2 with compute)", infos[pick].name);
+    d->phys = pds[pick];
+    d->caps = caps[pick];
+    d->info = infos[pick];
+    forge__caps *c = &d->caps;
+    if (c->max_alloc > c->max_buffer_size) c->max_alloc = c->max_buffer_size;
+    if (c->max_alloc > ((uint64_t)1 << 30)) c->max_alloc = (uint64_t)1 << 30; /* 1 GiB blocks, as ggml-vulkan */
+    if (max_range && max_range < c->max_storage_range) c->max_storage_range = max_range;
+    if (max_alloc && max_alloc < c->max_alloc) c->max_alloc = max_alloc;
+    c->max_storage_range = c->max_storage_range / c->storage_align * c->storage_align;
+    c->max_alloc = c->max_alloc / c->storage_align * c->storage_align;
+    if (c->max_storage_range < 4096 || c->max_alloc < 4096)
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "buffer limits below 4096 bytes (range %llu, allocation %llu)",
+                           (unsigned long long)c->max_storage_range, (unsigned long long)c->max_alloc);
+
+    float prio = 1.0f;
+    VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = c->queue_family,
+                                   .queueCount = 1, .pQueuePriorities = &prio};
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci};
+    VkResult r = d->vk.vkCreateDevice(d->phys, &dci, NULL, &d->dev);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkCreateDevice on '%s' failed (VkResult %d)", d->info.name, (int)r);
+#define FORGE__VK_LOAD(fn) d->vk.fn = (PFN_##fn)d->vk.vkGetDeviceProcAddr(d->dev, #fn);
+    FORGE__VK_DEVICE_FNS(FORGE__VK_LOAD)
+#undef FORGE__VK_LOAD
+    d->vk.vkGetDeviceQueue(d->dev, c->queue_family, 0, &d->queue);
+    pthread_mutex_init(&d->queue_lock, NULL);
+    return FORGE_OK;
+}
+
+static void forge__device_close(forge__device *d) {
+    if (d->dev) {
+        d->vk.vkDeviceWaitIdle(d->dev);
+        d->vk.vkDestroyDevice(d->dev, NULL);
+        pthread_mutex_destroy(&d->queue_lock);
+    }
+    if (d->instance) d->vk.vkDestroyInstance(d->instance, NULL);
+    if (d->vk.lib) dlclose(d->vk.lib);
+    memset(d, 0, sizeof *d);
+}
+
+/* Allocates one buffer with its own memory of type `mem_type`; maps it when host-visible. */
+static forge_status forge__buffer_create(forge__device *d, uint64_t size, uint32_t mem_type, bool map,
+                                         forge__mem_counter *owner, forge__mem_counter *total, forge__buffer *out,
+                                         forge__err *err) {
+    memset(out, 0, sizeof *out);
+    if (size == 0) size = 16;
+    if (size > d->caps.max_buffer_size)
+        return forge__fail(err, FORGE_ERR_LIMIT, "buffer of %llu bytes exceeds the device's maxBufferSize %llu",
+                           (unsigned long long)size, (unsigned long long)d->caps.max_buffer_size);
+    VkBufferCreateInfo bi = {.sType = VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, .size = size,
+                             .usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT |
+                                      VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                             .sharingMode = VK_SHARING_MODE_EXCLUSIVE};
+    VkResult r = d->vk.vkCreateBuffer(d->dev, &bi, NULL, &out->buf);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkCreateBuffer(%llu bytes) failed (VkResult %d)", (unsigned long long)size, (int)r);
+    VkMemoryRequirements req;
+    d->vk.vkGetBufferMemoryRequirements(d->dev, out->buf, &req);
+    if (!(req.memoryTypeBits & (1u << mem_type))) {
+        d->vk.vkDestroyBuffer(d->dev, out->buf, NULL);
+        out->buf = VK_NULL_HANDLE;
+        return forge__fail(err, FORGE_ERR_DEVICE, "no compatible memory type for a storage buffer");
+    }
+    VkMemoryAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, .allocationSize = req.size, .memoryTypeIndex = mem_type};
+    r = d->vk.vkAllocateMemory(d->dev, &ai, NULL, &out->mem);
+    if (r != VK_SUCCESS) {
+        d->vk.vkDestroyBuffer(d->dev, out->buf, NULL);
+        out->buf = VK_NULL_HANDLE;
+        return forge__fail(err, r == VK_ERROR_OUT_OF_DEVICE_MEMORY || r == VK_ERROR_OUT_OF_HOST_MEMORY ? FORGE_ERR_OUT_OF_MEMORY : FORGE_ERR_DEVICE,
+                           "allocating %llu bytes of device memory failed (VkResult %d)", (unsigned long long)req.size, (int)r);
+    }
+    d->vk.vkBindBufferMemory(d->dev, out->buf, out->mem, 0);
+    if (map) {
+        r = d->vk.vkMapMemory(d->dev, out->mem, 0, VK_WHOLE_SIZE, 0, &out->mapped);
+        if (r != VK_SUCCESS) {
+            d->vk.vkFreeMemory(d->dev, out->mem, NULL);
+            d->vk.vkDestroyBuffer(d->dev, out->buf, NULL);
+            memset(out, 0, sizeof *out);
+            return forge__fail(err, FORGE_ERR_DEVICE, "vkMapMemory failed (VkResult %d)", (int)r);
+        }
+    }
+    out->size = size;
+    forge__mem_add(owner, total, req.size);
+    owner->n_buffers++;
+    return FORGE_OK;
+}
+
+static void forge__buffer_destroy(forge__device *d, forge__buffer *b, forge__mem_counter *owner, forge__mem_counter *total) {
+    if (!b->buf) return;
+    VkMemoryRequirements req;
+    d->vk.vkGetBufferMemoryRequirements(d->dev, b->buf, &req);
+    if (b->mapped) d->vk.vkUnmapMemory(d->dev, b->mem);
+    d->vk.vkDestroyBuffer(d->dev, b->buf, NULL);
+    d->vk.vkFreeMemory(d->dev, b->mem, NULL);
+    forge__mem_sub(owner, total, req.size);
+    owner->n_buffers--;
+    memset(b, 0, sizeof *b);
+}
+
+/* Submits one command buffer and waits for it. The queue is shared by the model's sessions. */
+static forge_status forge__submit_wait(forge__device *d, VkCommandBuffer cb, VkFence fence, forge__err *err) {
+    VkSubmitInfo si = {.sType = VK_STRUCTURE_TYPE_SUBMIT_INFO, .commandBufferCount = 1, .pCommandBuffers = &cb};
+    pthread_mutex_lock(&d->queue_lock);
+    VkResult r = d->vk.vkQueueSubmit(d->queue, 1, &si, fence);
+    pthread_mutex_unlock(&d->queue_lock);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkQueueSubmit failed (VkResult %d)", (int)r);
+    r = d->vk.vkWaitForFences(d->dev, 1, &fence, VK_TRUE, UINT64_MAX);
+    d->vk.vkResetFences(d->dev, 1, &fence);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkWaitForFences failed (VkResult %d): device lost?", (int)r);
+    return FORGE_OK;
+}
+
+/* ---- Packing: many ranges into few allocations ----
+ * A list of (size, alignment) requests is packed, in order, into blocks of at most
+ * caps.max_alloc bytes; each request must fit the binding range. The plan (block sizes) is
+ * known before anything is allocated: that is the memory plan forge reports. */
+
+typedef struct forge__pack_item {
+    uint64_t size;
+    int block;         /* result: which block */
+    uint64_t offset;   /* result: offset in the block */
+} forge__pack_item;
+
+typedef struct forge__pack {
+    forge__pack_item *items;
+    int n_items, cap_items;
+    uint64_t *block_sizes;
+    int n_blocks;
+} forge__pack;
+
+static int forge__pack_add(forge__pack *p, forge__arena *a, uint64_t size) {
+    if (p->n_items == p->cap_items) {
+        int cap = p->cap_items ? p->cap_items * 2 : 256;
+        forge__pack_item *items = (forge__pack_item *)forge__arena_alloc(a, sizeof *items * (size_t)cap, 16);
+        if (!items) return -1;
+        if (p->n_items) memcpy(items, p->items, sizeof *items * (size_t)p->n_items);
+        p->items = items;
+        p->cap_items = cap;
+    }
+    p->items[p->n_items].size = size;
+    return p->n_items++;
+}
+
+static forge_status forge__pack_plan(forge__pack *p, forge__arena *a, const forge__caps *c, forge__err *err) {
+    p->block_sizes = (uint64_t *)forge__arena_alloc(a, sizeof(uint64_t) * (size_t)(p->n_items + 1), 16);
+    if (!p->block_sizes) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    p->n_blocks = 0;
+    uint64_t used = c->max_alloc; /* forces a first block */
+    for (int i = 0; i < p->n_items; i++) {
+        uint64_t sz = forge__align_up(p->items[i].size ? p->items[i].size : 16, 16);
+        if (sz > c->max_storage_range || sz > c->max_alloc)
+            return forge__fail(err, FORGE_ERR_LIMIT, "a buffer of %llu bytes exceeds the binding range %llu / allocation limit %llu",
+                               (unsigned long long)sz, (unsigned long long)c->max_storage_range, (unsigned long long)c->max_alloc);
+        uint64_t off = forge__align_up(used, c->storage_align);
+        if (off + sz > c->max_alloc) {
+            p->n_blocks++;
+            off = 0;
+        }
+        p->items[i].block = p->n_blocks - 1;
+        p->items[i].offset = off;
+        used = off + sz;
+        p->block_sizes[p->n_blocks - 1] = used;
+    }
+    return FORGE_OK;
+}
+
+static uint64_t forge__pack_total(const forge__pack *p) {
+    uint64_t t = 0;
+    for (int i = 0; i < p->n_blocks; i++) t += p->block_sizes[i];
+    return t;
+}
+
+/* =======================================================================================
+ * 5. Op table
+ * One row per kernel: its SPIR-V (embedded), binding count, push-constant size and pinned
+ * specialization constants. Pipelines are created on first use, under the model's lock, and
+ * shared by all sessions. Recording goes through forge__dispatch, which can also run in a
+ * counting mode: a command buffer's descriptor pool is sized exactly before it is recorded.
+ * ===================================================================================== */
+
+/* Push constants, mirroring the `PC` blocks of the kernels. */
+typedef struct forge__pc_linear {   /* matvec.comp, matmul.comp */
+    uint32_t M, K, N, a_row0, ldc, c_col0, flags, bias_off;
+    float softcap;
+} forge__pc_linear;
+typedef struct forge__pc_embed {    /* embed.comp */
+    uint32_t n_tokens, hidden, row_begin, row_count;
+    float scale;
+    uint32_t round_mode;
+} forge__pc_embed;
+typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
+    uint32_t dim, x_row0, out_row0, flags;
+    float eps;
+} forge__pc_rmsnorm;
+typedef struct forge__pc_rope {     /* rope.comp */
+    uint32_t n_tokens, n_heads, head_dim, adjacent, cache_slots, store_kv;
+} forge__pc_rope;
+typedef struct forge__pc_attention { /* attention.comp */
+    uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
+    float scale, softcap;
+} forge__pc_attention;
+typedef struct forge__pc_act {      /* act_mul.comp */
+    uint32_t count, act;
+} forge__pc_act;
+
+#define FORGE__LINEAR_BIAS 1u
+#define FORGE__LINEAR_ACCUMULATE 2u
+#define FORGE__LINEAR_SOFTCAP 4u
+
+/* Weight storage formats the matrix kernels read; one kernel variant each. */
+typedef enum forge__wfmt { FORGE__W_F32 = 0, FORGE__W_F16, FORGE__W_BF16, FORGE__W_COUNT } forge__wfmt;
+
+typedef enum forge__op {
+    FORGE__OP_EMBED,                                   /* + forge__wfmt */
+    FORGE__OP_MATVEC = FORGE__OP_EMBED + FORGE__W_COUNT,
+    FORGE__OP_MATMUL = FORGE__OP_MATVEC + FORGE__W_COUNT,
+    FORGE__OP_RMSNORM = FORGE__OP_MATMUL + FORGE__W_COUNT,
+    FORGE__OP_ROPE,
+    FORGE__OP_ATTENTION,
+    FORGE__OP_ACT_MUL,
+    FORGE__OP_COUNT
+} forge__op;
+
+typedef struct forge__op_desc {
+    const char *name;
+    const uint32_t *spv;
+    size_t spv_bytes;
+    uint32_t n_bindings;
+    uint32_t push_bytes;
+    uint32_t n_spec;
+    uint32_t spec[2];      /* constant_id 0, 1: pinned, never left to GLSL defaults */
+} forge__op_desc;
+
+#define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
+#define FORGE__MATVEC_WG 128
+#define FORGE__MATVEC_ROWS 1
+static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
+    [FORGE__OP_EMBED + FORGE__W_F32] = {"embed_f32", FORGE__SPV(embed_f32), 5, sizeof(forge__pc_embed), 0, {0}},
+    [FORGE__OP_EMBED + FORGE__W_F16] = {"embed_f16", FORGE__SPV(embed_f16), 5, sizeof(forge__pc_embed), 0, {0}},
+    [FORGE__OP_EMBED + FORGE__W_BF16] = {"embed_bf16", FORGE__SPV(embed_bf16), 5, sizeof(forge__pc_embed), 0, {0}},
+    [FORGE__OP_MATVEC + FORGE__W_F32] = {"matvec_f32", FORGE__SPV(matvec_f32), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
+    [FORGE__OP_MATVEC + FORGE__W_F16] = {"matvec_f16", FORGE__SPV(matvec_f16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
+    [FORGE__OP_MATVEC + FORGE__W_BF16] = {"matvec_bf16", FORGE__SPV(matvec_bf16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
+    [FORGE__OP_MATMUL + FORGE__W_F32] = {"matmul_f32", FORGE__SPV(matmul_f32), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL + FORGE__W_F16] = {"matmul_f16", FORGE__SPV(matmul_f16), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL + FORGE__W_BF16] = {"matmul_bf16", FORGE__SPV(matmul_bf16), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
+    [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
+    [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
+};
+#define FORGE__MAX_BINDINGS 6
+#define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
+
+typedef struct forge__pipeline {
+    VkDescriptorSetLayout dsl;
+    VkPipelineLayout layout;
+    VkPipeline pipe;
+} forge__pipeline;
+
+static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, forge__pipeline *p, forge__err *err) {
+    VkDescriptorSetLayoutBinding b[FORGE__MAX_BINDINGS];
+    for (uint32_t i = 0; i < op->n_bindings; i++)
+        b[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              .descriptorCount = 1, .stageFlags = VK_SHADER_STAGE_COMPUTE_BIT};
+    VkDescriptorSetLayoutCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+                                           .bindingCount = op->n_bindings, .pBindings = b};
+    VkResult r = d->vk.vkCreateDescriptorSetLayout(d->dev, &dci, NULL, &p->dsl);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateDescriptorSetLayout failed (%d)", op->name, (int)r);
+    VkPushConstantRange pcr = {.stageFlags = VK_SHADER_STAGE_COMPUTE_BIT, .offset = 0, .size = op->push_bytes};
+    VkPipelineLayoutCreateInfo lci = {.sType = VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, .setLayoutCount = 1,
+                                      .pSetLayouts = &p->dsl, .pushConstantRangeCount = 1, .pPushConstantRanges = &pcr};
+    r = d->vk.vkCreatePipelineLayout(d->dev, &lci, NULL, &p->layout);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreatePipelineLayout failed (%d)", op->name, (int)r);
+    VkShaderModuleCreateInfo sci = {.sType = VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, .codeSize = op->spv_bytes, .pCode = op->spv};
+    VkShaderModule mod;
+    r = d->vk.vkCreateShaderModule(d->dev, &sci, NULL, &mod);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateShaderModule failed (%d)", op->name, (int)r);
+    VkSpecializationMapEntry me[2] = {{0, 0, 4}, {1, 4, 4}};
+    VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = op->spec};
+    VkComputePipelineCreateInfo pci = {
+        .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+        .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
+                  .module = mod, .pName = "main", .pSpecializationInfo = op->n_spec ? &si : NULL},
+        .layout = p->layout};
+    r = d->vk.vkCreateComputePipelines(d->dev, VK_NULL_HANDLE, 1, &pci, NULL, &p->pipe);
+    d->vk.vkDestroyShaderModule(d->dev, mod, NULL);
+    if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateComputePipelines failed (%d)", op->name, (int)r);
+    return FORGE_OK;
+}
+
+static void forge__pipeline_destroy(forge__device *d, forge__pipeline *p) {
+    if (p->pipe) d->vk.vkDestroyPipeline(d->dev, p->pipe, NULL);
+    if (p->layout) d->vk.vkDestroyPipelineLayout(d->dev, p->layout, NULL);
+    if (p->dsl) d->vk.vkDestroyDescriptorSetLayout(d->dev, p->dsl, NULL);
+    memset(p, 0, sizeof *p);
+}
+
+/* A command buffer being recorded (or counted). */
+typedef struct forge__rec {
+    forge__device *dev;
+    forge__pipeline *pipes;        /* the model's table, FORGE__OP_COUNT entries */
+    pthread_mutex_t *pipe_lock;
+    VkCommandBuffer cb;
+    VkDescriptorPool pool;
+    bool counting;
+    uint32_t n_sets, n_descriptors, n_dispatches;
+    forge_status st;
+    forge__err *err;
+} forge__rec;
+
+static forge__pipeline *forge__get_pipeline(forge__rec *r, forge__op op) {
+    forge__pipeline *p = &r->pipes[op];
+    if (p->pipe) return p;
+    pthread_mutex_lock(r->pipe_lock);
+    if (!p->pipe) {
+        forge__pipeline np = {0};
+        forge_status st = forge__pipeline_create(r->dev, &forge__ops[op], &np, r->err);
+        if (st) {
+            forge__pipeline_destroy(r->dev, &np);
+            r->st = st;
+        } else {
+            *p = np;
+        }
+    }
+    pthread_mutex_unlock(r->pipe_lock);
+    return p->pipe ? p : NULL;
+}
+
+/* Splits a 1-D workgroup count over x and y (at most 65535 per dimension). */
+static void forge__grid(uint64_t groups, uint32_t *gx, uint32_t *gy) {
+    if (groups == 0) groups = 1;
+    *gx = (uint32_t)FORGE__MIN(groups, 65535u);
+    *gy = (uint32_t)((groups + *gx - 1) / *gx);
+}
+
+static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *binds, const void *push, uint32_t gx,
+                            uint32_t gy, uint32_t gz) {
+    if (r->st) return;
+    const forge__op_desc *desc = &forge__ops[op];
+    forge__pipeline *p = forge__get_pipeline(r, op);
+    if (!p) return;
+    r->n_dispatches++;
+    if (r->counting) {
+        r->n_sets++;
+        r->n_descriptors += desc->n_bindings;
+        return;
+    }
+    VkDescriptorSet set;
+    VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, .descriptorPool = r->pool,
+                                      .descriptorSetCount = 1, .pSetLayouts = &p->dsl};
+    VkResult vr = r->dev->vk.vkAllocateDescriptorSets(r->dev->dev, &ai, &set);
+    if (vr != VK_SUCCESS) {
+        r->st = forge__fail(r->err, FORGE_ERR_DEVICE, "vkAllocateDescriptorSets failed (%d)", (int)vr);
+        return;
+    }
+    VkDescriptorBufferInfo bi[FORGE__MAX_BINDINGS];
+    VkWriteDescriptorSet w[FORGE__MAX_BINDINGS];
+    for (uint32_t i = 0; i < desc->n_bindings; i++) {
+        bi[i] = (VkDescriptorBufferInfo){binds[i].buf, binds[i].offset, binds[i].size};
+        w[i] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = set, .dstBinding = i,
+                                      .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                      .pBufferInfo = &bi[i]};
+    }
+    r->dev->vk.vkUpdateDescriptorSets(r->dev->dev, desc->n_bindings, w, 0, NULL);
+    r->dev->vk.vkCmdBindPipeline(r->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipe);
+    r->dev->vk.vkCmdBindDescriptorSets(r->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
+    r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
+    r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
+}
+
+/* Makes every earlier shader write visible to later shader reads and writes. */
+static void forge__barrier(forge__rec *r) {
+    if (r->st || r->counting) return;
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+                          .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT};
+    r->dev->vk.vkCmdPipelineBarrier(r->cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, &mb, 0,
+                                    NULL, 0, NULL);
+}
+
+/* Makes transfer writes visible to the host once the submission's fence signals. */
+static void forge__host_barrier(forge__rec *r) {
+    if (r->st || r->counting) return;
+    VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                          .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+    r->dev->vk.vkCmdPipelineBarrier(r->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+}
+
+static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint64_t bytes) {
+    if (r->st || r->counting || !bytes) return;
+    VkBufferCopy c = {src.offset, dst.offset, bytes};
+    r->dev->vk.vkCmdCopyBuffer(r->cb, src.buf, dst.buf, 1, &c);
+}
+
+/* =======================================================================================
+ * 6. Models
+ * From the tensor table and the config to weights on the device. Each weight is looked up by
+ * its role under the format's naming convention (HF or llama.cpp), its shape and dtype are
+ * checked against the config, and it is split by rows into chunks that fit one binding.
+ * All chunks are packed into at most max_alloc-sized blocks (the model's memory plan), then
+ * copied through a staging buffer (or written in place on devices whose memory the host sees).
+ * ===================================================================================== */
+
+/* A row-chunk of a weight matrix: rows [row0, row0 + rows) bound as one range. */
+typedef struct forge__wchunk {
+    uint32_t row0, rows;
+    forge__range w;
+} forge__wchunk;
+
+typedef struct forge__weight {
+    const char *name;        /* tensor name, for messages */
+    forge__wfmt fmt;
+    uint32_t rows, cols;     /* logical shape [rows, cols] = [out, in] */
+    int n_chunks;
+    forge__wchunk *chunks;
+} forge__weight;
+
+/* A small f32 vector on the device (norm weights, biases, RoPE frequencies). */
+typedef struct forge__vec {
+    forge__range r;
+    uint32_t n;
+    bool present;
+} forge__vec;
+
+typedef struct forge__layer {
+    forge__vec attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm;
+    forge__vec bq, bk, bv, bo;
+    forge__weight wq, wk, wv, wo, gate, up, down;
+    bool sliding;
+} forge__layer;
+
+struct forge_model {
+    forge__err err;
+    pthread_mutex_t err_lock;     /* model-level calls may fail on several threads */
+    bool failed;                  /* a failed load: only errmsg and free are valid */
+    forge__arena arena;
+    forge__logger log;
+    forge__config cfg;
+    char name[128];
+    char source_format[16];
+    forge__file *files;
+    int n_files;
+    forge__tensor_table tensors;
+    forge__tokenizer tok;
+    forge__device dev;
+    forge__mem_counter mem;       /* the model's own device memory (weights) */
+    forge__mem_counter mem_total; /* model + all its sessions: the device-wide peak */
+    forge__buffer *blocks;
+    int n_blocks;
+    forge__weight tok_embd, output;
+    forge__vec output_norm, rope_full, rope_sliding;
+    forge__layer *layers;
+    forge__pipeline pipes[FORGE__OP_COUNT];
+    pthread_mutex_t pipe_lock;
+    uint64_t n_params, weight_bytes;
+    forge__dtype main_dtype;      /* storage type of most matrix bytes, for info */
+};
+
+/* ---- Weight roles and their names under each convention ---- */
+
+typedef enum forge__role {
+    FORGE__R_EMBED, FORGE__R_OUT_NORM, FORGE__R_OUTPUT, FORGE__R_ROPE_FREQS,
+    FORGE__R_ATTN_NORM, FORGE__R_WQ, FORGE__R_WK, FORGE__R_WV, FORGE__R_WO,
+    FORGE__R_BQ, FORGE__R_BK, FORGE__R_BV, FORGE__R_BO, FORGE__R_Q_NORM, FORGE__R_K_NORM,
+    FORGE__R_POST_ATTN_NORM, FORGE__R_FFN_NORM, FORGE__R_POST_FFN_NORM,
+    FORGE__R_GATE, FORGE__R_UP, FORGE__R_DOWN, FORGE__R_COUNT
+} forge__role;
+
+static const char *const forge__names_hf[FORGE__R_COUNT] = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", NULL,
+    "model.layers.%d.input_layernorm.weight",
+    "model.layers.%d.self_attn.q_proj.weight", "model.layers.%d.self_attn.k_proj.weight",
+    "model.layers.%d.self_attn.v_proj.weight", "model.layers.%d.self_attn.o_proj.weight",
+    "model.layers.%d.self_attn.q_proj.bias", "model.layers.%d.self_attn.k_proj.bias",
+    "model.layers.%d.self_attn.v_proj.bias", "model.layers.%d.self_attn.o_proj.bias",
+    "model.layers.%d.self_attn.q_norm.weight", "model.layers.%d.self_attn.k_norm.weight",
+    "model.layers.%d.post_attention_layernorm.weight", /* Gemma: after attention */
+    "model.layers.%d.post_attention_layernorm.weight", /* Llama/Qwen: before the MLP (see forge__name) */
+    "model.layers.%d.post_feedforward_layernorm.weight",
+    "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
+};
+
+static const char *const forge__names_gguf[FORGE__R_COUNT] = {
+    "token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+    "blk.%d.attn_norm.weight",
+    "blk.%d.attn_q.weight", "blk.%d.attn_k.weight", "blk.%d.attn_v.weight", "blk.%d.attn_output.weight",
+    "blk.%d.attn_q.bias", "blk.%d.attn_k.bias", "blk.%d.attn_v.bias", "blk.%d.attn_output.bias",
+    "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
+    "blk.%d.post_attention_norm.weight", "blk.%d.ffn_norm.weight", "blk.%d.post_ffw_norm.weight",
+    "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+};
+
+typedef struct forge__loader {
+    forge_model *m;
+    bool gguf;
+    forge__pack pack;
+    struct forge__upload *ups;
+    int n_ups, cap_ups;
+} forge__loader;
+
+/* One copy into the planned device memory: raw bytes, or a vector converted to f32. */
+typedef struct forge__upload {
+    const uint8_t *src;
+    uint64_t bytes;          /* device bytes */
+    forge__dtype src_dtype;  /* for conversion to f32 */
+    bool to_f32;
+    float add;               /* added after conversion (Gemma's 1 + w norms) */
+    int pack_item;
+    forge__range *dst;       /* filled once the blocks exist */
+} forge__upload;
+
+static void forge__name(const forge__loader *L, forge__role role, int layer, char *buf, size_t size) {
+    const char *fmt = L->gguf ? forge__names_gguf[role] : forge__names_hf[role];
+    if (!L->gguf && role == FORGE__R_FFN_NORM && L->m->cfg.sandwich_norms) fmt = "model.layers.%d.pre_feedforward_layernorm.weight";
+    snprintf(buf, size, fmt ? fmt : "", layer);
+}
+
+static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint64_t bytes, forge__dtype src_dtype,
+                                      bool to_f32, float add, forge__range *dst) {
+    forge_model *m = L->m;
+    if (L->n_ups == L->cap_ups) {
+        int cap = L->cap_ups ? L->cap_ups * 2 : 512;
+        forge__upload *u = (forge__upload *)forge__arena_alloc(&m->arena, sizeof *u * (size_t)cap, 16);
+        if (!u) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        if (L->n_ups) memcpy(u, L->ups, sizeof *u * (size_t)L->n_ups);
+        L->ups = u;
+        L->cap_ups = cap;
+    }
+    int item = forge__pack_add(&L->pack, &m->arena, bytes);
+    if (item < 0) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    L->ups[L->n_ups++] = (forge__upload){src, bytes, src_dtype, to_f32, add, item, dst};
+    return FORGE_OK;
+}
+
+static forge__tensor *forge__lookup(forge__loader *L, forge__role role, int layer, bool required, forge_status *st) {
+    char name[256];
+    forge__name(L, role, layer, name, sizeof name);
+    forge__tensor *t = forge__tensor_find(&L->m->tensors, name);
+    if (!t && required)
+        *st = forge__fail(&L->m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name,
+                          forge__arch_names[L->m->cfg.arch]);
+    if (t) t->used = true;
+    return t;
+}
+
+static forge_status forge__expect_shape(forge_model *m, const forge__tensor *t, int n_dims, int64_t d0, int64_t d1,
+                                        const char *why) {
+    bool ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims < 2 || t->shape[1] == d1);
+    if (ok) return FORGE_OK;
+    char got[96];
+    forge__shape_str(t, got, sizeof got);
+    if (n_dims == 1)
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor '%s' has shape %s but the config (%s) needs [%lld]",
+                           t->file, t->name, got, why, (long long)d0);
+    return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor '%s' has shape %s but the config (%s) needs [%lld, %lld]",
+                       t->file, t->name, got, why, (long long)d0, (long long)d1);
+}
+
+/* Plans a weight matrix [rows, cols]: format from its dtype, row-chunks that fit a binding. */
+static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows,
+                                       uint32_t cols, const char *why) {
+    forge_model *m = L->m;
+    forge_status st = forge__expect_shape(m, t, 2, rows, cols, why);
+    if (st) return st;
+    switch (t->dtype) {
+    case FORGE__F32: w->fmt = FORGE__W_F32; break;
+    case FORGE__F16: w->fmt = FORGE__W_F16; break;
+    case FORGE__BF16: w->fmt = FORGE__W_BF16; break;
+    default:
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads weight matrices in f32, f16 or bf16",
+                           t->file, t->name, forge__dtype_name(t->dtype));
+    }
+    w->name = t->name;
+    w->rows = rows;
+    w->cols = cols;
+    uint64_t row_bytes = 0;
+    forge__row_bytes(t->dtype, cols, &row_bytes);
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc);
+    uint64_t per_chunk = limit / row_bytes;
+    if (per_chunk == 0)
+        return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit of %llu bytes",
+                           t->name, (unsigned long long)row_bytes, (unsigned long long)limit);
+    w->n_chunks = (int)((rows + per_chunk - 1) / per_chunk);
+    w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
+    if (!w->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < w->n_chunks; i++) {
+        forge__wchunk *c = &w->chunks[i];
+        c->row0 = (uint32_t)(i * per_chunk);
+        c->rows = (uint32_t)FORGE__MIN(per_chunk, rows - c->row0);
+        if ((st = forge__upload_add(L, t->data + c->row0 * row_bytes, c->rows * row_bytes, t->dtype, false, 0, &c->w))) return st;
+    }
+    m->n_params += (uint64_t)rows * cols;
+    m->weight_bytes += t->nbytes;
+    return FORGE_OK;
+}
+
+/* Plans an f32 vector from an f32/f16/bf16 tensor of n elements, adding `add` to each. */
+static forge_status forge__plan_vec(forge__loader *L, forge__vec *v, forge__tensor *t, uint32_t n, float add, const char *why) {
+    forge_model *m = L->m;
+    forge_status st = forge__expect_shape(m, t, 1, n, 0, why);
+    if (st) return st;
+    if (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16)
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads vectors in f32, f16 or bf16",
+                           t->file, t->name, forge__dtype_name(t->dtype));
+    v->n = n;
+    v->present = true;
+    m->n_params += n;
+    m->weight_bytes += 4ull * n;
+    return forge__upload_add(L, t->data, 4ull * n, t->dtype, true, add, &v->r);
+}
+
+static forge_status forge__plan_vec_role(forge__loader *L, forge__vec *v, forge__role role, int layer, uint32_t n,
+                                         bool required, float add, const char *why) {
+    forge_status st = FORGE_OK;
+    forge__tensor *t = forge__lookup(L, role, layer, required, &st);
+    if (st || !t) return st;
+    return forge__plan_vec(L, v, t, n, add, why);
+}
+
+static forge_status forge__plan_weight_role(forge__loader *L, forge__weight *w, forge__role role, int layer, uint32_t rows,
+                                            uint32_t cols, const char *why) {
+    forge_status st = FORGE_OK;
+    forge__tensor *t = forge__lookup(L, role, layer, true, &st);
+    if (st) return st;
+    return forge__plan_weight(L, w, t, rows, cols, why);
+}
+
+/* RoPE inverse frequencies [D/2] for one rope description, as HF computes them in float32:
+ * inv_freq[i] = 1 / theta^(2i/D), then the scaling rule. `factors` (GGUF rope_freqs) divide. */
+static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float *factors, float *out) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float inv = (float)(1.0 / pow(r->theta, (double)(2 * i) / (double)head_dim));
+        if (r->scaling == FORGE__ROPE_LINEAR) {
+            inv = (float)(inv / r->factor);
+        } else if (r->scaling == FORGE__ROPE_LLAMA3) {
+            /* transformers _compute_llama3_parameters */
+            double low_wavelen = r->original_max_pos / r->low_freq_factor;
+            double high_wavelen = r->original_max_pos / r->high_freq_factor;
+            double wavelen = 2.0 * M_PI / inv;
+            if (wavelen > low_wavelen) {
+                inv = (float)(inv / r->factor);
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (r->original_max_pos / wavelen - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+                inv = (float)((1.0 - smooth) * inv / r->factor + smooth * inv);
+            }
+        }
+        if (factors) inv = inv / factors[i];
+        out[i] = inv;
+    }
+}
+
+static forge_status forge__plan_model(forge__loader *L) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    forge_status st = FORGE_OK;
+    char why[160];
+    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+    snprintf(why, sizeof why, "vocab %d, hidden %d", c->n_vocab, c->hidden);
+    if ((st = forge__plan_weight_role(L, &m->tok_embd, FORGE__R_EMBED, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
+    if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
+    float norm_add = c->norm_plus_one ? 1.0f : 0.0f;
+    snprintf(why, sizeof why, "hidden %d", c->hidden);
+    if ((st = forge__plan_vec_role(L, &m->output_norm, FORGE__R_OUT_NORM, 0, (uint32_t)c->hidden, true, norm_add, why))) return st;
+    m->layers = (forge__layer *)forge__arena_alloc(&m->arena, sizeof *m->layers * (size_t)c->n_layers, 16);
+    if (!m->layers) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    char why_q[160], why_kv[160], why_o[160], why_ffn[160], why_down[160], why_hd[64];
+    snprintf(why_q, sizeof why_q, "%d heads x head_dim %d, hidden %d", c->n_heads, c->head_dim, c->hidden);
+    snprintf(why_kv, sizeof why_kv, "%d kv heads x head_dim %d, hidden %d", c->n_kv_heads, c->head_dim, c->hidden);
+    snprintf(why_o, sizeof why_o, "hidden %d, %d heads x head_dim %d", c->hidden, c->n_heads, c->head_dim);
+    snprintf(why_ffn, sizeof why_ffn, "intermediate %d, hidden %d", c->ffn, c->hidden);
+    snprintf(why_down, sizeof why_down, "hidden %d, intermediate %d", c->hidden, c->ffn);
+    snprintf(why_hd, sizeof why_hd, "head_dim %d", c->head_dim);
+    for (int i = 0; i < c->n_layers && !st; i++) {
+        forge__layer *ly = &m->layers[i];
+        ly->sliding = c->layer_sliding[i];
+        uint32_t H = (uint32_t)c->hidden;
+        if ((st = forge__plan_vec_role(L, &ly->attn_norm, FORGE__R_ATTN_NORM, i, H, true, norm_add, why))) break;
+        if ((st = forge__plan_weight_role(L, &ly->wq, FORGE__R_WQ, i, (uint32_t)q_dim, H, why_q))) break;
+        if ((st = forge__plan_weight_role(L, &ly->wk, FORGE__R_WK, i, (uint32_t)kv_dim, H, why_kv))) break;
+        if ((st = forge__plan_weight_role(L, &ly->wv, FORGE__R_WV, i, (uint32_t)kv_dim, H, why_kv))) break;
+        if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, (uint32_t)q_dim, why_o))) break;
+        if (c->qkv_bias) {
+            if ((st = forge__plan_vec_role(L, &ly->bq, FORGE__R_BQ, i, (uint32_t)q_dim, true, 0, why_q))) break;
+            if ((st = forge__plan_vec_role(L, &ly->bk, FORGE__R_BK, i, (uint32_t)kv_dim, true, 0, why_kv))) break;
+            if ((st = forge__plan_vec_role(L, &ly->bv, FORGE__R_BV, i, (uint32_t)kv_dim, true, 0, why_kv))) break;
+        }
+        if (c->o_bias && (st = forge__plan_vec_role(L, &ly->bo, FORGE__R_BO, i, H, true, 0, why))) break;
+        if (c->qk_norm) {
+            if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, (uint32_t)c->head_dim, true, norm_add, why_hd))) break;
+            if ((st = forge__plan_vec_role(L, &ly->k_norm, FORGE__R_K_NORM, i, (uint32_t)c->head_dim, true, norm_add, why_hd))) break;
+        }
+        if (c->sandwich_norms) {
+            if ((st = forge__plan_vec_role(L, &ly->post_attn_norm, FORGE__R_POST_ATTN_NORM, i, H, true, norm_add, why))) break;
+            if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm, FORGE__R_POST_FFN_NORM, i, H, true, norm_add, why))) break;
+        }
+        if ((st = forge__plan_vec_role(L, &ly->ffn_norm, FORGE__R_FFN_NORM, i, H, true, norm_add, why))) break;
+        if ((st = forge__plan_weight_role(L, &ly->gate, FORGE__R_GATE, i, (uint32_t)c->ffn, H, why_ffn))) break;
+        if ((st = forge__plan_weight_role(L, &ly->up, FORGE__R_UP, i, (uint32_t)c->ffn, H, why_ffn))) break;
+        if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, (uint32_t)c->ffn, why_down))) break;
+    }
+    if (st) return st;
+    /* RoPE tables: host arrays in the arena, uploaded like any f32 vector. */
+    int half = c->head_dim / 2;
+    const float *factors = NULL;
+    if (L->gguf) {
+        forge__tensor *rf = forge__lookup(L, FORGE__R_ROPE_FREQS, 0, false, &st);
+        if (rf) {
+            if (rf->dtype != FORGE__F32 || forge__tensor_elements(rf) != (uint64_t)half)
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor 'rope_freqs.weight' must be f32 [%d]", rf->file, half);
+            factors = (const float *)rf->data;
+        }
+    }
+    float *inv_full = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)half, 16);
+    float *inv_slide = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)half, 16);
+    if (!inv_full || !inv_slide) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__rope_inv_freq(&c->rope_full, c->head_dim, factors, inv_full);
+    forge__rope_inv_freq(&c->rope_sliding, c->head_dim, factors, inv_slide);
+    m->rope_full = (forge__vec){.n = (uint32_t)half, .present = true};
+    m->rope_sliding = (forge__vec){.n = (uint32_t)half, .present = true};
+    if ((st = forge__upload_add(L, (const uint8_t *)inv_full, 4ull * half, FORGE__F32, true, 0, &m->rope_full.r))) return st;
+    return forge__upload_add(L, (const uint8_t *)inv_slide, 4ull * half, FORGE__F32, true, 0, &m->rope_sliding.r);
+}
+
+/* Writes one upload's bytes to `dst` (host memory: staging or mapped device memory). */
+static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
+    if (!u->to_f32) {
+        memcpy(dst, u->src, (size_t)u->bytes);
+        return;
+    }
+    uint64_t n = u->bytes / 4;
+    float *o = (float *)dst;
+    for (uint64_t i = 0; i < n; i++) {
+        float v;
+        if (u->src_dtype == FORGE__F32) memcpy(&v, u->src + 4 * i, 4);
+        else {
+            uint16_t h;
+            memcpy(&h, u->src + 2 * i, 2);
+            v = u->src_dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+        }
+        o[i] = v + u->add;
+    }
+}
+
+/* Allocates the planned blocks and copies every upload into place. */
+static forge_status forge__upload_all(forge__loader *L, forge_model_params const *params) {
+    forge_model *m = L->m;
+    forge__device *d = &m->dev;
+    forge_status st = forge__pack_plan(&L->pack, &m->arena, &d->caps, &m->err);
+    if (st) return forge__wrap(&m->err, st, "planning weight memory");
+    m->mem.planned = forge__pack_total(&L->pack);
+    m->n_blocks = L->pack.n_blocks;
+    m->blocks = (forge__buffer *)forge__arena_alloc(&m->arena, sizeof *m->blocks * (size_t)(m->n_blocks + 1), 16);
+    if (!m->blocks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    bool direct = d->caps.uma; /* the host can write device memory: no staging copy */
+    for (int b = 0; b < m->n_blocks; b++) {
+        if ((st = forge__buffer_create(d, L->pack.block_sizes[b], d->caps.mem_device, direct, &m->mem, &m->mem_total, &m->blocks[b], &m->err)))
+            return forge__wrap(&m->err, st, "allocating weight block %d of %d (%llu bytes)", b + 1, m->n_blocks,
+                               (unsigned long long)L->pack.block_sizes[b]);
+    }
+    for (int i = 0; i < L->n_ups; i++) {
+        const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
+        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, L->ups[i].bytes};
+    }
+    uint64_t total = 0, done = 0;
+    for (int i = 0; i < L->n_ups; i++) total += L->ups[i].bytes;
+    if (direct) {
+        for (int i = 0; i < L->n_ups; i++) {
+            const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
+            forge__upload_fill(&L->ups[i], (uint8_t *)m->blocks[it->block].mapped + it->offset);
+            done += L->ups[i].bytes;
+            if (params->progress) params->progress(params->progress_user_data, total ? (float)done / (float)total : 1.0f);
+        }
+        return FORGE_OK;
+    }
+    /* Staging: fill up to `cap` bytes, copy, wait, repeat. Uploads larger than the staging
+     * buffer go in pieces (raw bytes only; f32 vectors are small). */
+    uint64_t cap = FORGE__MIN((uint64_t)64 << 20, d->caps.max_alloc);
+    forge__buffer staging;
+    forge__mem_counter scratch = {0};
+    if ((st = forge__buffer_create(d, cap, d->caps.mem_upload, true, &scratch, &m->mem_total, &staging, &m->err))) return st;
+    VkCommandPool pool = VK_NULL_HANDLE;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = d->caps.queue_family};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &pool) != VK_SUCCESS || d->vk.vkCreateFence(d->dev, &fci, NULL, &fence) != VK_SUCCESS)
+        st = forge__fail(&m->err, FORGE_ERR_DEVICE, "creating the upload command pool failed");
+    if (!st) {
+        VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = pool,
+                                           .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+        if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
+            st = forge__fail(&m->err, FORGE_ERR_DEVICE, "allocating the upload command buffer failed");
+    }
+    int i = 0;
+    uint64_t part = 0; /* bytes of ups[i] already sent */
+    while (!st && i < L->n_ups) {
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+        d->vk.vkBeginCommandBuffer(cb, &bi);
+        uint64_t used = 0;
+        while (i < L->n_ups && used < cap) {
+            forge__upload *u = &L->ups[i];
+            uint64_t n = u->bytes - part;
+            if (u->to_f32) {
+                if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "a vector of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
+                if (u->bytes > cap - used) break; /* whole vectors only */
+                forge__upload_fill(u, (uint8_t *)staging.mapped + used);
+            } else {
+                n = FORGE__MIN(n, cap - used);
+                memcpy((uint8_t *)staging.mapped + used, u->src + part, (size_t)n);
+            }
+            VkBufferCopy region = {used, u->dst->offset + part, n};
+            d->vk.vkCmdCopyBuffer(cb, staging.buf, u->dst->buf, 1, &region);
+            used = forge__align_up(used + n, 16);
+            part += n;
+            done += n;
+            if (part == u->bytes) { i++; part = 0; }
+        }
+        d->vk.vkEndCommandBuffer(cb);
+        st = forge__submit_wait(d, cb, fence, &m->err);
+        if (params->progress) params->progress(params->progress_user_data, total ? (float)done / (float)total : 1.0f);
+    }
+    if (fence) d->vk.vkDestroyFence(d->dev, fence, NULL);
+    if (pool) d->vk.vkDestroyCommandPool(d->dev, pool, NULL);
+    forge__buffer_destroy(d, &staging, &scratch, &m->mem_total);
+    return st;
+}
+
+/* =======================================================================================
+ * 7. Execution
+ * A session owns the KV cache and the activations, all planned when it is created from
+ * n_ctx, n_batch and n_outputs_max. One forward pass is recorded per shape (tokens in the
+ * step, which rows produce logits); positions and token ids live in a small host-visible
+ * buffer, so a recorded pass is replayed for every step of that shape: the decode step is
+ * recorded once and then costs a submit and a readback of the logits.
+ * ===================================================================================== */
+
+#define FORGE__RECORDINGS 8
+
+typedef struct forge__recording {
+    uint32_t n_tokens, out_row0, n_out;  /* the shape (key) */
+    uint64_t last_use;
+    VkCommandBuffer cb;
+    VkDescriptorPool pool;
+} forge__recording;
+
+/* The step inputs the kernels read (params buffer, binding 0 of rope and attention). */
+typedef struct forge__step_params {
+    uint32_t pos0, n_tokens, pad[2];
+} forge__step_params;
+
+struct forge_session {
+    forge__err err;
+    forge_model *m;
+    forge__arena arena;
+    int n_ctx, n_batch, n_out_max;
+    int n_past;
+    int32_t *history;                 /* [n_ctx] the tokens in the cache */
+    forge__mem_counter mem;
+    forge__pack pack;
+    forge__buffer *blocks;
+    int n_blocks;
+    forge__buffer io;                 /* host-visible: step params, then tokens [n_batch] u32 */
+    forge__buffer readback;           /* host-visible: logits [n_out_max, vocab] */
+    forge__range params_r, tokens_r, dummy;
+    forge__range x, xn, q, k, v, att, gate, up, logits;   /* [n_batch, dim] f32 each; logits [n_out_max, vocab] */
+    forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
+    uint64_t kv_bytes, kv_sliding_bytes;
+    uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
+    VkCommandPool cmd_pool;
+    VkFence fence;
+    forge__recording rec[FORGE__RECORDINGS];
+    uint64_t use_clock;
+};
+
+/* Session sizes derived from the params and the device limits. */
+typedef struct forge__session_plan {
+    int n_ctx, n_batch, n_out_max;
+    uint32_t slots[FORGE__MAX_LAYERS];
+} forge__session_plan;
+
+static forge_status forge__session_sizes(forge_model *m, const forge_session_params *p, forge__session_plan *sp, forge__err *err) {
+    const forge__config *c = &m->cfg;
+    const forge__caps *caps = &m->dev.caps;
+    memset(sp, 0, sizeof *sp);
+    if (p->n_ctx < 0 || p->n_batch < 0 || p->n_outputs_max < 0)
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: n_ctx, n_batch and n_outputs_max must be >= 0");
+    sp->n_ctx = p->n_ctx ? p->n_ctx : FORGE__MIN(c->n_ctx_train, 4096);
+    if (sp->n_ctx <= 0) sp->n_ctx = 4096;
+    sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
+    uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
+    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, c->ffn), c->n_heads * c->head_dim) * 4;
+    if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
+    if (sp->n_batch < 1)
+        return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
+                           (unsigned long long)widest, (unsigned long long)range);
+    uint64_t row = 4ull * c->n_vocab;
+    if (row > range) return forge__fail(err, FORGE_ERR_LIMIT, "a logits row of %llu bytes exceeds the binding limit %llu", (unsigned long long)row, (unsigned long long)range);
+    int n_out = p->n_outputs_max ? p->n_outputs_max : (int)FORGE__MAX(1, ((uint64_t)64 << 20) / row);
+    n_out = FORGE__MIN(n_out, sp->n_batch);
+    n_out = (int)FORGE__MIN((uint64_t)n_out, range / row);
+    sp->n_out_max = FORGE__MAX(n_out, 1);
+    uint64_t kv_row = 4ull * c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        uint64_t s = (uint64_t)sp->n_ctx;
+        if (c->layer_sliding[l] && c->sliding_window > 0)
+            s = FORGE__MIN(s, (uint64_t)c->sliding_window + (uint64_t)sp->n_batch - 1);
+        if (s * kv_row > range)
+            return forge__fail(err, FORGE_ERR_LIMIT,
+                               "n_ctx %d needs a KV cache of %llu bytes per layer, over the device binding limit of %llu bytes: lower n_ctx",
+                               sp->n_ctx, (unsigned long long)(s * kv_row), (unsigned long long)range);
+        sp->slots[l] = (uint32_t)s;
+    }
+    return FORGE_OK;
+}
+
+/* Adds every device buffer of a session to `pack` (in the order forge__session_bind reads). */
+static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
+    const forge__config *c = &m->cfg;
+    uint64_t nb = (uint64_t)sp->n_batch;
+    uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * c->n_heads * c->head_dim * 4,
+                        nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
+                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 4,
+                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(sizes); i++)
+        if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            if (forge__pack_add(pack, a, (uint64_t)sp->slots[l] * c->n_kv_heads * c->head_dim * 4) < 0)
+                return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return forge__pack_plan(pack, a, &m->dev.caps, err);
+}
+
+static void forge__session_kv_bytes(const forge_model *m, const forge__session_plan *sp, uint64_t *all, uint64_t *sliding) {
+    const forge__config *c = &m->cfg;
+    *all = *sliding = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        uint64_t b = 2ull * sp->slots[l] * c->n_kv_heads * c->head_dim * 4;
+        *all += b;
+        if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;
+    }
+}
+
+static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
+    return sizeof(forge__step_params) + 256 + 4ull * sp->n_batch + 4ull * sp->n_out_max * m->cfg.n_vocab;
+}
+
+/* ---- Recording the forward pass ---- */
+
+/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. */
+static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0,
+                          uint32_t M, forge__range y, uint32_t ldc, const forge__vec *bias, uint32_t flags, float softcap) {
+    bool vec = M <= FORGE__MATVEC_MAX_M;
+    forge__op op = (forge__op)((vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+    for (int i = 0; i < w->n_chunks; i++) {
+        const forge__wchunk *c = &w->chunks[i];
+        forge__range b[6] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, s->dummy, s->dummy};
+        forge__pc_linear pc = {M, w->cols, c->rows, a_row0, ldc, c->row0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
+                               c->row0, softcap};
+        uint32_t gx, gy;
+        if (vec) {
+            forge__grid((c->rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
+            forge__dispatch(r, op, b, &pc, gx, gy, 1);
+        } else {
+            forge__dispatch(r, op, b, &pc, (c->rows + 63) / 64, (M + 63) / 64, 1);
+        }
+    }
+}
+
+static void forge__rmsnorm(forge_session *s, forge__rec *r, forge__range x, uint32_t x_row0, const forge__vec *w,
+                           forge__range out, uint32_t out_row0, uint32_t rows, uint32_t dim, uint32_t flags) {
+    forge__range b[3] = {x, w->r, out};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)s->m->cfg.norm_eps};
+    forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, rows, 1, 1);
+}
+
+static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out) {
+    forge_model *m = s->m;
+    const forge__config *c = &m->cfg;
+    uint32_t H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
+    uint32_t QD = NH * D, KVD = NKV * D, F = (uint32_t)c->ffn;
+    uint32_t gx, gy;
+
+    forge__pc_embed pe = {n, H, 0, 0, (float)c->embed_scale,
+                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u};
+    for (int i = 0; i < m->tok_embd.n_chunks; i++) {
+        const forge__wchunk *ch = &m->tok_embd.chunks[i];
+        forge__range b[5] = {s->tokens_r, ch->w, s->x, s->dummy, s->dummy};
+        pe.row_begin = ch->row0;
+        pe.row_count = ch->rows;
+        forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + m->tok_embd.fmt), b, &pe, n, 1, 1);
+    }
+    forge__barrier(r);
+    for (int l = 0; l < c->n_layers; l++) {
+        const forge__layer *ly = &m->layers[l];
+        forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
+        forge__barrier(r);
+        forge__linear(s, r, &ly->wq, s->xn, 0, n, s->q, QD, &ly->bq, 0, 0);
+        forge__linear(s, r, &ly->wk, s->xn, 0, n, s->k, KVD, &ly->bk, 0, 0);
+        forge__linear(s, r, &ly->wv, s->xn, 0, n, s->v, KVD, &ly->bv, 0, 0);
+        forge__barrier(r);
+        if (c->qk_norm) {
+            forge__rmsnorm(s, r, s->q, 0, &ly->q_norm, s->q, 0, n * NH, D, 0);
+            forge__rmsnorm(s, r, s->k, 0, &ly->k_norm, s->k, 0, n * NKV, D, 0);
+            forge__barrier(r);
+        }
+        const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
+        forge__pc_rope pq = {n, NH, D, c->rope_adjacent_pairs, 1, 0};
+        forge__range bq[6] = {s->params_r, rope->r, s->q, s->q, s->dummy, s->dummy};
+        forge__grid(((uint64_t)n * NH * (D / 2) + 63) / 64, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ROPE, bq, &pq, gx, gy, 1);
+        forge__pc_rope pk = {n, NKV, D, c->rope_adjacent_pairs, s->slots[l], 1};
+        forge__range bk[6] = {s->params_r, rope->r, s->k, s->kc[l], s->v, s->vc[l]};
+        forge__grid(((uint64_t)n * NKV * (D / 2) + 63) / 64, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ROPE, bk, &pk, gx, gy, 1);
+        forge__barrier(r);
+        forge__pc_attention pa = {n, NH, NKV, D, s->slots[l], ly->sliding ? (uint32_t)c->sliding_window : 0,
+                                  (float)c->attn_scale, (float)c->attn_softcap};
+        forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
+        forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+        forge__barrier(r);
+        if (c->sandwich_norms) {
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, 0, 0);
+            forge__barrier(r);
+            forge__rmsnorm(s, r, s->xn, 0, &ly->post_attn_norm, s->x, 0, n, H, 1);
+        } else {
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, FORGE__LINEAR_ACCUMULATE, 0);
+        }
+        forge__barrier(r);
+        forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
+        forge__barrier(r);
+        forge__linear(s, r, &ly->gate, s->xn, 0, n, s->gate, F, NULL, 0, 0);
+        forge__linear(s, r, &ly->up, s->xn, 0, n, s->up, F, NULL, 0, 0);
+        forge__barrier(r);
+        forge__pc_act pact = {n * F, (uint32_t)c->act};
+        forge__range bact[2] = {s->gate, s->up};
+        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        forge__barrier(r);
+        if (c->sandwich_norms) {
+            forge__linear(s, r, &ly->down, s->gate, 0, n, s->xn, H, NULL, 0, 0);
+            forge__barrier(r);
+            forge__rmsnorm(s, r, s->xn, 0, &ly->post_ffn_norm, s->x, 0, n, H, 1);
+        } else {
+            forge__linear(s, r, &ly->down, s->gate, 0, n, s->x, H, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+        }
+        forge__barrier(r);
+    }
+    if (n_out == 0) return;
+    forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
+    forge__barrier(r);
+    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
+    forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL,
+                  c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0, (float)c->final_softcap);
+    forge__barrier(r);
+    forge__copy(r, s->logits, (forge__range){s->readback.buf, 0, s->readback.size}, 4ull * n_out * (uint64_t)c->n_vocab);
+    forge__host_barrier(r);
+}
+
+/* Returns the recorded command buffer for a shape, recording it on first use. */
+static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, VkCommandBuffer *out) {
+    forge_model *m = s->m;
+    forge__device *d = &m->dev;
+    forge__recording *slot = NULL, *lru = &s->rec[0];
+    for (int i = 0; i < FORGE__RECORDINGS; i++) {
+        forge__recording *rc = &s->rec[i];
+        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out) {
+            rc->last_use = ++s->use_clock;
+            *out = rc->cb;
+            return FORGE_OK;
+        }
+        if (!rc->cb && !slot) slot = rc;
+        if (rc->last_use < lru->last_use) lru = rc;
+    }
+    if (!slot) { /* evict the least recently used shape */
+        slot = lru;
+        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
+        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
+        memset(slot, 0, sizeof *slot);
+    }
+    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = &s->err};
+    forge__record_forward(s, &r, n, out_row0, n_out);
+    if (r.st) return r.st;
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
+    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_sets ? r.n_sets : 1,
+                                      .poolSizeCount = 1, .pPoolSizes = &ps};
+    if (d->vk.vkCreateDescriptorPool(d->dev, &dpi, NULL, &slot->pool) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%u sets) failed", r.n_sets);
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &slot->cb) != VK_SUCCESS) {
+        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
+        memset(slot, 0, sizeof *slot);
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    }
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    d->vk.vkBeginCommandBuffer(slot->cb, &bi);
+    r.counting = false;
+    r.cb = slot->cb;
+    r.pool = slot->pool;
+    forge__record_forward(s, &r, n, out_row0, n_out);
+    d->vk.vkEndCommandBuffer(slot->cb);
+    if (r.st) {
+        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
+        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
+        memset(slot, 0, sizeof *slot);
+        return r.st;
+    }
+    slot->n_tokens = n;
+    slot->out_row0 = out_row0;
+    slot->n_out = n_out;
+    slot->last_use = ++s->use_clock;
+    *out = slot->cb;
+    return FORGE_OK;
+}
+
+/* Runs one step of n tokens at position n_past; copies n_out logit rows to `logits`. */
+static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                float *logits) {
+    forge__device *d = &s->m->dev;
+    VkCommandBuffer cb;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, &cb);
+    if (st) return st;
+    forge__step_params sp = {(uint32_t)s->n_past, n, {0, 0}};
+    memcpy(s->io.mapped, &sp, sizeof sp);
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if ((st = forge__submit_wait(d, cb, s->fence, &s->err))) return st;
+    uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
+    if (bytes && logits) {
+        if (!d->caps.readback_coherent) {
+            VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
+            d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
+        }
+        memcpy(logits, s->readback.mapped, (size_t)bytes);
+    }
+    memcpy(s->history + s->n_past, tokens, 4ull * n);
+    s->n_past += (int)n;
+    return FORGE_OK;
+}
+
+static void forge__session_destroy(forge_session *s) {
+    if (!s) return;
+    forge_model *m = s->m;
+    forge__device *d = &m->dev;
+    if (d->dev) d->vk.vkDeviceWaitIdle(d->dev);
+    for (int i = 0; i < FORGE__RECORDINGS; i++) {
+        if (s->rec[i].cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->rec[i].cb);
+        if (s->rec[i].pool) d->vk.vkDestroyDescriptorPool(d->dev, s->rec[i].pool, NULL);
+    }
+    if (s->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, s->cmd_pool, NULL);
+    if (s->fence) d->vk.vkDestroyFence(d->dev, s->fence, NULL);
+    for (int b = 0; b < s->n_blocks; b++) forge__buffer_destroy(d, &s->blocks[b], &s->mem, &m->mem_total);
+    forge__buffer_destroy(d, &s->io, &s->mem, &m->mem_total);
+    forge__buffer_destroy(d, &s->readback, &s->mem, &m->mem_total);
+    forge__arena_free(&s->arena);
+    free(s);
+}
+
+static forge_status forge__session_init(forge_session *s, const forge__session_plan *sp) {
+    forge_model *m = s->m;
+    forge__device *d = &m->dev;
+    const forge__config *c = &m->cfg;
+    forge_status st;
+    s->n_ctx = sp->n_ctx;
+    s->n_batch = sp->n_batch;
+    s->n_out_max = sp->n_out_max;
+    s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);
+    s->kc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
+    s->vc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
+    s->slots = (uint32_t *)forge__arena_alloc(&s->arena, sizeof(uint32_t) * (size_t)c->n_layers, 16);
+    if (!s->history || !s->kc || !s->vc || !s->slots) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(s->slots, sp->slots, sizeof(uint32_t) * (size_t)c->n_layers);
+    forge__session_kv_bytes(m, sp, &s->kv_bytes, &s->kv_sliding_bytes);
+    if ((st = forge__session_pack(m, sp, &s->pack, &s->arena, &s->err))) return st;
+    s->mem.planned = forge__pack_total(&s->pack) + forge__session_host_visible_bytes(m, sp);
+    s->n_blocks = s->pack.n_blocks;
+    s->blocks = (forge__buffer *)forge__arena_alloc(&s->arena, sizeof *s->blocks * (size_t)s->n_blocks, 16);
+    if (!s->blocks) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int b = 0; b < s->n_blocks; b++)
+        if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
+            return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
+    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy};
+    int it = 0;
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {
+        const forge__pack_item *pi = &s->pack.items[it];
+        *dst[i] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
+    }
+    for (int l = 0; l < c->n_layers; l++)
+        for (int kv = 0; kv < 2; kv++, it++) {
+            const forge__pack_item *pi = &s->pack.items[it];
+            (kv ? s->vc : s->kc)[l] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
+        }
+    uint64_t io_bytes = 256 + 4ull * sp->n_batch;
+    if ((st = forge__buffer_create(d, io_bytes, d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err))) return st;
+    s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
+    s->tokens_r = (forge__range){s->io.buf, 256, 4ull * sp->n_batch};
+    if ((st = forge__buffer_create(d, 4ull * sp->n_out_max * c->n_vocab, d->caps.mem_readback, true, &s->mem, &m->mem_total, &s->readback, &s->err)))
+        return st;
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = d->caps.queue_family};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &s->cmd_pool) != VK_SUCCESS ||
+        d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
+    /* Record the decode step now, so the first token pays no recording cost. */
+    VkCommandBuffer cb;
+    return forge__get_recording(s, 1, 0, 1, &cb);
+}
+
+/* =======================================================================================
+ * 8. Public API
+ * Loading ties the sections together: files -> config -> device -> weights -> tokenizer.
+ * ===================================================================================== */
+
+FORGE_API forge_model_params forge_model_default_params(void) {
+    forge_model_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.device_index = -1;
+    p.load_tokenizer = 1;
+    return p;
+}
+
+FORGE_API forge_session_params forge_session_default_params(void) {
+    forge_session_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    return p;
+}
+
+/* Copies the caller's params over the defaults, honouring a smaller (older) struct_size. */
+#define FORGE__COPY_PARAMS(dst, src, defaults_fn)                                   \
+    do {                                                                            \
+        dst = defaults_fn();                                                        \
+        if (src) {                                                                  \
+            size_t n_ = (src)->struct_size ? (src)->struct_size : sizeof(dst);     \
+            memcpy(&dst, src, FORGE__MIN(n_, sizeof(dst)));                         \
+            dst.struct_size = sizeof(dst);                                          \
+        }                                                                           \
+    } while (0)
+
+static forge_status forge__model_add_file(forge_model *m, const char *path, forge__file **out) {
+    forge__file *files = (forge__file *)realloc(m->files, sizeof *files * (size_t)(m->n_files + 1));
+    if (!files) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    m->files = files;
+    forge_status st = forge__file_map(&files[m->n_files], path, &m->err);
+    if (st) return st;
+    *out = &files[m->n_files++];
+    return FORGE_OK;
+}
+
+static int forge__cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Loads every *.safetensors of `dir` (or the shards model.safetensors.index.json names). */
+static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir, const char *single) {
+    forge_status st = FORGE_OK;
+    char path[4096];
+    char **names = NULL;
+    int n = 0, cap = 0;
+    if (single) {
+        names = (char **)malloc(sizeof(char *));
+        if (!names || !(names[0] = strdup(single))) { free(names); return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); }
+        n = 1;
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        char *idx = NULL;
+        size_t len;
+        forge__err tmp;
+        if (access(path, F_OK) == 0) {
+            if ((st = forge__read_text(path, &idx, &len, &m->err))) return st;
+            cJSON *root = cJSON_ParseWithLength(idx, len);
+            free(idx);
+            cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+            if (!cJSON_IsObject(wm)) {
+                cJSON_Delete(root);
+                return forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: no 'weight_map' object", path);
+            }
+            for (cJSON *it = wm->child; it && !st; it = it->next) {
+                if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || strstr(it->valuestring, "..")) {
+                    st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the directory", path,
+                                     it->string ? it->string : "?");
+                    break;
+                }
+                bool seen = false;
+                for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], it->valuestring);
+                if (seen) continue;
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 16;
+                    char **nn = (char **)realloc(names, sizeof(char *) * (size_t)cap);
+                    if (!nn) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+                    names = nn;
+                }
+                if (!(names[n] = strdup(it->valuestring))) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+                n++;
+            }
+            cJSON_Delete(root);
+        } else {
+            (void)tmp;
+            DIR *dp = opendir(dir);
+            if (!dp) return forge__fail(&m->err, FORGE_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+            struct dirent *de;
+            while ((de = readdir(dp)) && !st) {
+                if (!forge__ends_with(de->d_name, ".safetensors") || de->d_name[0] == '.') continue;
+                if (n == cap) {
+                    cap = cap ? cap * 2 : 16;
+                    char **nn = (char **)realloc(names, sizeof(char *) * (size_t)cap);
+                    if (!nn) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+                    names = nn;
+                }
+                if (!(names[n] = strdup(de->d_name))) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+                n++;
+            }
+            closedir(dp);
+            if (!st && n == 0) st = forge__fail(&m->err, FORGE_ERR_IO, "%s: no *.safetensors files", dir);
+            if (!st) qsort(names, (size_t)n, sizeof *names, forge__cmp_str);
+        }
+    }
+    for (int i = 0; i < n && !st; i++) {
+        forge__file *f;
+        if (single) snprintf(path, sizeof path, "%s", names[i]);
+        else snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if ((st = forge__model_add_file(m, path, &f))) break;
+        st = forge__safetensors_parse(f, &m->tensors, &m->arena, NULL, &m->err);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    return st;
+}
+
+static forge_status forge__model_load_impl(forge_model *m, const char *path, const forge_model_params *p) {
+    forge_status st;
+    struct stat sb;
+    if (!path || stat(path, &sb) != 0) return forge__fail(&m->err, FORGE_ERR_IO, "%s: no such file or directory", path ? path : "(null)");
+    char dir[4096];
+    const char *base = strrchr(path, '/');
+    snprintf(m->name, sizeof m->name, "%s", base && base[1] ? base + 1 : path);
+    forge__gguf gguf;
+    bool is_gguf = S_ISREG(sb.st_mode) && forge__ends_with(path, ".gguf");
+    if (S_ISREG(sb.st_mode) && !is_gguf && sb.st_size >= 4) { /* sniff: GGUF without the extension */
+        FILE *fp = fopen(path, "rb");
+        char mg[4] = {0};
+        if (fp) { if (fread(mg, 1, 4, fp) != 4) mg[0] = 0; fclose(fp); }
+        is_gguf = memcmp(mg, "GGUF", 4) == 0;
+    }
+    if (is_gguf) {
+        snprintf(m->source_format, sizeof m->source_format, "gguf");
+        forge__file *f;
+        if ((st = forge__model_add_file(m, path, &f))) return st;
+        if ((st = forge__gguf_parse(f, &gguf, &m->tensors, &m->arena, &m->err))) return st;
+        if ((st = forge__config_from_gguf(&gguf, &m->tensors, path, &m->cfg, &m->err))) return st;
+        const char *gn;
+        uint64_t gl;
+        if (forge__gguf_get_str(&gguf, "general.name", &gn, &gl) && gl > 0)
+            snprintf(m->name, sizeof m->name, "%.*s", (int)FORGE__MIN(gl, 127), gn);
+    } else {
+        snprintf(m->source_format, sizeof m->source_format, "safetensors");
+        const char *single = NULL;
+        if (S_ISDIR(sb.st_mode)) {
+            snprintf(dir, sizeof dir, "%s", path);
+        } else if (forge__ends_with(path, ".safetensors")) {
+            snprintf(dir, sizeof dir, "%s", path);
+            char *slash = strrchr(dir, '/');
+            if (slash) *slash = 0; else snprintf(dir, sizeof dir, ".");
+            single = path;
+        } else {
+            return forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: not a model directory, .safetensors or .gguf file", path);
+        }
+        char cfg_path[4200];
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+        char *text;
+        size_t len;
+        if ((st = forge__read_text(cfg_path, &text, &len, &m->err))) return st;
+        st = forge__config_from_hf_json(text, len, cfg_path, &m->cfg, &m->err);
+        free(text);
+        if (st) return st;
+        if ((st = forge__load_safetensors_dir(m, dir, single))) return st;
+        if (m->cfg.mlx_quant)
+            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: MLX-quantized checkpoints are not supported yet", cfg_path);
+    }
+    if ((st = forge__device_open(&m->dev, p->device_index, p->device_name, p->max_storage_buffer_range, p->max_allocation_size, &m->err)))
+        return st;
+    pthread_mutex_init(&m->pipe_lock, NULL);
+    forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
+    forge__loader L;
+    memset(&L, 0, sizeof L);
+    L.m = m;
+    L.gguf = is_gguf;
+    if ((st = forge__plan_model(&L))) return st;
+    int unused = 0;
+    for (int i = 0; i < m->tensors.count; i++)
+        if (!m->tensors.items[i].used) {
+            if (unused++ < 8) forge__log(&m->log, FORGE_LOG_WARN, "tensor '%s' is not used", m->tensors.items[i].name);
+        }
+    if (unused) forge__log(&m->log, FORGE_LOG_WARN, "%d tensors in the checkpoint are not used", unused);
+    /* the storage type that holds most matrix bytes */
+    {
+        uint64_t bytes[FORGE__W_COUNT] = {0};
+        forge__weight *ws[] = {&m->tok_embd, &m->output};
+        for (int i = 0; i < 2; i++)
+            if (ws[i]->n_chunks) bytes[ws[i]->fmt] += (uint64_t)ws[i]->rows * ws[i]->cols;
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            forge__layer *ly = &m->layers[l];
+            forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
+            for (int i = 0; i < 7; i++) bytes[lw[i]->fmt] += (uint64_t)lw[i]->rows * lw[i]->cols;
+        }
+        int best = 0;
+        for (int i = 1; i < FORGE__W_COUNT; i++) if (bytes[i] > bytes[best]) best = i;
+        m->main_dtype = best == FORGE__W_F32 ? FORGE__F32 : best == FORGE__W_F16 ? FORGE__F16 : FORGE__BF16;
+    }
+    if ((st = forge__upload_all(&L, p))) return st;
+    if (is_gguf && p->load_tokenizer) {
+        if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
+    } else {
+        m->tok.bos = m->tok.eos = m->tok.eot = m->tok.pad = m->tok.unk = -1;
+    }
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_model_load(const char *path, const forge_model_params *params, forge_model **out_model) {
+    if (!out_model) return FORGE_ERR_INVALID_ARGUMENT;
+    *out_model = NULL;
+    forge_model *m = (forge_model *)calloc(1, sizeof *m);
+    if (!m) return FORGE_ERR_OUT_OF_MEMORY;
+    *out_model = m;
+    pthread_mutex_init(&m->err_lock, NULL);
+    forge_model_params p;
+    FORGE__COPY_PARAMS(p, params, forge_model_default_params);
+    m->log = (forge__logger){p.log, p.log_user_data};
+    forge_status st = forge__model_load_impl(m, path, &p);
+    if (st) {
+        m->failed = true;
+        forge__log(&m->log, FORGE_LOG_ERROR, "%s", m->err.msg);
+    }
+    return st;
+}
+
+FORGE_API void forge_model_free(forge_model *m) {
+    if (!m) return;
+    forge__device *d = &m->dev;
+    if (d->dev) {
+        d->vk.vkDeviceWaitIdle(d->dev);
+        for (int i = 0; i < FORGE__OP_COUNT; i++) forge__pipeline_destroy(d, &m->pipes[i]);
+        for (int b = 0; b < m->n_blocks; b++) forge__buffer_destroy(d, &m->blocks[b], &m->mem, &m->mem_total);
+        pthread_mutex_destroy(&m->pipe_lock);
+    }
+    forge__device_close(d);
+    for (int i = 0; i < m->n_files; i++) forge__file_unmap(&m->files[i]);
+    free(m->files);
+    forge__arena_free(&m->arena);
+    pthread_mutex_destroy(&m->err_lock);
+    free(m);
+}
+
+FORGE_API const char *forge_model_errmsg(const forge_model *m) { return m ? m->err.msg : "no model (out of host memory)"; }
+
+/* Model-level calls on a shared model record their failure under the lock. */
+static forge_status forge__model_fail(const forge_model *cm, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static forge_status forge__model_fail(const forge_model *cm, forge_status st, const char *fmt, ...) {
+    forge_model *m = (forge_model *)cm; /* the error slot is the one mutable part of a model */
+    pthread_mutex_lock(&m->err_lock);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->err.msg, sizeof m->err.msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&m->err_lock);
+    return st;
+}
+
+static bool forge__model_ready(const forge_model *m) { return m && !m->failed; }
+
+FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_info *info) {
+    if (!info || !forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof *info);
+    const forge__config *c = &m->cfg;
+    snprintf(info->architecture, sizeof info->architecture, "%s", forge__arch_names[c->arch]);
+    snprintf(info->source_format, sizeof info->source_format, "%s", m->source_format);
+    snprintf(info->weight_dtype, sizeof info->weight_dtype, "%s", forge__dtype_name(m->main_dtype));
+    snprintf(info->name, sizeof info->name, "%s", m->name);
+    info->n_layers = c->n_layers;
+    info->hidden = c->hidden;
+    info->n_heads = c->n_heads;
+    info->n_kv_heads = c->n_kv_heads;
+    info->head_dim = c->head_dim;
+    info->ffn = c->ffn;
+    info->n_vocab = c->n_vocab;
+    info->n_ctx_train = c->n_ctx_train;
+    for (int l = 0; l < c->n_layers; l++) info->n_sliding_layers += c->layer_sliding[l];
+    info->sliding_window = info->n_sliding_layers ? c->sliding_window : 0;
+    info->tied_embeddings = c->tied;
+    info->n_params = m->n_params;
+    info->weight_bytes = m->weight_bytes;
+    snprintf(info->device_name, sizeof info->device_name, "%s", m->dev.info.name);
+    snprintf(info->device_driver, sizeof info->device_driver, "%s", m->dev.info.driver);
+    info->memory = (forge_memory_stats){m->arena.bytes, m->mem.planned, m->mem.in_use, m->mem_total.peak, m->mem.n_buffers, m->mem.n_allocations, 0, 0};
+    return FORGE_OK;
+}
+
+FORGE_API int forge_model_n_vocab(const forge_model *m) { return forge__model_ready(m) ? m->cfg.n_vocab : 0; }
+FORGE_API int forge_model_n_ctx_train(const forge_model *m) { return forge__model_ready(m) ? m->cfg.n_ctx_train : 0; }
+
+FORGE_API forge_status forge_session_plan(forge_model *m, const forge_session_params *params, forge_memory_stats *plan) {
+    if (!forge__model_ready(m) || !plan) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_session_params p;
+    FORGE__COPY_PARAMS(p, params, forge_session_default_params);
+    forge__session_plan sp;
+    forge__err err;
+    forge_status st = forge__session_sizes(m, &p, &sp, &err);
+    if (st) return forge__model_fail(m, st, "%s", err.msg);
+    forge__arena a = {0};
+    forge__pack pack = {0};
+    st = forge__session_pack(m, &sp, &pack, &a, &err);
+    if (!st) {
+        memset(plan, 0, sizeof *plan);
+        plan->device_planned_bytes = forge__pack_total(&pack) + forge__session_host_visible_bytes(m, &sp);
+        plan->host_arena_bytes = a.bytes;
+        plan->device_buffers = (uint64_t)pack.n_blocks + 2;
+        forge__session_kv_bytes(m, &sp, &plan->kv_cache_bytes, &plan->kv_sliding_bytes);
+    } else {
+        forge__model_fail(m, st, "%s", err.msg);
+    }
+    forge__arena_free(&a);
+    return st;
+}
+
+FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_params *params, forge_session **out) {
+    if (!out) return FORGE_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_session_params p;
+    FORGE__COPY_PARAMS(p, params, forge_session_default_params);
+    forge__session_plan sp;
+    forge__err err;
+    forge_status st = forge__session_sizes(m, &p, &sp, &err);
+    if (st) return forge__model_fail(m, st, "%s", err.msg);
+    forge_session *s = (forge_session *)calloc(1, sizeof *s);
+    if (!s) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    s->m = m;
+    st = forge__session_init(s, &sp);
+    if (st) {
+        forge__model_fail(m, st, "creating a session: %s", s->err.msg);
+        forge__session_destroy(s);
+        return st;
+    }
+    forge__log(&m->log, FORGE_LOG_INFO, "session: n_ctx %d, n_batch %d, %llu device bytes", s->n_ctx, s->n_batch,
+               (unsigned long long)s->mem.in_use);
+    *out = s;
+    return FORGE_OK;
+}
+
+FORGE_API void forge_session_free(forge_session *s) { forge__session_destroy(s); }
+FORGE_API const char *forge_session_errmsg(const forge_session *s) { return s ? s->err.msg : "no session"; }
+FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_past : 0; }
+
+FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    if (n_keep < 0 || n_keep > s->n_past)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
+    s->n_past = n_keep;
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_session_memory(const forge_session *s, forge_memory_stats *st) {
+    if (!s || !st) return FORGE_ERR_INVALID_ARGUMENT;
+    *st = (forge_memory_stats){s->arena.bytes, s->mem.planned, s->mem.in_use, s->mem.peak, s->mem.n_buffers, s->mem.n_allocations,
+                               s->kv_bytes, s->kv_sliding_bytes};
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n_tokens, uint32_t flags, float *logits,
+                                  size_t logits_capacity) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    if (!tokens || n_tokens <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
+    const int V = s->m->cfg.n_vocab;
+    bool all = flags & FORGE_EVAL_ALL_LOGITS;
+    size_t need = (all ? (size_t)n_tokens : 1) * (size_t)V;
+    if (logits && logits_capacity < need)
+        return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %zu needed", logits_capacity, need);
+    if (n_tokens > s->n_ctx - s->n_past)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%d tokens do not fit: the session holds %d of n_ctx %d", n_tokens, s->n_past, s->n_ctx);
+    for (int i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", tokens[i], i, V);
+    int done = 0;
+    while (done < n_tokens) {
+        int step = FORGE__MIN(n_tokens - done, all ? FORGE__MIN(s->n_batch, s->n_out_max) : s->n_batch);
+        bool last = done + step == n_tokens;
+        uint32_t out_row0 = all ? 0 : (uint32_t)step - 1, n_out = all ? (uint32_t)step : (last ? 1u : 0u);
+        float *dst = logits ? (all ? logits + (size_t)done * V : logits) : NULL;
+        forge_status st = forge__step(s, tokens + done, (uint32_t)step, out_row0, logits ? n_out : 0, dst);
+        if (st) return st;
+        done += step;
+    }
+    return FORGE_OK;
+}
+
+/* ---- Tokenizer glue (vocabulary only until the full tokenizer lands) ---- */
+
+FORGE_API const char *forge_token_piece(const forge_model *m, int32_t token) {
+    if (!forge__model_ready(m) || token < 0 || token >= m->tok.n_vocab) return NULL;
+    return m->tok.pieces[token];
+}
+
+FORGE_API int32_t forge_token_id(const forge_model *m, const char *piece) {
+    if (!forge__model_ready(m) || !piece) return -1;
+    for (int i = 0; i < m->tok.n_vocab; i++)
+        if (!strcmp(m->tok.pieces[i], piece)) return i;
+    return -1;
+}
+
+FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_special_tokens *out) {
+    if (!forge__model_ready(m) || !out) return FORGE_ERR_INVALID_ARGUMENT;
+    memset(out, 0, sizeof *out);
+    out->bos = m->tok.bos;
+    out->eos = m->tok.eos;
+    out->eot = m->tok.eot;
+    out->pad = m->tok.pad;
+    out->unk = m->tok.unk;
+    if (m->tok.eos >= 0) out->eos_ids[out->n_eos++] = m->tok.eos;
+    if (m->tok.eot >= 0 && m->tok.eot != m->tok.eos) out->eos_ids[out->n_eos++] = m->tok.eot;
+    return FORGE_OK;
+}

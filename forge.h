@@ -1,0 +1,293 @@
+/* forge.h: the whole public C API of forge, an embeddable LLM runtime on Vulkan.
+ *
+ * Threads. A forge_model (weights, tokenizer, config, pipelines) is immutable after
+ * forge_model_load returns and may be shared by any number of threads. A forge_session
+ * (KV cache, scratch buffers, sampler state) belongs to one thread at a time; create one
+ * session per concurrent stream. Several sessions may share one model.
+ *
+ * Errors. Every fallible call returns a forge_status (FORGE_OK = 0). The message that
+ * explains a failure (naming the file, tensor, field or limit at fault) stays on the object
+ * the call was made on: forge_model_errmsg() or forge_session_errmsg(). forge never aborts,
+ * exits or prints; logging goes through the optional callback in forge_model_params.
+ *
+ * Memory. Strings and arrays forge returns point into the object they came from and stay
+ * valid until that object is freed, unless a function says otherwise. Outputs that the
+ * caller asked for go into caller buffers; a buffer that is too small gives
+ * FORGE_ERR_BUFFER_TOO_SMALL and the size needed.
+ *
+ * Parameters. Parameter structs come from forge_*_default_params(); their first field is
+ * their size in bytes, so old binaries keep working when fields are added at the end.
+ *
+ * Basic use:
+ *
+ *     forge_model *model;
+ *     forge_model_params mp = forge_model_default_params();
+ *     if (forge_model_load("stories260K.gguf", &mp, &model) != FORGE_OK) {
+ *         fprintf(stderr, "%s\n", forge_model_errmsg(model));
+ *         forge_model_free(model);
+ *         return 1;
+ *     }
+ *     forge_session *s;
+ *     forge_session_params sp = forge_session_default_params();
+ *     sp.n_ctx = 512;
+ *     forge_session_create(model, &sp, &s);
+ *     int32_t bos = 1;
+ *     float *logits = malloc(sizeof(float) * forge_model_n_vocab(model));
+ *     forge_eval(s, &bos, 1, 0, logits, forge_model_n_vocab(model));
+ *     forge_session_free(s);
+ *     forge_model_free(model);
+ */
+#ifndef FORGE_H
+#define FORGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifndef FORGE_API
+#  if defined(FORGE_STATIC)
+#    define FORGE_API static
+#  elif defined(_WIN32) && defined(FORGE_BUILD_SHARED)
+#    define FORGE_API __declspec(dllexport)
+#  elif defined(__GNUC__)
+#    define FORGE_API __attribute__((visibility("default")))
+#  else
+#    define FORGE_API
+#  endif
+#endif
+
+#define FORGE_VERSION_MAJOR 0
+#define FORGE_VERSION_MINOR 1
+#define FORGE_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum forge_status {
+    FORGE_OK = 0,
+    FORGE_ERR_INVALID_ARGUMENT = 1, /* NULL pointer, out-of-range value, misuse of the API */
+    FORGE_ERR_IO = 2,               /* a file is missing, unreadable or cannot be mapped */
+    FORGE_ERR_FORMAT = 3,           /* a file is malformed: header, offsets, JSON, sizes */
+    FORGE_ERR_UNSUPPORTED = 4,      /* well-formed but not supported: architecture, dtype, component */
+    FORGE_ERR_MODEL = 5,            /* tensors and config disagree: missing tensor, wrong shape */
+    FORGE_ERR_DEVICE = 6,           /* no usable Vulkan device, or a Vulkan call failed */
+    FORGE_ERR_OUT_OF_MEMORY = 7,    /* host or device memory could not be allocated */
+    FORGE_ERR_LIMIT = 8,            /* a planned limit was exceeded (context length, batch) */
+    FORGE_ERR_BUFFER_TOO_SMALL = 9  /* a caller buffer is too small; the size needed is returned */
+} forge_status;
+
+/* Constant English name of a status code ("FORGE_ERR_FORMAT"). Never NULL. */
+FORGE_API const char *forge_status_name(forge_status status);
+
+/* Library version string, "MAJOR.MINOR.PATCH". Constant, never NULL. */
+FORGE_API const char *forge_version(void);
+
+/* Log levels for forge_log_fn. */
+typedef enum forge_log_level {
+    FORGE_LOG_ERROR = 0,
+    FORGE_LOG_WARN = 1,
+    FORGE_LOG_INFO = 2,
+    FORGE_LOG_DEBUG = 3
+} forge_log_level;
+
+/* Log callback: msg is one line without a trailing newline, valid only during the call. */
+typedef void (*forge_log_fn)(void *user_data, forge_log_level level, const char *msg);
+
+/* Load progress callback: fraction in [0, 1] of the weight bytes uploaded so far. */
+typedef void (*forge_progress_fn)(void *user_data, float fraction);
+
+/* ---------------------------------------------------------------------------------------
+ * Devices
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum forge_device_type {
+    FORGE_DEVICE_OTHER = 0,
+    FORGE_DEVICE_INTEGRATED_GPU = 1,
+    FORGE_DEVICE_DISCRETE_GPU = 2,
+    FORGE_DEVICE_VIRTUAL_GPU = 3,
+    FORGE_DEVICE_CPU = 4
+} forge_device_type;
+
+typedef struct forge_device_info {
+    int index;                     /* index to pass as forge_model_params.device_index */
+    char name[256];                /* e.g. "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.6, 256 bits)" */
+    char driver[256];              /* driver name and version, e.g. "NVIDIA 580.159.4" */
+    forge_device_type type;
+    uint32_t vendor_id;
+    uint32_t api_version;          /* Vulkan version the driver supports (VK_MAKE_API_VERSION) */
+    uint64_t device_local_bytes;   /* size of the largest device-local heap */
+    uint64_t max_storage_buffer_range;
+    uint64_t max_allocation_size;
+    uint64_t max_buffer_size;
+    uint32_t subgroup_size;
+    int fp16;                      /* shaderFloat16 + 16-bit storage */
+    int int8;                      /* shaderInt8 + 8-bit storage */
+    int integer_dot_product;       /* VK_KHR_shader_integer_dot_product */
+    int cooperative_matrix;        /* VK_KHR_ or VK_NV_cooperative_matrix with fp16 16x16x16 */
+    int usable;                    /* 1 if forge can run on it (Vulkan 1.2, required features) */
+} forge_device_info;
+
+/* Lists the Vulkan devices. Writes up to `capacity` entries to `out` (may be NULL when capacity
+ * is 0) and the total number found to *count. Devices are in the order the default choice
+ * prefers them: discrete, integrated, virtual, CPU. Fails with FORGE_ERR_DEVICE when no Vulkan
+ * loader or driver is present; errmsg (if not NULL) receives the reason. */
+FORGE_API forge_status forge_list_devices(forge_device_info *out, int capacity, int *count,
+                                          char *errmsg, size_t errmsg_size);
+
+/* ---------------------------------------------------------------------------------------
+ * Model
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_model forge_model;
+
+typedef struct forge_model_params {
+    uint32_t struct_size;          /* sizeof(forge_model_params), set by the default */
+    int device_index;              /* -1: choose (discrete, then integrated, then CPU) */
+    const char *device_name;       /* if not NULL: first device whose name contains it */
+    /* Limits lower than the device's, for testing how forge splits tensors and buffers;
+     * 0 = the device's own. Values are rounded down to the device's alignment. */
+    uint64_t max_storage_buffer_range;
+    uint64_t max_allocation_size;
+    int load_tokenizer;            /* 1 (default): load tokenizer.json / the GGUF vocab */
+    forge_log_fn log;              /* optional */
+    void *log_user_data;
+    forge_progress_fn progress;    /* optional */
+    void *progress_user_data;
+} forge_model_params;
+
+FORGE_API forge_model_params forge_model_default_params(void);
+
+/* Loads a model from `path`: a directory holding config.json and *.safetensors (one file or
+ * shards, with or without model.safetensors.index.json; tokenizer.json beside them), a single
+ * .safetensors file whose directory holds config.json, or a .gguf file. Weights are mapped,
+ * validated and uploaded to the chosen device.
+ * On success *out_model is a ready model. On failure *out_model is still set (unless the
+ * host is out of memory, then NULL) to a failed model that holds the error message: call
+ * forge_model_errmsg() for it and forge_model_free() to release it; nothing else. */
+FORGE_API forge_status forge_model_load(const char *path, const forge_model_params *params,
+                                        forge_model **out_model);
+
+/* Frees a model and everything it holds (device memory included). Sessions created from it
+ * must be freed first. NULL is a no-op. */
+FORGE_API void forge_model_free(forge_model *model);
+
+/* The message of the last failure on this model (from any thread), or "" if none. Valid until
+ * the next failing call on the model or its free. */
+FORGE_API const char *forge_model_errmsg(const forge_model *model);
+
+typedef struct forge_memory_stats {
+    uint64_t host_arena_bytes;     /* host memory forge holds for this object (arena, tables) */
+    uint64_t device_planned_bytes; /* device memory the plan needs */
+    uint64_t device_in_use_bytes;  /* device memory allocated now */
+    uint64_t device_peak_bytes;    /* the most device memory allocated at once */
+    uint64_t device_buffers;       /* number of VkBuffers */
+    uint64_t device_allocations;   /* number of VkDeviceMemory allocations */
+    uint64_t kv_cache_bytes;       /* sessions: device bytes of the KV cache (all layers) */
+    uint64_t kv_sliding_bytes;     /* sessions: of which sliding-window layers (bounded by the window) */
+} forge_memory_stats;
+
+typedef struct forge_model_info {
+    char architecture[32];         /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" */
+    char source_format[16];        /* "safetensors" or "gguf" */
+    char weight_dtype[16];         /* dominant storage type of the matrices: "f32", "bf16", "q4_k", ... */
+    char name[128];                /* general.name / directory name */
+    int n_layers;
+    int hidden;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int ffn;                       /* feed-forward (intermediate) size */
+    int n_vocab;
+    int n_ctx_train;               /* max_position_embeddings / context_length */
+    int sliding_window;            /* 0 when no layer uses a window */
+    int n_sliding_layers;
+    int tied_embeddings;
+    uint64_t n_params;             /* parameters in the weight tensors */
+    uint64_t weight_bytes;         /* bytes of weights on the device */
+    char device_name[256];
+    char device_driver[256];
+    forge_memory_stats memory;
+} forge_model_info;
+
+/* Fills *info. Cannot fail on a loaded model. */
+FORGE_API forge_status forge_model_get_info(const forge_model *model, forge_model_info *info);
+FORGE_API int forge_model_n_vocab(const forge_model *model);
+FORGE_API int forge_model_n_ctx_train(const forge_model *model);
+
+/* ---------------------------------------------------------------------------------------
+ * Session
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_session forge_session;
+
+typedef struct forge_session_params {
+    uint32_t struct_size;          /* sizeof(forge_session_params) */
+    int n_ctx;                     /* context length (tokens the KV cache holds); 0: min(model, 4096) */
+    int n_batch;                   /* most tokens per prefill step; 0: 512 */
+    int n_outputs_max;             /* most logit rows computed per step; 0: fits in 64 MiB, ≤ n_batch */
+} forge_session_params;
+
+FORGE_API forge_session_params forge_session_default_params(void);
+
+/* Computes the memory plan a session with these parameters would need, without allocating. */
+FORGE_API forge_status forge_session_plan(forge_model *model, const forge_session_params *params,
+                                          forge_memory_stats *plan);
+
+/* Creates a session on a loaded model: allocates its KV cache and scratch buffers, all
+ * planned up front. On failure *out_session is NULL and the message is on the model. */
+FORGE_API forge_status forge_session_create(forge_model *model, const forge_session_params *params,
+                                            forge_session **out_session);
+FORGE_API void forge_session_free(forge_session *session);
+FORGE_API const char *forge_session_errmsg(const forge_session *session);
+
+/* Tokens the session's KV cache holds (the next token is evaluated at this position). */
+FORGE_API int forge_session_n_past(const forge_session *session);
+
+/* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). */
+FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);
+
+FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);
+
+/* eval flags */
+#define FORGE_EVAL_ALL_LOGITS 1u   /* return logits for every evaluated position, not only the last */
+
+/* Appends `n_tokens` token ids to the session's sequence and runs the model over them.
+ * Writes the logits of the last position (n_vocab floats), or with FORGE_EVAL_ALL_LOGITS of
+ * every position (n_tokens * n_vocab floats, row-major), to `logits` (may be NULL to only
+ * fill the cache). `logits_capacity` is in floats. Fails with FORGE_ERR_LIMIT when
+ * n_past + n_tokens exceeds the session's n_ctx, FORGE_ERR_INVALID_ARGUMENT on a token id
+ * outside the vocabulary, FORGE_ERR_BUFFER_TOO_SMALL when logits_capacity is too small. */
+FORGE_API forge_status forge_eval(forge_session *session, const int32_t *tokens, int n_tokens,
+                                  uint32_t flags, float *logits, size_t logits_capacity);
+
+/* ---------------------------------------------------------------------------------------
+ * Tokenizer (model-level; the model's tokenizer is immutable, these are thread-safe)
+ * ------------------------------------------------------------------------------------- */
+
+/* The vocabulary entry of `token` as stored ("Ġthe", "▁the", "<0x0A>"), or NULL when out of
+ * range or the model has no vocabulary. Valid for the model's lifetime. */
+FORGE_API const char *forge_token_piece(const forge_model *model, int32_t token);
+
+/* The id of a vocabulary entry, or -1. */
+FORGE_API int32_t forge_token_id(const forge_model *model, const char *piece);
+
+typedef struct forge_special_tokens {
+    int32_t bos;          /* -1 when the model has none */
+    int32_t eos;
+    int32_t eot;          /* end of turn: <|eot_id|>, <|im_end|>, <end_of_turn>; -1 if none */
+    int32_t pad;
+    int32_t unk;
+    int32_t n_eos;        /* number of ids in eos_ids */
+    int32_t eos_ids[8];   /* every id that ends generation (eos, eot, the family's others) */
+} forge_special_tokens;
+
+FORGE_API forge_status forge_model_special_tokens(const forge_model *model, forge_special_tokens *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FORGE_H */

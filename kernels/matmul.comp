@@ -1,0 +1,78 @@
+#version 450
+// matmul: C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
+// for many rows of A: the prefill. Tiles of 64 (m) x 64 (n), stepping k by 32 through
+// shared memory; 256 threads, each computing a 4 x 4 block of C.
+// Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
+//           3 bias f32 | 4, 5 unused here
+// flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 256) in;
+
+#include "common.glsl"
+#define W_BINDING 1
+#include "weights.glsl"
+
+layout(binding = 0) readonly buffer A_ { float a[]; };
+layout(binding = 2) buffer C_ { float c[]; };
+layout(binding = 3) readonly buffer Bias_ { float bias[]; };
+
+layout(push_constant) uniform PC {
+    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
+    float softcap;
+} pc;
+
+const uint BM = 64, BN = 64, BK = 32;
+shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed
+shared vec4 Ws[BK][BN / 4];   // Ws[k][n/4]: W tile, transposed
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint tx = tid % 16u, ty = tid / 16u;
+    uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+    vec4 acc[4];
+    for (uint i = 0; i < 4u; i++) acc[i] = vec4(0.0);
+
+    // loaders: each thread brings one 8-element unit of W (row wn, k offset wk) and
+    // 8 elements of A (row am, k offset ak)
+    uint wn = tid / 4u, wk = (tid % 4u) * 8u;
+    uint am = tid / 4u, ak = (tid % 4u) * 8u;
+    for (uint k0 = 0; k0 < pc.K; k0 += BK) {
+        vec4 lo = vec4(0.0), hi = vec4(0.0);
+        if (n0 + wn < pc.N) w_get8_any(n0 + wn, k0 + wk, pc.K, lo, hi);
+        float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+        float av[8];
+        uint arow = pc.a_row0 + m0 + am;
+        for (uint i = 0; i < 8u; i++) {
+            uint k = k0 + ak + i;
+            av[i] = (m0 + am < pc.M && k < pc.K) ? a[arow * pc.K + k] : 0.0;
+        }
+        for (uint i = 0; i < 8u; i++) {
+            Ws[wk + i][wn / 4u][wn % 4u] = wv[i];
+            As[ak + i][am / 4u][am % 4u] = av[i];
+        }
+        barrier();
+        for (uint k = 0; k < BK; k++) {
+            vec4 av4 = As[k][ty];
+            vec4 bv4 = Ws[k][tx];
+            acc[0] += av4.x * bv4;
+            acc[1] += av4.y * bv4;
+            acc[2] += av4.z * bv4;
+            acc[3] += av4.w * bv4;
+        }
+        barrier();
+    }
+    for (uint i = 0; i < 4u; i++) {
+        uint m = m0 + ty * 4u + i;
+        if (m >= pc.M) break;
+        for (uint j = 0; j < 4u; j++) {
+            uint n = n0 + tx * 4u + j;
+            if (n >= pc.N) break;
+            float v = acc[i][j];
+            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + n];
+            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+            uint ci = m * pc.ldc + pc.c_col0 + n;
+            if ((pc.flags & 2u) != 0u) v += c[ci];
+            c[ci] = v;
+        }
+    }
+}

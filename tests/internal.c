@@ -1,0 +1,306 @@
+/* internal.c: forge's internals for the tests (see internal.h). Built with FORGE_TESTING. */
+#include "../forge.c"
+#include "internal.h"
+
+struct ft_ctx {
+    forge__device dev;
+    forge__pipeline pipes[FORGE__OP_COUNT];
+    pthread_mutex_t lock;
+    forge__mem_counter mem;
+    forge__err err;
+    VkCommandPool pool;
+    VkFence fence;
+};
+
+ft_ctx *ft_open(char *err, size_t err_size) {
+    ft_ctx *c = (ft_ctx *)calloc(1, sizeof *c);
+    if (forge__device_open(&c->dev, -1, NULL, 0, 0, &c->err)) {
+        if (err) snprintf(err, err_size, "%s", c->err.msg);
+        forge__device_close(&c->dev);
+        free(c);
+        return NULL;
+    }
+    pthread_mutex_init(&c->lock, NULL);
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = c->dev.caps.queue_family};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    c->dev.vk.vkCreateCommandPool(c->dev.dev, &pci, NULL, &c->pool);
+    c->dev.vk.vkCreateFence(c->dev.dev, &fci, NULL, &c->fence);
+    return c;
+}
+
+void ft_close(ft_ctx *c) {
+    if (!c) return;
+    c->dev.vk.vkDeviceWaitIdle(c->dev.dev);
+    for (int i = 0; i < FORGE__OP_COUNT; i++) forge__pipeline_destroy(&c->dev, &c->pipes[i]);
+    c->dev.vk.vkDestroyFence(c->dev.dev, c->fence, NULL);
+    c->dev.vk.vkDestroyCommandPool(c->dev.dev, c->pool, NULL);
+    pthread_mutex_destroy(&c->lock);
+    forge__device_close(&c->dev);
+    free(c);
+}
+
+const char *ft_errmsg(ft_ctx *c) { return c->err.msg; }
+
+/* Host-visible buffers for the test data: simple and enough for correctness. */
+#define FT_MAX_BUFS 16
+typedef struct ft_job {
+    ft_ctx *c;
+    forge__buffer bufs[FT_MAX_BUFS];
+    int n;
+    forge__rec rec;
+    VkDescriptorPool dpool;
+} ft_job;
+
+static forge__range ft_buf(ft_job *j, const void *data, uint64_t bytes) {
+    forge__buffer *b = &j->bufs[j->n++];
+    forge__buffer_create(&j->c->dev, bytes ? bytes : 16, j->c->dev.caps.mem_upload, true, &j->c->mem, NULL, b, &j->c->err);
+    if (data) memcpy(b->mapped, data, (size_t)bytes);
+    else memset(b->mapped, 0, (size_t)(bytes ? bytes : 16));
+    return (forge__range){b->buf, 0, bytes ? bytes : 16};
+}
+
+static void ft_begin(ft_job *j, ft_ctx *c) {
+    memset(j, 0, sizeof *j);
+    j->c = c;
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, 1024};
+    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = 256, .poolSizeCount = 1, .pPoolSizes = &ps};
+    c->dev.vk.vkCreateDescriptorPool(c->dev.dev, &dpi, NULL, &j->dpool);
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = c->pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    c->dev.vk.vkAllocateCommandBuffers(c->dev.dev, &cai, &j->rec.cb);
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+    c->dev.vk.vkBeginCommandBuffer(j->rec.cb, &bi);
+    j->rec.dev = &c->dev;
+    j->rec.pipes = c->pipes;
+    j->rec.pipe_lock = &c->lock;
+    j->rec.pool = j->dpool;
+    j->rec.err = &c->err;
+}
+
+/* Submits, waits, copies buffer `idx` back to `out`, frees everything. */
+static forge_status ft_end(ft_job *j, int idx, void *out, uint64_t bytes, int idx2, void *out2, uint64_t bytes2) {
+    ft_ctx *c = j->c;
+    forge_status st = j->rec.st;
+    c->dev.vk.vkEndCommandBuffer(j->rec.cb);
+    if (!st) st = forge__submit_wait(&c->dev, j->rec.cb, c->fence, &c->err);
+    if (!st && out) memcpy(out, j->bufs[idx].mapped, (size_t)bytes);
+    if (!st && out2) memcpy(out2, j->bufs[idx2].mapped, (size_t)bytes2);
+    c->dev.vk.vkFreeCommandBuffers(c->dev.dev, c->pool, 1, &j->rec.cb);
+    c->dev.vk.vkDestroyDescriptorPool(c->dev.dev, j->dpool, NULL);
+    for (int i = 0; i < j->n; i++) forge__buffer_destroy(&c->dev, &j->bufs[i], &c->mem, NULL);
+    return st;
+}
+
+static uint64_t ft_elem_bytes(int fmt) { return fmt == FT_F32 ? 4 : 2; }
+
+forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                       const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
+                       float *C, uint32_t ldc, uint32_t c_col0, int use_matmul) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range a = ft_buf(&j, A, 4ull * a_rows * K);
+    forge__range cc = ft_buf(&j, C, 4ull * M * ldc);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    forge__range b = bias ? ft_buf(&j, bias, 4ull * (c_col0 + N)) : dummy;
+    if (!chunk_rows) chunk_rows = N;
+    uint64_t row_bytes = ft_elem_bytes(fmt) * K;
+    for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
+        uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
+        forge__range w = ft_buf(&j, (const uint8_t *)W + r0 * row_bytes, rows * row_bytes);
+        forge__range binds[6] = {a, w, cc, b, dummy, dummy};
+        bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M;
+        /* chunk rows start at row r0 of the output, as the loader's chunks do */
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap};
+        uint32_t gx, gy;
+        if (vec) {
+            forge__grid((rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC + fmt), binds, &pc, gx, gy, 1);
+        } else {
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
+        }
+    }
+    return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
+}
+
+forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
+                      uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range t = ft_buf(&j, tokens, 4ull * n);
+    forge__range o = ft_buf(&j, NULL, 4ull * n * hidden);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    if (!chunk_rows) chunk_rows = rows;
+    uint64_t row_bytes = ft_elem_bytes(fmt) * hidden;
+    for (uint32_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+        uint32_t cr = FORGE__MIN(chunk_rows, rows - r0);
+        forge__range w = ft_buf(&j, (const uint8_t *)table + r0 * row_bytes, cr * row_bytes);
+        forge__range binds[5] = {t, w, o, dummy, dummy};
+        forge__pc_embed pc = {n, hidden, r0, cr, scale, round_mode};
+        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_EMBED + fmt), binds, &pc, n, 1, 1);
+    }
+    return ft_end(&j, 1, out, 4ull * n * hidden, 0, NULL, 0);
+}
+
+forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_row0, uint32_t rows, uint32_t dim,
+                        const float *w, float eps, uint32_t add, float *out, uint32_t out_rows, uint32_t out_row0) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range xb = ft_buf(&j, x, 4ull * x_rows * dim);
+    forge__range wb = ft_buf(&j, w, 4ull * dim);
+    forge__range ob = ft_buf(&j, out, 4ull * out_rows * dim);
+    forge__range binds[3] = {xb, wb, ob};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps};
+    forge__dispatch(&j.rec, FORGE__OP_RMSNORM, binds, &pc, rows, 1, 1);
+    return ft_end(&j, 2, out, 4ull * out_rows * dim, 0, NULL, 0);
+}
+
+static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                                 const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
+    forge__range xb = ft_buf(&j, x, 4ull * n * heads * D);
+    bool store = kc != NULL;
+    forge__range ob = store ? ft_buf(&j, kc, 4ull * slots * heads * D) : xb;
+    forge__range vb = store ? ft_buf(&j, v, 4ull * n * heads * D) : ft_buf(&j, NULL, 16);
+    forge__range vcb = store ? ft_buf(&j, vc, 4ull * slots * heads * D) : ft_buf(&j, NULL, 16);
+    forge__range binds[6] = {pb, fb, xb, ob, vb, vcb};
+    forge__pc_rope pc = {n, heads, D, (uint32_t)adjacent, store ? slots : 1, store};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
+    if (store) return ft_end(&j, 3, kc, 4ull * slots * heads * D, 5, vc, 4ull * slots * heads * D);
+    return ft_end(&j, 2, x, 4ull * n * heads * D, 0, NULL, 0);
+}
+
+forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D, const float *inv_freq, uint32_t pos0, int adjacent) {
+    return ft_rope_impl(c, x, NULL, n, heads, D, inv_freq, pos0, adjacent, 1, NULL, NULL);
+}
+
+forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                           const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc);
+}
+
+forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
+                          const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
+                          float *out) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range qb = ft_buf(&j, q, 4ull * n * H * D);
+    forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
+    forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
+    forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
+    forge__range binds[5] = {pb, qb, kb, vb, ob};
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap};
+    forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+    return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
+}
+
+forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range gb = ft_buf(&j, g, 4ull * count);
+    forge__range ub = ft_buf(&j, u, 4ull * count);
+    forge__range binds[2] = {gb, ub};
+    forge__pc_act pc = {count, act};
+    uint32_t gx, gy;
+    forge__grid((count + 255) / 256, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ACT_MUL, binds, &pc, gx, gy, 1);
+    return ft_end(&j, 0, g, 4ull * count, 0, NULL, 0);
+}
+
+uint16_t ft_f32_to_f16(float f) { return forge__f32_to_f16(f); }
+float ft_f16_to_f32(uint16_t h) { return forge__f16_to_f32(h); }
+uint16_t ft_f32_to_bf16(float f) { return forge__f32_to_bf16(f); }
+float ft_bf16_to_f32(uint16_t h) { return forge__bf16_to_f32(h); }
+
+forge_status ft_config_parse(const char *json, char *err, size_t err_size, int *n_layers, int *hidden, int *head_dim,
+                             int *tied, int *sliding_layers, double *attn_scale) {
+    forge__config cfg;
+    forge__err e = {{0}};
+    forge_status st = forge__config_from_hf_json(json, strlen(json), "config.json", &cfg, &e);
+    if (err) snprintf(err, err_size, "%s", e.msg);
+    if (st) return st;
+    *n_layers = cfg.n_layers;
+    *hidden = cfg.hidden;
+    *head_dim = cfg.head_dim;
+    *tied = cfg.tied;
+    int sl = 0;
+    for (int i = 0; i < cfg.n_layers; i++) sl += cfg.layer_sliding[i];
+    *sliding_layers = sl;
+    *attn_scale = cfg.attn_scale;
+    return FORGE_OK;
+}
+
+forge_status ft_safetensors_file(const char *path, char *err, size_t err_size, int *n_tensors) {
+    forge__err e = {{0}};
+    forge__file f;
+    forge__arena a = {0};
+    forge__tensor_table t = {0};
+    forge_status st = forge__file_map(&f, path, &e);
+    if (!st) {
+        st = forge__safetensors_parse(&f, &t, &a, NULL, &e);
+        forge__file_unmap(&f);
+    }
+    if (n_tensors) *n_tensors = t.count;
+    if (err) snprintf(err, err_size, "%s", e.msg);
+    forge__arena_free(&a);
+    return st;
+}
+
+forge_status ft_gguf_file(const char *path, char *err, size_t err_size, int *n_tensors, int *n_kv) {
+    forge__err e = {{0}};
+    forge__file f;
+    forge__arena a = {0};
+    forge__tensor_table t = {0};
+    forge__gguf g;
+    memset(&g, 0, sizeof g);
+    forge_status st = forge__file_map(&f, path, &e);
+    if (!st) {
+        st = forge__gguf_parse(&f, &g, &t, &a, &e);
+        forge__file_unmap(&f);
+    }
+    if (n_tensors) *n_tensors = t.count;
+    if (n_kv) *n_kv = g.n_kv;
+    if (err) snprintf(err, err_size, "%s", e.msg);
+    forge__arena_free(&a);
+    return st;
+}
+
+forge_status ft_safetensors_mem(const uint8_t *data, size_t size) {
+    forge__err e;
+    forge__arena a = {0};
+    forge__tensor_table t = {0};
+    forge__file f = {(char *)"fuzz", data, size};
+    forge_status st = forge__safetensors_parse(&f, &t, &a, NULL, &e);
+    forge__arena_free(&a);
+    return st;
+}
+
+forge_status ft_gguf_mem(const uint8_t *data, size_t size) {
+    forge__err e;
+    forge__arena a = {0};
+    forge__tensor_table t = {0};
+    forge__gguf g;
+    forge__file f = {(char *)"fuzz", data, size};
+    forge_status st = forge__gguf_parse(&f, &g, &t, &a, &e);
+    if (!st) { /* exercise the config reader and the vocabulary walk too */
+        forge__config cfg;
+        forge__tokenizer tk;
+        forge__config_from_gguf(&g, &t, "fuzz", &cfg, &e);
+        forge__tokenizer_from_gguf(&tk, &g, &a, "fuzz", &e);
+    }
+    forge__arena_free(&a);
+    return st;
+}
+
+forge_status ft_config_mem(const uint8_t *data, size_t size) {
+    forge__err e;
+    forge__config cfg;
+    return forge__config_from_hf_json((const char *)data, size, "fuzz", &cfg, &e);
+}

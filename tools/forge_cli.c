@@ -1,0 +1,241 @@
+/* forge: the command-line tool.
+ *
+ *   forge devices
+ *   forge info MODEL
+ *   forge logits MODEL --tokens "1 2 3" [--all]
+ *   forge bench MODEL [-p 512] [-n 128] [-r 3]
+ *
+ * Common options: --device INDEX|NAME, -v (log to stderr).
+ * Output formats of `logits` and `bench` are JSON and stable. */
+#include "forge.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int forge_bench_main(int argc, char **argv); /* bench/bench.c */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: forge <command> [options]\n"
+            "  devices                          list Vulkan devices, preferred first\n"
+            "  info MODEL                       architecture, shapes, device and memory plan\n"
+            "  logits MODEL --tokens \"1 2 3\" [--all]\n"
+            "                                   logits of the last (or every) position as JSON\n"
+            "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
+            "                                   prefill and decode speed as one JSON object\n"
+            "options: --device INDEX|NAME   choose the Vulkan device\n"
+            "         --ctx N               context length of the session\n"
+            "         -v                    log to stderr\n"
+            "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n");
+}
+
+static void log_stderr(void *user, forge_log_level level, const char *msg) {
+    (void)user;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    fprintf(stderr, "forge %s: %s\n", names[level], msg);
+}
+
+static void progress_stderr(void *user, float fraction) {
+    (void)user;
+    fprintf(stderr, "\rloading %3d%%", (int)(fraction * 100.0f + 0.5f));
+    if (fraction >= 1.0f) fprintf(stderr, "\r            \r");
+    fflush(stderr);
+}
+
+/* Options every model command takes; consumed from argv, the rest left in order. */
+typedef struct cli_opts {
+    const char *device;
+    int verbose;
+    int n_ctx;
+} cli_opts;
+
+static int take_common(int *argc, char **argv, cli_opts *o) {
+    int w = 0;
+    for (int i = 0; i < *argc; i++) {
+        if (!strcmp(argv[i], "--device") && i + 1 < *argc) o->device = argv[++i];
+        else if (!strcmp(argv[i], "--ctx") && i + 1 < *argc) o->n_ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-v")) o->verbose = 1;
+        else argv[w++] = argv[i];
+    }
+    *argc = w;
+    return 0;
+}
+
+/* Loads MODEL with the common options; prints the error and returns NULL on failure. */
+forge_model *forge_cli_load(const char *path, const char *device, int verbose) {
+    forge_model_params mp = forge_model_default_params();
+    if (device) {
+        char *end;
+        long idx = strtol(device, &end, 10);
+        if (*end == 0) mp.device_index = (int)idx;
+        else mp.device_name = device;
+    }
+    if (verbose) mp.log = log_stderr;
+    if (isatty(2)) mp.progress = progress_stderr;
+    forge_model *m = NULL;
+    forge_status st = forge_model_load(path, &mp, &m);
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        forge_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static const char *type_name(forge_device_type t) {
+    switch (t) {
+    case FORGE_DEVICE_DISCRETE_GPU: return "discrete";
+    case FORGE_DEVICE_INTEGRATED_GPU: return "integrated";
+    case FORGE_DEVICE_VIRTUAL_GPU: return "virtual";
+    case FORGE_DEVICE_CPU: return "cpu";
+    default: return "other";
+    }
+}
+
+static int cmd_devices(void) {
+    forge_device_info devs[16];
+    int n = 0;
+    char err[512];
+    if (forge_list_devices(devs, 16, &n, err, sizeof err) != FORGE_OK) {
+        fprintf(stderr, "forge: %s\n", err);
+        return 1;
+    }
+    for (int i = 0; i < n && i < 16; i++) {
+        forge_device_info *d = &devs[i];
+        printf("%d: %s [%s]%s\n", d->index, d->name, type_name(d->type), d->usable ? "" : " (not usable)");
+        printf("   driver %s, Vulkan %u.%u.%u, %.1f GiB device-local\n", d->driver, (d->api_version >> 22) & 0x7f,
+               (d->api_version >> 12) & 0x3ff, d->api_version & 0xfff, (double)d->device_local_bytes / (1 << 30));
+        printf("   maxStorageBufferRange %llu, maxMemoryAllocationSize %llu, maxBufferSize %llu, subgroup %u\n",
+               (unsigned long long)d->max_storage_buffer_range, (unsigned long long)d->max_allocation_size,
+               (unsigned long long)d->max_buffer_size, d->subgroup_size);
+        printf("   fp16 %s, int8 %s, integer dot product %s, cooperative matrix %s\n", d->fp16 ? "yes" : "no",
+               d->int8 ? "yes" : "no", d->integer_dot_product ? "yes" : "no", d->cooperative_matrix ? "yes" : "no");
+    }
+    return 0;
+}
+
+static void print_bytes(const char *label, unsigned long long b) {
+    printf("  %-28s %llu bytes (%.2f MiB)\n", label, b, (double)b / (1 << 20));
+}
+
+static int cmd_info(int argc, char **argv) {
+    cli_opts o = {0};
+    take_common(&argc, argv, &o);
+    if (argc != 1) { usage(stderr); return 2; }
+    forge_model *m = forge_cli_load(argv[0], o.device, o.verbose);
+    if (!m) return 1;
+    forge_model_info in;
+    forge_model_get_info(m, &in);
+    printf("model            %s\n", in.name);
+    printf("format           %s\n", in.source_format);
+    printf("architecture     %s\n", in.architecture);
+    printf("layers           %d\n", in.n_layers);
+    printf("hidden           %d\n", in.hidden);
+    printf("heads            %d\n", in.n_heads);
+    printf("kv heads         %d\n", in.n_kv_heads);
+    printf("head dim         %d\n", in.head_dim);
+    printf("ffn              %d\n", in.ffn);
+    printf("vocab            %d\n", in.n_vocab);
+    printf("context          %d\n", in.n_ctx_train);
+    if (in.n_sliding_layers) printf("sliding window   %d (%d of %d layers)\n", in.sliding_window, in.n_sliding_layers, in.n_layers);
+    printf("tied embeddings  %s\n", in.tied_embeddings ? "yes" : "no");
+    printf("dtype            %s\n", in.weight_dtype);
+    printf("parameters       %llu\n", (unsigned long long)in.n_params);
+    printf("device           %s (%s)\n", in.device_name, in.device_driver);
+    printf("memory plan\n");
+    print_bytes("host arena (model)", in.memory.host_arena_bytes);
+    print_bytes("device weights planned", in.memory.device_planned_bytes);
+    print_bytes("device weights in use", in.memory.device_in_use_bytes);
+    printf("  %-28s %llu buffers\n", "device weight blocks", (unsigned long long)in.memory.device_buffers);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o.n_ctx;
+    forge_memory_stats plan;
+    if (forge_session_plan(m, &sp, &plan) == FORGE_OK) {
+        int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
+        char label[64];
+        snprintf(label, sizeof label, "session (n_ctx %d)", ctx);
+        print_bytes(label, plan.device_planned_bytes);
+        print_bytes("  of which KV cache", plan.kv_cache_bytes);
+        if (in.n_sliding_layers) print_bytes("  of which sliding layers", plan.kv_sliding_bytes);
+        print_bytes("total device (model+session)", in.memory.device_planned_bytes + plan.device_planned_bytes);
+    } else {
+        printf("  session plan: %s\n", forge_model_errmsg(m));
+    }
+    forge_model_free(m);
+    return 0;
+}
+
+static int cmd_logits(int argc, char **argv) {
+    cli_opts o = {0};
+    take_common(&argc, argv, &o);
+    const char *path = NULL, *toks = NULL;
+    int all = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) toks = argv[++i];
+        else if (!strcmp(argv[i], "--all")) all = 1;
+        else if (!path) path = argv[i];
+        else { usage(stderr); return 2; }
+    }
+    if (!path || !toks) { usage(stderr); return 2; }
+    int cap = 16, n = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    for (char *p = (char *)toks, *end; *p;) {
+        while (*p == ' ' || *p == ',' || *p == '\t') p++;
+        if (!*p) break;
+        long v = strtol(p, &end, 10);
+        if (end == p) { fprintf(stderr, "forge: --tokens: '%s' is not a list of integers\n", toks); free(ids); return 2; }
+        if (n == cap) ids = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    if (n == 0) { fprintf(stderr, "forge: --tokens is empty\n"); free(ids); return 2; }
+    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    if (!m) { free(ids); return 1; }
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o.n_ctx ? o.n_ctx : (n > 4096 ? n : 0);
+    forge_session *s = NULL;
+    int rc = 1;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    } else {
+        int V = forge_model_n_vocab(m);
+        size_t rows = all ? (size_t)n : 1;
+        float *lg = malloc(sizeof(float) * rows * (size_t)V);
+        forge_status st = forge_eval(s, ids, n, all ? FORGE_EVAL_ALL_LOGITS : 0, lg, rows * (size_t)V);
+        if (st != FORGE_OK) {
+            fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+        } else {
+            printf("{\"n_vocab\": %d, \"n_tokens\": %d, \"logits\": [", V, n);
+            for (size_t r = 0; r < rows; r++) {
+                printf(r ? ", [" : "[");
+                for (int j = 0; j < V; j++) printf(j ? ", %.9g" : "%.9g", lg[r * (size_t)V + (size_t)j]);
+                printf("]");
+            }
+            printf("]}\n");
+            rc = 0;
+        }
+        free(lg);
+        forge_session_free(s);
+    }
+    forge_model_free(m);
+    free(ids);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "devices")) return cmd_devices();
+    if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "--version")) { printf("forge %s\n", forge_version()); return 0; }
+    fprintf(stderr, "forge: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
