@@ -9,7 +9,7 @@ OPT ?= -O2 -g
 
 WARN := -Wall -Wextra -Wno-format-truncation -Wno-unused-function
 CFLAGS_FORGE := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -I. -I$(BUILD)
-LIBS := -lcjson -lpthread -ldl -lm
+LIBS := -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
@@ -58,3 +58,19 @@ install: lib cli
 
 clean:
 	rm -rf $(BUILD)
+
+# Fuzz targets (clang, libFuzzer + ASan/UBSan): each parser for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 30
+FUZZERS := safetensors gguf config
+FUZZ_CC ?= clang
+fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
+	@for f in $(FUZZERS); do \
+		mkdir -p $(BUILD)/corpus_$$f; cp tests/fuzz/seeds/* $(BUILD)/corpus_$$f/; \
+		echo "fuzzing $$f for $(FUZZ_SECONDS) s"; \
+		$(BUILD)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -artifact_prefix=$(BUILD)/ $(BUILD)/corpus_$$f \
+			> $(BUILD)/fuzz_$$f.log 2>&1 || { tail -n 40 $(BUILD)/fuzz_$$f.log; exit 1; }; tail -n 1 $(BUILD)/fuzz_$$f.log; \
+	done
+
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
+	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFORGE_TESTING \
+		-I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@

@@ -1044,6 +1044,27 @@ static double forge__round_to_dtype(double x, forge__dtype t) {
     return (float)x;
 }
 
+/* Limits of the kernels and of 32-bit indexing, checked for every config whatever its source. */
+static forge_status forge__config_validate(const forge__config *c, const char *path, forge__err *err) {
+    struct { const char *name; int v, lo, hi; } f[] = {
+        {"hidden size", c->hidden, 1, 1 << 16}, {"layers", c->n_layers, 1, FORGE__MAX_LAYERS},
+        {"attention heads", c->n_heads, 1, 1024}, {"kv heads", c->n_kv_heads, 1, 1024},
+        {"head_dim", c->head_dim, 2, 256}, {"intermediate size", c->ffn, 1, 1 << 20},
+        {"vocab size", c->n_vocab, 1, 1 << 24}, {"context length", c->n_ctx_train, 1, 1 << 24},
+    };
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(f); i++)
+        if (f[i].v < f[i].lo || f[i].v > f[i].hi)
+            return forge__fail(err, f[i].v > f[i].hi && f[i].v > 0 ? FORGE_ERR_UNSUPPORTED : FORGE_ERR_FORMAT,
+                               "%s: %s %d is outside what forge supports [%d, %d]", path, f[i].name, f[i].v, f[i].lo, f[i].hi);
+    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: head_dim %d must be even and the heads (%d) a multiple of the kv heads (%d)",
+                           path, c->head_dim, c->n_heads, c->n_kv_heads);
+    if (!(c->norm_eps > 0 && c->norm_eps < 1)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: rms norm epsilon %g out of range", path, c->norm_eps);
+    if (!(c->rope_full.theta > 1) || !(c->rope_sliding.theta > 1))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: rope theta must be > 1", path);
+    return FORGE_OK;
+}
+
 /* Fills what is derived from the rest of the config (scales, defaults). */
 static void forge__config_finish(forge__config *c, double query_pre_attn_scalar) {
     if (c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3) {
@@ -1056,9 +1077,13 @@ static void forge__config_finish(forge__config *c, double query_pre_attn_scalar)
     }
 }
 
+/* An integer field; -1 when present but not an integer that fits an int (callers validate). */
 static int forge__json_int(const cJSON *o, const char *key, int def) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    return cJSON_IsNumber(x) ? (int)x->valuedouble : def;
+    if (!cJSON_IsNumber(x)) return def;
+    double v = x->valuedouble;
+    if (!(v >= INT_MIN && v <= INT_MAX) || v != floor(v)) return -1;
+    return (int)v;
 }
 static double forge__json_num(const cJSON *o, const char *key, double def) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -1168,8 +1193,7 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
         goto done;
     }
-    const cJSON *hd = cJSON_GetObjectItemCaseSensitive(o, "head_dim");
-    c->head_dim = cJSON_IsNumber(hd) ? (int)hd->valuedouble : (c->n_heads ? c->hidden / c->n_heads : 0);
+    c->head_dim = forge__json_int(o, "head_dim", c->n_heads ? c->hidden / c->n_heads : 0);
     if (c->head_dim <= 0 || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
         st = forge__fail(err, FORGE_ERR_FORMAT,
                          "%s: head_dim %d / num_key_value_heads %d invalid (head_dim must be even, heads a multiple of kv heads)",
@@ -1277,6 +1301,7 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         c->mlx_bits = forge__json_int(q, "bits", 4);
         c->mlx_group_size = forge__json_int(q, "group_size", 64);
     }
+    if ((st = forge__config_validate(c, path, err))) goto done;
     forge__config_finish(c, forge__json_num(o, "query_pre_attn_scalar", 0.0));
 done:
     cJSON_Delete(root);
@@ -1380,6 +1405,8 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
             c->rope_sliding.theta = 10000.0; /* llama.cpp: rope_freq_base_train_swa for gemma3 */
         }
     }
+    forge_status st = forge__config_validate(c, path, err);
+    if (st) return st;
     forge__config_finish(c, 0.0);
     return FORGE_OK;
 }
