@@ -731,6 +731,33 @@ typedef struct forge__gguf {
     uint64_t data_offset;
 } forge__gguf;
 
+/* A set of strings (open addressing over borrowed pointers), for duplicate detection. */
+typedef struct forge__strset {
+    const char **slots;
+    size_t cap;
+} forge__strset;
+
+static bool forge__strset_init(forge__strset *s, size_t n) {
+    s->cap = 16;
+    while (s->cap < 2 * n + 2) s->cap *= 2;
+    s->slots = (const char **)calloc(s->cap, sizeof *s->slots);
+    return s->slots != NULL;
+}
+static void forge__strset_free(forge__strset *s) {
+    free(s->slots);
+    s->slots = NULL;
+}
+/* false when `k` is already present */
+static bool forge__strset_insert(forge__strset *s, const char *k) {
+    size_t i = (size_t)(forge__hash_str(k) & (s->cap - 1));
+    while (s->slots[i]) {
+        if (!strcmp(s->slots[i], k)) return false;
+        i = (i + 1) & (s->cap - 1);
+    }
+    s->slots[i] = k;
+    return true;
+}
+
 typedef struct forge__reader {
     const uint8_t *p, *end;
     const char *path;
@@ -803,6 +830,40 @@ static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, cons
     return forge__rd(r, NULL, forge__gguf_type_size[type], key);
 }
 
+/* Reads one metadata entry: its key (unique in the file), type and value (validated, then
+ * skipped; kv->value points at it in the mapping). general.alignment is applied here. */
+static forge_status forge__gguf_read_kv(forge__reader *r, forge__gguf *g, forge__arena *arena, forge__strset *keys,
+                                        forge__err *err) {
+    const char *k;
+    uint64_t klen;
+    uint32_t type;
+    if (!forge__rd_str(r, &k, &klen, "metadata key") || !forge__rd(r, &type, 4, "metadata type")) return FORGE_ERR_FORMAT;
+    forge__gguf_kv *kv = &g->kv[g->n_kv++];
+    kv->key = forge__arena_strndup(arena, k, (size_t)klen);
+    if (!kv->key) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    kv->type = (forge__gguf_type)type;
+    kv->count = 1;
+    kv->value = r->p;
+    if (type == FORGE__GGUF_ARRAY && (uint64_t)(r->end - r->p) >= 12) {
+        uint32_t et;
+        memcpy(&et, r->p, 4);
+        memcpy(&kv->count, r->p + 4, 8);
+        kv->elem_type = (forge__gguf_type)et;
+        kv->value = r->p + 12;
+    }
+    if (!forge__gguf_skip_value(r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
+    if (!forge__strset_insert(keys, kv->key))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' appears twice", r->path, kv->key);
+    if (strcmp(kv->key, "general.alignment") == 0) {
+        if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", r->path);
+        memcpy(&g->alignment, kv->value, 4);
+        if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) || g->alignment > 65536)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment %u is not a power of two <= 65536", r->path,
+                               g->alignment);
+    }
+    return FORGE_OK;
+}
+
 FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf *g, forge__tensor_table *table,
                                                forge__arena *arena, forge__err *err) {
     memset(g, 0, sizeof *g);
@@ -824,37 +885,12 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
     g->kv = (forge__gguf_kv *)forge__arena_alloc(arena, sizeof *g->kv * (size_t)(n_kv ? n_kv : 1), 16);
     if (!g->kv) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     g->alignment = 32;
-    for (uint64_t i = 0; i < n_kv; i++) {
-        const char *k;
-        uint64_t klen;
-        uint32_t type;
-        if (!forge__rd_str(&r, &k, &klen, "metadata key") || !forge__rd(&r, &type, 4, "metadata type"))
-            return FORGE_ERR_FORMAT;
-        forge__gguf_kv *kv = &g->kv[g->n_kv++];
-        kv->key = forge__arena_strndup(arena, k, (size_t)klen);
-        if (!kv->key) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        kv->type = (forge__gguf_type)type;
-        kv->count = 1;
-        if (type == FORGE__GGUF_ARRAY) {
-            if ((uint64_t)(r.end - r.p) >= 12) {
-                uint32_t et;
-                memcpy(&et, r.p, 4);
-                memcpy(&kv->count, r.p + 4, 8);
-                kv->elem_type = (forge__gguf_type)et;
-                kv->value = r.p + 12;
-            }
-        } else {
-            kv->value = r.p;
-        }
-        if (!forge__gguf_skip_value(&r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
-        if (strcmp(kv->key, "general.alignment") == 0) {
-            if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", f->path);
-            memcpy(&g->alignment, kv->value, 4);
-            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) || g->alignment > 65536)
-                return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment %u is not a power of two <= 65536",
-                                   f->path, g->alignment);
-        }
-    }
+    forge__strset keys = {0};
+    if (!forge__strset_init(&keys, (size_t)n_kv)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status kst = FORGE_OK;
+    for (uint64_t i = 0; i < n_kv && !kst; i++) kst = forge__gguf_read_kv(&r, g, arena, &keys, err);
+    forge__strset_free(&keys);
+    if (kst) return kst;
     /* Tensor infos: offsets are validated after the data offset is known. */
     typedef struct { const char *name; uint64_t len; uint32_t nd; uint64_t ne[FORGE__MAX_DIMS]; uint32_t type; uint64_t off; } info_t;
     info_t *infos = (info_t *)malloc(sizeof *infos * (size_t)(n_tensors ? n_tensors : 1));
@@ -1194,12 +1230,6 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         goto done;
     }
     c->head_dim = forge__json_int(o, "head_dim", c->n_heads ? c->hidden / c->n_heads : 0);
-    if (c->head_dim <= 0 || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
-        st = forge__fail(err, FORGE_ERR_FORMAT,
-                         "%s: head_dim %d / num_key_value_heads %d invalid (head_dim must be even, heads a multiple of kv heads)",
-                         path, c->head_dim, c->n_kv_heads);
-        goto done;
-    }
     const char *dt = forge__json_str(o, "torch_dtype");
     if (!dt) dt = forge__json_str(o, "dtype");
     if (!dt) dt = forge__json_str(root, "torch_dtype");
@@ -1354,9 +1384,6 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         else if (emb && emb->n_dims == 2) c->n_vocab = (int)emb->shape[0];
         else return forge__fail(err, FORGE_ERR_FORMAT, "%s: cannot tell the vocabulary size (no %s.vocab_size, tokens or token_embd)", path, arch);
     }
-    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: head_dim %d must be even and head_count a multiple of head_count_kv",
-                           path, c->head_dim);
     double d;
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     c->norm_eps = forge__gguf_get_float(g, key, &d) ? d : 1e-5;
@@ -2714,8 +2741,11 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     }
 }
 
+/* The io buffer (256 bytes of step params, then the tokens) and the logits readback buffer. */
+#define FORGE__IO_TOKENS_OFFSET 256
+static uint64_t forge__session_io_bytes(const forge__session_plan *sp) { return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch; }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return sizeof(forge__step_params) + 256 + 4ull * sp->n_batch + 4ull * sp->n_out_max * m->cfg.n_vocab;
+    return forge__session_io_bytes(sp) + 4ull * sp->n_out_max * m->cfg.n_vocab;
 }
 
 /* ---- Recording the forward pass ---- */
@@ -2963,10 +2993,10 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
             const forge__pack_item *pi = &s->pack.items[it];
             (kv ? s->vc : s->kc)[l] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
         }
-    uint64_t io_bytes = 256 + 4ull * sp->n_batch;
-    if ((st = forge__buffer_create(d, io_bytes, d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err))) return st;
+    if ((st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
+        return st;
     s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
-    s->tokens_r = (forge__range){s->io.buf, 256, 4ull * sp->n_batch};
+    s->tokens_r = (forge__range){s->io.buf, FORGE__IO_TOKENS_OFFSET, 4ull * sp->n_batch};
     if ((st = forge__buffer_create(d, 4ull * sp->n_out_max * c->n_vocab, d->caps.mem_readback, true, &s->mem, &m->mem_total, &s->readback, &s->err)))
         return st;
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
