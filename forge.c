@@ -9,7 +9,9 @@
  *   5. Op table      one row per kernel; pipelines; dispatch recording
  *   6. Models        weights: naming conventions, validation, the upload plan
  *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
- *   8. Public API    what forge.h declares and the sections above do not
+ *   8. Public API    loading, sessions, eval: what ties the sections above together
+ *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
+ *  10. Chat          the families' native chat templates
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -2015,6 +2017,9 @@ typedef enum forge__op {
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,
     FORGE__OP_ACT_MUL,
+    FORGE__OP_PENALTY,
+    FORGE__OP_TOPK,
+    FORGE__OP_TOPK_MERGE,
     FORGE__OP_COUNT
 } forge__op;
 
@@ -2045,6 +2050,9 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
+    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
+    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
 };
 #define FORGE__MAX_BINDINGS 6
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
@@ -2638,16 +2646,28 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
 #define FORGE__RECORDINGS 8
 
 typedef struct forge__recording {
-    uint32_t n_tokens, out_row0, n_out;  /* the shape (key) */
+    uint32_t n_tokens, out_row0, n_out, mode;  /* the shape (key) */
     uint64_t last_use;
     VkCommandBuffer cb;
     VkDescriptorPool pool;
 } forge__recording;
 
-/* The step inputs the kernels read (params buffer, binding 0 of rope and attention). */
+/* The step inputs the kernels read (params buffer, binding 0 of rope, attention and the
+ * sampler kernels), written by the host before each submit. */
 typedef struct forge__step_params {
-    uint32_t pos0, n_tokens, pad[2];
+    uint32_t pos0, n_tokens;
+    uint32_t n_penalty;      /* distinct ids in the penalty window */
+    float penalty;           /* repeat penalty (1: none) */
+    float inv_temp;          /* 1 / temperature of the softmax normalizer (greedy: 1) */
+    uint32_t pad[3];
 } forge__step_params;
+
+/* What a recorded step leaves for the host: the logits rows, or the sampler's candidates. */
+typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1 } forge__out_mode;
+
+#define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
+#define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
+#define FORGE__MAX_PENALTY_WINDOW 1024 /* penalty ids the io buffer holds */
 
 struct forge_session {
     forge__err err;
@@ -2660,9 +2680,13 @@ struct forge_session {
     forge__pack pack;
     forge__buffer *blocks;
     int n_blocks;
-    forge__buffer io;                 /* host-visible: step params, then tokens [n_batch] u32 */
-    forge__buffer readback;           /* host-visible: logits [n_out_max, vocab] */
-    forge__range params_r, tokens_r, dummy;
+    forge__buffer io;                 /* host-visible: step params | penalty ids | tokens [n_batch] u32 */
+    forge__buffer readback;           /* host-visible: sampler output [1 + C] | logits [n_out_max, vocab] */
+    forge__range params_r, penalty_r, tokens_r, dummy;
+    forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
+    uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
+    uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
+    VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, q, k, v, att, gate, up, logits;   /* [n_batch, dim] f32 each; logits [n_out_max, vocab] */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
     uint64_t kv_bytes, kv_sliding_bytes;
@@ -2671,6 +2695,9 @@ struct forge_session {
     VkFence fence;
     forge__recording rec[FORGE__RECORDINGS];
     uint64_t use_clock;
+    uint64_t rng[4];                  /* xoshiro256** state of the sampler */
+    forge_metrics metrics;            /* of the last generate/chat call */
+    uint64_t prompt_cache_hits;
 };
 
 /* Session sizes derived from the params and the device limits. */
@@ -2714,6 +2741,10 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     return FORGE_OK;
 }
 
+static uint32_t forge__topk_chunks(const forge_model *m) {
+    return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
+}
+
 /* Adds every device buffer of a session to `pack` (in the order forge__session_bind reads). */
 static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
@@ -2721,7 +2752,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
     uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * c->n_heads * c->head_dim * 4,
                         nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
                         nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 4,
-                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256};
+                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
+                        8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES)};
     for (size_t i = 0; i < FORGE__ARRAY_LEN(sizes); i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
@@ -2741,11 +2773,17 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     }
 }
 
-/* The io buffer (256 bytes of step params, then the tokens) and the logits readback buffer. */
-#define FORGE__IO_TOKENS_OFFSET 256
+/* The io buffer: step params at 0, penalty ids at 64, tokens after them; and the readback
+ * buffer: the sampler's output, then the logits rows. */
+#define FORGE__IO_PENALTY_OFFSET 64
+#define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
+#define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
 static uint64_t forge__session_io_bytes(const forge__session_plan *sp) { return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch; }
+static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
+    return FORGE__RB_LOGITS_OFFSET + 4ull * sp->n_out_max * m->cfg.n_vocab;
+}
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return forge__session_io_bytes(sp) + 4ull * sp->n_out_max * m->cfg.n_vocab;
+    return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
 }
 
 /* ---- Recording the forward pass ---- */
@@ -2777,7 +2815,8 @@ static void forge__rmsnorm(forge_session *s, forge__rec *r, forge__range x, uint
     forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, rows, 1, 1);
 }
 
-static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out) {
+static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                  forge__out_mode mode) {
     forge_model *m = s->m;
     const forge__config *c = &m->cfg;
     uint32_t H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
@@ -2856,18 +2895,36 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL,
                   c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0, (float)c->final_softcap);
     forge__barrier(r);
-    forge__copy(r, s->logits, (forge__range){s->readback.buf, 0, s->readback.size}, 4ull * n_out * (uint64_t)c->n_vocab);
+    if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
+        uint32_t V = (uint32_t)c->n_vocab;
+        forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
+        forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
+        forge__barrier(r);
+        uint32_t pk[2] = {V, FORGE__CANDIDATES};
+        forge__range bk[4] = {s->params_r, s->logits, s->cand, s->cand_stats};
+        forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, 1, 1);
+        forge__barrier(r);
+        uint32_t pm[2] = {s->n_chunks, FORGE__CANDIDATES};
+        forge__range bm[4] = {s->params_r, s->cand, s->cand_stats, s->sample_out};
+        forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
+        forge__barrier(r);
+        forge__copy(r, s->sample_out, (forge__range){s->readback.buf, 0, s->readback.size}, s->sample_out.size);
+    } else {
+        forge__copy(r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, s->readback.size - s->rb_logits_offset},
+                    4ull * n_out * (uint64_t)c->n_vocab);
+    }
     forge__host_barrier(r);
 }
 
 /* Returns the recorded command buffer for a shape, recording it on first use. */
-static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, VkCommandBuffer *out) {
+static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
+                                        VkCommandBuffer *out) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     forge__recording *slot = NULL, *lru = &s->rec[0];
     for (int i = 0; i < FORGE__RECORDINGS; i++) {
         forge__recording *rc = &s->rec[i];
-        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out) {
+        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
             rc->last_use = ++s->use_clock;
             *out = rc->cb;
             return FORGE_OK;
@@ -2882,7 +2939,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
         memset(slot, 0, sizeof *slot);
     }
     forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = &s->err};
-    forge__record_forward(s, &r, n, out_row0, n_out);
+    forge__record_forward(s, &r, n, out_row0, n_out, mode);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
     VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_sets ? r.n_sets : 1,
@@ -2901,7 +2958,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     r.counting = false;
     r.cb = slot->cb;
     r.pool = slot->pool;
-    forge__record_forward(s, &r, n, out_row0, n_out);
+    forge__record_forward(s, &r, n, out_row0, n_out, mode);
     d->vk.vkEndCommandBuffer(slot->cb);
     if (r.st) {
         d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
@@ -2912,29 +2969,39 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     slot->n_tokens = n;
     slot->out_row0 = out_row0;
     slot->n_out = n_out;
+    slot->mode = (uint32_t)mode;
     slot->last_use = ++s->use_clock;
     *out = slot->cb;
     return FORGE_OK;
 }
 
-/* Runs one step of n tokens at position n_past; copies n_out logit rows to `logits`. */
+static void forge__readback_invalidate(forge_session *s) {
+    forge__device *d = &s->m->dev;
+    if (d->caps.readback_coherent) return;
+    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
+    d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
+}
+
+/* Runs one step of n tokens at position n_past. FORGE__OUT_LOGITS copies n_out logit rows to
+ * `logits`; FORGE__OUT_SAMPLE (n_out = 1) leaves the sampler's candidates in the readback
+ * buffer, with `sp` giving the penalty and temperature (its ids already in the io buffer). */
 static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
-                                float *logits) {
+                                forge__out_mode mode, const forge__step_params *sp, float *logits) {
     forge__device *d = &s->m->dev;
     VkCommandBuffer cb;
-    forge_status st = forge__get_recording(s, n, out_row0, n_out, &cb);
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &cb);
     if (st) return st;
-    forge__step_params sp = {(uint32_t)s->n_past, n, {0, 0}};
-    memcpy(s->io.mapped, &sp, sizeof sp);
+    forge__step_params p = {0, 0, 0, 1.0f, 1.0f, {0, 0, 0}};
+    if (sp) p = *sp;
+    p.pos0 = (uint32_t)s->n_past;
+    p.n_tokens = n;
+    memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
     if ((st = forge__submit_wait(d, cb, s->fence, &s->err))) return st;
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
-    if (bytes && logits) {
-        if (!d->caps.readback_coherent) {
-            VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
-            d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
-        }
-        memcpy(logits, s->readback.mapped, (size_t)bytes);
+    if (mode == FORGE__OUT_LOGITS && bytes && logits) {
+        forge__readback_invalidate(s);
+        memcpy(logits, (uint8_t *)s->readback.mapped + s->rb_logits_offset, (size_t)bytes);
     }
     memcpy(s->history + s->n_past, tokens, 4ull * n);
     s->n_past += (int)n;
@@ -2950,6 +3017,7 @@ static void forge__session_destroy(forge_session *s) {
         if (s->rec[i].cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->rec[i].cb);
         if (s->rec[i].pool) d->vk.vkDestroyDescriptorPool(d->dev, s->rec[i].pool, NULL);
     }
+    if (s->copy_logits_cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->copy_logits_cb);
     if (s->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, s->cmd_pool, NULL);
     if (s->fence) d->vk.vkDestroyFence(d->dev, s->fence, NULL);
     for (int b = 0; b < s->n_blocks; b++) forge__buffer_destroy(d, &s->blocks[b], &s->mem, &m->mem_total);
@@ -2982,7 +3050,8 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     for (int b = 0; b < s->n_blocks; b++)
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
-    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy};
+    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy,
+                           &s->cand, &s->cand_stats, &s->sample_out};
     int it = 0;
     for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {
         const forge__pack_item *pi = &s->pack.items[it];
@@ -2996,8 +3065,12 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if ((st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
         return st;
     s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
+    s->penalty_r = (forge__range){s->io.buf, FORGE__IO_PENALTY_OFFSET, 4ull * FORGE__MAX_PENALTY_WINDOW};
     s->tokens_r = (forge__range){s->io.buf, FORGE__IO_TOKENS_OFFSET, 4ull * sp->n_batch};
-    if ((st = forge__buffer_create(d, 4ull * sp->n_out_max * c->n_vocab, d->caps.mem_readback, true, &s->mem, &m->mem_total, &s->readback, &s->err)))
+    s->n_chunks = forge__topk_chunks(m);
+    s->rb_logits_offset = FORGE__RB_LOGITS_OFFSET;
+    if ((st = forge__buffer_create(d, forge__session_readback_bytes(m, sp), d->caps.mem_readback, true, &s->mem, &m->mem_total,
+                                   &s->readback, &s->err)))
         return st;
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                    .queueFamilyIndex = d->caps.queue_family};
@@ -3005,9 +3078,10 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &s->cmd_pool) != VK_SUCCESS ||
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
-    /* Record the decode step now, so the first token pays no recording cost. */
+    /* Record the decode steps now, so the first token pays no recording cost. */
     VkCommandBuffer cb;
-    return forge__get_recording(s, 1, 0, 1, &cb);
+    if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &cb))) return st;
+    return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &cb);
 }
 
 /* =======================================================================================
@@ -3354,10 +3428,28 @@ FORGE_API void forge_session_free(forge_session *s) { forge__session_destroy(s);
 FORGE_API const char *forge_session_errmsg(const forge_session *s) { return s ? s->err.msg : "no session"; }
 FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_past : 0; }
 
+/* Can the cache go back to n_keep tokens? Sliding-window layers keep `slots` positions in a
+ * ring: continuing at n_keep needs the keys of positions [n_keep - window + 1, n_keep), which
+ * later positions (up to n_past - 1) may have overwritten. */
+static bool forge__truncate_valid(const forge_session *s, int n_keep) {
+    const forge__config *c = &s->m->cfg;
+    if (n_keep == 0 || n_keep >= s->n_past) return true;
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
+        int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);
+        if (need_from + (int)s->slots[l] < s->n_past) return false;
+    }
+    return true;
+}
+
 FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
     if (n_keep < 0 || n_keep > s->n_past)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
+    if (!forge__truncate_valid(s, n_keep))
+        return forge__fail(&s->err, FORGE_ERR_LIMIT,
+                           "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
+                           "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
     s->n_past = n_keep;
     return FORGE_OK;
 }
@@ -3389,7 +3481,7 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
         bool last = done + step == n_tokens;
         uint32_t out_row0 = all ? 0 : (uint32_t)step - 1, n_out = all ? (uint32_t)step : (last ? 1u : 0u);
         float *dst = logits ? (all ? logits + (size_t)done * V : logits) : NULL;
-        forge_status st = forge__step(s, tokens + done, (uint32_t)step, out_row0, logits ? n_out : 0, dst);
+        forge_status st = forge__step(s, tokens + done, (uint32_t)step, out_row0, logits ? n_out : 0, FORGE__OUT_LOGITS, NULL, dst);
         if (st) return st;
         done += step;
     }
@@ -3410,6 +3502,49 @@ FORGE_API int32_t forge_token_id(const forge_model *m, const char *piece) {
     return -1;
 }
 
+/* TEMPORARY until the tokenizer lands: SentencePiece-style pieces only, no encoder. */
+FORGE_API forge_status forge_tokenize(const forge_model *m, const char *text_unused, size_t text_len, uint32_t flags, int32_t *tokens,
+                                      size_t capacity, size_t *n_tokens) {
+    if (!forge__model_ready(m) || !n_tokens) return FORGE_ERR_INVALID_ARGUMENT;
+    (void)text_unused;
+    if (text_len) return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "text encoding is not available yet");
+    *n_tokens = 0;
+    if ((flags & FORGE_TOKENIZE_ADD_SPECIAL) && m->tok.bos >= 0) {
+        if (capacity < 1) { *n_tokens = 1; return FORGE_ERR_BUFFER_TOO_SMALL; }
+        tokens[0] = m->tok.bos;
+        *n_tokens = 1;
+    }
+    return FORGE_OK;
+}
+
+FORGE_API void forge_detok_stream_init(forge_detok_stream *ds) {
+    memset(ds, 0, sizeof *ds);
+    ds->struct_size = sizeof *ds;
+}
+
+FORGE_API forge_status forge_detok_stream_next(const forge_model *m, forge_detok_stream *ds, int32_t token, char *out,
+                                               size_t capacity, size_t *out_len) {
+    const char *p = forge_token_piece(m, token);
+    size_t o = 0;
+    if (!p) p = "";
+    if (strlen(p) == 6 && !strncmp(p, "<0x", 3) && p[5] == '>') {
+        if (o < capacity) out[o++] = (char)strtol(p + 3, NULL, 16);
+    } else {
+        for (size_t i = 0; p[i] && o + 1 < capacity;) {
+            if (!strncmp(p + i, "\xe2\x96\x81", 3)) {
+                if (ds->started || o) out[o++] = ' ';
+                i += 3;
+            } else {
+                out[o++] = p[i++];
+            }
+        }
+    }
+    ds->started = 1;
+    out[o] = 0;
+    *out_len = o;
+    return FORGE_OK;
+}
+
 FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_special_tokens *out) {
     if (!forge__model_ready(m) || !out) return FORGE_ERR_INVALID_ARGUMENT;
     memset(out, 0, sizeof *out);
@@ -3420,5 +3555,412 @@ FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_sp
     out->unk = m->tok.unk;
     if (m->tok.eos >= 0) out->eos_ids[out->n_eos++] = m->tok.eos;
     if (m->tok.eot >= 0 && m->tok.eot != m->tok.eos) out->eos_ids[out->n_eos++] = m->tok.eot;
+    return FORGE_OK;
+}
+
+/* =======================================================================================
+ * 9. Generation
+ * A generate call: find the longest exact prefix of the prompt the cache already holds
+ * (rotating sliding-window layers permitting), prefill the rest, then one replayed decode
+ * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
+ * the softmax normalizer); the host draws from the candidates. Stop rules: the family's end
+ * tokens, the caller's tokens and strings (matched on text across tokens, never emitted),
+ * max tokens, the callback, a full context.
+ * ===================================================================================== */
+
+FORGE_API forge_generate_params forge_generate_default_params(void) {
+    forge_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.max_tokens = 256;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_window = 64;
+    p.add_special = 1;
+    return p;
+}
+
+/* ---- the random generator: xoshiro256**, seeded through splitmix64 ---- */
+
+static uint64_t forge__splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void forge__rng_seed(uint64_t s[4], uint64_t seed) {
+    for (int i = 0; i < 4; i++) s[i] = forge__splitmix64(&seed);
+}
+static uint64_t forge__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t forge__rng_next(uint64_t s[4]) {
+    uint64_t r = forge__rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = forge__rotl(s[3], 45);
+    return r;
+}
+static double forge__rng_uniform(uint64_t s[4]) { return (double)(forge__rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---- the host side of sampling ----
+ * Input: candidates (logit after the penalty, id), best first, and the row's normalizer
+ * (M, S: S = sum over the vocabulary of exp((l - M) / T)). Probabilities of candidates are
+ * exact. Returns the id, or -1 when the draw needs tokens beyond the candidates. */
+
+typedef struct forge__cand {
+    float logit;
+    int32_t id;
+} forge__cand;
+
+FORGE__INTERNAL int32_t forge__sample_candidates(const forge__cand *c, int n, int complete, double M, double S,
+                                                 const forge_generate_params *p, uint64_t rng[4], double *probs) {
+    if (n <= 0) return -1;
+    if (p->temperature <= 0.0f) return c[0].id;
+    double inv_t = 1.0 / p->temperature;
+    for (int i = 0; i < n; i++) probs[i] = exp(((double)c[i].logit - M) * inv_t) / S;
+    int k = n;
+    bool cut = complete != 0;                /* is the kept set decided within the candidates? */
+    if (p->top_k > 0) {
+        if (p->top_k > n && !complete) return -1;
+        k = FORGE__MIN(p->top_k, n);
+        cut = true;
+    }
+    double mass = 0;                         /* of the top-k set (1 when top-k is off and complete) */
+    for (int i = 0; i < k; i++) mass += probs[i];
+    if (p->top_p < 1.0f) {
+        /* HF: drop the tokens whose cumulative probability from the bottom is <= 1 - top_p,
+         * probabilities renormalized over the top-k set; i.e. keep from the top until the
+         * cumulative reaches top_p. */
+        double total = cut ? mass : 1.0, cum = 0;
+        int keep = 0;
+        while (keep < k) {
+            cum += probs[keep] / total;
+            keep++;
+            if (cum >= (double)p->top_p) break;
+        }
+        if (cum < (double)p->top_p && !cut) return -1; /* the nucleus reaches past the candidates */
+        if (cum >= (double)p->top_p) cut = true;
+        k = keep;
+    }
+    if (p->min_p > 0.0f) {
+        double floor_p = (double)p->min_p * probs[0];
+        int keep = 1;
+        while (keep < k && probs[keep] >= floor_p) keep++;
+        if (keep == k && !cut && probs[k - 1] >= floor_p) return -1; /* tail tokens may qualify */
+        if (keep < k || probs[k - 1] < floor_p) cut = true;
+        k = keep;
+    }
+    double total = 0;
+    for (int i = 0; i < k; i++) total += probs[i];
+    double u = forge__rng_uniform(rng);
+    if (!cut) { /* a plain draw from the whole distribution: the tail holds 1 - total */
+        if (u >= total) return -1;
+        total = 1.0;
+    } else {
+        u *= total;
+    }
+    double acc = 0;
+    for (int i = 0; i < k; i++) {
+        acc += probs[i];
+        if (u < acc) return c[i].id;
+    }
+    return c[k - 1].id;
+}
+
+static int forge__cmp_cand(const void *a, const void *b) {
+    const forge__cand *x = (const forge__cand *)a, *y = (const forge__cand *)b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Copies logits row 0 (after the penalty) to the host: the sampler's fallback. */
+static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
+    forge__device *d = &s->m->dev;
+    if (!s->copy_logits_cb) {
+        VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                           .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+        if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &s->copy_logits_cb) != VK_SUCCESS)
+            return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        d->vk.vkBeginCommandBuffer(s->copy_logits_cb, &bi);
+        forge__rec r = {.dev = d, .cb = s->copy_logits_cb, .err = &s->err};
+        forge__copy(&r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, 0}, 4ull * s->m->cfg.n_vocab);
+        forge__host_barrier(&r);
+        d->vk.vkEndCommandBuffer(s->copy_logits_cb);
+    }
+    forge_status st = forge__submit_wait(d, s->copy_logits_cb, s->fence, &s->err);
+    if (st) return st;
+    forge__readback_invalidate(s);
+    memcpy(out, (uint8_t *)s->readback.mapped + s->rb_logits_offset, 4ull * s->m->cfg.n_vocab);
+    return FORGE_OK;
+}
+
+/* Draws the next token from the last step's device reduction. `scratch` holds n_vocab
+ * candidates and probabilities for the rare full-row fallback. */
+static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
+                                  int32_t *out) {
+    forge__readback_invalidate(s);
+    const uint32_t *rb = (const uint32_t *)s->readback.mapped;
+    float M, S;
+    memcpy(&M, &rb[0], 4);
+    memcpy(&S, &rb[1], 4);
+    int V = s->m->cfg.n_vocab, n = FORGE__MIN(FORGE__CANDIDATES, V);
+    for (int i = 0; i < n; i++) {
+        memcpy(&scratch[i].logit, &rb[2 + 2 * i], 4);
+        scratch[i].id = (int32_t)rb[3 + 2 * i];
+    }
+    int32_t tok = forge__sample_candidates(scratch, n, n == V, M, S, p, s->rng, probs);
+    if (tok < 0) { /* the draw reaches past the candidates: take the whole row */
+        float *row = (float *)probs; /* probs has room for n_vocab doubles */
+        forge_status st = forge__fetch_logits_row(s, row);
+        if (st) return st;
+        for (int i = 0; i < V; i++) scratch[i] = (forge__cand){row[i], i};
+        qsort(scratch, (size_t)V, sizeof *scratch, forge__cmp_cand);
+        tok = forge__sample_candidates(scratch, V, 1, M, S, p, s->rng, probs);
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
+/* Writes the distinct ids of the last `window` tokens of the session to the io buffer. */
+static uint32_t forge__penalty_ids(forge_session *s, int window) {
+    uint32_t *ids = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    uint32_t n = 0;
+    int from = FORGE__MAX(0, s->n_past - window);
+    for (int i = s->n_past - 1; i >= from; i--) {
+        uint32_t t = (uint32_t)s->history[i];
+        bool seen = false;
+        for (uint32_t j = 0; j < n && !seen; j++) seen = ids[j] == t;
+        if (!seen) ids[n++] = t;
+    }
+    return n;
+}
+
+/* ---- stop strings ---- */
+
+typedef struct forge__stopper {
+    const forge_generate_params *p;
+    char *buf;          /* text not yet given to the callback */
+    size_t len, cap;
+    size_t max_stop;    /* longest stop string */
+} forge__stopper;
+
+/* Appends text; returns the number of leading bytes that may be released now, and whether a
+ * stop string was found (then only the text before it is released). */
+static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n, bool *stopped) {
+    if (st->len + n > st->cap) {
+        size_t cap = (st->len + n) * 2 + 64;
+        char *b = (char *)realloc(st->buf, cap);
+        if (!b) return 0;
+        st->buf = b;
+        st->cap = cap;
+    }
+    memcpy(st->buf + st->len, text, n);
+    st->len += n;
+    *stopped = false;
+    size_t release = st->len;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        if (!sl) continue;
+        for (size_t at = 0; at + sl <= st->len; at++)
+            if (!memcmp(st->buf + at, ss, sl)) {
+                if (!*stopped || at < release) release = at;
+                *stopped = true;
+                break;
+            }
+    }
+    if (*stopped) return release;
+    /* hold back the longest suffix that is a prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        for (size_t k = FORGE__MIN(sl - (sl > 0), st->len); k > hold; k--)
+            if (!memcmp(st->buf + st->len - k, ss, k)) { hold = k; break; }
+    }
+    return st->len - hold;
+}
+
+static void forge__stopper_consume(forge__stopper *st, size_t n) {
+    memmove(st->buf, st->buf + n, st->len - n);
+    st->len -= n;
+}
+
+/* ---- the generate loop ---- */
+
+static bool forge__is_stop_token(const forge_model *m, const forge_generate_params *p, int32_t tok, forge_stop_reason *why) {
+    for (int i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == tok) { *why = FORGE_STOP_TOKEN; return true; }
+    if (!p->ignore_eos) {
+        forge_special_tokens sp;
+        forge_model_special_tokens(m, &sp);
+        for (int i = 0; i < sp.n_eos; i++)
+            if (sp.eos_ids[i] == tok) { *why = FORGE_STOP_EOS; return true; }
+    }
+    return false;
+}
+
+/* The text of generated tokens, as complete UTF-8. */
+typedef struct forge__textgen {
+    forge_detok_stream ds;
+} forge__textgen;
+
+/* Keeps what the cache holds of an exact prefix of `prompt`; returns how many tokens are kept.
+ * Sliding-window layers whose rotating cache has overwritten keys the continuation needs make
+ * the prefix unusable: then nothing is kept and *wrapped is set. */
+static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, int *wrapped) {
+    int common = 0;
+    while (common < s->n_past && common < n && s->history[common] == prompt[common]) common++;
+    if (common == n) common = n - 1; /* the last prompt token is evaluated again for its logits */
+    *wrapped = 0;
+    if (common > 0 && common < s->n_past && !forge__truncate_valid(s, common)) {
+        *wrapped = 1;
+        common = 0;
+    }
+    s->n_past = common;
+    return common;
+}
+
+FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                             const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab;
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    double t0 = forge__now_s();
+    if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
+    if (n_prompt > s->n_ctx)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
+    if (p.max_tokens < 0 || p.repeat_window < 0 || !(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) ||
+        !(p.min_p >= 0 && p.min_p <= 1) || !(p.repeat_penalty > 0) || p.top_k < 0)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT,
+                           "generate params out of range (max_tokens >= 0, temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0, top_k >= 0)");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", prompt[i], i, V);
+    forge__rng_seed(s->rng, p.seed);
+    mt.prompt_tokens = n_prompt;
+    mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
+    if (mt.cached_tokens > 0) s->prompt_cache_hits++;
+    forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    forge__stopper stop = {&p, NULL, 0, 0, 0};
+    forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, {0, 0, 0}};
+    int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
+    /* prefill: all but the last chunk without outputs, the last one sampled */
+    int done = mt.cached_tokens;
+    while (!st && done < n_prompt) {
+        int step = FORGE__MIN(n_prompt - done, s->n_batch);
+        bool last = done + step == n_prompt;
+        if (last) {
+            /* the penalty window includes the prompt, so the ids go in once all but this chunk is cached */
+            memcpy(s->history + s->n_past, prompt + done, 4ull * step);
+            int saved = s->n_past;
+            s->n_past += step;
+            sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
+            s->n_past = saved;
+        }
+        st = forge__step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u,
+                         last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp, NULL);
+        done += step;
+    }
+    double t_prefill = forge__now_s();
+    mt.prefill_ms = (t_prefill - t0) * 1e3;
+    int evaluated = n_prompt - mt.cached_tokens;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? evaluated / (mt.prefill_ms * 1e-3) : 0;
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds);
+    char piece[512];
+    double t_first = t_prefill;
+    while (!st) {
+        int32_t tok;
+        if ((st = forge__sample(s, &p, cands, probs, &tok))) break;
+        if (mt.generated_tokens == 0) {
+            t_first = forge__now_s();
+            mt.ttft_ms = (t_first - t0) * 1e3;
+        }
+        forge_stop_reason why;
+        if (forge__is_stop_token(m, &p, tok, &why)) { mt.stop_reason = why; break; }
+        mt.generated_tokens++;
+        size_t plen = 0;
+        if (forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
+        bool found = false;
+        size_t release = forge__stopper_push(&stop, piece, plen, &found);
+        if (p.on_token && !p.on_token(p.user_data, tok, stop.buf, release)) {
+            forge__stopper_consume(&stop, release);
+            mt.stop_reason = FORGE_STOP_CALLBACK;
+            break;
+        }
+        forge__stopper_consume(&stop, release);
+        if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
+        if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
+        if (s->n_past >= s->n_ctx) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+        s->history[s->n_past] = tok; /* the penalty window sees the token being evaluated */
+        s->n_past++;
+        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
+        s->n_past--;
+        st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+    }
+    if (!st && stop.len && p.on_token) p.on_token(p.user_data, -1, stop.buf, stop.len); /* held-back text that never became a stop string */
+    double t_end = forge__now_s();
+    mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;
+    mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;
+    mt.peak_device_bytes = m->mem_total.peak;
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    s->metrics = mt;
+    if (metrics) *metrics = mt;
+    free(stop.buf);
+    free(cands);
+    free(probs);
+    return st;
+}
+
+FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
+                                      const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    size_t cap = prompt_len + 16, n = 0;
+    int32_t *ids = (int32_t *)malloc(sizeof *ids * cap);
+    if (!ids) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        int32_t *bigger = (int32_t *)realloc(ids, sizeof *ids * n);
+        if (!bigger) { free(ids); return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); }
+        ids = bigger;
+        cap = n;
+        st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
+    }
+    if (st) {
+        forge__fail(&s->err, st, "tokenizing the prompt: %s", forge_model_errmsg(s->m));
+    } else if (n == 0) {
+        st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "the prompt is empty and the tokenizer adds no BOS: nothing to generate from");
+    } else {
+        st = forge_generate_tokens(s, ids, (int)n, &p, metrics);
+    }
+    free(ids);
+    return st;
+}
+
+FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n_tokens) {
+    if (!s || !tokens || n_tokens <= 0) return FORGE_ERR_INVALID_ARGUMENT;
+    int wrapped = 0;
+    int kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
+    if (kept >= n_tokens) return FORGE_OK;
+    return forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+}
+
+FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metrics *metrics) {
+    if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
+    *metrics = s->metrics;
     return FORGE_OK;
 }

@@ -158,7 +158,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
                                  const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
     forge__range xb = ft_buf(&j, x, 4ull * n * heads * D);
@@ -189,7 +189,7 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
                           float *out) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range qb = ft_buf(&j, q, 4ull * n * H * D);
     forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
@@ -304,3 +304,56 @@ forge_status ft_config_mem(const uint8_t *data, size_t size) {
     forge__config cfg;
     return forge__config_from_hf_json((const char *)data, size, "fuzz", &cfg, &e);
 }
+
+forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,
+                     float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {0, 1, n_ids, penalty, inv_temp, {0, 0, 0}};
+    uint32_t n_chunks = (V + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK;
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range ib = ft_buf(&j, ids, 4ull * FORGE__MAX_PENALTY_WINDOW);
+    forge__range lb = ft_buf(&j, logits, 4ull * V);
+    forge__range cb = ft_buf(&j, NULL, 8ull * n_chunks * FORGE__CANDIDATES);
+    forge__range sb = ft_buf(&j, NULL, 8ull * n_chunks);
+    forge__range ob = ft_buf(&j, NULL, 8ull * (1 + FORGE__CANDIDATES));
+    forge__range bp[3] = {pb, ib, lb};
+    forge__dispatch(&j.rec, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
+    forge__barrier(&j.rec);
+    uint32_t pk[2] = {V, FORGE__CANDIDATES};
+    forge__range bk[4] = {pb, lb, cb, sb};
+    forge__dispatch(&j.rec, FORGE__OP_TOPK, bk, pk, n_chunks, 1, 1);
+    forge__barrier(&j.rec);
+    uint32_t pm[2] = {n_chunks, FORGE__CANDIDATES};
+    forge__range bm[4] = {pb, cb, sb, ob};
+    forge__dispatch(&j.rec, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
+    uint32_t out[2 * (1 + FORGE__CANDIDATES)];
+    forge_status st = ft_end(&j, 5, out, sizeof out, 0, NULL, 0);
+    if (st) return st;
+    memcpy(M, &out[0], 4);
+    memcpy(S, &out[1], 4);
+    *n_cand = FORGE__MIN(FORGE__CANDIDATES, V);
+    for (uint32_t i = 0; i < *n_cand; i++) {
+        memcpy(&cand_logit[i], &out[2 + 2 * i], 4);
+        cand_id[i] = (int32_t)out[3 + 2 * i];
+    }
+    return FORGE_OK;
+}
+
+int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
+                  float top_p, float min_p, uint64_t state[4]) {
+    forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)n);
+    for (int i = 0; i < n; i++) c[i] = (forge__cand){logit[i], id[i]};
+    forge_generate_params p = forge_generate_default_params();
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    int32_t t = forge__sample_candidates(c, n, complete, M, S, &p, state, probs);
+    free(c);
+    free(probs);
+    return t;
+}
+
+void ft_rng_seed(uint64_t state[4], uint64_t seed) { forge__rng_seed(state, seed); }

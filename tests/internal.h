@@ -68,3 +68,19 @@ forge_status ft_config_mem(const uint8_t *data, size_t size);
 }
 #endif
 #endif
+
+/* ---- sampler ---- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The device reduction on one row of logits: repeat penalty over `ids`, then the top C
+ * candidates (value after the penalty, id) best first and the normalizer (M, S) at inv_temp. */
+forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,
+                     float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S);
+/* The host draw (forge__sample_candidates): -1 when the candidates do not decide it. */
+int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
+                  float top_p, float min_p, uint64_t seed_state[4]);
+void ft_rng_seed(uint64_t state[4], uint64_t seed);
+#ifdef __cplusplus
+}
+#endif
