@@ -1427,16 +1427,36 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         if (c->arch == FORGE__ARCH_GEMMA2) {
             for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2) == 0;
         } else {
+            /* the pattern: a period, or one bool per layer (newer llama.cpp); else every 6th layer is full */
             snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
-            int pattern = forge__gguf_get_int(g, key, &v) && v > 0 ? (int)v : 6;
-            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+            const forge__gguf_kv *pk = forge__gguf_find(g, key);
+            if (pk && pk->type == FORGE__GGUF_ARRAY) {
+                if (pk->count != (uint64_t)c->n_layers || (pk->elem_type != FORGE__GGUF_BOOL && pk->elem_type != FORGE__GGUF_UINT8 && pk->elem_type != FORGE__GGUF_INT8))
+                    return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be an integer period or %d bools", path, key, c->n_layers);
+                for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pk->value[i] != 0;
+            } else {
+                int pattern = forge__gguf_get_int(g, key, &v) && v > 0 ? (int)v : 6;
+                for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+            }
+            /* local layers: plain RoPE at rope.freq_base_swa (older converters wrote none: 10000) */
             memset(&c->rope_sliding, 0, sizeof c->rope_sliding);
-            c->rope_sliding.theta = 10000.0; /* llama.cpp: rope_freq_base_train_swa for gemma3 */
+            snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+            c->rope_sliding.theta = forge__gguf_get_float(g, key, &d) ? d : 10000.0;
         }
     }
     forge_status st = forge__config_validate(c, path, err);
     if (st) return st;
-    forge__config_finish(c, 0.0);
+    /* llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) for the
+     * 27B models (46 and 62 layers), unless the file says otherwise in attention.scale */
+    double qpas = 0.0;
+    if (gemma && ((c->arch == FORGE__ARCH_GEMMA2 && c->n_layers == 46) || (c->arch == FORGE__ARCH_GEMMA3 && c->n_layers == 62)))
+        qpas = (double)c->hidden / c->n_heads;
+    forge__config_finish(c, qpas);
+    snprintf(key, sizeof key, "%s.attention.scale", arch);
+    if (forge__gguf_get_float(g, key, &d)) {
+        if (!(d > 0 && d < 10)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %g is out of range", path, key, d);
+        c->attn_scale = d;
+    }
     return FORGE_OK;
 }
 
@@ -1981,11 +2001,13 @@ static uint64_t forge__pack_total(const forge__pack *p) {
 typedef struct forge__pc_linear {   /* matvec.comp, matmul.comp */
     uint32_t M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
+    uint32_t qbits, qgroup, qflags; /* MLX affine */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
     float scale;
     uint32_t round_mode;
+    uint32_t qbits, qgroup, qflags; /* MLX affine */
 } forge__pc_embed;
 typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
     uint32_t dim, x_row0, out_row0, flags;
@@ -2006,8 +2028,14 @@ typedef struct forge__pc_act {      /* act_mul.comp */
 #define FORGE__LINEAR_ACCUMULATE 2u
 #define FORGE__LINEAR_SOFTCAP 4u
 
-/* Weight storage formats the matrix kernels read; one kernel variant each. */
-typedef enum forge__wfmt { FORGE__W_F32 = 0, FORGE__W_F16, FORGE__W_BF16, FORGE__W_COUNT } forge__wfmt;
+/* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
+ * variant each (kernels/weights.glsl). */
+typedef enum forge__wfmt {
+    FORGE__W_F32 = 0, FORGE__W_F16, FORGE__W_BF16,
+    FORGE__W_Q4_0, FORGE__W_Q8_0, FORGE__W_Q4_K, FORGE__W_Q6_K, /* llama.cpp blocks */
+    FORGE__W_MLX,                                                 /* MLX affine, bits and group per weight */
+    FORGE__W_COUNT
+} forge__wfmt;
 
 typedef enum forge__op {
     FORGE__OP_EMBED,                                   /* + forge__wfmt */
@@ -2036,16 +2064,21 @@ typedef struct forge__op_desc {
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
 #define FORGE__MATVEC_ROWS 1
+/* the three matrix kernels of one weight format */
+#define FORGE__WEIGHT_OPS(FMT, name)                                                                                  \
+    [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
+    [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
+                                {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
+    [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
-    [FORGE__OP_EMBED + FORGE__W_F32] = {"embed_f32", FORGE__SPV(embed_f32), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_EMBED + FORGE__W_F16] = {"embed_f16", FORGE__SPV(embed_f16), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_EMBED + FORGE__W_BF16] = {"embed_bf16", FORGE__SPV(embed_bf16), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_MATVEC + FORGE__W_F32] = {"matvec_f32", FORGE__SPV(matvec_f32), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATVEC + FORGE__W_F16] = {"matvec_f16", FORGE__SPV(matvec_f16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATVEC + FORGE__W_BF16] = {"matvec_bf16", FORGE__SPV(matvec_bf16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATMUL + FORGE__W_F32] = {"matmul_f32", FORGE__SPV(matmul_f32), 6, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_MATMUL + FORGE__W_F16] = {"matmul_f16", FORGE__SPV(matmul_f16), 6, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_MATMUL + FORGE__W_BF16] = {"matmul_bf16", FORGE__SPV(matmul_bf16), 6, sizeof(forge__pc_linear), 0, {0}},
+    FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
+    FORGE__WEIGHT_OPS(FORGE__W_F16, f16)
+    FORGE__WEIGHT_OPS(FORGE__W_BF16, bf16)
+    FORGE__WEIGHT_OPS(FORGE__W_Q4_0, q4_0)
+    FORGE__WEIGHT_OPS(FORGE__W_Q8_0, q8_0)
+    FORGE__WEIGHT_OPS(FORGE__W_Q4_K, q4_k)
+    FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
+    FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
@@ -2208,16 +2241,19 @@ static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint6
  * copied through a staging buffer (or written in place on devices whose memory the host sees).
  * ===================================================================================== */
 
-/* A row-chunk of a weight matrix: rows [row0, row0 + rows) bound as one range. */
+/* A row-chunk of a weight matrix: rows [row0, row0 + rows) bound as one range; MLX weights
+ * bind the same rows of their scales and biases too. */
 typedef struct forge__wchunk {
     uint32_t row0, rows;
-    forge__range w;
+    forge__range w, scales, biases;
 } forge__wchunk;
 
 typedef struct forge__weight {
     const char *name;        /* tensor name, for messages */
     forge__wfmt fmt;
     uint32_t rows, cols;     /* logical shape [rows, cols] = [out, in] */
+    uint32_t bits, group;    /* MLX affine: bits per code, elements per scale/bias */
+    uint32_t qflags;         /* MLX affine: 1 when scales and biases are bf16 (else f16) */
     int n_chunks;
     forge__wchunk *chunks;
 } forge__weight;
@@ -2260,7 +2296,7 @@ struct forge_model {
     forge__pipeline pipes[FORGE__OP_COUNT];
     pthread_mutex_t pipe_lock;
     uint64_t n_params, weight_bytes;
-    forge__dtype main_dtype;      /* storage type of most matrix bytes, for info */
+    char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
 };
 
 /* ---- Weight roles and their names under each convention ---- */
@@ -2363,18 +2399,93 @@ static forge_status forge__expect_shape(forge_model *m, const forge__tensor *t, 
                        t->file, t->name, got, why, (long long)d0, (long long)d1);
 }
 
-/* Plans a weight matrix [rows, cols]: format from its dtype, row-chunks that fit a binding. */
+/* Plans a weight matrix [rows, cols] stored as `t`: its format from the dtype (GGUF block
+ * types included), or MLX affine when `scales`/`biases` are given (bits and group size follow
+ * from the shapes: weight [rows, cols * bits / 32] u32, scales and biases [rows, cols / group]);
+ * then row-chunks that fit one binding, each component's rows in the same chunk. */
+static forge_status forge__plan_weight_mlx(forge__loader *L, forge__weight *w, forge__tensor *t, forge__tensor *sc,
+                                           forge__tensor *bi, uint32_t rows, uint32_t cols, const char *why) {
+    forge_model *m = L->m;
+    forge_status st;
+    char got[96];
+    if (t->dtype != FORGE__U32 || t->n_dims != 2 || t->shape[0] != rows || (t->shape[1] * 32) % cols)
+        goto bad_weight;
+    w->bits = (uint32_t)(t->shape[1] * 32 / cols);
+    if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 && w->bits != 8) goto bad_weight;
+    if (sc->n_dims != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] ||
+        (sc->dtype != FORGE__F16 && sc->dtype != FORGE__BF16))
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX scales '%s' must be f16/bf16 [%u, %u / group_size]", sc->file, sc->name, rows, cols);
+    w->group = (uint32_t)(cols / sc->shape[1]);
+    if (w->group != 32 && w->group != 64 && w->group != 128)
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: '%s' implies MLX group size %u (32, 64 and 128 are supported)", sc->file,
+                           sc->name, w->group);
+    if (bi->n_dims != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1] || bi->dtype != sc->dtype)
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX biases '%s' must match the scales '%s' in shape and dtype", bi->file, bi->name,
+                           sc->name);
+    w->fmt = FORGE__W_MLX;
+    w->qflags = sc->dtype == FORGE__BF16;
+    w->name = t->name;
+    w->rows = rows;
+    w->cols = cols;
+    {
+        uint64_t wrow = (uint64_t)cols * w->bits / 8, arow = (uint64_t)(cols / w->group) * 2;
+        uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
+        uint64_t per_chunk = limit / wrow;
+        if (per_chunk == 0) return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row exceeds the device binding limit", t->name);
+        w->n_chunks = (int)((rows + per_chunk - 1) / per_chunk);
+        w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
+        if (!w->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int i = 0; i < w->n_chunks; i++) {
+            forge__wchunk *c = &w->chunks[i];
+            c->row0 = (uint32_t)(i * per_chunk);
+            c->rows = (uint32_t)FORGE__MIN(per_chunk, rows - c->row0);
+            if ((st = forge__upload_add(L, t->data + c->row0 * wrow, c->rows * wrow, t->dtype, false, 0, &c->w))) return st;
+            if ((st = forge__upload_add(L, sc->data + c->row0 * arow, c->rows * arow, sc->dtype, false, 0, &c->scales))) return st;
+            if ((st = forge__upload_add(L, bi->data + c->row0 * arow, c->rows * arow, bi->dtype, false, 0, &c->biases))) return st;
+        }
+    }
+    m->n_params += (uint64_t)rows * cols;
+    m->weight_bytes += t->nbytes + sc->nbytes + bi->nbytes;
+    return FORGE_OK;
+bad_weight:
+    forge__shape_str(t, got, sizeof got);
+    return forge__fail(&m->err, FORGE_ERR_MODEL,
+                       "%s: MLX-quantized tensor '%s' is %s %s; the config (%s) needs u32 [%u, %u * bits / 32] with bits 2, 3, 4, 5, 6 or 8",
+                       t->file, t->name, forge__dtype_name(t->dtype), got, why, rows, cols);
+}
+
 static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows,
                                        uint32_t cols, const char *why) {
     forge_model *m = L->m;
+    /* MLX affine: "<prefix>.weight" beside "<prefix>.scales" and "<prefix>.biases" */
+    if (!L->gguf && forge__ends_with(t->name, ".weight")) {
+        char name[512];
+        size_t plen = strlen(t->name) - 7;
+        snprintf(name, sizeof name, "%.*s.scales", (int)plen, t->name);
+        forge__tensor *sc = forge__tensor_find(&m->tensors, name);
+        snprintf(name, sizeof name, "%.*s.biases", (int)plen, t->name);
+        forge__tensor *bi = forge__tensor_find(&m->tensors, name);
+        if (sc || bi) {
+            if (!sc || !bi)
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX-quantized '%s' needs both .scales and .biases", t->file, t->name);
+            sc->used = bi->used = true;
+            return forge__plan_weight_mlx(L, w, t, sc, bi, rows, cols, why);
+        }
+    }
     forge_status st = forge__expect_shape(m, t, 2, rows, cols, why);
     if (st) return st;
     switch (t->dtype) {
     case FORGE__F32: w->fmt = FORGE__W_F32; break;
     case FORGE__F16: w->fmt = FORGE__W_F16; break;
     case FORGE__BF16: w->fmt = FORGE__W_BF16; break;
+    case FORGE__Q4_0: w->fmt = FORGE__W_Q4_0; break;
+    case FORGE__Q8_0: w->fmt = FORGE__W_Q8_0; break;
+    case FORGE__Q4_K: w->fmt = FORGE__W_Q4_K; break;
+    case FORGE__Q6_K: w->fmt = FORGE__W_Q6_K; break;
     default:
-        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads weight matrices in f32, f16 or bf16",
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED,
+                           "%s: tensor '%s' has type %s; forge reads weight matrices in f32, f16, bf16, q4_0, q8_0, q4_k, q6_k "
+                           "and MLX affine",
                            t->file, t->name, forge__dtype_name(t->dtype));
     }
     w->name = t->name;
@@ -2382,7 +2493,7 @@ static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge
     w->cols = cols;
     uint64_t row_bytes = 0;
     forge__row_bytes(t->dtype, cols, &row_bytes);
-    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc);
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
     uint64_t per_chunk = limit / row_bytes;
     if (per_chunk == 0)
         return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit of %llu bytes",
@@ -2454,6 +2565,40 @@ static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float
         }
         if (factors) inv = inv / factors[i];
         out[i] = inv;
+    }
+}
+
+/* Names the storage format holding most matrix elements, with "+" when others are mixed in
+ * (a Q4_K_M file is "q4_k+"). */
+static void forge__main_format(forge_model *m) {
+    static const char *const names[FORGE__W_COUNT] = {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_k", "q6_k", "mlx"};
+    uint64_t elems[FORGE__W_COUNT] = {0}, mlx_bits[9] = {0};
+    forge__weight *all[2 + 7 * FORGE__MAX_LAYERS];
+    int n = 0;
+    all[n++] = &m->tok_embd;
+    if (m->output.n_chunks) all[n++] = &m->output;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        forge__layer *ly = &m->layers[l];
+        forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
+        for (int i = 0; i < 7; i++) all[n++] = lw[i];
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t e = (uint64_t)all[i]->rows * all[i]->cols;
+        elems[all[i]->fmt] += e;
+        if (all[i]->fmt == FORGE__W_MLX && all[i]->bits <= 8) mlx_bits[all[i]->bits] += e;
+    }
+    int best = 0, kinds = 0;
+    for (int f = 0; f < FORGE__W_COUNT; f++) {
+        if (elems[f] > elems[best]) best = f;
+        kinds += elems[f] > 0;
+    }
+    if (best == FORGE__W_MLX) {
+        int bb = 0;
+        for (int b = 1; b <= 8; b++) if (mlx_bits[b] > mlx_bits[bb]) bb = b;
+        for (int b = 1; b <= 8; b++) kinds += mlx_bits[b] > 0 && b != bb;
+        snprintf(m->main_format, sizeof m->main_format, "mlx%d%s", bb, kinds > 1 ? "+" : "");
+    } else {
+        snprintf(m->main_format, sizeof m->main_format, "%s%s", names[best], kinds > 1 ? "+" : "");
     }
 }
 
@@ -2567,7 +2712,8 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
     }
     for (int i = 0; i < L->n_ups; i++) {
         const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
-        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, L->ups[i].bytes};
+        /* the range covers the padding to 16 bytes, so kernels may read whole words at the end */
+        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, forge__align_up(L->ups[i].bytes, 16)};
     }
     uint64_t total = 0, done = 0;
     for (int i = 0; i < L->n_ups; i++) total += L->ups[i].bytes;
@@ -2795,9 +2941,11 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
     forge__op op = (forge__op)((vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
-        forge__range b[6] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, s->dummy, s->dummy};
+        bool mlx = w->fmt == FORGE__W_MLX;
+        forge__range b[6] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
+                             mlx ? c->biases : s->dummy};
         forge__pc_linear pc = {M, w->cols, c->rows, a_row0, ldc, c->row0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               c->row0, softcap};
+                               c->row0, softcap, w->bits, w->group, w->qflags};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((c->rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
@@ -2823,11 +2971,14 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     uint32_t QD = NH * D, KVD = NKV * D, F = (uint32_t)c->ffn;
     uint32_t gx, gy;
 
+    const forge__weight *emb = &m->tok_embd;
     forge__pc_embed pe = {n, H, 0, 0, (float)c->embed_scale,
-                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u};
-    for (int i = 0; i < m->tok_embd.n_chunks; i++) {
-        const forge__wchunk *ch = &m->tok_embd.chunks[i];
-        forge__range b[5] = {s->tokens_r, ch->w, s->x, s->dummy, s->dummy};
+                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
+                          emb->bits, emb->group, emb->qflags};
+    for (int i = 0; i < emb->n_chunks; i++) {
+        const forge__wchunk *ch = &emb->chunks[i];
+        bool mlx = emb->fmt == FORGE__W_MLX;
+        forge__range b[5] = {s->tokens_r, ch->w, s->x, mlx ? ch->scales : s->dummy, mlx ? ch->biases : s->dummy};
         pe.row_begin = ch->row0;
         pe.row_count = ch->rows;
         forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + m->tok_embd.fmt), b, &pe, n, 1, 1);
@@ -3251,8 +3402,6 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         free(text);
         if (st) return st;
         if ((st = forge__load_safetensors_dir(m, dir, single))) return st;
-        if (m->cfg.mlx_quant)
-            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: MLX-quantized checkpoints are not supported yet", cfg_path);
     }
     if ((st = forge__device_open(&m->dev, p->device_index, p->device_name, p->max_storage_buffer_range, p->max_allocation_size, &m->err)))
         return st;
@@ -3269,21 +3418,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
             if (unused++ < 8) forge__log(&m->log, FORGE_LOG_WARN, "tensor '%s' is not used", m->tensors.items[i].name);
         }
     if (unused) forge__log(&m->log, FORGE_LOG_WARN, "%d tensors in the checkpoint are not used", unused);
-    /* the storage type that holds most matrix bytes */
-    {
-        uint64_t bytes[FORGE__W_COUNT] = {0};
-        forge__weight *ws[] = {&m->tok_embd, &m->output};
-        for (int i = 0; i < 2; i++)
-            if (ws[i]->n_chunks) bytes[ws[i]->fmt] += (uint64_t)ws[i]->rows * ws[i]->cols;
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            forge__layer *ly = &m->layers[l];
-            forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
-            for (int i = 0; i < 7; i++) bytes[lw[i]->fmt] += (uint64_t)lw[i]->rows * lw[i]->cols;
-        }
-        int best = 0;
-        for (int i = 1; i < FORGE__W_COUNT; i++) if (bytes[i] > bytes[best]) best = i;
-        m->main_dtype = best == FORGE__W_F32 ? FORGE__F32 : best == FORGE__W_F16 ? FORGE__F16 : FORGE__BF16;
-    }
+    forge__main_format(m);
     if ((st = forge__upload_all(&L, p))) return st;
     if (is_gguf && p->load_tokenizer) {
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
@@ -3351,7 +3486,7 @@ FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_in
     const forge__config *c = &m->cfg;
     snprintf(info->architecture, sizeof info->architecture, "%s", forge__arch_names[c->arch]);
     snprintf(info->source_format, sizeof info->source_format, "%s", m->source_format);
-    snprintf(info->weight_dtype, sizeof info->weight_dtype, "%s", forge__dtype_name(m->main_dtype));
+    snprintf(info->weight_dtype, sizeof info->weight_dtype, "%s", m->main_format);
     snprintf(info->name, sizeof info->name, "%s", m->name);
     info->n_layers = c->n_layers;
     info->hidden = c->hidden;

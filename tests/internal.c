@@ -42,7 +42,7 @@ void ft_close(ft_ctx *c) {
 const char *ft_errmsg(ft_ctx *c) { return c->err.msg; }
 
 /* Host-visible buffers for the test data: simple and enough for correctness. */
-#define FT_MAX_BUFS 16
+#define FT_MAX_BUFS 64
 typedef struct ft_job {
     ft_ctx *c;
     forge__buffer bufs[FT_MAX_BUFS];
@@ -51,12 +51,15 @@ typedef struct ft_job {
     VkDescriptorPool dpool;
 } ft_job;
 
+/* A buffer holding `bytes` of `data` (zeros when NULL), padded to 16 bytes as forge's ranges are. */
 static forge__range ft_buf(ft_job *j, const void *data, uint64_t bytes) {
+    if (j->n == FT_MAX_BUFS) abort(); /* a test harness limit, not forge's */
     forge__buffer *b = &j->bufs[j->n++];
-    forge__buffer_create(&j->c->dev, bytes ? bytes : 16, j->c->dev.caps.mem_upload, true, &j->c->mem, NULL, b, &j->c->err);
+    uint64_t size = forge__align_up(bytes ? bytes : 16, 16);
+    forge__buffer_create(&j->c->dev, size, j->c->dev.caps.mem_upload, true, &j->c->mem, NULL, b, &j->c->err);
+    memset(b->mapped, 0, (size_t)size);
     if (data) memcpy(b->mapped, data, (size_t)bytes);
-    else memset(b->mapped, 0, (size_t)(bytes ? bytes : 16));
-    return (forge__range){b->buf, 0, bytes ? bytes : 16};
+    return (forge__range){b->buf, 0, size};
 }
 
 static void ft_begin(ft_job *j, ft_ctx *c) {
@@ -91,11 +94,22 @@ static forge_status ft_end(ft_job *j, int idx, void *out, uint64_t bytes, int id
     return st;
 }
 
-static uint64_t ft_elem_bytes(int fmt) { return fmt == FT_F32 ? 4 : 2; }
+static ft_weight ft_plain(int fmt, const void *W, uint32_t K) {
+    ft_weight w = {fmt, W, (size_t)(fmt == FT_F32 ? 4 : 2) * K, NULL, NULL, 0, 0, 0, 0};
+    return w;
+}
 
-forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
-                       const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
-                       float *C, uint32_t ldc, uint32_t c_col0, int use_matmul) {
+/* Binds rows [r0, r0 + rows) of a stored weight (and its MLX scales/biases). */
+static void ft_weight_chunk(ft_job *j, const ft_weight *w, uint32_t r0, uint32_t rows, forge__range dummy, forge__range *wb,
+                            forge__range *sb, forge__range *bb) {
+    *wb = ft_buf(j, (const uint8_t *)w->data + r0 * w->row_bytes, rows * w->row_bytes);
+    *sb = w->scales ? ft_buf(j, (const uint8_t *)w->scales + r0 * w->aux_row_bytes, rows * w->aux_row_bytes) : dummy;
+    *bb = w->biases ? ft_buf(j, (const uint8_t *)w->biases + r0 * w->aux_row_bytes, rows * w->aux_row_bytes) : dummy;
+}
+
+forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                         uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap, float *C, uint32_t ldc,
+                         uint32_t c_col0, int use_matmul) {
     ft_job j;
     ft_begin(&j, c);
     forge__range a = ft_buf(&j, A, 4ull * a_rows * K);
@@ -103,42 +117,55 @@ forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint
     forge__range dummy = ft_buf(&j, NULL, 16);
     forge__range b = bias ? ft_buf(&j, bias, 4ull * (c_col0 + N)) : dummy;
     if (!chunk_rows) chunk_rows = N;
-    uint64_t row_bytes = ft_elem_bytes(fmt) * K;
     for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
-        forge__range w = ft_buf(&j, (const uint8_t *)W + r0 * row_bytes, rows * row_bytes);
-        forge__range binds[6] = {a, w, cc, b, dummy, dummy};
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
+        forge__range binds[6] = {a, wb, cc, b, sb, bb};
         bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap};
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC + fmt), binds, &pc, gx, gy, 1);
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
 }
 
-forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
-                      uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
+forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                       const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
+                       float *C, uint32_t ldc, uint32_t c_col0, int use_matmul) {
+    ft_weight w = ft_plain(fmt, W, K);
+    return ft_linear_w(c, &w, A, a_rows, a_row0, M, K, N, chunk_rows, bias, flags, softcap, C, ldc, c_col0, use_matmul);
+}
+
+forge_status ft_embed_w(ft_ctx *c, const ft_weight *w, const uint32_t *tokens, uint32_t n, uint32_t rows, uint32_t hidden,
+                        uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
     ft_job j;
     ft_begin(&j, c);
     forge__range t = ft_buf(&j, tokens, 4ull * n);
     forge__range o = ft_buf(&j, NULL, 4ull * n * hidden);
     forge__range dummy = ft_buf(&j, NULL, 16);
     if (!chunk_rows) chunk_rows = rows;
-    uint64_t row_bytes = ft_elem_bytes(fmt) * hidden;
     for (uint32_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         uint32_t cr = FORGE__MIN(chunk_rows, rows - r0);
-        forge__range w = ft_buf(&j, (const uint8_t *)table + r0 * row_bytes, cr * row_bytes);
-        forge__range binds[5] = {t, w, o, dummy, dummy};
-        forge__pc_embed pc = {n, hidden, r0, cr, scale, round_mode};
-        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_EMBED + fmt), binds, &pc, n, 1, 1);
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, r0, cr, dummy, &wb, &sb, &bb);
+        forge__range binds[5] = {t, wb, o, sb, bb};
+        forge__pc_embed pc = {n, hidden, r0, cr, scale, round_mode, w->bits, w->group, w->qflags};
+        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_EMBED + w->fmt), binds, &pc, n, 1, 1);
     }
     return ft_end(&j, 1, out, 4ull * n * hidden, 0, NULL, 0);
+}
+
+forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
+                      uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
+    ft_weight w = ft_plain(fmt, table, hidden);
+    return ft_embed_w(c, &w, tokens, n, rows, hidden, chunk_rows, scale, round_mode, out);
 }
 
 forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_row0, uint32_t rows, uint32_t dim,

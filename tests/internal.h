@@ -18,7 +18,18 @@ ft_ctx *ft_open(char *err, size_t err_size);
 void ft_close(ft_ctx *c);
 const char *ft_errmsg(ft_ctx *c);
 
-enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2 };
+enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2, FT_Q4_0 = 3, FT_Q8_0 = 4, FT_Q4_K = 5, FT_Q6_K = 6, FT_MLX = 7 };
+
+/* A weight matrix [N, K] as stored: `data` holds rows of row_bytes; MLX adds scales and biases
+ * (rows of aux_row_bytes, f16, or bf16 when qflags & 1) and bits / group. */
+typedef struct ft_weight {
+    int fmt;
+    const void *data;
+    size_t row_bytes;
+    const void *scales, *biases;
+    size_t aux_row_bytes;
+    uint32_t bits, group, qflags;
+} ft_weight;
 #define FT_BIAS 1u
 #define FT_ACCUMULATE 2u
 #define FT_SOFTCAP 4u
@@ -29,6 +40,12 @@ enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2 };
 forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
                        const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
                        float *C, uint32_t ldc, uint32_t c_col0, int use_matmul);
+/* ft_linear for any stored format. */
+forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                         uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap, float *C, uint32_t ldc,
+                         uint32_t c_col0, int use_matmul);
+forge_status ft_embed_w(ft_ctx *c, const ft_weight *w, const uint32_t *tokens, uint32_t n, uint32_t rows, uint32_t hidden,
+                        uint32_t chunk_rows, float scale, uint32_t round_mode, float *out);
 /* out[t, :] = table[tokens[t], :] * scale (rounded per round_mode: 0 none, 1 bf16, 2 f16). */
 forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
                       uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out);

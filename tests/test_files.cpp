@@ -225,7 +225,7 @@ TEST(ModelLoad, UnsupportedDtype) {
     tm.tensors["model.layers.0.mlp.gate_proj.weight"].dtype = "I32";
     std::string msg;
     EXPECT_EQ(try_load(tm.write("tiny_dtype"), msg), FORGE_ERR_UNSUPPORTED);
-    EXPECT_NE(msg.find("'model.layers.0.mlp.gate_proj.weight' has dtype i32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'model.layers.0.mlp.gate_proj.weight' has type i32"), std::string::npos) << msg;
 }
 
 TEST(ModelLoad, UnknownArchitectureAndMissingFiles) {
