@@ -32,8 +32,9 @@ Fixture read_fixture(const std::string &dir) {
         return fx;
     }
     fx.n_vocab = cJSON_GetObjectItem(root, "n_vocab")->valueint;
-    const char *wd = cJSON_GetStringValue(cJSON_GetObjectItem(root, "weights_dtype"));
-    fx.bf16 = wd && std::string(wd) == "bfloat16";
+    /* a bf16 reference is HF's own bf16 forward; the f64 forward of the same weights sits beside it */
+    const char *rd = cJSON_GetStringValue(cJSON_GetObjectItem(root, "reference_dtype"));
+    fx.bf16 = rd && std::string(rd) == "bfloat16";
     cJSON *seqs = cJSON_GetObjectItem(root, "sequences"), *s;
     cJSON_ArrayForEach(s, seqs) {
         Sequence q;
@@ -68,17 +69,40 @@ void expect_close(const std::string &what, const float *got, const float *ref, i
     }
 }
 
-std::string fixture_path(const std::string &name) { return ft::src("tests/fixtures/parity/" + name); }
+std::string fixture_path(const std::string &name) {
+    return ft::src(name.find('/') == std::string::npos ? "tests/fixtures/parity/" + name : "tests/fixtures/" + name);
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::string> &i) {
+    std::string n = i.param;
+    for (char &c : n)
+        if (c == '/') c = '_';
+    return n;
+}
 
 } // namespace
 
-class Parity : public ::testing::TestWithParam<std::string> {};
+/* A case is a fixture directory (reference.json, logits, and the checkpoint itself), or
+ * "gguf/NAME": the GGUF conversion in tests/fixtures/gguf checked against parity/NAME's logits. */
+class Parity : public ::testing::TestWithParam<std::string> {
+  protected:
+    std::string model_path() const {
+        const std::string &p = GetParam();
+        if (p.rfind("gguf/", 0) == 0) return ft::src("tests/fixtures/" + p + ".gguf");
+        return fixture_path(p);
+    }
+    std::string ref_dir() const {
+        const std::string &p = GetParam();
+        if (p.rfind("gguf/", 0) == 0) return fixture_path(p.substr(5));
+        return fixture_path(p);
+    }
+};
 
 /* All positions in one prefill, each sequence from an empty cache. */
 TEST_P(Parity, AllPositionLogits) {
-    Fixture fx = read_fixture(fixture_path(GetParam()));
+    Fixture fx = read_fixture(ref_dir());
     ASSERT_FALSE(fx.seqs.empty());
-    forge_model *m = ft::load(fx.dir);
+    forge_model *m = ft::load(model_path());
     ASSERT_NE(m, nullptr);
     ASSERT_EQ(forge_model_n_vocab(m), fx.n_vocab);
     forge_session *s = nullptr;
@@ -89,7 +113,7 @@ TEST_P(Parity, AllPositionLogits) {
         std::vector<float> got((size_t)n * fx.n_vocab);
         ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
         ASSERT_EQ(forge_eval(s, q.tokens.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-        std::string what = GetParam() + " seq" + std::to_string(i);
+        std::string what = case_name(::testing::TestParamInfo<std::string>(GetParam(), 0)) + " seq" + std::to_string(i);
         if (fx.bf16) {
             expect_close(what + " vs HF bf16", got.data(), q.logits.data(), n, fx.n_vocab, 2e-2, 2e-2);
             ASSERT_FALSE(q.logits_f64.empty());
@@ -106,11 +130,11 @@ TEST_P(Parity, AllPositionLogits) {
  * step, replayed), compared with HF's rows at every later position; for the Gemma fixtures
  * (window 8) the decode runs well past the sliding window. */
 TEST_P(Parity, PrefillThenDecode) {
-    Fixture fx = read_fixture(fixture_path(GetParam()));
+    Fixture fx = read_fixture(ref_dir());
     ASSERT_FALSE(fx.seqs.empty());
     const Sequence &q = fx.seqs.back();
     const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
-    forge_model *m = ft::load(fx.dir);
+    forge_model *m = ft::load(model_path());
     ASSERT_NE(m, nullptr);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = 64;
@@ -130,7 +154,18 @@ TEST_P(Parity, PrefillThenDecode) {
 INSTANTIATE_TEST_SUITE_P(HF, Parity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
                                            "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32"),
-                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+                         case_name);
+
+/* MLX affine checkpoints (tools/fixtures/mlx_quant.py follows mlx.core.quantize); references are
+ * HF forwards of the exactly dequantized weights. */
+INSTANTIATE_TEST_SUITE_P(MLX, Parity,
+                         ::testing::Values("mlx/llama_mlx4_g64_tied_f16", "mlx/qwen3_mlx8_g32_bf16", "mlx/llama_mlx_mixed"), case_name);
+
+/* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */
+INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
+                         ::testing::Values("gguf/llama3_f32_untied", "gguf/qwen2_f32_tied", "gguf/qwen3_f32_sharded", "gguf/gemma2_f32",
+                                           "gguf/gemma3_text_f32"),
+                         case_name);
 
 /* Shards without model.safetensors.index.json: every *.safetensors in the directory. */
 TEST(ParityShards, WithoutIndex) {

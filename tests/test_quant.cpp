@@ -178,3 +178,63 @@ TEST(Quant, MlxAffineAllBitsAndGroups) {
             check_linear(q, FT_MLX, N, K, what.c_str());
         }
 }
+
+/* ../shared/quant-fixtures: GGUF files quantized by llama.cpp's own llama-quantize, with the
+ * exact logits (f64 forward of the exactly dequantized weights) and llama.cpp's CPU logits.
+ * Tolerances and the positions where argmax must match come from its expect.json. */
+#include <cjson/cJSON.h>
+
+class QuantFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
+    std::string dir = ft::shared("quant-fixtures/"), name = GetParam();
+    std::vector<uint8_t> ej = ft::read_file(dir + "expect.json"), tj = ft::read_file(dir + "tokens.json");
+    ASSERT_FALSE(ej.empty()) << "missing " << dir << "expect.json (../shared beside the checkout)";
+    cJSON *expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
+    cJSON *tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
+    ASSERT_NE(expect, nullptr);
+    ASSERT_NE(tokens, nullptr);
+    cJSON *file = cJSON_GetObjectItem(cJSON_GetObjectItem(expect, "files"), name.c_str());
+    ASSERT_NE(file, nullptr);
+    forge_model *m = ft::load(dir + cJSON_GetStringValue(cJSON_GetObjectItem(file, "gguf")));
+    ASSERT_NE(m, nullptr);
+    forge_model_info info;
+    forge_model_get_info(m, &info);
+    /* packed on the device: weight bytes are the file's tensor bytes, not the dequantized size */
+    EXPECT_LE(info.weight_bytes, (uint64_t)cJSON_GetObjectItem(file, "bytes")->valuedouble);
+    EXPECT_GE(info.memory.device_in_use_bytes, info.weight_bytes);
+    EXPECT_LE(info.memory.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    const int V = 512;
+    for (int seq = 0; seq < 2; seq++) {
+        std::vector<int32_t> toks;
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
+        int n = (int)toks.size();
+        std::vector<float> got((size_t)n * V);
+        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        ASSERT_EQ(forge_eval(s, toks.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
+            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(file, "refs"), kind), seq);
+            ASSERT_NE(ref, nullptr);
+            std::vector<float> r = ft::read_f32(dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
+            ASSERT_EQ(r.size(), got.size());
+            double tol = cJSON_GetObjectItem(ref, "tol_rel")->valuedouble, err = ft::rel_err(got.data(), r.data(), got.size());
+            printf("  %-8s seq%d vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", name.c_str(), seq, kind, err, tol);
+            EXPECT_LE(err, tol) << name << " seq" << seq << " vs " << kind;
+            cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
+            cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
+                int p = pos->valueint;
+                EXPECT_EQ(ft::argmax(got.data() + (size_t)p * V, V), cJSON_GetArrayItem(am, p)->valueint)
+                    << name << " seq" << seq << " vs " << kind << " position " << p;
+            }
+        }
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+    cJSON_Delete(expect);
+    cJSON_Delete(tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, QuantFixture, ::testing::Values("f32", "q8_0", "q4_0", "q4_k_m", "q6_k"));
