@@ -1532,7 +1532,8 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
     X(vkEndCommandBuffer) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants)     \
     X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCmdFillBuffer)                  \
     X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)         \
-    X(vkDeviceWaitIdle)
+    X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)           \
+    X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults)
 
 typedef struct forge__vkfn {
     void *lib;
@@ -1557,9 +1558,11 @@ typedef struct forge__caps {
     uint32_t max_shared_bytes;
     uint32_t max_wg_invocations;
     bool fp16, int8, int_dot, coopmat;
+    bool subgroup_arith;          /* subgroupAdd in compute shaders: the barrier-free matvec */
     bool uma;                     /* device-local memory is host-visible (CPU and integrated devices) */
     uint64_t device_local_bytes;
     uint32_t queue_family;
+    bool timestamps;              /* the compute queue supports timestamps (profiling) */
     uint32_t mem_device;          /* memory type index for weights and activations */
     uint32_t mem_upload;          /* host-visible, coherent: staging and per-step inputs */
     uint32_t mem_readback;        /* host-visible, cached if possible: logits */
@@ -1679,6 +1682,8 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     c->subgroup_size = sg.subgroupSize ? sg.subgroupSize : 1;
     c->max_shared_bytes = c->props.limits.maxComputeSharedMemorySize;
     c->max_wg_invocations = c->props.limits.maxComputeWorkGroupInvocations;
+    c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                        c->subgroup_size >= 4 && c->subgroup_size <= 128;
     c->fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
     c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
     c->int_dot = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product") || c->props.apiVersion >= VK_API_VERSION_1_3;
@@ -1716,8 +1721,11 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     if (nq > 32) nq = 32;
     vk->vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, qf);
     c->queue_family = UINT32_MAX;
-    for (uint32_t i = 0; i < nq; i++) /* prefer a compute queue without graphics (async compute) only if it is the only one */
-        if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && c->queue_family == UINT32_MAX) c->queue_family = i;
+    for (uint32_t i = 0; i < nq; i++)
+        if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && c->queue_family == UINT32_MAX) {
+            c->queue_family = i;
+            c->timestamps = qf[i].timestampValidBits > 0 && c->props.limits.timestampPeriod > 0;
+        }
 
     snprintf(info->name, sizeof info->name, "%s", c->props.deviceName);
     if (drv.driverName[0])
@@ -2016,10 +2024,16 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, head_dim, adjacent, cache_slots, store_kv;
 } forge__pc_rope;
-typedef struct forge__pc_attention { /* attention.comp */
+typedef struct forge__pc_attention { /* attention.comp, attention_split.comp (which reads n_splits too) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
+    uint32_t n_splits;
 } forge__pc_attention;
+typedef struct forge__pc_combine {   /* attention_combine.comp */
+    uint32_t n_heads, head_dim, n_splits;
+} forge__pc_combine;
+
+#define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention */
 typedef struct forge__pc_act {      /* act_mul.comp */
     uint32_t count, act;
 } forge__pc_act;
@@ -2040,10 +2054,13 @@ typedef enum forge__wfmt {
 typedef enum forge__op {
     FORGE__OP_EMBED,                                   /* + forge__wfmt */
     FORGE__OP_MATVEC = FORGE__OP_EMBED + FORGE__W_COUNT,
-    FORGE__OP_MATMUL = FORGE__OP_MATVEC + FORGE__W_COUNT,
+    FORGE__OP_MATVEC_SG = FORGE__OP_MATVEC + FORGE__W_COUNT,
+    FORGE__OP_MATMUL = FORGE__OP_MATVEC_SG + FORGE__W_COUNT,
     FORGE__OP_RMSNORM = FORGE__OP_MATMUL + FORGE__W_COUNT,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,
+    FORGE__OP_ATTN_SPLIT,
+    FORGE__OP_ATTN_COMBINE,
     FORGE__OP_ACT_MUL,
     FORGE__OP_PENALTY,
     FORGE__OP_TOPK,
@@ -2059,7 +2076,10 @@ typedef struct forge__op_desc {
     uint32_t push_bytes;
     uint32_t n_spec;
     uint32_t spec[2];      /* constant_id 0, 1: pinned, never left to GLSL defaults */
+    bool per_subgroup;     /* spec[0] = FORGE__SG_ROWS subgroups' worth of threads, spec[1] = FORGE__SG_ROWS */
 } forge__op_desc;
+
+#define FORGE__SG_ROWS 8   /* matvec_sg: rows of W per workgroup, one subgroup each at the device's width */
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
@@ -2069,6 +2089,8 @@ typedef struct forge__op_desc {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 6, sizeof(forge__pc_linear), 2,       \
+                                   {0, FORGE__SG_ROWS}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
@@ -2082,6 +2104,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
@@ -2115,7 +2139,9 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     r = d->vk.vkCreateShaderModule(d->dev, &sci, NULL, &mod);
     if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateShaderModule failed (%d)", op->name, (int)r);
     VkSpecializationMapEntry me[2] = {{0, 0, 4}, {1, 4, 4}};
-    VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = op->spec};
+    uint32_t spec[2] = {op->spec[0], op->spec[1]};
+    if (op->per_subgroup) spec[0] = FORGE__SG_ROWS * d->caps.subgroup_size;
+    VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
@@ -2143,6 +2169,8 @@ typedef struct forge__rec {
     VkDescriptorPool pool;
     bool counting;
     uint32_t n_sets, n_descriptors, n_dispatches;
+    VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
+    uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
     forge_status st;
     forge__err *err;
 } forge__rec;
@@ -2205,6 +2233,10 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdBindDescriptorSets(r->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
     r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
+    if (r->qpool) {
+        r->ops[r->n_dispatches - 1] = (uint16_t)op;
+        r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
+    }
 }
 
 /* Makes every earlier shader write visible to later shader reads and writes. */
@@ -2796,6 +2828,9 @@ typedef struct forge__recording {
     uint64_t last_use;
     VkCommandBuffer cb;
     VkDescriptorPool pool;
+    VkQueryPool qpool;                         /* profiling sessions only */
+    uint16_t *ops;                             /* profiling: op per dispatch (malloc'd) */
+    uint32_t n_dispatches;
 } forge__recording;
 
 /* The step inputs the kernels read (params buffer, binding 0 of rope, attention and the
@@ -2830,6 +2865,7 @@ struct forge_session {
     forge__buffer readback;           /* host-visible: sampler output [1 + C] | logits [n_out_max, vocab] */
     forge__range params_r, penalty_r, tokens_r, dummy;
     forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
+    forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
     uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
@@ -2842,6 +2878,9 @@ struct forge_session {
     forge__recording rec[FORGE__RECORDINGS];
     uint64_t use_clock;
     uint64_t rng[4];                  /* xoshiro256** state of the sampler */
+    bool profile;                     /* time every dispatch (forge_session_params.profile) */
+    double prof_ms[FORGE__OP_COUNT];  /* device time per op, summed over steps */
+    uint64_t prof_calls[FORGE__OP_COUNT];
     forge_metrics metrics;            /* of the last generate/chat call */
     uint64_t prompt_cache_hits;
 };
@@ -2899,7 +2938,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
                         nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
                         nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 4,
                         (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
-                        8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES)};
+                        8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES),
+                        4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2)};
     for (size_t i = 0; i < FORGE__ARRAY_LEN(sizes); i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
@@ -2937,8 +2977,8 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. */
 static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0,
                           uint32_t M, forge__range y, uint32_t ldc, const forge__vec *bias, uint32_t flags, float softcap) {
-    bool vec = M <= FORGE__MATVEC_MAX_M;
-    forge__op op = (forge__op)((vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+    bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
+    forge__op op = (forge__op)((sg ? FORGE__OP_MATVEC_SG : vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
@@ -2948,7 +2988,8 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
                                c->row0, softcap, w->bits, w->group, w->qflags};
         uint32_t gx, gy;
         if (vec) {
-            forge__grid((c->rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
+            uint32_t rows_per_wg = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            forge__grid((c->rows + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(r, op, b, &pc, gx, gy, 1);
         } else {
             forge__dispatch(r, op, b, &pc, (c->rows + 63) / 64, (M + 63) / 64, 1);
@@ -3008,9 +3049,18 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__dispatch(r, FORGE__OP_ROPE, bk, &pk, gx, gy, 1);
         forge__barrier(r);
         forge__pc_attention pa = {n, NH, NKV, D, s->slots[l], ly->sliding ? (uint32_t)c->sliding_window : 0,
-                                  (float)c->attn_scale, (float)c->attn_softcap};
-        forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
-        forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+                                  (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS};
+        if (n == 1 && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
+            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->attn_part};
+            forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
+            forge__barrier(r);
+            forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
+            forge__range bc[2] = {s->attn_part, s->att};
+            forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
+        } else {
+            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
+            forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+        }
         forge__barrier(r);
         if (c->sandwich_norms) {
             forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, 0, 0);
@@ -3067,9 +3117,18 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     forge__host_barrier(r);
 }
 
+static void forge__recording_free(forge_session *s, forge__recording *rc) {
+    forge__device *d = &s->m->dev;
+    if (rc->cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &rc->cb);
+    if (rc->pool) d->vk.vkDestroyDescriptorPool(d->dev, rc->pool, NULL);
+    if (rc->qpool) d->vk.vkDestroyQueryPool(d->dev, rc->qpool, NULL);
+    free(rc->ops);
+    memset(rc, 0, sizeof *rc);
+}
+
 /* Returns the recorded command buffer for a shape, recording it on first use. */
 static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
-                                        VkCommandBuffer *out) {
+                                        forge__recording **out) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     forge__recording *slot = NULL, *lru = &s->rec[0];
@@ -3077,7 +3136,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
         forge__recording *rc = &s->rec[i];
         if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
             rc->last_use = ++s->use_clock;
-            *out = rc->cb;
+            *out = rc;
             return FORGE_OK;
         }
         if (!rc->cb && !slot) slot = rc;
@@ -3085,9 +3144,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     }
     if (!slot) { /* evict the least recently used shape */
         slot = lru;
-        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
     }
     forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = &s->err};
     forge__record_forward(s, &r, n, out_row0, n_out, mode);
@@ -3100,21 +3157,35 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
     if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &slot->cb) != VK_SUCCESS) {
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    }
+    if (s->profile) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                                    .queryCount = r.n_dispatches + 1};
+        slot->ops = (uint16_t *)calloc(r.n_dispatches + 1, sizeof *slot->ops);
+        if (!slot->ops || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
+            forge__recording_free(s, slot);
+            return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
+        }
+        slot->n_dispatches = r.n_dispatches;
     }
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     d->vk.vkBeginCommandBuffer(slot->cb, &bi);
     r.counting = false;
     r.cb = slot->cb;
     r.pool = slot->pool;
+    r.n_dispatches = 0;
+    if (slot->qpool) {
+        r.qpool = slot->qpool;
+        r.ops = slot->ops;
+        d->vk.vkCmdResetQueryPool(slot->cb, slot->qpool, 0, slot->n_dispatches + 1);
+        d->vk.vkCmdWriteTimestamp(slot->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot->qpool, 0);
+    }
     forge__record_forward(s, &r, n, out_row0, n_out, mode);
     d->vk.vkEndCommandBuffer(slot->cb);
     if (r.st) {
-        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
         return r.st;
     }
     slot->n_tokens = n;
@@ -3122,8 +3193,22 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     slot->n_out = n_out;
     slot->mode = (uint32_t)mode;
     slot->last_use = ++s->use_clock;
-    *out = slot->cb;
+    *out = slot;
     return FORGE_OK;
+}
+
+/* Adds a profiled recording's timestamps to the per-op totals. */
+static void forge__profile_collect(forge_session *s, const forge__recording *rc) {
+    forge__device *d = &s->m->dev;
+    uint64_t ts[4096];
+    uint32_t n = FORGE__MIN(rc->n_dispatches + 1, 4096u);
+    if (d->vk.vkGetQueryPoolResults(d->dev, rc->qpool, 0, n, sizeof ts, ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+        return;
+    double period_ms = d->caps.props.limits.timestampPeriod * 1e-6;
+    for (uint32_t i = 0; i + 1 < n; i++) {
+        s->prof_ms[rc->ops[i]] += (double)(ts[i + 1] - ts[i]) * period_ms;
+        s->prof_calls[rc->ops[i]]++;
+    }
 }
 
 static void forge__readback_invalidate(forge_session *s) {
@@ -3139,8 +3224,8 @@ static void forge__readback_invalidate(forge_session *s) {
 static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
                                 forge__out_mode mode, const forge__step_params *sp, float *logits) {
     forge__device *d = &s->m->dev;
-    VkCommandBuffer cb;
-    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &cb);
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
     if (st) return st;
     forge__step_params p = {0, 0, 0, 1.0f, 1.0f, {0, 0, 0}};
     if (sp) p = *sp;
@@ -3148,7 +3233,8 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     p.n_tokens = n;
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
-    if ((st = forge__submit_wait(d, cb, s->fence, &s->err))) return st;
+    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(s, rc);
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
     if (mode == FORGE__OUT_LOGITS && bytes && logits) {
         forge__readback_invalidate(s);
@@ -3164,10 +3250,7 @@ static void forge__session_destroy(forge_session *s) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     if (d->dev) d->vk.vkDeviceWaitIdle(d->dev);
-    for (int i = 0; i < FORGE__RECORDINGS; i++) {
-        if (s->rec[i].cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->rec[i].cb);
-        if (s->rec[i].pool) d->vk.vkDestroyDescriptorPool(d->dev, s->rec[i].pool, NULL);
-    }
+    for (int i = 0; i < FORGE__RECORDINGS; i++) forge__recording_free(s, &s->rec[i]);
     if (s->copy_logits_cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->copy_logits_cb);
     if (s->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, s->cmd_pool, NULL);
     if (s->fence) d->vk.vkDestroyFence(d->dev, s->fence, NULL);
@@ -3202,7 +3285,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
     forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy,
-                           &s->cand, &s->cand_stats, &s->sample_out};
+                           &s->cand, &s->cand_stats, &s->sample_out, &s->attn_part};
     int it = 0;
     for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {
         const forge__pack_item *pi = &s->pack.items[it];
@@ -3230,9 +3313,9 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
     /* Record the decode steps now, so the first token pays no recording cost. */
-    VkCommandBuffer cb;
-    if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &cb))) return st;
-    return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &cb);
+    forge__recording *rc;
+    if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
+    return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &rc);
 }
 
 /* =======================================================================================
@@ -3547,6 +3630,7 @@ FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_
     forge_session *s = (forge_session *)calloc(1, sizeof *s);
     if (!s) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     s->m = m;
+    s->profile = p.profile && m->dev.caps.timestamps;
     st = forge__session_init(s, &sp);
     if (st) {
         forge__model_fail(m, st, "creating a session: %s", s->err.msg);
@@ -3586,6 +3670,24 @@ FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
                            "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
                            "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
     s->n_past = n_keep;
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, size_t capacity, size_t *len) {
+    if (!s || !len) return FORGE_ERR_INVALID_ARGUMENT;
+    char buf[8192];
+    int o = snprintf(buf, sizeof buf, "{");
+    bool first = true;
+    for (int i = 0; i < FORGE__OP_COUNT && o < (int)sizeof buf; i++) {
+        if (!s->prof_calls[i]) continue;
+        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[i].name,
+                      (unsigned long long)s->prof_calls[i], s->prof_ms[i]);
+        first = false;
+    }
+    if (o < (int)sizeof buf) o += snprintf(buf + o, sizeof buf - (size_t)o, "}");
+    *len = (size_t)o;
+    if (!out || capacity < (size_t)o + 1) return FORGE_ERR_BUFFER_TOO_SMALL;
+    memcpy(out, buf, (size_t)o + 1);
     return FORGE_OK;
 }
 

@@ -229,6 +229,7 @@ typedef struct forge_session_params {
     int n_ctx;                     /* context length (tokens the KV cache holds); 0: min(model, 4096) */
     int n_batch;                   /* most tokens per prefill step; 0: 512 */
     int n_outputs_max;             /* most logit rows computed per step; 0: fits in 64 MiB, ≤ n_batch */
+    int profile;                   /* 1: time every kernel on the device (forge_session_profile) */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
@@ -251,6 +252,12 @@ FORGE_API int forge_session_n_past(const forge_session *session);
 FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);
 
 FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);
+
+/* With forge_session_params.profile: device time per kernel since the session was created, as
+ * JSON {"kernel": {"calls": N, "ms": T}, ...}, into `out` (capacity bytes, NUL-terminated);
+ * *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not fit. Empty ("{}") when the
+ * device has no timestamps or profiling is off. */
+FORGE_API forge_status forge_session_profile(const forge_session *session, char *out, size_t capacity, size_t *len);
 
 /* eval flags */
 #define FORGE_EVAL_ALL_LOGITS 1u   /* return logits for every evaluated position, not only the last */

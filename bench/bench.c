@@ -8,7 +8,8 @@
  * object on stdout:
  *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
  *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
- *    "peak_device_bytes", "load_s"}
+ *    "peak_device_bytes", "load_s"}, and with --profile "profile": device ms per kernel over all
+ *    runs (warm-up included; timestamps after every dispatch slow the run a little).
  * ttft_ms: the call's start to its first generated token. */
 #define _POSIX_C_SOURCE 200809L
 #include "forge.h"
@@ -48,18 +49,19 @@ static void json_str(const char *s) {
 
 int forge_bench_main(int argc, char **argv) {
     const char *path = NULL, *device = NULL;
-    int P = 512, N = 128, R = 3, verbose = 0;
+    int P = 512, N = 128, R = 3, verbose = 0, profile = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) N = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!path) path = argv[i];
         else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", argv[i]); return 2; }
     }
     if (!path || P < 1 || N < 1 || R < 1) {
-        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D]\n");
+        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D] [--profile]\n");
         return 2;
     }
     double t0 = now_s();
@@ -72,6 +74,7 @@ int forge_bench_main(int argc, char **argv) {
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = P + N + 1;
     sp.n_batch = P;
+    sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge bench: %s\n", forge_model_errmsg(m));
@@ -118,7 +121,13 @@ int forge_bench_main(int argc, char **argv) {
         printf(", \"parameters\": %llu, \"weight_bytes\": %llu, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d",
                (unsigned long long)info.n_params, (unsigned long long)info.weight_bytes, P, N, R);
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
-        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f}\n", (unsigned long long)info.memory.device_peak_bytes, load_s);
+        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
+        if (profile) {
+            char prof[8192];
+            size_t len;
+            if (forge_session_profile(s, prof, sizeof prof, &len) == FORGE_OK) printf(", \"profile\": %s", prof);
+        }
+        printf("}\n");
     }
     free(prompt);
     free(pre);

@@ -5,6 +5,17 @@
 float bf16_lo(uint w) { return uintBitsToFloat(w << 16); }
 float bf16_hi(uint w) { return uintBitsToFloat(w & 0xffff0000u); }
 
+// Round an f32 to the nearest f16 value, ties to even (packHalf2x16's rounding is left to
+// the implementation; NVIDIA's truncates). Normal range only: the values rounded are
+// embeddings scaled by sqrt(hidden), far from f16's limits.
+float round_f16(float v) {
+    uint b = floatBitsToUint(v);
+    uint e = (b >> 23) & 255u;
+    if (e < 113u || e > 142u) return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
+    b += 0xfffu + ((b >> 13) & 1u);
+    return uintBitsToFloat(b & 0xffffe000u);
+}
+
 // tanh that cannot overflow for large |x| (some drivers build tanh from exp(2x)).
 float safe_tanh(float x) {
     float t = exp(-2.0 * abs(x));

@@ -33,7 +33,7 @@ float round_to(float v) {
         b += 0x7fffu + ((b >> 16) & 1u);
         return uintBitsToFloat(b & 0xffff0000u);
     }
-    if (pc.round_mode == 2u) return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
+    if (pc.round_mode == 2u) return round_f16(v);
     return v;
 }
 

@@ -19,10 +19,11 @@ layout(binding = 3) writeonly buffer O_ { uvec2 outv[]; }; // [0] = (M bits, S b
 layout(push_constant) uniform PC { uint n_chunks, C; } pc;
 
 shared uint cnt[256];
+shared uint eqc[256];
 shared float red[256];
 shared float wv[MAXC];
 shared uint wi[MAXC];
-shared uint base_gt, base_eq;
+shared uint base_gt;
 
 // float -> uint preserving order (-inf smallest)
 uint key(float v) {
@@ -79,26 +80,43 @@ void main() {
         if (cnt[0] >= pc.C) lo = mid; else hi = mid - 1u;
     }
     uint t = lo;
-    // winners: every key > t, then keys == t in chunk (= index) order until C
-    if (tid == 0u) {
-        uint g = 0u;
-        for (uint c = 0u; c < pc.n_chunks; c++) {
-            uint n_gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u);
-            for (uint e = 0u; e < n_gt && g < pc.C; e++, g++) {
+    // winners: every key > t, then keys == t in chunk (= index) order until C. Each thread
+    // owns a contiguous range of chunks; offsets come from a scan of the per-thread counts.
+    uint per = (pc.n_chunks + 255u) / 256u, c0 = min(pc.n_chunks, tid * per), c1 = min(pc.n_chunks, c0 + per);
+    uint my_gt = 0u, my_eq = 0u;
+    for (uint c = c0; c < c1; c++) {
+        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u);
+        my_gt += gt;
+        my_eq += count_ge(c, t) - gt;
+    }
+    barrier();
+    cnt[tid] = my_gt;
+    eqc[tid] = my_eq;
+    barrier();
+    if (tid == 0u) { // exclusive scans; the total of the first is the number above t
+        uint a0 = 0u, a1 = 0u;
+        for (uint i = 0u; i < 256u; i++) {
+            uint x = cnt[i], y = eqc[i];
+            cnt[i] = a0;
+            eqc[i] = a1;
+            a0 += x;
+            a1 += y;
+        }
+        base_gt = a0;
+    }
+    for (uint e = tid; e < MAXC; e += 256u) { wv[e] = -1.0 / 0.0; wi[e] = 0xffffffffu; }
+    barrier();
+    uint og = cnt[tid], oe = base_gt + eqc[tid];
+    for (uint c = c0; c < c1; c++) {
+        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u), ge = count_ge(c, t);
+        for (uint e = 0u; e < ge; e++) {
+            uint at = e < gt ? og++ : oe++;
+            if (at < pc.C) {
                 uvec2 x = cand[c * pc.C + e];
-                wv[g] = uintBitsToFloat(x.x);
-                wi[g] = x.y;
+                wv[at] = uintBitsToFloat(x.x);
+                wi[at] = x.y;
             }
         }
-        for (uint c = 0u; c < pc.n_chunks && g < pc.C; c++) {
-            uint n_gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u), n_ge = count_ge(c, t);
-            for (uint e = n_gt; e < n_ge && g < pc.C; e++, g++) {
-                uvec2 x = cand[c * pc.C + e];
-                wv[g] = uintBitsToFloat(x.x);
-                wi[g] = x.y;
-            }
-        }
-        for (; g < MAXC; g++) { wv[g] = -1.0 / 0.0; wi[g] = 0xffffffffu; }
     }
     // bitonic sort of the MAXC winners
     for (uint k = 2u; k <= MAXC; k <<= 1) {

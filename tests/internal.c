@@ -10,6 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec */
 };
 
 ft_ctx *ft_open(char *err, size_t err_size) {
@@ -21,6 +22,7 @@ ft_ctx *ft_open(char *err, size_t err_size) {
         return NULL;
     }
     pthread_mutex_init(&c->lock, NULL);
+    c->force_kind = -1;
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = c->dev.caps.queue_family};
     VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     c->dev.vk.vkCreateCommandPool(c->dev.dev, &pci, NULL, &c->pool);
@@ -122,18 +124,29 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         forge__range wb, sb, bb;
         ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
         forge__range binds[6] = {a, wb, cc, b, sb, bb};
-        bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M;
+        bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M, sg = vec && c->dev.caps.subgroup_arith && j.c->force_kind != 0;
+        if (vec && j.c->force_kind == 1) sg = true;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
         forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags};
         uint32_t gx, gy;
         if (vec) {
-            forge__grid((rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC + w->fmt), binds, &pc, gx, gy, 1);
+            uint32_t per = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            forge__grid((rows + per - 1) / per, &gx, &gy);
+            forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
             forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
+}
+
+int ft_has_subgroup_matvec(ft_ctx *c) { return c->dev.caps.subgroup_arith; }
+
+forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg) {
+    c->force_kind = sg ? 1 : 0;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 0);
+    c->force_kind = -1;
+    return st;
 }
 
 forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
@@ -213,7 +226,7 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
-                          float *out) {
+                          float *out, int split) {
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
@@ -222,9 +235,19 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
     forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__range binds[5] = {pb, qb, kb, vb, ob};
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap};
-    forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS};
+    if (split) {
+        forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
+        forge__range binds[5] = {pb, qb, kb, vb, part};
+        forge__dispatch(&j.rec, FORGE__OP_ATTN_SPLIT, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+        forge__barrier(&j.rec);
+        forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS};
+        forge__range bc[2] = {part, ob};
+        forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
+    } else {
+        forge__range binds[5] = {pb, qb, kb, vb, ob};
+        forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+    }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
 }
 

@@ -72,7 +72,8 @@ TEST(Sampler, DeviceTopKMatchesHostSort) {
         ASSERT_EQ(n, std::min(V, 256u));
         for (uint32_t i = 0; i < n; i++) {
             ASSERT_EQ(ci[i], ref[i].second) << "V " << V << " rank " << i;
-            ASSERT_EQ(cl[i], ref[i].first) << "V " << V << " rank " << i;
+            /* the device's division by the penalty may differ from the host's in the last bit */
+            ASSERT_NEAR(cl[i], ref[i].first, 1e-6 * std::fabs(ref[i].first)) << "V " << V << " rank " << i;
         }
         EXPECT_EQ(gM, (float)M);
         EXPECT_NEAR(gS, S, S * 1e-5) << "V " << V;

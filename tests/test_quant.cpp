@@ -144,6 +144,12 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
             ASSERT_EQ(ft_linear_w(device(), &w, A.data(), M, 0, M, K, N, chunk, nullptr, 0, 0, C.data(), N, 0, 0), FORGE_OK)
                 << ft_errmsg(device());
             EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " chunk " << chunk;
+            if (M <= 8 && chunk == 0) /* both matvec kernels: shared-memory reduction and subgroup */
+                for (int sg = 0; sg <= ft_has_subgroup_matvec(device()); sg++) {
+                    std::fill(C.begin(), C.end(), NAN);
+                    ASSERT_EQ(ft_matvec_kind(device(), &w, A.data(), M, K, N, C.data(), sg), FORGE_OK);
+                    EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " subgroup " << sg;
+                }
         }
     }
     std::vector<uint32_t> toks = {0, N - 1, N / 2, 1};
