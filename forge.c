@@ -2006,10 +2006,11 @@ static uint64_t forge__pack_total(const forge__pack *p) {
  * ===================================================================================== */
 
 /* Push constants, mirroring the `PC` blocks of the kernels. */
-typedef struct forge__pc_linear {   /* matvec.comp, matmul.comp */
+typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp */
     uint32_t M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
     uint32_t qbits, qgroup, qflags; /* MLX affine */
+    float eps;                      /* matvec_sg PRENORM */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
@@ -2035,12 +2036,15 @@ typedef struct forge__pc_combine {   /* attention_combine.comp */
 
 #define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention */
 typedef struct forge__pc_act {      /* act_mul.comp */
-    uint32_t count, act;
+    uint32_t count, act, pairs;
 } forge__pc_act;
 
 #define FORGE__LINEAR_BIAS 1u
 #define FORGE__LINEAR_ACCUMULATE 2u
 #define FORGE__LINEAR_SOFTCAP 4u
+#define FORGE__LINEAR_PRENORM 8u    /* matvec_sg: RMS-normalize A first (the block's norm fused in) */
+#define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
+#define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -2089,7 +2093,7 @@ typedef struct forge__op_desc {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
-    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 6, sizeof(forge__pc_linear), 2,       \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
                                    {0, FORGE__SG_ROWS}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
@@ -2111,7 +2115,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
 };
-#define FORGE__MAX_BINDINGS 6
+#define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
 typedef struct forge__pipeline {
@@ -2301,6 +2305,8 @@ typedef struct forge__layer {
     forge__vec attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm;
     forge__vec bq, bk, bv, bo;
     forge__weight wq, wk, wv, wo, gate, up, down;
+    forge__weight gate_up;   /* gate and up rows interleaved [2 * ffn, hidden], when fused_gate_up */
+    bool fused_gate_up;
     bool sliding;
 } forge__layer;
 
@@ -2373,9 +2379,12 @@ typedef struct forge__loader {
     int n_ups, cap_ups;
 } forge__loader;
 
-/* One copy into the planned device memory: raw bytes, or a vector converted to f32. */
+/* One copy into the planned device memory: raw bytes, a vector converted to f32, or the
+ * rows of two tensors interleaved (src row 0, src2 row 0, src row 1, ...: the fused gate_up). */
 typedef struct forge__upload {
     const uint8_t *src;
+    const uint8_t *src2;     /* interleaved with src, row_bytes at a time */
+    uint64_t row_bytes;
     uint64_t bytes;          /* device bytes */
     forge__dtype src_dtype;  /* for conversion to f32 */
     bool to_f32;
@@ -2403,8 +2412,19 @@ static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint
     }
     int item = forge__pack_add(&L->pack, &m->arena, bytes);
     if (item < 0) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    L->ups[L->n_ups++] = (forge__upload){src, bytes, src_dtype, to_f32, add, item, dst};
+    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, item, dst};
     return FORGE_OK;
+}
+
+/* An upload of `rows` rows of `a` and of `b` interleaved (each row_bytes). */
+static forge_status forge__upload_interleaved(forge__loader *L, const uint8_t *a, const uint8_t *b, uint64_t rows, uint64_t row_bytes,
+                                              forge__range *dst) {
+    forge_status st = forge__upload_add(L, a, 2 * rows * row_bytes, FORGE__U8, false, 0, dst);
+    if (!st) {
+        L->ups[L->n_ups - 1].src2 = b;
+        L->ups[L->n_ups - 1].row_bytes = row_bytes;
+    }
+    return st;
 }
 
 static forge__tensor *forge__lookup(forge__loader *L, forge__role role, int layer, bool required, forge_status *st) {
@@ -2431,65 +2451,23 @@ static forge_status forge__expect_shape(forge_model *m, const forge__tensor *t, 
                        t->file, t->name, got, why, (long long)d0, (long long)d1);
 }
 
-/* Plans a weight matrix [rows, cols] stored as `t`: its format from the dtype (GGUF block
- * types included), or MLX affine when `scales`/`biases` are given (bits and group size follow
- * from the shapes: weight [rows, cols * bits / 32] u32, scales and biases [rows, cols / group]);
- * then row-chunks that fit one binding, each component's rows in the same chunk. */
-static forge_status forge__plan_weight_mlx(forge__loader *L, forge__weight *w, forge__tensor *t, forge__tensor *sc,
-                                           forge__tensor *bi, uint32_t rows, uint32_t cols, const char *why) {
+/* A weight's storage: the tensor, and for MLX affine its scales and biases. */
+typedef struct forge__wsrc {
+    forge__tensor *t, *scales, *biases;
+} forge__wsrc;
+
+/* Describes a weight matrix [rows, cols] stored as `t` (format from the dtype, GGUF block
+ * types included; MLX affine when "<prefix>.scales" and ".biases" exist: bits and group size
+ * follow from the shapes, weight [rows, cols * bits / 32] u32, scales and biases
+ * [rows, cols / group]), checking everything against the config. Uploads nothing. */
+static forge_status forge__weight_describe(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows, uint32_t cols,
+                                           const char *why, forge__wsrc *src) {
     forge_model *m = L->m;
-    forge_status st;
-    char got[96];
-    if (t->dtype != FORGE__U32 || t->n_dims != 2 || t->shape[0] != rows || (t->shape[1] * 32) % cols)
-        goto bad_weight;
-    w->bits = (uint32_t)(t->shape[1] * 32 / cols);
-    if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 && w->bits != 8) goto bad_weight;
-    if (sc->n_dims != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] ||
-        (sc->dtype != FORGE__F16 && sc->dtype != FORGE__BF16))
-        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX scales '%s' must be f16/bf16 [%u, %u / group_size]", sc->file, sc->name, rows, cols);
-    w->group = (uint32_t)(cols / sc->shape[1]);
-    if (w->group != 32 && w->group != 64 && w->group != 128)
-        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: '%s' implies MLX group size %u (32, 64 and 128 are supported)", sc->file,
-                           sc->name, w->group);
-    if (bi->n_dims != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1] || bi->dtype != sc->dtype)
-        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX biases '%s' must match the scales '%s' in shape and dtype", bi->file, bi->name,
-                           sc->name);
-    w->fmt = FORGE__W_MLX;
-    w->qflags = sc->dtype == FORGE__BF16;
+    memset(w, 0, sizeof *w);
+    *src = (forge__wsrc){t, NULL, NULL};
     w->name = t->name;
     w->rows = rows;
     w->cols = cols;
-    {
-        uint64_t wrow = (uint64_t)cols * w->bits / 8, arow = (uint64_t)(cols / w->group) * 2;
-        uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
-        uint64_t per_chunk = limit / wrow;
-        if (per_chunk == 0) return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row exceeds the device binding limit", t->name);
-        w->n_chunks = (int)((rows + per_chunk - 1) / per_chunk);
-        w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
-        if (!w->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        for (int i = 0; i < w->n_chunks; i++) {
-            forge__wchunk *c = &w->chunks[i];
-            c->row0 = (uint32_t)(i * per_chunk);
-            c->rows = (uint32_t)FORGE__MIN(per_chunk, rows - c->row0);
-            if ((st = forge__upload_add(L, t->data + c->row0 * wrow, c->rows * wrow, t->dtype, false, 0, &c->w))) return st;
-            if ((st = forge__upload_add(L, sc->data + c->row0 * arow, c->rows * arow, sc->dtype, false, 0, &c->scales))) return st;
-            if ((st = forge__upload_add(L, bi->data + c->row0 * arow, c->rows * arow, bi->dtype, false, 0, &c->biases))) return st;
-        }
-    }
-    m->n_params += (uint64_t)rows * cols;
-    m->weight_bytes += t->nbytes + sc->nbytes + bi->nbytes;
-    return FORGE_OK;
-bad_weight:
-    forge__shape_str(t, got, sizeof got);
-    return forge__fail(&m->err, FORGE_ERR_MODEL,
-                       "%s: MLX-quantized tensor '%s' is %s %s; the config (%s) needs u32 [%u, %u * bits / 32] with bits 2, 3, 4, 5, 6 or 8",
-                       t->file, t->name, forge__dtype_name(t->dtype), got, why, rows, cols);
-}
-
-static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows,
-                                       uint32_t cols, const char *why) {
-    forge_model *m = L->m;
-    /* MLX affine: "<prefix>.weight" beside "<prefix>.scales" and "<prefix>.biases" */
     if (!L->gguf && forge__ends_with(t->name, ".weight")) {
         char name[512];
         size_t plen = strlen(t->name) - 7;
@@ -2498,10 +2476,32 @@ static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge
         snprintf(name, sizeof name, "%.*s.biases", (int)plen, t->name);
         forge__tensor *bi = forge__tensor_find(&m->tensors, name);
         if (sc || bi) {
+            char got[96];
             if (!sc || !bi)
                 return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX-quantized '%s' needs both .scales and .biases", t->file, t->name);
             sc->used = bi->used = true;
-            return forge__plan_weight_mlx(L, w, t, sc, bi, rows, cols, why);
+            *src = (forge__wsrc){t, sc, bi};
+            w->fmt = FORGE__W_MLX;
+            if (t->dtype == FORGE__U32 && t->n_dims == 2 && t->shape[0] == rows && (t->shape[1] * 32) % cols == 0)
+                w->bits = (uint32_t)(t->shape[1] * 32 / cols);
+            if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 && w->bits != 8) {
+                forge__shape_str(t, got, sizeof got);
+                return forge__fail(&m->err, FORGE_ERR_MODEL,
+                                   "%s: MLX-quantized tensor '%s' is %s %s; the config (%s) needs u32 [%u, %u * bits / 32] with bits 2, 3, 4, 5, 6 or 8",
+                                   t->file, t->name, forge__dtype_name(t->dtype), got, why, rows, cols);
+            }
+            if (sc->n_dims != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] ||
+                (sc->dtype != FORGE__F16 && sc->dtype != FORGE__BF16))
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX scales '%s' must be f16/bf16 [%u, %u / group_size]", sc->file, sc->name, rows, cols);
+            w->group = (uint32_t)(cols / sc->shape[1]);
+            if (w->group != 32 && w->group != 64 && w->group != 128)
+                return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: '%s' implies MLX group size %u (32, 64 and 128 are supported)", sc->file,
+                                   sc->name, w->group);
+            if (bi->n_dims != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1] || bi->dtype != sc->dtype)
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX biases '%s' must match the scales '%s' in shape and dtype", bi->file, bi->name,
+                                   sc->name);
+            w->qflags = sc->dtype == FORGE__BF16;
+            return FORGE_OK;
         }
     }
     forge_status st = forge__expect_shape(m, t, 2, rows, cols, why);
@@ -2520,28 +2520,87 @@ static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge
                            "and MLX affine",
                            t->file, t->name, forge__dtype_name(t->dtype));
     }
-    w->name = t->name;
-    w->rows = rows;
-    w->cols = cols;
-    uint64_t row_bytes = 0;
-    forge__row_bytes(t->dtype, cols, &row_bytes);
+    return FORGE_OK;
+}
+
+/* Splits a described weight into row-chunks that fit one binding (and, for interleaved
+ * pairs, the staging buffer) and plans their uploads. With `b` the weight is the rows of `a`
+ * and `b` interleaved (w->rows counts both); chunks then hold whole pairs. */
+static forge_status forge__weight_plan_chunks(forge__loader *L, forge__weight *w, const forge__wsrc *a, const forge__wsrc *b) {
+    forge_model *m = L->m;
+    forge_status st;
+    uint64_t wrow = 0, arow = 0;
+    if (w->fmt == FORGE__W_MLX) {
+        wrow = (uint64_t)w->cols * w->bits / 8;
+        arow = (uint64_t)(w->cols / w->group) * 2;
+    } else {
+        forge__row_bytes(a->t->dtype, w->cols, &wrow);
+    }
     uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
-    uint64_t per_chunk = limit / row_bytes;
+    if (b) limit = FORGE__MIN(limit, (uint64_t)32 << 20); /* interleaved chunks go through staging whole */
+    uint64_t per_chunk = limit / wrow;
+    if (b) per_chunk &= ~(uint64_t)1;
     if (per_chunk == 0)
         return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit of %llu bytes",
-                           t->name, (unsigned long long)row_bytes, (unsigned long long)limit);
-    w->n_chunks = (int)((rows + per_chunk - 1) / per_chunk);
+                           w->name, (unsigned long long)wrow, (unsigned long long)limit);
+    w->n_chunks = (int)((w->rows + per_chunk - 1) / per_chunk);
     w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
     if (!w->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int i = 0; i < w->n_chunks; i++) {
         forge__wchunk *c = &w->chunks[i];
         c->row0 = (uint32_t)(i * per_chunk);
-        c->rows = (uint32_t)FORGE__MIN(per_chunk, rows - c->row0);
-        if ((st = forge__upload_add(L, t->data + c->row0 * row_bytes, c->rows * row_bytes, t->dtype, false, 0, &c->w))) return st;
+        c->rows = (uint32_t)FORGE__MIN(per_chunk, w->rows - c->row0);
+        if (b) { /* source rows row0 / 2 .. of both tensors */
+            uint64_t r0 = c->row0 / 2, n = c->rows / 2;
+            if ((st = forge__upload_interleaved(L, a->t->data + r0 * wrow, b->t->data + r0 * wrow, n, wrow, &c->w))) return st;
+            if (w->fmt == FORGE__W_MLX) {
+                if ((st = forge__upload_interleaved(L, a->scales->data + r0 * arow, b->scales->data + r0 * arow, n, arow, &c->scales))) return st;
+                if ((st = forge__upload_interleaved(L, a->biases->data + r0 * arow, b->biases->data + r0 * arow, n, arow, &c->biases))) return st;
+            }
+            continue;
+        }
+        if ((st = forge__upload_add(L, a->t->data + c->row0 * wrow, c->rows * wrow, a->t->dtype, false, 0, &c->w))) return st;
+        if (w->fmt == FORGE__W_MLX) {
+            if ((st = forge__upload_add(L, a->scales->data + c->row0 * arow, c->rows * arow, a->scales->dtype, false, 0, &c->scales))) return st;
+            if ((st = forge__upload_add(L, a->biases->data + c->row0 * arow, c->rows * arow, a->biases->dtype, false, 0, &c->biases))) return st;
+        }
     }
-    m->n_params += (uint64_t)rows * cols;
-    m->weight_bytes += t->nbytes;
+    const forge__wsrc *srcs[2] = {a, b};
+    for (int k = 0; k < 2 && srcs[k]; k++) {
+        m->n_params += (uint64_t)(b ? w->rows / 2 : w->rows) * w->cols;
+        m->weight_bytes += srcs[k]->t->nbytes + (srcs[k]->scales ? srcs[k]->scales->nbytes + srcs[k]->biases->nbytes : 0);
+    }
     return FORGE_OK;
+}
+
+static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows, uint32_t cols,
+                                       const char *why) {
+    forge__wsrc src;
+    forge_status st = forge__weight_describe(L, w, t, rows, cols, why, &src);
+    return st ? st : forge__weight_plan_chunks(L, w, &src, NULL);
+}
+
+/* The MLP's gate and up projections as one weight with their rows interleaved, so a single
+ * kernel computes act(gate) * up (decode) or both products at once (prefill). Falls back to
+ * two weights when the two are stored differently. */
+static forge_status forge__plan_gate_up(forge__loader *L, forge__layer *ly, int layer, uint32_t ffn, uint32_t hidden, const char *why) {
+    forge_status st = FORGE_OK;
+    forge__tensor *tg = forge__lookup(L, FORGE__R_GATE, layer, true, &st);
+    if (st) return st;
+    forge__tensor *tu = forge__lookup(L, FORGE__R_UP, layer, true, &st);
+    if (st) return st;
+    forge__wsrc sg, su;
+    if ((st = forge__weight_describe(L, &ly->gate, tg, ffn, hidden, why, &sg))) return st;
+    if ((st = forge__weight_describe(L, &ly->up, tu, ffn, hidden, why, &su))) return st;
+    if (ly->gate.fmt != ly->up.fmt || ly->gate.bits != ly->up.bits || ly->gate.group != ly->up.group || ly->gate.qflags != ly->up.qflags ||
+        tg->dtype != tu->dtype) {
+        if ((st = forge__weight_plan_chunks(L, &ly->gate, &sg, NULL))) return st;
+        return forge__weight_plan_chunks(L, &ly->up, &su, NULL);
+    }
+    ly->gate_up = ly->gate;
+    ly->gate_up.rows = 2 * ffn;
+    ly->fused_gate_up = true;
+    return forge__weight_plan_chunks(L, &ly->gate_up, &sg, &su);
 }
 
 /* Plans an f32 vector from an f32/f16/bf16 tensor of n elements, adding `add` to each. */
@@ -2612,7 +2671,7 @@ static void forge__main_format(forge_model *m) {
     for (int l = 0; l < m->cfg.n_layers; l++) {
         forge__layer *ly = &m->layers[l];
         forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
-        for (int i = 0; i < 7; i++) all[n++] = lw[i];
+        for (int i = 0; i < 7; i++) all[n++] = lw[i]; /* gate and up are described even when fused */
     }
     for (int i = 0; i < n; i++) {
         uint64_t e = (uint64_t)all[i]->rows * all[i]->cols;
@@ -2679,8 +2738,7 @@ static forge_status forge__plan_model(forge__loader *L) {
             if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm, FORGE__R_POST_FFN_NORM, i, H, true, norm_add, why))) break;
         }
         if ((st = forge__plan_vec_role(L, &ly->ffn_norm, FORGE__R_FFN_NORM, i, H, true, norm_add, why))) break;
-        if ((st = forge__plan_weight_role(L, &ly->gate, FORGE__R_GATE, i, (uint32_t)c->ffn, H, why_ffn))) break;
-        if ((st = forge__plan_weight_role(L, &ly->up, FORGE__R_UP, i, (uint32_t)c->ffn, H, why_ffn))) break;
+        if ((st = forge__plan_gate_up(L, ly, i, (uint32_t)c->ffn, H, why_ffn))) break;
         if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, (uint32_t)c->ffn, why_down))) break;
     }
     if (st) return st;
@@ -2708,6 +2766,14 @@ static forge_status forge__plan_model(forge__loader *L) {
 
 /* Writes one upload's bytes to `dst` (host memory: staging or mapped device memory). */
 static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
+    if (u->src2) {
+        uint64_t rows = u->bytes / (2 * u->row_bytes);
+        for (uint64_t r = 0; r < rows; r++) {
+            memcpy(dst + 2 * r * u->row_bytes, u->src + r * u->row_bytes, (size_t)u->row_bytes);
+            memcpy(dst + (2 * r + 1) * u->row_bytes, u->src2 + r * u->row_bytes, (size_t)u->row_bytes);
+        }
+        return;
+    }
     if (!u->to_f32) {
         memcpy(dst, u->src, (size_t)u->bytes);
         return;
@@ -2787,9 +2853,9 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
         while (i < L->n_ups && used < cap) {
             forge__upload *u = &L->ups[i];
             uint64_t n = u->bytes - part;
-            if (u->to_f32) {
-                if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "a vector of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
-                if (u->bytes > cap - used) break; /* whole vectors only */
+            if (u->to_f32 || u->src2) {
+                if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "an upload of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
+                if (u->bytes > cap - used) break; /* converted and interleaved uploads go whole */
                 forge__upload_fill(u, (uint8_t *)staging.mapped + used);
             } else {
                 n = FORGE__MIN(n, cap - used);
@@ -2869,7 +2935,9 @@ struct forge_session {
     uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
-    forge__range x, xn, q, k, v, att, gate, up, logits;   /* [n_batch, dim] f32 each; logits [n_out_max, vocab] */
+    forge__range x, xn, q, k, v, att;  /* [n_batch, dim] f32 each */
+    forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate_up pairs [n_batch, 2 ffn] */
+    forge__range logits;                /* [n_out_max, vocab] */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
     uint64_t kv_bytes, kv_sliding_bytes;
     uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
@@ -2901,7 +2969,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_ctx <= 0) sp->n_ctx = 4096;
     sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
     uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
-    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, c->ffn), c->n_heads * c->head_dim) * 4;
+    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, 2 * c->ffn), c->n_heads * c->head_dim) * 4;
     if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
     if (sp->n_batch < 1)
         return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
@@ -2936,7 +3004,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
     uint64_t nb = (uint64_t)sp->n_batch;
     uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * c->n_heads * c->head_dim * 4,
                         nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
-                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 4,
+                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 8,
                         (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
                         8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES),
                         4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2)};
@@ -2974,22 +3042,27 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ---- */
 
-/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. */
-static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0,
-                          uint32_t M, forge__range y, uint32_t ldc, const forge__vec *bias, uint32_t flags, float softcap) {
+/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. With `norm`
+ * (decode, subgroup matvec only) x is RMS-normalized and scaled by norm first; GATED (the
+ * fused gate_up weight) writes act(gate) * up, one output per row pair. */
+static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
+                          forge__range y, uint32_t ldc, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
     forge__op op = (forge__op)((sg ? FORGE__OP_MATVEC_SG : vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+    bool gated = flags & FORGE__LINEAR_GATED;
+    if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
-        forge__range b[6] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
-                             mlx ? c->biases : s->dummy};
-        forge__pc_linear pc = {M, w->cols, c->rows, a_row0, ldc, c->row0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               c->row0, softcap, w->bits, w->group, w->qflags};
+        uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
+        forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
+                             mlx ? c->biases : s->dummy, norm ? norm->r : s->dummy};
+        forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
+                               out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
         uint32_t gx, gy;
         if (vec) {
             uint32_t rows_per_wg = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
-            forge__grid((c->rows + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
+            forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(r, op, b, &pc, gx, gy, 1);
         } else {
             forge__dispatch(r, op, b, &pc, (c->rows + 63) / 64, (M + 63) / 64, 1);
@@ -3025,13 +3098,22 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + m->tok_embd.fmt), b, &pe, n, 1, 1);
     }
     forge__barrier(r);
+    /* Decode (and any step of at most FORGE__MATVEC_MAX_M tokens) on devices with the
+     * subgroup matvec fuses each block norm into the products that read it. */
+    bool fuse = n <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith;
     for (int l = 0; l < c->n_layers; l++) {
         const forge__layer *ly = &m->layers[l];
-        forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
-        forge__barrier(r);
-        forge__linear(s, r, &ly->wq, s->xn, 0, n, s->q, QD, &ly->bq, 0, 0);
-        forge__linear(s, r, &ly->wk, s->xn, 0, n, s->k, KVD, &ly->bk, 0, 0);
-        forge__linear(s, r, &ly->wv, s->xn, 0, n, s->v, KVD, &ly->bv, 0, 0);
+        forge__range qkv_in = s->x;
+        const forge__vec *qkv_norm = &ly->attn_norm;
+        if (!fuse) {
+            forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
+            forge__barrier(r);
+            qkv_in = s->xn;
+            qkv_norm = NULL;
+        }
+        forge__linear(s, r, &ly->wq, qkv_in, 0, n, s->q, QD, &ly->bq, qkv_norm, 0, 0);
+        forge__linear(s, r, &ly->wk, qkv_in, 0, n, s->k, KVD, &ly->bk, qkv_norm, 0, 0);
+        forge__linear(s, r, &ly->wv, qkv_in, 0, n, s->v, KVD, &ly->bv, qkv_norm, 0, 0);
         forge__barrier(r);
         if (c->qk_norm) {
             forge__rmsnorm(s, r, s->q, 0, &ly->q_norm, s->q, 0, n * NH, D, 0);
@@ -3063,38 +3145,59 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, 0, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_attn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
-        forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
-        forge__barrier(r);
-        forge__linear(s, r, &ly->gate, s->xn, 0, n, s->gate, F, NULL, 0, 0);
-        forge__linear(s, r, &ly->up, s->xn, 0, n, s->up, F, NULL, 0, 0);
-        forge__barrier(r);
-        forge__pc_act pact = {n * F, (uint32_t)c->act};
-        forge__range bact[2] = {s->gate, s->up};
-        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
+        uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
+        if (fuse && ly->fused_gate_up) {
+            forge__linear(s, r, &ly->gate_up, s->x, 0, n, s->h, F, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
+        } else {
+            forge__range mlp_in = s->x;
+            const forge__vec *mlp_norm = &ly->ffn_norm;
+            if (!fuse) {
+                forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
+                forge__barrier(r);
+                mlp_in = s->xn;
+                mlp_norm = NULL;
+            }
+            forge__pc_act pact = {n * F, (uint32_t)c->act, ly->fused_gate_up};
+            forge__range bact[2] = {s->h, s->gu};
+            if (ly->fused_gate_up) { /* prefill: both products, interleaved, then the activation */
+                forge__linear(s, r, &ly->gate_up, mlp_in, 0, n, s->gu, 2 * F, NULL, mlp_norm, 0, 0);
+            } else {
+                forge__linear(s, r, &ly->gate, mlp_in, 0, n, s->h, F, NULL, mlp_norm, 0, 0);
+                forge__linear(s, r, &ly->up, mlp_in, 0, n, s->gu, F, NULL, mlp_norm, 0, 0);
+            }
+            forge__barrier(r);
+            forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+            forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->down, s->gate, 0, n, s->xn, H, NULL, 0, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->xn, H, NULL, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_ffn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->down, s->gate, 0, n, s->x, H, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->x, H, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
     }
     if (n_out == 0) return;
-    forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
-    forge__barrier(r);
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
-    forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL,
-                  c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0, (float)c->final_softcap);
+    uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
+    if (n_out <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) { /* the final norm fused into the head */
+        forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, &m->output_norm, head_flags,
+                      (float)c->final_softcap);
+    } else {
+        forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
+        forge__barrier(r);
+        forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, NULL, head_flags, (float)c->final_softcap);
+    }
     forge__barrier(r);
     if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
         uint32_t V = (uint32_t)c->n_vocab;
@@ -3284,7 +3387,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     for (int b = 0; b < s->n_blocks; b++)
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
-    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy,
+    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->h, &s->gu, &s->logits, &s->dummy,
                            &s->cand, &s->cand_stats, &s->sample_out, &s->attn_part};
     int it = 0;
     for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {

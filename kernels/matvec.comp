@@ -14,6 +14,7 @@ layout(push_constant) uniform PC {
     uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
+    float eps;                    // (matvec_sg only)
 } pc;
 
 #include "common.glsl"

@@ -1,11 +1,16 @@
 #version 450
 // matvec_sg: the decode matrix-vector product with subgroup reductions.
-//   C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n]),  m < M <= 8
-// A workgroup owns ROWS consecutive rows of W; its subgroups take them in turn, each lane
-// reading 8 consecutive weights per step (coalesced across the subgroup) and the subgroup
-// summing with subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
-// Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
+//   C[m, c_col0 + n] (+)= sum_k A'[m, k] * W[n, k] (+ bias[bias_off + n]),  m < M <= 8
+// where A' is row a_row0 + m of A, or with PRENORM that row RMS-normalized and scaled by
+// g (the block's norm fused in: sum_k W x g / rms(x), both sums taken in the same pass).
+// GATED: W holds gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j) and the
+// output j is act(gate . a) * (up . a), the MLP's middle fused in (N counts outputs).
+// A workgroup owns ROWS consecutive outputs; its subgroups take them in turn, each lane
+// reading 8 consecutive weights per load, two loads in flight, and the subgroup summing with
+// subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
+// Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
+//           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
+// flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
 // Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -17,6 +22,7 @@ layout(push_constant) uniform PC {
     uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
+    float eps;                    // PRENORM
 } pc;
 
 #include "common.glsl"
@@ -32,42 +38,87 @@ layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
+layout(binding = 6) readonly buffer G_ { float g[]; };
+layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
 
 const uint MAX_M = 8;
+
+// 8 elements of A' row m at k (zero past K); ss += their squares before the norm weight
+void a8(uint m, uint k, bool vec_a, bool prenorm, out vec4 lo, out vec4 hi, inout float ss) {
+    uint ab = (pc.a_row0 + m) * pc.K + k;
+    if (vec_a) {
+        lo = a4[ab >> 2];
+        hi = a4[(ab >> 2) + 1u];
+        if (prenorm) {
+            ss += dot(lo, lo) + dot(hi, hi);
+            lo *= g4[k >> 2];
+            hi *= g4[(k >> 2) + 1u];
+        }
+    } else {
+        float v[8];
+        for (uint i = 0; i < 8u; i++) {
+            float x = k + i < pc.K ? a[ab + i] : 0.0;
+            if (prenorm && k + i < pc.K) {
+                ss += x * x;
+                x *= g[k + i];
+            }
+            v[i] = x;
+        }
+        lo = vec4(v[0], v[1], v[2], v[3]);
+        hi = vec4(v[4], v[5], v[6], v[7]);
+    }
+}
+
+float act(float x) {
+    if ((pc.flags & 32u) == 0u) return x / (1.0 + exp(-x));
+    const float k = 0.7978845608028654; // sqrt(2 / pi)
+    return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
+}
 
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    bool vec_a = (pc.K & 7u) == 0u;
+    bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
+    uint step = width * 8u;
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
-        uint row = wg * ROWS + r;
-        if (row >= pc.N) break; // uniform across the subgroup
-        float acc[MAX_M];
-        for (uint m = 0; m < MAX_M; m++) acc[m] = 0.0;
-        for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
-            vec4 wlo, whi;
-            w_get8_any(row, k, pc.K, wlo, whi);
+        uint out_row = wg * ROWS + r;
+        if (out_row >= pc.N) break; // uniform across the subgroup
+        uint row = gated ? 2u * out_row : out_row;
+        float acc[MAX_M], acc2[MAX_M], ss[MAX_M];
+        for (uint m = 0; m < MAX_M; m++) { acc[m] = 0.0; acc2[m] = 0.0; ss[m] = 0.0; }
+        for (uint k0 = lane * 8u; k0 < pc.K; k0 += 2u * step) {
+            // two units in flight: their loads are independent
+            uint k1 = k0 + step;
+            bool has1 = k1 < pc.K;
+            vec4 w0lo, w0hi, w1lo = vec4(0.0), w1hi = vec4(0.0), u0lo = vec4(0.0), u0hi = vec4(0.0), u1lo = vec4(0.0), u1hi = vec4(0.0);
+            w_get8_any(row, k0, pc.K, w0lo, w0hi);
+            if (has1) w_get8_any(row, k1, pc.K, w1lo, w1hi);
+            if (gated) {
+                w_get8_any(row + 1u, k0, pc.K, u0lo, u0hi);
+                if (has1) w_get8_any(row + 1u, k1, pc.K, u1lo, u1hi);
+            }
             for (uint m = 0; m < pc.M; m++) {
-                uint ab = (pc.a_row0 + m) * pc.K + k;
                 vec4 alo, ahi;
-                if (vec_a) {
-                    alo = a4[ab >> 2];
-                    ahi = a4[(ab >> 2) + 1u];
-                } else {
-                    float v[8];
-                    for (uint i = 0; i < 8u; i++) v[i] = k + i < pc.K ? a[ab + i] : 0.0;
-                    alo = vec4(v[0], v[1], v[2], v[3]);
-                    ahi = vec4(v[4], v[5], v[6], v[7]);
+                a8(m, k0, vec_a, prenorm, alo, ahi, ss[m]);
+                acc[m] += dot(w0lo, alo) + dot(w0hi, ahi);
+                acc2[m] += dot(u0lo, alo) + dot(u0hi, ahi);
+                if (has1) {
+                    a8(m, k1, vec_a, prenorm, alo, ahi, ss[m]);
+                    acc[m] += dot(w1lo, alo) + dot(w1hi, ahi);
+                    acc2[m] += dot(u1lo, alo) + dot(u1hi, ahi);
                 }
-                acc[m] += dot(wlo, alo) + dot(whi, ahi);
             }
         }
         for (uint m = 0; m < pc.M; m++) {
             float v = subgroupAdd(acc[m]);
+            float v2 = gated ? subgroupAdd(acc2[m]) : 0.0;
+            float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss[m]) / float(pc.K) + pc.eps) : 1.0;
             if (lane == 0u) {
-                if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + row];
+                v *= inv;
+                if (gated) v = act(v) * (v2 * inv);
+                if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
                 if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-                uint ci = m * pc.ldc + pc.c_col0 + row;
+                uint ci = m * pc.ldc + pc.c_col0 + out_row;
                 if ((pc.flags & 2u) != 0u) v += c[ci];
                 c[ci] = v;
             }

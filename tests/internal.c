@@ -123,11 +123,11 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
         forge__range wb, sb, bb;
         ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
-        forge__range binds[6] = {a, wb, cc, b, sb, bb};
+        forge__range binds[7] = {a, wb, cc, b, sb, bb, dummy};
         bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M, sg = vec && c->dev.caps.subgroup_arith && j.c->force_kind != 0;
         if (vec && j.c->force_kind == 1) sg = true;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags};
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0};
         uint32_t gx, gy;
         if (vec) {
             uint32_t per = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
@@ -257,7 +257,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     forge__range gb = ft_buf(&j, g, 4ull * count);
     forge__range ub = ft_buf(&j, u, 4ull * count);
     forge__range binds[2] = {gb, ub};
-    forge__pc_act pc = {count, act};
+    forge__pc_act pc = {count, act, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL, binds, &pc, gx, gy, 1);
