@@ -2079,11 +2079,15 @@ typedef struct forge__op_desc {
     uint32_t n_bindings;
     uint32_t push_bytes;
     uint32_t n_spec;
-    uint32_t spec[2];      /* constant_id 0, 1: pinned, never left to GLSL defaults */
-    bool per_subgroup;     /* spec[0] = FORGE__SG_ROWS subgroups' worth of threads, spec[1] = FORGE__SG_ROWS */
+    uint32_t spec[3];      /* constant_id 0, 1, 2: pinned, never left to GLSL defaults */
+    bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
 } forge__op_desc;
 
-#define FORGE__SG_ROWS 8   /* matvec_sg: rows of W per workgroup, one subgroup each at the device's width */
+/* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, each computing FORGE__SG_R rows at a
+ * time (reusing A from registers, R weight loads in flight): FORGE__SG_ROWS rows per workgroup */
+#define FORGE__SG_PER_WG 8
+#define FORGE__SG_R 2
+#define FORGE__SG_ROWS (FORGE__SG_PER_WG * FORGE__SG_R)
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
@@ -2093,8 +2097,8 @@ typedef struct forge__op_desc {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
-    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
-                                   {0, FORGE__SG_ROWS}, true},                                                        \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 3,       \
+                                   {0, FORGE__SG_ROWS, FORGE__SG_R}, true},                                           \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
@@ -2142,9 +2146,9 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     VkShaderModule mod;
     r = d->vk.vkCreateShaderModule(d->dev, &sci, NULL, &mod);
     if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateShaderModule failed (%d)", op->name, (int)r);
-    VkSpecializationMapEntry me[2] = {{0, 0, 4}, {1, 4, 4}};
-    uint32_t spec[2] = {op->spec[0], op->spec[1]};
-    if (op->per_subgroup) spec[0] = FORGE__SG_ROWS * d->caps.subgroup_size;
+    VkSpecializationMapEntry me[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
+    uint32_t spec[3] = {op->spec[0], op->spec[1], op->spec[2]};
+    if (op->per_subgroup) spec[0] = FORGE__SG_PER_WG * d->caps.subgroup_size;
     VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -2175,6 +2179,7 @@ typedef struct forge__rec {
     uint32_t n_sets, n_descriptors, n_dispatches;
     VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
     uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
+    uint64_t *shapes;              /* profiling: N << 32 | K of each matrix dispatch, else 0 */
     forge_status st;
     forge__err *err;
 } forge__rec;
@@ -2239,6 +2244,10 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
     if (r->qpool) {
         r->ops[r->n_dispatches - 1] = (uint16_t)op;
+        if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
+            const forge__pc_linear *pl = (const forge__pc_linear *)push;
+            r->shapes[r->n_dispatches - 1] = (uint64_t)pl->N << 32 | pl->K;
+        }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }
 }
@@ -2896,6 +2905,7 @@ typedef struct forge__recording {
     VkDescriptorPool pool;
     VkQueryPool qpool;                         /* profiling sessions only */
     uint16_t *ops;                             /* profiling: op per dispatch (malloc'd) */
+    uint64_t *shapes;                          /* profiling: matrix shape per dispatch (malloc'd) */
     uint32_t n_dispatches;
 } forge__recording;
 
@@ -2949,6 +2959,13 @@ struct forge_session {
     bool profile;                     /* time every dispatch (forge_session_params.profile) */
     double prof_ms[FORGE__OP_COUNT];  /* device time per op, summed over steps */
     uint64_t prof_calls[FORGE__OP_COUNT];
+    struct forge__prof_shape {
+        uint16_t op;
+        uint64_t shape;
+        double ms;
+        uint64_t calls;
+    } prof_shape[64];
+    int n_prof_shapes;
     forge_metrics metrics;            /* of the last generate/chat call */
     uint64_t prompt_cache_hits;
 };
@@ -3226,6 +3243,7 @@ static void forge__recording_free(forge_session *s, forge__recording *rc) {
     if (rc->pool) d->vk.vkDestroyDescriptorPool(d->dev, rc->pool, NULL);
     if (rc->qpool) d->vk.vkDestroyQueryPool(d->dev, rc->qpool, NULL);
     free(rc->ops);
+    free(rc->shapes);
     memset(rc, 0, sizeof *rc);
 }
 
@@ -3267,7 +3285,8 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP,
                                     .queryCount = r.n_dispatches + 1};
         slot->ops = (uint16_t *)calloc(r.n_dispatches + 1, sizeof *slot->ops);
-        if (!slot->ops || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
+        slot->shapes = (uint64_t *)calloc(r.n_dispatches + 1, sizeof *slot->shapes);
+        if (!slot->ops || !slot->shapes || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
             forge__recording_free(s, slot);
             return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
         }
@@ -3282,6 +3301,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     if (slot->qpool) {
         r.qpool = slot->qpool;
         r.ops = slot->ops;
+        r.shapes = slot->shapes;
         d->vk.vkCmdResetQueryPool(slot->cb, slot->qpool, 0, slot->n_dispatches + 1);
         d->vk.vkCmdWriteTimestamp(slot->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot->qpool, 0);
     }
@@ -3309,8 +3329,19 @@ static void forge__profile_collect(forge_session *s, const forge__recording *rc)
         return;
     double period_ms = d->caps.props.limits.timestampPeriod * 1e-6;
     for (uint32_t i = 0; i + 1 < n; i++) {
-        s->prof_ms[rc->ops[i]] += (double)(ts[i + 1] - ts[i]) * period_ms;
+        double ms = (double)(ts[i + 1] - ts[i]) * period_ms;
+        s->prof_ms[rc->ops[i]] += ms;
         s->prof_calls[rc->ops[i]]++;
+        if (!rc->shapes[i]) continue;
+        int k = 0; /* per matrix shape too: where the time of the products goes */
+        while (k < s->n_prof_shapes && (s->prof_shape[k].op != rc->ops[i] || s->prof_shape[k].shape != rc->shapes[i])) k++;
+        if (k == s->n_prof_shapes) {
+            if (k == (int)FORGE__ARRAY_LEN(s->prof_shape)) continue;
+            s->prof_shape[k] = (struct forge__prof_shape){rc->ops[i], rc->shapes[i], 0, 0};
+            s->n_prof_shapes++;
+        }
+        s->prof_shape[k].ms += ms;
+        s->prof_shape[k].calls++;
     }
 }
 
@@ -3787,6 +3818,10 @@ FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, 
                       (unsigned long long)s->prof_calls[i], s->prof_ms[i]);
         first = false;
     }
+    for (int i = 0; i < s->n_prof_shapes && o < (int)sizeof buf; i++)
+        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s %llux%llu\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ",
+                      forge__ops[s->prof_shape[i].op].name, (unsigned long long)(s->prof_shape[i].shape >> 32),
+                      (unsigned long long)(s->prof_shape[i].shape & 0xffffffffu), (unsigned long long)s->prof_shape[i].calls, s->prof_shape[i].ms);
     if (o < (int)sizeof buf) o += snprintf(buf + o, sizeof buf - (size_t)o, "}");
     *len = (size_t)o;
     if (!out || capacity < (size_t)o + 1) return FORGE_ERR_BUFFER_TOO_SMALL;

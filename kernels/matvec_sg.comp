@@ -5,18 +5,20 @@
 // g (the block's norm fused in: sum_k W x g / rms(x), both sums taken in the same pass).
 // GATED: W holds gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j) and the
 // output j is act(gate . a) * (up . a), the MLP's middle fused in (N counts outputs).
-// A workgroup owns ROWS consecutive outputs; its subgroups take them in turn, each lane
-// reading 8 consecutive weights per load, two loads in flight, and the subgroup summing with
-// subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
+// A workgroup owns ROWS consecutive outputs; each subgroup takes R of them at a time, each
+// lane reading 8 consecutive elements of A once and of each of the R rows (R loads in
+// flight, A reused from registers), the subgroup summing with subgroupAdd: no shared memory,
+// no barriers. Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
-// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
+// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup, 2 = R (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;
-layout(constant_id = 1) const uint ROWS = 8;
+layout(constant_id = 1) const uint ROWS = 16;
+layout(constant_id = 2) const uint R = 2;
 
 layout(push_constant) uniform PC {
     uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
@@ -75,52 +77,45 @@ float act(float x) {
     return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
 }
 
+const uint MAX_R = 4;
+
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
-    uint step = width * 8u;
-    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
-        uint out_row = wg * ROWS + r;
-        if (out_row >= pc.N) break; // uniform across the subgroup
-        uint row = gated ? 2u * out_row : out_row;
-        float acc[MAX_M], acc2[MAX_M], ss[MAX_M];
-        for (uint m = 0; m < MAX_M; m++) { acc[m] = 0.0; acc2[m] = 0.0; ss[m] = 0.0; }
-        for (uint k0 = lane * 8u; k0 < pc.K; k0 += 2u * step) {
-            // two units in flight: their loads are independent
-            uint k1 = k0 + step;
-            bool has1 = k1 < pc.K;
-            vec4 w0lo, w0hi, w1lo = vec4(0.0), w1hi = vec4(0.0), u0lo = vec4(0.0), u0hi = vec4(0.0), u1lo = vec4(0.0), u1hi = vec4(0.0);
-            w_get8_any(row, k0, pc.K, w0lo, w0hi);
-            if (has1) w_get8_any(row, k1, pc.K, w1lo, w1hi);
-            if (gated) {
-                w_get8_any(row + 1u, k0, pc.K, u0lo, u0hi);
-                if (has1) w_get8_any(row + 1u, k1, pc.K, u1lo, u1hi);
+    uint rows_w = gated ? 2u : 1u; // weight rows per output
+    for (uint r0 = gl_SubgroupID * R; r0 < ROWS; r0 += gl_NumSubgroups * R) {
+        uint out0 = wg * ROWS + r0;
+        if (out0 >= pc.N) break; // uniform across the subgroup
+        uint nr = min(R, pc.N - out0);
+        float acc[MAX_M * MAX_R * 2], ss[MAX_M];
+        for (uint i = 0; i < MAX_M * MAX_R * 2; i++) acc[i] = 0.0;
+        for (uint m = 0; m < MAX_M; m++) ss[m] = 0.0;
+        for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
+            vec4 wlo[MAX_R * 2], whi[MAX_R * 2];
+            for (uint j = 0; j < R * rows_w; j++) { // all weight loads first: they are independent
+                if (j < nr * rows_w) w_get8_any(out0 * rows_w + j, k, pc.K, wlo[j], whi[j]);
+                else { wlo[j] = vec4(0.0); whi[j] = vec4(0.0); }
             }
             for (uint m = 0; m < pc.M; m++) {
                 vec4 alo, ahi;
-                a8(m, k0, vec_a, prenorm, alo, ahi, ss[m]);
-                acc[m] += dot(w0lo, alo) + dot(w0hi, ahi);
-                acc2[m] += dot(u0lo, alo) + dot(u0hi, ahi);
-                if (has1) {
-                    a8(m, k1, vec_a, prenorm, alo, ahi, ss[m]);
-                    acc[m] += dot(w1lo, alo) + dot(w1hi, ahi);
-                    acc2[m] += dot(u1lo, alo) + dot(u1hi, ahi);
-                }
+                a8(m, k, vec_a, prenorm, alo, ahi, ss[m]);
+                for (uint j = 0; j < R * rows_w; j++) acc[m * MAX_R * 2 + j] += dot(wlo[j], alo) + dot(whi[j], ahi);
             }
         }
         for (uint m = 0; m < pc.M; m++) {
-            float v = subgroupAdd(acc[m]);
-            float v2 = gated ? subgroupAdd(acc2[m]) : 0.0;
             float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss[m]) / float(pc.K) + pc.eps) : 1.0;
-            if (lane == 0u) {
-                v *= inv;
-                if (gated) v = act(v) * (v2 * inv);
-                if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-                if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-                uint ci = m * pc.ldc + pc.c_col0 + out_row;
-                if ((pc.flags & 2u) != 0u) v += c[ci];
-                c[ci] = v;
+            for (uint rr = 0; rr < nr; rr++) {
+                float v = subgroupAdd(acc[m * MAX_R * 2 + rr * rows_w]) * inv;
+                if (gated) v = act(v) * (subgroupAdd(acc[m * MAX_R * 2 + rr * 2u + 1u]) * inv);
+                uint out_row = out0 + rr;
+                if (lane == 0u) {
+                    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
+                    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+                    uint ci = m * pc.ldc + pc.c_col0 + out_row;
+                    if ((pc.flags & 2u) != 0u) v += c[ci];
+                    c[ci] = v;
+                }
             }
         }
     }
