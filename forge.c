@@ -2083,11 +2083,10 @@ typedef struct forge__op_desc {
     bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
 } forge__op_desc;
 
-/* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, each computing FORGE__SG_R rows at a
- * time (reusing A from registers, R weight loads in flight): FORGE__SG_ROWS rows per workgroup */
+/* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, each computing two outputs at a time
+ * (reusing A from registers): FORGE__SG_ROWS outputs per workgroup */
 #define FORGE__SG_PER_WG 8
-#define FORGE__SG_R 2
-#define FORGE__SG_ROWS (FORGE__SG_PER_WG * FORGE__SG_R)
+#define FORGE__SG_ROWS (FORGE__SG_PER_WG * 2)
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
@@ -2097,8 +2096,8 @@ typedef struct forge__op_desc {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
-    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 3,       \
-                                   {0, FORGE__SG_ROWS, FORGE__SG_R}, true},                                           \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
+                                   {0, FORGE__SG_ROWS}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)

@@ -5,20 +5,19 @@
 // g (the block's norm fused in: sum_k W x g / rms(x), both sums taken in the same pass).
 // GATED: W holds gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j) and the
 // output j is act(gate . a) * (up . a), the MLP's middle fused in (N counts outputs).
-// A workgroup owns ROWS consecutive outputs; each subgroup takes R of them at a time, each
-// lane reading 8 consecutive elements of A once and of each of the R rows (R loads in
-// flight, A reused from registers), the subgroup summing with subgroupAdd: no shared memory,
-// no barriers. Correct for any subgroup size.
+// A workgroup owns ROWS consecutive outputs; for one token each subgroup takes two of them
+// at a time, each lane reading 8 consecutive elements of A once and of each weight row (two
+// or four independent loads in flight, A reused from registers), the subgroup summing with
+// subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
-// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup, 2 = R (pinned by the host).
+// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 16;
-layout(constant_id = 2) const uint R = 2;
 
 layout(push_constant) uniform PC {
     uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
@@ -77,46 +76,91 @@ float act(float x) {
     return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
 }
 
-const uint MAX_R = 4;
+// Outputs of one subgroup pass, M == 1 (decode): two outputs per subgroup, everything in
+// scalars so that nothing spills to local memory (dynamically indexed arrays would).
+void one_token(uint out0, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+    uint nr = min(2u, pc.N - out0);
+    uint w0 = gated ? 2u * out0 : out0;               // first weight row
+    bool use_b = gated || nr > 1u, use_cd = gated && nr > 1u;
+    float sa = 0.0, sb = 0.0, sc = 0.0, sd = 0.0, ss = 0.0;
+    for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
+        vec4 alo, ahi, wa0, wa1, wb0 = vec4(0.0), wb1 = vec4(0.0), wc0 = vec4(0.0), wc1 = vec4(0.0), wd0 = vec4(0.0), wd1 = vec4(0.0);
+        w_get8_any(w0, k, pc.K, wa0, wa1);
+        if (use_b) w_get8_any(w0 + 1u, k, pc.K, wb0, wb1);
+        if (use_cd) {
+            w_get8_any(w0 + 2u, k, pc.K, wc0, wc1);
+            w_get8_any(w0 + 3u, k, pc.K, wd0, wd1);
+        }
+        a8(0u, k, vec_a, prenorm, alo, ahi, ss);
+        sa += dot(wa0, alo) + dot(wa1, ahi);
+        sb += dot(wb0, alo) + dot(wb1, ahi);
+        sc += dot(wc0, alo) + dot(wc1, ahi);
+        sd += dot(wd0, alo) + dot(wd1, ahi);
+    }
+    float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
+    float va = subgroupAdd(sa) * inv, vb = subgroupAdd(sb) * inv;
+    float vc = subgroupAdd(sc) * inv, vd = subgroupAdd(sd) * inv;
+    float o0 = gated ? act(va) * vb : va, o1 = gated ? act(vc) * vd : vb;
+    if (lane == 0u)
+        for (uint rr = 0u; rr < nr; rr++) {
+            float v = rr == 0u ? o0 : o1;
+            uint out_row = out0 + rr;
+            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
+            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+            uint ci = pc.c_col0 + out_row;
+            if ((pc.flags & 2u) != 0u) v += c[ci];
+            c[ci] = v;
+        }
+}
+
+// Several tokens (M <= 8, rare: short prefill tails): one output at a time.
+void few_tokens(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+    uint w0 = gated ? 2u * out_row : out_row;
+    float acc[MAX_M], acc2[MAX_M], ss[MAX_M];
+    for (uint m = 0; m < MAX_M; m++) { acc[m] = 0.0; acc2[m] = 0.0; ss[m] = 0.0; }
+    for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
+        vec4 wlo, whi, ulo = vec4(0.0), uhi = vec4(0.0);
+        w_get8_any(w0, k, pc.K, wlo, whi);
+        if (gated) w_get8_any(w0 + 1u, k, pc.K, ulo, uhi);
+        for (uint m = 0; m < MAX_M; m++) {
+            if (m >= pc.M) break;
+            vec4 alo, ahi;
+            a8(m, k, vec_a, prenorm, alo, ahi, ss[m]);
+            acc[m] += dot(wlo, alo) + dot(whi, ahi);
+            acc2[m] += dot(ulo, alo) + dot(uhi, ahi);
+        }
+    }
+    for (uint m = 0; m < MAX_M; m++) {
+        if (m >= pc.M) break;
+        float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss[m]) / float(pc.K) + pc.eps) : 1.0;
+        float v = subgroupAdd(acc[m]) * inv;
+        float u = subgroupAdd(acc2[m]) * inv;
+        if (gated) v = act(v) * u;
+        if (lane == 0u) {
+            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
+            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+            uint ci = m * pc.ldc + pc.c_col0 + out_row;
+            if ((pc.flags & 2u) != 0u) v += c[ci];
+            c[ci] = v;
+        }
+    }
+}
 
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
-    uint rows_w = gated ? 2u : 1u; // weight rows per output
-    for (uint r0 = gl_SubgroupID * R; r0 < ROWS; r0 += gl_NumSubgroups * R) {
-        uint out0 = wg * ROWS + r0;
-        if (out0 >= pc.N) break; // uniform across the subgroup
-        uint nr = min(R, pc.N - out0);
-        float acc[MAX_M * MAX_R * 2], ss[MAX_M];
-        for (uint i = 0; i < MAX_M * MAX_R * 2; i++) acc[i] = 0.0;
-        for (uint m = 0; m < MAX_M; m++) ss[m] = 0.0;
-        for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
-            vec4 wlo[MAX_R * 2], whi[MAX_R * 2];
-            for (uint j = 0; j < R * rows_w; j++) { // all weight loads first: they are independent
-                if (j < nr * rows_w) w_get8_any(out0 * rows_w + j, k, pc.K, wlo[j], whi[j]);
-                else { wlo[j] = vec4(0.0); whi[j] = vec4(0.0); }
-            }
-            for (uint m = 0; m < pc.M; m++) {
-                vec4 alo, ahi;
-                a8(m, k, vec_a, prenorm, alo, ahi, ss[m]);
-                for (uint j = 0; j < R * rows_w; j++) acc[m * MAX_R * 2 + j] += dot(wlo[j], alo) + dot(whi[j], ahi);
-            }
+    if (pc.M == 1u) {
+        for (uint r0 = gl_SubgroupID * 2u; r0 < ROWS; r0 += gl_NumSubgroups * 2u) {
+            uint out0 = wg * ROWS + r0;
+            if (out0 >= pc.N) break; // uniform across the subgroup
+            one_token(out0, lane, width, vec_a, prenorm, gated);
         }
-        for (uint m = 0; m < pc.M; m++) {
-            float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss[m]) / float(pc.K) + pc.eps) : 1.0;
-            for (uint rr = 0; rr < nr; rr++) {
-                float v = subgroupAdd(acc[m * MAX_R * 2 + rr * rows_w]) * inv;
-                if (gated) v = act(v) * (subgroupAdd(acc[m * MAX_R * 2 + rr * 2u + 1u]) * inv);
-                uint out_row = out0 + rr;
-                if (lane == 0u) {
-                    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-                    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-                    uint ci = m * pc.ldc + pc.c_col0 + out_row;
-                    if ((pc.flags & 2u) != 0u) v += c[ci];
-                    c[ci] = v;
-                }
-            }
+    } else {
+        for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+            uint out_row = wg * ROWS + r;
+            if (out_row >= pc.N) break;
+            few_tokens(out_row, lane, width, vec_a, prenorm, gated);
         }
     }
 }
