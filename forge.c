@@ -2342,6 +2342,7 @@ struct forge_model {
     forge__pipeline pipes[FORGE__OP_COUNT];
     pthread_mutex_t pipe_lock;
     uint64_t n_params, weight_bytes;
+    const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
 };
 
@@ -4337,4 +4338,286 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
     if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
     *metrics = s->metrics;
     return FORGE_OK;
+}
+
+/* =======================================================================================
+ * 10. Chat
+ * The native templates, in C: each follows its Jinja original line for line (trim is
+ * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
+ * handling). The test suite renders the same conversations with transformers and compares.
+ * ===================================================================================== */
+
+typedef enum forge__chat_family { FORGE__CHAT_NONE = 0, FORGE__CHAT_LLAMA3, FORGE__CHAT_CHATML, FORGE__CHAT_GEMMA } forge__chat_family;
+
+typedef struct forge__chat_style {
+    forge__chat_family family;
+    bool qwen3;                   /* Qwen 3's template: <think> handling, the enable_thinking switch */
+    bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
+    const char *default_system;   /* ChatML templates that add one when the first message is not system */
+    const char *bos;              /* the BOS text the template writes (Llama 3, Gemma) */
+} forge__chat_style;
+
+/* A growing string (chat rendering is not on the hot path). */
+typedef struct forge__sb {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} forge__sb;
+
+static void forge__sb_put(forge__sb *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *nb = (char *)realloc(b->buf, cap);
+        if (!nb) { b->oom = true; return; }
+        b->buf = nb;
+        b->cap = cap;
+    }
+    memcpy(b->buf + b->len, s, n);
+    b->len += n;
+    b->buf[b->len] = 0;
+}
+static void forge__sb_puts(forge__sb *b, const char *s) { forge__sb_put(b, s, strlen(s)); }
+
+/* Python's str.isspace for the code point at s (its UTF-8 length in *n). */
+static bool forge__py_space(const unsigned char *s, size_t avail, size_t *n) {
+    *n = 1;
+    unsigned c = s[0];
+    if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return true;
+    if (c < 0x80) return false;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0 && avail >= 2) { cp = (c & 0x1f) << 6 | (s[1] & 0x3f); *n = 2; }
+    else if ((c & 0xf0) == 0xe0 && avail >= 3) { cp = (c & 0x0f) << 12 | (s[1] & 0x3f) << 6 | (s[2] & 0x3f); *n = 3; }
+    else return false;
+    return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+/* Jinja's trim (str.strip()): [*s, *s + *n) without leading and trailing whitespace. */
+static void forge__py_strip(const char **s, size_t *n) {
+    const unsigned char *p = (const unsigned char *)*s;
+    size_t len = *n, k;
+    while (len && forge__py_space(p, len, &k)) { p += k; len -= k; }
+    while (len) { /* find the last code point */
+        size_t start = len - 1;
+        while (start && (p[start] & 0xc0) == 0x80) start--;
+        if (!forge__py_space(p + start, len - start, &k)) break;
+        len = start;
+    }
+    *s = (const char *)p;
+    *n = len;
+}
+
+/* str.strip / lstrip / rstrip of one character ('\n') */
+static void forge__strip_char(const char **s, size_t *n, char c, bool left, bool right) {
+    while (left && *n && **s == c) { (*s)++; (*n)--; }
+    while (right && *n && (*s)[*n - 1] == c) (*n)--;
+}
+
+static const char *forge__memmem(const char *h, size_t hn, const char *needle) {
+    size_t nn = strlen(needle);
+    for (size_t i = 0; i + nn <= hn; i++)
+        if (!memcmp(h + i, needle, nn)) return h + i;
+    return NULL;
+}
+static const char *forge__memmem_last(const char *h, size_t hn, const char *needle) {
+    size_t nn = strlen(needle);
+    for (size_t i = hn; i-- > 0;)
+        if (i + nn <= hn && !memcmp(h + i, needle, nn)) return h + i;
+    return NULL;
+}
+
+static bool forge__role_is(const forge_chat_message *m, const char *role) { return m->role && !strcmp(m->role, role); }
+
+FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
+                                                forge__sb *b, forge__err *err) {
+    bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
+    if (st->family == FORGE__CHAT_LLAMA3) {
+        for (int i = 0; i < n; i++) {
+            const char *c = msgs[i].content;
+            size_t cn = strlen(c);
+            forge__py_strip(&c, &cn);
+            if (i == 0) forge__sb_puts(b, st->bos);
+            forge__sb_puts(b, "<|start_header_id|>");
+            forge__sb_puts(b, msgs[i].role);
+            forge__sb_puts(b, "<|end_header_id|>\n\n");
+            forge__sb_put(b, c, cn);
+            forge__sb_puts(b, "<|eot_id|>");
+        }
+        forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"); /* this template adds it always */
+    } else if (st->family == FORGE__CHAT_GEMMA) {
+        int first = 0;
+        const char *prefix = NULL;
+        if (n > 0 && forge__role_is(&msgs[0], "system")) {
+            if (st->gemma_no_system) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "System role not supported");
+            prefix = msgs[0].content;
+            first = 1;
+        }
+        forge__sb_puts(b, st->bos);
+        for (int i = first; i < n; i++) {
+            bool user = forge__role_is(&msgs[i], "user");
+            if (user != ((i - first) % 2 == 0))
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Conversation roles must alternate user/assistant/user/assistant/...");
+            forge__sb_puts(b, "<start_of_turn>");
+            forge__sb_puts(b, forge__role_is(&msgs[i], "assistant") ? "model" : msgs[i].role);
+            forge__sb_puts(b, "\n");
+            if (i == first && prefix) {
+                forge__sb_puts(b, prefix);
+                forge__sb_puts(b, "\n\n");
+            }
+            const char *c = msgs[i].content;
+            size_t cn = strlen(c);
+            forge__py_strip(&c, &cn);
+            forge__sb_put(b, c, cn);
+            forge__sb_puts(b, "<end_of_turn>\n");
+        }
+        if (gen) forge__sb_puts(b, "<start_of_turn>model\n");
+    } else if (st->family == FORGE__CHAT_CHATML) {
+        if (n > 0 && forge__role_is(&msgs[0], "system")) {
+            forge__sb_puts(b, "<|im_start|>system\n");
+            forge__sb_puts(b, msgs[0].content);
+            forge__sb_puts(b, "<|im_end|>\n");
+        } else if (st->default_system) {
+            forge__sb_puts(b, "<|im_start|>system\n");
+            forge__sb_puts(b, st->default_system);
+            forge__sb_puts(b, "<|im_end|>\n");
+        }
+        /* Qwen 3: the last user query that is not a tool response */
+        int last_query = n - 1;
+        if (st->qwen3)
+            for (int i = n - 1; i >= 0; i--) {
+                const char *c = msgs[i].content;
+                size_t cn = strlen(c);
+                bool tool_resp = cn >= 32 && !strncmp(c, "<tool_response>", 15) && !strcmp(c + cn - 16, "</tool_response>");
+                if (forge__role_is(&msgs[i], "user") && !tool_resp) { last_query = i; break; }
+            }
+        for (int i = 0; i < n; i++) {
+            const forge_chat_message *m = &msgs[i];
+            if (forge__role_is(m, "user") || (forge__role_is(m, "system") && i > 0)) {
+                forge__sb_puts(b, "<|im_start|>");
+                forge__sb_puts(b, m->role);
+                forge__sb_puts(b, "\n");
+                forge__sb_puts(b, m->content);
+                forge__sb_puts(b, "<|im_end|>\n");
+            } else if (forge__role_is(m, "assistant")) {
+                const char *content = m->content, *reason = "";
+                size_t cn = strlen(content), rn = 0;
+                if (st->qwen3) {
+                    const char *end = forge__memmem(m->content, cn, "</think>");
+                    if (end) { /* content after the last </think>; reasoning before the first, after its last <think> */
+                        const char *last = forge__memmem_last(m->content, strlen(m->content), "</think>");
+                        content = last + 8;
+                        cn = strlen(content);
+                        forge__strip_char(&content, &cn, '\n', true, false);
+                        reason = m->content;
+                        rn = (size_t)(end - m->content);
+                        forge__strip_char(&reason, &rn, '\n', false, true);
+                        const char *open = forge__memmem_last(reason, rn, "<think>");
+                        if (open) { rn -= (size_t)(open + 7 - reason); reason = open + 7; }
+                        forge__strip_char(&reason, &rn, '\n', true, false);
+                    }
+                }
+                forge__sb_puts(b, "<|im_start|>assistant\n");
+                if (st->qwen3 && i > last_query && (i == n - 1 || rn > 0)) {
+                    forge__strip_char(&reason, &rn, '\n', true, true);
+                    forge__sb_puts(b, "<think>\n");
+                    forge__sb_put(b, reason, rn);
+                    forge__sb_puts(b, "\n</think>\n\n");
+                    forge__strip_char(&content, &cn, '\n', true, false);
+                }
+                forge__sb_put(b, content, cn);
+                forge__sb_puts(b, "<|im_end|>\n");
+            } else if (forge__role_is(m, "tool")) {
+                if (i == 0 || !forge__role_is(&msgs[i - 1], "tool")) forge__sb_puts(b, "<|im_start|>user");
+                forge__sb_puts(b, "\n<tool_response>\n");
+                forge__sb_puts(b, m->content);
+                forge__sb_puts(b, "\n</tool_response>");
+                if (i == n - 1 || !forge__role_is(&msgs[i + 1], "tool")) forge__sb_puts(b, "<|im_end|>\n");
+            }
+        }
+        if (gen) {
+            forge__sb_puts(b, "<|im_start|>assistant\n");
+            if (st->qwen3 && (flags & FORGE_CHAT_THINKING_OFF)) forge__sb_puts(b, "<think>\n\n</think>\n\n");
+        }
+    } else {
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma)");
+    }
+    if (b->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return FORGE_OK;
+}
+
+/* The chat format of a model: from its tokenizer's special tokens, refined by the
+ * checkpoint's own template text where it has one. */
+static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style *st) {
+    memset(st, 0, sizeof *st);
+    const char *tmpl = m->chat_template ? m->chat_template : "";
+    forge_special_tokens sp;
+    forge_model_special_tokens(m, &sp);
+    const char *bos = sp.bos >= 0 ? forge_token_piece(m, sp.bos) : NULL;
+    if (forge_token_id(m, "<start_of_turn>") >= 0) {
+        st->family = FORGE__CHAT_GEMMA;
+        st->gemma_no_system = strstr(tmpl, "System role not supported") != NULL ||
+                              (!m->chat_template && m->cfg.arch == FORGE__ARCH_GEMMA2);
+        st->bos = bos ? bos : "<bos>";
+    } else if (forge_token_id(m, "<|im_start|>") >= 0) {
+        st->family = FORGE__CHAT_CHATML;
+        st->qwen3 = strstr(tmpl, "enable_thinking") != NULL || (!m->chat_template && m->cfg.arch == FORGE__ARCH_QWEN3);
+        if (strstr(tmpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
+            st->default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+        else if (strstr(tmpl, "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>") ||
+                 strstr(tmpl, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>"))
+            st->default_system = "You are a helpful assistant.";
+    } else if (forge_token_id(m, "<|start_header_id|>") >= 0) {
+        st->family = FORGE__CHAT_LLAMA3;
+        st->bos = bos ? bos : "<|begin_of_text|>";
+        if (strstr(tmpl, "Cutting Knowledge Date"))
+            return forge__model_fail(m, FORGE_ERR_UNSUPPORTED,
+                                     "this Llama 3.1+ chat template (knowledge/date system block) is not supported yet");
+    } else {
+        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma)");
+    }
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                         char *out, size_t capacity, size_t *len) {
+    if (!forge__model_ready(m) || !len || n_messages < 0 || (n_messages && !messages)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge__chat_style st;
+    forge_status s = forge__chat_style_of(m, &st);
+    if (s) return s;
+    forge__sb b = {0};
+    forge__err err;
+    s = forge__chat_render(&st, messages, n_messages, flags, &b, &err);
+    if (s) {
+        free(b.buf);
+        return forge__model_fail(m, s, "%s", err.msg);
+    }
+    *len = b.len;
+    if (!out || capacity < b.len + 1) s = FORGE_ERR_BUFFER_TOO_SMALL;
+    else memcpy(out, b.buf ? b.buf : "", b.len + 1);
+    free(b.buf);
+    return s;
+}
+
+FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                  const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_model *m = s->m;
+    forge__chat_style st;
+    forge_status rc = forge__chat_style_of(m, &st);
+    if (rc) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(m));
+    forge__sb b = {0};
+    if ((rc = forge__chat_render(&st, messages, n_messages, flags, &b, &s->err))) {
+        free(b.buf);
+        return rc;
+    }
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    p.add_special = 0; /* the template wrote BOS */
+    rc = forge_generate(s, b.buf ? b.buf : "", b.len, &p, metrics);
+    free(b.buf);
+    return rc;
 }

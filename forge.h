@@ -393,6 +393,40 @@ FORGE_API forge_status forge_warm(forge_session *session, const int32_t *tokens,
 /* The metrics of the session's last generate/chat call. */
 FORGE_API forge_status forge_session_metrics(const forge_session *session, forge_metrics *metrics);
 
+/* ---------------------------------------------------------------------------------------
+ * Chat
+ *
+ * A conversation is rendered with the model family's native template, written in C to give
+ * exactly what the checkpoint's own Jinja chat_template renders (checked against
+ * transformers): Llama 3 headers, ChatML for Qwen 2 / 3 (with Qwen 3's thinking switch),
+ * Gemma turns (Gemma 3 folds a system message into the first user turn; Gemma 2's template
+ * rejects one). The family is recognised from the tokenizer's special tokens and the
+ * checkpoint's chat_template (tokenizer_config.json, or tokenizer.chat_template in GGUF).
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_chat_message {
+    const char *role;      /* "system", "user", "assistant" (Qwen: also "tool") */
+    const char *content;   /* UTF-8 */
+} forge_chat_message;
+
+/* chat flags */
+#define FORGE_CHAT_NO_GENERATION_PROMPT 1u  /* do not append the assistant's opening (add_generation_prompt=False) */
+#define FORGE_CHAT_THINKING_OFF 2u          /* Qwen 3: enable_thinking=False */
+
+/* Renders `messages` as the model's chat template does, into `out` (capacity bytes,
+ * NUL-terminated), the length to *len; FORGE_ERR_BUFFER_TOO_SMALL with *len = bytes needed.
+ * FORGE_ERR_UNSUPPORTED when the model has no known chat format, FORGE_ERR_INVALID_ARGUMENT
+ * when the template rejects the conversation (the message says why, as the template does). */
+FORGE_API forge_status forge_chat_render(const forge_model *model, const forge_chat_message *messages, int n_messages,
+                                         uint32_t flags, char *out, size_t capacity, size_t *len);
+
+/* Renders the conversation, tokenizes it (special-token text recognised, nothing added: the
+ * template writes BOS itself) and generates the assistant's reply as forge_generate_tokens does;
+ * the prompt cache makes a multi-turn chat prefill only the new turn. The family's end-of-turn
+ * token ends the reply. */
+FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                  const forge_generate_params *params, forge_metrics *metrics);
+
 #ifdef __cplusplus
 }
 #endif
