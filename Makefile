@@ -40,7 +40,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp)
 $(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
 	$(CC) -std=c11 $(OPT) $(WARN) -DFORGE_TESTING -I. -I$(BUILD) -c tests/internal.c -o $@
 
-$(BUILD)/forge_tests: $(TEST_SRCS) tests/internal.h tests/util.h $(BUILD)/internal_test.o
+$(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.o
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 

@@ -3854,6 +3854,14 @@ FORGE_API void forge_detok_stream_init(forge_detok_stream *s, uint32_t flags) {
     s->flags = flags;
 }
 
+/* True when the decoder has a ByteFallback step and `id` is one of its <0xXX> tokens. */
+static bool forge__tk_byte_run(const forge__tokenizer *tk, int32_t id) {
+    bool bf = false;
+    for (int i = 0; i < tk->n_dec; i++) bf |= tk->dec[i].kind == FORGE__D_BYTEFALLBACK;
+    const char *p = tk->pieces[id];
+    return bf && tk->piece_len[id] == 6 && !memcmp(p, "<0x", 3) && p[5] == '>' && forge__hexval(p[3]) >= 0 && forge__hexval(p[4]) >= 0;
+}
+
 /* The window holds the last emitted token (context: decoders treat a sequence's first token
  * specially, so text is always cut as decode(context + new) minus decode(context)) and the
  * tokens not emitted yet, held while they end inside a UTF-8 character. */
@@ -3874,7 +3882,15 @@ static forge_status forge__detok_emit(const forge_model *m, const forge__tokeniz
     size_t skip = FORGE__MIN((size_t)s->read_bytes, out.n);
     forge__buf tail = {out.p + skip, out.n - skip, out.n - skip, false, false};
     st = forge__tk_copy_out(m, &tail, text, capacity, n_bytes, "forge_detok_stream");
-    if (!st) { /* keep the last token as context */
+    if (!st && forge__tk_byte_run(tk, s->ids[s->n_ids - 1]) && s->n_ids <= FORGE_DETOK_STREAM_WINDOW - 5) {
+        /* ByteFallback decodes a run of <0xXX> tokens as a whole: keep the run in the window */
+        s->n_read = s->n_ids;
+        s->read_bytes = (uint32_t)out.n;
+    } else if (!st && forge__tk_byte_run(tk, s->ids[s->n_ids - 1])) {
+        /* a long run: restart after it (the text emitted so far ends on a character) */
+        s->n_ids = s->n_read = 0;
+        s->read_bytes = 0;
+    } else if (!st) { /* keep the last token as context */
         s->ids[0] = s->ids[s->n_ids - 1];
         s->n_ids = 1;
         s->n_read = 1;
