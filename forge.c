@@ -1580,9 +1580,14 @@ static bool forge__is_ws(uint32_t c) {
     return (c >= 9 && c <= 13) || c == 32 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
            c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
-static bool forge__is_alnum(uint32_t c) {
+/* A word character for added tokens' single_word: HF tests `\w` with Rust's regex crate,
+ * which is Alphabetic, marks, Nd, Pc and the joiners. Alphabetic's Other_Alphabetic part
+ * outside the marks (circled and squared letters) is listed; utf8proc has no property for it. */
+static bool forge__is_word(uint32_t c) {
+    if (c == '_' || c == 0x200C || c == 0x200D || (c >= 0x24B6 && c <= 0x24E9) || (c >= 0x1F130 && c <= 0x1F189)) return true;
     utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
-    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO);
+    return (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO) || (k >= UTF8PROC_CATEGORY_MN && k <= UTF8PROC_CATEGORY_ME) ||
+           k == UTF8PROC_CATEGORY_ND || k == UTF8PROC_CATEGORY_NL || k == UTF8PROC_CATEGORY_PC;
 }
 static bool forge__is_numeric(uint32_t c) {
     utf8proc_category_t k = utf8proc_category((utf8proc_int32_t)c);
@@ -1648,20 +1653,20 @@ static int32_t forge__strtab_get(const forge__strtab *t, const char *const *piec
 }
 
 /* Inserts id (whose text is pieces[id]); an existing equal key keeps its first id unless
- * `replace` (HF: a later vocab entry with the same text wins). */
-static void forge__strtab_put(forge__strtab *t, const char *const *pieces, const uint32_t *lens, int32_t id, bool replace) {
+ * `replace` (HF: a later vocab entry with the same text wins). True when the key is new. */
+static bool forge__strtab_put(forge__strtab *t, const char *const *pieces, const uint32_t *lens, int32_t id, bool replace) {
     const char *s = pieces[id];
     size_t n = lens[id];
     uint64_t h = forge__hash(s, n);
     uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
     for (;;) {
         uint64_t v = t->slot[i];
-        if (!v) { t->slot[i] = ((uint64_t)tag << 32) | (uint32_t)(id + 1); return; }
+        if (!v) { t->slot[i] = ((uint64_t)tag << 32) | (uint32_t)(id + 1); return true; }
         if ((uint32_t)(v >> 32) == tag) {
             uint32_t o = (uint32_t)v - 1;
             if (lens[o] == n && memcmp(pieces[o], s, n) == 0) {
                 if (replace) t->slot[i] = ((uint64_t)tag << 32) | (uint32_t)(id + 1);
-                return;
+                return false;
             }
         }
         i = (i + 1) & t->mask;
@@ -1805,8 +1810,11 @@ typedef struct forge__trie {
 
 typedef struct forge__tokenizer {
     int n_vocab;                 /* ids are 0..n_vocab-1 (model vocabulary and added tokens) */
-    const char **pieces;         /* [n_vocab] NUL-terminated text of each id; NULL for holes */
+    const char **pieces;         /* [n_vocab] NUL-terminated text of each id (HF id_to_token: an
+                                  * added token's text first); NULL for holes */
     uint32_t *piece_len;         /* [n_vocab] */
+    const char **vpieces;        /* the model vocabulary's text of each id (the vocab table's keys) */
+    uint32_t *vpiece_len;
     float *scores;               /* [n_vocab] SentencePiece scores (GGUF llama), else NULL */
     uint8_t *is_special;         /* [n_vocab] 1 for special added tokens (skip_special, PARSE_SPECIAL) */
     forge__tk_model model;
@@ -1850,11 +1858,11 @@ static void forge__tokenizer_reset(forge__tokenizer *tk) {
 
 /* ---- Regexes: HF's patterns are Oniguruma's; PCRE2 (UTF, UCP, JIT) runs them. The class
  * escapes whose meaning differs are rewritten to explicit Unicode sets: Oniguruma's \s is
- * White_Space (PCRE2's lacks U+0085), \w is letters, marks, decimal digits and connector
- * punctuation, and \h is a hex digit. ---- */
+ * White_Space (PCRE2's lacks U+0085), \w is UTS #18's word class (Alphabetic, marks, Nd,
+ * Pc, joiners; Other_Alphabetic letters listed), and \h is a hex digit. ---- */
 
 #define FORGE__RE_WS "\\t-\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}"
-#define FORGE__RE_WORD "\\p{L}\\p{M}\\p{Nd}\\p{Pc}"
+#define FORGE__RE_WORD "\\p{L}\\p{M}\\p{Nd}\\p{Nl}\\p{Pc}\\x{200c}\\x{200d}\\x{24b6}-\\x{24e9}\\x{1f130}-\\x{1f189}"
 
 static bool forge__regex_translate(const char *src, size_t n, forge__buf *out) {
     bool in_class = false;
@@ -2098,6 +2106,853 @@ static int forge__trie_longest(const forge__trie *t, const char *s, size_t n, si
         if (t->term[node] >= 0) { best = t->term[node]; *len = i + 1; }
     }
     return best;
+}
+
+/* ---- Byte-level alphabet (GPT-2): every byte is shown as a printable character; the
+ * printable ones stand for themselves, the other 68 become U+0100.. in byte order. ---- */
+
+static uint32_t forge__bl_cp(unsigned b) {
+    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
+    if (b <= 32) return 256 + b;
+    if (b <= 160) return 289 + (b - 127);
+    return 323; /* 173 */
+}
+/* The byte a byte-level character stands for, or -1. */
+static int forge__bl_byte(uint32_t cp) {
+    if (cp < 256) return forge__bl_cp(cp) == cp ? (int)cp : -1;
+    if (cp <= 288) return (int)(cp - 256);
+    if (cp <= 322) return (int)(cp - 289 + 127);
+    return cp == 323 ? 173 : -1;
+}
+
+/* ---- Encoding ---- */
+
+typedef struct forge__span {
+    uint32_t off, len;
+    bool first;          /* starts at offset 0 of the original text (Metaspace prepend_scheme "first") */
+} forge__span;
+
+typedef struct forge__seg {
+    uint32_t off, len;
+    int32_t id;          /* an added token, or -1 for text */
+} forge__seg;
+
+typedef struct forge__mark {
+    uint32_t s, e;
+    bool m;              /* a match of the split pattern */
+} forge__mark;
+
+typedef struct forge__sym {
+    int32_t id, prev, next;
+    uint32_t off, len;   /* bytes of the word this symbol covers */
+} forge__sym;
+
+typedef struct forge__heapent {
+    uint64_t key;        /* BPE: rank << 32 | pos; SPM: see forge__spm_key */
+    int32_t a, b;        /* BPE: merged id; SPM: left, right symbol */
+    uint32_t size;       /* SPM: byte length of the pair when it was queued */
+} forge__heapent;
+
+typedef struct forge__tkwork {
+    const forge__tokenizer *tk;
+    forge__buf ids;                /* int32_t output */
+    forge__buf input;              /* lossy copy of invalid input */
+    forge__buf norm, ntmp;         /* normalized segment, normalizer scratch */
+    forge__buf text[2];            /* pre-tokenizer outputs (ping-pong) */
+    forge__buf spans[2], marks, segs_raw, segs_norm, iv;
+    forge__buf sym, heap, tmp;
+    pcre2_match_data *md;
+    bool parse_special;
+} forge__tkwork;
+
+static void forge__tkwork_init(forge__tkwork *w, const forge__tokenizer *tk) {
+    memset(w, 0, sizeof *w);
+    w->tk = tk;
+}
+static void forge__tkwork_free(forge__tkwork *w) {
+    forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
+                        &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++) forge__buf_free(bs[i]);
+    if (w->md) pcre2_match_data_free(w->md);
+    w->md = NULL;
+}
+static bool forge__tkwork_oom(const forge__tkwork *w) {
+    const forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
+                              &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++)
+        if (bs[i]->oom) return true;
+    return false;
+}
+
+/* Leftmost-longest added-token matches in s[0..n), as HF's AddedVocabulary finds them:
+ * the scan resumes after every match, even one it then ignores (a special token when
+ * special text is not parsed, a single_word token inside a word). */
+static void forge__tk_split_added(forge__tkwork *w, const forge__trie *t, const char *s, size_t n, forge__buf *out) {
+    const forge__tokenizer *tk = w->tk;
+    out->n = 0;
+    size_t start_offset = 0, pos = 0;
+    while (t->keys && pos < n) {
+        size_t mlen = 0;
+        if (!t->first[(unsigned char)s[pos]]) { pos++; continue; }
+        int k = forge__trie_longest(t, s + pos, n - pos, &mlen);
+        if (k < 0) { pos++; continue; }
+        const forge__added *ad = &tk->added[k];
+        size_t start = pos, stop = pos + mlen;
+        pos = stop;
+        if (ad->special && !w->parse_special) continue;
+        if (ad->single_word) {
+            bool word_before = false, word_after = false;
+            if (start > 0) {
+                size_t b = start - 1;
+                while (b > 0 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
+                uint32_t cp;
+                if (forge__utf8_dec((const unsigned char *)s + b, start - b, &cp)) word_before = forge__is_word(cp);
+            }
+            if (stop < n) {
+                uint32_t cp;
+                if (forge__utf8_dec((const unsigned char *)s + stop, n - stop, &cp)) word_after = forge__is_word(cp);
+            }
+            if (word_before || word_after) continue;
+        }
+        if (ad->lstrip) {
+            size_t b = start;
+            while (b > 0) {
+                size_t c = b - 1;
+                while (c > 0 && ((unsigned char)s[c] & 0xC0) == 0x80) c--;
+                uint32_t cp;
+                if (!forge__utf8_dec((const unsigned char *)s + c, b - c, &cp) || !forge__is_ws(cp)) break;
+                b = c;
+            }
+            start = FORGE__MAX(b, start_offset);
+        }
+        if (ad->rstrip) {
+            uint32_t cp;
+            int l;
+            while (stop < n && (l = forge__utf8_dec((const unsigned char *)s + stop, n - stop, &cp)) && forge__is_ws(cp)) stop += (size_t)l;
+        }
+        if (start_offset < start) FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start_offset, (uint32_t)(start - start_offset), -1}));
+        FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start, (uint32_t)(stop - start), ad->id}));
+        start_offset = stop;
+    }
+    if (start_offset < n) FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start_offset, (uint32_t)(n - start_offset), -1}));
+}
+
+/* Appends the unicode normalization of s (form: UTF8PROC_* options) to out. ASCII runs are
+ * their own normal form in all four forms, so only the rest goes through utf8proc: a run
+ * that has non-ASCII characters starts at the ASCII character before it (a base that a
+ * combining mark may compose with) and ends before the next ASCII character. */
+static void forge__tk_unicode_norm(forge__buf *out, const char *s, size_t n, int options) {
+    size_t i = 0;
+    while (i < n) {
+        size_t j = i;
+        while (j < n && (unsigned char)s[j] < 0x80) j++;
+        if (j == n) { forge__buf_put(out, s + i, n - i); break; }
+        size_t k = j > i ? j - 1 : j; /* keep the base character with the run */
+        forge__buf_put(out, s + i, k - i);
+        size_t e = j;
+        while (e < n && (unsigned char)s[e] >= 0x80) e++;
+        utf8proc_uint8_t *dst = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s + k, (utf8proc_ssize_t)(e - k), &dst, (utf8proc_option_t)options);
+        if (r >= 0) forge__buf_put(out, dst, (size_t)r);
+        else forge__buf_put(out, s + k, e - k); /* cannot happen on valid UTF-8 */
+        free(dst);
+        i = e;
+    }
+}
+
+/* All matches of a pattern in s[0..n), as (start, end) pairs appended to iv (uint32 x2).
+ * After an empty match the search moves on by one character. */
+static void forge__pat_find(forge__tkwork *w, const forge__pat *p, const char *s, size_t n, forge__buf *iv) {
+    iv->n = 0;
+    if (p->re) {
+        if (!w->md && !(w->md = pcre2_match_data_create(1, NULL))) { iv->oom = true; return; }
+        size_t start = 0;
+        while (start <= n) {
+            int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL);
+            if (rc < 0) break;
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
+            uint32_t pr[2] = {(uint32_t)ov[0], (uint32_t)ov[1]};
+            forge__buf_put(iv, pr, sizeof pr);
+            if (ov[1] > ov[0]) start = ov[1];
+            else if (ov[1] < n) start = ov[1] + (size_t)forge__utf8_len1((unsigned char)s[ov[1]]);
+            else break;
+        }
+    } else if (p->len) {
+        size_t i = 0;
+        while (i + p->len <= n) {
+            const char *f = (const char *)memmem(s + i, n - i, p->str, p->len);
+            if (!f) break;
+            uint32_t pr[2] = {(uint32_t)(f - s), (uint32_t)(f - s + p->len)};
+            forge__buf_put(iv, pr, sizeof pr);
+            i = (size_t)(f - s) + p->len;
+        }
+    }
+}
+
+static void forge__tk_lower(forge__buf *out, const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint32_t cp;
+        int l = forge__utf8_dec((const unsigned char *)s + i, n - i, &cp);
+        if (!l) { l = 1; cp = 0xFFFD; }
+        if (cp < 0x80) { char c = (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp); forge__buf_put(out, &c, 1); }
+        else if (cp == 0x130) forge__buf_put(out, "i\xcc\x87", 3); /* Rust: İ -> "i̇", the one two-character lowercase */
+        else forge__utf8_put(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+        i += (size_t)l;
+    }
+}
+
+/* Runs the normalizer steps on s[0..n); the result is w->norm. */
+static void forge__tk_normalize(forge__tkwork *w, const char *s, size_t n) {
+    const forge__tokenizer *tk = w->tk;
+    forge__buf *cur = &w->norm, *nxt = &w->ntmp;
+    cur->n = 0;
+    forge__buf_put(cur, s, n);
+    for (int i = 0; i < tk->n_norm; i++) {
+        const forge__norm_step *st = &tk->norm[i];
+        const char *c = cur->p ? cur->p : "";
+        size_t cn = cur->n;
+        nxt->n = 0;
+        switch (st->kind) {
+        case FORGE__N_NFC: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_COMPOSE); break;
+        case FORGE__N_NFD: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE); break;
+        case FORGE__N_NFKC: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT); break;
+        case FORGE__N_NFKD: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT); break;
+        case FORGE__N_LOWER: forge__tk_lower(nxt, c, cn); break;
+        case FORGE__N_PREPEND:
+            if (cn) forge__buf_put(nxt, st->s, st->len);
+            forge__buf_put(nxt, c, cn);
+            break;
+        case FORGE__N_STRIP: {
+            size_t a = 0, b = cn;
+            uint32_t cp;
+            int l;
+            while (st->left && a < b && (l = forge__utf8_dec((const unsigned char *)c + a, b - a, &cp)) && forge__is_ws(cp)) a += (size_t)l;
+            while (st->right && b > a) {
+                size_t p = b - 1;
+                while (p > a && ((unsigned char)c[p] & 0xC0) == 0x80) p--;
+                if (!forge__utf8_dec((const unsigned char *)c + p, b - p, &cp) || !forge__is_ws(cp)) break;
+                b = p;
+            }
+            forge__buf_put(nxt, c + a, b - a);
+            break;
+        }
+        case FORGE__N_STRIP_ACCENTS: {
+            size_t k = 0;
+            uint32_t cp;
+            while (k < cn) {
+                int l = forge__utf8_dec((const unsigned char *)c + k, cn - k, &cp);
+                if (!l) l = 1;
+                utf8proc_category_t cat = utf8proc_category((utf8proc_int32_t)cp);
+                if (cat < UTF8PROC_CATEGORY_MN || cat > UTF8PROC_CATEGORY_ME) forge__buf_put(nxt, c + k, (size_t)l); /* HF drops every mark */
+                k += (size_t)l;
+            }
+            break;
+        }
+        case FORGE__N_REPLACE: {
+            forge__pat_find(w, &st->pat, c, cn, &w->iv);
+            size_t prev = 0, m = w->iv.n / 8;
+            for (size_t k = 0; k < m; k++) {
+                uint32_t *pr = (uint32_t *)w->iv.p + 2 * k;
+                forge__buf_put(nxt, c + prev, pr[0] - prev);
+                forge__buf_put(nxt, st->s, st->len);
+                prev = pr[1];
+            }
+            forge__buf_put(nxt, c + prev, cn - prev);
+            break;
+        }
+        }
+        forge__buf *t = cur;
+        cur = nxt;
+        nxt = t;
+    }
+    if (cur != &w->norm) { /* keep the result in w->norm */
+        forge__buf t = w->norm;
+        w->norm = *cur;
+        *cur = t;
+    }
+}
+
+/* Match intervals of one pre-tokenizer step over s[0..n) into w->marks. */
+static void forge__tk_marks(forge__tkwork *w, const forge__pre_step *st, const char *s, size_t n) {
+    forge__buf *mk = &w->marks;
+    mk->n = 0;
+    if (st->kind == FORGE__P_SPLIT || st->kind == FORGE__P_WHITESPACE) {
+        forge__pat_find(w, &st->pat, s, n, &w->iv);
+        size_t prev = 0, m = w->iv.n / 8;
+        bool inv = st->kind == FORGE__P_WHITESPACE ? true : st->invert;
+        for (size_t k = 0; k < m; k++) {
+            uint32_t *pr = (uint32_t *)w->iv.p + 2 * k;
+            if (prev != pr[0]) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)prev, pr[0], inv}));
+            FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){pr[0], pr[1], !inv}));
+            prev = pr[1];
+        }
+        if (prev != n) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)prev, (uint32_t)n, inv}));
+        return;
+    }
+    /* a character predicate: every matching character is its own match */
+    size_t last = 0, i = 0;
+    while (i < n) {
+        uint32_t cp;
+        int l = forge__utf8_dec((const unsigned char *)s + i, n - i, &cp);
+        if (!l) { l = 1; cp = 0xFFFD; }
+        bool m = st->kind == FORGE__P_DIGITS ? forge__is_numeric(cp) : st->kind == FORGE__P_PUNCT ? forge__is_punct(cp)
+               : st->kind == FORGE__P_WSSPLIT ? forge__is_ws(cp) : cp == st->repl;
+        if (m) {
+            if (last < i) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)last, (uint32_t)i, false}));
+            FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)i, (uint32_t)(i + (size_t)l), true}));
+            last = i + (size_t)l;
+        }
+        i += (size_t)l;
+    }
+    if (last < n) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)last, (uint32_t)n, false}));
+}
+
+/* Applies a split behavior to w->marks and appends the non-empty pieces of span `sp` to out. */
+static void forge__tk_apply_split(forge__tkwork *w, forge__split_beh beh, forge__span sp, forge__buf *out) {
+    size_t m = FORGE__VEC_LEN(&w->marks, forge__mark);
+    forge__mark *mk = (forge__mark *)w->marks.p;
+    /* fold into pieces in place: pieces never outnumber marks */
+    size_t np = 0;
+    bool prev_match = false;
+    if (beh == FORGE__SB_MERGED_NEXT) {
+        for (size_t k = m; k-- > 0;) { /* right to left, as HF folds the reversed list */
+            forge__mark x = mk[k];
+            if (x.m && !prev_match && np > 0) mk[m - np].s = x.s; /* merge into the piece after */
+            else { mk[m - 1 - np] = (forge__mark){x.s, x.e, false}; np++; }
+            prev_match = x.m;
+        }
+        mk += m - np;
+    } else {
+        for (size_t k = 0; k < m; k++) {
+            forge__mark x = mk[k];
+            bool merge = beh == FORGE__SB_MERGED_PREV ? (x.m && !prev_match && np > 0)
+                       : beh == FORGE__SB_CONTIGUOUS ? (x.m == prev_match && np > 0) : false;
+            if (beh == FORGE__SB_REMOVED) {
+                if (!x.m) mk[np++] = x;
+            } else if (merge) {
+                mk[np - 1].e = x.e;
+            } else {
+                mk[np++] = (forge__mark){x.s, x.e, false};
+            }
+            prev_match = x.m;
+        }
+    }
+    for (size_t k = 0; k < np; k++)
+        if (mk[k].e > mk[k].s)
+            FORGE__VEC_PUSH(out, forge__span, ((forge__span){sp.off + mk[k].s, mk[k].e - mk[k].s, sp.first && mk[k].s == 0}));
+}
+
+static void forge__bl_put(forge__buf *out, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) forge__utf8_put(out, forge__bl_cp((unsigned char)s[i]));
+}
+
+/* Runs the pre-tokenizer steps over w->spans[0] (text at *base); the final spans are in
+ * w->spans[*which], their text at *base. */
+static void forge__tk_pretokenize(forge__tkwork *w, const char **base, int *which) {
+    const forge__tokenizer *tk = w->tk;
+    int cur = 0, tb = 0;
+    for (int i = 0; i < tk->n_pre; i++) {
+        const forge__pre_step *st = &tk->pre[i];
+        forge__buf *in = &w->spans[cur], *out = &w->spans[1 - cur];
+        out->n = 0;
+        size_t ns = FORGE__VEC_LEN(in, forge__span);
+        const char *b = *base;
+        if (st->kind == FORGE__P_BYTELEVEL || st->kind == FORGE__P_METASPACE) {
+            /* transforming steps write their pieces into a fresh text buffer */
+            forge__buf *tx = &w->text[tb];
+            tx->n = 0;
+            for (size_t k = 0; k < ns; k++) {
+                forge__span sp = FORGE__VEC_AT(in, forge__span, k);
+                const char *s = b + sp.off;
+                forge__buf *t = &w->tmp;
+                t->n = 0;
+                if (st->kind == FORGE__P_BYTELEVEL) {
+                    if (st->add_prefix_space && (sp.len == 0 || s[0] != ' ')) forge__buf_put(t, " ", 1);
+                    forge__buf_put(t, s, sp.len);
+                    forge__span whole = {0, (uint32_t)t->n, sp.first};
+                    size_t o0 = FORGE__VEC_LEN(out, forge__span);
+                    if (st->use_regex) {
+                        forge__pre_step iso = {.kind = FORGE__P_SPLIT, .pat = st->pat, .beh = FORGE__SB_ISOLATED};
+                        forge__tk_marks(w, &iso, t->p ? t->p : "", t->n);
+                        forge__tk_apply_split(w, FORGE__SB_ISOLATED, whole, out);
+                    } else if (whole.len) {
+                        FORGE__VEC_PUSH(out, forge__span, whole);
+                    }
+                    size_t o1 = FORGE__VEC_LEN(out, forge__span);
+                    for (size_t q = o0; q < o1; q++) { /* map each piece into tx */
+                        forge__span *ps = &FORGE__VEC_AT(out, forge__span, q);
+                        uint32_t start = (uint32_t)tx->n;
+                        forge__bl_put(tx, t->p + ps->off, ps->len);
+                        ps->off = start;
+                        ps->len = (uint32_t)tx->n - start;
+                    }
+                } else {
+                    char rep[4];
+                    forge__buf rb;
+                    forge__buf_init(&rb, rep, sizeof rep);
+                    forge__utf8_put(&rb, st->repl);
+                    bool starts = sp.len >= rb.n && !memcmp(s, rep, rb.n);
+                    bool starts_space = sp.len > 0 && s[0] == ' ';
+                    uint32_t start = (uint32_t)tx->n;
+                    if ((st->prepend == 2 || (st->prepend == 1 && sp.first)) && !starts && !starts_space) forge__buf_put(tx, rep, rb.n);
+                    for (uint32_t q = 0; q < sp.len; q++) {
+                        if (s[q] == ' ') forge__buf_put(tx, rep, rb.n);
+                        else forge__buf_put(tx, s + q, 1);
+                    }
+                    forge__span piece = {start, (uint32_t)tx->n - start, sp.first};
+                    if (st->split) {
+                        forge__tk_marks(w, st, tx->p + piece.off, piece.len);
+                        forge__tk_apply_split(w, FORGE__SB_MERGED_NEXT, piece, out);
+                    } else if (piece.len) {
+                        FORGE__VEC_PUSH(out, forge__span, piece);
+                    }
+                }
+            }
+            *base = tx->p ? tx->p : "";
+            tb = 1 - tb;
+        } else {
+            forge__split_beh beh = st->kind == FORGE__P_SPLIT || st->kind == FORGE__P_PUNCT ? st->beh
+                                 : st->kind == FORGE__P_DIGITS ? (st->individual ? FORGE__SB_ISOLATED : FORGE__SB_CONTIGUOUS)
+                                 : FORGE__SB_REMOVED;
+            for (size_t k = 0; k < ns; k++) {
+                forge__span sp = FORGE__VEC_AT(in, forge__span, k);
+                forge__tk_marks(w, st, b + sp.off, sp.len);
+                forge__tk_apply_split(w, beh, sp, out);
+            }
+        }
+        cur = 1 - cur;
+    }
+    *which = cur;
+}
+
+/* ---- Models ---- */
+
+static void forge__heap_push(forge__buf *h, forge__heapent e, bool (*less)(const forge__heapent *, const forge__heapent *)) {
+    forge__buf_put(h, &e, sizeof e);
+    if (h->oom) return;
+    forge__heapent *v = (forge__heapent *)h->p;
+    size_t i = h->n / sizeof e - 1;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!less(&v[i], &v[p])) break;
+        forge__heapent t = v[i]; v[i] = v[p]; v[p] = t;
+        i = p;
+    }
+}
+static forge__heapent forge__heap_pop(forge__buf *h, bool (*less)(const forge__heapent *, const forge__heapent *)) {
+    forge__heapent *v = (forge__heapent *)h->p;
+    size_t n = h->n / sizeof *v;
+    forge__heapent top = v[0];
+    v[0] = v[--n];
+    h->n -= sizeof *v;
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && less(&v[l], &v[m])) m = l;
+        if (r < n && less(&v[r], &v[m])) m = r;
+        if (m == i) break;
+        forge__heapent t = v[i]; v[i] = v[m]; v[m] = t;
+        i = m;
+    }
+    return top;
+}
+static bool forge__bpe_less(const forge__heapent *x, const forge__heapent *y) { return x->key < y->key; }
+
+static void forge__bpe_queue(forge__tkwork *w, forge__sym *sy, int32_t pos) {
+    const forge__merge *m = forge__merge_get(&w->tk->merges, sy[pos].id, sy[sy[pos].next].id);
+    if (m) forge__heap_push(&w->heap, (forge__heapent){((uint64_t)m->rank << 32) | (uint32_t)pos, m->id, 0, 0}, forge__bpe_less);
+}
+
+/* One pre-tokenized word through BPE (HF models/bpe: characters -> vocabulary ids, with byte
+ * fallback or unk; then the lowest-ranked adjacent pair merges first, leftmost on ties). */
+static void forge__bpe_word(forge__tkwork *w, const char *s, size_t n) {
+    const forge__tokenizer *tk = w->tk;
+    if (!n) return;
+    if (tk->ignore_merges) {
+        int32_t id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s, n);
+        if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); return; }
+    }
+    forge__buf *sb = &w->sym;
+    sb->n = 0;
+    int32_t unk_len = -1, unk_off = 0; /* a pending unk (fused while fuse_unk) */
+    char tmpbuf[64];
+    for (size_t i = 0; i < n;) {
+        size_t l = (size_t)forge__utf8_len1((unsigned char)s[i]);
+        if (l > n - i) l = n - i;
+        int32_t id;
+        if (!tk->cont_prefix_len && !tk->eow_suffix_len) {
+            id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s + i, l);
+        } else {
+            forge__buf t;
+            forge__buf_init(&t, tmpbuf, sizeof tmpbuf);
+            if (i > 0) forge__buf_put(&t, tk->cont_prefix, tk->cont_prefix_len);
+            forge__buf_put(&t, s + i, l);
+            if (i + l == n) forge__buf_put(&t, tk->eow_suffix, tk->eow_suffix_len);
+            id = t.oom ? -1 : forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, t.p, t.n);
+            forge__buf_free(&t);
+        }
+        if (id >= 0) {
+            if (unk_len >= 0) { FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len})); unk_len = -1; }
+            FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){id, 0, 0, (uint32_t)i, (uint32_t)l}));
+        } else {
+            bool bytes_ok = tk->byte_fallback;
+            for (size_t k = 0; bytes_ok && k < l; k++) bytes_ok = tk->byte_id[(unsigned char)s[i + k]] >= 0;
+            if (bytes_ok) {
+                for (size_t k = 0; k < l; k++)
+                    FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->byte_id[(unsigned char)s[i + k]], 0, 0, (uint32_t)(i + k), 1}));
+            } else if (tk->model_unk >= 0) {
+                if (unk_len >= 0 && tk->fuse_unk) unk_len += (int32_t)l;
+                else {
+                    if (unk_len >= 0) FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len}));
+                    unk_len = (int32_t)l;
+                    unk_off = (int32_t)i;
+                }
+            } /* else: HF drops a character it cannot represent */
+        }
+        i += l;
+    }
+    if (unk_len >= 0) FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len}));
+    if (sb->oom) return;
+    int32_t ns = (int32_t)FORGE__VEC_LEN(sb, forge__sym);
+    forge__sym *sy = (forge__sym *)sb->p;
+    for (int32_t i = 0; i < ns; i++) { sy[i].prev = i - 1; sy[i].next = i + 1 < ns ? i + 1 : -1; }
+    w->heap.n = 0;
+    if (tk->merges.count) {
+        for (int32_t i = 0; i + 1 < ns; i++) forge__bpe_queue(w, sy, i);
+        while (w->heap.n && !w->heap.oom) {
+            forge__heapent top = forge__heap_pop(&w->heap, forge__bpe_less);
+            int32_t pos = (int32_t)(uint32_t)top.key;
+            if (sy[pos].len == 0 || sy[pos].next < 0) continue;
+            int32_t nx = sy[pos].next;
+            const forge__merge *m = forge__merge_get(&tk->merges, sy[pos].id, sy[nx].id);
+            if (!m || m->id != top.a) continue; /* a stale entry */
+            sy[pos].id = m->id;
+            sy[pos].len += sy[nx].len;
+            sy[nx].len = 0;
+            sy[pos].next = sy[nx].next;
+            if (sy[nx].next >= 0) sy[sy[nx].next].prev = pos;
+            if (sy[pos].prev >= 0) forge__bpe_queue(w, sy, sy[pos].prev);
+            if (sy[pos].next >= 0) forge__bpe_queue(w, sy, pos);
+        }
+    }
+    for (int32_t i = 0; i >= 0 && i < ns; i = sy[i].next) FORGE__VEC_PUSH(&w->ids, int32_t, sy[i].id);
+}
+
+/* SentencePiece-style merging by score (GGUF "llama" vocabularies, as llama.cpp does): the
+ * adjacent pair whose concatenation is the best-scoring vocabulary entry merges first,
+ * leftmost on ties; leftover characters become <0xXX> byte tokens, else unk. */
+static bool forge__spm_less(const forge__heapent *x, const forge__heapent *y) {
+    /* key holds the score as an order-preserving integer; higher score first */
+    if (x->key != y->key) return x->key > y->key;
+    return x->a < y->a;
+}
+static uint64_t forge__spm_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u & 0x80000000u) ? (uint64_t)(~u) : (uint64_t)(u | 0x80000000u);
+}
+static void forge__spm_queue(forge__tkwork *w, const char *s, forge__sym *sy, int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    uint32_t size = sy[left].len + sy[right].len;
+    int32_t id = forge__strtab_get(&w->tk->vocab, w->tk->vpieces, w->tk->vpiece_len, s + sy[left].off, size);
+    if (id < 0) return;
+    float sc = w->tk->scores ? w->tk->scores[id] : 0.0f;
+    forge__heap_push(&w->heap, (forge__heapent){forge__spm_key(sc), left, right, size}, forge__spm_less);
+}
+static void forge__spm_word(forge__tkwork *w, const char *s, size_t n) {
+    const forge__tokenizer *tk = w->tk;
+    forge__buf *sb = &w->sym;
+    sb->n = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = FORGE__MIN((size_t)forge__utf8_len1((unsigned char)s[i]), n - i);
+        FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){-1, 0, 0, (uint32_t)i, (uint32_t)l}));
+        i += l;
+    }
+    if (sb->oom) return;
+    int32_t ns = (int32_t)FORGE__VEC_LEN(sb, forge__sym);
+    forge__sym *sy = (forge__sym *)sb->p;
+    for (int32_t i = 0; i < ns; i++) { sy[i].prev = i - 1; sy[i].next = i + 1 < ns ? i + 1 : -1; }
+    w->heap.n = 0;
+    for (int32_t i = 1; i < ns; i++) forge__spm_queue(w, s, sy, i - 1, i);
+    while (w->heap.n && !w->heap.oom) {
+        forge__heapent b = forge__heap_pop(&w->heap, forge__spm_less);
+        forge__sym *l = &sy[b.a], *r = &sy[b.b];
+        if (l->len == 0 || r->len == 0 || l->len + r->len != b.size) continue;
+        l->len += r->len;
+        r->len = 0;
+        l->next = r->next;
+        if (r->next >= 0) sy[r->next].prev = b.a;
+        forge__spm_queue(w, s, sy, l->prev, b.a);
+        forge__spm_queue(w, s, sy, b.a, l->next);
+    }
+    for (int32_t i = 0; i >= 0 && i < ns; i = sy[i].next) {
+        int32_t id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s + sy[i].off, sy[i].len);
+        if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); continue; }
+        for (uint32_t k = 0; k < sy[i].len; k++) {
+            unsigned char c = (unsigned char)s[sy[i].off + k];
+            int32_t bid = tk->byte_id[c];
+            if (bid < 0) bid = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, (const char *)&c, 1);
+            if (bid < 0) bid = tk->unk;
+            if (bid >= 0) FORGE__VEC_PUSH(&w->ids, int32_t, bid);
+        }
+    }
+}
+
+/* Text that no added token claimed: pre-tokenizer, then the model, word by word. */
+static void forge__tk_encode_text(forge__tkwork *w, const char *s, size_t n, bool first) {
+    const forge__tokenizer *tk = w->tk;
+    if (!n) return;
+    w->spans[0].n = 0;
+    FORGE__VEC_PUSH(&w->spans[0], forge__span, ((forge__span){0, (uint32_t)n, first}));
+    const char *base = s;
+    int which = 0;
+    forge__tk_pretokenize(w, &base, &which);
+    size_t ns = FORGE__VEC_LEN(&w->spans[which], forge__span);
+    for (size_t k = 0; k < ns; k++) {
+        forge__span sp = FORGE__VEC_AT(&w->spans[which], forge__span, k);
+        if (tk->model == FORGE__TKM_SPM) forge__spm_word(w, base + sp.off, sp.len);
+        else forge__bpe_word(w, base + sp.off, sp.len);
+    }
+}
+
+/* The whole encode: ids appended to w->ids. */
+static void forge__tk_encode(forge__tkwork *w, const char *text, size_t len, bool add_special, bool parse_special) {
+    const forge__tokenizer *tk = w->tk;
+    w->parse_special = parse_special;
+    if (!forge__utf8_valid(text, len)) {
+        w->input.n = 0;
+        forge__utf8_lossy(&w->input, text, len);
+        text = w->input.p ? w->input.p : "";
+        len = w->input.n;
+    }
+    if (add_special)
+        for (int i = 0; i < tk->n_tmpl_pre; i++) FORGE__VEC_PUSH(&w->ids, int32_t, tk->tmpl_pre[i]);
+    forge__tk_split_added(w, &tk->trie_raw, text, len, &w->segs_raw);
+    size_t nseg = FORGE__VEC_LEN(&w->segs_raw, forge__seg);
+    for (size_t i = 0; i < nseg && !w->segs_raw.oom; i++) {
+        forge__seg sg = FORGE__VEC_AT(&w->segs_raw, forge__seg, i);
+        if (sg.id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, sg.id); continue; }
+        const char *s = text + sg.off;
+        size_t n = sg.len;
+        if (tk->n_norm) {
+            forge__tk_normalize(w, s, n);
+            s = w->norm.p ? w->norm.p : "";
+            n = w->norm.n;
+        }
+        if (!tk->trie_norm.keys) {
+            forge__tk_encode_text(w, s, n, sg.off == 0);
+            continue;
+        }
+        forge__tk_split_added(w, &tk->trie_norm, s, n, &w->segs_norm);
+        size_t nn = FORGE__VEC_LEN(&w->segs_norm, forge__seg);
+        for (size_t k = 0; k < nn; k++) {
+            forge__seg g2 = FORGE__VEC_AT(&w->segs_norm, forge__seg, k);
+            if (g2.id >= 0) FORGE__VEC_PUSH(&w->ids, int32_t, g2.id);
+            else forge__tk_encode_text(w, s + g2.off, g2.len, sg.off == 0 && g2.off == 0);
+        }
+    }
+    if (add_special)
+        for (int i = 0; i < tk->n_tmpl_post; i++) FORGE__VEC_PUSH(&w->ids, int32_t, tk->tmpl_post[i]);
+}
+
+/* ---- Decoding: ids -> pieces -> decoder steps (each maps a list of strings to a list of
+ * strings, as HF's decode_chain) -> their concatenation. ---- */
+
+typedef struct forge__strs {
+    forge__buf text, idx;      /* idx: (off, len) uint32 pairs into text */
+} forge__strs;
+
+static void forge__strs_add(forge__strs *l, const char *s, size_t n) {
+    uint32_t pr[2] = {(uint32_t)l->text.n, (uint32_t)n};
+    forge__buf_put(&l->text, s, n);
+    forge__buf_put(&l->idx, pr, sizeof pr);
+}
+static size_t forge__strs_n(const forge__strs *l) { return l->idx.n / 8; }
+static const char *forge__strs_get(const forge__strs *l, size_t i, size_t *n) {
+    const uint32_t *pr = (const uint32_t *)l->idx.p + 2 * i;
+    *n = pr[1];
+    return l->text.p ? l->text.p + pr[0] : "";
+}
+/* Starts a new token that the caller fills by appending to l->text, then closes. */
+static void forge__strs_open(forge__strs *l, uint32_t *start) { *start = (uint32_t)l->text.n; }
+static void forge__strs_close(forge__strs *l, uint32_t start) {
+    uint32_t pr[2] = {start, (uint32_t)l->text.n - start};
+    forge__buf_put(&l->idx, pr, sizeof pr);
+}
+
+/* Decodes ids into out (appended). *incomplete tells whether the text ends inside a UTF-8
+ * sequence that later ids could finish (then it ends in U+FFFD here). Stack storage keeps
+ * small decodes (the streaming case) free of allocation. */
+static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *ids, size_t n, bool skip_special, forge__buf *out,
+                                     bool *incomplete, forge__err *err) {
+    char st0[2][1024], sx0[2][512];
+    forge__strs L[2];
+    for (int k = 0; k < 2; k++) {
+        forge__buf_init(&L[k].text, st0[k], sizeof st0[k]);
+        forge__buf_init(&L[k].idx, sx0[k], sizeof sx0[k]);
+    }
+    forge__buf tmp;
+    char tmp0[256];
+    forge__buf_init(&tmp, tmp0, sizeof tmp0);
+    forge_status rc = FORGE_OK;
+    if (incomplete) *incomplete = false;
+    int cur = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ids[i];
+        if (id < 0 || id >= tk->n_vocab || !tk->pieces[id]) {
+            rc = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %zu) is outside the vocabulary of %d", id, i, tk->n_vocab);
+            goto done;
+        }
+        if (skip_special && tk->is_special[id]) continue;
+        forge__strs_add(&L[0], tk->pieces[id], tk->piece_len[id]);
+    }
+    if (!tk->has_decoder) {
+        size_t m = forge__strs_n(&L[0]);
+        for (size_t k = 0; k < m; k++) {
+            size_t ln;
+            const char *s = forge__strs_get(&L[0], k, &ln);
+            if (k) forge__buf_put(out, " ", 1);
+            forge__buf_put(out, s, ln);
+        }
+        goto done;
+    }
+    for (int d = 0; d < tk->n_dec; d++) {
+        const forge__dec_step *st = &tk->dec[d];
+        forge__strs *in = &L[cur], *o = &L[1 - cur];
+        o->text.n = o->idx.n = 0;
+        size_t m = forge__strs_n(in);
+        uint32_t start;
+        switch (st->kind) {
+        case FORGE__D_BYTELEVEL: {
+            tmp.n = 0;
+            for (size_t k = 0; k < m; k++) {
+                size_t ln;
+                const char *s = forge__strs_get(in, k, &ln);
+                size_t mark = tmp.n, q = 0;
+                bool all = true;
+                while (q < ln) {
+                    uint32_t cp;
+                    int l = forge__utf8_dec((const unsigned char *)s + q, ln - q, &cp);
+                    int b = l ? forge__bl_byte(cp) : -1;
+                    if (b < 0) { all = false; break; }
+                    char c = (char)b;
+                    forge__buf_put(&tmp, &c, 1);
+                    q += (size_t)l;
+                }
+                if (!all) { tmp.n = mark; forge__buf_put(&tmp, s, ln); } /* not byte-level text: its own bytes */
+            }
+            if (incomplete) *incomplete = forge__utf8_incomplete_tail((const unsigned char *)(tmp.p ? tmp.p : ""), tmp.n);
+            forge__strs_open(o, &start);
+            forge__utf8_lossy(&o->text, tmp.p ? tmp.p : "", tmp.n);
+            forge__strs_close(o, start);
+            break;
+        }
+        case FORGE__D_METASPACE: {
+            char rep[4];
+            forge__buf rb;
+            forge__buf_init(&rb, rep, sizeof rep);
+            forge__utf8_put(&rb, st->ch);
+            for (size_t k = 0; k < m; k++) {
+                size_t ln, q = 0;
+                const char *s = forge__strs_get(in, k, &ln);
+                forge__strs_open(o, &start);
+                if (k == 0 && st->prepend != 0 && ln >= rb.n && !memcmp(s, rep, rb.n)) q = rb.n;
+                while (q < ln) {
+                    if (ln - q >= rb.n && !memcmp(s + q, rep, rb.n)) { forge__buf_put(&o->text, " ", 1); q += rb.n; }
+                    else forge__buf_put(&o->text, s + q++, 1);
+                }
+                forge__strs_close(o, start);
+            }
+            break;
+        }
+        case FORGE__D_REPLACE: {
+            forge__tkwork w;
+            forge__tkwork_init(&w, tk);
+            for (size_t k = 0; k < m; k++) {
+                size_t ln;
+                const char *s = forge__strs_get(in, k, &ln);
+                forge__pat_find(&w, &st->pat, s, ln, &w.iv);
+                forge__strs_open(o, &start);
+                size_t prev = 0, nm = w.iv.n / 8;
+                for (size_t q = 0; q < nm; q++) {
+                    uint32_t *pr = (uint32_t *)w.iv.p + 2 * q;
+                    forge__buf_put(&o->text, s + prev, pr[0] - prev);
+                    forge__buf_put(&o->text, st->s, st->len);
+                    prev = pr[1];
+                }
+                forge__buf_put(&o->text, s + prev, ln - prev);
+                forge__strs_close(o, start);
+            }
+            forge__tkwork_free(&w);
+            break;
+        }
+        case FORGE__D_BYTEFALLBACK: {
+            tmp.n = 0; /* pending bytes of <0xXX> tokens */
+            for (size_t k = 0; k <= m; k++) {
+                size_t ln = 0;
+                const char *s = k < m ? forge__strs_get(in, k, &ln) : "";
+                int hi = -1, lo = -1;
+                if (k < m && ln == 6 && !memcmp(s, "<0x", 3) && s[5] == '>') { hi = forge__hexval(s[3]); lo = forge__hexval(s[4]); }
+                if (hi >= 0 && lo >= 0) {
+                    char c = (char)(hi * 16 + lo);
+                    forge__buf_put(&tmp, &c, 1);
+                    continue;
+                }
+                if (tmp.n) {
+                    if (forge__utf8_valid(tmp.p, tmp.n)) {
+                        forge__strs_add(o, tmp.p, tmp.n);
+                    } else {
+                        if (k == m && incomplete) *incomplete = forge__utf8_incomplete_tail((const unsigned char *)tmp.p, tmp.n);
+                        for (size_t q = 0; q < tmp.n; q++) forge__strs_add(o, "\xef\xbf\xbd", 3); /* one U+FFFD per byte, as HF */
+                    }
+                    tmp.n = 0;
+                }
+                if (k < m) forge__strs_add(o, s, ln);
+            }
+            break;
+        }
+        case FORGE__D_FUSE:
+            forge__strs_open(o, &start);
+            for (size_t k = 0; k < m; k++) {
+                size_t ln;
+                const char *s = forge__strs_get(in, k, &ln);
+                forge__buf_put(&o->text, s, ln);
+            }
+            forge__strs_close(o, start);
+            break;
+        case FORGE__D_STRIP: {
+            char c[4];
+            forge__buf cb;
+            forge__buf_init(&cb, c, sizeof c);
+            forge__utf8_put(&cb, st->ch);
+            for (size_t k = 0; k < m; k++) {
+                size_t ln, a = 0, b;
+                const char *s = forge__strs_get(in, k, &ln);
+                b = ln;
+                for (int q = 0; q < st->start && ln - a >= cb.n && !memcmp(s + a, c, cb.n); q++) a += cb.n;
+                for (int q = 0; q < st->stop && b - a >= cb.n && !memcmp(s + b - cb.n, c, cb.n); q++) b -= cb.n;
+                forge__strs_add(o, s + a, b - a);
+            }
+            break;
+        }
+        }
+        cur = 1 - cur;
+    }
+    {
+        size_t m = forge__strs_n(&L[cur]);
+        for (size_t k = 0; k < m; k++) {
+            size_t ln;
+            const char *s = forge__strs_get(&L[cur], k, &ln);
+            forge__buf_put(out, s, ln);
+        }
+    }
+done:
+    if (!rc && (L[0].text.oom || L[1].text.oom || L[0].idx.oom || L[1].idx.oom || tmp.oom || out->oom))
+        rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory while decoding");
+    for (int k = 0; k < 2; k++) { forge__buf_free(&L[k].text); forge__buf_free(&L[k].idx); }
+    forge__buf_free(&tmp);
+    return rc;
 }
 
 /* ---- Loading tokenizer.json ---- */
@@ -2400,13 +3255,13 @@ static forge_status forge__tk_read_vocab(forge__tkload *L, forge__js *j, forge__
 static forge_status forge__tk_add_merge(forge__tkload *L, const char *a, size_t an, const char *b, size_t bn, uint32_t rank,
                                         forge__buf *cat) {
     forge__tokenizer *tk = L->tk;
-    int32_t ia = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, a, an);
-    int32_t ib = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, b, bn);
+    int32_t ia = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, a, an);
+    int32_t ib = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, b, bn);
     size_t skip = tk->cont_prefix_len && bn >= tk->cont_prefix_len && !memcmp(b, tk->cont_prefix, tk->cont_prefix_len) ? tk->cont_prefix_len : 0;
     cat->n = 0;
     forge__buf_put(cat, a, an);
     forge__buf_put(cat, b + skip, bn - skip);
-    int32_t im = cat->oom ? -1 : forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, cat->p ? cat->p : "", cat->n);
+    int32_t im = cat->oom ? -1 : forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, cat->p ? cat->p : "", cat->n);
     if (ia < 0 || ib < 0 || im < 0)
         return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u ('%.*s' '%.*s'): %s is not in the vocabulary", L->path, rank + 1,
                            (int)FORGE__MIN(an, 64), a, (int)FORGE__MIN(bn, 64), b, ia < 0 ? "the left part" : ib < 0 ? "the right part" : "the merged piece");
@@ -2484,7 +3339,7 @@ static forge_status forge__tk_finish_tables(forge__tkload *L) {
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
-        tk->byte_id[b] = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, name, 6);
+        tk->byte_id[b] = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, name, 6);
     }
     if (!forge__trie_build(&tk->trie_raw, tk->added, tk->n_added, false, L->a) ||
         !forge__trie_build(&tk->trie_norm, tk->added, tk->n_added, true, L->a))
@@ -2620,53 +3475,60 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
         forge__js v = {vocab_span, span[S_MODEL][1], false};
         if ((st = forge__tk_read_vocab(&L, &v, &ents, &max_id))) goto done;
     }
-    /* Added tokens decide the final id range. */
-    cJSON *added = NULL;
+    /* The model vocabulary first; added tokens may then grow the id range. */
+    if ((st = forge__tk_alloc(&L, (int)(max_id + 1)))) goto done;
+    size_t n_ents = FORGE__VEC_LEN(&ents, forge__tkent), vocab_size = 0;
+    if (!forge__strtab_init(&tk->vocab, n_ents, a)) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+    tk->vpieces = (const char **)forge__arena_alloc(a, sizeof(char *) * (size_t)(max_id + 1), 16);
+    tk->vpiece_len = (uint32_t *)forge__arena_alloc(a, sizeof(uint32_t) * (size_t)(max_id + 1), 16);
+    if (!tk->vpieces || !tk->vpiece_len) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+    for (size_t i = 0; i < n_ents; i++) {
+        forge__tkent *e = &FORGE__VEC_AT(&ents, forge__tkent, i);
+        tk->pieces[e->id] = tk->vpieces[e->id] = e->s;
+        tk->piece_len[e->id] = tk->vpiece_len[e->id] = e->len;
+    }
+    for (size_t i = 0; i < n_ents; i++) /* a repeated piece: HF's map keeps the last entry */
+        vocab_size += forge__strtab_put(&tk->vocab, tk->vpieces, tk->vpiece_len, FORGE__VEC_AT(&ents, forge__tkent, i).id, true);
     if (span[S_ADDED][0]) {
         part = cJSON_ParseWithLength(span[S_ADDED][0], (size_t)(span[S_ADDED][1] - span[S_ADDED][0]));
         if (!cJSON_IsArray(part)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added_tokens is not an array", path); goto done; }
-        added = part;
-        const cJSON *it;
-        cJSON_ArrayForEach(it, added) {
-            int id = forge__json_int(it, "id", -1);
-            if (id < 0 || id >= (1 << 24) || !forge__json_str(it, "content")) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added token without a valid id and content", path); goto done; }
-            if (id > max_id) max_id = id;
-        }
-    }
-    if ((st = forge__tk_alloc(&L, (int)(max_id + 1)))) goto done;
-    size_t n_ents = FORGE__VEC_LEN(&ents, forge__tkent);
-    if (!forge__strtab_init(&tk->vocab, n_ents, a)) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
-    for (size_t i = 0; i < n_ents; i++) {
-        forge__tkent *e = &FORGE__VEC_AT(&ents, forge__tkent, i);
-        tk->pieces[e->id] = e->s;
-        tk->piece_len[e->id] = e->len;
-    }
-    for (size_t i = 0; i < n_ents; i++) /* a repeated piece: HF's map keeps the last entry */
-        forge__strtab_put(&tk->vocab, tk->pieces, tk->piece_len, FORGE__VEC_AT(&ents, forge__tkent, i).id, true);
-    if (added) {
-        int n = cJSON_GetArraySize(added);
+        int n = cJSON_GetArraySize(part);
         tk->added = (forge__added *)forge__arena_alloc(a, sizeof(forge__added) * (size_t)(n ? n : 1), 16);
         if (!tk->added) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+        /* HF ignores the "id" written in the file: it re-adds the tokens in order, each taking
+         * its vocabulary id when its text is there, else the next id after the vocabulary and
+         * the added tokens so far (AddedVocabulary::add_tokens). */
+        int64_t max_added = -1;
         const cJSON *it;
-        cJSON_ArrayForEach(it, added) {
+        cJSON_ArrayForEach(it, part) {
             const char *c = forge__json_str(it, "content");
+            if (!c) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added token without content", path); goto done; }
+            size_t cl = strlen(c);
+            bool dup = cl == 0;
+            for (int k = 0; k < tk->n_added && !dup; k++) dup = tk->added[k].len == cl && !memcmp(tk->added[k].s, c, cl);
+            if (dup) continue;
             forge__added *ad = &tk->added[tk->n_added++];
-            ad->len = (uint32_t)strlen(c);
-            /* HF: an added token whose text is in the model vocabulary takes that id */
-            int32_t in_vocab = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, c, ad->len);
-            ad->id = in_vocab >= 0 ? in_vocab : forge__json_int(it, "id", 0);
+            if (!(ad->s = forge__arena_strndup(a, c, cl))) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+            ad->len = (uint32_t)cl;
+            int32_t in_vocab = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, c, cl);
+            if (in_vocab >= 0) ad->id = in_vocab;
+            else if (max_added < 0) ad->id = (int32_t)vocab_size;
+            else ad->id = (int32_t)(max_added >= (int64_t)vocab_size || vocab_size == 0 ? max_added + 1 : (int64_t)vocab_size);
+            if (ad->id > max_added) max_added = ad->id;
+            if (ad->id >= (1 << 24)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: too many added tokens", path); goto done; }
             ad->special = forge__json_bool(it, "special", false);
             ad->lstrip = forge__json_bool(it, "lstrip", false);
             ad->rstrip = forge__json_bool(it, "rstrip", false);
             ad->single_word = forge__json_bool(it, "single_word", false);
             ad->normalized = forge__json_bool(it, "normalized", !ad->special);
-            if (in_vocab >= 0) ad->s = tk->pieces[in_vocab];
-            else if (tk->pieces[ad->id]) ad->s = tk->pieces[ad->id]; /* shares the id's text when equal */
-            if (!ad->s || tk->piece_len[ad->id] != ad->len || memcmp(ad->s, c, ad->len)) {
-                if (!(ad->s = forge__arena_strndup(a, c, ad->len))) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
-                if (!tk->pieces[ad->id]) { tk->pieces[ad->id] = ad->s; tk->piece_len[ad->id] = ad->len; }
-            }
-            if (ad->special) tk->is_special[ad->id] = 1;
+        }
+        if (max_added >= tk->n_vocab) { /* grow the id tables */
+            const char **pieces = tk->pieces;
+            uint32_t *lens = tk->piece_len;
+            int old = tk->n_vocab;
+            if ((st = forge__tk_alloc(&L, (int)max_added + 1))) goto done;
+            memcpy(tk->pieces, pieces, sizeof(char *) * (size_t)old);
+            memcpy(tk->piece_len, lens, sizeof(uint32_t) * (size_t)old);
         }
     }
     /* Merges need the vocabulary table. */
@@ -2677,11 +3539,10 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
     {
         const char *unk = forge__json_str(model, "unk_token");
         if (unk) {
-            tk->model_unk = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, unk, strlen(unk));
+            tk->model_unk = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, unk, strlen(unk));
             if (tk->model_unk < 0) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", path, unk); goto done; }
         }
     }
-    if ((st = forge__tk_finish_tables(&L))) goto done;
     /* The components. */
     for (int k = S_NORM; k <= S_DEC; k++) {
         if (!span[k][0]) continue;
@@ -2692,6 +3553,25 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
            : k == S_POST ? forge__tk_post(&L, part, 0) : forge__tk_decoder(&L, part, 0);
         if (st) goto done;
     }
+    /* A normalized added token is known by its normalized text: matched in normalized text,
+     * and its id decodes to it (HF normalizes the content when it adds the token). */
+    for (int k = 0; k < tk->n_added; k++) {
+        forge__added *ad = &tk->added[k];
+        if (ad->normalized && tk->n_norm) {
+            forge__tkwork w;
+            forge__tkwork_init(&w, tk);
+            forge__tk_normalize(&w, ad->s, ad->len);
+            char *s = forge__tkwork_oom(&w) ? NULL : forge__arena_strndup(a, w.norm.p ? w.norm.p : "", w.norm.n);
+            ad->len = (uint32_t)w.norm.n;
+            forge__tkwork_free(&w);
+            if (!s) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+            ad->s = s;
+        }
+        tk->pieces[ad->id] = ad->s;
+        tk->piece_len[ad->id] = ad->len;
+        if (ad->special) tk->is_special[ad->id] = 1;
+    }
+    if ((st = forge__tk_finish_tables(&L))) goto done;
     if (cfg_json) cfg = cJSON_ParseWithLength(cfg_json, cfg_len);
     forge__tk_special_ids(tk, cfg);
 done:
@@ -2787,8 +3667,10 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.token_type is not an int32 array of %llu entries", path, (unsigned long long)kv->count);
     if (scores && (scores->type != FORGE__GGUF_ARRAY || scores->elem_type != FORGE__GGUF_FLOAT32 || scores->count != kv->count))
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.scores is not a float32 array of %llu entries", path, (unsigned long long)kv->count);
+    tk->vpieces = tk->pieces;
+    tk->vpiece_len = tk->piece_len;
     if (!forge__strtab_init(&tk->vocab, (size_t)tk->n_vocab, a)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int i = 0; i < tk->n_vocab; i++) forge__strtab_put(&tk->vocab, tk->pieces, tk->piece_len, i, false);
+    for (int i = 0; i < tk->n_vocab; i++) forge__strtab_put(&tk->vocab, tk->vpieces, tk->vpiece_len, i, true);
     /* llama.cpp: phi-3's special tokens strip the whitespace after them (its HF file says rstrip) */
     const char *gn;
     uint64_t gl;
@@ -2897,852 +3779,6 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
     if (add_eos && tk->eos >= 0) tk->tmpl_post[tk->n_tmpl_post++] = tk->eos;
     forge__tk_special_ids(tk, NULL);
     return FORGE_OK;
-}
-
-/* ---- Byte-level alphabet (GPT-2): every byte is shown as a printable character; the
- * printable ones stand for themselves, the other 68 become U+0100.. in byte order. ---- */
-
-static uint32_t forge__bl_cp(unsigned b) {
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174) return b;
-    if (b <= 32) return 256 + b;
-    if (b <= 160) return 289 + (b - 127);
-    return 323; /* 173 */
-}
-/* The byte a byte-level character stands for, or -1. */
-static int forge__bl_byte(uint32_t cp) {
-    if (cp < 256) return forge__bl_cp(cp) == cp ? (int)cp : -1;
-    if (cp <= 288) return (int)(cp - 256);
-    if (cp <= 322) return (int)(cp - 289 + 127);
-    return cp == 323 ? 173 : -1;
-}
-
-/* ---- Encoding ---- */
-
-typedef struct forge__span {
-    uint32_t off, len;
-    bool first;          /* starts at offset 0 of the original text (Metaspace prepend_scheme "first") */
-} forge__span;
-
-typedef struct forge__seg {
-    uint32_t off, len;
-    int32_t id;          /* an added token, or -1 for text */
-} forge__seg;
-
-typedef struct forge__mark {
-    uint32_t s, e;
-    bool m;              /* a match of the split pattern */
-} forge__mark;
-
-typedef struct forge__sym {
-    int32_t id, prev, next;
-    uint32_t off, len;   /* bytes of the word this symbol covers */
-} forge__sym;
-
-typedef struct forge__heapent {
-    uint64_t key;        /* BPE: rank << 32 | pos; SPM: see forge__spm_key */
-    int32_t a, b;        /* BPE: merged id; SPM: left, right symbol */
-    uint32_t size;       /* SPM: byte length of the pair when it was queued */
-} forge__heapent;
-
-typedef struct forge__tkwork {
-    const forge__tokenizer *tk;
-    forge__buf ids;                /* int32_t output */
-    forge__buf input;              /* lossy copy of invalid input */
-    forge__buf norm, ntmp;         /* normalized segment, normalizer scratch */
-    forge__buf text[2];            /* pre-tokenizer outputs (ping-pong) */
-    forge__buf spans[2], marks, segs_raw, segs_norm, iv;
-    forge__buf sym, heap, tmp;
-    pcre2_match_data *md;
-    bool parse_special;
-} forge__tkwork;
-
-static void forge__tkwork_init(forge__tkwork *w, const forge__tokenizer *tk) {
-    memset(w, 0, sizeof *w);
-    w->tk = tk;
-}
-static void forge__tkwork_free(forge__tkwork *w) {
-    forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
-                        &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++) forge__buf_free(bs[i]);
-    if (w->md) pcre2_match_data_free(w->md);
-    w->md = NULL;
-}
-static bool forge__tkwork_oom(const forge__tkwork *w) {
-    const forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
-                              &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++)
-        if (bs[i]->oom) return true;
-    return false;
-}
-
-/* Leftmost-longest added-token matches in s[0..n), as HF's AddedVocabulary finds them:
- * the scan resumes after every match, even one it then ignores (a special token when
- * special text is not parsed, a single_word token inside a word). */
-static void forge__tk_split_added(forge__tkwork *w, const forge__trie *t, const char *s, size_t n, forge__buf *out) {
-    const forge__tokenizer *tk = w->tk;
-    out->n = 0;
-    size_t start_offset = 0, pos = 0;
-    while (t->keys && pos < n) {
-        size_t mlen = 0;
-        if (!t->first[(unsigned char)s[pos]]) { pos++; continue; }
-        int k = forge__trie_longest(t, s + pos, n - pos, &mlen);
-        if (k < 0) { pos++; continue; }
-        const forge__added *ad = &tk->added[k];
-        size_t start = pos, stop = pos + mlen;
-        pos = stop;
-        if (ad->special && !w->parse_special) continue;
-        if (ad->single_word) {
-            bool word_before = false, word_after = false;
-            if (start > 0) {
-                size_t b = start - 1;
-                while (b > 0 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
-                uint32_t cp;
-                if (forge__utf8_dec((const unsigned char *)s + b, start - b, &cp)) word_before = forge__is_alnum(cp) || cp == '_';
-            }
-            if (stop < n) {
-                uint32_t cp;
-                if (forge__utf8_dec((const unsigned char *)s + stop, n - stop, &cp)) word_after = forge__is_alnum(cp) || cp == '_';
-            }
-            if (word_before || word_after) continue;
-        }
-        if (ad->lstrip) {
-            size_t b = start;
-            while (b > 0) {
-                size_t c = b - 1;
-                while (c > 0 && ((unsigned char)s[c] & 0xC0) == 0x80) c--;
-                uint32_t cp;
-                if (!forge__utf8_dec((const unsigned char *)s + c, b - c, &cp) || !forge__is_ws(cp)) break;
-                b = c;
-            }
-            start = FORGE__MAX(b, start_offset);
-        }
-        if (ad->rstrip) {
-            uint32_t cp;
-            int l;
-            while (stop < n && (l = forge__utf8_dec((const unsigned char *)s + stop, n - stop, &cp)) && forge__is_ws(cp)) stop += (size_t)l;
-        }
-        if (start_offset < start) FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start_offset, (uint32_t)(start - start_offset), -1}));
-        FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start, (uint32_t)(stop - start), ad->id}));
-        start_offset = stop;
-    }
-    if (start_offset < n) FORGE__VEC_PUSH(out, forge__seg, ((forge__seg){(uint32_t)start_offset, (uint32_t)(n - start_offset), -1}));
-}
-
-/* Appends the unicode normalization of s (form: UTF8PROC_* options) to out. ASCII runs are
- * their own normal form in all four forms, so only the rest goes through utf8proc: a run
- * that has non-ASCII characters starts at the ASCII character before it (a base that a
- * combining mark may compose with) and ends before the next ASCII character. */
-static void forge__tk_unicode_norm(forge__buf *out, const char *s, size_t n, int options) {
-    size_t i = 0;
-    while (i < n) {
-        size_t j = i;
-        while (j < n && (unsigned char)s[j] < 0x80) j++;
-        if (j == n) { forge__buf_put(out, s + i, n - i); break; }
-        size_t k = j > i ? j - 1 : j; /* keep the base character with the run */
-        forge__buf_put(out, s + i, k - i);
-        size_t e = j;
-        while (e < n && (unsigned char)s[e] >= 0x80) e++;
-        utf8proc_uint8_t *dst = NULL;
-        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s + k, (utf8proc_ssize_t)(e - k), &dst, (utf8proc_option_t)options);
-        if (r >= 0) forge__buf_put(out, dst, (size_t)r);
-        else forge__buf_put(out, s + k, e - k); /* cannot happen on valid UTF-8 */
-        free(dst);
-        i = e;
-    }
-}
-
-/* All matches of a pattern in s[0..n), as (start, end) pairs appended to iv (uint32 x2).
- * After an empty match the search moves on by one character. */
-static void forge__pat_find(forge__tkwork *w, const forge__pat *p, const char *s, size_t n, forge__buf *iv) {
-    iv->n = 0;
-    if (p->re) {
-        if (!w->md && !(w->md = pcre2_match_data_create(1, NULL))) { iv->oom = true; return; }
-        size_t start = 0;
-        while (start <= n) {
-            int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL);
-            if (rc < 0) break;
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
-            uint32_t pr[2] = {(uint32_t)ov[0], (uint32_t)ov[1]};
-            forge__buf_put(iv, pr, sizeof pr);
-            if (ov[1] > ov[0]) start = ov[1];
-            else if (ov[1] < n) start = ov[1] + (size_t)forge__utf8_len1((unsigned char)s[ov[1]]);
-            else break;
-        }
-    } else if (p->len) {
-        size_t i = 0;
-        while (i + p->len <= n) {
-            const char *f = (const char *)memmem(s + i, n - i, p->str, p->len);
-            if (!f) break;
-            uint32_t pr[2] = {(uint32_t)(f - s), (uint32_t)(f - s + p->len)};
-            forge__buf_put(iv, pr, sizeof pr);
-            i = (size_t)(f - s) + p->len;
-        }
-    }
-}
-
-static void forge__tk_lower(forge__buf *out, const char *s, size_t n) {
-    size_t i = 0;
-    while (i < n) {
-        uint32_t cp;
-        int l = forge__utf8_dec((const unsigned char *)s + i, n - i, &cp);
-        if (!l) { l = 1; cp = 0xFFFD; }
-        if (cp < 0x80) { char c = (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp); forge__buf_put(out, &c, 1); }
-        else if (cp == 0x130) forge__buf_put(out, "i\xcc\x87", 3); /* Rust: İ -> "i̇", the one two-character lowercase */
-        else forge__utf8_put(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
-        i += (size_t)l;
-    }
-}
-
-/* Runs the normalizer steps on s[0..n); the result is w->norm. */
-static void forge__tk_normalize(forge__tkwork *w, const char *s, size_t n) {
-    const forge__tokenizer *tk = w->tk;
-    forge__buf *cur = &w->norm, *nxt = &w->ntmp;
-    cur->n = 0;
-    forge__buf_put(cur, s, n);
-    for (int i = 0; i < tk->n_norm; i++) {
-        const forge__norm_step *st = &tk->norm[i];
-        const char *c = cur->p ? cur->p : "";
-        size_t cn = cur->n;
-        nxt->n = 0;
-        switch (st->kind) {
-        case FORGE__N_NFC: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_COMPOSE); break;
-        case FORGE__N_NFD: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE); break;
-        case FORGE__N_NFKC: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT); break;
-        case FORGE__N_NFKD: forge__tk_unicode_norm(nxt, c, cn, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT); break;
-        case FORGE__N_LOWER: forge__tk_lower(nxt, c, cn); break;
-        case FORGE__N_PREPEND:
-            if (cn) forge__buf_put(nxt, st->s, st->len);
-            forge__buf_put(nxt, c, cn);
-            break;
-        case FORGE__N_STRIP: {
-            size_t a = 0, b = cn;
-            uint32_t cp;
-            int l;
-            while (st->left && a < b && (l = forge__utf8_dec((const unsigned char *)c + a, b - a, &cp)) && forge__is_ws(cp)) a += (size_t)l;
-            while (st->right && b > a) {
-                size_t p = b - 1;
-                while (p > a && ((unsigned char)c[p] & 0xC0) == 0x80) p--;
-                if (!forge__utf8_dec((const unsigned char *)c + p, b - p, &cp) || !forge__is_ws(cp)) break;
-                b = p;
-            }
-            forge__buf_put(nxt, c + a, b - a);
-            break;
-        }
-        case FORGE__N_STRIP_ACCENTS: {
-            size_t k = 0;
-            uint32_t cp;
-            while (k < cn) {
-                int l = forge__utf8_dec((const unsigned char *)c + k, cn - k, &cp);
-                if (!l) l = 1;
-                if (utf8proc_category((utf8proc_int32_t)cp) != UTF8PROC_CATEGORY_MN) forge__buf_put(nxt, c + k, (size_t)l);
-                k += (size_t)l;
-            }
-            break;
-        }
-        case FORGE__N_REPLACE: {
-            forge__pat_find(w, &st->pat, c, cn, &w->iv);
-            size_t prev = 0, m = w->iv.n / 8;
-            for (size_t k = 0; k < m; k++) {
-                uint32_t *pr = (uint32_t *)w->iv.p + 2 * k;
-                forge__buf_put(nxt, c + prev, pr[0] - prev);
-                forge__buf_put(nxt, st->s, st->len);
-                prev = pr[1];
-            }
-            forge__buf_put(nxt, c + prev, cn - prev);
-            break;
-        }
-        }
-        forge__buf *t = cur;
-        cur = nxt;
-        nxt = t;
-    }
-    if (cur != &w->norm) { /* keep the result in w->norm */
-        forge__buf t = w->norm;
-        w->norm = *cur;
-        *cur = t;
-    }
-}
-
-/* Match intervals of one pre-tokenizer step over s[0..n) into w->marks. */
-static void forge__tk_marks(forge__tkwork *w, const forge__pre_step *st, const char *s, size_t n) {
-    forge__buf *mk = &w->marks;
-    mk->n = 0;
-    if (st->kind == FORGE__P_SPLIT || st->kind == FORGE__P_WHITESPACE) {
-        forge__pat_find(w, &st->pat, s, n, &w->iv);
-        size_t prev = 0, m = w->iv.n / 8;
-        bool inv = st->kind == FORGE__P_WHITESPACE ? true : st->invert;
-        for (size_t k = 0; k < m; k++) {
-            uint32_t *pr = (uint32_t *)w->iv.p + 2 * k;
-            if (prev != pr[0]) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)prev, pr[0], inv}));
-            FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){pr[0], pr[1], !inv}));
-            prev = pr[1];
-        }
-        if (prev != n) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)prev, (uint32_t)n, inv}));
-        return;
-    }
-    /* a character predicate: every matching character is its own match */
-    size_t last = 0, i = 0;
-    while (i < n) {
-        uint32_t cp;
-        int l = forge__utf8_dec((const unsigned char *)s + i, n - i, &cp);
-        if (!l) { l = 1; cp = 0xFFFD; }
-        bool m = st->kind == FORGE__P_DIGITS ? forge__is_numeric(cp) : st->kind == FORGE__P_PUNCT ? forge__is_punct(cp)
-               : st->kind == FORGE__P_WSSPLIT ? forge__is_ws(cp) : cp == st->repl;
-        if (m) {
-            if (last < i) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)last, (uint32_t)i, false}));
-            FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)i, (uint32_t)(i + (size_t)l), true}));
-            last = i + (size_t)l;
-        }
-        i += (size_t)l;
-    }
-    if (last < n) FORGE__VEC_PUSH(mk, forge__mark, ((forge__mark){(uint32_t)last, (uint32_t)n, false}));
-}
-
-/* Applies a split behavior to w->marks and appends the non-empty pieces of span `sp` to out. */
-static void forge__tk_apply_split(forge__tkwork *w, forge__split_beh beh, forge__span sp, forge__buf *out) {
-    size_t m = FORGE__VEC_LEN(&w->marks, forge__mark);
-    forge__mark *mk = (forge__mark *)w->marks.p;
-    /* fold into pieces in place: pieces never outnumber marks */
-    size_t np = 0;
-    bool prev_match = false;
-    if (beh == FORGE__SB_MERGED_NEXT) {
-        for (size_t k = m; k-- > 0;) { /* right to left, as HF folds the reversed list */
-            forge__mark x = mk[k];
-            if (x.m && !prev_match && np > 0) mk[m - np].s = x.s; /* merge into the piece after */
-            else { mk[m - 1 - np] = (forge__mark){x.s, x.e, false}; np++; }
-            prev_match = x.m;
-        }
-        mk += m - np;
-    } else {
-        for (size_t k = 0; k < m; k++) {
-            forge__mark x = mk[k];
-            bool merge = beh == FORGE__SB_MERGED_PREV ? (x.m && !prev_match && np > 0)
-                       : beh == FORGE__SB_CONTIGUOUS ? (x.m == prev_match && np > 0) : false;
-            if (beh == FORGE__SB_REMOVED) {
-                if (!x.m) mk[np++] = x;
-            } else if (merge) {
-                mk[np - 1].e = x.e;
-            } else {
-                mk[np++] = (forge__mark){x.s, x.e, false};
-            }
-            prev_match = x.m;
-        }
-    }
-    for (size_t k = 0; k < np; k++)
-        if (mk[k].e > mk[k].s)
-            FORGE__VEC_PUSH(out, forge__span, ((forge__span){sp.off + mk[k].s, mk[k].e - mk[k].s, sp.first && mk[k].s == 0}));
-}
-
-static void forge__bl_put(forge__buf *out, const char *s, size_t n) {
-    for (size_t i = 0; i < n; i++) forge__utf8_put(out, forge__bl_cp((unsigned char)s[i]));
-}
-
-/* Runs the pre-tokenizer steps over w->spans[0] (text at *base); the final spans are in
- * w->spans[*which], their text at *base. */
-static void forge__tk_pretokenize(forge__tkwork *w, const char **base, int *which) {
-    const forge__tokenizer *tk = w->tk;
-    int cur = 0, tb = 0;
-    for (int i = 0; i < tk->n_pre; i++) {
-        const forge__pre_step *st = &tk->pre[i];
-        forge__buf *in = &w->spans[cur], *out = &w->spans[1 - cur];
-        out->n = 0;
-        size_t ns = FORGE__VEC_LEN(in, forge__span);
-        const char *b = *base;
-        if (st->kind == FORGE__P_BYTELEVEL || st->kind == FORGE__P_METASPACE) {
-            /* transforming steps write their pieces into a fresh text buffer */
-            forge__buf *tx = &w->text[tb];
-            tx->n = 0;
-            for (size_t k = 0; k < ns; k++) {
-                forge__span sp = FORGE__VEC_AT(in, forge__span, k);
-                const char *s = b + sp.off;
-                forge__buf *t = &w->tmp;
-                t->n = 0;
-                if (st->kind == FORGE__P_BYTELEVEL) {
-                    if (st->add_prefix_space && (sp.len == 0 || s[0] != ' ')) forge__buf_put(t, " ", 1);
-                    forge__buf_put(t, s, sp.len);
-                    forge__span whole = {0, (uint32_t)t->n, sp.first};
-                    size_t o0 = FORGE__VEC_LEN(out, forge__span);
-                    if (st->use_regex) {
-                        forge__pre_step iso = {.kind = FORGE__P_SPLIT, .pat = st->pat, .beh = FORGE__SB_ISOLATED};
-                        forge__tk_marks(w, &iso, t->p ? t->p : "", t->n);
-                        forge__tk_apply_split(w, FORGE__SB_ISOLATED, whole, out);
-                    } else if (whole.len) {
-                        FORGE__VEC_PUSH(out, forge__span, whole);
-                    }
-                    size_t o1 = FORGE__VEC_LEN(out, forge__span);
-                    for (size_t q = o0; q < o1; q++) { /* map each piece into tx */
-                        forge__span *ps = &FORGE__VEC_AT(out, forge__span, q);
-                        uint32_t start = (uint32_t)tx->n;
-                        forge__bl_put(tx, t->p + ps->off, ps->len);
-                        ps->off = start;
-                        ps->len = (uint32_t)tx->n - start;
-                    }
-                } else {
-                    char rep[4];
-                    forge__buf rb;
-                    forge__buf_init(&rb, rep, sizeof rep);
-                    forge__utf8_put(&rb, st->repl);
-                    bool starts = sp.len >= rb.n && !memcmp(s, rep, rb.n);
-                    bool starts_space = sp.len > 0 && s[0] == ' ';
-                    uint32_t start = (uint32_t)tx->n;
-                    if ((st->prepend == 2 || (st->prepend == 1 && sp.first)) && !starts && !starts_space) forge__buf_put(tx, rep, rb.n);
-                    for (uint32_t q = 0; q < sp.len; q++) {
-                        if (s[q] == ' ') forge__buf_put(tx, rep, rb.n);
-                        else forge__buf_put(tx, s + q, 1);
-                    }
-                    forge__span piece = {start, (uint32_t)tx->n - start, sp.first};
-                    if (st->split) {
-                        forge__tk_marks(w, st, tx->p + piece.off, piece.len);
-                        forge__tk_apply_split(w, FORGE__SB_MERGED_NEXT, piece, out);
-                    } else if (piece.len) {
-                        FORGE__VEC_PUSH(out, forge__span, piece);
-                    }
-                }
-            }
-            *base = tx->p ? tx->p : "";
-            tb = 1 - tb;
-        } else {
-            forge__split_beh beh = st->kind == FORGE__P_SPLIT || st->kind == FORGE__P_PUNCT ? st->beh
-                                 : st->kind == FORGE__P_DIGITS ? (st->individual ? FORGE__SB_ISOLATED : FORGE__SB_CONTIGUOUS)
-                                 : FORGE__SB_REMOVED;
-            for (size_t k = 0; k < ns; k++) {
-                forge__span sp = FORGE__VEC_AT(in, forge__span, k);
-                forge__tk_marks(w, st, b + sp.off, sp.len);
-                forge__tk_apply_split(w, beh, sp, out);
-            }
-        }
-        cur = 1 - cur;
-    }
-    *which = cur;
-}
-
-/* ---- Models ---- */
-
-static void forge__heap_push(forge__buf *h, forge__heapent e, bool (*less)(const forge__heapent *, const forge__heapent *)) {
-    forge__buf_put(h, &e, sizeof e);
-    if (h->oom) return;
-    forge__heapent *v = (forge__heapent *)h->p;
-    size_t i = h->n / sizeof e - 1;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!less(&v[i], &v[p])) break;
-        forge__heapent t = v[i]; v[i] = v[p]; v[p] = t;
-        i = p;
-    }
-}
-static forge__heapent forge__heap_pop(forge__buf *h, bool (*less)(const forge__heapent *, const forge__heapent *)) {
-    forge__heapent *v = (forge__heapent *)h->p;
-    size_t n = h->n / sizeof *v;
-    forge__heapent top = v[0];
-    v[0] = v[--n];
-    h->n -= sizeof *v;
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && less(&v[l], &v[m])) m = l;
-        if (r < n && less(&v[r], &v[m])) m = r;
-        if (m == i) break;
-        forge__heapent t = v[i]; v[i] = v[m]; v[m] = t;
-        i = m;
-    }
-    return top;
-}
-static bool forge__bpe_less(const forge__heapent *x, const forge__heapent *y) { return x->key < y->key; }
-
-static void forge__bpe_queue(forge__tkwork *w, forge__sym *sy, int32_t pos) {
-    const forge__merge *m = forge__merge_get(&w->tk->merges, sy[pos].id, sy[sy[pos].next].id);
-    if (m) forge__heap_push(&w->heap, (forge__heapent){((uint64_t)m->rank << 32) | (uint32_t)pos, m->id, 0, 0}, forge__bpe_less);
-}
-
-/* One pre-tokenized word through BPE (HF models/bpe: characters -> vocabulary ids, with byte
- * fallback or unk; then the lowest-ranked adjacent pair merges first, leftmost on ties). */
-static void forge__bpe_word(forge__tkwork *w, const char *s, size_t n) {
-    const forge__tokenizer *tk = w->tk;
-    if (!n) return;
-    if (tk->ignore_merges) {
-        int32_t id = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, s, n);
-        if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); return; }
-    }
-    forge__buf *sb = &w->sym;
-    sb->n = 0;
-    int32_t unk_len = -1, unk_off = 0; /* a pending unk (fused while fuse_unk) */
-    char tmpbuf[64];
-    for (size_t i = 0; i < n;) {
-        size_t l = (size_t)forge__utf8_len1((unsigned char)s[i]);
-        if (l > n - i) l = n - i;
-        int32_t id;
-        if (!tk->cont_prefix_len && !tk->eow_suffix_len) {
-            id = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, s + i, l);
-        } else {
-            forge__buf t;
-            forge__buf_init(&t, tmpbuf, sizeof tmpbuf);
-            if (i > 0) forge__buf_put(&t, tk->cont_prefix, tk->cont_prefix_len);
-            forge__buf_put(&t, s + i, l);
-            if (i + l == n) forge__buf_put(&t, tk->eow_suffix, tk->eow_suffix_len);
-            id = t.oom ? -1 : forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, t.p, t.n);
-            forge__buf_free(&t);
-        }
-        if (id >= 0) {
-            if (unk_len >= 0) { FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len})); unk_len = -1; }
-            FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){id, 0, 0, (uint32_t)i, (uint32_t)l}));
-        } else {
-            bool bytes_ok = tk->byte_fallback;
-            for (size_t k = 0; bytes_ok && k < l; k++) bytes_ok = tk->byte_id[(unsigned char)s[i + k]] >= 0;
-            if (bytes_ok) {
-                for (size_t k = 0; k < l; k++)
-                    FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->byte_id[(unsigned char)s[i + k]], 0, 0, (uint32_t)(i + k), 1}));
-            } else if (tk->model_unk >= 0) {
-                if (unk_len >= 0 && tk->fuse_unk) unk_len += (int32_t)l;
-                else {
-                    if (unk_len >= 0) FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len}));
-                    unk_len = (int32_t)l;
-                    unk_off = (int32_t)i;
-                }
-            } /* else: HF drops a character it cannot represent */
-        }
-        i += l;
-    }
-    if (unk_len >= 0) FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){tk->model_unk, 0, 0, (uint32_t)unk_off, (uint32_t)unk_len}));
-    if (sb->oom) return;
-    int32_t ns = (int32_t)FORGE__VEC_LEN(sb, forge__sym);
-    forge__sym *sy = (forge__sym *)sb->p;
-    for (int32_t i = 0; i < ns; i++) { sy[i].prev = i - 1; sy[i].next = i + 1 < ns ? i + 1 : -1; }
-    w->heap.n = 0;
-    if (tk->merges.count) {
-        for (int32_t i = 0; i + 1 < ns; i++) forge__bpe_queue(w, sy, i);
-        while (w->heap.n && !w->heap.oom) {
-            forge__heapent top = forge__heap_pop(&w->heap, forge__bpe_less);
-            int32_t pos = (int32_t)(uint32_t)top.key;
-            if (sy[pos].len == 0 || sy[pos].next < 0) continue;
-            int32_t nx = sy[pos].next;
-            const forge__merge *m = forge__merge_get(&tk->merges, sy[pos].id, sy[nx].id);
-            if (!m || m->id != top.a) continue; /* a stale entry */
-            sy[pos].id = m->id;
-            sy[pos].len += sy[nx].len;
-            sy[nx].len = 0;
-            sy[pos].next = sy[nx].next;
-            if (sy[nx].next >= 0) sy[sy[nx].next].prev = pos;
-            if (sy[pos].prev >= 0) forge__bpe_queue(w, sy, sy[pos].prev);
-            if (sy[pos].next >= 0) forge__bpe_queue(w, sy, pos);
-        }
-    }
-    for (int32_t i = 0; i >= 0 && i < ns; i = sy[i].next) FORGE__VEC_PUSH(&w->ids, int32_t, sy[i].id);
-}
-
-/* SentencePiece-style merging by score (GGUF "llama" vocabularies, as llama.cpp does): the
- * adjacent pair whose concatenation is the best-scoring vocabulary entry merges first,
- * leftmost on ties; leftover characters become <0xXX> byte tokens, else unk. */
-static bool forge__spm_less(const forge__heapent *x, const forge__heapent *y) {
-    /* key holds the score as an order-preserving integer; higher score first */
-    if (x->key != y->key) return x->key > y->key;
-    return x->a < y->a;
-}
-static uint64_t forge__spm_key(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (u & 0x80000000u) ? (uint64_t)(~u) : (uint64_t)(u | 0x80000000u);
-}
-static void forge__spm_queue(forge__tkwork *w, const char *s, forge__sym *sy, int32_t left, int32_t right) {
-    if (left < 0 || right < 0) return;
-    uint32_t size = sy[left].len + sy[right].len;
-    int32_t id = forge__strtab_get(&w->tk->vocab, w->tk->pieces, w->tk->piece_len, s + sy[left].off, size);
-    if (id < 0) return;
-    float sc = w->tk->scores ? w->tk->scores[id] : 0.0f;
-    forge__heap_push(&w->heap, (forge__heapent){forge__spm_key(sc), left, right, size}, forge__spm_less);
-}
-static void forge__spm_word(forge__tkwork *w, const char *s, size_t n) {
-    const forge__tokenizer *tk = w->tk;
-    forge__buf *sb = &w->sym;
-    sb->n = 0;
-    for (size_t i = 0; i < n;) {
-        size_t l = FORGE__MIN((size_t)forge__utf8_len1((unsigned char)s[i]), n - i);
-        FORGE__VEC_PUSH(sb, forge__sym, ((forge__sym){-1, 0, 0, (uint32_t)i, (uint32_t)l}));
-        i += l;
-    }
-    if (sb->oom) return;
-    int32_t ns = (int32_t)FORGE__VEC_LEN(sb, forge__sym);
-    forge__sym *sy = (forge__sym *)sb->p;
-    for (int32_t i = 0; i < ns; i++) { sy[i].prev = i - 1; sy[i].next = i + 1 < ns ? i + 1 : -1; }
-    w->heap.n = 0;
-    for (int32_t i = 1; i < ns; i++) forge__spm_queue(w, s, sy, i - 1, i);
-    while (w->heap.n && !w->heap.oom) {
-        forge__heapent b = forge__heap_pop(&w->heap, forge__spm_less);
-        forge__sym *l = &sy[b.a], *r = &sy[b.b];
-        if (l->len == 0 || r->len == 0 || l->len + r->len != b.size) continue;
-        l->len += r->len;
-        r->len = 0;
-        l->next = r->next;
-        if (r->next >= 0) sy[r->next].prev = b.a;
-        forge__spm_queue(w, s, sy, l->prev, b.a);
-        forge__spm_queue(w, s, sy, b.a, l->next);
-    }
-    for (int32_t i = 0; i >= 0 && i < ns; i = sy[i].next) {
-        int32_t id = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, s + sy[i].off, sy[i].len);
-        if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); continue; }
-        for (uint32_t k = 0; k < sy[i].len; k++) {
-            unsigned char c = (unsigned char)s[sy[i].off + k];
-            int32_t bid = tk->byte_id[c];
-            if (bid < 0) bid = forge__strtab_get(&tk->vocab, tk->pieces, tk->piece_len, (const char *)&c, 1);
-            if (bid < 0) bid = tk->unk;
-            if (bid >= 0) FORGE__VEC_PUSH(&w->ids, int32_t, bid);
-        }
-    }
-}
-
-/* Text that no added token claimed: pre-tokenizer, then the model, word by word. */
-static void forge__tk_encode_text(forge__tkwork *w, const char *s, size_t n, bool first) {
-    const forge__tokenizer *tk = w->tk;
-    if (!n) return;
-    w->spans[0].n = 0;
-    FORGE__VEC_PUSH(&w->spans[0], forge__span, ((forge__span){0, (uint32_t)n, first}));
-    const char *base = s;
-    int which = 0;
-    forge__tk_pretokenize(w, &base, &which);
-    size_t ns = FORGE__VEC_LEN(&w->spans[which], forge__span);
-    for (size_t k = 0; k < ns; k++) {
-        forge__span sp = FORGE__VEC_AT(&w->spans[which], forge__span, k);
-        if (tk->model == FORGE__TKM_SPM) forge__spm_word(w, base + sp.off, sp.len);
-        else forge__bpe_word(w, base + sp.off, sp.len);
-    }
-}
-
-/* The whole encode: ids appended to w->ids. */
-static void forge__tk_encode(forge__tkwork *w, const char *text, size_t len, bool add_special, bool parse_special) {
-    const forge__tokenizer *tk = w->tk;
-    w->parse_special = parse_special;
-    if (!forge__utf8_valid(text, len)) {
-        w->input.n = 0;
-        forge__utf8_lossy(&w->input, text, len);
-        text = w->input.p ? w->input.p : "";
-        len = w->input.n;
-    }
-    if (add_special)
-        for (int i = 0; i < tk->n_tmpl_pre; i++) FORGE__VEC_PUSH(&w->ids, int32_t, tk->tmpl_pre[i]);
-    forge__tk_split_added(w, &tk->trie_raw, text, len, &w->segs_raw);
-    size_t nseg = FORGE__VEC_LEN(&w->segs_raw, forge__seg);
-    for (size_t i = 0; i < nseg && !w->segs_raw.oom; i++) {
-        forge__seg sg = FORGE__VEC_AT(&w->segs_raw, forge__seg, i);
-        if (sg.id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, sg.id); continue; }
-        const char *s = text + sg.off;
-        size_t n = sg.len;
-        if (tk->n_norm) {
-            forge__tk_normalize(w, s, n);
-            s = w->norm.p ? w->norm.p : "";
-            n = w->norm.n;
-        }
-        if (!tk->trie_norm.keys) {
-            forge__tk_encode_text(w, s, n, sg.off == 0);
-            continue;
-        }
-        forge__tk_split_added(w, &tk->trie_norm, s, n, &w->segs_norm);
-        size_t nn = FORGE__VEC_LEN(&w->segs_norm, forge__seg);
-        for (size_t k = 0; k < nn; k++) {
-            forge__seg g2 = FORGE__VEC_AT(&w->segs_norm, forge__seg, k);
-            if (g2.id >= 0) FORGE__VEC_PUSH(&w->ids, int32_t, g2.id);
-            else forge__tk_encode_text(w, s + g2.off, g2.len, sg.off == 0 && g2.off == 0);
-        }
-    }
-    if (add_special)
-        for (int i = 0; i < tk->n_tmpl_post; i++) FORGE__VEC_PUSH(&w->ids, int32_t, tk->tmpl_post[i]);
-}
-
-/* ---- Decoding: ids -> pieces -> decoder steps (each maps a list of strings to a list of
- * strings, as HF's decode_chain) -> their concatenation. ---- */
-
-typedef struct forge__strs {
-    forge__buf text, idx;      /* idx: (off, len) uint32 pairs into text */
-} forge__strs;
-
-static void forge__strs_add(forge__strs *l, const char *s, size_t n) {
-    uint32_t pr[2] = {(uint32_t)l->text.n, (uint32_t)n};
-    forge__buf_put(&l->text, s, n);
-    forge__buf_put(&l->idx, pr, sizeof pr);
-}
-static size_t forge__strs_n(const forge__strs *l) { return l->idx.n / 8; }
-static const char *forge__strs_get(const forge__strs *l, size_t i, size_t *n) {
-    const uint32_t *pr = (const uint32_t *)l->idx.p + 2 * i;
-    *n = pr[1];
-    return l->text.p ? l->text.p + pr[0] : "";
-}
-/* Starts a new token that the caller fills by appending to l->text, then closes. */
-static void forge__strs_open(forge__strs *l, uint32_t *start) { *start = (uint32_t)l->text.n; }
-static void forge__strs_close(forge__strs *l, uint32_t start) {
-    uint32_t pr[2] = {start, (uint32_t)l->text.n - start};
-    forge__buf_put(&l->idx, pr, sizeof pr);
-}
-
-/* Decodes ids into out (appended). *incomplete tells whether the text ends inside a UTF-8
- * sequence that later ids could finish (then it ends in U+FFFD here). Stack storage keeps
- * small decodes (the streaming case) free of allocation. */
-static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *ids, size_t n, bool skip_special, forge__buf *out,
-                                     bool *incomplete, forge__err *err) {
-    char st0[2][1024], sx0[2][512];
-    forge__strs L[2];
-    for (int k = 0; k < 2; k++) {
-        forge__buf_init(&L[k].text, st0[k], sizeof st0[k]);
-        forge__buf_init(&L[k].idx, sx0[k], sizeof sx0[k]);
-    }
-    forge__buf tmp;
-    char tmp0[256];
-    forge__buf_init(&tmp, tmp0, sizeof tmp0);
-    forge_status rc = FORGE_OK;
-    if (incomplete) *incomplete = false;
-    int cur = 0;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = ids[i];
-        if (id < 0 || id >= tk->n_vocab || !tk->pieces[id]) {
-            rc = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %zu) is outside the vocabulary of %d", id, i, tk->n_vocab);
-            goto done;
-        }
-        if (skip_special && tk->is_special[id]) continue;
-        forge__strs_add(&L[0], tk->pieces[id], tk->piece_len[id]);
-    }
-    if (!tk->has_decoder) {
-        size_t m = forge__strs_n(&L[0]);
-        for (size_t k = 0; k < m; k++) {
-            size_t ln;
-            const char *s = forge__strs_get(&L[0], k, &ln);
-            if (k) forge__buf_put(out, " ", 1);
-            forge__buf_put(out, s, ln);
-        }
-        goto done;
-    }
-    for (int d = 0; d < tk->n_dec; d++) {
-        const forge__dec_step *st = &tk->dec[d];
-        forge__strs *in = &L[cur], *o = &L[1 - cur];
-        o->text.n = o->idx.n = 0;
-        size_t m = forge__strs_n(in);
-        uint32_t start;
-        switch (st->kind) {
-        case FORGE__D_BYTELEVEL: {
-            tmp.n = 0;
-            for (size_t k = 0; k < m; k++) {
-                size_t ln;
-                const char *s = forge__strs_get(in, k, &ln);
-                size_t mark = tmp.n, q = 0;
-                bool all = true;
-                while (q < ln) {
-                    uint32_t cp;
-                    int l = forge__utf8_dec((const unsigned char *)s + q, ln - q, &cp);
-                    int b = l ? forge__bl_byte(cp) : -1;
-                    if (b < 0) { all = false; break; }
-                    char c = (char)b;
-                    forge__buf_put(&tmp, &c, 1);
-                    q += (size_t)l;
-                }
-                if (!all) { tmp.n = mark; forge__buf_put(&tmp, s, ln); } /* not byte-level text: its own bytes */
-            }
-            if (incomplete) *incomplete = forge__utf8_incomplete_tail((const unsigned char *)(tmp.p ? tmp.p : ""), tmp.n);
-            forge__strs_open(o, &start);
-            forge__utf8_lossy(&o->text, tmp.p ? tmp.p : "", tmp.n);
-            forge__strs_close(o, start);
-            break;
-        }
-        case FORGE__D_METASPACE: {
-            char rep[4];
-            forge__buf rb;
-            forge__buf_init(&rb, rep, sizeof rep);
-            forge__utf8_put(&rb, st->ch);
-            for (size_t k = 0; k < m; k++) {
-                size_t ln, q = 0;
-                const char *s = forge__strs_get(in, k, &ln);
-                forge__strs_open(o, &start);
-                if (k == 0 && st->prepend != 0 && ln >= rb.n && !memcmp(s, rep, rb.n)) q = rb.n;
-                while (q < ln) {
-                    if (ln - q >= rb.n && !memcmp(s + q, rep, rb.n)) { forge__buf_put(&o->text, " ", 1); q += rb.n; }
-                    else forge__buf_put(&o->text, s + q++, 1);
-                }
-                forge__strs_close(o, start);
-            }
-            break;
-        }
-        case FORGE__D_REPLACE: {
-            forge__tkwork w;
-            forge__tkwork_init(&w, tk);
-            for (size_t k = 0; k < m; k++) {
-                size_t ln;
-                const char *s = forge__strs_get(in, k, &ln);
-                forge__pat_find(&w, &st->pat, s, ln, &w.iv);
-                forge__strs_open(o, &start);
-                size_t prev = 0, nm = w.iv.n / 8;
-                for (size_t q = 0; q < nm; q++) {
-                    uint32_t *pr = (uint32_t *)w.iv.p + 2 * q;
-                    forge__buf_put(&o->text, s + prev, pr[0] - prev);
-                    forge__buf_put(&o->text, st->s, st->len);
-                    prev = pr[1];
-                }
-                forge__buf_put(&o->text, s + prev, ln - prev);
-                forge__strs_close(o, start);
-            }
-            forge__tkwork_free(&w);
-            break;
-        }
-        case FORGE__D_BYTEFALLBACK: {
-            tmp.n = 0; /* pending bytes of <0xXX> tokens */
-            for (size_t k = 0; k <= m; k++) {
-                size_t ln = 0;
-                const char *s = k < m ? forge__strs_get(in, k, &ln) : "";
-                int hi = -1, lo = -1;
-                if (k < m && ln == 6 && !memcmp(s, "<0x", 3) && s[5] == '>') { hi = forge__hexval(s[3]); lo = forge__hexval(s[4]); }
-                if (hi >= 0 && lo >= 0) {
-                    char c = (char)(hi * 16 + lo);
-                    forge__buf_put(&tmp, &c, 1);
-                    continue;
-                }
-                if (tmp.n) {
-                    if (forge__utf8_valid(tmp.p, tmp.n)) {
-                        forge__strs_add(o, tmp.p, tmp.n);
-                    } else {
-                        if (k == m && incomplete) *incomplete = forge__utf8_incomplete_tail((const unsigned char *)tmp.p, tmp.n);
-                        for (size_t q = 0; q < tmp.n; q++) forge__strs_add(o, "\xef\xbf\xbd", 3); /* one U+FFFD per byte, as HF */
-                    }
-                    tmp.n = 0;
-                }
-                if (k < m) forge__strs_add(o, s, ln);
-            }
-            break;
-        }
-        case FORGE__D_FUSE:
-            forge__strs_open(o, &start);
-            for (size_t k = 0; k < m; k++) {
-                size_t ln;
-                const char *s = forge__strs_get(in, k, &ln);
-                forge__buf_put(&o->text, s, ln);
-            }
-            forge__strs_close(o, start);
-            break;
-        case FORGE__D_STRIP: {
-            char c[4];
-            forge__buf cb;
-            forge__buf_init(&cb, c, sizeof c);
-            forge__utf8_put(&cb, st->ch);
-            for (size_t k = 0; k < m; k++) {
-                size_t ln, a = 0, b;
-                const char *s = forge__strs_get(in, k, &ln);
-                b = ln;
-                for (int q = 0; q < st->start && ln - a >= cb.n && !memcmp(s + a, c, cb.n); q++) a += cb.n;
-                for (int q = 0; q < st->stop && b - a >= cb.n && !memcmp(s + b - cb.n, c, cb.n); q++) b -= cb.n;
-                forge__strs_add(o, s + a, b - a);
-            }
-            break;
-        }
-        }
-        cur = 1 - cur;
-    }
-    {
-        size_t m = forge__strs_n(&L[cur]);
-        for (size_t k = 0; k < m; k++) {
-            size_t ln;
-            const char *s = forge__strs_get(&L[cur], k, &ln);
-            forge__buf_put(out, s, ln);
-        }
-    }
-done:
-    if (!rc && (L[0].text.oom || L[1].text.oom || L[0].idx.oom || L[1].idx.oom || tmp.oom || out->oom))
-        rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory while decoding");
-    for (int k = 0; k < 2; k++) { forge__buf_free(&L[k].text); forge__buf_free(&L[k].idx); }
-    forge__buf_free(&tmp);
-    return rc;
 }
 
 /* ---- Loading from a directory: tokenizer.json, with tokenizer_config.json (bos/eos/pad
