@@ -1620,54 +1620,69 @@ static uint64_t forge__hash(const void *p, size_t n) {
     return h * 0xD6E8FEB86659FD93ull ^ (h >> 28);
 }
 
-/* piece -> id, open addressing over the tokenizer's piece table. A slot is (hash high bits
- * << 32) | (id + 1); 0 is empty. */
+/* text -> id, open addressing. A slot holds the key's pointer and length with the id, so a
+ * lookup touches the slot and, when the length and 8 hash bits agree, the text: the big
+ * vocabularies are looked up a million times while loading. */
+typedef struct forge__strslot {
+    const char *s;
+    uint32_t len;
+    uint32_t id_tag;   /* id + 1 in the low 24 bits, 8 hash bits above; 0 = empty */
+} forge__strslot;
+
 typedef struct forge__strtab {
-    uint64_t *slot;
+    forge__strslot *slot;
     uint32_t mask;
 } forge__strtab;
+
+#define FORGE__TK_MAX_IDS (1 << 24) /* ids fit the slots' 24 bits */
 
 static bool forge__strtab_init(forge__strtab *t, size_t n, forge__arena *a) {
     size_t cap = 16;
     while (cap < n * 2) cap *= 2;
-    t->slot = (uint64_t *)forge__arena_alloc(a, cap * sizeof(uint64_t), 64);
+    t->slot = (forge__strslot *)forge__arena_alloc(a, cap * sizeof(forge__strslot), 64);
     t->mask = (uint32_t)(cap - 1);
     return t->slot != NULL;
 }
 
-/* The id stored for s[0..n), or -1. `pieces`/`lens` resolve ids to their text. */
-static int32_t forge__strtab_get(const forge__strtab *t, const char *const *pieces, const uint32_t *lens, const char *s,
-                                 size_t n) {
+/* The id stored for s[0..n) (whose forge__hash is h), or -1. */
+static int32_t forge__strtab_get_h(const forge__strtab *t, const char *s, size_t n, uint64_t h) {
     if (!t->slot) return -1;
-    uint64_t h = forge__hash(s, n);
-    uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
+    uint32_t tag = (uint32_t)(h >> 56) << 24, i = (uint32_t)h & t->mask;
     for (;;) {
-        uint64_t v = t->slot[i];
-        if (!v) return -1;
-        if ((uint32_t)(v >> 32) == tag) {
-            uint32_t id = (uint32_t)v - 1;
-            if (lens[id] == n && memcmp(pieces[id], s, n) == 0) return (int32_t)id;
-        }
+        const forge__strslot *e = &t->slot[i];
+        if (!e->id_tag) return -1;
+        if ((e->id_tag & 0xFF000000u) == tag && e->len == n && memcmp(e->s, s, n) == 0) return (int32_t)(e->id_tag & 0xFFFFFFu) - 1;
         i = (i + 1) & t->mask;
     }
 }
 
-/* Inserts id (whose text is pieces[id]); an existing equal key keeps its first id unless
+static int32_t forge__strtab_get(const forge__strtab *t, const char *s, size_t n) {
+    return forge__strtab_get_h(t, s, n, forge__hash(s, n));
+}
+
+/* Brings the slot of hash h (and, when it holds a key of length n, that key's text) into
+ * the cache ahead of a lookup: loading registers a million merges, and their lookups are
+ * cache misses that batches of prefetches overlap. */
+static void forge__strtab_prefetch(const forge__strtab *t, uint64_t h, size_t n, int stage) {
+    const forge__strslot *e = &t->slot[(uint32_t)h & t->mask];
+    if (stage == 0) __builtin_prefetch(e);
+    else if (e->id_tag && e->len == n) __builtin_prefetch(e->s);
+}
+
+/* Inserts s -> id (s must outlive the table); an existing equal key keeps its id unless
  * `replace` (HF: a later vocab entry with the same text wins). True when the key is new. */
-static bool forge__strtab_put(forge__strtab *t, const char *const *pieces, const uint32_t *lens, int32_t id, bool replace) {
-    const char *s = pieces[id];
-    size_t n = lens[id];
+static bool forge__strtab_put(forge__strtab *t, const char *s, size_t n, int32_t id, bool replace) {
     uint64_t h = forge__hash(s, n);
-    uint32_t tag = (uint32_t)(h >> 32), i = (uint32_t)h & t->mask;
+    uint32_t tag = (uint32_t)(h >> 56) << 24, i = (uint32_t)h & t->mask;
     for (;;) {
-        uint64_t v = t->slot[i];
-        if (!v) { t->slot[i] = ((uint64_t)tag << 32) | (uint32_t)(id + 1); return true; }
-        if ((uint32_t)(v >> 32) == tag) {
-            uint32_t o = (uint32_t)v - 1;
-            if (lens[o] == n && memcmp(pieces[o], s, n) == 0) {
-                if (replace) t->slot[i] = ((uint64_t)tag << 32) | (uint32_t)(id + 1);
-                return false;
-            }
+        forge__strslot *e = &t->slot[i];
+        if (!e->id_tag) {
+            *e = (forge__strslot){s, (uint32_t)n, tag | (uint32_t)(id + 1)};
+            return true;
+        }
+        if ((e->id_tag & 0xFF000000u) == tag && e->len == n && memcmp(e->s, s, n) == 0) {
+            if (replace) *e = (forge__strslot){s, (uint32_t)n, tag | (uint32_t)(id + 1)};
+            return false;
         }
         i = (i + 1) & t->mask;
     }
@@ -1813,13 +1828,11 @@ typedef struct forge__tokenizer {
     const char **pieces;         /* [n_vocab] NUL-terminated text of each id (HF id_to_token: an
                                   * added token's text first); NULL for holes */
     uint32_t *piece_len;         /* [n_vocab] */
-    const char **vpieces;        /* the model vocabulary's text of each id (the vocab table's keys) */
-    uint32_t *vpiece_len;
     float *scores;               /* [n_vocab] SentencePiece scores (GGUF llama), else NULL */
     uint8_t *is_special;         /* [n_vocab] 1 for special added tokens (skip_special, PARSE_SPECIAL) */
     forge__tk_model model;
     forge__strtab vocab;         /* the model's vocabulary: piece -> id */
-    forge__strtab all;           /* every id's text (added tokens first, as HF token_to_id) */
+    forge__strtab addtab;        /* added tokens' text -> id (looked up before the vocabulary, as HF) */
     forge__mergetab merges;
     bool byte_fallback, ignore_merges, fuse_unk;
     int32_t model_unk;           /* the model's unk_token id, -1 when it has none */
@@ -1999,19 +2012,27 @@ static bool forge__js_str(forge__js *j, forge__buf *out) {
     return false;
 }
 
-/* Skips one value of any type; bounded nesting, no recursion. */
-static bool forge__js_skip(forge__js *j) {
+/* Skips one value of any type; bounded nesting, no recursion. With `count`, adds the number
+ * of elements of the (array) value to it. */
+static bool forge__js_skip_n(forge__js *j, size_t *count) {
     int depth = 0;
+    bool any = false;
     forge__js_ws(j);
     do {
         forge__js_ws(j);
         if (j->p >= j->end) return !(j->bad = true);
         char c = *j->p;
-        if (c == '"') {
-            j->p++;
-            while (j->p < j->end && *j->p != '"') j->p += *j->p == '\\' ? 2 : 1;
-            if (j->p >= j->end) return !(j->bad = true);
-            j->p++;
+        if (c == '"') { /* to the next quote not escaped by an odd run of backslashes */
+            const char *from = ++j->p;
+            for (;;) {
+                const char *q = (const char *)memchr(from, '"', (size_t)(j->end - from));
+                if (!q) return !(j->bad = true);
+                const char *b = q;
+                while (b > j->p && b[-1] == '\\') b--;
+                from = q + 1;
+                if (((q - b) & 1) == 0) break;
+            }
+            j->p = from;
         } else if (c == '{' || c == '[') {
             if (++depth > 512) return !(j->bad = true);
             j->p++;
@@ -2021,16 +2042,24 @@ static bool forge__js_skip(forge__js *j) {
             depth--;
             j->p++;
         } else if (c == ',' || c == ':') {
+            if (count && depth == 1 && c == ',') (*count)++;
             j->p++;
             continue;
         } else {
             const char *s = j->p;
-            while (j->p < j->end && !strchr(",:]} \t\r\n", *j->p)) j->p++;
+            while (j->p < j->end) {
+                char d = *j->p;
+                if (d == ',' || d == ':' || d == ']' || d == '}' || d == ' ' || d == '\t' || d == '\r' || d == '\n') break;
+                j->p++;
+            }
             if (j->p == s) return !(j->bad = true);
         }
+        if (depth == 1) any = true;
     } while (depth > 0);
+    if (count && any) (*count)++;
     return true;
 }
+static bool forge__js_skip(forge__js *j) { return forge__js_skip_n(j, NULL); }
 
 static bool forge__js_int(forge__js *j, int64_t *v) {
     forge__js_ws(j);
@@ -2570,7 +2599,7 @@ static void forge__bpe_word(forge__tkwork *w, const char *s, size_t n) {
     const forge__tokenizer *tk = w->tk;
     if (!n) return;
     if (tk->ignore_merges) {
-        int32_t id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s, n);
+        int32_t id = forge__strtab_get(&tk->vocab, s, n);
         if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); return; }
     }
     forge__buf *sb = &w->sym;
@@ -2582,14 +2611,14 @@ static void forge__bpe_word(forge__tkwork *w, const char *s, size_t n) {
         if (l > n - i) l = n - i;
         int32_t id;
         if (!tk->cont_prefix_len && !tk->eow_suffix_len) {
-            id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s + i, l);
+            id = forge__strtab_get(&tk->vocab, s + i, l);
         } else {
             forge__buf t;
             forge__buf_init(&t, tmpbuf, sizeof tmpbuf);
             if (i > 0) forge__buf_put(&t, tk->cont_prefix, tk->cont_prefix_len);
             forge__buf_put(&t, s + i, l);
             if (i + l == n) forge__buf_put(&t, tk->eow_suffix, tk->eow_suffix_len);
-            id = t.oom ? -1 : forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, t.p, t.n);
+            id = t.oom ? -1 : forge__strtab_get(&tk->vocab, t.p, t.n);
             forge__buf_free(&t);
         }
         if (id >= 0) {
@@ -2655,7 +2684,7 @@ static uint64_t forge__spm_key(float f) {
 static void forge__spm_queue(forge__tkwork *w, const char *s, forge__sym *sy, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     uint32_t size = sy[left].len + sy[right].len;
-    int32_t id = forge__strtab_get(&w->tk->vocab, w->tk->vpieces, w->tk->vpiece_len, s + sy[left].off, size);
+    int32_t id = forge__strtab_get(&w->tk->vocab, s + sy[left].off, size);
     if (id < 0) return;
     float sc = w->tk->scores ? w->tk->scores[id] : 0.0f;
     forge__heap_push(&w->heap, (forge__heapent){forge__spm_key(sc), left, right, size}, forge__spm_less);
@@ -2687,12 +2716,12 @@ static void forge__spm_word(forge__tkwork *w, const char *s, size_t n) {
         forge__spm_queue(w, s, sy, b.a, l->next);
     }
     for (int32_t i = 0; i >= 0 && i < ns; i = sy[i].next) {
-        int32_t id = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, s + sy[i].off, sy[i].len);
+        int32_t id = forge__strtab_get(&tk->vocab, s + sy[i].off, sy[i].len);
         if (id >= 0) { FORGE__VEC_PUSH(&w->ids, int32_t, id); continue; }
         for (uint32_t k = 0; k < sy[i].len; k++) {
             unsigned char c = (unsigned char)s[sy[i].off + k];
             int32_t bid = tk->byte_id[c];
-            if (bid < 0) bid = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, (const char *)&c, 1);
+            if (bid < 0) bid = forge__strtab_get(&tk->vocab, (const char *)&c, 1);
             if (bid < 0) bid = tk->unk;
             if (bid >= 0) FORGE__VEC_PUSH(&w->ids, int32_t, bid);
         }
@@ -3157,7 +3186,8 @@ static forge_status forge__tk_decoder(forge__tkload *L, const cJSON *o, int dept
 }
 
 static int32_t forge__tk_lookup(const forge__tokenizer *tk, const char *s, size_t n) {
-    return forge__strtab_get(&tk->all, tk->pieces, tk->piece_len, s, n);
+    int32_t id = forge__strtab_get(&tk->addtab, s, n);
+    return id >= 0 ? id : forge__strtab_get(&tk->vocab, s, n);
 }
 
 static forge_status forge__tk_tmpl_add(forge__tkload *L, int32_t *dst, int *n, int32_t id) {
@@ -3234,7 +3264,7 @@ static forge_status forge__tk_read_vocab(forge__tkload *L, forge__js *j, forge__
                 st = forge__fail(L->err, tmp.oom ? FORGE_ERR_OUT_OF_MEMORY : FORGE_ERR_FORMAT, "%s: model.vocab: malformed entry", L->path);
                 break;
             }
-            if (id < 0 || id >= (1 << 24)) {
+            if (id < 0 || id >= FORGE__TK_MAX_IDS - 1) {
                 st = forge__fail(L->err, FORGE_ERR_FORMAT, "%s: model.vocab: id %lld is out of range", L->path, (long long)id);
                 break;
             }
@@ -3250,39 +3280,74 @@ static forge_status forge__tk_read_vocab(forge__tkload *L, forge__js *j, forge__
     return st;
 }
 
-/* Registers one merge "a" + "b" at `rank`; the merged piece must be in the vocabulary (HF
- * refuses the file otherwise). With a continuing_subword_prefix, b's prefix is dropped. */
-static forge_status forge__tk_add_merge(forge__tkload *L, const char *a, size_t an, const char *b, size_t bn, uint32_t rank,
-                                        forge__buf *cat) {
+/* Merges are registered in batches: each is three vocabulary lookups (left, right, merged
+ * piece), done with prefetches over the whole batch. The merged piece must be in the
+ * vocabulary (HF refuses the file otherwise); with a continuing_subword_prefix, the right
+ * part's prefix is dropped from it. */
+#define FORGE__MERGE_BATCH 64
+
+typedef struct forge__mbatch {
+    forge__buf pool;                          /* texts: left, right, merged, per merge */
+    uint32_t off[FORGE__MERGE_BATCH * 3], len[FORGE__MERGE_BATCH * 3];
+    uint64_t h[FORGE__MERGE_BATCH * 3];
+    int32_t id[FORGE__MERGE_BATCH * 3];
+    uint32_t n, rank0;
+} forge__mbatch;
+
+static forge_status forge__mbatch_flush(forge__tkload *L, forge__mbatch *mb) {
     forge__tokenizer *tk = L->tk;
-    int32_t ia = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, a, an);
-    int32_t ib = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, b, bn);
-    size_t skip = tk->cont_prefix_len && bn >= tk->cont_prefix_len && !memcmp(b, tk->cont_prefix, tk->cont_prefix_len) ? tk->cont_prefix_len : 0;
-    cat->n = 0;
-    forge__buf_put(cat, a, an);
-    forge__buf_put(cat, b + skip, bn - skip);
-    int32_t im = cat->oom ? -1 : forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, cat->p ? cat->p : "", cat->n);
-    if (ia < 0 || ib < 0 || im < 0)
-        return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u ('%.*s' '%.*s'): %s is not in the vocabulary", L->path, rank + 1,
-                           (int)FORGE__MIN(an, 64), a, (int)FORGE__MIN(bn, 64), b, ia < 0 ? "the left part" : ib < 0 ? "the right part" : "the merged piece");
-    forge__merge_put(&tk->merges, ia, ib, rank, im);
+    uint32_t nk = mb->n * 3;
+    if (mb->pool.oom) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    if ((size_t)tk->merges.count + mb->n > ((size_t)tk->merges.mask + 1) / 2) /* the table was sized by a count */
+        return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: more merges than the merges array holds", L->path);
+    const char *p = mb->pool.p ? mb->pool.p : "";
+    for (uint32_t k = 0; k < nk; k++) {
+        mb->h[k] = forge__hash(p + mb->off[k], mb->len[k]);
+        forge__strtab_prefetch(&tk->vocab, mb->h[k], mb->len[k], 0);
+    }
+    for (uint32_t k = 0; k < nk; k++) forge__strtab_prefetch(&tk->vocab, mb->h[k], mb->len[k], 1);
+    for (uint32_t k = 0; k < nk; k++) mb->id[k] = forge__strtab_get_h(&tk->vocab, p + mb->off[k], mb->len[k], mb->h[k]);
+    for (uint32_t m = 0; m < mb->n; m++) {
+        const int32_t *id = &mb->id[3 * m];
+        if (id[0] < 0 || id[1] < 0 || id[2] < 0)
+            return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u ('%.*s' '%.*s'): %s is not in the vocabulary", L->path,
+                               mb->rank0 + m + 1, (int)FORGE__MIN(mb->len[3 * m], 64), p + mb->off[3 * m],
+                               (int)FORGE__MIN(mb->len[3 * m + 1], 64), p + mb->off[3 * m + 1],
+                               id[0] < 0 ? "the left part" : id[1] < 0 ? "the right part" : "the merged piece");
+        __builtin_prefetch(&tk->merges.slot[forge__mix64(((uint64_t)(uint32_t)id[0] << 32) | (uint32_t)id[1]) & tk->merges.mask]);
+    }
+    for (uint32_t m = 0; m < mb->n; m++) forge__merge_put(&tk->merges, mb->id[3 * m], mb->id[3 * m + 1], mb->rank0 + m, mb->id[3 * m + 2]);
+    mb->rank0 += mb->n;
+    mb->n = 0;
+    mb->pool.n = 0;
     return FORGE_OK;
 }
 
+static forge_status forge__mbatch_add(forge__tkload *L, forge__mbatch *mb, const char *a, size_t an, const char *b, size_t bn) {
+    const forge__tokenizer *tk = L->tk;
+    size_t skip = tk->cont_prefix_len && bn >= tk->cont_prefix_len && !memcmp(b, tk->cont_prefix, tk->cont_prefix_len) ? tk->cont_prefix_len : 0;
+    uint32_t k = mb->n * 3;
+    const char *parts[4] = {a, b, a, b + skip};
+    size_t lens[4] = {an, bn, an, bn - skip};
+    for (int q = 0; q < 3; q++) {
+        mb->off[k + (uint32_t)q] = (uint32_t)mb->pool.n;
+        forge__buf_put(&mb->pool, parts[q], lens[q]);
+        if (q == 2) forge__buf_put(&mb->pool, parts[3], lens[3]);
+        mb->len[k + (uint32_t)q] = (uint32_t)(mb->pool.n - mb->off[k + (uint32_t)q]);
+    }
+    return ++mb->n == FORGE__MERGE_BATCH ? forge__mbatch_flush(L, mb) : FORGE_OK;
+}
+
 /* "merges": ["a b", ...] (legacy) or [["a", "b"], ...]. */
-static forge_status forge__tk_read_merges(forge__tkload *L, forge__js *j) {
-    forge__buf s1, s2, cat;
+static forge_status forge__tk_read_merges(forge__tkload *L, forge__js *j, size_t count) {
+    forge__buf s1, s2;
     forge__buf_init(&s1, NULL, 0);
     forge__buf_init(&s2, NULL, 0);
-    forge__buf_init(&cat, NULL, 0);
+    forge__mbatch mb;
+    memset(&mb, 0, sizeof mb);
     forge_status st = FORGE_OK;
     if (!forge__js_eat(j, '[')) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: model.merges is not an array", L->path);
-    /* Count first (cheap) so the table is sized once. */
-    size_t count = 0;
-    {
-        forge__js k = *j;
-        if (!forge__js_eat(&k, ']')) do { if (!forge__js_skip(&k)) break; count++; } while (forge__js_eat(&k, ','));
-    }
+    /* `count` came from the scan that found the array, so the table is sized once */
     if (!forge__mergetab_init(&L->tk->merges, count, L->a)) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     uint32_t rank = 0;
     if (!forge__js_eat(j, ']')) {
@@ -3295,7 +3360,7 @@ static forge_status forge__tk_read_merges(forge__tkload *L, forge__js *j) {
                     st = forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u is not a pair of strings", L->path, rank + 1);
                     break;
                 }
-                st = forge__tk_add_merge(L, s1.p ? s1.p : "", s1.n, s2.p ? s2.p : "", s2.n, rank, &cat);
+                st = forge__mbatch_add(L, &mb, s1.p ? s1.p : "", s1.n, s2.p ? s2.p : "", s2.n);
             } else {
                 if (!forge__js_str(j, &s1)) {
                     st = forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u is not a string or pair", L->path, rank + 1);
@@ -3304,16 +3369,17 @@ static forge_status forge__tk_read_merges(forge__tkload *L, forge__js *j) {
                 /* split at the first space after the first character (as llama.cpp does) */
                 const char *sp = s1.n > 1 ? memchr(s1.p + 1, ' ', s1.n - 1) : NULL;
                 if (!sp) { st = forge__fail(L->err, FORGE_ERR_FORMAT, "%s: merge %u '%.*s' has no space", L->path, rank + 1, (int)FORGE__MIN(s1.n, 64), s1.p ? s1.p : ""); break; }
-                st = forge__tk_add_merge(L, s1.p, (size_t)(sp - s1.p), sp + 1, s1.n - (size_t)(sp - s1.p) - 1, rank, &cat);
+                st = forge__mbatch_add(L, &mb, s1.p, (size_t)(sp - s1.p), sp + 1, s1.n - (size_t)(sp - s1.p) - 1);
             }
             if (st) break;
             rank++;
         } while (forge__js_eat(j, ','));
         if (!st && !forge__js_eat(j, ']')) st = forge__fail(L->err, FORGE_ERR_FORMAT, "%s: model.merges: expected ']'", L->path);
     }
+    if (!st) st = forge__mbatch_flush(L, &mb);
     forge__buf_free(&s1);
     forge__buf_free(&s2);
-    forge__buf_free(&cat);
+    forge__buf_free(&mb.pool);
     return st;
 }
 
@@ -3332,14 +3398,12 @@ static forge_status forge__tk_alloc(forge__tkload *L, int n_vocab) {
 /* Builds the byte-fallback table, the lookup tables and the tries once pieces are known. */
 static forge_status forge__tk_finish_tables(forge__tkload *L) {
     forge__tokenizer *tk = L->tk;
-    if (!forge__strtab_init(&tk->all, (size_t)tk->n_vocab, L->a)) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int i = 0; i < tk->n_added; i++) forge__strtab_put(&tk->all, tk->pieces, tk->piece_len, tk->added[i].id, false);
-    for (int i = 0; i < tk->n_vocab; i++)
-        if (tk->pieces[i]) forge__strtab_put(&tk->all, tk->pieces, tk->piece_len, i, false);
+    if (!forge__strtab_init(&tk->addtab, (size_t)tk->n_added, L->a)) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < tk->n_added; i++) forge__strtab_put(&tk->addtab, tk->added[i].s, tk->added[i].len, tk->added[i].id, false);
     for (int b = 0; b < 256; b++) {
         char name[8];
         snprintf(name, sizeof name, "<0x%02X>", b);
-        tk->byte_id[b] = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, name, 6);
+        tk->byte_id[b] = forge__strtab_get(&tk->vocab, name, 6);
     }
     if (!forge__trie_build(&tk->trie_raw, tk->added, tk->n_added, false, L->a) ||
         !forge__trie_build(&tk->trie_norm, tk->added, tk->n_added, true, L->a))
@@ -3414,6 +3478,12 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
     cJSON *model = NULL, *part = NULL, *cfg = NULL;
     forge__buf ents;
     forge__buf_init(&ents, NULL, 0);
+    /* One pass over the file finds the parts; the model object is scanned on the way (its
+     * vocab and merges skipped, the merges counted, the small fields parsed). */
+    const char *vocab_span = NULL, *merges_span = NULL;
+    size_t n_merges = 0;
+    model = cJSON_CreateObject();
+    if (!model) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
     if (!forge__js_eat(&j, '{')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: not a JSON object", path); goto done; }
     if (!forge__js_eat(&j, '}')) {
         do {
@@ -3424,38 +3494,38 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
                 if (key.n == strlen(keys[k]) && !memcmp(key.p, keys[k], key.n)) which = k;
             forge__js_ws(&j);
             const char *s0 = j.p;
-            if (!forge__js_skip(&j)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed JSON (value of a top-level key)", path); goto done; }
+            if (which == S_MODEL) {
+                forge__js *m = &j;
+                if (!forge__js_eat(m, '{')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: 'model' is not an object", path); goto done; }
+                if (!forge__js_eat(m, '}')) {
+                    do {
+                        key.n = 0;
+                        if (!forge__js_str(m, &key) || !forge__js_eat(m, ':')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model object", path); goto done; }
+                        forge__js_ws(m);
+                        const char *v0 = m->p;
+                        bool is_merges = key.n == 6 && !memcmp(key.p, "merges", 6);
+                        if (!forge__js_skip_n(m, is_merges ? &n_merges : NULL)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model object", path); goto done; }
+                        if (key.n == 5 && !memcmp(key.p, "vocab", 5)) vocab_span = v0;
+                        else if (is_merges) merges_span = v0;
+                        else {
+                            cJSON *v = cJSON_ParseWithLength(v0, (size_t)(m->p - v0));
+                            char *k = strndup(key.p, key.n);
+                            if (!v || !k) { cJSON_Delete(v); free(k); st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model field", path); goto done; }
+                            cJSON_AddItemToObject(model, k, v);
+                            free(k);
+                        }
+                    } while (forge__js_eat(m, ','));
+                    if (!forge__js_eat(m, '}')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model object (expected '}')", path); goto done; }
+                }
+            } else if (!forge__js_skip(&j)) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed JSON (value of a top-level key)", path);
+                goto done;
+            }
             if (which >= 0) { span[which][0] = s0; span[which][1] = j.p; }
         } while (forge__js_eat(&j, ','));
         if (!forge__js_eat(&j, '}')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed JSON (expected '}')", path); goto done; }
     }
     if (!span[S_MODEL][0]) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no 'model'", path); goto done; }
-    /* The model object: small fields through cJSON, vocab and merges directly. */
-    const char *vocab_span = NULL, *merges_span = NULL;
-    {
-        forge__js m = {span[S_MODEL][0], span[S_MODEL][1], false};
-        model = cJSON_CreateObject();
-        if (!model) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
-        if (!forge__js_eat(&m, '{')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: 'model' is not an object", path); goto done; }
-        if (!forge__js_eat(&m, '}')) {
-            do {
-                key.n = 0;
-                if (!forge__js_str(&m, &key) || !forge__js_eat(&m, ':')) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model object", path); goto done; }
-                forge__js_ws(&m);
-                const char *s0 = m.p;
-                if (!forge__js_skip(&m)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model object", path); goto done; }
-                if (key.n == 5 && !memcmp(key.p, "vocab", 5)) vocab_span = s0;
-                else if (key.n == 6 && !memcmp(key.p, "merges", 6)) merges_span = s0;
-                else {
-                    cJSON *v = cJSON_ParseWithLength(s0, (size_t)(m.p - s0));
-                    char *k = strndup(key.p, key.n);
-                    if (!v || !k) { cJSON_Delete(v); free(k); st = forge__fail(err, FORGE_ERR_FORMAT, "%s: malformed model field", path); goto done; }
-                    cJSON_AddItemToObject(model, k, v);
-                    free(k);
-                }
-            } while (forge__js_eat(&m, ','));
-        }
-    }
     const char *mtype = forge__json_str(model, "type");
     if (!mtype && vocab_span && merges_span) mtype = "BPE"; /* old files omit the type */
     if (!mtype || strcmp(mtype, "BPE") != 0)
@@ -3479,16 +3549,12 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
     if ((st = forge__tk_alloc(&L, (int)(max_id + 1)))) goto done;
     size_t n_ents = FORGE__VEC_LEN(&ents, forge__tkent), vocab_size = 0;
     if (!forge__strtab_init(&tk->vocab, n_ents, a)) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
-    tk->vpieces = (const char **)forge__arena_alloc(a, sizeof(char *) * (size_t)(max_id + 1), 16);
-    tk->vpiece_len = (uint32_t *)forge__arena_alloc(a, sizeof(uint32_t) * (size_t)(max_id + 1), 16);
-    if (!tk->vpieces || !tk->vpiece_len) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
     for (size_t i = 0; i < n_ents; i++) {
         forge__tkent *e = &FORGE__VEC_AT(&ents, forge__tkent, i);
-        tk->pieces[e->id] = tk->vpieces[e->id] = e->s;
-        tk->piece_len[e->id] = tk->vpiece_len[e->id] = e->len;
+        tk->pieces[e->id] = e->s;
+        tk->piece_len[e->id] = e->len;
+        vocab_size += forge__strtab_put(&tk->vocab, e->s, e->len, e->id, true); /* a repeated piece: HF keeps the last */
     }
-    for (size_t i = 0; i < n_ents; i++) /* a repeated piece: HF's map keeps the last entry */
-        vocab_size += forge__strtab_put(&tk->vocab, tk->vpieces, tk->vpiece_len, FORGE__VEC_AT(&ents, forge__tkent, i).id, true);
     if (span[S_ADDED][0]) {
         part = cJSON_ParseWithLength(span[S_ADDED][0], (size_t)(span[S_ADDED][1] - span[S_ADDED][0]));
         if (!cJSON_IsArray(part)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added_tokens is not an array", path); goto done; }
@@ -3499,23 +3565,25 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
          * its vocabulary id when its text is there, else the next id after the vocabulary and
          * the added tokens so far (AddedVocabulary::add_tokens). */
         int64_t max_added = -1;
+        forge__strtab seen; /* contents already added: HF skips a repeated one */
+        if (!forge__strtab_init(&seen, (size_t)n, a)) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
         const cJSON *it;
         cJSON_ArrayForEach(it, part) {
             const char *c = forge__json_str(it, "content");
             if (!c) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added token without content", path); goto done; }
             size_t cl = strlen(c);
-            bool dup = cl == 0;
-            for (int k = 0; k < tk->n_added && !dup; k++) dup = tk->added[k].len == cl && !memcmp(tk->added[k].s, c, cl);
-            if (dup) continue;
+            char *cs = cl ? forge__arena_strndup(a, c, cl) : NULL;
+            if (cl && !cs) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+            if (!cl || !forge__strtab_put(&seen, cs, cl, tk->n_added, false)) continue;
             forge__added *ad = &tk->added[tk->n_added++];
-            if (!(ad->s = forge__arena_strndup(a, c, cl))) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
+            ad->s = cs;
             ad->len = (uint32_t)cl;
-            int32_t in_vocab = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, c, cl);
+            int32_t in_vocab = forge__strtab_get(&tk->vocab, c, cl);
             if (in_vocab >= 0) ad->id = in_vocab;
             else if (max_added < 0) ad->id = (int32_t)vocab_size;
             else ad->id = (int32_t)(max_added >= (int64_t)vocab_size || vocab_size == 0 ? max_added + 1 : (int64_t)vocab_size);
             if (ad->id > max_added) max_added = ad->id;
-            if (ad->id >= (1 << 24)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: too many added tokens", path); goto done; }
+            if (ad->id >= FORGE__TK_MAX_IDS - 1) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: too many added tokens", path); goto done; }
             ad->special = forge__json_bool(it, "special", false);
             ad->lstrip = forge__json_bool(it, "lstrip", false);
             ad->rstrip = forge__json_bool(it, "rstrip", false);
@@ -3534,12 +3602,12 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
     /* Merges need the vocabulary table. */
     if (merges_span) {
         forge__js mj = {merges_span, span[S_MODEL][1], false};
-        if ((st = forge__tk_read_merges(&L, &mj))) goto done;
+        if ((st = forge__tk_read_merges(&L, &mj, n_merges))) goto done;
     } else if (!forge__mergetab_init(&tk->merges, 0, a)) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
     {
         const char *unk = forge__json_str(model, "unk_token");
         if (unk) {
-            tk->model_unk = forge__strtab_get(&tk->vocab, tk->vpieces, tk->vpiece_len, unk, strlen(unk));
+            tk->model_unk = forge__strtab_get(&tk->vocab, unk, strlen(unk));
             if (tk->model_unk < 0) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: unk_token '%s' is not in the vocabulary", path, unk); goto done; }
         }
     }
@@ -3642,7 +3710,7 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
     forge__tkload L = {tk, a, path, err};
     const forge__gguf_kv *kv = forge__gguf_find(g, "tokenizer.ggml.tokens");
     if (!kv) return FORGE_OK;
-    if (kv->type != FORGE__GGUF_ARRAY || kv->elem_type != FORGE__GGUF_STRING || kv->count > (1 << 24))
+    if (kv->type != FORGE__GGUF_ARRAY || kv->elem_type != FORGE__GGUF_STRING || kv->count >= FORGE__TK_MAX_IDS)
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.tokens is not an array of strings", path);
     const char *ms;
     uint64_t ml;
@@ -3667,10 +3735,8 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.token_type is not an int32 array of %llu entries", path, (unsigned long long)kv->count);
     if (scores && (scores->type != FORGE__GGUF_ARRAY || scores->elem_type != FORGE__GGUF_FLOAT32 || scores->count != kv->count))
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.scores is not a float32 array of %llu entries", path, (unsigned long long)kv->count);
-    tk->vpieces = tk->pieces;
-    tk->vpiece_len = tk->piece_len;
     if (!forge__strtab_init(&tk->vocab, (size_t)tk->n_vocab, a)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int i = 0; i < tk->n_vocab; i++) forge__strtab_put(&tk->vocab, tk->vpieces, tk->vpiece_len, i, true);
+    for (int i = 0; i < tk->n_vocab; i++) forge__strtab_put(&tk->vocab, tk->pieces[i], tk->piece_len[i], i, true); /* llama.cpp: the last wins */
     /* llama.cpp: phi-3's special tokens strip the whitespace after them (its HF file says rstrip) */
     const char *gn;
     uint64_t gl;
@@ -3728,8 +3794,8 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
         if (!mk || mk->type != FORGE__GGUF_ARRAY || mk->elem_type != FORGE__GGUF_STRING)
             return forge__fail(err, FORGE_ERR_FORMAT, "%s: tokenizer.ggml.merges is missing or not an array of strings", path);
         if (!forge__mergetab_init(&tk->merges, (size_t)mk->count, a)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        forge__buf cat;
-        forge__buf_init(&cat, NULL, 0);
+        forge__mbatch mb;
+        memset(&mb, 0, sizeof mb);
         const uint8_t *mc = mk->value;
         for (uint64_t i = 0; i < mk->count && !st; i++) {
             const char *s;
@@ -3737,9 +3803,10 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
             forge__gguf_next_str(&mc, &s, &len);
             const char *sp = len > 1 ? memchr(s + 1, ' ', (size_t)len - 1) : NULL;
             if (!sp) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: merge %llu has no space", path, (unsigned long long)i + 1); break; }
-            st = forge__tk_add_merge(&L, s, (size_t)(sp - s), sp + 1, (size_t)len - (size_t)(sp - s) - 1, (uint32_t)i, &cat);
+            st = forge__mbatch_add(&L, &mb, s, (size_t)(sp - s), sp + 1, (size_t)len - (size_t)(sp - s) - 1);
         }
-        forge__buf_free(&cat);
+        if (!st) st = forge__mbatch_flush(&L, &mb);
+        forge__buf_free(&mb.pool);
         if (st) return st;
         const char *ps;
         uint64_t pl;
