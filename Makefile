@@ -61,7 +61,7 @@ clean:
 
 # Fuzz targets (clang, libFuzzer + ASan/UBSan): each parser for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 30
-FUZZERS := safetensors gguf config
+FUZZERS := safetensors gguf config tokenizer_json tokenize
 FUZZ_CC ?= clang
 fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 	@for f in $(FUZZERS); do \
@@ -73,4 +73,4 @@ fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFORGE_TESTING \
-		-I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@
+		-DFORGE_SOURCE_DIR='"$(CURDIR)"' -I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@

@@ -1956,19 +1956,25 @@ static int forge__hexval(char c) {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
-/* Decodes the JSON string at j->p (after whitespace) into out (appended, not terminated). */
+/* Decodes the JSON string at j->p (after whitespace) into out (appended, not terminated).
+ * Text that is not valid UTF-8 fails it (JSON is UTF-8; HF refuses such a file too). */
 static bool forge__js_str(forge__js *j, forge__buf *out) {
     forge__js_ws(j);
     if (j->p >= j->end || *j->p != '"') return !(j->bad = true);
     j->p++;
     const char *run = j->p;
+    size_t start = out->n;
+    bool high = false;
     while (j->p < j->end) {
         char c = *j->p;
         if (c == '"') {
             forge__buf_put(out, run, (size_t)(j->p - run));
             j->p++;
-            return !out->oom;
+            if (out->oom) return false;
+            if (high && !forge__utf8_valid(out->p + start, out->n - start)) return !(j->bad = true);
+            return true;
         }
+        if ((unsigned char)c >= 0x80) high = true;
         if ((unsigned char)c < 0x20) break;
         if (c != '\\') { j->p++; continue; }
         forge__buf_put(out, run, (size_t)(j->p - run));
@@ -2825,6 +2831,7 @@ static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *
     char tmp0[256];
     forge__buf_init(&tmp, tmp0, sizeof tmp0);
     forge_status rc = FORGE_OK;
+    size_t out_start = out->n;
     if (incomplete) *incomplete = false;
     int cur = 0;
     for (size_t i = 0; i < n; i++) {
@@ -2977,6 +2984,13 @@ static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *
         }
     }
 done:
+    /* pieces of a GGUF vocabulary may be any bytes: the text given out is always UTF-8 */
+    if (!rc && !out->oom && !forge__utf8_valid(out->p ? out->p + out_start : "", out->n - out_start)) {
+        tmp.n = 0;
+        forge__utf8_lossy(&tmp, out->p + out_start, out->n - out_start);
+        out->n = out_start;
+        forge__buf_put(out, tmp.p, tmp.n);
+    }
     if (!rc && (L[0].text.oom || L[1].text.oom || L[0].idx.oom || L[1].idx.oom || tmp.oom || out->oom))
         rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory while decoding");
     for (int k = 0; k < 2; k++) { forge__buf_free(&L[k].text); forge__buf_free(&L[k].idx); }
@@ -2998,10 +3012,13 @@ static const char *forge__json_type(const cJSON *o) {
     return t ? t : "";
 }
 
+static bool forge__cstr_valid(const char *s) { return !s || forge__utf8_valid(s, strlen(s)); }
+
 /* Pattern: {"String": s} or {"Regex": r}. */
 static forge_status forge__tk_pattern(forge__tkload *L, const cJSON *o, forge__pat *pat, const char *what) {
     const char *s = forge__json_str(o, "String"), *r = forge__json_str(o, "Regex");
     memset(pat, 0, sizeof *pat);
+    if (!forge__cstr_valid(s) || !forge__cstr_valid(r)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: %s: pattern is not valid UTF-8", L->path, what);
     if (s) {
         if (!(pat->str = forge__arena_strdup(L->a, s))) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         pat->len = strlen(s);
@@ -3015,6 +3032,7 @@ static forge_status forge__tk_str(forge__tkload *L, const cJSON *o, const char *
     const char *s = forge__json_str(o, key);
     if (!s) s = def;
     if (!s) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: field '%s' is missing", L->path, key);
+    if (!forge__cstr_valid(s)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: field '%s' is not valid UTF-8", L->path, key);
     if (!(*out = forge__arena_strdup(L->a, s))) return forge__fail(L->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     if (len) *len = strlen(s);
     return FORGE_OK;
@@ -3570,7 +3588,7 @@ FORGE__INTERNAL forge_status forge__tokenizer_from_json(forge__tokenizer *tk, co
         const cJSON *it;
         cJSON_ArrayForEach(it, part) {
             const char *c = forge__json_str(it, "content");
-            if (!c) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added token without content", path); goto done; }
+            if (!c || !forge__cstr_valid(c)) { st = forge__fail(err, FORGE_ERR_FORMAT, "%s: added token without content in UTF-8", path); goto done; }
             size_t cl = strlen(c);
             char *cs = cl ? forge__arena_strndup(a, c, cl) : NULL;
             if (cl && !cs) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
@@ -3756,7 +3774,8 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
         for (int i = 0; i < tk->n_vocab; i++) {
             int32_t t;
             memcpy(&t, types->value + 4 * (size_t)i, 4);
-            if ((t != 2 && t != 3 && t != 4) || tk->piece_len[i] == 0) continue;
+            /* text matching runs on valid UTF-8: a token that is not cannot be matched */
+            if ((t != 2 && t != 3 && t != 4) || tk->piece_len[i] == 0 || !forge__utf8_valid(tk->pieces[i], tk->piece_len[i])) continue;
             forge__added *ad = &tk->added[n_added++];
             ad->s = tk->pieces[i];
             ad->len = tk->piece_len[i];
