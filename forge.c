@@ -5742,7 +5742,7 @@ static forge_status forge__model_load_vocab(forge_model *m, const char *path, co
     m->vocab_only = true;
     if (is_gguf) {
         forge__gguf gguf;
-        forge__file *f;
+        forge__file *f = NULL;
         snprintf(m->source_format, sizeof m->source_format, "gguf");
         if ((st = forge__model_add_file(m, path, &f))) return st;
         forge__tensor_table tt = {0};

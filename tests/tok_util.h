@@ -8,6 +8,9 @@
 #include <cjson/cJSON.h>
 #include <sys/stat.h>
 
+#include <unistd.h>
+
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +24,27 @@ inline bool dir_exists(const std::string &p) {
 
 inline int sh(const std::string &cmd) { return system(cmd.c_str()); }
 
+/* A name for this process's scratch files (ctest may run test processes side by side). */
+inline std::string scratch(const std::string &what) {
+    static std::atomic<int> n{0};
+    return "tmp_" + what + "." + std::to_string((long)getpid()) + "." + std::to_string(n++);
+}
+
+/* Unpacks `tar` into `dest` unless `probe` (a path inside dest) exists; into a private
+ * directory first, then renamed into place, so concurrent test processes do not collide. */
+inline bool unpack_once(const std::string &tar, const std::string &dest, const std::string &probe) {
+    if (exists(probe) || dir_exists(probe)) return true;
+    if (!exists(tar)) { ADD_FAILURE() << "missing " << tar; return false; }
+    std::string tmp = scratch("unpack");
+    if (sh("mkdir -p '" + dest + "' '" + tmp + "' && tar xJf '" + tar + "' -C '" + tmp + "'") != 0) {
+        ADD_FAILURE() << "cannot unpack " << tar;
+        return false;
+    }
+    sh("for e in '" + tmp + "'/*; do mv -n \"$e\" '" + dest + "'/ 2>/dev/null; done; rm -rf '" + tmp + "'");
+    if (!exists(probe) && !dir_exists(probe)) { ADD_FAILURE() << "unpacking " << tar << " gave no " << probe; return false; }
+    return true;
+}
+
 /* The shared tokenizer data, unpacked once into ./tok_data (the build tree). Returns "" and
  * records a failure when the archives are missing. */
 inline std::string tok_data() {
@@ -28,17 +52,9 @@ inline std::string tok_data() {
     std::lock_guard<std::mutex> lock(mu);
     const std::string d = "tok_data";
     const char *fam[] = {"llama3", "qwen3", "gemma3", "gemma2"};
-    for (const char *f : fam) {
-        if (dir_exists(d + "/" + f)) continue;
-        std::string tar = shared(std::string("tokenizers/") + f + ".tar.xz");
-        if (!exists(tar)) { ADD_FAILURE() << "missing " << tar; return ""; }
-        if (sh("mkdir -p " + d + " && tar xJf '" + tar + "' -C " + d) != 0) { ADD_FAILURE() << "cannot unpack " << tar; return ""; }
-    }
-    if (!exists(d + "/llamacpp-standard.inp")) {
-        std::string tar = shared("tokenizer-tests/tokenizer-tests.tar.xz");
-        if (!exists(tar)) { ADD_FAILURE() << "missing " << tar; return ""; }
-        if (sh("mkdir -p " + d + " && tar xJf '" + tar + "' -C " + d) != 0) { ADD_FAILURE() << "cannot unpack " << tar; return ""; }
-    }
+    for (const char *f : fam)
+        if (!unpack_once(shared(std::string("tokenizers/") + f + ".tar.xz"), d, d + "/" + f + "/tokenizer_config.json")) return "";
+    if (!unpack_once(shared("tokenizer-tests/tokenizer-tests.tar.xz"), d, d + "/ggml-vocab-starcoder.gguf.out")) return "";
     return d;
 }
 
@@ -55,16 +71,19 @@ inline std::string oracle_dir() {
             ADD_FAILURE() << "node is not installed: the HF tokenizers oracle needs it (tools/install-deps.sh installs it)";
             return "";
         }
-        std::string src = shared("tools/hf-tokenizers");
-        if (sh("rm -rf " + d + " && mkdir -p " + d + " && cp '" + src + "/encode.js' '" + src + "/package.json' " + d + "/") != 0) {
+        std::string src = shared("tools/hf-tokenizers"), tmp = scratch("npm");
+        if (sh("mkdir -p " + tmp + " && cp '" + src + "/encode.js' '" + src + "/package.json' " + tmp + "/") != 0) {
             ADD_FAILURE() << "cannot copy " << src;
             return "";
         }
-        if (sh("cd " + d + " && npm install --no-save --no-package-lock --no-audit --no-fund > npm.log 2>&1") != 0 ||
-            !dir_exists(d + "/node_modules/tokenizers")) {
-            ADD_FAILURE() << "npm install of the HF tokenizers oracle failed (see build/" << d << "/npm.log)";
+        if (sh("cd " + tmp + " && npm install --no-save --no-package-lock --no-audit --no-fund > npm.log 2>&1") != 0 ||
+            !dir_exists(tmp + "/node_modules/tokenizers")) {
+            ADD_FAILURE() << "npm install of the HF tokenizers oracle (npm package tokenizers, from ../shared/tools/hf-tokenizers) "
+                             "failed: see " << tmp << "/npm.log";
             return "";
         }
+        /* into place; another process may have won the race, then its copy is used */
+        if (rename(tmp.c_str(), d.c_str()) != 0) sh("rm -rf " + tmp);
     }
     ready = d;
     return ready;
@@ -83,17 +102,18 @@ inline bool oracle(const std::string &tok_dir, const std::vector<std::string> &t
     for (const auto &t : texts) cJSON_AddItemToArray(arr, cJSON_CreateString(t.c_str()));
     char *js = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
-    std::string in = "oracle_in.json", outp = "oracle_out.json";
+    std::string base = scratch("oracle"), in = base + "_in.json", outp = base + "_out.json", errp = base + "_err.txt";
     write_file(in, js, strlen(js));
     cJSON_free(js);
     std::string cmd = "node " + od + "/encode.js '" + tok_dir + "' --stdin-json --decode" + (special ? " --special" : "") + " < " + in +
-                      " > " + outp + " 2> oracle_err.txt";
+                      " > " + outp + " 2> " + errp;
     if (sh(cmd) != 0) {
-        std::vector<uint8_t> e = read_file("oracle_err.txt");
+        std::vector<uint8_t> e = read_file(errp);
         ADD_FAILURE() << "oracle failed: " << cmd << "\n" << std::string(e.begin(), e.end());
         return false;
     }
     std::vector<uint8_t> o = read_file(outp);
+    sh("rm -f " + in + " " + outp + " " + errp);
     cJSON *res = cJSON_ParseWithLength((const char *)o.data(), o.size());
     if (!cJSON_IsArray(res) || cJSON_GetArraySize(res) != (int)texts.size()) {
         ADD_FAILURE() << "oracle output is not an array of " << texts.size();
