@@ -7,9 +7,15 @@ namespace {
 
 const char *kFamilies[] = {"llama3", "qwen3", "gemma3", "gemma2"};
 
-/* Loaded tokenizers are cached for the whole run: gemma3's file is 33 MB. */
+/* Loaded tokenizers are cached for the whole run (gemma3's file is 33 MB), freed at exit. */
+struct ModelCache : std::map<std::string, forge_model *> {
+    ~ModelCache() {
+        for (auto &kv : *this) forge_model_free(kv.second);
+    }
+};
+
 forge_model *family(const std::string &name) {
-    static std::map<std::string, forge_model *> cache;
+    static ModelCache cache;
     static std::mutex mu;
     std::lock_guard<std::mutex> lock(mu);
     auto it = cache.find(name);
