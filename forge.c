@@ -2304,6 +2304,8 @@ static void forge__pat_find(forge__tkwork *w, const forge__pat *p, const char *s
         size_t start = 0;
         while (start <= n) {
             int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL);
+            if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* the interpreter keeps its backtracking on the heap */
+                rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, NULL);
             if (rc < 0) break;
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
             uint32_t pr[2] = {(uint32_t)ov[0], (uint32_t)ov[1]};

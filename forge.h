@@ -296,7 +296,8 @@ FORGE_API forge_status forge_eval(forge_session *session, const int32_t *tokens,
 /* Tokenizes text[0..len) (need not be NUL-terminated; may be NULL when len is 0). Writes
  * the ids to ids[0..capacity) and their number to *n_ids. When capacity is too small, writes
  * nothing, sets *n_ids to the number needed and returns FORGE_ERR_BUFFER_TOO_SMALL.
- * FORGE_ERR_LIMIT for text over 1 GiB. */
+ * Scratch memory is allocated per call and freed before it returns. FORGE_ERR_LIMIT for
+ * text over 1 GiB. */
 FORGE_API forge_status forge_tokenize(const forge_model *model, const char *text, size_t len, uint32_t flags,
                                       int32_t *ids, size_t capacity, size_t *n_ids);
 
