@@ -3469,14 +3469,20 @@ static void forge__tk_special_ids(forge__tokenizer *tk, const cJSON *cfg) {
     }
     if (tk->bos < 0 && tk->n_tmpl_pre > 0) tk->bos = tk->tmpl_pre[0];
     if (tk->unk < 0) tk->unk = tk->model_unk;
-    if (tk->eos < 0) {
-        static const char *const eos_names[] = {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>"};
-        tk->eos = forge__tk_first_of(tk, eos_names, FORGE__ARRAY_LEN(eos_names));
+    static const char *const eos_names[] = {"</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>"};
+    int32_t text_end = -1; /* the first of these that is a special token ("</s>" may be plain text) */
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(eos_names) && text_end < 0; i++) {
+        int32_t id = forge__tk_lookup(tk, eos_names[i], strlen(eos_names[i]));
+        if (id >= 0 && tk->is_special[id]) text_end = id;
     }
+    if (tk->eos < 0) tk->eos = text_end;
     if (tk->eot < 0) tk->eot = forge__tk_first_of(tk, forge__eot_names, FORGE__ARRAY_LEN(forge__eot_names));
     if (tk->sot < 0) tk->sot = forge__tk_first_of(tk, forge__sot_names, FORGE__ARRAY_LEN(forge__sot_names));
     forge__tk_add_eos(tk, tk->eos);
     forge__tk_add_eos(tk, tk->eot);
+    /* the end-of-text token ends generation too when the files name another eos (chat models
+     * name the end of turn; their generation_config lists both) */
+    forge__tk_add_eos(tk, text_end);
     static const char *const more[] = {"<|eom_id|>"};
     forge__tk_add_eos(tk, forge__tk_first_of(tk, more, 1));
 }

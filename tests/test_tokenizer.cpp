@@ -160,9 +160,13 @@ TEST(TokApi, SampleIdsAndSpecialTokens) {
     EXPECT_EQ(st.pad, 0);
     EXPECT_EQ(st.eot, forge_token_id(family("gemma3"), "<end_of_turn>"));
     EXPECT_EQ(st.sot, forge_token_id(family("gemma3"), "<start_of_turn>"));
-    bool eot_in_eos = false;
-    for (int i = 0; i < st.n_eos; i++) eot_in_eos |= st.eos_ids[i] == st.eot;
+    bool eot_in_eos = false, eos_in_eos = false;
+    for (int i = 0; i < st.n_eos; i++) {
+        eot_in_eos |= st.eos_ids[i] == st.eot;
+        eos_in_eos |= st.eos_ids[i] == 1; /* <eos> ends generation too */
+    }
     EXPECT_TRUE(eot_in_eos);
+    EXPECT_TRUE(eos_in_eos);
     /* the post-processor's BOS, only when asked for */
     forge_model *g = family("gemma3");
     EXPECT_EQ(ft::encode(g, "Hello world", FORGE_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{2, 9259, 1902}));
