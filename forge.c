@@ -4012,8 +4012,11 @@ static forge_status forge__detok_emit(const forge_model *m, const forge__tokeniz
     size_t skip = FORGE__MIN((size_t)s->read_bytes, out.n);
     forge__buf tail = {out.p + skip, out.n - skip, out.n - skip, false, false};
     st = forge__tk_copy_out(m, &tail, text, capacity, n_bytes, "forge_detok_stream");
-    if (!st && forge__tk_byte_run(tk, s->ids[s->n_ids - 1]) && s->n_ids <= FORGE_DETOK_STREAM_WINDOW - 5) {
-        /* ByteFallback decodes a run of <0xXX> tokens as a whole: keep the run in the window */
+    int32_t last = s->ids[s->n_ids - 1];
+    bool skipped = (s->flags & FORGE_DETOKENIZE_SKIP_SPECIAL) && tk->is_special[last];
+    if (!st && (skipped || forge__tk_byte_run(tk, last)) && s->n_ids <= FORGE_DETOK_STREAM_WINDOW - 5) {
+        /* ByteFallback decodes a run of <0xXX> tokens as a whole: keep the run in the window.
+         * A skipped special token gives no context: keep the one before it. */
         s->n_read = s->n_ids;
         s->read_bytes = (uint32_t)out.n;
     } else if (!st && forge__tk_byte_run(tk, s->ids[s->n_ids - 1])) {

@@ -3,6 +3,8 @@
  * the API contract (buffers, streaming, invalid UTF-8, vocab-only models). */
 #include "tok_util.h"
 
+#include <thread>
+
 namespace {
 
 const char *kFamilies[] = {"llama3", "qwen3", "gemma3", "gemma2"};
@@ -328,4 +330,55 @@ TEST(TokApi, UnsupportedComponentIsNamed) {
     EXPECT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("WordPiece"), std::string::npos) << forge_model_errmsg(m);
     forge_model_free(m);
+}
+
+/* A model's tokenizer is shared by threads: concurrent calls give the single-thread results. */
+TEST(TokApi, ConcurrentUseOfOneModel) {
+    forge_model *m = family("gemma3");
+    ASSERT_NE(m, nullptr);
+    std::vector<std::string> texts = ft::gen_strings(99, 200, added_texts(m));
+    std::vector<std::vector<int32_t>> want;
+    std::vector<std::string> want_text;
+    for (const auto &t : texts) {
+        want.push_back(ft::encode(m, t, FORGE_TOKENIZE_ADD_SPECIAL));
+        want_text.push_back(ft::decode(m, want.back()));
+    }
+    std::atomic<int> bad{0};
+    auto work = [&](int seed) {
+        for (size_t k = 0; k < texts.size(); k++) {
+            size_t i = (k * 7 + (size_t)seed * 13) % texts.size();
+            std::vector<int32_t> ids(texts[i].size() + 8);
+            size_t n = 0;
+            if (forge_tokenize(m, texts[i].data(), texts[i].size(), FORGE_TOKENIZE_ADD_SPECIAL, ids.data(), ids.size(), &n) != FORGE_OK) { bad++; continue; }
+            ids.resize(n);
+            if (ids != want[i]) bad++;
+            std::string s(want_text[i].size() + 1, '\0');
+            size_t len = 0;
+            if (forge_detokenize(m, ids.data(), ids.size(), 0, &s[0], s.size(), &len) != FORGE_OK || s.substr(0, len) != want_text[i]) bad++;
+        }
+    };
+    std::vector<std::thread> th;
+    for (int t = 0; t < 4; t++) th.emplace_back(work, t);
+    for (auto &t : th) t.join();
+    EXPECT_EQ(bad.load(), 0);
+}
+
+/* Skipping special tokens while streaming keeps the text of the tokens around them. */
+TEST(TokApi, StreamingSkipSpecial) {
+    forge_model *m = family("gemma3");
+    ASSERT_NE(m, nullptr);
+    std::vector<int32_t> ids = ft::encode(m, "<bos>Hello<end_of_turn> world<eos> again", 0);
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, FORGE_DETOKENIZE_SKIP_SPECIAL);
+    std::string out;
+    char buf[64];
+    size_t n;
+    for (int32_t id : ids) {
+        ASSERT_EQ(forge_detok_stream_next(m, &ds, id, buf, sizeof buf, &n), FORGE_OK);
+        out.append(buf, n);
+    }
+    ASSERT_EQ(forge_detok_stream_flush(m, &ds, buf, sizeof buf, &n), FORGE_OK);
+    out.append(buf, n);
+    EXPECT_EQ(out, ft::decode(m, ids, FORGE_DETOKENIZE_SKIP_SPECIAL));
+    EXPECT_EQ(out, "Hello world again");
 }
