@@ -33,7 +33,7 @@ $(BUILD)/libforge.so: $(BUILD)/forge.o
 	$(CC) -shared -Wl,-soname,libforge.so.0 -o $@ $^ $(LIBS)
 
 $(BUILD)/forge: tools/forge_cli.c bench/bench.c forge.h $(BUILD)/libforge.a
-	$(CC) -std=c11 $(OPT) $(WARN) -I. tools/forge_cli.c bench/bench.c $(BUILD)/libforge.a $(LIBS) -o $@
+	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' tools/forge_cli.c bench/bench.c $(BUILD)/libforge.a $(LIBS) -o $@
 
 # Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
 TEST_SRCS := $(wildcard tests/test_*.cpp)
@@ -54,6 +54,8 @@ install: lib cli
 	install -m 755 $(BUILD)/libforge.so $(DESTDIR)$(PREFIX)/lib/libforge.so.0
 	ln -sf libforge.so.0 $(DESTDIR)$(PREFIX)/lib/libforge.so
 	install -m 755 $(BUILD)/forge $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/share/forge
+	install -m 644 models/stories260K/stories260K.gguf $(DESTDIR)$(PREFIX)/share/forge/
 	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
 
 clean:

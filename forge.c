@@ -9,7 +9,9 @@
  *   5. Op table      one row per kernel; pipelines; dispatch recording
  *   6. Models        weights: naming conventions, validation, the upload plan
  *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
- *   8. Public API    what forge.h declares and the sections above do not
+ *   8. Public API    loading, sessions, eval: what ties the sections above together
+ *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
+ *  10. Chat          the families' native chat templates
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -731,6 +733,33 @@ typedef struct forge__gguf {
     uint64_t data_offset;
 } forge__gguf;
 
+/* A set of strings (open addressing over borrowed pointers), for duplicate detection. */
+typedef struct forge__strset {
+    const char **slots;
+    size_t cap;
+} forge__strset;
+
+static bool forge__strset_init(forge__strset *s, size_t n) {
+    s->cap = 16;
+    while (s->cap < 2 * n + 2) s->cap *= 2;
+    s->slots = (const char **)calloc(s->cap, sizeof *s->slots);
+    return s->slots != NULL;
+}
+static void forge__strset_free(forge__strset *s) {
+    free(s->slots);
+    s->slots = NULL;
+}
+/* false when `k` is already present */
+static bool forge__strset_insert(forge__strset *s, const char *k) {
+    size_t i = (size_t)(forge__hash_str(k) & (s->cap - 1));
+    while (s->slots[i]) {
+        if (!strcmp(s->slots[i], k)) return false;
+        i = (i + 1) & (s->cap - 1);
+    }
+    s->slots[i] = k;
+    return true;
+}
+
 typedef struct forge__reader {
     const uint8_t *p, *end;
     const char *path;
@@ -803,6 +832,40 @@ static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, cons
     return forge__rd(r, NULL, forge__gguf_type_size[type], key);
 }
 
+/* Reads one metadata entry: its key (unique in the file), type and value (validated, then
+ * skipped; kv->value points at it in the mapping). general.alignment is applied here. */
+static forge_status forge__gguf_read_kv(forge__reader *r, forge__gguf *g, forge__arena *arena, forge__strset *keys,
+                                        forge__err *err) {
+    const char *k;
+    uint64_t klen;
+    uint32_t type;
+    if (!forge__rd_str(r, &k, &klen, "metadata key") || !forge__rd(r, &type, 4, "metadata type")) return FORGE_ERR_FORMAT;
+    forge__gguf_kv *kv = &g->kv[g->n_kv++];
+    kv->key = forge__arena_strndup(arena, k, (size_t)klen);
+    if (!kv->key) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    kv->type = (forge__gguf_type)type;
+    kv->count = 1;
+    kv->value = r->p;
+    if (type == FORGE__GGUF_ARRAY && (uint64_t)(r->end - r->p) >= 12) {
+        uint32_t et;
+        memcpy(&et, r->p, 4);
+        memcpy(&kv->count, r->p + 4, 8);
+        kv->elem_type = (forge__gguf_type)et;
+        kv->value = r->p + 12;
+    }
+    if (!forge__gguf_skip_value(r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
+    if (!forge__strset_insert(keys, kv->key))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' appears twice", r->path, kv->key);
+    if (strcmp(kv->key, "general.alignment") == 0) {
+        if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", r->path);
+        memcpy(&g->alignment, kv->value, 4);
+        if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) || g->alignment > 65536)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment %u is not a power of two <= 65536", r->path,
+                               g->alignment);
+    }
+    return FORGE_OK;
+}
+
 FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf *g, forge__tensor_table *table,
                                                forge__arena *arena, forge__err *err) {
     memset(g, 0, sizeof *g);
@@ -824,37 +887,12 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
     g->kv = (forge__gguf_kv *)forge__arena_alloc(arena, sizeof *g->kv * (size_t)(n_kv ? n_kv : 1), 16);
     if (!g->kv) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     g->alignment = 32;
-    for (uint64_t i = 0; i < n_kv; i++) {
-        const char *k;
-        uint64_t klen;
-        uint32_t type;
-        if (!forge__rd_str(&r, &k, &klen, "metadata key") || !forge__rd(&r, &type, 4, "metadata type"))
-            return FORGE_ERR_FORMAT;
-        forge__gguf_kv *kv = &g->kv[g->n_kv++];
-        kv->key = forge__arena_strndup(arena, k, (size_t)klen);
-        if (!kv->key) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        kv->type = (forge__gguf_type)type;
-        kv->count = 1;
-        if (type == FORGE__GGUF_ARRAY) {
-            if ((uint64_t)(r.end - r.p) >= 12) {
-                uint32_t et;
-                memcpy(&et, r.p, 4);
-                memcpy(&kv->count, r.p + 4, 8);
-                kv->elem_type = (forge__gguf_type)et;
-                kv->value = r.p + 12;
-            }
-        } else {
-            kv->value = r.p;
-        }
-        if (!forge__gguf_skip_value(&r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
-        if (strcmp(kv->key, "general.alignment") == 0) {
-            if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", f->path);
-            memcpy(&g->alignment, kv->value, 4);
-            if (g->alignment == 0 || (g->alignment & (g->alignment - 1)) || g->alignment > 65536)
-                return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment %u is not a power of two <= 65536",
-                                   f->path, g->alignment);
-        }
-    }
+    forge__strset keys = {0};
+    if (!forge__strset_init(&keys, (size_t)n_kv)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status kst = FORGE_OK;
+    for (uint64_t i = 0; i < n_kv && !kst; i++) kst = forge__gguf_read_kv(&r, g, arena, &keys, err);
+    forge__strset_free(&keys);
+    if (kst) return kst;
     /* Tensor infos: offsets are validated after the data offset is known. */
     typedef struct { const char *name; uint64_t len; uint32_t nd; uint64_t ne[FORGE__MAX_DIMS]; uint32_t type; uint64_t off; } info_t;
     info_t *infos = (info_t *)malloc(sizeof *infos * (size_t)(n_tensors ? n_tensors : 1));
@@ -1194,12 +1232,6 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         goto done;
     }
     c->head_dim = forge__json_int(o, "head_dim", c->n_heads ? c->hidden / c->n_heads : 0);
-    if (c->head_dim <= 0 || c->head_dim % 2 || c->n_kv_heads <= 0 || c->n_heads % c->n_kv_heads) {
-        st = forge__fail(err, FORGE_ERR_FORMAT,
-                         "%s: head_dim %d / num_key_value_heads %d invalid (head_dim must be even, heads a multiple of kv heads)",
-                         path, c->head_dim, c->n_kv_heads);
-        goto done;
-    }
     const char *dt = forge__json_str(o, "torch_dtype");
     if (!dt) dt = forge__json_str(o, "dtype");
     if (!dt) dt = forge__json_str(root, "torch_dtype");
@@ -1354,9 +1386,6 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         else if (emb && emb->n_dims == 2) c->n_vocab = (int)emb->shape[0];
         else return forge__fail(err, FORGE_ERR_FORMAT, "%s: cannot tell the vocabulary size (no %s.vocab_size, tokens or token_embd)", path, arch);
     }
-    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: head_dim %d must be even and head_count a multiple of head_count_kv",
-                           path, c->head_dim);
     double d;
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     c->norm_eps = forge__gguf_get_float(g, key, &d) ? d : 1e-5;
@@ -1398,16 +1427,36 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         if (c->arch == FORGE__ARCH_GEMMA2) {
             for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = (i % 2) == 0;
         } else {
+            /* the pattern: a period, or one bool per layer (newer llama.cpp); else every 6th layer is full */
             snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
-            int pattern = forge__gguf_get_int(g, key, &v) && v > 0 ? (int)v : 6;
-            for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+            const forge__gguf_kv *pk = forge__gguf_find(g, key);
+            if (pk && pk->type == FORGE__GGUF_ARRAY) {
+                if (pk->count != (uint64_t)c->n_layers || (pk->elem_type != FORGE__GGUF_BOOL && pk->elem_type != FORGE__GGUF_UINT8 && pk->elem_type != FORGE__GGUF_INT8))
+                    return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be an integer period or %d bools", path, key, c->n_layers);
+                for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = pk->value[i] != 0;
+            } else {
+                int pattern = forge__gguf_get_int(g, key, &v) && v > 0 ? (int)v : 6;
+                for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
+            }
+            /* local layers: plain RoPE at rope.freq_base_swa (older converters wrote none: 10000) */
             memset(&c->rope_sliding, 0, sizeof c->rope_sliding);
-            c->rope_sliding.theta = 10000.0; /* llama.cpp: rope_freq_base_train_swa for gemma3 */
+            snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+            c->rope_sliding.theta = forge__gguf_get_float(g, key, &d) ? d : 10000.0;
         }
     }
     forge_status st = forge__config_validate(c, path, err);
     if (st) return st;
-    forge__config_finish(c, 0.0);
+    /* llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) for the
+     * 27B models (46 and 62 layers), unless the file says otherwise in attention.scale */
+    double qpas = 0.0;
+    if (gemma && ((c->arch == FORGE__ARCH_GEMMA2 && c->n_layers == 46) || (c->arch == FORGE__ARCH_GEMMA3 && c->n_layers == 62)))
+        qpas = (double)c->hidden / c->n_heads;
+    forge__config_finish(c, qpas);
+    snprintf(key, sizeof key, "%s.attention.scale", arch);
+    if (forge__gguf_get_float(g, key, &d)) {
+        if (!(d > 0 && d < 10)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %g is out of range", path, key, d);
+        c->attn_scale = d;
+    }
     return FORGE_OK;
 }
 
@@ -4128,7 +4177,8 @@ FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_sp
     X(vkEndCommandBuffer) X(vkCmdBindPipeline) X(vkCmdBindDescriptorSets) X(vkCmdPushConstants)     \
     X(vkCmdDispatch) X(vkCmdPipelineBarrier) X(vkCmdCopyBuffer) X(vkCmdFillBuffer)                  \
     X(vkQueueSubmit) X(vkCreateFence) X(vkDestroyFence) X(vkWaitForFences) X(vkResetFences)         \
-    X(vkDeviceWaitIdle)
+    X(vkDeviceWaitIdle) X(vkCreateQueryPool) X(vkDestroyQueryPool) X(vkCmdResetQueryPool)           \
+    X(vkCmdWriteTimestamp) X(vkGetQueryPoolResults)
 
 typedef struct forge__vkfn {
     void *lib;
@@ -4153,9 +4203,11 @@ typedef struct forge__caps {
     uint32_t max_shared_bytes;
     uint32_t max_wg_invocations;
     bool fp16, int8, int_dot, coopmat;
+    bool subgroup_arith;          /* subgroupAdd in compute shaders: the barrier-free matvec */
     bool uma;                     /* device-local memory is host-visible (CPU and integrated devices) */
     uint64_t device_local_bytes;
     uint32_t queue_family;
+    bool timestamps;              /* the compute queue supports timestamps (profiling) */
     uint32_t mem_device;          /* memory type index for weights and activations */
     uint32_t mem_upload;          /* host-visible, coherent: staging and per-step inputs */
     uint32_t mem_readback;        /* host-visible, cached if possible: logits */
@@ -4275,6 +4327,8 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     c->subgroup_size = sg.subgroupSize ? sg.subgroupSize : 1;
     c->max_shared_bytes = c->props.limits.maxComputeSharedMemorySize;
     c->max_wg_invocations = c->props.limits.maxComputeWorkGroupInvocations;
+    c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
+                        c->subgroup_size >= 4 && c->subgroup_size <= 128;
     c->fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
     c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
     c->int_dot = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product") || c->props.apiVersion >= VK_API_VERSION_1_3;
@@ -4312,8 +4366,11 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     if (nq > 32) nq = 32;
     vk->vkGetPhysicalDeviceQueueFamilyProperties(pd, &nq, qf);
     c->queue_family = UINT32_MAX;
-    for (uint32_t i = 0; i < nq; i++) /* prefer a compute queue without graphics (async compute) only if it is the only one */
-        if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && c->queue_family == UINT32_MAX) c->queue_family = i;
+    for (uint32_t i = 0; i < nq; i++)
+        if ((qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) && c->queue_family == UINT32_MAX) {
+            c->queue_family = i;
+            c->timestamps = qf[i].timestampValidBits > 0 && c->props.limits.timestampPeriod > 0;
+        }
 
     snprintf(info->name, sizeof info->name, "%s", c->props.deviceName);
     if (drv.driverName[0])
@@ -4594,14 +4651,17 @@ static uint64_t forge__pack_total(const forge__pack *p) {
  * ===================================================================================== */
 
 /* Push constants, mirroring the `PC` blocks of the kernels. */
-typedef struct forge__pc_linear {   /* matvec.comp, matmul.comp */
+typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp */
     uint32_t M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
+    uint32_t qbits, qgroup, qflags; /* MLX affine */
+    float eps;                      /* matvec_sg PRENORM */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
     float scale;
     uint32_t round_mode;
+    uint32_t qbits, qgroup, qflags; /* MLX affine */
 } forge__pc_embed;
 typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
     uint32_t dim, x_row0, out_row0, flags;
@@ -4610,29 +4670,50 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, head_dim, adjacent, cache_slots, store_kv;
 } forge__pc_rope;
-typedef struct forge__pc_attention { /* attention.comp */
+typedef struct forge__pc_attention { /* attention.comp, attention_split.comp (which reads n_splits too) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
+    uint32_t n_splits;
 } forge__pc_attention;
+typedef struct forge__pc_combine {   /* attention_combine.comp */
+    uint32_t n_heads, head_dim, n_splits;
+} forge__pc_combine;
+
+#define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention */
 typedef struct forge__pc_act {      /* act_mul.comp */
-    uint32_t count, act;
+    uint32_t count, act, pairs;
 } forge__pc_act;
 
 #define FORGE__LINEAR_BIAS 1u
 #define FORGE__LINEAR_ACCUMULATE 2u
 #define FORGE__LINEAR_SOFTCAP 4u
+#define FORGE__LINEAR_PRENORM 8u    /* matvec_sg: RMS-normalize A first (the block's norm fused in) */
+#define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
+#define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 
-/* Weight storage formats the matrix kernels read; one kernel variant each. */
-typedef enum forge__wfmt { FORGE__W_F32 = 0, FORGE__W_F16, FORGE__W_BF16, FORGE__W_COUNT } forge__wfmt;
+/* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
+ * variant each (kernels/weights.glsl). */
+typedef enum forge__wfmt {
+    FORGE__W_F32 = 0, FORGE__W_F16, FORGE__W_BF16,
+    FORGE__W_Q4_0, FORGE__W_Q8_0, FORGE__W_Q4_K, FORGE__W_Q6_K, /* llama.cpp blocks */
+    FORGE__W_MLX,                                                 /* MLX affine, bits and group per weight */
+    FORGE__W_COUNT
+} forge__wfmt;
 
 typedef enum forge__op {
     FORGE__OP_EMBED,                                   /* + forge__wfmt */
     FORGE__OP_MATVEC = FORGE__OP_EMBED + FORGE__W_COUNT,
-    FORGE__OP_MATMUL = FORGE__OP_MATVEC + FORGE__W_COUNT,
+    FORGE__OP_MATVEC_SG = FORGE__OP_MATVEC + FORGE__W_COUNT,
+    FORGE__OP_MATMUL = FORGE__OP_MATVEC_SG + FORGE__W_COUNT,
     FORGE__OP_RMSNORM = FORGE__OP_MATMUL + FORGE__W_COUNT,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,
+    FORGE__OP_ATTN_SPLIT,
+    FORGE__OP_ATTN_COMBINE,
     FORGE__OP_ACT_MUL,
+    FORGE__OP_PENALTY,
+    FORGE__OP_TOPK,
+    FORGE__OP_TOPK_MERGE,
     FORGE__OP_COUNT
 } forge__op;
 
@@ -4643,28 +4724,47 @@ typedef struct forge__op_desc {
     uint32_t n_bindings;
     uint32_t push_bytes;
     uint32_t n_spec;
-    uint32_t spec[2];      /* constant_id 0, 1: pinned, never left to GLSL defaults */
+    uint32_t spec[3];      /* constant_id 0, 1, 2: pinned, never left to GLSL defaults */
+    bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
 } forge__op_desc;
+
+/* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, each computing FORGE__SG_R rows at a
+ * time (reusing A from registers, R weight loads in flight): FORGE__SG_ROWS rows per workgroup */
+#define FORGE__SG_PER_WG 8
+#define FORGE__SG_R 2
+#define FORGE__SG_ROWS (FORGE__SG_PER_WG * FORGE__SG_R)
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
 #define FORGE__MATVEC_ROWS 1
+/* the three matrix kernels of one weight format */
+#define FORGE__WEIGHT_OPS(FMT, name)                                                                                  \
+    [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
+    [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
+                                {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 3,       \
+                                   {0, FORGE__SG_ROWS, FORGE__SG_R}, true},                                           \
+    [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
-    [FORGE__OP_EMBED + FORGE__W_F32] = {"embed_f32", FORGE__SPV(embed_f32), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_EMBED + FORGE__W_F16] = {"embed_f16", FORGE__SPV(embed_f16), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_EMBED + FORGE__W_BF16] = {"embed_bf16", FORGE__SPV(embed_bf16), 5, sizeof(forge__pc_embed), 0, {0}},
-    [FORGE__OP_MATVEC + FORGE__W_F32] = {"matvec_f32", FORGE__SPV(matvec_f32), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATVEC + FORGE__W_F16] = {"matvec_f16", FORGE__SPV(matvec_f16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATVEC + FORGE__W_BF16] = {"matvec_bf16", FORGE__SPV(matvec_bf16), 6, sizeof(forge__pc_linear), 2, {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},
-    [FORGE__OP_MATMUL + FORGE__W_F32] = {"matmul_f32", FORGE__SPV(matmul_f32), 6, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_MATMUL + FORGE__W_F16] = {"matmul_f16", FORGE__SPV(matmul_f16), 6, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_MATMUL + FORGE__W_BF16] = {"matmul_bf16", FORGE__SPV(matmul_bf16), 6, sizeof(forge__pc_linear), 0, {0}},
+    FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
+    FORGE__WEIGHT_OPS(FORGE__W_F16, f16)
+    FORGE__WEIGHT_OPS(FORGE__W_BF16, bf16)
+    FORGE__WEIGHT_OPS(FORGE__W_Q4_0, q4_0)
+    FORGE__WEIGHT_OPS(FORGE__W_Q8_0, q8_0)
+    FORGE__WEIGHT_OPS(FORGE__W_Q4_K, q4_k)
+    FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
+    FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
+    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
+    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
 };
-#define FORGE__MAX_BINDINGS 6
+#define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
 typedef struct forge__pipeline {
@@ -4691,8 +4791,10 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     VkShaderModule mod;
     r = d->vk.vkCreateShaderModule(d->dev, &sci, NULL, &mod);
     if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "kernel %s: vkCreateShaderModule failed (%d)", op->name, (int)r);
-    VkSpecializationMapEntry me[2] = {{0, 0, 4}, {1, 4, 4}};
-    VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = op->spec};
+    VkSpecializationMapEntry me[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
+    uint32_t spec[3] = {op->spec[0], op->spec[1], op->spec[2]};
+    if (op->per_subgroup) spec[0] = FORGE__SG_PER_WG * d->caps.subgroup_size;
+    VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
         .stage = {.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO, .stage = VK_SHADER_STAGE_COMPUTE_BIT,
@@ -4720,6 +4822,9 @@ typedef struct forge__rec {
     VkDescriptorPool pool;
     bool counting;
     uint32_t n_sets, n_descriptors, n_dispatches;
+    VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
+    uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
+    uint64_t *shapes;              /* profiling: N << 32 | K of each matrix dispatch, else 0 */
     forge_status st;
     forge__err *err;
 } forge__rec;
@@ -4782,6 +4887,14 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdBindDescriptorSets(r->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
     r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
+    if (r->qpool) {
+        r->ops[r->n_dispatches - 1] = (uint16_t)op;
+        if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
+            const forge__pc_linear *pl = (const forge__pc_linear *)push;
+            r->shapes[r->n_dispatches - 1] = (uint64_t)pl->N << 32 | pl->K;
+        }
+        r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
+    }
 }
 
 /* Makes every earlier shader write visible to later shader reads and writes. */
@@ -4818,16 +4931,19 @@ static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint6
  * copied through a staging buffer (or written in place on devices whose memory the host sees).
  * ===================================================================================== */
 
-/* A row-chunk of a weight matrix: rows [row0, row0 + rows) bound as one range. */
+/* A row-chunk of a weight matrix: rows [row0, row0 + rows) bound as one range; MLX weights
+ * bind the same rows of their scales and biases too. */
 typedef struct forge__wchunk {
     uint32_t row0, rows;
-    forge__range w;
+    forge__range w, scales, biases;
 } forge__wchunk;
 
 typedef struct forge__weight {
     const char *name;        /* tensor name, for messages */
     forge__wfmt fmt;
     uint32_t rows, cols;     /* logical shape [rows, cols] = [out, in] */
+    uint32_t bits, group;    /* MLX affine: bits per code, elements per scale/bias */
+    uint32_t qflags;         /* MLX affine: 1 when scales and biases are bf16 (else f16) */
     int n_chunks;
     forge__wchunk *chunks;
 } forge__weight;
@@ -4843,6 +4959,8 @@ typedef struct forge__layer {
     forge__vec attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm;
     forge__vec bq, bk, bv, bo;
     forge__weight wq, wk, wv, wo, gate, up, down;
+    forge__weight gate_up;   /* gate and up rows interleaved [2 * ffn, hidden], when fused_gate_up */
+    bool fused_gate_up;
     bool sliding;
 } forge__layer;
 
@@ -4871,7 +4989,7 @@ struct forge_model {
     forge__pipeline pipes[FORGE__OP_COUNT];
     pthread_mutex_t pipe_lock;
     uint64_t n_params, weight_bytes;
-    forge__dtype main_dtype;      /* storage type of most matrix bytes, for info */
+    char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
 };
 
 /* ---- Weight roles and their names under each convention ---- */
@@ -4916,9 +5034,12 @@ typedef struct forge__loader {
     int n_ups, cap_ups;
 } forge__loader;
 
-/* One copy into the planned device memory: raw bytes, or a vector converted to f32. */
+/* One copy into the planned device memory: raw bytes, a vector converted to f32, or the
+ * rows of two tensors interleaved (src row 0, src2 row 0, src row 1, ...: the fused gate_up). */
 typedef struct forge__upload {
     const uint8_t *src;
+    const uint8_t *src2;     /* interleaved with src, row_bytes at a time */
+    uint64_t row_bytes;
     uint64_t bytes;          /* device bytes */
     forge__dtype src_dtype;  /* for conversion to f32 */
     bool to_f32;
@@ -4946,8 +5067,19 @@ static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint
     }
     int item = forge__pack_add(&L->pack, &m->arena, bytes);
     if (item < 0) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    L->ups[L->n_ups++] = (forge__upload){src, bytes, src_dtype, to_f32, add, item, dst};
+    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, item, dst};
     return FORGE_OK;
+}
+
+/* An upload of `rows` rows of `a` and of `b` interleaved (each row_bytes). */
+static forge_status forge__upload_interleaved(forge__loader *L, const uint8_t *a, const uint8_t *b, uint64_t rows, uint64_t row_bytes,
+                                              forge__range *dst) {
+    forge_status st = forge__upload_add(L, a, 2 * rows * row_bytes, FORGE__U8, false, 0, dst);
+    if (!st) {
+        L->ups[L->n_ups - 1].src2 = b;
+        L->ups[L->n_ups - 1].row_bytes = row_bytes;
+    }
+    return st;
 }
 
 static forge__tensor *forge__lookup(forge__loader *L, forge__role role, int layer, bool required, forge_status *st) {
@@ -4974,42 +5106,156 @@ static forge_status forge__expect_shape(forge_model *m, const forge__tensor *t, 
                        t->file, t->name, got, why, (long long)d0, (long long)d1);
 }
 
-/* Plans a weight matrix [rows, cols]: format from its dtype, row-chunks that fit a binding. */
-static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows,
-                                       uint32_t cols, const char *why) {
+/* A weight's storage: the tensor, and for MLX affine its scales and biases. */
+typedef struct forge__wsrc {
+    forge__tensor *t, *scales, *biases;
+} forge__wsrc;
+
+/* Describes a weight matrix [rows, cols] stored as `t` (format from the dtype, GGUF block
+ * types included; MLX affine when "<prefix>.scales" and ".biases" exist: bits and group size
+ * follow from the shapes, weight [rows, cols * bits / 32] u32, scales and biases
+ * [rows, cols / group]), checking everything against the config. Uploads nothing. */
+static forge_status forge__weight_describe(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows, uint32_t cols,
+                                           const char *why, forge__wsrc *src) {
     forge_model *m = L->m;
+    memset(w, 0, sizeof *w);
+    *src = (forge__wsrc){t, NULL, NULL};
+    w->name = t->name;
+    w->rows = rows;
+    w->cols = cols;
+    if (!L->gguf && forge__ends_with(t->name, ".weight")) {
+        char name[512];
+        size_t plen = strlen(t->name) - 7;
+        snprintf(name, sizeof name, "%.*s.scales", (int)plen, t->name);
+        forge__tensor *sc = forge__tensor_find(&m->tensors, name);
+        snprintf(name, sizeof name, "%.*s.biases", (int)plen, t->name);
+        forge__tensor *bi = forge__tensor_find(&m->tensors, name);
+        if (sc || bi) {
+            char got[96];
+            if (!sc || !bi)
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX-quantized '%s' needs both .scales and .biases", t->file, t->name);
+            sc->used = bi->used = true;
+            *src = (forge__wsrc){t, sc, bi};
+            w->fmt = FORGE__W_MLX;
+            if (t->dtype == FORGE__U32 && t->n_dims == 2 && t->shape[0] == rows && (t->shape[1] * 32) % cols == 0)
+                w->bits = (uint32_t)(t->shape[1] * 32 / cols);
+            if (w->bits != 2 && w->bits != 3 && w->bits != 4 && w->bits != 5 && w->bits != 6 && w->bits != 8) {
+                forge__shape_str(t, got, sizeof got);
+                return forge__fail(&m->err, FORGE_ERR_MODEL,
+                                   "%s: MLX-quantized tensor '%s' is %s %s; the config (%s) needs u32 [%u, %u * bits / 32] with bits 2, 3, 4, 5, 6 or 8",
+                                   t->file, t->name, forge__dtype_name(t->dtype), got, why, rows, cols);
+            }
+            if (sc->n_dims != 2 || sc->shape[0] != rows || sc->shape[1] <= 0 || cols % sc->shape[1] ||
+                (sc->dtype != FORGE__F16 && sc->dtype != FORGE__BF16))
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX scales '%s' must be f16/bf16 [%u, %u / group_size]", sc->file, sc->name, rows, cols);
+            w->group = (uint32_t)(cols / sc->shape[1]);
+            if (w->group != 32 && w->group != 64 && w->group != 128)
+                return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: '%s' implies MLX group size %u (32, 64 and 128 are supported)", sc->file,
+                                   sc->name, w->group);
+            if (bi->n_dims != 2 || bi->shape[0] != sc->shape[0] || bi->shape[1] != sc->shape[1] || bi->dtype != sc->dtype)
+                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: MLX biases '%s' must match the scales '%s' in shape and dtype", bi->file, bi->name,
+                                   sc->name);
+            w->qflags = sc->dtype == FORGE__BF16;
+            return FORGE_OK;
+        }
+    }
     forge_status st = forge__expect_shape(m, t, 2, rows, cols, why);
     if (st) return st;
     switch (t->dtype) {
     case FORGE__F32: w->fmt = FORGE__W_F32; break;
     case FORGE__F16: w->fmt = FORGE__W_F16; break;
     case FORGE__BF16: w->fmt = FORGE__W_BF16; break;
+    case FORGE__Q4_0: w->fmt = FORGE__W_Q4_0; break;
+    case FORGE__Q8_0: w->fmt = FORGE__W_Q8_0; break;
+    case FORGE__Q4_K: w->fmt = FORGE__W_Q4_K; break;
+    case FORGE__Q6_K: w->fmt = FORGE__W_Q6_K; break;
     default:
-        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads weight matrices in f32, f16 or bf16",
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED,
+                           "%s: tensor '%s' has type %s; forge reads weight matrices in f32, f16, bf16, q4_0, q8_0, q4_k, q6_k "
+                           "and MLX affine",
                            t->file, t->name, forge__dtype_name(t->dtype));
     }
-    w->name = t->name;
-    w->rows = rows;
-    w->cols = cols;
-    uint64_t row_bytes = 0;
-    forge__row_bytes(t->dtype, cols, &row_bytes);
-    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc);
-    uint64_t per_chunk = limit / row_bytes;
+    return FORGE_OK;
+}
+
+/* Splits a described weight into row-chunks that fit one binding (and, for interleaved
+ * pairs, the staging buffer) and plans their uploads. With `b` the weight is the rows of `a`
+ * and `b` interleaved (w->rows counts both); chunks then hold whole pairs. */
+static forge_status forge__weight_plan_chunks(forge__loader *L, forge__weight *w, const forge__wsrc *a, const forge__wsrc *b) {
+    forge_model *m = L->m;
+    forge_status st;
+    uint64_t wrow = 0, arow = 0;
+    if (w->fmt == FORGE__W_MLX) {
+        wrow = (uint64_t)w->cols * w->bits / 8;
+        arow = (uint64_t)(w->cols / w->group) * 2;
+    } else {
+        forge__row_bytes(a->t->dtype, w->cols, &wrow);
+    }
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
+    if (b) limit = FORGE__MIN(limit, (uint64_t)32 << 20); /* interleaved chunks go through staging whole */
+    uint64_t per_chunk = limit / wrow;
+    if (b) per_chunk &= ~(uint64_t)1;
     if (per_chunk == 0)
         return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit of %llu bytes",
-                           t->name, (unsigned long long)row_bytes, (unsigned long long)limit);
-    w->n_chunks = (int)((rows + per_chunk - 1) / per_chunk);
+                           w->name, (unsigned long long)wrow, (unsigned long long)limit);
+    w->n_chunks = (int)((w->rows + per_chunk - 1) / per_chunk);
     w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
     if (!w->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int i = 0; i < w->n_chunks; i++) {
         forge__wchunk *c = &w->chunks[i];
         c->row0 = (uint32_t)(i * per_chunk);
-        c->rows = (uint32_t)FORGE__MIN(per_chunk, rows - c->row0);
-        if ((st = forge__upload_add(L, t->data + c->row0 * row_bytes, c->rows * row_bytes, t->dtype, false, 0, &c->w))) return st;
+        c->rows = (uint32_t)FORGE__MIN(per_chunk, w->rows - c->row0);
+        if (b) { /* source rows row0 / 2 .. of both tensors */
+            uint64_t r0 = c->row0 / 2, n = c->rows / 2;
+            if ((st = forge__upload_interleaved(L, a->t->data + r0 * wrow, b->t->data + r0 * wrow, n, wrow, &c->w))) return st;
+            if (w->fmt == FORGE__W_MLX) {
+                if ((st = forge__upload_interleaved(L, a->scales->data + r0 * arow, b->scales->data + r0 * arow, n, arow, &c->scales))) return st;
+                if ((st = forge__upload_interleaved(L, a->biases->data + r0 * arow, b->biases->data + r0 * arow, n, arow, &c->biases))) return st;
+            }
+            continue;
+        }
+        if ((st = forge__upload_add(L, a->t->data + c->row0 * wrow, c->rows * wrow, a->t->dtype, false, 0, &c->w))) return st;
+        if (w->fmt == FORGE__W_MLX) {
+            if ((st = forge__upload_add(L, a->scales->data + c->row0 * arow, c->rows * arow, a->scales->dtype, false, 0, &c->scales))) return st;
+            if ((st = forge__upload_add(L, a->biases->data + c->row0 * arow, c->rows * arow, a->biases->dtype, false, 0, &c->biases))) return st;
+        }
     }
-    m->n_params += (uint64_t)rows * cols;
-    m->weight_bytes += t->nbytes;
+    const forge__wsrc *srcs[2] = {a, b};
+    for (int k = 0; k < 2 && srcs[k]; k++) {
+        m->n_params += (uint64_t)(b ? w->rows / 2 : w->rows) * w->cols;
+        m->weight_bytes += srcs[k]->t->nbytes + (srcs[k]->scales ? srcs[k]->scales->nbytes + srcs[k]->biases->nbytes : 0);
+    }
     return FORGE_OK;
+}
+
+static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge__tensor *t, uint32_t rows, uint32_t cols,
+                                       const char *why) {
+    forge__wsrc src;
+    forge_status st = forge__weight_describe(L, w, t, rows, cols, why, &src);
+    return st ? st : forge__weight_plan_chunks(L, w, &src, NULL);
+}
+
+/* The MLP's gate and up projections as one weight with their rows interleaved, so a single
+ * kernel computes act(gate) * up (decode) or both products at once (prefill). Falls back to
+ * two weights when the two are stored differently. */
+static forge_status forge__plan_gate_up(forge__loader *L, forge__layer *ly, int layer, uint32_t ffn, uint32_t hidden, const char *why) {
+    forge_status st = FORGE_OK;
+    forge__tensor *tg = forge__lookup(L, FORGE__R_GATE, layer, true, &st);
+    if (st) return st;
+    forge__tensor *tu = forge__lookup(L, FORGE__R_UP, layer, true, &st);
+    if (st) return st;
+    forge__wsrc sg, su;
+    if ((st = forge__weight_describe(L, &ly->gate, tg, ffn, hidden, why, &sg))) return st;
+    if ((st = forge__weight_describe(L, &ly->up, tu, ffn, hidden, why, &su))) return st;
+    if (ly->gate.fmt != ly->up.fmt || ly->gate.bits != ly->up.bits || ly->gate.group != ly->up.group || ly->gate.qflags != ly->up.qflags ||
+        tg->dtype != tu->dtype) {
+        if ((st = forge__weight_plan_chunks(L, &ly->gate, &sg, NULL))) return st;
+        return forge__weight_plan_chunks(L, &ly->up, &su, NULL);
+    }
+    ly->gate_up = ly->gate;
+    ly->gate_up.rows = 2 * ffn;
+    ly->fused_gate_up = true;
+    return forge__weight_plan_chunks(L, &ly->gate_up, &sg, &su);
 }
 
 /* Plans an f32 vector from an f32/f16/bf16 tensor of n elements, adding `add` to each. */
@@ -5068,6 +5314,40 @@ static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float
     }
 }
 
+/* Names the storage format holding most matrix elements, with "+" when others are mixed in
+ * (a Q4_K_M file is "q4_k+"). */
+static void forge__main_format(forge_model *m) {
+    static const char *const names[FORGE__W_COUNT] = {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_k", "q6_k", "mlx"};
+    uint64_t elems[FORGE__W_COUNT] = {0}, mlx_bits[9] = {0};
+    forge__weight *all[2 + 7 * FORGE__MAX_LAYERS];
+    int n = 0;
+    all[n++] = &m->tok_embd;
+    if (m->output.n_chunks) all[n++] = &m->output;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        forge__layer *ly = &m->layers[l];
+        forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
+        for (int i = 0; i < 7; i++) all[n++] = lw[i]; /* gate and up are described even when fused */
+    }
+    for (int i = 0; i < n; i++) {
+        uint64_t e = (uint64_t)all[i]->rows * all[i]->cols;
+        elems[all[i]->fmt] += e;
+        if (all[i]->fmt == FORGE__W_MLX && all[i]->bits <= 8) mlx_bits[all[i]->bits] += e;
+    }
+    int best = 0, kinds = 0;
+    for (int f = 0; f < FORGE__W_COUNT; f++) {
+        if (elems[f] > elems[best]) best = f;
+        kinds += elems[f] > 0;
+    }
+    if (best == FORGE__W_MLX) {
+        int bb = 0;
+        for (int b = 1; b <= 8; b++) if (mlx_bits[b] > mlx_bits[bb]) bb = b;
+        for (int b = 1; b <= 8; b++) kinds += mlx_bits[b] > 0 && b != bb;
+        snprintf(m->main_format, sizeof m->main_format, "mlx%d%s", bb, kinds > 1 ? "+" : "");
+    } else {
+        snprintf(m->main_format, sizeof m->main_format, "%s%s", names[best], kinds > 1 ? "+" : "");
+    }
+}
+
 static forge_status forge__plan_model(forge__loader *L) {
     forge_model *m = L->m;
     const forge__config *c = &m->cfg;
@@ -5113,8 +5393,7 @@ static forge_status forge__plan_model(forge__loader *L) {
             if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm, FORGE__R_POST_FFN_NORM, i, H, true, norm_add, why))) break;
         }
         if ((st = forge__plan_vec_role(L, &ly->ffn_norm, FORGE__R_FFN_NORM, i, H, true, norm_add, why))) break;
-        if ((st = forge__plan_weight_role(L, &ly->gate, FORGE__R_GATE, i, (uint32_t)c->ffn, H, why_ffn))) break;
-        if ((st = forge__plan_weight_role(L, &ly->up, FORGE__R_UP, i, (uint32_t)c->ffn, H, why_ffn))) break;
+        if ((st = forge__plan_gate_up(L, ly, i, (uint32_t)c->ffn, H, why_ffn))) break;
         if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, (uint32_t)c->ffn, why_down))) break;
     }
     if (st) return st;
@@ -5142,6 +5421,14 @@ static forge_status forge__plan_model(forge__loader *L) {
 
 /* Writes one upload's bytes to `dst` (host memory: staging or mapped device memory). */
 static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
+    if (u->src2) {
+        uint64_t rows = u->bytes / (2 * u->row_bytes);
+        for (uint64_t r = 0; r < rows; r++) {
+            memcpy(dst + 2 * r * u->row_bytes, u->src + r * u->row_bytes, (size_t)u->row_bytes);
+            memcpy(dst + (2 * r + 1) * u->row_bytes, u->src2 + r * u->row_bytes, (size_t)u->row_bytes);
+        }
+        return;
+    }
     if (!u->to_f32) {
         memcpy(dst, u->src, (size_t)u->bytes);
         return;
@@ -5178,7 +5465,8 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
     }
     for (int i = 0; i < L->n_ups; i++) {
         const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
-        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, L->ups[i].bytes};
+        /* the range covers the padding to 16 bytes, so kernels may read whole words at the end */
+        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, forge__align_up(L->ups[i].bytes, 16)};
     }
     uint64_t total = 0, done = 0;
     for (int i = 0; i < L->n_ups; i++) total += L->ups[i].bytes;
@@ -5220,9 +5508,9 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
         while (i < L->n_ups && used < cap) {
             forge__upload *u = &L->ups[i];
             uint64_t n = u->bytes - part;
-            if (u->to_f32) {
-                if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "a vector of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
-                if (u->bytes > cap - used) break; /* whole vectors only */
+            if (u->to_f32 || u->src2) {
+                if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "an upload of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
+                if (u->bytes > cap - used) break; /* converted and interleaved uploads go whole */
                 forge__upload_fill(u, (uint8_t *)staging.mapped + used);
             } else {
                 n = FORGE__MIN(n, cap - used);
@@ -5257,16 +5545,32 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
 #define FORGE__RECORDINGS 8
 
 typedef struct forge__recording {
-    uint32_t n_tokens, out_row0, n_out;  /* the shape (key) */
+    uint32_t n_tokens, out_row0, n_out, mode;  /* the shape (key) */
     uint64_t last_use;
     VkCommandBuffer cb;
     VkDescriptorPool pool;
+    VkQueryPool qpool;                         /* profiling sessions only */
+    uint16_t *ops;                             /* profiling: op per dispatch (malloc'd) */
+    uint64_t *shapes;                          /* profiling: matrix shape per dispatch (malloc'd) */
+    uint32_t n_dispatches;
 } forge__recording;
 
-/* The step inputs the kernels read (params buffer, binding 0 of rope and attention). */
+/* The step inputs the kernels read (params buffer, binding 0 of rope, attention and the
+ * sampler kernels), written by the host before each submit. */
 typedef struct forge__step_params {
-    uint32_t pos0, n_tokens, pad[2];
+    uint32_t pos0, n_tokens;
+    uint32_t n_penalty;      /* distinct ids in the penalty window */
+    float penalty;           /* repeat penalty (1: none) */
+    float inv_temp;          /* 1 / temperature of the softmax normalizer (greedy: 1) */
+    uint32_t pad[3];
 } forge__step_params;
+
+/* What a recorded step leaves for the host: the logits rows, or the sampler's candidates. */
+typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1 } forge__out_mode;
+
+#define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
+#define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
+#define FORGE__MAX_PENALTY_WINDOW 1024 /* penalty ids the io buffer holds */
 
 struct forge_session {
     forge__err err;
@@ -5279,10 +5583,17 @@ struct forge_session {
     forge__pack pack;
     forge__buffer *blocks;
     int n_blocks;
-    forge__buffer io;                 /* host-visible: step params, then tokens [n_batch] u32 */
-    forge__buffer readback;           /* host-visible: logits [n_out_max, vocab] */
-    forge__range params_r, tokens_r, dummy;
-    forge__range x, xn, q, k, v, att, gate, up, logits;   /* [n_batch, dim] f32 each; logits [n_out_max, vocab] */
+    forge__buffer io;                 /* host-visible: step params | penalty ids | tokens [n_batch] u32 */
+    forge__buffer readback;           /* host-visible: sampler output [1 + C] | logits [n_out_max, vocab] */
+    forge__range params_r, penalty_r, tokens_r, dummy;
+    forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
+    forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
+    uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
+    uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
+    VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
+    forge__range x, xn, q, k, v, att;  /* [n_batch, dim] f32 each */
+    forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate_up pairs [n_batch, 2 ffn] */
+    forge__range logits;                /* [n_out_max, vocab] */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
     uint64_t kv_bytes, kv_sliding_bytes;
     uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
@@ -5290,6 +5601,19 @@ struct forge_session {
     VkFence fence;
     forge__recording rec[FORGE__RECORDINGS];
     uint64_t use_clock;
+    uint64_t rng[4];                  /* xoshiro256** state of the sampler */
+    bool profile;                     /* time every dispatch (forge_session_params.profile) */
+    double prof_ms[FORGE__OP_COUNT];  /* device time per op, summed over steps */
+    uint64_t prof_calls[FORGE__OP_COUNT];
+    struct forge__prof_shape {
+        uint16_t op;
+        uint64_t shape;
+        double ms;
+        uint64_t calls;
+    } prof_shape[64];
+    int n_prof_shapes;
+    forge_metrics metrics;            /* of the last generate/chat call */
+    uint64_t prompt_cache_hits;
 };
 
 /* Session sizes derived from the params and the device limits. */
@@ -5308,7 +5632,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_ctx <= 0) sp->n_ctx = 4096;
     sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
     uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
-    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, c->ffn), c->n_heads * c->head_dim) * 4;
+    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, 2 * c->ffn), c->n_heads * c->head_dim) * 4;
     if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
     if (sp->n_batch < 1)
         return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
@@ -5333,14 +5657,20 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     return FORGE_OK;
 }
 
+static uint32_t forge__topk_chunks(const forge_model *m) {
+    return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
+}
+
 /* Adds every device buffer of a session to `pack` (in the order forge__session_bind reads). */
 static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
     uint64_t nb = (uint64_t)sp->n_batch;
     uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * c->n_heads * c->head_dim * 4,
                         nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
-                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 4,
-                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256};
+                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 8,
+                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
+                        8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES),
+                        4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2)};
     for (size_t i = 0; i < FORGE__ARRAY_LEN(sizes); i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
@@ -5360,25 +5690,42 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     }
 }
 
+/* The io buffer: step params at 0, penalty ids at 64, tokens after them; and the readback
+ * buffer: the sampler's output, then the logits rows. */
+#define FORGE__IO_PENALTY_OFFSET 64
+#define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
+#define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
+static uint64_t forge__session_io_bytes(const forge__session_plan *sp) { return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch; }
+static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
+    return FORGE__RB_LOGITS_OFFSET + 4ull * sp->n_out_max * m->cfg.n_vocab;
+}
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return sizeof(forge__step_params) + 256 + 4ull * sp->n_batch + 4ull * sp->n_out_max * m->cfg.n_vocab;
+    return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
 }
 
 /* ---- Recording the forward pass ---- */
 
-/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. */
-static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0,
-                          uint32_t M, forge__range y, uint32_t ldc, const forge__vec *bias, uint32_t flags, float softcap) {
-    bool vec = M <= FORGE__MATVEC_MAX_M;
-    forge__op op = (forge__op)((vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. With `norm`
+ * (decode, subgroup matvec only) x is RMS-normalized and scaled by norm first; GATED (the
+ * fused gate_up weight) writes act(gate) * up, one output per row pair. */
+static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
+                          forge__range y, uint32_t ldc, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
+    bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
+    forge__op op = (forge__op)((sg ? FORGE__OP_MATVEC_SG : vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+    bool gated = flags & FORGE__LINEAR_GATED;
+    if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
-        forge__range b[6] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, s->dummy, s->dummy};
-        forge__pc_linear pc = {M, w->cols, c->rows, a_row0, ldc, c->row0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               c->row0, softcap};
+        bool mlx = w->fmt == FORGE__W_MLX;
+        uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
+        forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
+                             mlx ? c->biases : s->dummy, norm ? norm->r : s->dummy};
+        forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
+                               out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
         uint32_t gx, gy;
         if (vec) {
-            forge__grid((c->rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
+            uint32_t rows_per_wg = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(r, op, b, &pc, gx, gy, 1);
         } else {
             forge__dispatch(r, op, b, &pc, (c->rows + 63) / 64, (M + 63) / 64, 1);
@@ -5393,30 +5740,43 @@ static void forge__rmsnorm(forge_session *s, forge__rec *r, forge__range x, uint
     forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, rows, 1, 1);
 }
 
-static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out) {
+static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                  forge__out_mode mode) {
     forge_model *m = s->m;
     const forge__config *c = &m->cfg;
     uint32_t H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
     uint32_t QD = NH * D, KVD = NKV * D, F = (uint32_t)c->ffn;
     uint32_t gx, gy;
 
+    const forge__weight *emb = &m->tok_embd;
     forge__pc_embed pe = {n, H, 0, 0, (float)c->embed_scale,
-                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u};
-    for (int i = 0; i < m->tok_embd.n_chunks; i++) {
-        const forge__wchunk *ch = &m->tok_embd.chunks[i];
-        forge__range b[5] = {s->tokens_r, ch->w, s->x, s->dummy, s->dummy};
+                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
+                          emb->bits, emb->group, emb->qflags};
+    for (int i = 0; i < emb->n_chunks; i++) {
+        const forge__wchunk *ch = &emb->chunks[i];
+        bool mlx = emb->fmt == FORGE__W_MLX;
+        forge__range b[5] = {s->tokens_r, ch->w, s->x, mlx ? ch->scales : s->dummy, mlx ? ch->biases : s->dummy};
         pe.row_begin = ch->row0;
         pe.row_count = ch->rows;
         forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + m->tok_embd.fmt), b, &pe, n, 1, 1);
     }
     forge__barrier(r);
+    /* Decode (and any step of at most FORGE__MATVEC_MAX_M tokens) on devices with the
+     * subgroup matvec fuses each block norm into the products that read it. */
+    bool fuse = n <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith;
     for (int l = 0; l < c->n_layers; l++) {
         const forge__layer *ly = &m->layers[l];
-        forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
-        forge__barrier(r);
-        forge__linear(s, r, &ly->wq, s->xn, 0, n, s->q, QD, &ly->bq, 0, 0);
-        forge__linear(s, r, &ly->wk, s->xn, 0, n, s->k, KVD, &ly->bk, 0, 0);
-        forge__linear(s, r, &ly->wv, s->xn, 0, n, s->v, KVD, &ly->bv, 0, 0);
+        forge__range qkv_in = s->x;
+        const forge__vec *qkv_norm = &ly->attn_norm;
+        if (!fuse) {
+            forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
+            forge__barrier(r);
+            qkv_in = s->xn;
+            qkv_norm = NULL;
+        }
+        forge__linear(s, r, &ly->wq, qkv_in, 0, n, s->q, QD, &ly->bq, qkv_norm, 0, 0);
+        forge__linear(s, r, &ly->wk, qkv_in, 0, n, s->k, KVD, &ly->bk, qkv_norm, 0, 0);
+        forge__linear(s, r, &ly->wv, qkv_in, 0, n, s->v, KVD, &ly->bv, qkv_norm, 0, 0);
         forge__barrier(r);
         if (c->qk_norm) {
             forge__rmsnorm(s, r, s->q, 0, &ly->q_norm, s->q, 0, n * NH, D, 0);
@@ -5434,58 +5794,116 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__dispatch(r, FORGE__OP_ROPE, bk, &pk, gx, gy, 1);
         forge__barrier(r);
         forge__pc_attention pa = {n, NH, NKV, D, s->slots[l], ly->sliding ? (uint32_t)c->sliding_window : 0,
-                                  (float)c->attn_scale, (float)c->attn_softcap};
-        forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
-        forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+                                  (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS};
+        if (n == 1 && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
+            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->attn_part};
+            forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
+            forge__barrier(r);
+            forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
+            forge__range bc[2] = {s->attn_part, s->att};
+            forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
+        } else {
+            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
+            forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+        }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, 0, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_attn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
-        forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
-        forge__barrier(r);
-        forge__linear(s, r, &ly->gate, s->xn, 0, n, s->gate, F, NULL, 0, 0);
-        forge__linear(s, r, &ly->up, s->xn, 0, n, s->up, F, NULL, 0, 0);
-        forge__barrier(r);
-        forge__pc_act pact = {n * F, (uint32_t)c->act};
-        forge__range bact[2] = {s->gate, s->up};
-        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
+        uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
+        if (fuse && ly->fused_gate_up) {
+            forge__linear(s, r, &ly->gate_up, s->x, 0, n, s->h, F, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
+        } else {
+            forge__range mlp_in = s->x;
+            const forge__vec *mlp_norm = &ly->ffn_norm;
+            if (!fuse) {
+                forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
+                forge__barrier(r);
+                mlp_in = s->xn;
+                mlp_norm = NULL;
+            }
+            forge__pc_act pact = {n * F, (uint32_t)c->act, ly->fused_gate_up};
+            forge__range bact[2] = {s->h, s->gu};
+            if (ly->fused_gate_up) { /* prefill: both products, interleaved, then the activation */
+                forge__linear(s, r, &ly->gate_up, mlp_in, 0, n, s->gu, 2 * F, NULL, mlp_norm, 0, 0);
+            } else {
+                forge__linear(s, r, &ly->gate, mlp_in, 0, n, s->h, F, NULL, mlp_norm, 0, 0);
+                forge__linear(s, r, &ly->up, mlp_in, 0, n, s->gu, F, NULL, mlp_norm, 0, 0);
+            }
+            forge__barrier(r);
+            forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+            forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->down, s->gate, 0, n, s->xn, H, NULL, 0, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->xn, H, NULL, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_ffn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->down, s->gate, 0, n, s->x, H, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->x, H, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
     }
     if (n_out == 0) return;
-    forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
-    forge__barrier(r);
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
-    forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL,
-                  c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0, (float)c->final_softcap);
+    uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
+    if (n_out <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) { /* the final norm fused into the head */
+        forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, &m->output_norm, head_flags,
+                      (float)c->final_softcap);
+    } else {
+        forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
+        forge__barrier(r);
+        forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, NULL, head_flags, (float)c->final_softcap);
+    }
     forge__barrier(r);
-    forge__copy(r, s->logits, (forge__range){s->readback.buf, 0, s->readback.size}, 4ull * n_out * (uint64_t)c->n_vocab);
+    if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
+        uint32_t V = (uint32_t)c->n_vocab;
+        forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
+        forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
+        forge__barrier(r);
+        uint32_t pk[2] = {V, FORGE__CANDIDATES};
+        forge__range bk[4] = {s->params_r, s->logits, s->cand, s->cand_stats};
+        forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, 1, 1);
+        forge__barrier(r);
+        uint32_t pm[2] = {s->n_chunks, FORGE__CANDIDATES};
+        forge__range bm[4] = {s->params_r, s->cand, s->cand_stats, s->sample_out};
+        forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
+        forge__barrier(r);
+        forge__copy(r, s->sample_out, (forge__range){s->readback.buf, 0, s->readback.size}, s->sample_out.size);
+    } else {
+        forge__copy(r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, s->readback.size - s->rb_logits_offset},
+                    4ull * n_out * (uint64_t)c->n_vocab);
+    }
     forge__host_barrier(r);
 }
 
+static void forge__recording_free(forge_session *s, forge__recording *rc) {
+    forge__device *d = &s->m->dev;
+    if (rc->cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &rc->cb);
+    if (rc->pool) d->vk.vkDestroyDescriptorPool(d->dev, rc->pool, NULL);
+    if (rc->qpool) d->vk.vkDestroyQueryPool(d->dev, rc->qpool, NULL);
+    free(rc->ops);
+    free(rc->shapes);
+    memset(rc, 0, sizeof *rc);
+}
+
 /* Returns the recorded command buffer for a shape, recording it on first use. */
-static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, VkCommandBuffer *out) {
+static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
+                                        forge__recording **out) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     forge__recording *slot = NULL, *lru = &s->rec[0];
     for (int i = 0; i < FORGE__RECORDINGS; i++) {
         forge__recording *rc = &s->rec[i];
-        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out) {
+        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
             rc->last_use = ++s->use_clock;
-            *out = rc->cb;
+            *out = rc;
             return FORGE_OK;
         }
         if (!rc->cb && !slot) slot = rc;
@@ -5493,12 +5911,10 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     }
     if (!slot) { /* evict the least recently used shape */
         slot = lru;
-        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
     }
     forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = &s->err};
-    forge__record_forward(s, &r, n, out_row0, n_out);
+    forge__record_forward(s, &r, n, out_row0, n_out, mode);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
     VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_sets ? r.n_sets : 1,
@@ -5508,49 +5924,101 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
     if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &slot->cb) != VK_SUCCESS) {
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    }
+    if (s->profile) {
+        VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP,
+                                    .queryCount = r.n_dispatches + 1};
+        slot->ops = (uint16_t *)calloc(r.n_dispatches + 1, sizeof *slot->ops);
+        slot->shapes = (uint64_t *)calloc(r.n_dispatches + 1, sizeof *slot->shapes);
+        if (!slot->ops || !slot->shapes || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
+            forge__recording_free(s, slot);
+            return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
+        }
+        slot->n_dispatches = r.n_dispatches;
     }
     VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
     d->vk.vkBeginCommandBuffer(slot->cb, &bi);
     r.counting = false;
     r.cb = slot->cb;
     r.pool = slot->pool;
-    forge__record_forward(s, &r, n, out_row0, n_out);
+    r.n_dispatches = 0;
+    if (slot->qpool) {
+        r.qpool = slot->qpool;
+        r.ops = slot->ops;
+        r.shapes = slot->shapes;
+        d->vk.vkCmdResetQueryPool(slot->cb, slot->qpool, 0, slot->n_dispatches + 1);
+        d->vk.vkCmdWriteTimestamp(slot->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot->qpool, 0);
+    }
+    forge__record_forward(s, &r, n, out_row0, n_out, mode);
     d->vk.vkEndCommandBuffer(slot->cb);
     if (r.st) {
-        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &slot->cb);
-        d->vk.vkDestroyDescriptorPool(d->dev, slot->pool, NULL);
-        memset(slot, 0, sizeof *slot);
+        forge__recording_free(s, slot);
         return r.st;
     }
     slot->n_tokens = n;
     slot->out_row0 = out_row0;
     slot->n_out = n_out;
+    slot->mode = (uint32_t)mode;
     slot->last_use = ++s->use_clock;
-    *out = slot->cb;
+    *out = slot;
     return FORGE_OK;
 }
 
-/* Runs one step of n tokens at position n_past; copies n_out logit rows to `logits`. */
-static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
-                                float *logits) {
+/* Adds a profiled recording's timestamps to the per-op totals. */
+static void forge__profile_collect(forge_session *s, const forge__recording *rc) {
     forge__device *d = &s->m->dev;
-    VkCommandBuffer cb;
-    forge_status st = forge__get_recording(s, n, out_row0, n_out, &cb);
-    if (st) return st;
-    forge__step_params sp = {(uint32_t)s->n_past, n, {0, 0}};
-    memcpy(s->io.mapped, &sp, sizeof sp);
-    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
-    if ((st = forge__submit_wait(d, cb, s->fence, &s->err))) return st;
-    uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
-    if (bytes && logits) {
-        if (!d->caps.readback_coherent) {
-            VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
-            d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
+    uint64_t ts[4096];
+    uint32_t n = FORGE__MIN(rc->n_dispatches + 1, 4096u);
+    if (d->vk.vkGetQueryPoolResults(d->dev, rc->qpool, 0, n, sizeof ts, ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+        return;
+    double period_ms = d->caps.props.limits.timestampPeriod * 1e-6;
+    for (uint32_t i = 0; i + 1 < n; i++) {
+        double ms = (double)(ts[i + 1] - ts[i]) * period_ms;
+        s->prof_ms[rc->ops[i]] += ms;
+        s->prof_calls[rc->ops[i]]++;
+        if (!rc->shapes[i]) continue;
+        int k = 0; /* per matrix shape too: where the time of the products goes */
+        while (k < s->n_prof_shapes && (s->prof_shape[k].op != rc->ops[i] || s->prof_shape[k].shape != rc->shapes[i])) k++;
+        if (k == s->n_prof_shapes) {
+            if (k == (int)FORGE__ARRAY_LEN(s->prof_shape)) continue;
+            s->prof_shape[k] = (struct forge__prof_shape){rc->ops[i], rc->shapes[i], 0, 0};
+            s->n_prof_shapes++;
         }
-        memcpy(logits, s->readback.mapped, (size_t)bytes);
+        s->prof_shape[k].ms += ms;
+        s->prof_shape[k].calls++;
+    }
+}
+
+static void forge__readback_invalidate(forge_session *s) {
+    forge__device *d = &s->m->dev;
+    if (d->caps.readback_coherent) return;
+    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
+    d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
+}
+
+/* Runs one step of n tokens at position n_past. FORGE__OUT_LOGITS copies n_out logit rows to
+ * `logits`; FORGE__OUT_SAMPLE (n_out = 1) leaves the sampler's candidates in the readback
+ * buffer, with `sp` giving the penalty and temperature (its ids already in the io buffer). */
+static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                forge__out_mode mode, const forge__step_params *sp, float *logits) {
+    forge__device *d = &s->m->dev;
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
+    if (st) return st;
+    forge__step_params p = {0, 0, 0, 1.0f, 1.0f, {0, 0, 0}};
+    if (sp) p = *sp;
+    p.pos0 = (uint32_t)s->n_past;
+    p.n_tokens = n;
+    memcpy(s->io.mapped, &p, sizeof p);
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(s, rc);
+    uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
+    if (mode == FORGE__OUT_LOGITS && bytes && logits) {
+        forge__readback_invalidate(s);
+        memcpy(logits, (uint8_t *)s->readback.mapped + s->rb_logits_offset, (size_t)bytes);
     }
     memcpy(s->history + s->n_past, tokens, 4ull * n);
     s->n_past += (int)n;
@@ -5562,10 +6030,8 @@ static void forge__session_destroy(forge_session *s) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     if (d->dev) d->vk.vkDeviceWaitIdle(d->dev);
-    for (int i = 0; i < FORGE__RECORDINGS; i++) {
-        if (s->rec[i].cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->rec[i].cb);
-        if (s->rec[i].pool) d->vk.vkDestroyDescriptorPool(d->dev, s->rec[i].pool, NULL);
-    }
+    for (int i = 0; i < FORGE__RECORDINGS; i++) forge__recording_free(s, &s->rec[i]);
+    if (s->copy_logits_cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->copy_logits_cb);
     if (s->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, s->cmd_pool, NULL);
     if (s->fence) d->vk.vkDestroyFence(d->dev, s->fence, NULL);
     for (int b = 0; b < s->n_blocks; b++) forge__buffer_destroy(d, &s->blocks[b], &s->mem, &m->mem_total);
@@ -5598,7 +6064,8 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     for (int b = 0; b < s->n_blocks; b++)
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
-    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->gate, &s->up, &s->logits, &s->dummy};
+    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->h, &s->gu, &s->logits, &s->dummy,
+                           &s->cand, &s->cand_stats, &s->sample_out, &s->attn_part};
     int it = 0;
     for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {
         const forge__pack_item *pi = &s->pack.items[it];
@@ -5609,11 +6076,15 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
             const forge__pack_item *pi = &s->pack.items[it];
             (kv ? s->vc : s->kc)[l] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
         }
-    uint64_t io_bytes = 256 + 4ull * sp->n_batch;
-    if ((st = forge__buffer_create(d, io_bytes, d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err))) return st;
+    if ((st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
+        return st;
     s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
-    s->tokens_r = (forge__range){s->io.buf, 256, 4ull * sp->n_batch};
-    if ((st = forge__buffer_create(d, 4ull * sp->n_out_max * c->n_vocab, d->caps.mem_readback, true, &s->mem, &m->mem_total, &s->readback, &s->err)))
+    s->penalty_r = (forge__range){s->io.buf, FORGE__IO_PENALTY_OFFSET, 4ull * FORGE__MAX_PENALTY_WINDOW};
+    s->tokens_r = (forge__range){s->io.buf, FORGE__IO_TOKENS_OFFSET, 4ull * sp->n_batch};
+    s->n_chunks = forge__topk_chunks(m);
+    s->rb_logits_offset = FORGE__RB_LOGITS_OFFSET;
+    if ((st = forge__buffer_create(d, forge__session_readback_bytes(m, sp), d->caps.mem_readback, true, &s->mem, &m->mem_total,
+                                   &s->readback, &s->err)))
         return st;
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                    .queueFamilyIndex = d->caps.queue_family};
@@ -5621,9 +6092,10 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &s->cmd_pool) != VK_SUCCESS ||
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
-    /* Record the decode step now, so the first token pays no recording cost. */
-    VkCommandBuffer cb;
-    return forge__get_recording(s, 1, 0, 1, &cb);
+    /* Record the decode steps now, so the first token pays no recording cost. */
+    forge__recording *rc;
+    if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
+    return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &rc);
 }
 
 /* =======================================================================================
@@ -5827,8 +6299,6 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         free(text);
         if (st) return st;
         if ((st = forge__load_safetensors_dir(m, dir, single))) return st;
-        if (m->cfg.mlx_quant)
-            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: MLX-quantized checkpoints are not supported yet", cfg_path);
         char tok_path[4200];
         snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
         if (p->load_tokenizer && forge__file_exists(tok_path) &&
@@ -5850,21 +6320,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
             if (unused++ < 8) forge__log(&m->log, FORGE_LOG_WARN, "tensor '%s' is not used", m->tensors.items[i].name);
         }
     if (unused) forge__log(&m->log, FORGE_LOG_WARN, "%d tensors in the checkpoint are not used", unused);
-    /* the storage type that holds most matrix bytes */
-    {
-        uint64_t bytes[FORGE__W_COUNT] = {0};
-        forge__weight *ws[] = {&m->tok_embd, &m->output};
-        for (int i = 0; i < 2; i++)
-            if (ws[i]->n_chunks) bytes[ws[i]->fmt] += (uint64_t)ws[i]->rows * ws[i]->cols;
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            forge__layer *ly = &m->layers[l];
-            forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
-            for (int i = 0; i < 7; i++) bytes[lw[i]->fmt] += (uint64_t)lw[i]->rows * lw[i]->cols;
-        }
-        int best = 0;
-        for (int i = 1; i < FORGE__W_COUNT; i++) if (bytes[i] > bytes[best]) best = i;
-        m->main_dtype = best == FORGE__W_F32 ? FORGE__F32 : best == FORGE__W_F16 ? FORGE__F16 : FORGE__BF16;
-    }
+    forge__main_format(m);
     if ((st = forge__upload_all(&L, p))) return st;
     if (is_gguf && p->load_tokenizer) {
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
@@ -5951,7 +6407,7 @@ FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_in
     const forge__config *c = &m->cfg;
     snprintf(info->architecture, sizeof info->architecture, "%s", forge__arch_names[c->arch]);
     snprintf(info->source_format, sizeof info->source_format, "%s", m->source_format);
-    snprintf(info->weight_dtype, sizeof info->weight_dtype, "%s", forge__dtype_name(m->main_dtype));
+    snprintf(info->weight_dtype, sizeof info->weight_dtype, "%s", m->main_format);
     snprintf(info->name, sizeof info->name, "%s", m->name);
     info->n_layers = c->n_layers;
     info->hidden = c->hidden;
@@ -6014,6 +6470,7 @@ FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_
     forge_session *s = (forge_session *)calloc(1, sizeof *s);
     if (!s) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     s->m = m;
+    s->profile = p.profile && m->dev.caps.timestamps;
     st = forge__session_init(s, &sp);
     if (st) {
         forge__model_fail(m, st, "creating a session: %s", s->err.msg);
@@ -6030,11 +6487,51 @@ FORGE_API void forge_session_free(forge_session *s) { forge__session_destroy(s);
 FORGE_API const char *forge_session_errmsg(const forge_session *s) { return s ? s->err.msg : "no session"; }
 FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_past : 0; }
 
+/* Can the cache go back to n_keep tokens? Sliding-window layers keep `slots` positions in a
+ * ring: continuing at n_keep needs the keys of positions [n_keep - window + 1, n_keep), which
+ * later positions (up to n_past - 1) may have overwritten. */
+static bool forge__truncate_valid(const forge_session *s, int n_keep) {
+    const forge__config *c = &s->m->cfg;
+    if (n_keep == 0 || n_keep >= s->n_past) return true;
+    for (int l = 0; l < c->n_layers; l++) {
+        if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
+        int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);
+        if (need_from + (int)s->slots[l] < s->n_past) return false;
+    }
+    return true;
+}
+
 FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
     if (n_keep < 0 || n_keep > s->n_past)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
+    if (!forge__truncate_valid(s, n_keep))
+        return forge__fail(&s->err, FORGE_ERR_LIMIT,
+                           "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
+                           "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
     s->n_past = n_keep;
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, size_t capacity, size_t *len) {
+    if (!s || !len) return FORGE_ERR_INVALID_ARGUMENT;
+    char buf[8192];
+    int o = snprintf(buf, sizeof buf, "{");
+    bool first = true;
+    for (int i = 0; i < FORGE__OP_COUNT && o < (int)sizeof buf; i++) {
+        if (!s->prof_calls[i]) continue;
+        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[i].name,
+                      (unsigned long long)s->prof_calls[i], s->prof_ms[i]);
+        first = false;
+    }
+    for (int i = 0; i < s->n_prof_shapes && o < (int)sizeof buf; i++)
+        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s %llux%llu\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ",
+                      forge__ops[s->prof_shape[i].op].name, (unsigned long long)(s->prof_shape[i].shape >> 32),
+                      (unsigned long long)(s->prof_shape[i].shape & 0xffffffffu), (unsigned long long)s->prof_shape[i].calls, s->prof_shape[i].ms);
+    if (o < (int)sizeof buf) o += snprintf(buf + o, sizeof buf - (size_t)o, "}");
+    *len = (size_t)o;
+    if (!out || capacity < (size_t)o + 1) return FORGE_ERR_BUFFER_TOO_SMALL;
+    memcpy(out, buf, (size_t)o + 1);
     return FORGE_OK;
 }
 
@@ -6065,9 +6562,416 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
         bool last = done + step == n_tokens;
         uint32_t out_row0 = all ? 0 : (uint32_t)step - 1, n_out = all ? (uint32_t)step : (last ? 1u : 0u);
         float *dst = logits ? (all ? logits + (size_t)done * V : logits) : NULL;
-        forge_status st = forge__step(s, tokens + done, (uint32_t)step, out_row0, logits ? n_out : 0, dst);
+        forge_status st = forge__step(s, tokens + done, (uint32_t)step, out_row0, logits ? n_out : 0, FORGE__OUT_LOGITS, NULL, dst);
         if (st) return st;
         done += step;
     }
+    return FORGE_OK;
+}
+
+/* =======================================================================================
+ * 9. Generation
+ * A generate call: find the longest exact prefix of the prompt the cache already holds
+ * (rotating sliding-window layers permitting), prefill the rest, then one replayed decode
+ * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
+ * the softmax normalizer); the host draws from the candidates. Stop rules: the family's end
+ * tokens, the caller's tokens and strings (matched on text across tokens, never emitted),
+ * max tokens, the callback, a full context.
+ * ===================================================================================== */
+
+FORGE_API forge_generate_params forge_generate_default_params(void) {
+    forge_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.max_tokens = 256;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_window = 64;
+    p.add_special = 1;
+    return p;
+}
+
+/* ---- the random generator: xoshiro256**, seeded through splitmix64 ---- */
+
+static uint64_t forge__splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void forge__rng_seed(uint64_t s[4], uint64_t seed) {
+    for (int i = 0; i < 4; i++) s[i] = forge__splitmix64(&seed);
+}
+static uint64_t forge__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t forge__rng_next(uint64_t s[4]) {
+    uint64_t r = forge__rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = forge__rotl(s[3], 45);
+    return r;
+}
+static double forge__rng_uniform(uint64_t s[4]) { return (double)(forge__rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---- the host side of sampling ----
+ * Input: candidates (logit after the penalty, id), best first, and the row's normalizer
+ * (M, S: S = sum over the vocabulary of exp((l - M) / T)). Probabilities of candidates are
+ * exact. Returns the id, or -1 when the draw needs tokens beyond the candidates. */
+
+typedef struct forge__cand {
+    float logit;
+    int32_t id;
+} forge__cand;
+
+FORGE__INTERNAL int32_t forge__sample_candidates(const forge__cand *c, int n, int complete, double M, double S,
+                                                 const forge_generate_params *p, uint64_t rng[4], double *probs) {
+    if (n <= 0) return -1;
+    if (p->temperature <= 0.0f) return c[0].id;
+    double inv_t = 1.0 / p->temperature;
+    for (int i = 0; i < n; i++) probs[i] = exp(((double)c[i].logit - M) * inv_t) / S;
+    int k = n;
+    bool cut = complete != 0;                /* is the kept set decided within the candidates? */
+    if (p->top_k > 0) {
+        if (p->top_k > n && !complete) return -1;
+        k = FORGE__MIN(p->top_k, n);
+        cut = true;
+    }
+    double mass = 0;                         /* of the top-k set (1 when top-k is off and complete) */
+    for (int i = 0; i < k; i++) mass += probs[i];
+    if (p->top_p < 1.0f) {
+        /* HF: drop the tokens whose cumulative probability from the bottom is <= 1 - top_p,
+         * probabilities renormalized over the top-k set; i.e. keep from the top until the
+         * cumulative reaches top_p. */
+        double total = cut ? mass : 1.0, cum = 0;
+        int keep = 0;
+        while (keep < k) {
+            cum += probs[keep] / total;
+            keep++;
+            if (cum >= (double)p->top_p) break;
+        }
+        if (cum < (double)p->top_p && !cut) return -1; /* the nucleus reaches past the candidates */
+        if (cum >= (double)p->top_p) cut = true;
+        k = keep;
+    }
+    if (p->min_p > 0.0f) {
+        double floor_p = (double)p->min_p * probs[0];
+        int keep = 1;
+        while (keep < k && probs[keep] >= floor_p) keep++;
+        if (keep == k && !cut && probs[k - 1] >= floor_p) return -1; /* tail tokens may qualify */
+        if (keep < k || probs[k - 1] < floor_p) cut = true;
+        k = keep;
+    }
+    double total = 0;
+    for (int i = 0; i < k; i++) total += probs[i];
+    double u = forge__rng_uniform(rng);
+    if (!cut) { /* a plain draw from the whole distribution: the tail holds 1 - total */
+        if (u >= total) return -1;
+        total = 1.0;
+    } else {
+        u *= total;
+    }
+    double acc = 0;
+    for (int i = 0; i < k; i++) {
+        acc += probs[i];
+        if (u < acc) return c[i].id;
+    }
+    return c[k - 1].id;
+}
+
+static int forge__cmp_cand(const void *a, const void *b) {
+    const forge__cand *x = (const forge__cand *)a, *y = (const forge__cand *)b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Copies logits row 0 (after the penalty) to the host: the sampler's fallback. */
+static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
+    forge__device *d = &s->m->dev;
+    if (!s->copy_logits_cb) {
+        VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                           .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+        if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &s->copy_logits_cb) != VK_SUCCESS)
+            return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        d->vk.vkBeginCommandBuffer(s->copy_logits_cb, &bi);
+        forge__rec r = {.dev = d, .cb = s->copy_logits_cb, .err = &s->err};
+        forge__copy(&r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, 0}, 4ull * s->m->cfg.n_vocab);
+        forge__host_barrier(&r);
+        d->vk.vkEndCommandBuffer(s->copy_logits_cb);
+    }
+    forge_status st = forge__submit_wait(d, s->copy_logits_cb, s->fence, &s->err);
+    if (st) return st;
+    forge__readback_invalidate(s);
+    memcpy(out, (uint8_t *)s->readback.mapped + s->rb_logits_offset, 4ull * s->m->cfg.n_vocab);
+    return FORGE_OK;
+}
+
+/* Draws the next token from the last step's device reduction. `scratch` holds n_vocab
+ * candidates and probabilities for the rare full-row fallback. */
+static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
+                                  int32_t *out) {
+    forge__readback_invalidate(s);
+    const uint32_t *rb = (const uint32_t *)s->readback.mapped;
+    float M, S;
+    memcpy(&M, &rb[0], 4);
+    memcpy(&S, &rb[1], 4);
+    int V = s->m->cfg.n_vocab, n = FORGE__MIN(FORGE__CANDIDATES, V);
+    for (int i = 0; i < n; i++) {
+        memcpy(&scratch[i].logit, &rb[2 + 2 * i], 4);
+        scratch[i].id = (int32_t)rb[3 + 2 * i];
+    }
+    int32_t tok = forge__sample_candidates(scratch, n, n == V, M, S, p, s->rng, probs);
+    if (tok < 0) { /* the draw reaches past the candidates: take the whole row */
+        float *row = (float *)probs; /* probs has room for n_vocab doubles */
+        forge_status st = forge__fetch_logits_row(s, row);
+        if (st) return st;
+        for (int i = 0; i < V; i++) scratch[i] = (forge__cand){row[i], i};
+        qsort(scratch, (size_t)V, sizeof *scratch, forge__cmp_cand);
+        tok = forge__sample_candidates(scratch, V, 1, M, S, p, s->rng, probs);
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
+/* Writes the distinct ids of the last `window` tokens of the session to the io buffer. */
+static uint32_t forge__penalty_ids(forge_session *s, int window) {
+    uint32_t *ids = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    uint32_t n = 0;
+    int from = FORGE__MAX(0, s->n_past - window);
+    for (int i = s->n_past - 1; i >= from; i--) {
+        uint32_t t = (uint32_t)s->history[i];
+        bool seen = false;
+        for (uint32_t j = 0; j < n && !seen; j++) seen = ids[j] == t;
+        if (!seen) ids[n++] = t;
+    }
+    return n;
+}
+
+/* ---- stop strings ---- */
+
+typedef struct forge__stopper {
+    const forge_generate_params *p;
+    char *buf;          /* text not yet given to the callback */
+    size_t len, cap;
+    size_t max_stop;    /* longest stop string */
+} forge__stopper;
+
+/* Appends text; returns the number of leading bytes that may be released now, and whether a
+ * stop string was found (then only the text before it is released). */
+static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n, bool *stopped) {
+    if (st->len + n > st->cap) {
+        size_t cap = (st->len + n) * 2 + 64;
+        char *b = (char *)realloc(st->buf, cap);
+        if (!b) return 0;
+        st->buf = b;
+        st->cap = cap;
+    }
+    memcpy(st->buf + st->len, text, n);
+    st->len += n;
+    *stopped = false;
+    size_t release = st->len;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        if (!sl) continue;
+        for (size_t at = 0; at + sl <= st->len; at++)
+            if (!memcmp(st->buf + at, ss, sl)) {
+                if (!*stopped || at < release) release = at;
+                *stopped = true;
+                break;
+            }
+    }
+    if (*stopped) return release;
+    /* hold back the longest suffix that is a prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        for (size_t k = FORGE__MIN(sl - (sl > 0), st->len); k > hold; k--)
+            if (!memcmp(st->buf + st->len - k, ss, k)) { hold = k; break; }
+    }
+    return st->len - hold;
+}
+
+static void forge__stopper_consume(forge__stopper *st, size_t n) {
+    memmove(st->buf, st->buf + n, st->len - n);
+    st->len -= n;
+}
+
+/* ---- the generate loop ---- */
+
+static bool forge__is_stop_token(const forge_model *m, const forge_generate_params *p, int32_t tok, forge_stop_reason *why) {
+    for (int i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == tok) { *why = FORGE_STOP_TOKEN; return true; }
+    if (!p->ignore_eos) {
+        forge_special_tokens sp;
+        forge_model_special_tokens(m, &sp);
+        for (int i = 0; i < sp.n_eos; i++)
+            if (sp.eos_ids[i] == tok) { *why = FORGE_STOP_EOS; return true; }
+    }
+    return false;
+}
+
+/* The text of generated tokens, as complete UTF-8. */
+typedef struct forge__textgen {
+    forge_detok_stream ds;
+} forge__textgen;
+
+/* Keeps what the cache holds of an exact prefix of `prompt`; returns how many tokens are kept.
+ * Sliding-window layers whose rotating cache has overwritten keys the continuation needs make
+ * the prefix unusable: then nothing is kept and *wrapped is set. */
+static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, int *wrapped) {
+    int common = 0;
+    while (common < s->n_past && common < n && s->history[common] == prompt[common]) common++;
+    if (common == n) common = n - 1; /* the last prompt token is evaluated again for its logits */
+    *wrapped = 0;
+    if (common > 0 && common < s->n_past && !forge__truncate_valid(s, common)) {
+        *wrapped = 1;
+        common = 0;
+    }
+    s->n_past = common;
+    return common;
+}
+
+FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                             const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab;
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    double t0 = forge__now_s();
+    if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
+    if (n_prompt > s->n_ctx)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
+    if (p.max_tokens < 0 || p.repeat_window < 0 || !(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) ||
+        !(p.min_p >= 0 && p.min_p <= 1) || !(p.repeat_penalty > 0) || p.top_k < 0)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT,
+                           "generate params out of range (max_tokens >= 0, temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0, top_k >= 0)");
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= V)
+            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", prompt[i], i, V);
+    forge__rng_seed(s->rng, p.seed);
+    mt.prompt_tokens = n_prompt;
+    mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
+    if (mt.cached_tokens > 0) s->prompt_cache_hits++;
+    forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    forge__stopper stop = {&p, NULL, 0, 0, 0};
+    forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, {0, 0, 0}};
+    int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
+    /* prefill: all but the last chunk without outputs, the last one sampled */
+    int done = mt.cached_tokens;
+    while (!st && done < n_prompt) {
+        int step = FORGE__MIN(n_prompt - done, s->n_batch);
+        bool last = done + step == n_prompt;
+        if (last) {
+            /* the penalty window includes the prompt, so the ids go in once all but this chunk is cached */
+            memcpy(s->history + s->n_past, prompt + done, 4ull * step);
+            int saved = s->n_past;
+            s->n_past += step;
+            sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
+            s->n_past = saved;
+        }
+        st = forge__step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u,
+                         last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp, NULL);
+        done += step;
+    }
+    double t_prefill = forge__now_s();
+    mt.prefill_ms = (t_prefill - t0) * 1e3;
+    int evaluated = n_prompt - mt.cached_tokens;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? evaluated / (mt.prefill_ms * 1e-3) : 0;
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    char piece[512];
+    double t_first = t_prefill;
+    while (!st) {
+        int32_t tok;
+        if ((st = forge__sample(s, &p, cands, probs, &tok))) break;
+        if (mt.generated_tokens == 0) {
+            t_first = forge__now_s();
+            mt.ttft_ms = (t_first - t0) * 1e3;
+        }
+        forge_stop_reason why;
+        if (forge__is_stop_token(m, &p, tok, &why)) { mt.stop_reason = why; break; }
+        mt.generated_tokens++;
+        size_t plen = 0;
+        if (forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
+        bool found = false;
+        size_t release = forge__stopper_push(&stop, piece, plen, &found);
+        if (p.on_token && !p.on_token(p.user_data, tok, stop.buf, release)) {
+            forge__stopper_consume(&stop, release);
+            mt.stop_reason = FORGE_STOP_CALLBACK;
+            break;
+        }
+        forge__stopper_consume(&stop, release);
+        if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
+        if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
+        if (s->n_past >= s->n_ctx) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+        s->history[s->n_past] = tok; /* the penalty window sees the token being evaluated */
+        s->n_past++;
+        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
+        s->n_past--;
+        st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+    }
+    if (!st && stop.len && p.on_token) p.on_token(p.user_data, -1, stop.buf, stop.len); /* held-back text that never became a stop string */
+    double t_end = forge__now_s();
+    mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;
+    mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;
+    mt.peak_device_bytes = m->mem_total.peak;
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    s->metrics = mt;
+    if (metrics) *metrics = mt;
+    free(stop.buf);
+    free(cands);
+    free(probs);
+    return st;
+}
+
+FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
+                                      const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    size_t cap = prompt_len + 16, n = 0;
+    int32_t *ids = (int32_t *)malloc(sizeof *ids * cap);
+    if (!ids) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        int32_t *bigger = (int32_t *)realloc(ids, sizeof *ids * n);
+        if (!bigger) { free(ids); return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); }
+        ids = bigger;
+        cap = n;
+        st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
+    }
+    if (st) {
+        forge__fail(&s->err, st, "tokenizing the prompt: %s", forge_model_errmsg(s->m));
+    } else if (n == 0) {
+        st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "the prompt is empty and the tokenizer adds no BOS: nothing to generate from");
+    } else {
+        st = forge_generate_tokens(s, ids, (int)n, &p, metrics);
+    }
+    free(ids);
+    return st;
+}
+
+FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n_tokens) {
+    if (!s || !tokens || n_tokens <= 0) return FORGE_ERR_INVALID_ARGUMENT;
+    int wrapped = 0;
+    int kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
+    if (kept >= n_tokens) return FORGE_OK;
+    return forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+}
+
+FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metrics *metrics) {
+    if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
+    *metrics = s->metrics;
     return FORGE_OK;
 }

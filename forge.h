@@ -234,6 +234,7 @@ typedef struct forge_session_params {
     int n_ctx;                     /* context length (tokens the KV cache holds); 0: min(model, 4096) */
     int n_batch;                   /* most tokens per prefill step; 0: 512 */
     int n_outputs_max;             /* most logit rows computed per step; 0: fits in 64 MiB, ≤ n_batch */
+    int profile;                   /* 1: time every kernel on the device (forge_session_profile) */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
@@ -256,6 +257,12 @@ FORGE_API int forge_session_n_past(const forge_session *session);
 FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);
 
 FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);
+
+/* With forge_session_params.profile: device time per kernel since the session was created, as
+ * JSON {"kernel": {"calls": N, "ms": T}, ...}, into `out` (capacity bytes, NUL-terminated);
+ * *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not fit. Empty ("{}") when the
+ * device has no timestamps or profiling is off. */
+FORGE_API forge_status forge_session_profile(const forge_session *session, char *out, size_t capacity, size_t *len);
 
 /* eval flags */
 #define FORGE_EVAL_ALL_LOGITS 1u   /* return logits for every evaluated position, not only the last */
@@ -365,6 +372,93 @@ typedef struct forge_special_tokens {
  * / the post-processor (tokenizer.json) or tokenizer.ggml.*_token_id (GGUF); eot and sot by
  * the chat formats' marker texts when the files do not name them. */
 FORGE_API forge_status forge_model_special_tokens(const forge_model *model, forge_special_tokens *out);
+
+/* ---------------------------------------------------------------------------------------
+ * Generation
+ *
+ * Sampling, in this order (HuggingFace's): repeat penalty over the last repeat_window tokens
+ * of the session (positive logits divided by the penalty, negative ones multiplied), then
+ * temperature, top-k, top-p (nucleus), min-p (relative to the most likely token), then a
+ * draw from the seeded generator. temperature 0 is greedy (argmax; ties go to the lower id).
+ * The reduction runs on the device: per token the host reads back the best 256 candidates
+ * and the softmax normalizer, not the vocabulary; only when a filter's cut falls beyond those
+ * candidates (top_k > 256, or top-p / min-p / a plain temperature draw reaching into the
+ * tail) does it read the whole row for that token.
+ * ------------------------------------------------------------------------------------- */
+
+/* Why a generate or chat call stopped. */
+typedef enum forge_stop_reason {
+    FORGE_STOP_NONE = 0,
+    FORGE_STOP_EOS = 1,          /* the model produced one of its end tokens (forge_special_tokens.eos_ids) */
+    FORGE_STOP_TOKEN = 2,        /* one of the caller's stop_tokens */
+    FORGE_STOP_STRING = 3,       /* one of the caller's stop_strings appeared in the text */
+    FORGE_STOP_MAX_TOKENS = 4,
+    FORGE_STOP_CALLBACK = 5,     /* the callback returned 0 */
+    FORGE_STOP_CONTEXT = 6       /* the session's context is full */
+} forge_stop_reason;
+
+/* Called once per generated token, in order. `text` is the text this token makes printable:
+ * complete UTF-8 only (bytes of a character split across tokens wait for the next call), with
+ * text that could begin a stop string held back until it is known not to (so it may be
+ * empty). It is valid during the call only. Return non-zero to continue, 0 to stop: the stop
+ * takes effect before the next token and leaves the session usable. */
+typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, size_t text_len);
+
+typedef struct forge_generate_params {
+    uint32_t struct_size;
+    int max_tokens;                   /* default 256 */
+    float temperature;                /* default 0: greedy */
+    int top_k;                        /* 0: off */
+    float top_p;                      /* 1: off */
+    float min_p;                      /* 0: off */
+    float repeat_penalty;             /* 1: off */
+    int repeat_window;                /* tokens looked back for the penalty; default 64, at most 1024 */
+    uint64_t seed;                    /* same seed, same device, same model: same output */
+    const int32_t *stop_tokens;       /* extra ids that end generation (not emitted) */
+    int n_stop_tokens;
+    const char *const *stop_strings;  /* text that ends generation (matched across tokens, not emitted) */
+    int n_stop_strings;
+    int ignore_eos;                   /* 1: do not stop at the model's end tokens */
+    int add_special;                  /* text prompts: add the tokens the tokenizer declares (BOS); default 1 */
+    forge_token_fn on_token;          /* optional */
+    void *user_data;
+} forge_generate_params;
+
+FORGE_API forge_generate_params forge_generate_default_params(void);
+
+/* Per-call numbers; also kept on the session for forge_session_metrics. */
+typedef struct forge_metrics {
+    int prompt_tokens;                /* tokens of the prompt (after the chat template) */
+    int cached_tokens;                /* of which reused from the session's cache (exact prefix) */
+    int generated_tokens;
+    int cache_wrapped;                /* 1: a cached prefix was not reusable because sliding-window layers had overwritten it */
+    double ttft_ms;                   /* call start to the first generated token */
+    double prefill_ms, decode_ms;
+    double prefill_tok_s;             /* prompt tokens evaluated (not cached) per second */
+    double decode_tok_s;              /* generated tokens after the first, per second of decoding */
+    uint64_t peak_device_bytes;       /* device memory peak of the model and its sessions */
+    uint64_t prompt_cache_hits;       /* calls on this session that reused a cached prefix (cumulative) */
+    forge_stop_reason stop_reason;
+} forge_metrics;
+
+/* Generates from a token prompt. The session's cache keeps what it holds of an exact prefix of
+ * `prompt` (only the rest is evaluated) and afterwards holds the prompt and the generated
+ * tokens (except the last). `metrics` may be NULL. Fails with FORGE_ERR_LIMIT when the prompt
+ * does not fit the context (the message states both numbers). */
+FORGE_API forge_status forge_generate_tokens(forge_session *session, const int32_t *prompt, int n_prompt,
+                                             const forge_generate_params *params, forge_metrics *metrics);
+
+/* Generates from UTF-8 text, tokenized with the model's tokenizer (add_special adds BOS as the
+ * tokenizer declares). Text reaches the caller through params->on_token. */
+FORGE_API forge_status forge_generate(forge_session *session, const char *prompt, size_t prompt_len,
+                                      const forge_generate_params *params, forge_metrics *metrics);
+
+/* Evaluates tokens into the cache without generating, so that a later call sharing this
+ * prefix prefills only the rest (the prompt cache's explicit warm-up). */
+FORGE_API forge_status forge_warm(forge_session *session, const int32_t *tokens, int n_tokens);
+
+/* The metrics of the session's last generate/chat call. */
+FORGE_API forge_status forge_session_metrics(const forge_session *session, forge_metrics *metrics);
 
 #ifdef __cplusplus
 }

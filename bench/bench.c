@@ -1,14 +1,16 @@
 /* bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3]`.
  *
- * Measures, from token ids alone (no tokenizer), on one session:
- *   prefill: one forge_eval of P prompt tokens (pseudo-random ids), from an empty cache;
- *   decode:  N single-token steps after that prefill, each feeding back the argmax of the
- *            last logits (greedy decoding), logits read back every step.
- * Each is repeated R times and the median reported. Prints one JSON object on stdout:
+ * Measures, from token ids alone (no tokenizer), with forge_generate_tokens on one session:
+ *   prefill: P prompt tokens (pseudo-random ids) from an empty cache, through the first
+ *            sampled token;
+ *   decode:  the N - 1 following greedy tokens (sampled on the device, one replayed step each).
+ * After a warm-up run, each is repeated R times and the median reported. Prints one JSON
+ * object on stdout:
  *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
  *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
- *    "peak_device_bytes", "load_s"}
- * ttft_ms is the median prefill time plus one decode step: the time to the first new token. */
+ *    "peak_device_bytes", "load_s"}, and with --profile "profile": device ms per kernel over all
+ *    runs (warm-up included; timestamps after every dispatch slow the run a little).
+ * ttft_ms: the call's start to its first generated token. */
 #define _POSIX_C_SOURCE 200809L
 #include "forge.h"
 
@@ -47,18 +49,19 @@ static void json_str(const char *s) {
 
 int forge_bench_main(int argc, char **argv) {
     const char *path = NULL, *device = NULL;
-    int P = 512, N = 128, R = 3, verbose = 0;
+    int P = 512, N = 128, R = 3, verbose = 0, profile = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) P = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) N = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!path) path = argv[i];
         else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", argv[i]); return 2; }
     }
     if (!path || P < 1 || N < 1 || R < 1) {
-        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D]\n");
+        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D] [--profile]\n");
         return 2;
     }
     double t0 = now_s();
@@ -71,6 +74,7 @@ int forge_bench_main(int argc, char **argv) {
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = P + N + 1;
     sp.n_batch = P;
+    sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge bench: %s\n", forge_model_errmsg(m));
@@ -78,7 +82,6 @@ int forge_bench_main(int argc, char **argv) {
         return 1;
     }
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
-    float *logits = malloc(sizeof(float) * (size_t)V);
     double *pre = malloc(sizeof(double) * (size_t)R), *dec = malloc(sizeof(double) * (size_t)R), *first = malloc(sizeof(double) * (size_t)R);
     uint32_t rng = 12345;
     for (int i = 0; i < P; i++) {
@@ -86,24 +89,17 @@ int forge_bench_main(int argc, char **argv) {
         prompt[i] = (int32_t)((rng >> 8) % (uint32_t)V);
     }
     int rc = 0;
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = N;
+    gp.ignore_eos = 1; /* greedy, sampled on the device, exactly N tokens */
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
-        forge_session_truncate(s, 0);
-        double a = now_s();
-        if (forge_eval(s, prompt, P, 0, logits, (size_t)V) != FORGE_OK) { rc = 1; break; }
-        double b = now_s();
-        double step_first = 0;
-        for (int i = 0; i < N; i++) {
-            int32_t best = 0;
-            for (int j = 1; j < V; j++) if (logits[j] > logits[best]) best = j;
-            double c = now_s();
-            if (forge_eval(s, &best, 1, 0, logits, (size_t)V) != FORGE_OK) { rc = 1; break; }
-            if (i == 0) step_first = now_s() - c;
-        }
-        double e = now_s();
+        forge_session_truncate(s, 0);      /* no prompt-cache reuse between repetitions */
+        forge_metrics mt;
+        if (forge_generate_tokens(s, prompt, P, &gp, &mt) != FORGE_OK || mt.generated_tokens != N) { rc = 1; break; }
         if (r > 0) {
-            pre[r - 1] = P / (b - a);
-            dec[r - 1] = N / (e - b);
-            first[r - 1] = (b - a + step_first) * 1e3;
+            pre[r - 1] = mt.prefill_tok_s;
+            dec[r - 1] = mt.decode_tok_s;
+            first[r - 1] = mt.ttft_ms;
         }
     }
     if (rc) {
@@ -125,10 +121,15 @@ int forge_bench_main(int argc, char **argv) {
         printf(", \"parameters\": %llu, \"weight_bytes\": %llu, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d",
                (unsigned long long)info.n_params, (unsigned long long)info.weight_bytes, P, N, R);
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
-        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f}\n", (unsigned long long)info.memory.device_peak_bytes, load_s);
+        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
+        if (profile) {
+            char prof[8192];
+            size_t len;
+            if (forge_session_profile(s, prof, sizeof prof, &len) == FORGE_OK) printf(", \"profile\": %s", prof);
+        }
+        printf("}\n");
     }
     free(prompt);
-    free(logits);
     free(pre);
     free(dec);
     free(first);

@@ -5,20 +5,35 @@
 float bf16_lo(uint w) { return uintBitsToFloat(w << 16); }
 float bf16_hi(uint w) { return uintBitsToFloat(w & 0xffff0000u); }
 
+// Round an f32 to the nearest f16 value, ties to even (packHalf2x16's rounding is left to
+// the implementation; NVIDIA's truncates). Normal range only: the values rounded are
+// embeddings scaled by sqrt(hidden), far from f16's limits.
+float round_f16(float v) {
+    uint b = floatBitsToUint(v);
+    uint e = (b >> 23) & 255u;
+    if (e < 113u || e > 142u) return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x;
+    b += 0xfffu + ((b >> 13) & 1u);
+    return uintBitsToFloat(b & 0xffffe000u);
+}
+
 // tanh that cannot overflow for large |x| (some drivers build tanh from exp(2x)).
 float safe_tanh(float x) {
     float t = exp(-2.0 * abs(x));
     return sign(x) * (1.0 - t) / (1.0 + t);
 }
 
-// cos and sin of a possibly large angle: reduce by 2*pi in two parts first (Cody-Waite),
-// because native sin/cos lose accuracy far from zero and RoPE angles reach pos * 1.0.
+// cos and sin of a possibly large angle: RoPE angles reach pos * 1.0, and native sin/cos lose
+// accuracy far from zero. Reduce by 2*pi first (Cody-Waite, three parts with few significant
+// bits so that k * C1 and k * C2 are exact in f32 without relying on fma): exact for k < 2^16,
+// i.e. angles up to about 4e5.
 vec2 cos_sin(float theta) {
     const float INV_2PI = 0.15915494309189535;
-    const float PI2_HI = 6.28318548202514648;     // float(2*pi)
-    const float PI2_LO = -1.7484555314695172e-7;  // 2*pi - PI2_HI
-    float k = round(theta * INV_2PI);
-    float r = fma(-k, PI2_HI, theta);
-    r = fma(-k, PI2_LO, r);
+    const float C1 = 6.28125;                  // 201 / 32
+    const float C2 = 0.0019302368164062500;    // 253 / 131072
+    const float C3 = 5.0703631799819962e-06;   // 2*pi - C1 - C2
+    precise float k = round(theta * INV_2PI);
+    precise float r = theta - k * C1;
+    r = r - k * C2;
+    r = r - k * C3;
     return vec2(cos(r), sin(r));
 }

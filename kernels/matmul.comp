@@ -3,23 +3,31 @@
 // for many rows of A: the prefill. Tiles of 64 (m) x 64 (n), stepping k by 32 through
 // shared memory; 256 threads, each computing a 4 x 4 block of C.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 unused here
+//           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
 // flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
+layout(push_constant) uniform PC {
+    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
+    float softcap;
+    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
+    float eps;                    // (matvec_sg only)
+} pc;
+
 #include "common.glsl"
 #define W_BINDING 1
+#define AUX0_BINDING 4
+#define AUX1_BINDING 5
+#define QBITS pc.qbits
+#define QGROUP pc.qgroup
+#define QFLAGS pc.qflags
 #include "weights.glsl"
 
 layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-} pc;
 
 const uint BM = 64, BN = 64, BK = 32;
 shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed

@@ -3,15 +3,27 @@
 // for a few rows of A (M <= 8): the decode step. Memory bound: every weight is read once,
 // eight consecutive elements at a time, and reduced across the workgroup.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 unused here (quantization scales/biases in other formats)
+//           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
 // Workgroup: WG threads (spec constant 0) for ROWS (spec constant 1) rows of W.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 1;
 
+layout(push_constant) uniform PC {
+    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
+    float softcap;
+    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
+    float eps;                    // (matvec_sg only)
+} pc;
+
 #include "common.glsl"
 #define W_BINDING 1
+#define AUX0_BINDING 4
+#define AUX1_BINDING 5
+#define QBITS pc.qbits
+#define QGROUP pc.qgroup
+#define QFLAGS pc.qflags
 #include "weights.glsl"
 
 layout(binding = 0) readonly buffer A_ { float a[]; };
@@ -19,10 +31,6 @@ layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-} pc;
 
 const uint MAX_M = 8;
 const uint MAX_ROWS = 4;

@@ -1,11 +1,15 @@
 // weights.glsl: reading rows of a weight matrix chunk, one storage format per build.
-// The including kernel defines W_BINDING (and AUX0_BINDING, AUX1_BINDING) and one of
-// W_F32, W_F16, W_BF16. A chunk holds `rows` rows of K elements, row-major, starting at
-// element 0 of the binding.
+// The including kernel defines W_BINDING, and for formats with separate scales AUX0_BINDING
+// and AUX1_BINDING, then one of W_F32, W_F16, W_BF16 (plain), W_Q4_0, W_Q8_0, W_Q4_K, W_Q6_K
+// (llama.cpp's blocks, dequantized exactly as ggml does, in f32), W_MLX (MLX affine: a
+// little-endian bit stream of `bits`-bit codes per row, w = scale * q + bias per group).
+// A chunk holds `rows` rows of K elements, row-major, starting at byte 0 of the binding.
+// The kernel's push constants provide QBITS, QGROUP, QFLAGS for W_MLX (QFLAGS bit 0: scales
+// and biases are bf16, else f16).
 //
 //   float w_get(row, k, K)            one element
-//   void  w_get8(row, k, K, lo, hi)   elements k..k+7 (k a multiple of 8, K % 8 == 0)
-
+//   void  w_get8(row, k, K, lo, hi)   elements k..k+7 (k a multiple of 8; plain formats also
+//                                     need K % 8 == 0; block formats have whole blocks)
 #if defined(W_F32)
 layout(binding = W_BINDING) readonly buffer WeightF32 { float w_f32[]; };
 layout(binding = W_BINDING) readonly buffer WeightV4 { vec4 w_v4[]; };
@@ -41,12 +45,121 @@ void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
     lo = vec4(bf16_lo(u.x), bf16_hi(u.x), bf16_lo(u.y), bf16_hi(u.y));
     hi = vec4(bf16_lo(u.z), bf16_hi(u.z), bf16_lo(u.w), bf16_hi(u.w));
 }
+#elif defined(W_Q4_0) || defined(W_Q8_0) || defined(W_Q4_K) || defined(W_Q6_K) || defined(W_MLX)
+layout(binding = W_BINDING) readonly buffer WeightU32 { uint w_u32[]; };
+#define W_BLOCK_FORMAT 1
+
+// little-endian reads at a byte offset (the binding's size is a multiple of 4)
+uint w_u32_at(uint off) {
+    uint s = (off & 3u) * 8u, lo = w_u32[off >> 2];
+    return s == 0u ? lo : (lo >> s) | (w_u32[(off >> 2) + 1u] << (32u - s));
+}
+uint w_byte(uint off) { return (w_u32[off >> 2] >> ((off & 3u) * 8u)) & 0xffu; }
+float w_half(uint off) { return unpackHalf2x16((w_u32[off >> 2] >> ((off & 2u) * 8u)) & 0xffffu).x; }
+int w_i8(uint off) { return int(w_byte(off) << 24) >> 24; }
+vec4 nib_lo(uint u) { return vec4(u & 15u, (u >> 8) & 15u, (u >> 16) & 15u, (u >> 24) & 15u); }
+vec4 nib_hi(uint u) { return vec4((u >> 4) & 15u, (u >> 12) & 15u, (u >> 20) & 15u, u >> 28); }
+vec4 i8x4(uint u) { return vec4(ivec4(int(u << 24), int(u << 16), int(u << 8), int(u)) >> 24); }
+
+#if defined(W_Q4_0)
+// block of 32: f16 d, 16 bytes; element j < 16 is the low nibble of byte j, j >= 16 the high
+// nibble of byte j - 16; x = d * (q - 8)
+void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+    uint bo = (row * (K >> 5) + (k >> 5)) * 18u, j = k & 31u;
+    float d = w_half(bo);
+    uint a = w_u32_at(bo + 2u + (j & 15u)), b = w_u32_at(bo + 6u + (j & 15u));
+    lo = d * ((j < 16u ? nib_lo(a) : nib_hi(a)) - 8.0);
+    hi = d * ((j < 16u ? nib_lo(b) : nib_hi(b)) - 8.0);
+}
+#elif defined(W_Q8_0)
+// block of 32: f16 d, 32 int8; x = d * q
+void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+    uint bo = (row * (K >> 5) + (k >> 5)) * 34u, j = k & 31u;
+    float d = w_half(bo);
+    lo = d * i8x4(w_u32_at(bo + 2u + j));
+    hi = d * i8x4(w_u32_at(bo + 6u + j));
+}
+#elif defined(W_Q4_K)
+// super-block of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks
+// of 32, 128 bytes of nibbles: group g (64 elements) uses bytes 32g.., low nibbles for
+// sub-block 2g, high for 2g + 1; x = d * sc * q - dmin * m
+void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+    uint bo = (row * (K >> 8) + (k >> 8)) * 144u, e = k & 255u;
+    uint g = e >> 6, r = e & 63u, sb = 2u * g + (r >> 5), l = r & 31u;
+    uint sc, m;
+    if (sb < 4u) {
+        sc = w_byte(bo + 4u + sb) & 63u;
+        m = w_byte(bo + 8u + sb) & 63u;
+    } else {
+        sc = (w_byte(bo + 8u + sb) & 15u) | ((w_byte(bo + sb) >> 6) << 4);
+        m = (w_byte(bo + 8u + sb) >> 4) | ((w_byte(bo + 4u + sb) >> 6) << 4);
+    }
+    float d1 = w_half(bo) * float(sc), m1 = w_half(bo + 2u) * float(m);
+    uint a = w_u32_at(bo + 16u + 32u * g + l), b = w_u32_at(bo + 20u + 32u * g + l);
+    bool high = r >= 32u;
+    lo = d1 * (high ? nib_hi(a) : nib_lo(a)) - m1;
+    hi = d1 * (high ? nib_hi(b) : nib_lo(b)) - m1;
+}
+#elif defined(W_Q6_K)
+// super-block of 256: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales,
+// f16 d. Half h (128 elements) = 4 quarters of 32: quarter t takes ql[64h + l + 32 (t & 1)]'s
+// low (t < 2) or high nibble and bits 2t..2t+1 of qh[32h + l]; scale 8h + l / 16 + 2t;
+// x = d * scale * (q - 32)
+void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+    uint bo = (row * (K >> 8) + (k >> 8)) * 210u, e = k & 255u;
+    uint h = e >> 7, t = (e >> 5) & 3u, l = e & 31u;
+    float ds = w_half(bo + 208u) * float(w_i8(bo + 192u + 8u * h + (l >> 4) + 2u * t));
+    uint qlo = bo + 64u * h + l + 32u * (t & 1u), qho = bo + 128u + 32u * h + l;
+    uint a = w_u32_at(qlo), b = w_u32_at(qlo + 4u), ha = w_u32_at(qho), hb = w_u32_at(qho + 4u);
+    vec4 la = t < 2u ? nib_lo(a) : nib_hi(a), lb = t < 2u ? nib_lo(b) : nib_hi(b);
+    uint sh = 2u * t;
+    vec4 qa = la + 16.0 * vec4((ha >> sh) & 3u, (ha >> (sh + 8u)) & 3u, (ha >> (sh + 16u)) & 3u, (ha >> (sh + 24u)) & 3u);
+    vec4 qb = lb + 16.0 * vec4((hb >> sh) & 3u, (hb >> (sh + 8u)) & 3u, (hb >> (sh + 16u)) & 3u, (hb >> (sh + 24u)) & 3u);
+    lo = ds * (qa - 32.0);
+    hi = ds * (qb - 32.0);
+}
+#elif defined(W_MLX)
+layout(binding = AUX0_BINDING) readonly buffer Scales_ { uint scales_u32[]; };
+layout(binding = AUX1_BINDING) readonly buffer Biases_ { uint biases_u32[]; };
+float aux_get(uint i, bool scales) {
+    uint w = scales ? scales_u32[i >> 1] : biases_u32[i >> 1];
+    uint h = (i & 1u) != 0u ? w >> 16 : w & 0xffffu;
+    return (QFLAGS & 1u) != 0u ? uintBitsToFloat(h << 16) : unpackHalf2x16(h).x;
+}
+uint w_code(uint lo32, uint hi32, uint p, uint mask) {
+    if (p + QBITS <= 32u) return (lo32 >> p) & mask;
+    if (p >= 32u) return (hi32 >> (p - 32u)) & mask;
+    return ((lo32 >> p) | (hi32 << (32u - p))) & mask;
+}
+// a row is K * QBITS / 8 bytes; element j is bits [j * QBITS, (j + 1) * QBITS) of it
+void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+    uint off = row * (K * QBITS / 8u) + k * QBITS / 8u;
+    uint a = w_u32_at(off), b = QBITS > 4u ? w_u32_at(off + 4u) : 0u, mask = (1u << QBITS) - 1u;
+    uint gi = row * (K / QGROUP) + k / QGROUP;
+    float sc = aux_get(gi, true), bi = aux_get(gi, false);
+    float v[8];
+    for (uint i = 0u; i < 8u; i++) v[i] = sc * float(w_code(a, b, i * QBITS, mask)) + bi;
+    lo = vec4(v[0], v[1], v[2], v[3]);
+    hi = vec4(v[4], v[5], v[6], v[7]);
+}
+#endif
+float w_get(uint row, uint k, uint K) {
+    vec4 lo, hi;
+    w_get8(row, k & ~7u, K, lo, hi);
+    uint i = k & 7u;
+    return i < 4u ? lo[i] : hi[i - 4u];
+}
 #else
 #error "define one weight format"
 #endif
 
-// Eight elements starting at k, zero past K; takes the vector path when it can.
+// Eight elements starting at k, zero past K; takes the vector path when it can. (Block
+// formats always have whole blocks: K is a multiple of 32.)
 void w_get8_any(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
+#ifdef W_BLOCK_FORMAT
+    w_get8(row, k, K, lo, hi);
+    return;
+#endif
     if ((K & 7u) == 0u && k + 8u <= K) {
         w_get8(row, k, K, lo, hi);
     } else {

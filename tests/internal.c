@@ -10,6 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec */
 };
 
 ft_ctx *ft_open(char *err, size_t err_size) {
@@ -21,6 +22,7 @@ ft_ctx *ft_open(char *err, size_t err_size) {
         return NULL;
     }
     pthread_mutex_init(&c->lock, NULL);
+    c->force_kind = -1;
     VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = c->dev.caps.queue_family};
     VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
     c->dev.vk.vkCreateCommandPool(c->dev.dev, &pci, NULL, &c->pool);
@@ -42,7 +44,7 @@ void ft_close(ft_ctx *c) {
 const char *ft_errmsg(ft_ctx *c) { return c->err.msg; }
 
 /* Host-visible buffers for the test data: simple and enough for correctness. */
-#define FT_MAX_BUFS 16
+#define FT_MAX_BUFS 64
 typedef struct ft_job {
     ft_ctx *c;
     forge__buffer bufs[FT_MAX_BUFS];
@@ -51,12 +53,15 @@ typedef struct ft_job {
     VkDescriptorPool dpool;
 } ft_job;
 
+/* A buffer holding `bytes` of `data` (zeros when NULL), padded to 16 bytes as forge's ranges are. */
 static forge__range ft_buf(ft_job *j, const void *data, uint64_t bytes) {
+    if (j->n == FT_MAX_BUFS) abort(); /* a test harness limit, not forge's */
     forge__buffer *b = &j->bufs[j->n++];
-    forge__buffer_create(&j->c->dev, bytes ? bytes : 16, j->c->dev.caps.mem_upload, true, &j->c->mem, NULL, b, &j->c->err);
+    uint64_t size = forge__align_up(bytes ? bytes : 16, 16);
+    forge__buffer_create(&j->c->dev, size, j->c->dev.caps.mem_upload, true, &j->c->mem, NULL, b, &j->c->err);
+    memset(b->mapped, 0, (size_t)size);
     if (data) memcpy(b->mapped, data, (size_t)bytes);
-    else memset(b->mapped, 0, (size_t)(bytes ? bytes : 16));
-    return (forge__range){b->buf, 0, bytes ? bytes : 16};
+    return (forge__range){b->buf, 0, size};
 }
 
 static void ft_begin(ft_job *j, ft_ctx *c) {
@@ -91,11 +96,22 @@ static forge_status ft_end(ft_job *j, int idx, void *out, uint64_t bytes, int id
     return st;
 }
 
-static uint64_t ft_elem_bytes(int fmt) { return fmt == FT_F32 ? 4 : 2; }
+static ft_weight ft_plain(int fmt, const void *W, uint32_t K) {
+    ft_weight w = {fmt, W, (size_t)(fmt == FT_F32 ? 4 : 2) * K, NULL, NULL, 0, 0, 0, 0};
+    return w;
+}
 
-forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
-                       const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
-                       float *C, uint32_t ldc, uint32_t c_col0, int use_matmul) {
+/* Binds rows [r0, r0 + rows) of a stored weight (and its MLX scales/biases). */
+static void ft_weight_chunk(ft_job *j, const ft_weight *w, uint32_t r0, uint32_t rows, forge__range dummy, forge__range *wb,
+                            forge__range *sb, forge__range *bb) {
+    *wb = ft_buf(j, (const uint8_t *)w->data + r0 * w->row_bytes, rows * w->row_bytes);
+    *sb = w->scales ? ft_buf(j, (const uint8_t *)w->scales + r0 * w->aux_row_bytes, rows * w->aux_row_bytes) : dummy;
+    *bb = w->biases ? ft_buf(j, (const uint8_t *)w->biases + r0 * w->aux_row_bytes, rows * w->aux_row_bytes) : dummy;
+}
+
+forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                         uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap, float *C, uint32_t ldc,
+                         uint32_t c_col0, int use_matmul) {
     ft_job j;
     ft_begin(&j, c);
     forge__range a = ft_buf(&j, A, 4ull * a_rows * K);
@@ -103,42 +119,66 @@ forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint
     forge__range dummy = ft_buf(&j, NULL, 16);
     forge__range b = bias ? ft_buf(&j, bias, 4ull * (c_col0 + N)) : dummy;
     if (!chunk_rows) chunk_rows = N;
-    uint64_t row_bytes = ft_elem_bytes(fmt) * K;
     for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
-        forge__range w = ft_buf(&j, (const uint8_t *)W + r0 * row_bytes, rows * row_bytes);
-        forge__range binds[6] = {a, w, cc, b, dummy, dummy};
-        bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M;
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
+        forge__range binds[7] = {a, wb, cc, b, sb, bb, dummy};
+        bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M, sg = vec && c->dev.caps.subgroup_arith && j.c->force_kind != 0;
+        if (vec && j.c->force_kind == 1) sg = true;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap};
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0};
         uint32_t gx, gy;
         if (vec) {
-            forge__grid((rows + FORGE__MATVEC_ROWS - 1) / FORGE__MATVEC_ROWS, &gx, &gy);
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC + fmt), binds, &pc, gx, gy, 1);
+            uint32_t per = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            forge__grid((rows + per - 1) / per, &gx, &gy);
+            forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
 }
 
-forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
-                      uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
+int ft_has_subgroup_matvec(ft_ctx *c) { return c->dev.caps.subgroup_arith; }
+
+forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg) {
+    c->force_kind = sg ? 1 : 0;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 0);
+    c->force_kind = -1;
+    return st;
+}
+
+forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                       const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
+                       float *C, uint32_t ldc, uint32_t c_col0, int use_matmul) {
+    ft_weight w = ft_plain(fmt, W, K);
+    return ft_linear_w(c, &w, A, a_rows, a_row0, M, K, N, chunk_rows, bias, flags, softcap, C, ldc, c_col0, use_matmul);
+}
+
+forge_status ft_embed_w(ft_ctx *c, const ft_weight *w, const uint32_t *tokens, uint32_t n, uint32_t rows, uint32_t hidden,
+                        uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
     ft_job j;
     ft_begin(&j, c);
     forge__range t = ft_buf(&j, tokens, 4ull * n);
     forge__range o = ft_buf(&j, NULL, 4ull * n * hidden);
     forge__range dummy = ft_buf(&j, NULL, 16);
     if (!chunk_rows) chunk_rows = rows;
-    uint64_t row_bytes = ft_elem_bytes(fmt) * hidden;
     for (uint32_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         uint32_t cr = FORGE__MIN(chunk_rows, rows - r0);
-        forge__range w = ft_buf(&j, (const uint8_t *)table + r0 * row_bytes, cr * row_bytes);
-        forge__range binds[5] = {t, w, o, dummy, dummy};
-        forge__pc_embed pc = {n, hidden, r0, cr, scale, round_mode};
-        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_EMBED + fmt), binds, &pc, n, 1, 1);
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, r0, cr, dummy, &wb, &sb, &bb);
+        forge__range binds[5] = {t, wb, o, sb, bb};
+        forge__pc_embed pc = {n, hidden, r0, cr, scale, round_mode, w->bits, w->group, w->qflags};
+        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_EMBED + w->fmt), binds, &pc, n, 1, 1);
     }
     return ft_end(&j, 1, out, 4ull * n * hidden, 0, NULL, 0);
+}
+
+forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
+                      uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out) {
+    ft_weight w = ft_plain(fmt, table, hidden);
+    return ft_embed_w(c, &w, tokens, n, rows, hidden, chunk_rows, scale, round_mode, out);
 }
 
 forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_row0, uint32_t rows, uint32_t dim,
@@ -158,7 +198,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
                                  const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
     forge__range xb = ft_buf(&j, x, 4ull * n * heads * D);
@@ -186,18 +226,28 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
-                          float *out) {
+                          float *out, int split) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, {0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range qb = ft_buf(&j, q, 4ull * n * H * D);
     forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__range binds[5] = {pb, qb, kb, vb, ob};
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap};
-    forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS};
+    if (split) {
+        forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
+        forge__range binds[5] = {pb, qb, kb, vb, part};
+        forge__dispatch(&j.rec, FORGE__OP_ATTN_SPLIT, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+        forge__barrier(&j.rec);
+        forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS};
+        forge__range bc[2] = {part, ob};
+        forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
+    } else {
+        forge__range binds[5] = {pb, qb, kb, vb, ob};
+        forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+    }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
 }
 
@@ -207,7 +257,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     forge__range gb = ft_buf(&j, g, 4ull * count);
     forge__range ub = ft_buf(&j, u, 4ull * count);
     forge__range binds[2] = {gb, ub};
-    forge__pc_act pc = {count, act};
+    forge__pc_act pc = {count, act, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL, binds, &pc, gx, gy, 1);
@@ -328,3 +378,56 @@ forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size) {
     forge__arena_free(&a);
     return st;
 }
+
+forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,
+                     float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {0, 1, n_ids, penalty, inv_temp, {0, 0, 0}};
+    uint32_t n_chunks = (V + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK;
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range ib = ft_buf(&j, ids, 4ull * FORGE__MAX_PENALTY_WINDOW);
+    forge__range lb = ft_buf(&j, logits, 4ull * V);
+    forge__range cb = ft_buf(&j, NULL, 8ull * n_chunks * FORGE__CANDIDATES);
+    forge__range sb = ft_buf(&j, NULL, 8ull * n_chunks);
+    forge__range ob = ft_buf(&j, NULL, 8ull * (1 + FORGE__CANDIDATES));
+    forge__range bp[3] = {pb, ib, lb};
+    forge__dispatch(&j.rec, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
+    forge__barrier(&j.rec);
+    uint32_t pk[2] = {V, FORGE__CANDIDATES};
+    forge__range bk[4] = {pb, lb, cb, sb};
+    forge__dispatch(&j.rec, FORGE__OP_TOPK, bk, pk, n_chunks, 1, 1);
+    forge__barrier(&j.rec);
+    uint32_t pm[2] = {n_chunks, FORGE__CANDIDATES};
+    forge__range bm[4] = {pb, cb, sb, ob};
+    forge__dispatch(&j.rec, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
+    uint32_t out[2 * (1 + FORGE__CANDIDATES)];
+    forge_status st = ft_end(&j, 5, out, sizeof out, 0, NULL, 0);
+    if (st) return st;
+    memcpy(M, &out[0], 4);
+    memcpy(S, &out[1], 4);
+    *n_cand = FORGE__MIN(FORGE__CANDIDATES, V);
+    for (uint32_t i = 0; i < *n_cand; i++) {
+        memcpy(&cand_logit[i], &out[2 + 2 * i], 4);
+        cand_id[i] = (int32_t)out[3 + 2 * i];
+    }
+    return FORGE_OK;
+}
+
+int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
+                  float top_p, float min_p, uint64_t state[4]) {
+    forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)n);
+    for (int i = 0; i < n; i++) c[i] = (forge__cand){logit[i], id[i]};
+    forge_generate_params p = forge_generate_default_params();
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    int32_t t = forge__sample_candidates(c, n, complete, M, S, &p, state, probs);
+    free(c);
+    free(probs);
+    return t;
+}
+
+void ft_rng_seed(uint64_t state[4], uint64_t seed) { forge__rng_seed(state, seed); }

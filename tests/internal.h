@@ -18,7 +18,18 @@ ft_ctx *ft_open(char *err, size_t err_size);
 void ft_close(ft_ctx *c);
 const char *ft_errmsg(ft_ctx *c);
 
-enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2 };
+enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2, FT_Q4_0 = 3, FT_Q8_0 = 4, FT_Q4_K = 5, FT_Q6_K = 6, FT_MLX = 7 };
+
+/* A weight matrix [N, K] as stored: `data` holds rows of row_bytes; MLX adds scales and biases
+ * (rows of aux_row_bytes, f16, or bf16 when qflags & 1) and bits / group. */
+typedef struct ft_weight {
+    int fmt;
+    const void *data;
+    size_t row_bytes;
+    const void *scales, *biases;
+    size_t aux_row_bytes;
+    uint32_t bits, group, qflags;
+} ft_weight;
 #define FT_BIAS 1u
 #define FT_ACCUMULATE 2u
 #define FT_SOFTCAP 4u
@@ -29,6 +40,12 @@ enum { FT_F32 = 0, FT_F16 = 1, FT_BF16 = 2 };
 forge_status ft_linear(ft_ctx *c, int fmt, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
                        const void *W, uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap,
                        float *C, uint32_t ldc, uint32_t c_col0, int use_matmul);
+/* ft_linear for any stored format. */
+forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
+                         uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap, float *C, uint32_t ldc,
+                         uint32_t c_col0, int use_matmul);
+forge_status ft_embed_w(ft_ctx *c, const ft_weight *w, const uint32_t *tokens, uint32_t n, uint32_t rows, uint32_t hidden,
+                        uint32_t chunk_rows, float scale, uint32_t round_mode, float *out);
 /* out[t, :] = table[tokens[t], :] * scale (rounded per round_mode: 0 none, 1 bf16, 2 f16). */
 forge_status ft_embed(ft_ctx *c, int fmt, const uint32_t *tokens, uint32_t n, const void *table, uint32_t rows,
                       uint32_t hidden, uint32_t chunk_rows, float scale, uint32_t round_mode, float *out);
@@ -41,9 +58,14 @@ forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D
 /* Rotates k [n, heads, D] into kc [slots, heads, D] at slot (pos0 + t) % slots; copies v to vc. */
 forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc);
+/* split: 0 the one-pass kernel (prefill), 1 the split-K decode kernels (split + combine). */
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
-                          float *out);
+                          float *out, int split);
+/* 1 when the device runs the subgroup matvec (matvec_sg) */
+int ft_has_subgroup_matvec(ft_ctx *c);
+/* ft_linear_w forcing the matvec kind: 0 shared-memory matvec, 1 subgroup matvec */
+forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg);
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act);
 
 /* ---- host helpers of forge.c ---- */
@@ -69,4 +91,20 @@ forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 }
 #endif
+#endif
+
+/* ---- sampler ---- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* The device reduction on one row of logits: repeat penalty over `ids`, then the top C
+ * candidates (value after the penalty, id) best first and the normalizer (M, S) at inv_temp. */
+forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,
+                     float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S);
+/* The host draw (forge__sample_candidates): -1 when the candidates do not decide it. */
+int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
+                  float top_p, float min_p, uint64_t seed_state[4]);
+void ft_rng_seed(uint64_t state[4], uint64_t seed);
+#ifdef __cplusplus
+}
 #endif

@@ -19,9 +19,14 @@
 
 namespace ft {
 
-inline std::string src(const std::string &rel) { return std::string(FORGE_SOURCE_DIR) + "/" + rel; }
+/* The source tree: where the build was configured, or $FORGE_SOURCE_DIR (a copy run elsewhere). */
+inline std::string src_dir() {
+    const char *e = getenv("FORGE_SOURCE_DIR");
+    return e && *e ? e : FORGE_SOURCE_DIR;
+}
+inline std::string src(const std::string &rel) { return src_dir() + "/" + rel; }
 /* ../shared beside the checkout (CI puts it there). */
-inline std::string shared(const std::string &rel) { return std::string(FORGE_SOURCE_DIR) + "/../shared/" + rel; }
+inline std::string shared(const std::string &rel) { return src_dir() + "/../shared/" + rel; }
 
 inline bool exists(const std::string &p) {
     FILE *f = fopen(p.c_str(), "rb");

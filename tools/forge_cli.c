@@ -1,5 +1,7 @@
 /* forge: the command-line tool.
  *
+ *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
+ *             [--repeat-penalty R] [--seed S] [--stop STR]...
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
@@ -10,6 +12,7 @@
  *
  * Common options: --device INDEX|NAME, -v (log to stderr).
  * Output formats of `logits` and `bench` are JSON and stable. */
+#define _DEFAULT_SOURCE 1
 #include "forge.h"
 
 #include <cjson/cJSON.h>
@@ -24,6 +27,10 @@ int forge_bench_tokenize_main(int argc, char **argv); /* bench/bench.c */
 static void usage(FILE *f) {
     fprintf(f,
             "usage: forge <command> [options]\n"
+            "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
+            "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics]\n"
+            "                                   generate text, streamed to stdout (default model:\n"
+            "                                   the bundled stories260K; greedy unless --temp > 0)\n"
             "  devices                          list Vulkan devices, preferred first\n"
             "  info MODEL                       architecture, shapes, device and memory plan\n"
             "  logits MODEL --tokens \"1 2 3\" [--all]\n"
@@ -413,12 +420,120 @@ static int cmd_tokenize(int argc, char **argv) {
     return rc;
 }
 
+/* The bundled demo model: next to the executable in the source tree (build/../models) or
+ * the install tree (bin/../share/forge), or where the build recorded the source tree. */
+static const char *bundled_model(void) {
+    static char path[4096];
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) *slash = 0;
+        const char *rel[] = {"/../models/stories260K/stories260K.gguf", "/../share/forge/stories260K.gguf",
+                             "/models/stories260K/stories260K.gguf"};
+        for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+            snprintf(path, sizeof path, "%s%s", exe, rel[i]);
+            if (access(path, R_OK) == 0) return path;
+        }
+    }
+#ifdef FORGE_SOURCE_DIR
+    snprintf(path, sizeof path, "%s/models/stories260K/stories260K.gguf", FORGE_SOURCE_DIR);
+    if (access(path, R_OK) == 0) return path;
+#endif
+    return NULL;
+}
+
+static int stream_stdout(void *user, int32_t token, const char *text, size_t len) {
+    (void)user;
+    (void)token;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    return 1;
+}
+
+static void print_metrics(const forge_metrics *m) {
+    static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full"};
+    fprintf(stderr,
+            "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s]\n",
+            m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
+            (double)m->peak_device_bytes / (1 << 20), why[m->stop_reason]);
+}
+
+/* Parses the sampling options shared by run and chat; returns 0, or 2 on a bad value. */
+static int take_sampling(int *argc, char **argv, forge_generate_params *gp, const char **stops, int *n_stops, int max_stops) {
+    int w = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < *argc;
+        if (!strcmp(a, "-n") && has) gp->max_tokens = atoi(argv[++i]);
+        else if (!strcmp(a, "--temp") && has) gp->temperature = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--top-k") && has) gp->top_k = atoi(argv[++i]);
+        else if (!strcmp(a, "--top-p") && has) gp->top_p = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--min-p") && has) gp->min_p = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--repeat-penalty") && has) gp->repeat_penalty = (float)atof(argv[++i]);
+        else if (!strcmp(a, "--repeat-window") && has) gp->repeat_window = atoi(argv[++i]);
+        else if (!strcmp(a, "--seed") && has) gp->seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--stop") && has) {
+            if (*n_stops == max_stops) { fprintf(stderr, "forge: at most %d --stop strings\n", max_stops); return 2; }
+            stops[(*n_stops)++] = argv[++i];
+        } else argv[w++] = argv[i];
+    }
+    *argc = w;
+    gp->stop_strings = stops;
+    gp->n_stop_strings = *n_stops;
+    return 0;
+}
+
+static int cmd_run(int argc, char **argv) {
+    cli_opts o = {0};
+    take_common(&argc, argv, &o);
+    forge_generate_params gp = forge_generate_default_params();
+    const char *stops[16];
+    int n_stops = 0, show_metrics = 0;
+    if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    const char *path = NULL, *prompt = "";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
+        else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
+    }
+    if (!path && !(path = bundled_model())) {
+        fprintf(stderr, "forge run: no MODEL given and the bundled stories260K model was not found\n");
+        return 2;
+    }
+    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    if (!m) return 1;
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o.n_ctx;
+    forge_session *s = NULL;
+    int rc = 1;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    } else {
+        gp.on_token = stream_stdout;
+        forge_metrics mt;
+        fputs(prompt, stdout);
+        forge_status st = forge_generate(s, prompt, strlen(prompt), &gp, &mt);
+        printf("\n");
+        fflush(stdout);
+        if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+        else rc = 0;
+        if (show_metrics || o.verbose) print_metrics(&mt);
+        forge_session_free(s);
+    }
+    forge_model_free(m);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "devices")) return cmd_devices();
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);

@@ -1,0 +1,89 @@
+#version 450
+// attention_split: decode attention split along the keys (flash-decoding), stage 1.
+// Query t, head h (causal, GQA, window, soft-cap, rotating slots: as attention.comp) has its
+// keys in tiles of 64 from lo; workgroup (s, h, t) takes tiles s, s + S, s + 2S, ... with an
+// online softmax and writes its partial state part[((t * H + h) * S + s)] = {m, l, acc[D]}:
+// m = max score, l = sum exp(score - m), acc = sum exp(score - m) V (m = -inf: no keys).
+// attention_combine.comp merges the S splits. K is read as vec4 (D % 4 == 0).
+// Bindings: 0 params {pos0, n} | 1 q f32 [n, H, D] | 2 K cache | 3 V cache | 4 part f32
+// One workgroup of 64 per (split, head, token); D <= 256.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 64) in;
+
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
+layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
+layout(binding = 3) readonly buffer V_ { float vc[]; };
+layout(binding = 4) writeonly buffer O_ { float part[]; };
+
+layout(push_constant) uniform PC {
+    uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
+    float scale, softcap;
+    uint n_splits;
+} pc;
+
+const uint T = 64;
+shared vec4 qs[64];
+shared float ps[T];
+shared float red[T];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
+    uint D = pc.head_dim, D4 = D / 4u;
+    uint p = params.pos0 + t;
+    uint lo = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint qb = (t * pc.n_heads + h) * D4;
+    for (uint d = tid; d < D4; d += T) qs[d] = q4[qb + d];
+    barrier();
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    for (uint j0 = lo + s * T; j0 <= p; j0 += pc.n_splits * T) {
+        uint j = j0 + tid;
+        float sc = -1.0 / 0.0;
+        if (j <= p) {
+            uint kb = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            float dot_qk = 0.0;
+            for (uint d = 0; d < D4; d++) dot_qk += dot(qs[d], kc4[kb + d]);
+            sc = dot_qk * pc.scale;
+            if (pc.softcap > 0.0) sc = safe_tanh(sc / pc.softcap) * pc.softcap;
+        }
+        red[tid] = sc;
+        barrier();
+        for (uint w = T / 2u; w > 0u; w >>= 1) {
+            if (tid < w) red[tid] = max(red[tid], red[tid + w]);
+            barrier();
+        }
+        float m_new = max(m, red[0]);
+        barrier();
+        float e = j <= p ? exp(sc - m_new) : 0.0;
+        ps[tid] = e;
+        red[tid] = e;
+        barrier();
+        for (uint w = T / 2u; w > 0u; w >>= 1) {
+            if (tid < w) red[tid] += red[tid + w];
+            barrier();
+        }
+        float corr = exp(m - m_new);
+        l = l * corr + red[0];
+        m = m_new;
+        uint nk = min(T, p + 1u - j0);
+        for (uint k = 0; k < 4u; k++) {
+            uint d = tid + k * T;
+            if (d >= D) break;
+            float a = acc[k] * corr;
+            for (uint jj = 0; jj < nk; jj++) a += ps[jj] * vc[(((j0 + jj) % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d];
+            acc[k] = a;
+        }
+        barrier();
+    }
+    uint pb = ((t * pc.n_heads + h) * pc.n_splits + s) * (D + 2u);
+    for (uint k = 0; k < 4u; k++) {
+        uint d = tid + k * T;
+        if (d < D) part[pb + 2u + d] = acc[k];
+    }
+    if (tid == 0u) { part[pb] = m; part[pb + 1u] = l; }
+}

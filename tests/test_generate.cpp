@@ -1,0 +1,338 @@
+/* Generation: the device reduction against a host sort, the sampling filters, greedy and
+ * seeded generation on the real stories260K model, stop rules, cancellation, the prompt cache
+ * (including sliding-window layers whose rotating cache has wrapped). */
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "internal.h"
+#include "util.h"
+
+namespace {
+
+ft_ctx *device() {
+    static ft_ctx *c = [] {
+        char e[512];
+        return ft_open(e, sizeof e);
+    }();
+    return c;
+}
+
+struct Collect {
+    std::vector<int32_t> tokens;
+    std::string text;
+    int stop_after = -1;
+    static int cb(void *u, int32_t tok, const char *text, size_t len) {
+        Collect *c = (Collect *)u;
+        if (tok >= 0) c->tokens.push_back(tok);
+        c->text.append(text, len);
+        return c->stop_after < 0 || (int)c->tokens.size() < c->stop_after;
+    }
+};
+
+struct Stories {
+    forge_model *m = nullptr;
+    Stories() { m = ft::load(ft::src("models/stories260K/stories260K.gguf")); }
+    ~Stories() { forge_model_free(m); }
+    forge_session *session(int n_ctx = 256, int n_batch = 0) {
+        forge_session_params sp = forge_session_default_params();
+        sp.n_ctx = n_ctx;
+        sp.n_batch = n_batch;
+        forge_session *s = nullptr;
+        EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+        return s;
+    }
+};
+
+const char *kStory = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
+
+} // namespace
+
+TEST(Sampler, DeviceTopKMatchesHostSort) {
+    ASSERT_NE(device(), nullptr);
+    for (uint32_t V : {37u, 1000u, 5000u, 70000u}) {
+        std::vector<float> l = ft::randn(V, 3.0f, V);
+        for (uint32_t i = 0; i < V; i += 7) l[i] = l[(i * 13) % V]; /* ties */
+        if (V > 100) { l[50] = NAN; l[51] = 9.5f; l[52] = 9.5f; }
+        std::vector<uint32_t> ids = {3, 5, 51, 8, 0};
+        float penalty = 1.7f, inv_temp = 1.0f / 0.7f;
+        std::vector<float> pl = l;
+        for (uint32_t id : ids) pl[id] = pl[id] > 0 ? pl[id] / penalty : pl[id] * penalty;
+        std::vector<std::pair<float, int32_t>> ref;
+        for (uint32_t i = 0; i < V; i++) ref.push_back({std::isnan(pl[i]) ? -INFINITY : pl[i], (int32_t)i});
+        std::stable_sort(ref.begin(), ref.end(), [](auto &a, auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        double M = ref[0].first, S = 0;
+        for (auto &r : ref)
+            if (std::isfinite(r.first)) S += std::exp((r.first - M) * inv_temp);
+        std::vector<float> cl(256);
+        std::vector<int32_t> ci(256);
+        uint32_t n = 0;
+        float gM, gS;
+        ASSERT_EQ(ft_topk(device(), l.data(), V, ids.data(), (uint32_t)ids.size(), penalty, inv_temp, cl.data(), ci.data(), &n, &gM, &gS), FORGE_OK);
+        ASSERT_EQ(n, std::min(V, 256u));
+        for (uint32_t i = 0; i < n; i++) {
+            ASSERT_EQ(ci[i], ref[i].second) << "V " << V << " rank " << i;
+            /* the device's division by the penalty may differ from the host's in the last bit */
+            ASSERT_NEAR(cl[i], ref[i].first, 1e-6 * std::fabs(ref[i].first)) << "V " << V << " rank " << i;
+        }
+        EXPECT_EQ(gM, (float)M);
+        EXPECT_NEAR(gS, S, S * 1e-5) << "V " << V;
+    }
+}
+
+TEST(Sampler, FiltersNeverLeaveTheirSets) {
+    int V = 300;
+    std::vector<float> l = ft::randn(V, 2.0f, 77);
+    std::vector<int32_t> id(V);
+    for (int i = 0; i < V; i++) id[i] = i;
+    std::vector<int> order(V);
+    for (int i = 0; i < V; i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+    std::vector<float> sl(V);
+    std::vector<int32_t> sid(V);
+    for (int i = 0; i < V; i++) { sl[i] = l[order[i]]; sid[i] = order[i]; }
+    auto probs = [&](float T) {
+        std::vector<double> p(V);
+        double s = 0;
+        for (int i = 0; i < V; i++) s += (p[i] = std::exp((sl[i] - sl[0]) / T));
+        for (auto &x : p) x /= s;
+        return std::make_pair(p, s);
+    };
+    uint64_t rng[4];
+    ft_rng_seed(rng, 1234);
+    { /* temperature 0 is greedy */
+        auto ps = probs(1.0f);
+        for (int i = 0; i < 50; i++) EXPECT_EQ(ft_sample(sl.data(), sid.data(), V, 1, sl[0], ps.second, 0.0f, 0, 1, 0, rng), sid[0]);
+    }
+    { /* top-k */
+        auto ps = probs(1.5f);
+        std::set<int32_t> top(sid.begin(), sid.begin() + 5), seen;
+        for (int i = 0; i < 3000; i++) {
+            int32_t t = ft_sample(sl.data(), sid.data(), V, 1, sl[0], ps.second, 1.5f, 5, 1, 0, rng);
+            ASSERT_TRUE(top.count(t)) << t;
+            seen.insert(t);
+        }
+        EXPECT_EQ(seen.size(), 5u);
+    }
+    { /* top-p: the smallest prefix whose probability reaches p */
+        auto ps = probs(1.0f);
+        double cum = 0;
+        int k = 0;
+        while (cum < 0.6) cum += ps.first[k++];
+        std::set<int32_t> nucleus(sid.begin(), sid.begin() + k);
+        for (int i = 0; i < 3000; i++) ASSERT_TRUE(nucleus.count(ft_sample(sl.data(), sid.data(), V, 1, sl[0], ps.second, 1.0f, 0, 0.6f, 0, rng)));
+    }
+    { /* min-p */
+        auto ps = probs(2.0f);
+        std::set<int32_t> ok;
+        for (int i = 0; i < V; i++)
+            if (ps.first[i] >= 0.2 * ps.first[0]) ok.insert(sid[i]);
+        for (int i = 0; i < 3000; i++) ASSERT_TRUE(ok.count(ft_sample(sl.data(), sid.data(), V, 1, sl[0], ps.second, 2.0f, 0, 1, 0.2f, rng)));
+    }
+    { /* a plain draw follows the distribution */
+        auto ps = probs(1.0f);
+        std::map<int32_t, int> count;
+        int N = 20000;
+        for (int i = 0; i < N; i++) count[ft_sample(sl.data(), sid.data(), V, 1, sl[0], ps.second, 1.0f, 0, 1, 0, rng)]++;
+        for (int r = 0; r < 3; r++) EXPECT_NEAR(count[sid[r]] / (double)N, ps.first[r], 0.02) << "rank " << r;
+    }
+    { /* candidates that cannot decide the draw ask for the whole row */
+        auto ps = probs(50.0f); /* nearly flat */
+        EXPECT_EQ(ft_sample(sl.data(), sid.data(), 20, 0, sl[0], ps.second, 50.0f, 0, 0.9f, 0, rng), -1);
+        EXPECT_EQ(ft_sample(sl.data(), sid.data(), 20, 0, sl[0], ps.second, 50.0f, 40, 1, 0, rng), -1);
+        EXPECT_NE(ft_sample(sl.data(), sid.data(), 20, 0, sl[0], ps.second, 50.0f, 10, 1, 0, rng), -1);
+    }
+}
+
+TEST(Generate, GreedyMatchesArgmaxOfEval) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *a = st.session(), *b = st.session();
+    int32_t bos = 1;
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 60;
+    Collect c;
+    p.on_token = Collect::cb;
+    p.user_data = &c;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(a, &bos, 1, &p, &mt), FORGE_OK) << forge_session_errmsg(a);
+    EXPECT_EQ(mt.generated_tokens, 60);
+    EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
+    EXPECT_EQ(mt.prompt_tokens, 1);
+    EXPECT_GT(mt.decode_tok_s, 0);
+    EXPECT_GT(mt.peak_device_bytes, 0u);
+    std::vector<float> logits(512);
+    int32_t tok = bos;
+    for (int i = 0; i < 60; i++) {
+        ASSERT_EQ(forge_eval(b, &tok, 1, 0, logits.data(), logits.size()), FORGE_OK);
+        tok = ft::argmax(logits.data(), 512);
+        ASSERT_EQ(c.tokens[i], tok) << "token " << i;
+    }
+    EXPECT_EQ(c.text.substr(0, strlen(kStory)), kStory);
+    forge_session_free(a);
+    forge_session_free(b);
+}
+
+TEST(Generate, SameSeedSameOutput) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    int32_t bos = 1;
+    auto run = [&](uint64_t seed) {
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 40;
+        p.temperature = 2.0f;
+        p.top_k = 40;
+        p.top_p = 0.98f;
+        p.seed = seed;
+        Collect c;
+        p.on_token = Collect::cb;
+        p.user_data = &c;
+        EXPECT_EQ(forge_generate_tokens(s, &bos, 1, &p, nullptr), FORGE_OK);
+        return c.tokens;
+    };
+    std::vector<int32_t> a = run(42), b = run(42), c = run(43);
+    EXPECT_EQ(a, b);
+    EXPECT_NE(a, c);
+    forge_session_free(s);
+}
+
+TEST(Generate, StopStringAcrossTokensIsNotEmitted) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    int32_t bos = 1;
+    const char *stops[] = {"little girl"};
+    forge_generate_params p = forge_generate_default_params();
+    p.stop_strings = stops;
+    p.n_stop_strings = 1;
+    Collect c;
+    p.on_token = Collect::cb;
+    p.user_data = &c;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.stop_reason, FORGE_STOP_STRING);
+    EXPECT_EQ(c.text, "Once upon a time, there was a ");
+    forge_session_free(s);
+}
+
+TEST(Generate, CallbackStopsAndSessionStaysUsable) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    int32_t bos = 1;
+    forge_generate_params p = forge_generate_default_params();
+    Collect c;
+    c.stop_after = 5;
+    p.on_token = Collect::cb;
+    p.user_data = &c;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.stop_reason, FORGE_STOP_CALLBACK);
+    EXPECT_EQ(mt.generated_tokens, 5);
+    EXPECT_EQ(forge_session_n_past(s), 5); /* BOS and the first four tokens were evaluated */
+    Collect d;
+    p.on_token = Collect::cb;
+    p.user_data = &d;
+    p.max_tokens = 10;
+    ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
+    EXPECT_EQ(std::vector<int32_t>(d.tokens.begin(), d.tokens.begin() + 5), c.tokens);
+    forge_session_free(s);
+}
+
+TEST(Generate, PromptCacheReusesExactPrefixWithIdenticalLogits) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *a = st.session(), *b = st.session();
+    std::vector<int32_t> prefix = {1, 403, 407, 261, 378, 429, 271, 266, 400, 33, 7, 100};
+    std::vector<int32_t> full = prefix;
+    for (int32_t t : {101, 102, 300, 12, 9, 77}) full.push_back(t);
+    ASSERT_EQ(forge_warm(a, prefix.data(), (int)prefix.size()), FORGE_OK);
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 8;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(a, full.data(), (int)full.size(), &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.cached_tokens, (int)prefix.size());
+    EXPECT_EQ(mt.prompt_cache_hits, 1u);
+    /* cached + rest vs one fresh prefill: identical logits */
+    ASSERT_EQ(forge_session_truncate(a, (int)prefix.size()), FORGE_OK);
+    int rest = (int)(full.size() - prefix.size());
+    std::vector<float> la((size_t)rest * 512), lb(full.size() * 512);
+    ASSERT_EQ(forge_eval(a, full.data() + prefix.size(), rest, FORGE_EVAL_ALL_LOGITS, la.data(), la.size()), FORGE_OK);
+    ASSERT_EQ(forge_eval(b, full.data(), (int)full.size(), FORGE_EVAL_ALL_LOGITS, lb.data(), lb.size()), FORGE_OK);
+    EXPECT_LT(ft::rel_err(la.data(), lb.data() + prefix.size() * 512, la.size()), 1e-6);
+    forge_session_free(a);
+    forge_session_free(b);
+}
+
+TEST(Generate, ContextLimits) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session(32);
+    std::vector<int32_t> prompt(40, 5);
+    forge_generate_params p = forge_generate_default_params();
+    EXPECT_EQ(forge_generate_tokens(s, prompt.data(), 40, &p, nullptr), FORGE_ERR_LIMIT);
+    std::string msg = forge_session_errmsg(s);
+    EXPECT_NE(msg.find("40 tokens"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("holds 32"), std::string::npos) << msg;
+    p.max_tokens = 1000;
+    p.ignore_eos = 1;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(s, prompt.data(), 20, &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.stop_reason, FORGE_STOP_CONTEXT);
+    EXPECT_EQ(forge_session_n_past(s), 32);
+    forge_session_free(s);
+}
+
+/* Sliding-window layers keep window + n_batch - 1 positions in a ring: a prefix whose keys
+ * the ring has overwritten cannot be reused, and the metrics say so. */
+TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
+    forge_model *m = ft::load(ft::src("tests/fixtures/parity/gemma2_f32"));
+    ASSERT_NE(m, nullptr);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_batch = 8;
+    forge_session *s = nullptr, *fresh = nullptr;
+    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
+    ASSERT_EQ(forge_session_create(m, &sp, &fresh), FORGE_OK);
+    forge_memory_stats ms;
+    forge_session_memory(s, &ms);
+    EXPECT_EQ(ms.kv_sliding_bytes, 2ull * 2 * 15 * 2 * 16 * 4); /* 2 sliding layers, K+V, 8 + 8 - 1 slots, 2 kv heads x 16 */
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 30; i++) prompt.push_back((i * 37 + 11) % 256);
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 2;
+    p.ignore_eos = 1;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(s, prompt.data(), 30, &p, &mt), FORGE_OK);
+    ASSERT_EQ(forge_session_n_past(s), 31);
+    std::vector<int32_t> q(prompt.begin(), prompt.begin() + 29);
+    q.push_back(5);
+    Collect a, b;
+    p.max_tokens = 6;
+    p.on_token = Collect::cb;
+    p.user_data = &a;
+    ASSERT_EQ(forge_generate_tokens(s, q.data(), (int)q.size(), &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.cached_tokens, 29); /* the ring still holds what position 29 needs */
+    EXPECT_EQ(mt.cache_wrapped, 0);
+    p.user_data = &b;
+    ASSERT_EQ(forge_generate_tokens(fresh, q.data(), (int)q.size(), &p, nullptr), FORGE_OK);
+    EXPECT_EQ(a.tokens, b.tokens);
+    std::vector<int32_t> r(prompt.begin(), prompt.begin() + 20);
+    r.push_back(7);
+    Collect c, d;
+    p.user_data = &c;
+    int before = forge_session_n_past(s);
+    ASSERT_EQ(forge_generate_tokens(s, r.data(), (int)r.size(), &p, &mt), FORGE_OK);
+    EXPECT_EQ(before, 35);
+    EXPECT_EQ(mt.cache_wrapped, 1);
+    EXPECT_EQ(mt.cached_tokens, 0);
+    ASSERT_EQ(forge_session_truncate(fresh, 0), FORGE_OK);
+    p.user_data = &d;
+    ASSERT_EQ(forge_generate_tokens(fresh, r.data(), (int)r.size(), &p, nullptr), FORGE_OK);
+    EXPECT_EQ(c.tokens, d.tokens);
+    EXPECT_EQ(forge_session_truncate(s, 10), FORGE_ERR_LIMIT);
+    forge_session_free(s);
+    forge_session_free(fresh);
+    forge_model_free(m);
+}

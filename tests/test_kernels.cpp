@@ -1,0 +1,274 @@
+/* Every forward kernel against a plain C reference, through forge's own op table and recorder
+ * (tests/internal.c). Shapes are chosen to hit the edge cases: K not a multiple of 8, several
+ * weight chunks, M just above and below the matvec limit, GQA, windows, rotating slots. */
+#include "internal.h"
+#include "util.h"
+
+#include <memory>
+
+namespace {
+
+struct Ctx {
+    ft_ctx *c = nullptr;
+    std::string err;
+    Ctx() {
+        char e[512] = {0};
+        c = ft_open(e, sizeof e);
+        err = e;
+    }
+    ~Ctx() { ft_close(c); }
+};
+
+Ctx &ctx() {
+    static Ctx c;
+    return c;
+}
+
+#define NEED_DEVICE()                                                              \
+    ASSERT_NE(ctx().c, nullptr) << "no Vulkan device: " << ctx().err;
+
+/* Weights stored in a format, and the exact f32 values the kernel should see. */
+struct Weights {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+
+Weights make_weights(int fmt, size_t n, uint32_t seed) {
+    Weights w;
+    std::vector<float> v = ft::randn(n, 0.5f, seed);
+    w.values.resize(n);
+    if (fmt == FT_F32) {
+        w.bytes.resize(n * 4);
+        memcpy(w.bytes.data(), v.data(), n * 4);
+        w.values = v;
+    } else {
+        w.bytes.resize(n * 2);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = fmt == FT_F16 ? ft_f32_to_f16(v[i]) : ft_f32_to_bf16(v[i]);
+            memcpy(&w.bytes[2 * i], &h, 2);
+            w.values[i] = fmt == FT_F16 ? ft_f16_to_f32(h) : ft_bf16_to_f32(h);
+        }
+    }
+    return w;
+}
+
+} // namespace
+
+struct LinearCase {
+    int fmt;
+    uint32_t M, K, N, chunk;
+    int force_matmul;
+    uint32_t flags;
+};
+
+class KernelLinear : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(KernelLinear, MatchesReference) {
+    NEED_DEVICE();
+    LinearCase p = GetParam();
+    uint32_t a_rows = p.M + 3, a_row0 = 2, ldc = p.N + 5, c_col0 = 3;
+    std::vector<float> A = ft::randn((size_t)a_rows * p.K, 1.0f, 1);
+    Weights W = make_weights(p.fmt, (size_t)p.N * p.K, 2);
+    std::vector<float> bias = ft::randn(c_col0 + p.N, 1.0f, 3);
+    std::vector<float> C = ft::randn((size_t)p.M * ldc, 1.0f, 4), ref = C;
+    float cap = 3.0f;
+    for (uint32_t m = 0; m < p.M; m++)
+        for (uint32_t n = 0; n < p.N; n++) {
+            double acc = 0;
+            for (uint32_t k = 0; k < p.K; k++) acc += (double)A[(size_t)(a_row0 + m) * p.K + k] * W.values[(size_t)n * p.K + k];
+            if (p.flags & FT_BIAS) acc += bias[c_col0 + n];
+            if (p.flags & FT_SOFTCAP) acc = std::tanh(acc / cap) * cap;
+            float &r = ref[(size_t)m * ldc + c_col0 + n];
+            r = (p.flags & FT_ACCUMULATE) ? r + (float)acc : (float)acc;
+        }
+    ASSERT_EQ(ft_linear(ctx().c, p.fmt, A.data(), a_rows, a_row0, p.M, p.K, W.bytes.data(), p.N, p.chunk, bias.data(), p.flags, cap,
+                        C.data(), ldc, c_col0, p.force_matmul),
+              FORGE_OK)
+        << ft_errmsg(ctx().c);
+    EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6);
+    if (p.M <= 8 && !(p.flags & (FT_ACCUMULATE | FT_BIAS | FT_SOFTCAP)) && p.chunk == 0 && !p.force_matmul) {
+        ft_weight w = {p.fmt, W.bytes.data(), (size_t)(p.fmt == FT_F32 ? 4 : 2) * p.K, nullptr, nullptr, 0, 0, 0, 0};
+        std::vector<float> A0(A.begin() + (size_t)a_row0 * p.K, A.begin() + (size_t)(a_row0 + p.M) * p.K), C0((size_t)p.M * p.N), R0(C0.size());
+        for (uint32_t m = 0; m < p.M; m++)
+            for (uint32_t n = 0; n < p.N; n++) {
+                double acc = 0;
+                for (uint32_t k = 0; k < p.K; k++) acc += (double)A0[(size_t)m * p.K + k] * W.values[(size_t)n * p.K + k];
+                R0[(size_t)m * p.N + n] = (float)acc;
+            }
+        for (int sg = 0; sg <= ft_has_subgroup_matvec(ctx().c); sg++) {
+            ASSERT_EQ(ft_matvec_kind(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data(), sg), FORGE_OK);
+            EXPECT_LT(ft::rel_err(C0.data(), R0.data(), C0.size()), 2e-6) << "subgroup " << sg;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Formats, KernelLinear,
+    ::testing::Values(LinearCase{FT_F32, 1, 64, 40, 0, 0, 0}, LinearCase{FT_F16, 1, 256, 33, 0, 0, FT_BIAS},
+                      LinearCase{FT_BF16, 1, 128, 70, 16, 0, FT_ACCUMULATE},
+                      LinearCase{FT_F32, 3, 172, 64, 0, 0, FT_ACCUMULATE | FT_BIAS}, /* K % 8 == 4 */
+                      LinearCase{FT_F16, 8, 100, 50, 0, 0, FT_SOFTCAP},                /* K % 8 == 4, f16 scalar path */
+                      LinearCase{FT_BF16, 7, 64, 20, 7, 0, 0},
+                      LinearCase{FT_F32, 9, 64, 130, 0, 0, 0},                         /* first M for the tiled kernel */
+                      LinearCase{FT_F16, 70, 96, 65, 0, 0, FT_BIAS},                   /* partial tiles both ways */
+                      LinearCase{FT_BF16, 130, 200, 90, 32, 0, FT_ACCUMULATE},         /* chunks + K not % 32 */
+                      LinearCase{FT_F32, 64, 172, 64, 0, 1, FT_SOFTCAP},
+                      LinearCase{FT_F16, 2, 64, 64, 0, 1, FT_BIAS | FT_ACCUMULATE}));  /* tiled with small M */
+
+TEST(Kernel, EmbedChunkedAndScaled) {
+    NEED_DEVICE();
+    for (int fmt : {FT_F32, FT_F16, FT_BF16}) {
+        uint32_t rows = 50, hidden = 36, n = 7;
+        Weights T = make_weights(fmt, (size_t)rows * hidden, 10 + fmt);
+        std::vector<uint32_t> toks = {0, 49, 17, 17, 30, 1, 48};
+        for (uint32_t round : {0u, 1u, 2u}) {
+            std::vector<float> out((size_t)n * hidden, -1.0f);
+            float scale = round ? 6.0f : 1.0f;
+            ASSERT_EQ(ft_embed(ctx().c, fmt, toks.data(), n, T.bytes.data(), rows, hidden, 13, scale, round, out.data()), FORGE_OK);
+            for (uint32_t t = 0; t < n; t++)
+                for (uint32_t k = 0; k < hidden; k++) {
+                    float v = T.values[(size_t)toks[t] * hidden + k] * scale;
+                    if (round == 1) v = ft_bf16_to_f32(ft_f32_to_bf16(v));
+                    if (round == 2) v = ft_f16_to_f32(ft_f32_to_f16(v));
+                    ASSERT_EQ(out[(size_t)t * hidden + k], v) << "fmt " << fmt << " round " << round << " token " << t << " k " << k;
+                }
+        }
+    }
+}
+
+TEST(Kernel, RmsNormRowsOffsetsAndAdd) {
+    NEED_DEVICE();
+    for (uint32_t dim : {8u, 64u, 300u}) {
+        uint32_t x_rows = 6, rows = 3, x_row0 = 2, out_rows = 5, out_row0 = 1;
+        std::vector<float> x = ft::randn((size_t)x_rows * dim, 2.0f, dim), w = ft::randn(dim, 1.0f, dim + 1);
+        for (uint32_t add : {0u, 1u}) {
+            std::vector<float> out = ft::randn((size_t)out_rows * dim, 1.0f, 7), ref = out;
+            for (uint32_t r = 0; r < rows; r++) {
+                double ss = 0;
+                for (uint32_t i = 0; i < dim; i++) ss += (double)x[(x_row0 + r) * dim + i] * x[(x_row0 + r) * dim + i];
+                double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+                for (uint32_t i = 0; i < dim; i++) {
+                    float v = (float)(x[(x_row0 + r) * dim + i] * inv * w[i]);
+                    float &o = ref[(out_row0 + r) * dim + i];
+                    o = add ? o + v : v;
+                }
+            }
+            ASSERT_EQ(ft_rmsnorm(ctx().c, x.data(), x_rows, x_row0, rows, dim, w.data(), 1e-5f, add, out.data(), out_rows, out_row0), FORGE_OK);
+            EXPECT_LT(ft::rel_err(out.data(), ref.data(), out.size()), 1e-6) << "dim " << dim << " add " << add;
+        }
+    }
+}
+
+static void rope_ref(std::vector<float> &x, uint32_t n, uint32_t heads, uint32_t D, const std::vector<float> &inv, uint32_t pos0,
+                     bool adjacent) {
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t h = 0; h < heads; h++)
+            for (uint32_t i = 0; i < D / 2; i++) {
+                uint32_t i0 = adjacent ? 2 * i : i, i1 = adjacent ? 2 * i + 1 : i + D / 2;
+                float theta = (float)(pos0 + t) * inv[i]; /* float32 product, as HF */
+                double c = std::cos((double)theta), s = std::sin((double)theta);
+                float *p = &x[((size_t)t * heads + h) * D];
+                double x0 = p[i0], x1 = p[i1];
+                p[i0] = (float)(x0 * c - x1 * s);
+                p[i1] = (float)(x1 * c + x0 * s);
+            }
+}
+
+TEST(Kernel, RopeBothConventionsFarPositions) {
+    NEED_DEVICE();
+    uint32_t n = 5, heads = 3, D = 16;
+    std::vector<float> inv(D / 2);
+    for (uint32_t i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / std::pow(10000.0, 2.0 * i / D));
+    for (int adjacent : {0, 1})
+        for (uint32_t pos0 : {0u, 37u, 30000u}) {
+            std::vector<float> x = ft::randn((size_t)n * heads * D, 1.0f, 5), ref = x;
+            rope_ref(ref, n, heads, D, inv, pos0, adjacent);
+            ASSERT_EQ(ft_rope(ctx().c, x.data(), n, heads, D, inv.data(), pos0, adjacent), FORGE_OK);
+            EXPECT_LT(ft::rel_err(x.data(), ref.data(), x.size()), 2e-6) << "adjacent " << adjacent << " pos0 " << pos0;
+        }
+}
+
+TEST(Kernel, RopeStoreWritesRotatingSlots) {
+    NEED_DEVICE();
+    /* a step never writes more tokens than the ring has slots (forge sizes it window + n_batch - 1) */
+    uint32_t n = 4, heads = 2, D = 8, slots = 6, pos0 = 9;
+    std::vector<float> inv(D / 2);
+    for (uint32_t i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / std::pow(500000.0, 2.0 * i / D));
+    std::vector<float> k = ft::randn((size_t)n * heads * D, 1.0f, 8), v = ft::randn((size_t)n * heads * D, 1.0f, 9);
+    std::vector<float> kc((size_t)slots * heads * D, 0.0f), vc = kc, rk = k;
+    rope_ref(rk, n, heads, D, inv, pos0, false);
+    ASSERT_EQ(ft_rope_store(ctx().c, k.data(), v.data(), n, heads, D, inv.data(), pos0, 0, slots, kc.data(), vc.data()), FORGE_OK);
+    /* each position lands in slot pos % slots (wrapping past the end of the ring) */
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t slot = (pos0 + t) % slots;
+        for (uint32_t e = 0; e < heads * D; e++) {
+            EXPECT_NEAR(kc[slot * heads * D + e], rk[t * heads * D + e], 2e-6);
+            EXPECT_EQ(vc[slot * heads * D + e], v[t * heads * D + e]);
+        }
+    }
+}
+
+TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
+    NEED_DEVICE();
+    struct Case { uint32_t n, H, Hkv, D, pos0, slots, window; float softcap; };
+    for (Case cs : {Case{1, 4, 2, 16, 0, 32, 0, 0}, Case{7, 4, 1, 8, 0, 16, 0, 0}, Case{5, 8, 4, 64, 90, 128, 0, 0},
+                    Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{1, 2, 1, 128, 1100, 1200, 1024, 0},
+                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, Case{12, 4, 2, 16, 20, 19, 8, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
+                    Case{1, 4, 2, 16, 200, 16, 8, 30.0f}}) {
+        std::vector<float> q = ft::randn((size_t)cs.n * cs.H * cs.D, 1.0f, 11);
+        std::vector<float> kc = ft::randn((size_t)cs.slots * cs.Hkv * cs.D, 1.0f, 12), vc = ft::randn(kc.size(), 1.0f, 13);
+        float scale = 1.0f / std::sqrt((float)cs.D);
+        std::vector<float> out(q.size()), ref(q.size());
+        for (uint32_t t = 0; t < cs.n; t++)
+            for (uint32_t h = 0; h < cs.H; h++) {
+                uint32_t p = cs.pos0 + t, lo = cs.window && p + 1 > cs.window ? p + 1 - cs.window : 0, kvh = h / (cs.H / cs.Hkv);
+                std::vector<double> s;
+                double mx = -1e300;
+                for (uint32_t j = lo; j <= p; j++) {
+                    const float *kr = &kc[((size_t)(j % cs.slots) * cs.Hkv + kvh) * cs.D];
+                    double d = 0;
+                    for (uint32_t e = 0; e < cs.D; e++) d += (double)q[((size_t)t * cs.H + h) * cs.D + e] * kr[e];
+                    d *= scale;
+                    if (cs.softcap > 0) d = std::tanh(d / cs.softcap) * cs.softcap;
+                    s.push_back(d);
+                    mx = std::fmax(mx, d);
+                }
+                double sum = 0;
+                for (double &x : s) sum += (x = std::exp(x - mx));
+                for (uint32_t e = 0; e < cs.D; e++) {
+                    double acc = 0;
+                    for (uint32_t j = lo; j <= p; j++) acc += s[j - lo] * vc[((size_t)(j % cs.slots) * cs.Hkv + kvh) * cs.D + e];
+                    ref[((size_t)t * cs.H + h) * cs.D + e] = (float)(acc / sum);
+                }
+            }
+        for (int split : {0, 1}) {
+            if (split && cs.D % 4) continue;
+            std::fill(out.begin(), out.end(), NAN);
+            ASSERT_EQ(ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc.data(), vc.data(), cs.slots, cs.pos0, cs.window, scale,
+                                   cs.softcap, out.data(), split),
+                      FORGE_OK);
+            EXPECT_LT(ft::rel_err(out.data(), ref.data(), out.size()), 2e-5)
+                << "n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
+        }
+    }
+}
+
+TEST(Kernel, ActMulSiluAndGeluTanh) {
+    NEED_DEVICE();
+    uint32_t count = 1000;
+    std::vector<float> g0 = ft::randn(count, 4.0f, 21), u = ft::randn(count, 1.0f, 22);
+    g0[0] = 100.0f;  /* large arguments must not overflow */
+    g0[1] = -100.0f;
+    for (uint32_t act : {0u, 1u}) {
+        std::vector<float> g = g0, ref(count);
+        for (uint32_t i = 0; i < count; i++) {
+            double x = g0[i], y;
+            if (act == 0) y = x / (1.0 + std::exp(-x));
+            else y = 0.5 * x * (1.0 + std::tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+            ref[i] = (float)(y * u[i]);
+        }
+        ASSERT_EQ(ft_act_mul(ctx().c, g.data(), u.data(), count, act), FORGE_OK);
+        for (uint32_t i = 0; i < count; i++) ASSERT_FALSE(std::isnan(g[i]));
+        EXPECT_LT(ft::rel_err(g.data(), ref.data(), count), 2e-6) << "act " << act;
+    }
+}

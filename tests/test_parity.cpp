@@ -1,0 +1,185 @@
+/* HuggingFace parity: small random-weight checkpoints made by transformers
+ * (tools/fixtures/make_parity_fixtures.py), with HF's logits at every position of two token
+ * sequences. forge must match: max|Δ|/max|ref| <= 1e-4 for f32 weights (2e-2 against HF's own
+ * bf16 forward, 1e-4 against the f64 forward of the same bf16 weights), argmax equal at every
+ * position; and prefill-then-decode must give the same logits as the full prefill. */
+#include <cjson/cJSON.h>
+
+#include "util.h"
+
+namespace {
+
+struct Sequence {
+    std::vector<int32_t> tokens;
+    std::vector<float> logits;       /* HF, in the checkpoint's dtype */
+    std::vector<float> logits_f64;   /* bf16 checkpoints: the f64 forward of the same weights */
+};
+
+struct Fixture {
+    std::string dir;
+    int n_vocab = 0;
+    bool bf16 = false;
+    std::vector<Sequence> seqs;
+};
+
+Fixture read_fixture(const std::string &dir) {
+    Fixture fx;
+    fx.dir = dir;
+    std::vector<uint8_t> js = ft::read_file(dir + "/reference.json");
+    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
+    if (!root) {
+        ADD_FAILURE() << "cannot read " << dir << "/reference.json";
+        return fx;
+    }
+    fx.n_vocab = cJSON_GetObjectItem(root, "n_vocab")->valueint;
+    /* a bf16 reference is HF's own bf16 forward; the f64 forward of the same weights sits beside it */
+    const char *rd = cJSON_GetStringValue(cJSON_GetObjectItem(root, "reference_dtype"));
+    fx.bf16 = rd && std::string(rd) == "bfloat16";
+    cJSON *seqs = cJSON_GetObjectItem(root, "sequences"), *s;
+    cJSON_ArrayForEach(s, seqs) {
+        Sequence q;
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "tokens")) q.tokens.push_back(t->valueint);
+        q.logits = ft::read_f32(dir + "/" + cJSON_GetStringValue(cJSON_GetObjectItem(s, "logits")));
+        if (cJSON *f = cJSON_GetObjectItem(s, "logits_f64")) q.logits_f64 = ft::read_f32(dir + "/" + cJSON_GetStringValue(f));
+        EXPECT_EQ(q.logits.size(), q.tokens.size() * (size_t)fx.n_vocab) << dir;
+        fx.seqs.push_back(q);
+    }
+    cJSON_Delete(root);
+    return fx;
+}
+
+/* Compares forge's rows with a reference: the error bound, and argmax at every position whose
+ * top-1/top-2 margin exceeds `margin_tol` * 2 * max|ref| (0: every position). */
+void expect_close(const std::string &what, const float *got, const float *ref, int n_tokens, int V, double tol, double margin_tol) {
+    size_t n = (size_t)n_tokens * V;
+    double err = ft::rel_err(got, ref, n);
+    EXPECT_LE(err, tol) << what;
+    printf("  %-48s max|d|/max|ref| = %.2e (tolerance %.0e)\n", what.c_str(), err, tol);
+    double max_ref = 0;
+    for (size_t i = 0; i < n; i++) max_ref = std::fmax(max_ref, std::fabs(ref[i]));
+    for (int p = 0; p < n_tokens; p++) {
+        const float *r = ref + (size_t)p * V;
+        int a = ft::argmax(r, V);
+        float second = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (j != a) second = std::fmax(second, r[j]);
+        if (margin_tol > 0 && r[a] - second <= 2 * margin_tol * max_ref) continue;
+        EXPECT_EQ(ft::argmax(got + (size_t)p * V, V), a) << what << " position " << p;
+    }
+}
+
+std::string fixture_path(const std::string &name) {
+    return ft::src(name.find('/') == std::string::npos ? "tests/fixtures/parity/" + name : "tests/fixtures/" + name);
+}
+
+std::string case_name(const ::testing::TestParamInfo<std::string> &i) {
+    std::string n = i.param;
+    for (char &c : n)
+        if (c == '/') c = '_';
+    return n;
+}
+
+} // namespace
+
+/* A case is a fixture directory (reference.json, logits, and the checkpoint itself), or
+ * "gguf/NAME": the GGUF conversion in tests/fixtures/gguf checked against parity/NAME's logits. */
+class Parity : public ::testing::TestWithParam<std::string> {
+  protected:
+    std::string model_path() const {
+        const std::string &p = GetParam();
+        if (p.rfind("gguf/", 0) == 0) return ft::src("tests/fixtures/" + p + ".gguf");
+        return fixture_path(p);
+    }
+    std::string ref_dir() const {
+        const std::string &p = GetParam();
+        if (p.rfind("gguf/", 0) == 0) return fixture_path(p.substr(5));
+        return fixture_path(p);
+    }
+};
+
+/* All positions in one prefill, each sequence from an empty cache. */
+TEST_P(Parity, AllPositionLogits) {
+    Fixture fx = read_fixture(ref_dir());
+    ASSERT_FALSE(fx.seqs.empty());
+    forge_model *m = ft::load(model_path());
+    ASSERT_NE(m, nullptr);
+    ASSERT_EQ(forge_model_n_vocab(m), fx.n_vocab);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK) << forge_model_errmsg(m);
+    for (size_t i = 0; i < fx.seqs.size(); i++) {
+        const Sequence &q = fx.seqs[i];
+        int n = (int)q.tokens.size();
+        std::vector<float> got((size_t)n * fx.n_vocab);
+        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        ASSERT_EQ(forge_eval(s, q.tokens.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        std::string what = case_name(::testing::TestParamInfo<std::string>(GetParam(), 0)) + " seq" + std::to_string(i);
+        if (fx.bf16) {
+            expect_close(what + " vs HF bf16", got.data(), q.logits.data(), n, fx.n_vocab, 2e-2, 2e-2);
+            ASSERT_FALSE(q.logits_f64.empty());
+            expect_close(what + " vs f64", got.data(), q.logits_f64.data(), n, fx.n_vocab, 1e-4, 0);
+        } else {
+            expect_close(what, got.data(), q.logits.data(), n, fx.n_vocab, 1e-4, 0);
+        }
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* The longest sequence: a prefill of 8 tokens, then one token per step (the recorded decode
+ * step, replayed), compared with HF's rows at every later position; for the Gemma fixtures
+ * (window 8) the decode runs well past the sliding window. */
+TEST_P(Parity, PrefillThenDecode) {
+    Fixture fx = read_fixture(ref_dir());
+    ASSERT_FALSE(fx.seqs.empty());
+    const Sequence &q = fx.seqs.back();
+    const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
+    forge_model *m = ft::load(model_path());
+    ASSERT_NE(m, nullptr);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 64;
+    sp.n_batch = 8; /* sliding layers then keep window + 7 slots: the cache rotates */
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+    int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
+    std::vector<float> got((size_t)n * V);
+    ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+    for (int p = k; p < n; p++)
+        ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+    expect_close(GetParam() + " prefill+decode", got.data(), ref.data(), n, V, 1e-4, 0);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+INSTANTIATE_TEST_SUITE_P(HF, Parity,
+                         ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
+                                           "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32"),
+                         case_name);
+
+/* MLX affine checkpoints (tools/fixtures/mlx_quant.py follows mlx.core.quantize); references are
+ * HF forwards of the exactly dequantized weights. */
+INSTANTIATE_TEST_SUITE_P(MLX, Parity,
+                         ::testing::Values("mlx/llama_mlx4_g64_tied_f16", "mlx/qwen3_mlx8_g32_bf16", "mlx/llama_mlx_mixed"), case_name);
+
+/* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */
+INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
+                         ::testing::Values("gguf/llama3_f32_untied", "gguf/qwen2_f32_tied", "gguf/qwen3_f32_sharded", "gguf/gemma2_f32",
+                                           "gguf/gemma3_text_f32"),
+                         case_name);
+
+/* Shards without model.safetensors.index.json: every *.safetensors in the directory. */
+TEST(ParityShards, WithoutIndex) {
+    std::string src = fixture_path("qwen3_f32_sharded"), d = ft::tmpdir("shards_noindex");
+    ASSERT_EQ(system(("cp " + src + "/*.safetensors " + src + "/config.json " + d + "/").c_str()), 0);
+    Fixture fx = read_fixture(src);
+    forge_model *m = ft::load(d);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    const Sequence &q = fx.seqs[0];
+    std::vector<float> got(q.logits.size());
+    ASSERT_EQ(forge_eval(s, q.tokens.data(), (int)q.tokens.size(), FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
+    expect_close("shards without index", got.data(), q.logits.data(), (int)q.tokens.size(), fx.n_vocab, 1e-4, 0);
+    forge_session_free(s);
+    forge_model_free(m);
+}

@@ -1,0 +1,246 @@
+/* Quantized weights: every format's fused dequantizing kernels (matvec, matmul, embedding
+ * gather) against a plain C++ reference dequantizer written from the formats' definitions
+ * (ggml's block layouts; MLX's affine bit stream), on random blocks. */
+#include "internal.h"
+#include "util.h"
+
+namespace {
+
+ft_ctx *device() {
+    static ft_ctx *c = [] {
+        char e[512];
+        return ft_open(e, sizeof e);
+    }();
+    return c;
+}
+
+float h2f(uint16_t h) { return ft_f16_to_f32(h); }
+
+struct Quant {
+    std::vector<uint8_t> data, scales, biases;
+    size_t row_bytes = 0, aux_row_bytes = 0;
+    uint32_t bits = 0, group = 0, qflags = 0;
+    std::vector<double> deq; /* [N, K] reference values */
+    ft_weight weight(int fmt) const {
+        return ft_weight{fmt, data.data(), row_bytes, scales.empty() ? nullptr : scales.data(),
+                         biases.empty() ? nullptr : biases.data(), aux_row_bytes, bits, group, qflags};
+    }
+};
+
+void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+uint16_t get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+/* Random blocks of a ggml format, and their exact dequantization. */
+Quant make_ggml(int fmt, uint32_t N, uint32_t K, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::uniform_int_distribution<int> byte(0, 255);
+    std::uniform_real_distribution<float> small(-0.05f, 0.05f), pos(0.001f, 0.02f);
+    Quant q;
+    uint32_t bsz = fmt == FT_Q4_0 ? 18 : fmt == FT_Q8_0 ? 34 : fmt == FT_Q4_K ? 144 : 210;
+    uint32_t qk = fmt == FT_Q4_0 || fmt == FT_Q8_0 ? 32 : 256;
+    q.row_bytes = (size_t)K / qk * bsz;
+    q.data.resize(q.row_bytes * N);
+    for (auto &b : q.data) b = (uint8_t)byte(g);
+    q.deq.resize((size_t)N * K);
+    for (uint32_t r = 0; r < N; r++)
+        for (uint32_t b = 0; b < K / qk; b++) {
+            uint8_t *x = &q.data[r * q.row_bytes + b * bsz];
+            double *y = &q.deq[(size_t)r * K + b * qk];
+            if (fmt == FT_Q4_0) {
+                put16(x, ft_f32_to_f16(small(g)));
+                double d = h2f(get16(x));
+                for (int j = 0; j < 16; j++) {
+                    y[j] = d * ((x[2 + j] & 15) - 8);
+                    y[j + 16] = d * ((x[2 + j] >> 4) - 8);
+                }
+            } else if (fmt == FT_Q8_0) {
+                put16(x, ft_f32_to_f16(small(g) * 0.1f));
+                double d = h2f(get16(x));
+                for (int j = 0; j < 32; j++) y[j] = d * (int8_t)x[2 + j];
+            } else if (fmt == FT_Q4_K) {
+                put16(x, ft_f32_to_f16(pos(g)));
+                put16(x + 2, ft_f32_to_f16(pos(g)));
+                float d = h2f(get16(x)), dmin = h2f(get16(x + 2));
+                const uint8_t *sc = x + 4, *qs = x + 16;
+                for (int j = 0; j < 8; j++) {
+                    int s, m;
+                    if (j < 4) { s = sc[j] & 63; m = sc[j + 4] & 63; }
+                    else { s = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }
+                    float d1 = d * s, m1 = dmin * m; /* ggml computes these in f32 */
+                    for (int l = 0; l < 32; l++) {
+                        int qv = j % 2 ? qs[32 * (j / 2) + l] >> 4 : qs[32 * (j / 2) + l] & 15;
+                        y[32 * j + l] = (double)d1 * qv - m1;
+                    }
+                }
+            } else {
+                put16(x + 208, ft_f32_to_f16(pos(g) * 0.1f));
+                float d = h2f(get16(x + 208));
+                const uint8_t *ql = x, *qh = x + 128;
+                const int8_t *sc = (const int8_t *)(x + 192);
+                for (int n = 0; n < 2; n++)
+                    for (int l = 0; l < 32; l++) {
+                        int is = l / 16;
+                        const uint8_t *L = ql + 64 * n, *Hh = qh + 32 * n;
+                        const int8_t *S = sc + 8 * n;
+                        int q1 = ((L[l] & 0xF) | (((Hh[l] >> 0) & 3) << 4)) - 32;
+                        int q2 = ((L[l + 32] & 0xF) | (((Hh[l] >> 2) & 3) << 4)) - 32;
+                        int q3 = ((L[l] >> 4) | (((Hh[l] >> 4) & 3) << 4)) - 32;
+                        int q4 = ((L[l + 32] >> 4) | (((Hh[l] >> 6) & 3) << 4)) - 32;
+                        y[128 * n + l] = (double)(d * S[is]) * q1;
+                        y[128 * n + l + 32] = (double)(d * S[is + 2]) * q2;
+                        y[128 * n + l + 64] = (double)(d * S[is + 4]) * q3;
+                        y[128 * n + l + 96] = (double)(d * S[is + 6]) * q4;
+                    }
+            }
+        }
+    return q;
+}
+
+/* MLX affine: codes as a little-endian bit stream per row, scale and bias per group. */
+Quant make_mlx(uint32_t N, uint32_t K, uint32_t bits, uint32_t group, bool bf16, uint32_t seed) {
+    std::mt19937 g(seed);
+    std::uniform_real_distribution<float> sd(-0.02f, 0.02f), bd(-0.1f, 0.1f);
+    Quant q;
+    q.bits = bits;
+    q.group = group;
+    q.qflags = bf16;
+    q.row_bytes = (size_t)K * bits / 8;
+    q.aux_row_bytes = (size_t)K / group * 2;
+    q.data.assign(q.row_bytes * N, 0);
+    q.scales.resize(q.aux_row_bytes * N);
+    q.biases.resize(q.aux_row_bytes * N);
+    q.deq.resize((size_t)N * K);
+    auto enc = [&](float v) { return bf16 ? ft_f32_to_bf16(v) : ft_f32_to_f16(v); };
+    auto dec = [&](uint16_t h) { return bf16 ? ft_bf16_to_f32(h) : ft_f16_to_f32(h); };
+    for (uint32_t r = 0; r < N; r++) {
+        for (uint32_t gi = 0; gi < K / group; gi++) {
+            put16(&q.scales[r * q.aux_row_bytes + 2 * gi], enc(sd(g)));
+            put16(&q.biases[r * q.aux_row_bytes + 2 * gi], enc(bd(g)));
+        }
+        for (uint32_t k = 0; k < K; k++) {
+            uint32_t code = g() & ((1u << bits) - 1);
+            uint64_t bit = (uint64_t)k * bits;
+            for (uint32_t b = 0; b < bits; b++, bit++)
+                if (code >> b & 1) q.data[r * q.row_bytes + bit / 8] |= (uint8_t)(1u << (bit % 8));
+            float s = dec(get16(&q.scales[r * q.aux_row_bytes + 2 * (k / group)]));
+            float bi = dec(get16(&q.biases[r * q.aux_row_bytes + 2 * (k / group)]));
+            q.deq[(size_t)r * K + k] = (double)(s * (float)code) + bi;
+        }
+    }
+    return q;
+}
+
+void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *what) {
+    for (uint32_t M : {1u, 3u, 40u}) {
+        for (uint32_t chunk : {0u, 7u}) {
+            std::vector<float> A = ft::randn((size_t)M * K, 1.0f, M + K), C((size_t)M * N, 0.0f), ref(C.size());
+            for (uint32_t m = 0; m < M; m++)
+                for (uint32_t n = 0; n < N; n++) {
+                    double acc = 0;
+                    for (uint32_t k = 0; k < K; k++) acc += (double)A[(size_t)m * K + k] * q.deq[(size_t)n * K + k];
+                    ref[(size_t)m * N + n] = (float)acc;
+                }
+            ft_weight w = q.weight(fmt);
+            ASSERT_EQ(ft_linear_w(device(), &w, A.data(), M, 0, M, K, N, chunk, nullptr, 0, 0, C.data(), N, 0, 0), FORGE_OK)
+                << ft_errmsg(device());
+            EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " chunk " << chunk;
+            if (M <= 8 && chunk == 0) /* both matvec kernels: shared-memory reduction and subgroup */
+                for (int sg = 0; sg <= ft_has_subgroup_matvec(device()); sg++) {
+                    std::fill(C.begin(), C.end(), NAN);
+                    ASSERT_EQ(ft_matvec_kind(device(), &w, A.data(), M, K, N, C.data(), sg), FORGE_OK);
+                    EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " subgroup " << sg;
+                }
+        }
+    }
+    std::vector<uint32_t> toks = {0, N - 1, N / 2, 1};
+    std::vector<float> out(toks.size() * K);
+    ft_weight w = q.weight(fmt);
+    ASSERT_EQ(ft_embed_w(device(), &w, toks.data(), (uint32_t)toks.size(), N, K, 5, 1.0f, 0, out.data()), FORGE_OK);
+    for (size_t t = 0; t < toks.size(); t++)
+        for (uint32_t k = 0; k < K; k++)
+            ASSERT_NEAR(out[t * K + k], q.deq[(size_t)toks[t] * K + k], 1e-6 * (1 + std::fabs(q.deq[(size_t)toks[t] * K + k])))
+                << what << " token " << toks[t] << " k " << k;
+}
+
+} // namespace
+
+TEST(Quant, GgmlBlockFormatsMatchReferenceDequantizer) {
+    ASSERT_NE(device(), nullptr);
+    struct F { int fmt; const char *name; uint32_t K; };
+    for (F f : {F{FT_Q4_0, "q4_0", 96}, F{FT_Q8_0, "q8_0", 160}, F{FT_Q4_K, "q4_k", 512}, F{FT_Q6_K, "q6_k", 512}}) {
+        uint32_t N = 37;
+        Quant q = make_ggml(f.fmt, N, f.K, 100 + f.fmt);
+        check_linear(q, f.fmt, N, f.K, f.name);
+    }
+}
+
+TEST(Quant, MlxAffineAllBitsAndGroups) {
+    ASSERT_NE(device(), nullptr);
+    for (uint32_t bits : {2u, 3u, 4u, 5u, 6u, 8u})
+        for (uint32_t group : {32u, 64u, 128u}) {
+            uint32_t N = 21, K = 256;
+            Quant q = make_mlx(N, K, bits, group, (bits + group) % 2 == 0, bits * 1000 + group);
+            std::string what = "mlx bits " + std::to_string(bits) + " group " + std::to_string(group);
+            check_linear(q, FT_MLX, N, K, what.c_str());
+        }
+}
+
+/* ../shared/quant-fixtures: GGUF files quantized by llama.cpp's own llama-quantize, with the
+ * exact logits (f64 forward of the exactly dequantized weights) and llama.cpp's CPU logits.
+ * Tolerances and the positions where argmax must match come from its expect.json. */
+#include <cjson/cJSON.h>
+
+class QuantFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
+    std::string dir = ft::shared("quant-fixtures/"), name = GetParam();
+    std::vector<uint8_t> ej = ft::read_file(dir + "expect.json"), tj = ft::read_file(dir + "tokens.json");
+    ASSERT_FALSE(ej.empty()) << "missing " << dir << "expect.json (../shared beside the checkout)";
+    cJSON *expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
+    cJSON *tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
+    ASSERT_NE(expect, nullptr);
+    ASSERT_NE(tokens, nullptr);
+    cJSON *file = cJSON_GetObjectItem(cJSON_GetObjectItem(expect, "files"), name.c_str());
+    ASSERT_NE(file, nullptr);
+    forge_model *m = ft::load(dir + cJSON_GetStringValue(cJSON_GetObjectItem(file, "gguf")));
+    ASSERT_NE(m, nullptr);
+    forge_model_info info;
+    forge_model_get_info(m, &info);
+    /* packed on the device: weight bytes are the file's tensor bytes, not the dequantized size */
+    EXPECT_LE(info.weight_bytes, (uint64_t)cJSON_GetObjectItem(file, "bytes")->valuedouble);
+    EXPECT_GE(info.memory.device_in_use_bytes, info.weight_bytes);
+    EXPECT_LE(info.memory.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    const int V = 512;
+    for (int seq = 0; seq < 2; seq++) {
+        std::vector<int32_t> toks;
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
+        int n = (int)toks.size();
+        std::vector<float> got((size_t)n * V);
+        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        ASSERT_EQ(forge_eval(s, toks.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
+            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(file, "refs"), kind), seq);
+            ASSERT_NE(ref, nullptr);
+            std::vector<float> r = ft::read_f32(dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
+            ASSERT_EQ(r.size(), got.size());
+            double tol = cJSON_GetObjectItem(ref, "tol_rel")->valuedouble, err = ft::rel_err(got.data(), r.data(), got.size());
+            printf("  %-8s seq%d vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", name.c_str(), seq, kind, err, tol);
+            EXPECT_LE(err, tol) << name << " seq" << seq << " vs " << kind;
+            cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
+            cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
+                int p = pos->valueint;
+                EXPECT_EQ(ft::argmax(got.data() + (size_t)p * V, V), cJSON_GetArrayItem(am, p)->valueint)
+                    << name << " seq" << seq << " vs " << kind << " position " << p;
+            }
+        }
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+    cJSON_Delete(expect);
+    cJSON_Delete(tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, QuantFixture, ::testing::Values("f32", "q8_0", "q4_0", "q4_k_m", "q6_k"));

@@ -1,0 +1,889 @@
+#!/usr/bin/env python3
+"""HF checkpoint -> GGUF, following llama.cpp's converter conventions; numpy only.
+
+    python3 tools/hf_to_gguf.py HF_DIR OUT.gguf [--outtype f32|f16]
+    python3 tools/hf_to_gguf.py --verify OUT.gguf PARITY_DIR [--tol 1e-4]  # float64 forward vs HF logits
+    python3 tools/hf_to_gguf.py --make-fixtures tests/fixtures   # the committed GGUF fixtures
+
+Architectures: llama, qwen2, qwen3, gemma2, gemma3 (text). This is a numpy re-statement of
+what llama.cpp's `convert_hf_to_gguf.py` (now the `conversion/` package: base.py TextModel,
+llama.py LlamaModel, qwen.py Qwen2Model/Qwen3Model, gemma.py Gemma2Model/Gemma3Model) and
+gguf-py (constants.py, tensor_mapping.py, gguf_writer.py) do; see tests/fixtures/gguf/README.md
+for the keys written per architecture and where each convention comes from.
+
+  * tensor names: token_embd, output_norm, output, rope_freqs, blk.N.{attn_norm, attn_q, attn_k,
+    attn_v, attn_output, attn_q_norm, attn_k_norm, ffn_norm, ffn_gate, ffn_up, ffn_down}, and for
+    Gemma 2/3 blk.N.post_attention_norm / post_ffw_norm (pre_feedforward_layernorm -> ffn_norm).
+  * llama: q_proj/k_proj rows permuted per head (LlamaModel.permute) so that llama.cpp's "normal"
+    RoPE on adjacent pairs equals HF's rotate-half; llama3 RoPE scaling stored as the F32 tensor
+    rope_freqs.weight of per-frequency divisors (LlamaModel.generate_extra_tensors).
+  * gemma2/gemma3: every tensor whose HF name ends in "norm.weight" gets +1 (the GGUF weight is the
+    effective multiplier), computed in the source dtype as torch does; lm_head is dropped.
+  * outtype f32: every tensor F32. f16: 1-D tensors and *_norm.weight F32, the rest F16.
+  * gemma2/gemma3 extension: `{arch}.attention.scale` = query_pre_attn_scalar**-0.5 is written
+    only when it differs from the scale llama.cpp hard-codes (1/sqrt(head_dim), or
+    1/sqrt(hidden/heads) for the 27B layer counts); llama.cpp itself does not read it for these
+    architectures. `gemma3.attention.sliding_window_pattern` (bool per layer) likewise only when the
+    layer types differ from llama.cpp's fixed pattern of 6.
+
+The module also holds the GGUF writer (streaming, tensor by tensor), a validating reader, and
+llama.cpp's reference Q4_0 / Q8_0 quantizers (ggml-quants.c quantize_row_q4_0_ref /
+quantize_row_q8_0_ref, float32 arithmetic) used by tools/make_bench_model.py.
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # keep tools/ free of __pycache__
+sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import mlx_quant as mq  # noqa: E402  (bfloat16 helpers)
+import safetensors_np as stnp  # noqa: E402
+
+# ---------------------------------------------------------------------------
+# GGUF constants (gguf-py/gguf/constants.py)
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSION = 3
+GGUF_ALIGNMENT = 32
+GGML_QUANT_VERSION = 2
+
+# GGUFValueType
+U8, I8, U16, I16, U32, I32, F32V, BOOL, STRING, ARRAY, U64, I64, F64V = range(13)
+_SCALAR_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F32V: "<f",
+               BOOL: "<?", U64: "<Q", I64: "<q", F64V: "<d"}
+_SCALAR_NP = {U8: "<u1", I8: "<i1", U16: "<u2", I16: "<i2", U32: "<u4", I32: "<i4", F32V: "<f4",
+              BOOL: "<u1", U64: "<u8", I64: "<i8", F64V: "<f8"}
+
+# GGMLQuantizationType: (id, block size, bytes per block)
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q8_0, GGML_BF16 = 0, 1, 2, 8, 30
+GGML_TYPES = {GGML_F32: ("F32", 1, 4), GGML_F16: ("F16", 1, 2), GGML_Q4_0: ("Q4_0", 32, 18),
+              GGML_Q8_0: ("Q8_0", 32, 34), GGML_BF16: ("BF16", 1, 2)}
+# LlamaFileType (general.file_type)
+FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q8_0": 7, "bf16": 32}
+OUT_GGML = {"f32": GGML_F32, "f16": GGML_F16, "q4_0": GGML_Q4_0, "q8_0": GGML_Q8_0, "bf16": GGML_BF16}
+
+
+def tensor_nbytes(shape, gtype):
+    """Bytes of a tensor of numpy `shape` (last axis contiguous) stored as `gtype`."""
+    _, bs, bb = GGML_TYPES[gtype]
+    n = int(np.prod(shape, dtype=np.int64))
+    if shape[-1] % bs:
+        raise ValueError(f"row length {shape[-1]} is not a multiple of block size {bs}")
+    return n // bs * bb
+
+
+def _align(n, a=GGUF_ALIGNMENT):
+    return (n + a - 1) // a * a
+
+
+# ---------------------------------------------------------------------------
+# llama.cpp reference quantizers (ggml/src/ggml-quants.c), float32 arithmetic
+
+def quantize_q4_0(x):
+    """quantize_row_q4_0_ref: rows [..., n] (n % 32 == 0) -> uint8 [..., n/32*18].
+
+    Per block of 32: max = the element of largest magnitude (first one on ties), d = max / -8,
+    id = 1/d (0 if d == 0), q = min(15, (int8)(x*id + 8.5)), d stored as f16,
+    qs[j] = q[j] | q[j+16] << 4.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    lead = x.shape[:-1]
+    b = x.reshape(-1, 32)
+    idx = np.abs(b).argmax(axis=1)
+    mx = b[np.arange(b.shape[0]), idx]
+    d = (mx / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * inv[:, None]).astype(np.float32) + np.float32(8.5)  # float32, as in C
+    q = np.minimum(np.trunc(v), 15).astype(np.uint8)
+    out = np.empty((b.shape[0], 18), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q[:, :16] | (q[:, 16:] << 4)
+    return out.reshape(*lead, -1)
+
+
+def dequantize_q4_0(raw, n):
+    """uint8 [..., n/32*18] -> float32 [..., n] (dequantize_row_q4_0)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    lead = raw.shape[:-1]
+    b = raw.reshape(-1, 18)
+    d = b[:, :2].copy().view("<f2").astype(np.float32)
+    qs = b[:, 2:]
+    lo = (qs & 0x0F).astype(np.int32) - 8
+    hi = (qs >> 4).astype(np.int32) - 8
+    y = np.concatenate([lo, hi], axis=1).astype(np.float32) * d
+    return y.reshape(*lead, n)
+
+
+def quantize_q8_0(x):
+    """quantize_row_q8_0_ref: d = amax/127, id = 1/d (0 if d == 0), q = roundf(x*id), d as f16."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    lead = x.shape[:-1]
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * inv[:, None]).astype(np.float32)
+    # roundf rounds halves away from zero; rint rounds them to even: fix the exact halves
+    t = np.trunc(v)
+    q = np.rint(v)
+    q = np.where(np.abs(v - t) == np.float32(0.5), t + np.sign(v), q).astype(np.int8)
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*lead, -1)
+
+
+def dequantize_q8_0(raw, n):
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    lead = raw.shape[:-1]
+    b = raw.reshape(-1, 34)
+    d = b[:, :2].copy().view("<f2").astype(np.float32)
+    q = b[:, 2:].copy().view(np.int8).astype(np.float32)
+    return (q * d).reshape(*lead, n)
+
+
+def encode(x, gtype):
+    """float32 rows -> bytes of `gtype` (numpy array, any dtype; its raw bytes are the payload)."""
+    if gtype == GGML_F32:
+        return np.ascontiguousarray(x, dtype="<f4")
+    if gtype == GGML_F16:
+        return np.ascontiguousarray(x, dtype=np.float32).astype("<f2")
+    if gtype == GGML_BF16:
+        return mq.f32_to_bf16_bits(x)
+    if gtype == GGML_Q4_0:
+        return quantize_q4_0(x)
+    if gtype == GGML_Q8_0:
+        return quantize_q8_0(x)
+    raise ValueError(gtype)
+
+
+def decode(raw, shape, gtype):
+    """Raw bytes (uint8 array) of one tensor -> float32 array of numpy `shape`."""
+    raw = np.ascontiguousarray(raw).view(np.uint8)
+    rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+    n = shape[-1]
+    if gtype == GGML_F32:
+        y = raw.view("<f4").astype(np.float32)
+    elif gtype == GGML_F16:
+        y = raw.view("<f2").astype(np.float32)
+    elif gtype == GGML_BF16:
+        y = mq.bf16_bits_to_f32(raw.view("<u2"))
+    elif gtype == GGML_Q4_0:
+        y = dequantize_q4_0(raw.reshape(rows, -1), n)
+    elif gtype == GGML_Q8_0:
+        y = dequantize_q8_0(raw.reshape(rows, -1), n)
+    else:
+        raise ValueError(f"unsupported ggml type {gtype}")
+    return y.reshape(shape)
+
+
+# ---------------------------------------------------------------------------
+# GGUF writer (streaming) and reader
+
+def _pack_string(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def _pack_value(vtype, value):
+    if vtype == STRING:
+        return _pack_string(value)
+    if vtype == ARRAY:
+        etype, items = value
+        head = struct.pack("<IQ", etype, len(items))
+        if etype == STRING:
+            return head + b"".join(_pack_string(s) for s in items)
+        return head + np.asarray(items, dtype=_SCALAR_NP[etype]).tobytes()
+    return struct.pack(_SCALAR_FMT[vtype], value)
+
+
+class GGUFWriter:
+    """Collects metadata and tensor infos, then streams tensor data in declared order.
+
+    Keys keep their first insertion position; setting a key again replaces its value
+    (gguf-py's GGUFWriter warns and overwrites the same way).
+    """
+
+    def __init__(self, arch):
+        self.kv = {}
+        self.tensors = []  # (name, numpy shape, ggml type)
+        self.arch = arch
+        self.add("general.architecture", STRING, arch)
+
+    def add(self, key, vtype, value):
+        key = key.replace("{arch}", self.arch)
+        self.kv[key] = (vtype, value)
+
+    def add_tensor(self, name, shape, gtype):
+        if any(t[0] == name for t in self.tensors):
+            raise ValueError(f"duplicate tensor {name}")
+        self.tensors.append((name, tuple(int(s) for s in shape), gtype))
+
+    def layout(self):
+        """[(name, shape, gtype, offset, nbytes)] with offsets relative to the data section."""
+        out, off = [], 0
+        for name, shape, gtype in self.tensors:
+            nb = tensor_nbytes(shape, gtype)
+            out.append((name, shape, gtype, off, nb))
+            off = _align(off + nb)
+        return out
+
+    def header_bytes(self):
+        parts = [GGUF_MAGIC, struct.pack("<IQQ", GGUF_VERSION, len(self.tensors), len(self.kv))]
+        for k, (vt, v) in self.kv.items():
+            parts += [_pack_string(k), struct.pack("<I", vt), _pack_value(vt, v)]
+        for name, shape, gtype, off, _ in self.layout():
+            ne = list(reversed(shape))  # GGUF dims: ne[0] is the contiguous axis
+            parts += [_pack_string(name), struct.pack("<I", len(ne)),
+                      struct.pack(f"<{len(ne)}Q", *ne), struct.pack("<IQ", gtype, off)]
+        h = b"".join(parts)
+        return h + b"\0" * (_align(len(h)) - len(h))
+
+    def write(self, path, produce, progress=None):
+        """`produce(name, shape, gtype)` yields array pieces whose raw bytes, concatenated, are the
+        tensor's data (so big tensors can be made in row chunks)."""
+        lay = self.layout()
+        with open(path, "wb") as f:
+            hb = self.header_bytes()
+            f.write(hb)
+            base = len(hb)
+            for i, (name, shape, gtype, off, nb) in enumerate(lay):
+                assert f.tell() == base + off, name
+                n = 0
+                for piece in produce(name, shape, gtype):
+                    by = np.ascontiguousarray(piece).view(np.uint8).reshape(-1)
+                    f.write(by.data)
+                    n += by.size
+                if n != nb:
+                    raise ValueError(f"{name}: produced {n} bytes, expected {nb}")
+                f.write(b"\0" * (_align(nb) - nb) if i + 1 < len(lay) else b"")
+                if progress:
+                    progress(i + 1, len(lay), name)
+        return os.path.getsize(path)
+
+
+class GGUFFile:
+    """Minimal validating GGUF v2/v3 reader (mmap). kv: {key: value}; tensors: {name: info}."""
+
+    def __init__(self, path):
+        self.path = path
+        self.mm = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = self.mm
+        self.pos = 0
+
+        def take(n):
+            if self.pos + n > len(buf):
+                raise ValueError(f"{path}: truncated at byte {self.pos}")
+            b = bytes(buf[self.pos:self.pos + n])
+            self.pos += n
+            return b
+
+        def scalar(vt):
+            fmt = _SCALAR_FMT[vt]
+            return struct.unpack(fmt, take(struct.calcsize(fmt)))[0]
+
+        def string():
+            (n,) = struct.unpack("<Q", take(8))
+            if n > len(buf):
+                raise ValueError(f"{path}: string length {n} beyond the file")
+            return take(n).decode("utf-8")
+
+        def value(vt):
+            if vt == STRING:
+                return string()
+            if vt == ARRAY:
+                et, n = struct.unpack("<IQ", take(12))
+                if et == STRING:
+                    return [string() for _ in range(n)]
+                if et not in _SCALAR_NP:
+                    raise ValueError(f"{path}: bad array element type {et}")
+                width = np.dtype(_SCALAR_NP[et]).itemsize
+                if n * width > len(buf):
+                    raise ValueError(f"{path}: array of {n} beyond the file")
+                return np.frombuffer(take(n * width), dtype=_SCALAR_NP[et]).copy()
+            if vt not in _SCALAR_FMT:
+                raise ValueError(f"{path}: bad value type {vt}")
+            return scalar(vt)
+
+        if take(4) != GGUF_MAGIC:
+            raise ValueError(f"{path}: not a GGUF file")
+        self.version, n_tensors, n_kv = struct.unpack("<IQQ", take(20))
+        if self.version not in (2, 3):
+            raise ValueError(f"{path}: GGUF version {self.version}")
+        self.kv, self.kv_types = {}, {}
+        for _ in range(n_kv):
+            k = string()
+            (vt,) = struct.unpack("<I", take(4))
+            if k in self.kv:
+                raise ValueError(f"{path}: duplicate key {k}")
+            self.kv[k] = value(vt)
+            self.kv_types[k] = vt
+        self.alignment = int(self.kv.get("general.alignment", GGUF_ALIGNMENT))
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            (nd,) = struct.unpack("<I", take(4))
+            if nd < 1 or nd > 4:
+                raise ValueError(f"{path}: {name}: {nd} dims")
+            ne = struct.unpack(f"<{nd}Q", take(8 * nd))
+            gtype, off = struct.unpack("<IQ", take(12))
+            if gtype not in GGML_TYPES:
+                raise ValueError(f"{path}: {name}: unsupported type {gtype}")
+            infos.append((name, tuple(reversed(ne)), gtype, off))
+        self.data_offset = _align(self.pos, self.alignment)
+        self.tensors = {}
+        spans = []
+        for name, shape, gtype, off in infos:
+            if name in self.tensors:
+                raise ValueError(f"{path}: duplicate tensor {name}")
+            if off % self.alignment:
+                raise ValueError(f"{path}: {name}: offset {off} not aligned")
+            nb = tensor_nbytes(shape, gtype)
+            if self.data_offset + off + nb > len(buf):
+                raise ValueError(f"{path}: {name}: data beyond the end of the file")
+            self.tensors[name] = {"shape": shape, "type": gtype, "offset": off, "nbytes": nb}
+            spans.append((off, off + nb, name))
+        spans.sort()
+        for a, b in zip(spans, spans[1:]):
+            if b[0] < a[1]:
+                raise ValueError(f"{path}: tensors {a[2]} and {b[2]} overlap")
+
+    def raw(self, name):
+        t = self.tensors[name]
+        s = self.data_offset + t["offset"]
+        return self.mm[s:s + t["nbytes"]]
+
+    def get(self, name, dtype=np.float64):
+        t = self.tensors[name]
+        return decode(self.raw(name), t["shape"], t["type"]).astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# HF config -> conversion plan (what convert_hf_to_gguf.py would do)
+
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+         "gemma3_text": "gemma3", "gemma3": "gemma3"}
+
+
+def hparams_of(config):
+    """TextModel.__init__: text_config merged to the root; rope_parameters normalized."""
+    hp = dict(config)
+    if "text_config" in hp:
+        hp = {**hp, **hp["text_config"]}
+    rp = hp.get("rope_parameters", hp.get("rope_scaling")) or {}
+    rp = json.loads(json.dumps(rp))
+
+    def find(keys):
+        return next((hp[k] for k in keys if k in hp), None)
+    theta = find(["global_rope_theta", "rope_global_theta", "rope_theta_global", "rope_theta", "rotary_emb_base"])
+    local = find(["local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta", "rope_local_base_freq"])
+    if "full_attention" not in rp and "sliding_attention" not in rp:
+        if local is not None:
+            rp["sliding_attention"] = {"rope_theta": local}
+        if "rope_theta" not in rp and theta is not None:
+            rp["rope_theta"] = theta
+        if "rope_type" not in rp and rp.get("type") is not None:
+            rp["rope_type"] = rp["type"]
+    return hp, rp
+
+
+def layer_types_of(hp, arch):
+    n = hp["num_hidden_layers"]
+    if hp.get("layer_types"):
+        return list(hp["layer_types"])
+    if arch == "gemma2":
+        return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    if arch == "gemma3":
+        pat = hp.get("sliding_window_pattern", 6)
+        return ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(n)]
+    return ["full_attention"] * n
+
+
+def llama3_rope_factors(rp, hp, dim):
+    """LlamaModel.generate_extra_tensors, in float32 like the torch original."""
+    base = rp.get("rope_theta", 10000.0)
+    freqs = (np.float32(1.0) / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))).astype(np.float32)
+    factor = rp.get("factor", 8.0)
+    lo = rp.get("low_freq_factor", 1.0)
+    hi = rp.get("high_freq_factor", 4.0)
+    # the converter reads original_max_position_embeddings from the top-level hparams (default 8192)
+    old = hp.get("original_max_position_embeddings", 8192)
+    lo_wl, hi_wl = old / lo, old / hi
+    f32 = np.float32
+    out = []
+    for f in freqs:  # every operation below is float32, as with torch's 0-d float32 tensors
+        wl = f32(f32(2 * math.pi) / f)
+        if wl < hi_wl:
+            out.append(1.0)
+        elif wl > lo_wl:
+            out.append(factor)
+        else:
+            smooth = f32(f32(f32(f32(old) / wl) - f32(lo)) / f32(hi - lo))
+            out.append(f32(1) / f32(f32(f32(1) - smooth) / f32(factor) + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def llamacpp_attention_scale(arch, hp):
+    """f_attention_scale as llama.cpp's load_hparams hard-codes it for gemma2/gemma3."""
+    head_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    is_27b = (arch == "gemma2" and hp["num_hidden_layers"] == 46) or (arch == "gemma3" and hp["num_hidden_layers"] == 62)
+    d = hp["hidden_size"] // hp["num_attention_heads"] if is_27b else head_dim
+    return 1.0 / math.sqrt(d)
+
+
+def gguf_metadata(w, config, outtype, name):
+    """Add the metadata keys convert_hf_to_gguf.py writes for this config (tokenizer aside)."""
+    hp, rp = hparams_of(config)
+    arch = w.arch
+    a = "{arch}."
+    w.add("general.type", STRING, "model")
+    w.add("general.name", STRING, name)
+    ftype = FILE_TYPE[outtype]
+    head_dim = hp.get("head_dim")
+    n_layer = hp["num_hidden_layers"]
+
+    def text_model_params():  # TextModel.set_gguf_parameters
+        w.add(a + "block_count", U32, n_layer)
+        if hp.get("max_position_embeddings") is not None:
+            w.add(a + "context_length", U32, hp["max_position_embeddings"])
+        w.add(a + "embedding_length", U32, hp["hidden_size"])
+        w.add(a + "feed_forward_length", U32, hp["intermediate_size"])
+        w.add(a + "attention.head_count", U32, hp["num_attention_heads"])
+        if hp.get("num_key_value_heads") is not None:
+            w.add(a + "attention.head_count_kv", U32, hp["num_key_value_heads"])
+        full = rp.get("full_attention", rp)
+        rtype = full.get("rope_type")
+        if rtype == "linear" and full.get("factor") is not None:
+            w.add(a + "rope.scaling.type", STRING, "linear")
+            w.add(a + "rope.scaling.factor", F32V, float(full["factor"]))
+        elif rtype not in (None, "default", "llama3"):
+            raise NotImplementedError(f"rope_type {rtype}")
+        if full.get("rope_theta") is not None:
+            w.add(a + "rope.freq_base", F32V, float(full["rope_theta"]))
+        if rp.get("sliding_attention", {}).get("rope_theta") is not None:
+            w.add(a + "rope.freq_base_swa", F32V, float(rp["sliding_attention"]["rope_theta"]))
+        if hp.get("rms_norm_eps") is not None:
+            w.add(a + "attention.layer_norm_rms_epsilon", F32V, float(hp["rms_norm_eps"]))
+        if head_dim is not None:
+            w.add(a + "attention.key_length", U32, head_dim)
+            w.add(a + "attention.value_length", U32, head_dim)
+        w.add("general.file_type", U32, ftype)
+
+    if arch in ("llama", "qwen2", "qwen3"):
+        text_model_params()
+        if arch == "llama":  # LlamaModel.set_gguf_parameters
+            w.add(a + "vocab_size", U32, hp["vocab_size"])
+            w.add(a + "rope.dimension_count", U32, head_dim or hp["hidden_size"] // hp["num_attention_heads"])
+    elif arch == "gemma2":  # Gemma2Model.set_gguf_parameters (no super(): no rope keys)
+        w.add(a + "context_length", U32, hp["max_position_embeddings"])
+        w.add(a + "embedding_length", U32, hp["hidden_size"])
+        w.add(a + "block_count", U32, n_layer)
+        w.add(a + "feed_forward_length", U32, hp["intermediate_size"])
+        w.add(a + "attention.head_count", U32, hp["num_attention_heads"])
+        w.add(a + "attention.head_count_kv", U32, hp.get("num_key_value_heads", hp["num_attention_heads"]))
+        w.add(a + "attention.layer_norm_rms_epsilon", F32V, float(hp["rms_norm_eps"]))
+        w.add(a + "attention.key_length", U32, hp["head_dim"])
+        w.add(a + "attention.value_length", U32, hp["head_dim"])
+        w.add("general.file_type", U32, ftype)
+        w.add(a + "attn_logit_softcapping", F32V, float(hp["attn_logit_softcapping"]))
+        w.add(a + "final_logit_softcapping", F32V, float(hp["final_logit_softcapping"]))
+        w.add(a + "attention.sliding_window", U32, hp["sliding_window"])
+        theta = rp.get("rope_theta", 10000.0)
+        if theta != 10000.0:
+            raise NotImplementedError("gemma2 with rope_theta != 10000: llama.cpp's converter writes no rope key")
+    elif arch == "gemma3":  # Gemma3Model.set_gguf_parameters: super() then overrides
+        text_model_params()
+        w.add(a + "context_length", U32, hp.get("max_position_embeddings", 131072))
+        w.add(a + "attention.head_count", U32, hp.get("num_attention_heads", 8))
+        w.add(a + "attention.layer_norm_rms_epsilon", F32V, float(hp.get("rms_norm_eps", 1e-6)))
+        w.add(a + "attention.key_length", U32, hp.get("head_dim", 256))
+        w.add(a + "attention.value_length", U32, hp.get("head_dim", 256))
+        w.add(a + "rope.freq_base", F32V, float(rp.get("full_attention", rp).get("rope_theta", 1_000_000.0)))
+        if hp.get("attn_logit_softcapping") is not None:
+            raise ValueError("gemma3 has no attention softcapping")
+        if hp.get("final_logit_softcapping"):
+            w.add(a + "final_logit_softcapping", F32V, float(hp["final_logit_softcapping"]))
+        if hp.get("sliding_window_pattern") != 1:
+            w.add(a + "attention.sliding_window", U32, hp["sliding_window"])
+        w.add(a + "attention.head_count_kv", U32, hp.get("num_key_value_heads", 4))
+    else:
+        raise NotImplementedError(arch)
+
+    # forge extensions (see the module docstring): only where llama.cpp's hard-coded value is wrong
+    if arch in ("gemma2", "gemma3"):
+        want = float(hp["query_pre_attn_scalar"]) ** -0.5
+        if not math.isclose(want, llamacpp_attention_scale(arch, hp), rel_tol=1e-6):
+            w.add(a + "attention.scale", F32V, want)
+    if arch == "gemma3":
+        lt = layer_types_of(hp, arch)
+        fixed = ["sliding_attention" if i % 6 < 5 else "full_attention" for i in range(n_layer)]
+        if lt != fixed:
+            w.add(a + "attention.sliding_window_pattern", ARRAY, (BOOL, [t == "sliding_attention" for t in lt]))
+        if rp.get("sliding_attention", {}).get("rope_type", "default") != "default":
+            raise NotImplementedError("gemma3 with scaled local RoPE")
+
+
+def gguf_tensor_name(hf, arch):
+    """tensor_mapping.py for the names these architectures use; None = not written."""
+    if hf.startswith("language_model."):
+        hf = hf[len("language_model."):]
+    if hf == "model.embed_tokens.weight":
+        return "token_embd.weight"
+    if hf == "model.norm.weight":
+        return "output_norm.weight"
+    if hf == "lm_head.weight":
+        return None if arch in ("gemma2", "gemma3") else "output.weight"
+    if hf.endswith("rotary_emb.inv_freq"):
+        return None
+    p = hf.split(".")
+    if p[:2] != ["model", "layers"]:
+        raise KeyError(f"unmapped tensor {hf}")
+    bid, rest = p[2], ".".join(p[3:])
+    gemma = arch in ("gemma2", "gemma3")
+    table = {
+        "input_layernorm": "attn_norm",
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }
+    mod, _, leaf = rest.rpartition(".")
+    if mod not in table:
+        raise KeyError(f"unmapped tensor {hf}")
+    return f"blk.{bid}.{table[mod]}.{leaf}"
+
+
+def llama_permute(w, n_head, n_head_kv):
+    """LlamaModel.permute (rows of q_proj / k_proj, weight or bias)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def transform(hf_name, data, src_dtype, arch, hp):
+    """modify_tensors: llama q/k permutation, Gemma norm + 1 (in the source dtype). float32 out."""
+    x = np.asarray(data, dtype=np.float32)
+    if arch == "llama":
+        nh, nkv = hp["num_attention_heads"], hp.get("num_key_value_heads", hp["num_attention_heads"])
+        if hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+            x = llama_permute(x, nh, nh)
+        elif hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+            x = llama_permute(x, nh, nkv)
+    if arch in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
+        # prepare_tensors converts BF16 (any dtype but F16/F32) to F32 *before* modify_tensors,
+        # so the +1 is exact for BF16 sources and rounded to F16 for F16 sources
+        x = x + np.float32(1)
+        if src_dtype == "F16":
+            x = x.astype(np.float16).astype(np.float32)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def out_type(gguf_name, ndim, outtype):
+    """prepare_tensors: 1-D tensors and norms stay F32."""
+    if ndim <= 1 or gguf_name.endswith("_norm.weight") or outtype == "f32":
+        return GGML_F32
+    return OUT_GGML[outtype]
+
+
+def extra_tensors(config, arch):
+    """generate_extra_tensors: rope_freqs.weight for llama3 RoPE scaling."""
+    hp, rp = hparams_of(config)
+    full = rp.get("full_attention", rp)
+    if arch == "llama" and str(full.get("rope_type", "")).lower() == "llama3":
+        dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+        return [("rope_freqs.weight", llama3_rope_factors(full, hp, dim))]
+    return []
+
+
+# ---------------------------------------------------------------------------
+# HF directory -> GGUF
+
+def load_hf(d):
+    with open(os.path.join(d, "config.json")) as f:
+        config = json.load(f)
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = sorted(x for x in os.listdir(d) if x.endswith(".safetensors"))
+    tensors = {}
+    for fn in files:
+        t, _ = stnp.read(os.path.join(d, fn))
+        tensors.update(t)
+    return config, tensors
+
+
+def convert(hf_dir, out_path, outtype="f32", name=None):
+    config, tensors = load_hf(hf_dir)
+    hp, _ = hparams_of(config)
+    mt = hp.get("model_type", config.get("model_type"))
+    if mt not in ARCHS:
+        raise NotImplementedError(f"model_type {mt}")
+    arch = ARCHS[mt]
+    if config.get("quantization") or config.get("quantization_config"):
+        raise NotImplementedError("quantized HF checkpoints")
+    w = GGUFWriter(arch)
+    gguf_metadata(w, config, outtype, name or os.path.basename(os.path.normpath(hf_dir)))
+    w.add("general.quantization_version", U32, GGML_QUANT_VERSION)
+    data = {}
+    for gname, arr in extra_tensors(config, arch):
+        data[gname] = arr
+        w.add_tensor(gname, arr.shape, GGML_F32)
+    for hf_name in tensors:  # file order, like the converter
+        gname = gguf_tensor_name(hf_name, arch)
+        if gname is None:
+            continue
+        dt, a = tensors[hf_name]
+        f32 = mq.bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
+        x = transform(hf_name, f32, dt, arch, hp)
+        data[gname] = x
+        w.add_tensor(gname, x.shape, out_type(gname, x.ndim, outtype))
+    w.write(out_path, lambda n, shape, gt: [encode(data[n], gt)])
+    return w
+
+
+# ---------------------------------------------------------------------------
+# Independent float64 forward pass reading a GGUF the way llama.cpp does
+
+def _kv(g, key, default=None):
+    v = g.kv.get(key.replace("{arch}", g.kv["general.architecture"]), default)
+    return v
+
+
+def gguf_forward(path, tokens, mutate=None):
+    """Logits [T, n_vocab] (float64) for `tokens`, from the GGUF alone.
+
+    llama.cpp semantics: llama -> RoPE on adjacent pairs (LLAMA_ROPE_TYPE_NORM) with rope_freqs
+    divisors; qwen2/qwen3/gemma2/gemma3 -> NEOX (pairs offset by n_rot/2). Norm weights are used as
+    stored (Gemma's +1 is already in the file). Gemma: embeddings * sqrt(n_embd), attention scale
+    `{arch}.attention.scale` if present else 1/sqrt(head_dim); gemma2 sliding on even layers,
+    gemma3 on layers with il % 6 < 5 (or `{arch}.attention.sliding_window_pattern`); gemma3 local
+    layers use rope.freq_base_swa (default 10000) and no rope scaling. `mutate` (a set of names)
+    switches conventions off for negative controls.
+    """
+    mutate = mutate or set()
+    g = GGUFFile(path)
+    arch = g.kv["general.architecture"]
+    L = int(_kv(g, "{arch}.block_count"))
+    E = int(_kv(g, "{arch}.embedding_length"))
+    H = int(_kv(g, "{arch}.attention.head_count"))
+    HKV = int(_kv(g, "{arch}.attention.head_count_kv", H))
+    D = int(_kv(g, "{arch}.attention.key_length", E // H))
+    n_rot = int(_kv(g, "{arch}.rope.dimension_count", D))
+    eps = float(_kv(g, "{arch}.attention.layer_norm_rms_epsilon"))
+    base = float(_kv(g, "{arch}.rope.freq_base", 10000.0))
+    scale_type = _kv(g, "{arch}.rope.scaling.type", "none")
+    factor = float(_kv(g, "{arch}.rope.scaling.factor", 0.0) or 0.0)
+    freq_scale = 1.0 / factor if (factor and scale_type == "linear") else 1.0
+    gemma = arch in ("gemma2", "gemma3")
+    neox = arch != "llama"
+    if "rope_style" in mutate:
+        neox = not neox
+    W = {n: g.get(n) for n in g.tensors}
+    ff = W.get("rope_freqs.weight")
+    if "rope_freqs" in mutate:
+        ff = None
+    n_swa = int(_kv(g, "{arch}.attention.sliding_window", 0) or 0)
+    if arch == "gemma2":
+        n_swa = n_swa or 4096
+        swa = [i % 2 < 1 for i in range(L)]
+    elif arch == "gemma3" and n_swa > 0:
+        pat = _kv(g, "{arch}.attention.sliding_window_pattern")
+        swa = [bool(x) for x in pat] if pat is not None else [i % 6 < 5 for i in range(L)]
+    else:
+        swa = [False] * L
+    base_swa = float(_kv(g, "{arch}.rope.freq_base_swa", 10000.0)) if arch == "gemma3" else base
+    scale_swa = 1.0 if arch == "gemma3" else freq_scale
+    if gemma:
+        kq_scale = float(_kv(g, "{arch}.attention.scale", 0.0) or 0.0) or 1.0 / math.sqrt(D)
+        if "attention_scale" in mutate:
+            kq_scale = 1.0 / math.sqrt(D)
+    else:
+        kq_scale = 1.0 / math.sqrt(D)
+    attn_cap = float(_kv(g, "{arch}.attn_logit_softcapping", 0.0) or 0.0) if arch == "gemma2" else 0.0
+    final_cap = float(_kv(g, "{arch}.final_logit_softcapping", 0.0) or 0.0)
+
+    def norm(x, w):
+        if "norm_plus_one" in mutate and gemma:
+            w = w + 1.0
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+    def rope(x, pos, fbase, fscale):
+        i = np.arange(n_rot // 2, dtype=np.float64)
+        theta = pos[:, None] * fscale * fbase ** (-2.0 * i / n_rot)[None, :]
+        if ff is not None:
+            theta = theta / ff[None, :]
+        c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        y = x.copy()
+        if neox:
+            a, b = x[..., : n_rot // 2], x[..., n_rot // 2: n_rot]
+            y[..., : n_rot // 2] = a * c - b * s
+            y[..., n_rot // 2: n_rot] = a * s + b * c
+        else:
+            a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+            y[..., 0:n_rot:2] = a * c - b * s
+            y[..., 1:n_rot:2] = a * s + b * c
+        return y
+
+    def gelu(x):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    def lin(name, x):
+        y = x @ W[name + ".weight"].T
+        b = W.get(name + ".bias")
+        return y + b if b is not None else y
+
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = W["token_embd.weight"][tokens]
+    if gemma:
+        x = x * math.sqrt(E)
+    qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+    for il in range(L):
+        p = f"blk.{il}."
+        h = norm(x, W[p + "attn_norm.weight"])
+        q = lin(p + "attn_q", h).reshape(T, H, D)
+        k = lin(p + "attn_k", h).reshape(T, HKV, D)
+        v = lin(p + "attn_v", h).reshape(T, HKV, D)
+        if p + "attn_q_norm.weight" in W:
+            q = norm(q, W[p + "attn_q_norm.weight"])
+            k = norm(k, W[p + "attn_k_norm.weight"])
+        fb, fs = (base_swa, scale_swa) if swa[il] else (base, freq_scale)
+        if "local_rope" in mutate:
+            fb, fs = base, freq_scale
+        if "rope_scale" in mutate:
+            fs = 1.0
+        q, k = rope(q, pos, fb, fs), rope(k, pos, fb, fs)
+        rep = H // HKV
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) * kq_scale
+        if attn_cap:
+            s = np.tanh(s / attn_cap) * attn_cap
+        allowed = ki <= qi
+        if swa[il] and "sliding_window" not in mutate:
+            allowed &= (qi - ki) < n_swa  # llama.cpp masks p1 - p0 >= n_swa
+        s = np.where(allowed[None], s, -np.inf)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        o = lin(p + "attn_output", np.einsum("hqk,khd->qhd", s, v).reshape(T, H * D))
+        if gemma:
+            x = x + norm(o, W[p + "post_attention_norm.weight"])
+            h2 = norm(x, W[p + "ffn_norm.weight"])
+            m = lin(p + "ffn_down", gelu(lin(p + "ffn_gate", h2)) * lin(p + "ffn_up", h2))
+            x = x + norm(m, W[p + "post_ffw_norm.weight"])
+        else:
+            x = x + o
+            h2 = norm(x, W[p + "ffn_norm.weight"])
+            gt = lin(p + "ffn_gate", h2)
+            x = x + lin(p + "ffn_down", gt / (1.0 + np.exp(-gt)) * lin(p + "ffn_up", h2))
+    x = norm(x, W["output_norm.weight"])
+    lg = x @ W.get("output.weight", W["token_embd.weight"]).T
+    if final_cap:
+        lg = np.tanh(lg / final_cap) * final_cap
+    return lg
+
+
+def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
+    """Compare gguf_forward with the HF reference logits of a parity fixture."""
+    with open(os.path.join(ref_dir, "reference.json")) as f:
+        ref = json.load(f)
+    V = ref["n_vocab"]
+    results, ok = [], True
+    refs = []
+    for s in ref["sequences"]:
+        key = "logits_f64" if "logits_f64" in s else "logits"
+        r = np.fromfile(os.path.join(ref_dir, s[key]), dtype="<f4").reshape(len(s["tokens"]), V).astype(np.float64)
+        refs.append((s["tokens"], r))
+    for tokens, r in refs:
+        lg = gguf_forward(gguf_path, tokens)
+        rel = float(np.abs(lg - r).max() / np.abs(r).max())
+        am = bool((lg.argmax(-1) == r.argmax(-1)).all())
+        ok &= rel <= tol and am
+        results.append({"n_tokens": len(tokens), "rel": rel, "argmax_equal": am})
+    negative = {}
+    if controls:
+        arch = GGUFFile(gguf_path).kv["general.architecture"]
+        names = ["rope_style"]
+        if arch == "llama":
+            names.append("rope_freqs")
+        if arch in ("gemma2", "gemma3"):
+            names += ["norm_plus_one", "sliding_window"]
+            if "%s.attention.scale" % arch in GGUFFile(gguf_path).kv:
+                names.append("attention_scale")
+        if arch == "gemma3":
+            names.append("local_rope")
+        if "%s.rope.scaling.factor" % arch in GGUFFile(gguf_path).kv:
+            names.append("rope_scale")
+        tokens, r = max(refs, key=lambda t: len(t[0]))
+        for m in names:
+            lg = gguf_forward(gguf_path, tokens, mutate={m})
+            negative[m] = float(np.abs(lg - r).max() / np.abs(r).max())
+            if negative[m] <= tol:
+                ok = False  # a convention the check cannot see is not checked
+    if not quiet:
+        print(f"{'ok  ' if ok else 'FAIL'} {gguf_path}: " + "; ".join(
+            f"[{x['n_tokens']}] rel {x['rel']:.2e} argmax {'ok' if x['argmax_equal'] else 'DIFFERS'}" for x in results)
+            + ("; negative controls (must fail): " + ", ".join(f"{k} {v:.1e}" for k, v in negative.items()) if negative else ""))
+    return ok, results, negative
+
+
+FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32"]
+
+
+def make_fixtures(root):
+    out_dir = os.path.join(root, "gguf")
+    os.makedirs(out_dir, exist_ok=True)
+    summary = {}
+    for name in FIXTURES:
+        src = os.path.join(root, "parity", name)
+        dst = os.path.join(out_dir, name + ".gguf")
+        convert(src, dst, "f32", name)
+        ok, res, neg = verify(dst, src)
+        g = GGUFFile(dst)
+        summary[name] = {"ok": ok, "bytes": os.path.getsize(dst), "results": res, "negative_controls": neg,
+                         "keys": {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in g.kv.items()},
+                         "tensors": {k: [GGML_TYPES[t["type"]][0], list(t["shape"])] for k, t in g.tensors.items()}}
+        if not ok:
+            raise SystemExit(f"{name}: verification failed")
+    return summary
+
+
+def main(argv):
+    if len(argv) >= 2 and argv[1] == "--verify":
+        if len(argv) not in (4, 6) or (len(argv) == 6 and argv[4] != "--tol"):
+            raise SystemExit("usage: hf_to_gguf.py --verify FILE.gguf PARITY_DIR [--tol 1e-4]")
+        ok, _, _ = verify(argv[2], argv[3], tol=float(argv[5]) if len(argv) == 6 else 1e-4)
+        sys.exit(0 if ok else 1)
+    if len(argv) >= 2 and argv[1] == "--make-fixtures":
+        root = argv[2] if len(argv) > 2 else "tests/fixtures"
+        s = make_fixtures(root)
+        if len(argv) > 3:
+            with open(argv[3], "w") as f:
+                json.dump(s, f, indent=1)
+        print(f"{len(s)} GGUF fixtures written and verified")
+        return
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("hf_dir")
+    ap.add_argument("out")
+    ap.add_argument("--outtype", choices=["f32", "f16"], default="f32")
+    args = ap.parse_args(argv[1:])
+    w = convert(args.hf_dir, args.out, args.outtype)
+    print(f"wrote {args.out}: {len(w.tensors)} tensors, {len(w.kv)} keys, {os.path.getsize(args.out)} bytes")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,486 @@
+#!/usr/bin/env python3
+"""Random-weight checkpoints with real model shapes, for `forge bench`. numpy only.
+
+    python3 tools/make_bench_model.py PRESET OUTDIR [--seed N] [--tiny] [--check]
+
+Presets (see PRESETS):
+  llama1b-f16      Llama-3.2-1B shape, HF layout: config.json + model.safetensors (F16)
+  llama1b-q4_0     same weights as ONE GGUF (OUTDIR/model.gguf), 2-D weights Q4_0, norms F32
+  llama1b-q8_0     same, Q8_0
+  llama1b-mlx4     same weights as an mlx-lm 4-bit group-64 affine checkpoint (tied head = the
+                   quantized embedding)
+  gemma3-1b-bf16   Gemma3-1B shape (gemma3_text), HF layout, BF16
+  qwen3-0.6b-f16   Qwen3-0.6B shape, HF layout, F16
+
+Weights: N(0, 0.02); RMSNorm weights 1 + N(0, 0.02) for Llama/Qwen and N(0, 0.1) for Gemma
+(Gemma applies 1 + w). Every tensor has its own random stream, seeded from (--seed, tensor name),
+and is drawn in fixed row chunks, so the same seed gives the same weights in every preset of a
+model: the Q4_0/Q8_0/MLX files are quantizations of exactly the F16 checkpoint's values (the GGUF
+ones with llama.cpp's q/k row permutation), which lets forge compare formats against each other.
+
+Memory: one chunk of rows (4M elements) at a time, except the q/k projections of the GGUF
+presets, which are permuted whole (a few MB). Files are written tensor by tensor at offsets
+known up front.
+
+GGUF files follow tools/hf_to_gguf.py (llama.cpp's converter conventions) and quantize with
+llama.cpp's reference quantizers, i.e. what `llama-quantize --pure` would make from the
+converted F16 file. They carry a synthetic SentencePiece-style vocabulary (tokenizer.ggml.model
+"llama": <unk>, <s>, </s>, 256 byte tokens, then "▁t<id>") only so that llama.cpp can load them
+(llama-bench needs a vocabulary of n_vocab tokens); the HF presets have no tokenizer files.
+
+--tiny shrinks every dimension (same code path) for tests; --check re-reads the output and
+compares tensors with the regenerated source weights.
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+import time
+import zlib
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # keep tools/ free of __pycache__
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "fixtures"))
+import hf_to_gguf as gg  # noqa: E402
+import mlx_quant as mq  # noqa: E402
+import safetensors_np as stnp  # noqa: E402
+
+CHUNK_ELEMS = 1 << 22
+STD = 0.02
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# model configs (as the published config.json files have them)
+
+def llama_config(tiny):
+    c = {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+        "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+        "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                         "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+        "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "float16",
+        "use_cache": True, "vocab_size": 128256,
+    }
+    if tiny:
+        c.update(head_dim=16, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_hidden_layers=2, num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2)
+    return c
+
+
+def gemma3_config(tiny):
+    n = 26
+    c = {
+        "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attn_logit_softcapping": None, "bos_token_id": 2, "eos_token_id": 1,
+        "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152, "initializer_range": 0.02, "intermediate_size": 6912,
+        "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4,
+        "num_hidden_layers": n, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
+        "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 512,
+        "sliding_window_pattern": 6, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": 262144,
+    }
+    if tiny:
+        c.update(head_dim=16, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_hidden_layers=6, num_key_value_heads=1, vocab_size=512, sliding_window=8,
+                 query_pre_attn_scalar=16, max_position_embeddings=4096)
+    c["layer_types"] = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                        for i in range(c["num_hidden_layers"])]
+    return dict(sorted(c.items()))
+
+
+def qwen3_config(tiny):
+    c = {
+        "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+        "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+        "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None,
+        "tie_word_embeddings": True, "torch_dtype": "float16", "use_cache": True,
+        "use_sliding_window": False, "vocab_size": 151936,
+    }
+    if tiny:
+        c.update(head_dim=32, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_hidden_layers=2, num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2)
+    return c
+
+
+MODELS = {"llama": llama_config, "gemma3": gemma3_config, "qwen3": qwen3_config}
+# preset -> (model, format, type)
+PRESETS = {
+    "llama1b-f16": ("llama", "hf", "float16"),
+    "llama1b-q4_0": ("llama", "gguf", "q4_0"),
+    "llama1b-q8_0": ("llama", "gguf", "q8_0"),
+    "llama1b-mlx4": ("llama", "mlx", "float16"),
+    "gemma3-1b-bf16": ("gemma3", "hf", "bfloat16"),
+    "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
+}
+MLX_GROUP, MLX_BITS = 64, 4
+
+
+def tensor_specs(cfg):
+    """[(HF name, shape, kind)], kind in {embed, linear, norm}; no lm_head (tied)."""
+    E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    D = cfg.get("head_dim") or E // H
+    gemma = cfg["model_type"].startswith("gemma")
+    qk_norm = cfg["model_type"] in ("qwen3", "gemma3_text")
+    out = [("model.embed_tokens.weight", (V, E), "embed")]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", (E,), "norm"))
+        out += [(p + "self_attn.q_proj.weight", (H * D, E), "linear"),
+                (p + "self_attn.k_proj.weight", (KV * D, E), "linear"),
+                (p + "self_attn.v_proj.weight", (KV * D, E), "linear"),
+                (p + "self_attn.o_proj.weight", (E, H * D), "linear")]
+        if qk_norm:
+            out += [(p + "self_attn.q_norm.weight", (D,), "norm"), (p + "self_attn.k_norm.weight", (D,), "norm")]
+        out.append((p + "post_attention_layernorm.weight", (E,), "norm"))
+        if gemma:
+            out += [(p + "pre_feedforward_layernorm.weight", (E,), "norm"),
+                    (p + "post_feedforward_layernorm.weight", (E,), "norm")]
+        out += [(p + "mlp.gate_proj.weight", (F, E), "linear"), (p + "mlp.up_proj.weight", (F, E), "linear"),
+                (p + "mlp.down_proj.weight", (E, F), "linear")]
+    out.append(("model.norm.weight", (E,), "norm"))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# weights
+
+def chunk_rows(shape):
+    cols = shape[-1] if len(shape) > 1 else shape[0]
+    rows = shape[0] if len(shape) > 1 else 1
+    return max(1, min(rows, CHUNK_ELEMS // cols))
+
+
+def gen_chunks(seed, name, shape, kind, gemma, dtype):
+    """Yield (first row, float32 rows already rounded to the checkpoint dtype)."""
+    rng = np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, zlib.crc32(name.encode())])))
+    if len(shape) == 1:
+        x = rng.standard_normal(shape[0], dtype=np.float32)
+        x = x * np.float32(0.1) if gemma else np.float32(1) + x * np.float32(STD)
+        yield 0, mq.round_to(x, dtype)
+        return
+    rows, cols = shape
+    step = chunk_rows(shape)
+    for r0 in range(0, rows, step):
+        r = min(step, rows - r0)
+        x = rng.standard_normal((r, cols), dtype=np.float32)
+        x *= np.float32(STD)
+        yield r0, mq.round_to(x, dtype)
+
+
+def full_tensor(seed, name, shape, kind, gemma, dtype):
+    parts = [c for _, c in gen_chunks(seed, name, shape, kind, gemma, dtype)]
+    return np.concatenate(parts, axis=0) if len(shape) > 1 else parts[0]
+
+
+# ---------------------------------------------------------------------------
+# safetensors, written at precomputed offsets
+
+def st_open(path, entries, metadata):
+    items = sorted(entries, key=lambda t: (-stnp.DTYPES[t[1]].itemsize, t[0]))
+    header = {"__metadata__": metadata} if metadata else {}
+    rel, off = {}, 0
+    for name, dt, shape in items:
+        nb = int(np.prod(shape, dtype=np.int64)) * stnp.DTYPES[dt].itemsize
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + nb]}
+        rel[name] = off
+        off += nb
+    hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    hb += b" " * ((8 - len(hb) % 8) % 8)
+    base = 8 + len(hb)
+    f = open(path, "wb")
+    f.write(struct.pack("<Q", len(hb)))
+    f.write(hb)
+    f.truncate(base + off)
+    return f, {k: base + v for k, v in rel.items()}, off
+
+
+def st_put(f, offset, arr):
+    f.seek(offset)
+    f.write(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data)
+
+
+def st_read_lazy(path):
+    """Header + memmap (for checks of big files)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    meta = header.pop("__metadata__", {})
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    out = {}
+    for k, v in header.items():
+        b, e = v["data_offsets"]
+        out[k] = (v["dtype"], mm[8 + n + b:8 + n + e].view(stnp.DTYPES[v["dtype"]]).reshape(v["shape"]))
+    if 8 + n + max(v["data_offsets"][1] for v in header.values()) != len(mm):
+        raise ValueError(f"{path}: size does not match the header")
+    return out, meta
+
+
+def st_dtype(dtype):
+    return mq.SAFETENSORS_DTYPE[dtype]
+
+
+def write_hf(out, cfg, dtype, seed, specs, progress):
+    gemma = cfg["model_type"].startswith("gemma")
+    sd = st_dtype(dtype)
+    entries = [(n, sd, s) for n, s, _ in specs]
+    f, offs, total = st_open(os.path.join(out, "model.safetensors"), entries, {"format": "pt"})
+    with f:
+        for i, (name, shape, kind) in enumerate(specs):
+            rb = (shape[-1] if len(shape) > 1 else shape[0]) * 2
+            for r0, x in gen_chunks(seed, name, shape, kind, gemma, dtype):
+                st_put(f, offs[name] + r0 * rb, mq.to_storage(x, dtype))
+            progress(name, int(np.prod(shape)))
+    return total
+
+
+def pack4(codes):
+    """mq.pack(codes, 4) for 4-bit codes, vectorized with shifts (checked against mq.pack)."""
+    r, n = codes.shape
+    c = codes.reshape(r, n // 8, 8).astype(np.uint32)
+    w = c[..., 0].copy()
+    for k in range(1, 8):
+        w |= c[..., k] << np.uint32(4 * k)
+    return w
+
+
+def write_mlx(out, cfg, dtype, seed, specs, progress):
+    sd = st_dtype(dtype)
+    entries, quantized = [], set()
+    for name, shape, kind in specs:
+        if kind in ("embed", "linear") and shape[-1] % MLX_GROUP == 0:
+            mod = name[: -len(".weight")]
+            quantized.add(name)
+            entries += [(mod + ".weight", "U32", (shape[0], shape[1] * MLX_BITS // 32)),
+                        (mod + ".scales", sd, (shape[0], shape[1] // MLX_GROUP)),
+                        (mod + ".biases", sd, (shape[0], shape[1] // MLX_GROUP))]
+        else:
+            entries.append((name, sd, shape))
+    f, offs, total = st_open(os.path.join(out, "model.safetensors"), entries, {"format": "mlx"})
+    checked_pack = False
+    with f:
+        for name, shape, kind in specs:
+            if name not in quantized:
+                rb = (shape[-1] if len(shape) > 1 else shape[0]) * 2
+                for r0, x in gen_chunks(seed, name, shape, kind, False, dtype):
+                    st_put(f, offs[name] + r0 * rb, mq.to_storage(x, dtype))
+            else:
+                mod = name[: -len(".weight")]
+                g = shape[1] // MLX_GROUP
+                for r0, x in gen_chunks(seed, name, shape, kind, False, dtype):
+                    codes, s, b = mq.quantize_codes(x, MLX_GROUP, MLX_BITS)
+                    words = pack4(codes)
+                    if not checked_pack:
+                        assert np.array_equal(words[:4], mq.pack(codes[:4], MLX_BITS)), "pack4 != mq.pack"
+                        checked_pack = True
+                    st_put(f, offs[mod + ".weight"] + r0 * shape[1] * MLX_BITS // 8, words)
+                    st_put(f, offs[mod + ".scales"] + r0 * g * 2, mq.to_storage(s, dtype))
+                    st_put(f, offs[mod + ".biases"] + r0 * g * 2, mq.to_storage(b, dtype))
+            progress(name, int(np.prod(shape)))
+    index = {"metadata": {"total_size": total, "total_parameters": sum(int(np.prod(s)) for _, s, _ in specs)},
+             "weight_map": {k: "model.safetensors" for k in sorted(n for n, _, _ in entries)}}
+    with open(os.path.join(out, "model.safetensors.index.json"), "w") as fi:
+        json.dump(index, fi, indent=4)
+    return total
+
+
+def synthetic_vocab(w, n_vocab):
+    """A SentencePiece-style vocabulary of n_vocab tokens so that llama.cpp accepts the file."""
+    toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    toks += [f"\u2581t{i}" for i in range(len(toks), n_vocab)]
+    toks = toks[:n_vocab]
+    types = ([2, 3, 3] + [6] * 256 + [1] * n_vocab)[:n_vocab]
+    scores = [0.0] * min(n_vocab, 259) + [-float(i) for i in range(max(0, n_vocab - 259))]
+    w.add("tokenizer.ggml.model", gg.STRING, "llama")
+    w.add("tokenizer.ggml.tokens", gg.ARRAY, (gg.STRING, toks))
+    w.add("tokenizer.ggml.scores", gg.ARRAY, (gg.F32V, scores))
+    w.add("tokenizer.ggml.token_type", gg.ARRAY, (gg.I32, types))
+    w.add("tokenizer.ggml.bos_token_id", gg.U32, 1)
+    w.add("tokenizer.ggml.eos_token_id", gg.U32, 2)
+    w.add("tokenizer.ggml.unknown_token_id", gg.U32, 0)
+    w.add("tokenizer.ggml.add_bos_token", gg.BOOL, True)
+    w.add("tokenizer.ggml.add_eos_token", gg.BOOL, False)
+
+
+def gguf_plan(cfg, outtype, specs):
+    hp, _ = gg.hparams_of(cfg)
+    arch = gg.ARCHS[cfg["model_type"]]
+    plan = []  # (gguf name, hf name or None, shape, ggml type)
+    for gname, arr in gg.extra_tensors(cfg, arch):
+        plan.append((gname, None, arr.shape, gg.GGML_F32, arr))
+    for name, shape, kind in specs:
+        gname = gg.gguf_tensor_name(name, arch)
+        plan.append((gname, name, shape, gg.out_type(gname, len(shape), outtype), None))
+    return arch, hp, plan
+
+
+def write_gguf(out, cfg, outtype, seed, specs, progress, preset):
+    arch, hp, plan = gguf_plan(cfg, outtype, specs)
+    w = gg.GGUFWriter(arch)
+    gg.gguf_metadata(w, cfg, outtype, preset)
+    synthetic_vocab(w, cfg["vocab_size"])
+    w.add("general.quantization_version", gg.U32, gg.GGML_QUANT_VERSION)
+    by_name = {}
+    for gname, hf, shape, gt, arr in plan:
+        w.add_tensor(gname, shape, gt)
+        by_name[gname] = (hf, shape, gt, arr)
+    gemma = arch.startswith("gemma")
+
+    def produce(gname, shape, gt):
+        hf, shape, gt, arr = by_name[gname]
+        if hf is None:
+            yield gg.encode(arr, gt)
+            return
+        kind = "norm" if len(shape) == 1 else "linear"
+        permuted = arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight"))
+        if permuted or len(shape) == 1:
+            x = full_tensor(seed, hf, shape, kind, gemma, "float16")
+            yield gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)
+        else:
+            for _, x in gen_chunks(seed, hf, shape, kind, gemma, "float16"):
+                yield gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)
+        progress(hf, int(np.prod(shape)))
+
+    return w.write(os.path.join(out, "model.gguf"), produce)
+
+
+# ---------------------------------------------------------------------------
+# checks
+
+def check(out, preset, cfg, seed, specs):
+    """Re-read the output; compare tensors with the regenerated source weights."""
+    model, fmt, typ = PRESETS[preset]
+    gemma = cfg["model_type"].startswith("gemma")
+    dtype = "bfloat16" if gemma else "float16"
+    n_full = len(specs) if cfg["vocab_size"] <= 4096 else 0  # tiny: every tensor
+    picks = specs if n_full else [s for s in specs if s[0] in (
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.0.input_layernorm.weight", "model.norm.weight", "model.layers.1.mlp.down_proj.weight")]
+    lines = []
+    if fmt in ("hf", "mlx"):
+        path = os.path.join(out, "model.safetensors")
+        t, meta = (stnp.read(path) if os.path.getsize(path) < (256 << 20) else st_read_lazy(path))
+        assert meta == {"format": "mlx" if fmt == "mlx" else "pt"}, meta
+        for name, shape, kind in picks:
+            src = full_tensor(seed, name, shape, kind, gemma, dtype)
+            if fmt == "hf" or name.endswith("norm.weight"):
+                dt, a = t[name]
+                got = mq.storage_to_f32(np.asarray(a), dtype)
+                assert got.shape == tuple(shape) and np.array_equal(got, src), name
+            else:
+                mod = name[: -len(".weight")]
+                r = mq.quantize(src, MLX_GROUP, MLX_BITS, dtype)  # reference path, incl. mq.pack
+                for leaf in ("weight", "scales", "biases"):
+                    assert np.array_equal(np.asarray(t[f"{mod}.{leaf}"][1]), r[leaf]), f"{mod}.{leaf}"
+                deq = mq.dequantize(t[mod + ".weight"][1], t[mod + ".scales"][1], t[mod + ".biases"][1],
+                                    MLX_GROUP, MLX_BITS, dtype)
+                step = np.abs(mq.storage_to_f32(np.asarray(t[mod + ".scales"][1]), dtype)).repeat(MLX_GROUP, 1)
+                err = np.abs(deq - src)
+                assert (err <= step * 1.01 + 1e-6).all(), name  # clamped ends: up to one step
+            lines.append(name)
+        n_st = len(t)
+        lines = [f"safetensors: {n_st} tensors, {len(lines)} compared with the source weights"]
+    else:
+        g = gg.GGUFFile(os.path.join(out, "model.gguf"))
+        arch, hp, plan = gguf_plan(cfg, typ, specs)
+        assert g.kv["general.architecture"] == arch
+        assert g.kv["general.file_type"] == gg.FILE_TYPE[typ]
+        assert len(g.kv["tokenizer.ggml.tokens"]) == cfg["vocab_size"]
+        assert set(g.tensors) == {p[0] for p in plan}
+        worst = {}
+        for gname, hf, shape, gt, arr in plan:
+            info = g.tensors[gname]
+            assert info["shape"] == tuple(shape) and info["type"] == gt, gname
+            if hf is None:
+                assert np.array_equal(g.get(gname, np.float32), arr)
+                continue
+            if hf not in {p[0] for p in picks}:
+                continue
+            src = gg.transform(hf, full_tensor(seed, hf, shape, "norm" if len(shape) == 1 else "linear", gemma, "float16"),
+                               "F16", arch, hp)
+            got = g.get(gname, np.float32)
+            if gt == gg.GGML_F32:
+                assert np.array_equal(got, src), gname
+                continue
+            assert np.array_equal(np.asarray(g.raw(gname)).reshape(-1), gg.encode(src, gt).view(np.uint8).reshape(-1)), gname
+            amax = np.abs(src.reshape(-1, 32)).max(1, keepdims=True)
+            step = amax / 8 if gt == gg.GGML_Q4_0 else amax / 127 * 1.2 / 2
+            err = np.abs(got - src).reshape(-1, 32)
+            assert (err <= step * 1.01 + 1e-7).all(), gname
+            worst[gname] = float((err / np.maximum(amax, 1e-30)).max())
+        lines = [f"gguf: {len(g.tensors)} tensors, {len(g.kv)} keys, data at {g.data_offset}; "
+                 f"{len(worst)} quantized tensors byte-identical to a fresh quantization of the source and "
+                 f"within quantization error (max |err|/amax {max(worst.values()) if worst else 0:.3g})"]
+    return lines
+
+
+# ---------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description="random-weight bench checkpoints with real shapes")
+    ap.add_argument("preset", choices=sorted(PRESETS))
+    ap.add_argument("outdir")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="shrink every dimension (tests)")
+    ap.add_argument("--check", action="store_true", help="re-read and compare with the source weights")
+    args = ap.parse_args()
+    model, fmt, typ = PRESETS[args.preset]
+    cfg = MODELS[model](args.tiny)
+    specs = tensor_specs(cfg)
+    n_params = sum(int(np.prod(s)) for _, s, _ in specs)
+    os.makedirs(args.outdir, exist_ok=True)
+    t0 = time.time()
+    done = [0]
+    last = [0.0]
+
+    def progress(name, n):
+        done[0] += n
+        now = time.time()
+        if now - last[0] > 2 or done[0] == n_params:
+            last[0] = now
+            log(f"  {100.0 * done[0] / n_params:5.1f}%  {done[0] / 1e6:8.1f}M / {n_params / 1e6:.1f}M params"
+                f"  {now - t0:6.1f}s  {name}")
+
+    log(f"{args.preset}: {n_params / 1e6:.1f}M parameters -> {args.outdir}")
+    if fmt == "gguf":
+        size = write_gguf(args.outdir, cfg, typ, args.seed, specs, progress, args.preset)
+    else:
+        conf = dict(cfg)
+        if fmt == "mlx":
+            q = {"group_size": MLX_GROUP, "bits": MLX_BITS, "mode": "affine"}
+            conf["quantization"] = q
+            conf["quantization_config"] = dict(q)
+            conf = dict(sorted(conf.items()))
+        with open(os.path.join(args.outdir, "config.json"), "w") as f:
+            json.dump(conf, f, indent=2)
+        writer = write_mlx if fmt == "mlx" else write_hf
+        size = writer(args.outdir, cfg, typ, args.seed, specs, progress)
+    dt = time.time() - t0
+    log(f"{args.preset}: wrote {size / 2**30:.3f} GiB of tensor data in {dt:.1f}s")
+    if args.check:
+        t1 = time.time()
+        for line in check(args.outdir, args.preset, cfg, args.seed, specs):
+            log("check ok: " + line)
+        log(f"check took {time.time() - t1:.1f}s")
+
+
+if __name__ == "__main__":
+    main()
