@@ -40,7 +40,7 @@ TEST_SRCS := $(wildcard tests/test_*.cpp)
 $(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
 	$(CC) -std=c11 $(OPT) $(WARN) -DFORGE_TESTING -I. -I$(BUILD) -c tests/internal.c -o $@
 
-$(BUILD)/forge_tests: $(TEST_SRCS) tests/internal.h tests/util.h $(BUILD)/internal_test.o
+$(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.o
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 
@@ -63,7 +63,7 @@ clean:
 
 # Fuzz targets (clang, libFuzzer + ASan/UBSan): each parser for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 30
-FUZZERS := safetensors gguf config
+FUZZERS := safetensors gguf config tokenizer_json tokenize
 FUZZ_CC ?= clang
 fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 	@for f in $(FUZZERS); do \
@@ -75,4 +75,4 @@ fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 
 $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFORGE_TESTING \
-		-I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@
+		-DFORGE_SOURCE_DIR='"$(CURDIR)"' -I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@

@@ -157,6 +157,11 @@ typedef struct forge_model_params {
     void *log_user_data;
     forge_progress_fn progress;    /* optional */
     void *progress_user_data;
+    /* 1: load only the tokenizer: no weights, no Vulkan device. The path may then also be a
+     * tokenizer.json, a directory holding one (config.json not needed) or a GGUF with
+     * tokenizer metadata and no tensors. Only the tokenizer calls (and errmsg, free,
+     * n_vocab) work on such a model; the others fail with FORGE_ERR_UNSUPPORTED. */
+    int vocab_only;
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);
@@ -273,14 +278,84 @@ FORGE_API forge_status forge_eval(forge_session *session, const int32_t *tokens,
 
 /* ---------------------------------------------------------------------------------------
  * Tokenizer (model-level; the model's tokenizer is immutable, these are thread-safe)
+ *
+ * forge runs what the model's tokenizer.json declares (normalizer, pre-tokenizer, BPE model,
+ * post-processor, decoder, added tokens), or the vocabulary in a GGUF (tokenizer.ggml.*),
+ * and gives HuggingFace tokenizers' ids. A tokenizer.json component forge does not implement
+ * fails the load with FORGE_ERR_UNSUPPORTED naming it.
+ *
+ * Text is UTF-8. Invalid UTF-8 is not an error: every maximal invalid byte sequence is read
+ * as one U+FFFD (what Rust's String::from_utf8_lossy, and so HF on the same bytes made into
+ * a string, does). Detokenized text is always valid UTF-8 (bytes that do not form
+ * characters come out as U+FFFD).
+ *
+ * Every call below fails with FORGE_ERR_INVALID_ARGUMENT on a NULL or failed model, or one
+ * without a tokenizer (message on the model).
  * ------------------------------------------------------------------------------------- */
 
-/* The vocabulary entry of `token` as stored ("Ġthe", "▁the", "<0x0A>"), or NULL when out of
- * range or the model has no vocabulary. Valid for the model's lifetime. */
+/* forge_tokenize flags. With none, the result is HF encode(text, add_special_tokens=False):
+ * special-token text in the input ("<|eot_id|>") becomes its id, nothing is added. */
+#define FORGE_TOKENIZE_ADD_SPECIAL 1u      /* add what the post-processor declares (BOS, ...) */
+#define FORGE_TOKENIZE_NO_PARSE_SPECIAL 2u /* special-token text is ordinary text (HF
+                                            * encode_special_tokens; non-special added tokens
+                                            * are still matched) */
+
+/* Tokenizes text[0..len) (need not be NUL-terminated; may be NULL when len is 0). Writes
+ * the ids to ids[0..capacity) and their number to *n_ids. When capacity is too small, writes
+ * nothing, sets *n_ids to the number needed and returns FORGE_ERR_BUFFER_TOO_SMALL.
+ * Scratch memory is allocated per call and freed before it returns. FORGE_ERR_LIMIT for
+ * text over 1 GiB. */
+FORGE_API forge_status forge_tokenize(const forge_model *model, const char *text, size_t len, uint32_t flags,
+                                      int32_t *ids, size_t capacity, size_t *n_ids);
+
+/* forge_detokenize flags. With none: HF decode(ids, skip_special_tokens=False). */
+#define FORGE_DETOKENIZE_SKIP_SPECIAL 1u   /* leave out special tokens (bos, eos, ...) */
+
+/* Decodes ids to UTF-8 text as the tokenizer's decoder says. Writes the text and a NUL to
+ * text[0..capacity) and its length (without the NUL) to *n_bytes. When capacity < length + 1,
+ * sets *n_bytes to the length and returns FORGE_ERR_BUFFER_TOO_SMALL. An id outside the
+ * vocabulary gives FORGE_ERR_INVALID_ARGUMENT. */
+FORGE_API forge_status forge_detokenize(const forge_model *model, const int32_t *ids, size_t n_ids, uint32_t flags,
+                                        char *text, size_t capacity, size_t *n_bytes);
+
+/* Streaming detokenizer, for token-by-token output. The caller owns the state (no
+ * allocation); one state per stream. Each call emits only complete UTF-8: a token that ends
+ * inside a character is held until the character is complete (or until 16 tokens are held,
+ * then U+FFFD). The concatenated output of next() calls and a final flush() equals
+ * forge_detokenize of all the ids. */
+#define FORGE_DETOK_STREAM_WINDOW 16
+typedef struct forge_detok_stream {
+    uint32_t struct_size;          /* set by forge_detok_stream_init */
+    uint32_t flags;                /* FORGE_DETOKENIZE_* */
+    int32_t n_ids, n_read;         /* internal */
+    uint32_t read_bytes;           /* internal */
+    int32_t ids[FORGE_DETOK_STREAM_WINDOW]; /* internal */
+} forge_detok_stream;
+
+/* Starts (or restarts) a stream; flags as forge_detokenize's. */
+FORGE_API void forge_detok_stream_init(forge_detok_stream *stream, uint32_t flags);
+
+/* Feeds one token; writes the text it completes (possibly "") and a NUL to text[0..capacity),
+ * its length to *n_bytes. FORGE_ERR_BUFFER_TOO_SMALL (with the length needed in *n_bytes)
+ * leaves the stream as it was, so the call can be repeated with a bigger buffer. */
+FORGE_API forge_status forge_detok_stream_next(const forge_model *model, forge_detok_stream *stream, int32_t token,
+                                               char *text, size_t capacity, size_t *n_bytes);
+
+/* Ends a stream: writes what is still held (incomplete characters as U+FFFD) like next(),
+ * then restarts the stream. */
+FORGE_API forge_status forge_detok_stream_flush(const forge_model *model, forge_detok_stream *stream, char *text,
+                                                size_t capacity, size_t *n_bytes);
+
+/* The vocabulary entry of `token` as stored ("Ġthe", "▁the", "<0x0A>", "<|eot_id|>"), or NULL
+ * when out of range or the model has no vocabulary. Valid for the model's lifetime. */
 FORGE_API const char *forge_token_piece(const forge_model *model, int32_t token);
 
-/* The id of a vocabulary entry, or -1. */
+/* The id of a vocabulary entry or added token (exact text), or -1. */
 FORGE_API int32_t forge_token_id(const forge_model *model, const char *piece);
+
+/* 1 when `token` is a special token (tokenizer.json "special": true; GGUF control or
+ * unknown tokens), else 0. */
+FORGE_API int forge_token_is_special(const forge_model *model, int32_t token);
 
 typedef struct forge_special_tokens {
     int32_t bos;          /* -1 when the model has none */
@@ -289,22 +364,14 @@ typedef struct forge_special_tokens {
     int32_t pad;
     int32_t unk;
     int32_t n_eos;        /* number of ids in eos_ids */
-    int32_t eos_ids[8];   /* every id that ends generation (eos, eot, the family's others) */
+    int32_t eos_ids[8];   /* every id that ends generation (eos, eot, generation_config's others) */
+    int32_t sot;          /* start of turn: <|start_header_id|>, <|im_start|>, <start_of_turn>; -1 if none */
 } forge_special_tokens;
 
+/* The special ids of the model's tokenizer: from tokenizer_config.json / generation_config.json
+ * / the post-processor (tokenizer.json) or tokenizer.ggml.*_token_id (GGUF); eot and sot by
+ * the chat formats' marker texts when the files do not name them. */
 FORGE_API forge_status forge_model_special_tokens(const forge_model *model, forge_special_tokens *out);
-
-/* TEMPORARY until the tokenizer lands */
-#define FORGE_TOKENIZE_ADD_SPECIAL 1u
-FORGE_API forge_status forge_tokenize(const forge_model *model, const char *text, size_t text_len, uint32_t flags,
-                                      int32_t *tokens, size_t capacity, size_t *n_tokens);
-typedef struct forge_detok_stream {
-    uint32_t struct_size;
-    int started;
-} forge_detok_stream;
-FORGE_API void forge_detok_stream_init(forge_detok_stream *stream);
-FORGE_API forge_status forge_detok_stream_next(const forge_model *model, forge_detok_stream *stream, int32_t token,
-                                               char *out, size_t capacity, size_t *out_len);
 
 /* ---------------------------------------------------------------------------------------
  * Generation

@@ -137,3 +137,67 @@ int forge_bench_main(int argc, char **argv) {
     forge_model_free(m);
     return rc;
 }
+
+/* `forge bench-tokenize PATH TEXTFILE [-r 3]`: tokenizer speed, single-threaded.
+ * load_s: forge_model_load with vocab_only (the tokenizer only), median of R loads.
+ * mb_per_s: TEXTFILE's bytes / the median time of R forge_tokenize calls on the whole file as
+ * one text (after one warm-up), without special tokens added.
+ * Prints {"path", "text_bytes", "n_tokens", "reps", "load_s", "encode_s", "mb_per_s"}. */
+forge_model *forge_cli_load_vocab(const char *path, int verbose); /* tools/forge_cli.c */
+
+int forge_bench_tokenize_main(int argc, char **argv) {
+    const char *path = NULL, *file = NULL;
+    int R = 3;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
+        else if (!path) path = argv[i];
+        else if (!file) file = argv[i];
+        else { fprintf(stderr, "forge bench-tokenize: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!path || !file || R < 1) {
+        fprintf(stderr, "usage: forge bench-tokenize PATH TEXTFILE [-r 3]\n");
+        return 2;
+    }
+    FILE *f = fopen(file, "rb");
+    if (!f) { fprintf(stderr, "forge bench-tokenize: cannot open %s\n", file); return 1; }
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)size + 1);
+    if (!text || fread(text, 1, (size_t)size, f) != (size_t)size) { fclose(f); free(text); return 1; }
+    fclose(f);
+    double *loads = malloc(sizeof(double) * (size_t)R), *encs = malloc(sizeof(double) * (size_t)R);
+    forge_model *m = NULL;
+    for (int r = 0; r < R; r++) {
+        if (m) forge_model_free(m);
+        double t0 = now_s();
+        m = forge_cli_load_vocab(path, 0);
+        loads[r] = now_s() - t0;
+        if (!m) { free(text); free(loads); free(encs); return 1; }
+    }
+    size_t cap = (size_t)size + 16, n = 0;
+    int32_t *ids = malloc(sizeof(int32_t) * cap);
+    int rc = 0;
+    for (int r = 0; r <= R; r++) { /* r = 0 is a warm-up */
+        double t0 = now_s();
+        if (forge_tokenize(m, text, (size_t)size, 0, ids, cap, &n) != FORGE_OK) {
+            fprintf(stderr, "forge bench-tokenize: %s\n", forge_model_errmsg(m));
+            rc = 1;
+            break;
+        }
+        if (r > 0) encs[r - 1] = now_s() - t0;
+    }
+    if (!rc) {
+        double enc = median(encs, R);
+        printf("{\"path\": ");
+        json_str(path);
+        printf(", \"text_bytes\": %ld, \"n_tokens\": %zu, \"reps\": %d, \"load_s\": %.4f, \"encode_s\": %.4f, \"mb_per_s\": %.3f}\n",
+               size, n, R, median(loads, R), enc, (double)size / 1e6 / enc);
+    }
+    forge_model_free(m);
+    free(ids);
+    free(text);
+    free(loads);
+    free(encs);
+    return rc;
+}

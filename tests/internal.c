@@ -344,6 +344,7 @@ forge_status ft_gguf_mem(const uint8_t *data, size_t size) {
         forge__tokenizer tk;
         forge__config_from_gguf(&g, &t, "fuzz", &cfg, &e);
         forge__tokenizer_from_gguf(&tk, &g, &a, "fuzz", &e);
+        forge__tokenizer_free(&tk);
     }
     forge__arena_free(&a);
     return st;
@@ -353,6 +354,29 @@ forge_status ft_config_mem(const uint8_t *data, size_t size) {
     forge__err e;
     forge__config cfg;
     return forge__config_from_hf_json((const char *)data, size, "fuzz", &cfg, &e);
+}
+
+forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size) {
+    forge__err e;
+    forge__arena a = {0};
+    forge__tokenizer tk;
+    forge_status st = forge__tokenizer_from_json(&tk, (const char *)data, size, NULL, 0, &a, "fuzz", &e);
+    if (!st) { /* a file that loads must also tokenize and decode whatever it declares */
+        static const char *texts[] = {"Hello world, it's 2024!", "  \t\n\r\n <s></s> \xc3\xa9t\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd", "\xff\xfe", ""};
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+            forge__tkwork w;
+            forge__tkwork_init(&w, &tk);
+            forge__tk_encode(&w, texts[i], strlen(texts[i]), i & 1, true);
+            forge__buf out;
+            forge__buf_init(&out, NULL, 0);
+            if (!forge__tkwork_oom(&w)) forge__tk_decode(&tk, (const int32_t *)w.ids.p, FORGE__VEC_LEN(&w.ids, int32_t), false, &out, NULL, &e);
+            forge__buf_free(&out);
+            forge__tkwork_free(&w);
+        }
+        forge__tokenizer_free(&tk);
+    }
+    forge__arena_free(&a);
+    return st;
 }
 
 forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,

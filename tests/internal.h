@@ -85,6 +85,8 @@ forge_status ft_gguf_file(const char *path, char *err, size_t err_size, int *n_t
 forge_status ft_safetensors_mem(const uint8_t *data, size_t size);
 forge_status ft_gguf_mem(const uint8_t *data, size_t size);
 forge_status ft_config_mem(const uint8_t *data, size_t size);
+/* tokenizer.json on a buffer; when it loads, also encodes and decodes a few texts with it. */
+forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 
 #ifdef __cplusplus
 }

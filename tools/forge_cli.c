@@ -6,18 +6,23 @@
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
  *   forge bench MODEL [-p 512] [-n 128] [-r 3]
+ *   forge tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)
+ *   forge tokenize PATH [--skip-special] --decode (IDS | --stdin-json)
+ *   forge bench-tokenize PATH TEXTFILE [-r 3]
  *
  * Common options: --device INDEX|NAME, -v (log to stderr).
  * Output formats of `logits` and `bench` are JSON and stable. */
 #define _DEFAULT_SOURCE 1
 #include "forge.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 int forge_bench_main(int argc, char **argv); /* bench/bench.c */
+int forge_bench_tokenize_main(int argc, char **argv); /* bench/bench.c */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -32,10 +37,21 @@ static void usage(FILE *f) {
             "                                   logits of the last (or every) position as JSON\n"
             "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
             "                                   prefill and decode speed as one JSON object\n"
+            "  tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)\n"
+            "                                   token ids as a JSON array (--stdin-json: a JSON array of\n"
+            "                                   strings in, a JSON array of id arrays out); --special adds\n"
+            "                                   BOS etc. as the tokenizer declares; --no-parse-special reads\n"
+            "                                   special-token text as plain text\n"
+            "  tokenize PATH [--skip-special] --decode (IDS | --stdin-json)\n"
+            "                                   text of the ids (\"1 2 3\" or \"[1,2,3]\"); --stdin-json: a JSON\n"
+            "                                   array of id arrays in, a JSON array of strings out\n"
+            "  bench-tokenize PATH TEXTFILE [-r 3]\n"
+            "                                   tokenizer load time and encode speed as one JSON object\n"
             "options: --device INDEX|NAME   choose the Vulkan device\n"
             "         --ctx N               context length of the session\n"
             "         -v                    log to stderr\n"
-            "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n");
+            "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n"
+            "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n");
 }
 
 static void log_stderr(void *user, forge_log_level level, const char *msg) {
@@ -231,6 +247,179 @@ static int cmd_logits(int argc, char **argv) {
     return rc;
 }
 
+/* Loads only the tokenizer of PATH (vocab_only). */
+forge_model *forge_cli_load_vocab(const char *path, int verbose) {
+    forge_model_params mp = forge_model_default_params();
+    mp.vocab_only = 1;
+    if (verbose) mp.log = log_stderr;
+    forge_model *m = NULL;
+    forge_status st = forge_model_load(path, &mp, &m);
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        forge_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void json_string_out(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+static char *read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, stdin)) > 0;) {
+        n += r;
+        if (n == cap) buf = realloc(buf, cap *= 2);
+    }
+    if (buf) buf[n < cap ? n : cap - 1] = 0;
+    *len = n;
+    return buf;
+}
+
+/* Prints the ids of one text as a JSON array; 0 on success. */
+static int print_ids(forge_model *m, const char *text, size_t len, uint32_t flags) {
+    size_t cap = len + 16, n = 0;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    forge_status st = forge_tokenize(m, text, len, flags, ids, cap, &n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        ids = realloc(ids, sizeof *ids * (cap = n));
+        st = forge_tokenize(m, text, len, flags, ids, cap, &n);
+    }
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        free(ids);
+        return 1;
+    }
+    putchar('[');
+    for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+    putchar(']');
+    free(ids);
+    return 0;
+}
+
+/* Prints the text of ids as a JSON string (json) or as it is; 0 on success. */
+static int print_text(forge_model *m, const int32_t *ids, size_t n, uint32_t flags, int json) {
+    size_t cap = 64 + 16 * n, len = 0;
+    char *text = malloc(cap);
+    forge_status st = forge_detokenize(m, ids, n, flags, text, cap, &len);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        text = realloc(text, cap = len + 1);
+        st = forge_detokenize(m, ids, n, flags, text, cap, &len);
+    }
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        free(text);
+        return 1;
+    }
+    if (json) json_string_out(text, len);
+    else fwrite(text, 1, len, stdout);
+    free(text);
+    return 0;
+}
+
+static int32_t *json_ids(const cJSON *arr, size_t *n) {
+    size_t cnt = (size_t)cJSON_GetArraySize(arr), k = 0;
+    int32_t *ids = malloc(sizeof *ids * (cnt ? cnt : 1));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it)) { free(ids); return NULL; }
+        ids[k++] = (int32_t)it->valuedouble;
+    }
+    *n = k;
+    return ids;
+}
+
+static int cmd_tokenize(int argc, char **argv) {
+    const char *path = NULL, *arg = NULL;
+    int stdin_json = 0, decode = 0, verbose = 0, have_arg = 0;
+    uint32_t tflags = 0, dflags = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--special")) tflags |= FORGE_TOKENIZE_ADD_SPECIAL;
+        else if (!strcmp(argv[i], "--no-parse-special")) tflags |= FORGE_TOKENIZE_NO_PARSE_SPECIAL;
+        else if (!strcmp(argv[i], "--skip-special")) dflags |= FORGE_DETOKENIZE_SKIP_SPECIAL;
+        else if (!strcmp(argv[i], "--stdin-json")) stdin_json = 1;
+        else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "-v")) verbose = 1;
+        else if (!path) path = argv[i];
+        else if (!have_arg) { arg = argv[i]; have_arg = 1; }
+        else { usage(stderr); return 2; }
+    }
+    if (!path || (stdin_json == have_arg)) { usage(stderr); return 2; }
+    forge_model *m = forge_cli_load_vocab(path, verbose);
+    if (!m) return 1;
+    int rc = 0;
+    if (!stdin_json && !decode) {
+        rc = print_ids(m, arg, strlen(arg), tflags);
+        putchar('\n');
+    } else if (!stdin_json) {
+        cJSON *arr = NULL;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (arg[strspn(arg, " \t")] == '[') {
+            arr = cJSON_Parse(arg);
+            ids = arr && cJSON_IsArray(arr) ? json_ids(arr, &n) : NULL;
+        } else {
+            ids = malloc(sizeof *ids * (strlen(arg) / 2 + 1));
+            for (char *p = (char *)arg, *end; ids;) {
+                while (*p == ' ' || *p == ',' || *p == '\t') p++;
+                if (!*p) break;
+                long v = strtol(p, &end, 10);
+                if (end == p) { free(ids); ids = NULL; break; }
+                ids[n++] = (int32_t)v;
+                p = end;
+            }
+        }
+        cJSON_Delete(arr);
+        if (!ids) { fprintf(stderr, "forge: --decode: '%s' is not a list of ids\n", arg); rc = 2; }
+        else { rc = print_text(m, ids, n, dflags, 0); putchar('\n'); }
+        free(ids);
+    } else {
+        size_t len;
+        char *in = read_stdin(&len);
+        cJSON *arr = in ? cJSON_ParseWithLength(in, len) : NULL;
+        if (!cJSON_IsArray(arr)) {
+            fprintf(stderr, "forge: --stdin-json: stdin is not a JSON array\n");
+            rc = 2;
+        } else {
+            putchar('[');
+            const cJSON *it;
+            int first = 1;
+            cJSON_ArrayForEach(it, arr) {
+                if (!first) fputs(", ", stdout);
+                first = 0;
+                if (!decode && cJSON_IsString(it)) {
+                    rc = print_ids(m, it->valuestring, strlen(it->valuestring), tflags);
+                } else if (decode && cJSON_IsArray(it)) {
+                    size_t n;
+                    int32_t *ids = json_ids(it, &n);
+                    rc = ids ? print_text(m, ids, n, dflags, 1) : 2;
+                    free(ids);
+                } else {
+                    rc = 2;
+                }
+                if (rc) { fprintf(stderr, "forge: --stdin-json: bad element\n"); break; }
+            }
+            puts("]");
+        }
+        cJSON_Delete(arr);
+        free(in);
+    }
+    forge_model_free(m);
+    return rc;
+}
+
 /* The bundled demo model: next to the executable in the source tree (build/../models) or
  * the install tree (bin/../share/forge), or where the build recorded the source tree. */
 static const char *bundled_model(void) {
@@ -349,6 +538,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench-tokenize")) return forge_bench_tokenize_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version")) { printf("forge %s\n", forge_version()); return 0; }
     fprintf(stderr, "forge: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -1,0 +1,384 @@
+/* Tokenizer: conformance vectors (llama.cpp's, and HF's outputs for the four real
+ * tokenizer.json files), differential tests against HF tokenizers on generated strings, and
+ * the API contract (buffers, streaming, invalid UTF-8, vocab-only models). */
+#include "tok_util.h"
+
+#include <thread>
+
+namespace {
+
+const char *kFamilies[] = {"llama3", "qwen3", "gemma3", "gemma2"};
+
+/* Loaded tokenizers are cached for the whole run (gemma3's file is 33 MB), freed at exit. */
+struct ModelCache : std::map<std::string, forge_model *> {
+    ~ModelCache() {
+        for (auto &kv : *this) forge_model_free(kv.second);
+    }
+};
+
+forge_model *family(const std::string &name) {
+    static ModelCache cache;
+    static std::mutex mu;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(name);
+    if (it != cache.end()) return it->second;
+    std::string d = ft::tok_data();
+    forge_model *m = d.empty() ? nullptr : ft::load_vocab(d + "/" + name);
+    cache[name] = m;
+    return m;
+}
+
+/* The texts of a family's added tokens (special and not), for generated strings. */
+std::vector<std::string> added_texts(forge_model *m) {
+    std::vector<std::string> v;
+    static const char *known[] = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>",
+                                  "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_call>",
+                                  "<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>", "<unused5>", "<unk>",
+                                  "<mask>", "<0x41>", "<|fim_prefix|>", "<image_soft_token>", "<h1>", "</code>", "<table>"};
+    for (const char *k : known)
+        if (forge_token_id(m, k) >= 0) v.push_back(k);
+    v.push_back("<|not_a_token|>");
+    return v;
+}
+
+void conformance(forge_model *m, const std::string &inp, const std::string &out, uint32_t flags, const std::string &what) {
+    std::vector<std::string> cases = ft::read_inp(inp);
+    std::vector<std::vector<int32_t>> want = ft::read_out(out);
+    ASSERT_GE(want.size(), cases.size()) << out;
+    ASSERT_GT(cases.size(), 40u) << inp;
+    size_t ok = 0;
+    for (size_t i = 0; i < cases.size(); i++) {
+        std::vector<int32_t> got = ft::encode(m, cases[i], flags);
+        if (got == want[i]) ok++;
+        else ADD_FAILURE() << what << " case " << i << " " << ft::show_str(cases[i]) << "\n  want " << ft::show_ids(want[i])
+                           << "\n  got  " << ft::show_ids(got);
+    }
+    EXPECT_EQ(ok, cases.size()) << what;
+    printf("[ conformance ] %s: %zu/%zu\n", what.c_str(), ok, cases.size());
+}
+
+} // namespace
+
+TEST(TokConformance, RealTokenizersStandardVectors) {
+    std::string d = ft::tok_data();
+    ASSERT_FALSE(d.empty());
+    for (const char *f : kFamilies) {
+        forge_model *m = family(f);
+        ASSERT_NE(m, nullptr) << f;
+        conformance(m, d + "/llamacpp-standard.inp", d + "/llamacpp-standard." + f + ".out", 0, f);
+    }
+}
+
+TEST(TokConformance, LlamaCppVocabGgufs) {
+    std::string d = ft::tok_data();
+    ASSERT_FALSE(d.empty());
+    const char *vocabs[] = {"gpt-2", "llama-spm", "phi-3", "deepseek-coder", "deepseek-llm", "falcon", "mpt", "refact", "starcoder"};
+    for (const char *v : vocabs) {
+        std::string g = d + "/ggml-vocab-" + v + ".gguf";
+        forge_model *m = ft::load_vocab(g);
+        ASSERT_NE(m, nullptr) << v;
+        /* the .out files were made with special-token text read as plain text */
+        conformance(m, g + ".inp", g + ".out", FORGE_TOKENIZE_NO_PARSE_SPECIAL, v);
+        forge_model_free(m);
+    }
+    /* gpt-neox has no vectors of its own; MPT ships GPT-NeoX-20B's tokenizer, whose vectors these are */
+    forge_model *m = ft::load_vocab(d + "/ggml-vocab-gpt-neox.gguf");
+    ASSERT_NE(m, nullptr);
+    conformance(m, d + "/ggml-vocab-mpt.gguf.inp", d + "/ggml-vocab-mpt.gguf.out", FORGE_TOKENIZE_NO_PARSE_SPECIAL, "gpt-neox");
+    forge_model_free(m);
+}
+
+/* baichuan's GGUF has no vectors here: it must load and give text back unchanged. */
+TEST(TokConformance, BaichuanRoundTrips) {
+    std::string d = ft::tok_data();
+    ASSERT_FALSE(d.empty());
+    forge_model *m = ft::load_vocab(d + "/ggml-vocab-baichuan.gguf");
+    ASSERT_NE(m, nullptr);
+    for (const std::string &s : ft::read_inp(d + "/llamacpp-standard.inp")) {
+        std::vector<int32_t> ids = ft::encode(m, s, FORGE_TOKENIZE_NO_PARSE_SPECIAL);
+        /* SentencePiece decoding drops the one space the encoder prefixed */
+        EXPECT_EQ(ft::decode(m, ids), s) << ft::show_str(s);
+    }
+    forge_model_free(m);
+}
+
+/* ---- Differential: forge vs HF tokenizers on generated strings ---- */
+
+static void differential(const char *fam, uint32_t seed, size_t count) {
+    forge_model *m = family(fam);
+    ASSERT_NE(m, nullptr);
+    std::string dir = ft::tok_data() + "/" + fam;
+    std::vector<std::string> texts = ft::gen_strings(seed, count, added_texts(m));
+    for (int special = 0; special < 2; special++) {
+        ft::OracleResult hf;
+        ASSERT_TRUE(ft::oracle(dir, texts, special, &hf));
+        size_t ok_ids = 0, ok_dec = 0, ok_stream = 0, shown = 0;
+        for (size_t i = 0; i < texts.size(); i++) {
+            std::vector<int32_t> ids = ft::encode(m, texts[i], special ? FORGE_TOKENIZE_ADD_SPECIAL : 0);
+            std::string dec = ft::decode(m, ids);
+            bool a = ids == hf.ids[i], b = dec == hf.decoded[i], c = ft::decode_stream(m, ids) == dec;
+            ok_ids += a;
+            ok_dec += b;
+            ok_stream += c;
+            if ((!a || !b || !c) && shown++ < 5)
+                ADD_FAILURE() << fam << (special ? " +special" : "") << " #" << i << " " << ft::show_str(texts[i]) << "\n  hf    "
+                              << ft::show_ids(hf.ids[i]) << "\n  forge " << ft::show_ids(ids) << "\n  hf decoded    "
+                              << ft::show_str(hf.decoded[i]) << "\n  forge decoded " << ft::show_str(dec) << (c ? "" : "\n  stream differs");
+        }
+        printf("[ differential ] %s%s: ids %zu/%zu, decode %zu/%zu, stream %zu/%zu\n", fam, special ? " +special" : "", ok_ids,
+               texts.size(), ok_dec, texts.size(), ok_stream, texts.size());
+        EXPECT_EQ(ok_ids, texts.size());
+        EXPECT_EQ(ok_dec, texts.size());
+        EXPECT_EQ(ok_stream, texts.size());
+    }
+}
+
+TEST(TokDifferential, Llama3) { differential("llama3", 101, 2048); }
+TEST(TokDifferential, Qwen3) { differential("qwen3", 202, 2048); }
+TEST(TokDifferential, Gemma3) { differential("gemma3", 303, 2048); }
+TEST(TokDifferential, Gemma2) { differential("gemma2", 404, 2048); }
+
+/* ---- API contract ---- */
+
+TEST(TokApi, SampleIdsAndSpecialTokens) {
+    struct { const char *fam; std::vector<int32_t> ids; } want[] = {
+        {"llama3", {9906, 1917}}, {"qwen3", {9707, 1879}}, {"gemma3", {9259, 1902}}, {"gemma2", {4521, 2134}}};
+    for (auto &w : want) {
+        forge_model *m = family(w.fam);
+        ASSERT_NE(m, nullptr);
+        EXPECT_EQ(ft::encode(m, "Hello world"), w.ids) << w.fam;
+    }
+    forge_special_tokens st;
+    ASSERT_EQ(forge_model_special_tokens(family("llama3"), &st), FORGE_OK);
+    EXPECT_EQ(st.bos, 128000);
+    EXPECT_EQ(st.eot, 128009);
+    EXPECT_EQ(st.sot, 128006);
+    ASSERT_EQ(forge_model_special_tokens(family("qwen3"), &st), FORGE_OK);
+    EXPECT_EQ(st.eot, 151645);
+    EXPECT_EQ(st.sot, 151644);
+    EXPECT_EQ(st.eos, 151645);
+    ASSERT_EQ(forge_model_special_tokens(family("gemma3"), &st), FORGE_OK);
+    EXPECT_EQ(st.bos, 2);
+    EXPECT_EQ(st.pad, 0);
+    EXPECT_EQ(st.eot, forge_token_id(family("gemma3"), "<end_of_turn>"));
+    EXPECT_EQ(st.sot, forge_token_id(family("gemma3"), "<start_of_turn>"));
+    bool eot_in_eos = false, eos_in_eos = false;
+    for (int i = 0; i < st.n_eos; i++) {
+        eot_in_eos |= st.eos_ids[i] == st.eot;
+        eos_in_eos |= st.eos_ids[i] == 1; /* <eos> ends generation too */
+    }
+    EXPECT_TRUE(eot_in_eos);
+    EXPECT_TRUE(eos_in_eos);
+    /* the post-processor's BOS, only when asked for */
+    forge_model *g = family("gemma3");
+    EXPECT_EQ(ft::encode(g, "Hello world", FORGE_TOKENIZE_ADD_SPECIAL), (std::vector<int32_t>{2, 9259, 1902}));
+    EXPECT_EQ(ft::encode(family("llama3"), "Hi", FORGE_TOKENIZE_ADD_SPECIAL), ft::encode(family("llama3"), "Hi"));
+}
+
+TEST(TokApi, ParseSpecialSwitch) {
+    forge_model *m = family("llama3");
+    ASSERT_NE(m, nullptr);
+    std::string s = "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>";
+    std::vector<int32_t> parsed = ft::encode(m, s), plain = ft::encode(m, s, FORGE_TOKENIZE_NO_PARSE_SPECIAL);
+    EXPECT_EQ(parsed.front(), 128006);
+    EXPECT_EQ(parsed.back(), 128009);
+    for (int32_t id : plain) EXPECT_LT(id, 128000);
+    EXPECT_EQ(ft::decode(m, parsed), s);
+    EXPECT_EQ(ft::decode(m, plain), s);
+    EXPECT_EQ(ft::decode(m, parsed, FORGE_DETOKENIZE_SKIP_SPECIAL), "user\n\nhi");
+    EXPECT_TRUE(forge_token_is_special(m, 128009));
+    EXPECT_FALSE(forge_token_is_special(m, 9906));
+    /* Qwen's <think> is an added token that is not special: matched either way */
+    forge_model *q = family("qwen3");
+    EXPECT_EQ(ft::encode(q, "<think>", FORGE_TOKENIZE_NO_PARSE_SPECIAL), (std::vector<int32_t>{forge_token_id(q, "<think>")}));
+}
+
+TEST(TokApi, BuffersAndPieces) {
+    forge_model *m = family("qwen3");
+    ASSERT_NE(m, nullptr);
+    const char *text = "The quick brown fox jumps over the lazy dog.";
+    int32_t ids[4];
+    size_t n = 0;
+    EXPECT_EQ(forge_tokenize(m, text, strlen(text), 0, ids, 4, &n), FORGE_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(n, 10u);
+    EXPECT_EQ(forge_tokenize(m, text, 0, 0, nullptr, 0, &n), FORGE_OK);
+    EXPECT_EQ(n, 0u);
+    std::vector<int32_t> all = ft::encode(m, text);
+    char small[8];
+    size_t len = 0;
+    EXPECT_EQ(forge_detokenize(m, all.data(), all.size(), 0, small, sizeof small, &len), FORGE_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(len, strlen(text));
+    int32_t bad = 1 << 30;
+    EXPECT_EQ(forge_detokenize(m, &bad, 1, 0, small, sizeof small, &len), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("outside the vocabulary"), std::string::npos);
+    EXPECT_STREQ(forge_token_piece(m, 9707), "Hello");
+    EXPECT_EQ(forge_token_id(m, "Hello"), 9707);
+    EXPECT_EQ(forge_token_id(m, "<|im_end|>"), 151645);
+    EXPECT_EQ(forge_token_piece(m, -1), nullptr);
+    EXPECT_EQ(forge_token_id(m, "no such piece at all"), -1);
+    EXPECT_EQ(forge_model_n_vocab(m), 151669);
+}
+
+/* Invalid UTF-8: each maximal invalid sequence reads as one U+FFFD (from_utf8_lossy). */
+TEST(TokApi, InvalidUtf8IsReplaced) {
+    const std::string bad[] = {std::string("a\xff" "b"), std::string("\xc3"), std::string("x\xe4\xbd"), std::string("\xed\xa0\x80"),
+                               std::string("\xf0\x9f\x98"), std::string("\x80\x80 z"), std::string("\xc0\xaf"), std::string("ok\xf5\x80")};
+    const std::string fixed[] = {"a\xEF\xBF\xBD" "b", "\xEF\xBF\xBD", "x\xEF\xBF\xBD", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD",
+                                 "\xEF\xBF\xBD", "\xEF\xBF\xBD\xEF\xBF\xBD z", "\xEF\xBF\xBD\xEF\xBF\xBD", "ok\xEF\xBF\xBD\xEF\xBF\xBD"};
+    for (const char *f : kFamilies) {
+        forge_model *m = family(f);
+        ASSERT_NE(m, nullptr);
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            std::vector<int32_t> a = ft::encode(m, bad[i]), b = ft::encode(m, fixed[i]);
+            EXPECT_EQ(a, b) << f << " " << ft::show_str(bad[i]);
+            std::string d = ft::decode(m, a);
+            EXPECT_EQ(d, fixed[i]) << f << " " << ft::show_str(bad[i]);
+        }
+        /* every byte value, alone and in runs, never crashes and decodes to valid UTF-8 */
+        std::string all;
+        for (int c = 0; c < 256; c++) all += (char)c;
+        std::string d = ft::decode(m, ft::encode(m, all + all));
+        EXPECT_GT(d.size(), 256u);
+    }
+    /* a byte-level model can emit ids whose bytes are not UTF-8: decoded as U+FFFD too */
+    forge_model *m = family("llama3");
+    int32_t half = forge_token_id(m, "\xc3\xa4"); /* byte 0xE4 in the byte-level alphabet */
+    ASSERT_GE(half, 0);
+    EXPECT_EQ(ft::decode(m, {half}), "\xEF\xBF\xBD");
+}
+
+TEST(TokApi, StreamingHoldsIncompleteCharacters) {
+    forge_model *m = family("gemma2");
+    ASSERT_NE(m, nullptr);
+    /* a rare CJK character that gemma2 spells with byte-fallback tokens */
+    std::string s = "a \xf0\xa0\x80\x80 b";
+    std::vector<int32_t> ids = ft::encode(m, s);
+    ASSERT_GE(ids.size(), 5u);
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    std::string out;
+    int held = 0;
+    for (int32_t id : ids) {
+        char buf[64];
+        size_t n;
+        ASSERT_EQ(forge_detok_stream_next(m, &ds, id, buf, sizeof buf, &n), FORGE_OK);
+        if (n == 0) held++;
+        std::string piece(buf, n);
+        size_t bad = piece.find("\xEF\xBF\xBD");
+        EXPECT_EQ(bad, std::string::npos) << "emitted a partial character";
+        out += piece;
+    }
+    EXPECT_GE(held, 3);
+    char buf[64];
+    size_t n;
+    ASSERT_EQ(forge_detok_stream_flush(m, &ds, buf, sizeof buf, &n), FORGE_OK);
+    out.append(buf, n);
+    EXPECT_EQ(out, s);
+    /* too small: nothing moves, the same call succeeds with room */
+    forge_detok_stream_init(&ds, 0);
+    int32_t hello = forge_token_id(m, "Hello");
+    ASSERT_EQ(forge_detok_stream_next(m, &ds, hello, buf, 2, &n), FORGE_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(n, 5u);
+    ASSERT_EQ(forge_detok_stream_next(m, &ds, hello, buf, sizeof buf, &n), FORGE_OK);
+    EXPECT_EQ(std::string(buf, n), "Hello");
+}
+
+TEST(TokApi, VocabOnlyModel) {
+    std::string d = ft::tok_data();
+    forge_model *m = ft::load_vocab(d + "/qwen3/tokenizer.json"); /* the file itself */
+    ASSERT_NE(m, nullptr);
+    forge_model_info info;
+    EXPECT_EQ(forge_model_get_info(m, &info), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("vocab_only"), std::string::npos);
+    forge_session *s = nullptr;
+    EXPECT_EQ(forge_session_create(m, nullptr, &s), FORGE_ERR_UNSUPPORTED);
+    EXPECT_EQ(s, nullptr);
+    forge_memory_stats plan;
+    EXPECT_EQ(forge_session_plan(m, nullptr, &plan), FORGE_ERR_UNSUPPORTED);
+    EXPECT_EQ(ft::encode(m, "Hello world"), (std::vector<int32_t>{9707, 1879}));
+    forge_model_free(m);
+    /* a model directory without weights and no tokenizer.json: a clear error */
+    std::string empty = ft::tmpdir("tok_empty");
+    forge_model_params p = forge_model_default_params();
+    p.vocab_only = 1;
+    EXPECT_EQ(forge_model_load(empty.c_str(), &p, &m), FORGE_ERR_IO);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("tokenizer.json"), std::string::npos);
+    forge_model_free(m);
+    /* the GGUF model's own vocabulary: stories260K (llama, SentencePiece) */
+    m = ft::load_vocab(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(m, nullptr);
+    std::vector<int32_t> ids = ft::encode(m, "Once upon a time", FORGE_TOKENIZE_ADD_SPECIAL);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids[0], 1);
+    EXPECT_EQ(ft::decode(m, ids, FORGE_DETOKENIZE_SKIP_SPECIAL), "Once upon a time");
+    forge_model_free(m);
+}
+
+TEST(TokApi, UnsupportedComponentIsNamed) {
+    std::string dir = ft::tmpdir("tok_unsupported");
+    const char *json = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []},"
+                       " \"normalizer\": {\"type\": \"Precompiled\", \"precompiled_charsmap\": \"\"}}";
+    ft::write_file(dir + "/tokenizer.json", json, strlen(json));
+    forge_model_params p = forge_model_default_params();
+    p.vocab_only = 1;
+    forge_model *m = nullptr;
+    EXPECT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("normalizer 'Precompiled'"), std::string::npos) << forge_model_errmsg(m);
+    forge_model_free(m);
+    const char *wp = "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}}}";
+    ft::write_file(dir + "/tokenizer.json", wp, strlen(wp));
+    EXPECT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("WordPiece"), std::string::npos) << forge_model_errmsg(m);
+    forge_model_free(m);
+}
+
+/* A model's tokenizer is shared by threads: concurrent calls give the single-thread results. */
+TEST(TokApi, ConcurrentUseOfOneModel) {
+    forge_model *m = family("gemma3");
+    ASSERT_NE(m, nullptr);
+    std::vector<std::string> texts = ft::gen_strings(99, 200, added_texts(m));
+    std::vector<std::vector<int32_t>> want;
+    std::vector<std::string> want_text;
+    for (const auto &t : texts) {
+        want.push_back(ft::encode(m, t, FORGE_TOKENIZE_ADD_SPECIAL));
+        want_text.push_back(ft::decode(m, want.back()));
+    }
+    std::atomic<int> bad{0};
+    auto work = [&](int seed) {
+        for (size_t k = 0; k < texts.size(); k++) {
+            size_t i = (k * 7 + (size_t)seed * 13) % texts.size();
+            std::vector<int32_t> ids(texts[i].size() + 8);
+            size_t n = 0;
+            if (forge_tokenize(m, texts[i].data(), texts[i].size(), FORGE_TOKENIZE_ADD_SPECIAL, ids.data(), ids.size(), &n) != FORGE_OK) { bad++; continue; }
+            ids.resize(n);
+            if (ids != want[i]) bad++;
+            std::string s(want_text[i].size() + 1, '\0');
+            size_t len = 0;
+            if (forge_detokenize(m, ids.data(), ids.size(), 0, &s[0], s.size(), &len) != FORGE_OK || s.substr(0, len) != want_text[i]) bad++;
+        }
+    };
+    std::vector<std::thread> th;
+    for (int t = 0; t < 4; t++) th.emplace_back(work, t);
+    for (auto &t : th) t.join();
+    EXPECT_EQ(bad.load(), 0);
+}
+
+/* Skipping special tokens while streaming keeps the text of the tokens around them. */
+TEST(TokApi, StreamingSkipSpecial) {
+    forge_model *m = family("gemma3");
+    ASSERT_NE(m, nullptr);
+    std::vector<int32_t> ids = ft::encode(m, "<bos>Hello<end_of_turn> world<eos> again", 0);
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, FORGE_DETOKENIZE_SKIP_SPECIAL);
+    std::string out;
+    char buf[64];
+    size_t n;
+    for (int32_t id : ids) {
+        ASSERT_EQ(forge_detok_stream_next(m, &ds, id, buf, sizeof buf, &n), FORGE_OK);
+        out.append(buf, n);
+    }
+    ASSERT_EQ(forge_detok_stream_flush(m, &ds, buf, sizeof buf, &n), FORGE_OK);
+    out.append(buf, n);
+    EXPECT_EQ(out, ft::decode(m, ids, FORGE_DETOKENIZE_SKIP_SPECIAL));
+    EXPECT_EQ(out, "Hello world again");
+}
