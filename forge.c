@@ -6218,6 +6218,39 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
     return st;
 }
 
+/* The checkpoint's chat template, kept to recognise its family (section 10): from
+ * tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which
+ * "default" is taken) or chat_template.jinja in `dir`. Absent is fine. */
+static void forge__chat_template_from_dir(forge_model *m, const char *dir) {
+    char path[4200], *text = NULL;
+    size_t len;
+    forge__err e;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (forge__file_exists(path) && !forge__read_text(path, &text, &len, &e)) {
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "chat_template"), *it;
+        if (cJSON_IsArray(t))
+            cJSON_ArrayForEach(it, t) {
+                const char *name = forge__json_str(it, "name");
+                if (name && !strcmp(name, "default")) t = cJSON_GetObjectItemCaseSensitive(it, "template");
+            }
+        if (cJSON_IsString(t)) m->chat_template = forge__arena_strdup(&m->arena, t->valuestring);
+        cJSON_Delete(root);
+        free(text);
+    }
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (!m->chat_template && forge__file_exists(path) && !forge__read_text(path, &text, &len, &e)) {
+        m->chat_template = forge__arena_strdup(&m->arena, text);
+        free(text);
+    }
+}
+
+static void forge__chat_template_from_gguf(forge_model *m, const forge__gguf *g) {
+    const char *t;
+    uint64_t n;
+    if (forge__gguf_get_str(g, "tokenizer.chat_template", &t, &n)) m->chat_template = forge__arena_strndup(&m->arena, t, (size_t)n);
+}
+
 /* vocab_only: the tokenizer of a GGUF (its tokenizer.ggml.* metadata; no tensors needed), or
  * of a tokenizer.json given as the file itself, its directory, or a .safetensors beside it. */
 static forge_status forge__model_load_vocab(forge_model *m, const char *path, const struct stat *sb, bool is_gguf) {
@@ -6232,6 +6265,7 @@ static forge_status forge__model_load_vocab(forge_model *m, const char *path, co
         if ((st = forge__gguf_parse(f, &gguf, &tt, &m->arena, &m->err))) return st;
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
         if (!m->tok.n_vocab) return forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: no tokenizer.ggml.tokens: this GGUF has no vocabulary", path);
+        forge__chat_template_from_gguf(m, &gguf);
     } else {
         char json[4200];
         snprintf(m->source_format, sizeof m->source_format, "tokenizer.json");
@@ -6245,6 +6279,9 @@ static forge_status forge__model_load_vocab(forge_model *m, const char *path, co
         }
         if (!forge__file_exists(json)) return forge__fail(&m->err, FORGE_ERR_IO, "%s: no tokenizer.json", path);
         if ((st = forge__tokenizer_load_file(&m->tok, json, &m->arena, &m->err))) return st;
+        char *slash = strrchr(json, '/');
+        if (slash) *slash = 0; else snprintf(json, sizeof json, ".");
+        forge__chat_template_from_dir(m, json);
     }
     m->cfg.n_vocab = m->tok.n_vocab;
     return FORGE_OK;
@@ -6304,6 +6341,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         if (p->load_tokenizer && forge__file_exists(tok_path) &&
             (st = forge__tokenizer_load_file(&m->tok, tok_path, &m->arena, &m->err)))
             return st;
+        forge__chat_template_from_dir(m, dir);
     }
     if ((st = forge__device_open(&m->dev, p->device_index, p->device_name, p->max_storage_buffer_range, p->max_allocation_size, &m->err)))
         return st;
@@ -6324,6 +6362,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     if ((st = forge__upload_all(&L, p))) return st;
     if (is_gguf && p->load_tokenizer) {
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
+        forge__chat_template_from_gguf(m, &gguf);
     }
     return FORGE_OK;
 }
@@ -6921,7 +6960,16 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
         s->n_past--;
         st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
     }
-    if (!st && stop.len && p.on_token) p.on_token(p.user_data, -1, stop.buf, stop.len); /* held-back text that never became a stop string */
+    if (!st && mt.stop_reason != FORGE_STOP_STRING && mt.stop_reason != FORGE_STOP_CALLBACK) {
+        /* an unfinished character at the end, then held-back text that never became a stop string */
+        size_t plen = 0, release = stop.len;
+        bool found = false;
+        if (forge_detok_stream_flush(m, &ds, piece, sizeof piece, &plen) == FORGE_OK && plen)
+            release = forge__stopper_push(&stop, piece, plen, &found);
+        if (found) mt.stop_reason = FORGE_STOP_STRING;
+        else release = stop.len;
+        if (release && p.on_token) p.on_token(p.user_data, -1, stop.buf, release);
+    }
     double t_end = forge__now_s();
     mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;
     mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;

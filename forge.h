@@ -400,8 +400,9 @@ typedef enum forge_stop_reason {
 /* Called once per generated token, in order. `text` is the text this token makes printable:
  * complete UTF-8 only (bytes of a character split across tokens wait for the next call), with
  * text that could begin a stop string held back until it is known not to (so it may be
- * empty). It is valid during the call only. Return non-zero to continue, 0 to stop: the stop
- * takes effect before the next token and leaves the session usable. */
+ * empty). When generation ends for another reason, one last call with token -1 delivers what
+ * was held back. `text` is valid during the call only. Return non-zero to continue, 0 to
+ * stop: the stop takes effect before the next token and leaves the session usable. */
 typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, size_t text_len);
 
 typedef struct forge_generate_params {

@@ -2,6 +2,7 @@
  *
  *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
  *             [--repeat-penalty R] [--seed S] [--stop STR]...
+ *   forge chat MODEL [--system S] [sampling options]
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
@@ -31,6 +32,9 @@ static void usage(FILE *f) {
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics]\n"
             "                                   generate text, streamed to stdout (default model:\n"
             "                                   the bundled stories260K; greedy unless --temp > 0)\n"
+            "  chat MODEL [--system S] [-n N] [--temp T] ...\n"
+            "                                   interactive chat in the model's own template; Ctrl-C stops\n"
+            "                                   a reply; /metrics, /reset, /quit\n"
             "  devices                          list Vulkan devices, preferred first\n"
             "  info MODEL                       architecture, shapes, device and memory plan\n"
             "  logits MODEL --tokens \"1 2 3\" [--all]\n"
@@ -527,6 +531,129 @@ static int cmd_run(int argc, char **argv) {
     return rc;
 }
 
+/* ---- forge chat: a REPL. Ctrl-C while a reply streams stops the reply (the callback returns
+ * 0, the session stays usable); at the prompt it ends the program. ---- */
+
+#include <signal.h>
+
+static volatile sig_atomic_t g_interrupted = 0;
+static volatile sig_atomic_t g_generating = 0;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (!g_generating) _exit(130);
+    g_interrupted = 1;
+}
+
+typedef struct chat_reply {
+    char *text;
+    size_t len, cap;
+} chat_reply;
+
+static int chat_stream(void *user, int32_t token, const char *text, size_t len) {
+    (void)token;
+    chat_reply *r = (chat_reply *)user;
+    fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    if (r->len + len + 1 > r->cap) {
+        r->cap = (r->len + len + 1) * 2;
+        r->text = realloc(r->text, r->cap);
+    }
+    memcpy(r->text + r->len, text, len);
+    r->len += len;
+    r->text[r->len] = 0;
+    return !g_interrupted;
+}
+
+static int cmd_chat(int argc, char **argv) {
+    cli_opts o = {0};
+    take_common(&argc, argv, &o);
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = 1024;
+    const char *stops[16];
+    int n_stops = 0;
+    if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    const char *path = NULL, *system_prompt = NULL;
+    uint32_t flags = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--system") && i + 1 < argc) system_prompt = argv[++i];
+        else if (!strcmp(argv[i], "--no-think")) flags |= FORGE_CHAT_THINKING_OFF;
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!path) { fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [sampling options]\n"); return 2; }
+    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    if (!m) return 1;
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o.n_ctx;
+    forge_session *s = NULL;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+        forge_model_free(m);
+        return 1;
+    }
+    signal(SIGINT, on_sigint);
+    int cap = 64, n = 0;
+    forge_chat_message *msgs = malloc(sizeof *msgs * (size_t)cap);
+    char **owned = malloc(sizeof *owned * (size_t)cap); /* our copies of the contents */
+    if (system_prompt) { msgs[n] = (forge_chat_message){"system", system_prompt}; owned[n++] = NULL; }
+    int first = n;
+    int interactive = isatty(0);
+    forge_metrics last;
+    memset(&last, 0, sizeof last);
+    char line[8192];
+    int rc = 0;
+    for (;;) {
+        if (interactive) { printf("> "); fflush(stdout); }
+        if (!fgets(line, sizeof line, stdin)) break;
+        size_t ll = strlen(line);
+        while (ll && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
+        if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/metrics")) { print_metrics(&last); continue; }
+        if (!strcmp(line, "/reset")) {
+            for (int i = first; i < n; i++) free(owned[i]);
+            n = first;
+            continue;
+        }
+        if (!ll) continue;
+        if (n + 2 > cap) {
+            cap *= 2;
+            msgs = realloc(msgs, sizeof *msgs * (size_t)cap);
+            owned = realloc(owned, sizeof *owned * (size_t)cap);
+        }
+        owned[n] = strdup(line);
+        msgs[n] = (forge_chat_message){"user", owned[n]};
+        n++;
+        chat_reply reply = {0};
+        gp.on_token = chat_stream;
+        gp.user_data = &reply;
+        g_interrupted = 0;
+        g_generating = 1;
+        forge_status st = forge_chat(s, msgs, n, flags, &gp, &last);
+        g_generating = 0;
+        printf("\n");
+        fflush(stdout);
+        if (st != FORGE_OK) {
+            fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+            free(owned[--n]);
+            free(reply.text);
+            rc = 1;
+            if (!interactive) break;
+            continue;
+        }
+        if (g_interrupted) fprintf(stderr, "[stopped]\n");
+        owned[n] = reply.text ? reply.text : strdup("");
+        msgs[n] = (forge_chat_message){"assistant", owned[n]};
+        n++;
+    }
+    for (int i = first; i < n; i++) free(owned[i]);
+    free(owned);
+    free(msgs);
+    forge_session_free(s);
+    forge_model_free(m);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
@@ -534,6 +661,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "devices")) return cmd_devices();
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);

@@ -1,0 +1,172 @@
+/* Chat templates: forge's native renderings against what transformers' apply_chat_template
+ * renders from the real tokenizer_config.json files (tests/fixtures/chat, made by
+ * tools/fixtures/make_chat_fixtures.py), with the real tokenizers loaded vocab-only; and a
+ * multi-turn chat on a model whose cache then holds the earlier turns. */
+#include "internal.h"
+#include "tok_util.h"
+
+namespace {
+
+forge_model *vocab(const std::string &dir) {
+    forge_model_params p = forge_model_default_params();
+    p.vocab_only = 1;
+    forge_model *m = nullptr;
+    if (forge_model_load(dir.c_str(), &p, &m) != FORGE_OK) {
+        ADD_FAILURE() << forge_model_errmsg(m);
+        forge_model_free(m);
+        return nullptr;
+    }
+    return m;
+}
+
+} // namespace
+
+TEST(Chat, TemplatesMatchTransformers) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    std::vector<uint8_t> js = ft::read_file(ft::src("tests/fixtures/chat/chat_templates.json"));
+    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
+    ASSERT_TRUE(cJSON_IsArray(root));
+    std::map<std::string, forge_model *> models;
+    int checked = 0;
+    cJSON *c;
+    cJSON_ArrayForEach(c, root) {
+        std::string fam = cJSON_GetStringValue(cJSON_GetObjectItem(c, "family"));
+        if (!models.count(fam)) models[fam] = vocab(data + "/" + fam);
+        forge_model *m = models[fam];
+        ASSERT_NE(m, nullptr);
+        std::vector<forge_chat_message> msgs;
+        cJSON *mj;
+        cJSON_ArrayForEach(mj, cJSON_GetObjectItem(c, "messages"))
+            msgs.push_back({cJSON_GetStringValue(cJSON_GetObjectItem(mj, "role")), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content"))});
+        uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
+        cJSON *think = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking");
+        if (cJSON_IsFalse(think)) flags |= FORGE_CHAT_THINKING_OFF;
+        size_t len = 0;
+        std::vector<char> out(1 << 16);
+        forge_status st = forge_chat_render(m, msgs.data(), (int)msgs.size(), flags, out.data(), out.size(), &len);
+        std::string what = fam + " case " + std::to_string(checked);
+        if (cJSON *r = cJSON_GetObjectItem(c, "rendered"); cJSON_IsString(r)) {
+            ASSERT_EQ(st, FORGE_OK) << what << ": " << forge_model_errmsg(m);
+            EXPECT_EQ(std::string(out.data(), len), r->valuestring) << what;
+        } else {
+            EXPECT_EQ(st, FORGE_ERR_INVALID_ARGUMENT) << what;
+            EXPECT_NE(std::string(forge_model_errmsg(m)).find(cJSON_GetStringValue(cJSON_GetObjectItem(c, "error"))), std::string::npos)
+                << what << ": " << forge_model_errmsg(m);
+        }
+        checked++;
+    }
+    EXPECT_EQ(checked, 48);
+    for (auto &kv : models) forge_model_free(kv.second);
+    cJSON_Delete(root);
+}
+
+TEST(Chat, BufferTooSmallAndNoFormat) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *m = vocab(data + "/gemma3");
+    ASSERT_NE(m, nullptr);
+    /* <end_of_turn> ends a Gemma reply */
+    for (const char *fam : {"gemma3", "gemma2"}) {
+        forge_model *g = vocab(data + "/" + fam);
+        ASSERT_NE(g, nullptr);
+        forge_special_tokens sp;
+        ASSERT_EQ(forge_model_special_tokens(g, &sp), FORGE_OK);
+        int32_t eot = forge_token_id(g, "<end_of_turn>");
+        bool ends = false;
+        for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == eot;
+        EXPECT_TRUE(ends) << fam;
+        forge_model_free(g);
+    }
+    forge_chat_message msg = {"user", "Hello"};
+    size_t len = 0;
+    char small[8];
+    EXPECT_EQ(forge_chat_render(m, &msg, 1, 0, small, sizeof small, &len), FORGE_ERR_BUFFER_TOO_SMALL);
+    EXPECT_EQ(len, strlen("<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"));
+    forge_chat_message bad[2] = {{"user", "a"}, {"user", "b"}};
+    std::vector<char> out(256);
+    EXPECT_EQ(forge_chat_render(m, bad, 2, 0, out.data(), out.size(), &len), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("must alternate"), std::string::npos);
+    forge_model_free(m);
+    forge_model *s = vocab(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(forge_chat_render(s, &msg, 1, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
+    forge_model_free(s);
+}
+
+/* A conversation on a (random-weight) model with the real Llama 3 tokenizer: the second turn
+ * re-prefills only what is new, and the reply stops at the end-of-turn token or max tokens. */
+TEST(Chat, MultiTurnReusesTheCache) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    std::string dir = ft::tmpdir("chat_llama3");
+    ASSERT_EQ(ft::sh("cp " + data + "/llama3/tokenizer.json " + data + "/llama3/tokenizer_config.json " + dir + "/"), 0);
+    const int V = 128256, H = 32;
+    std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
+                      "\"intermediate_size\":64,\"vocab_size\":128256,\"max_position_embeddings\":512,\"rms_norm_eps\":1e-5,"
+                      "\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
+    ft::write_file(dir + "/config.json", cfg.data(), cfg.size());
+    /* a tiny f16 checkpoint written directly (safetensors) */
+    auto f16 = [](std::vector<int64_t> shape, uint32_t seed) {
+        size_t n = 1;
+        for (auto d : shape) n *= (size_t)d;
+        std::vector<float> v = ft::randn(n, 0.2f, seed);
+        std::string hdr;
+        std::vector<uint8_t> d(n * 2);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = ft_f32_to_f16(v[i]);
+            memcpy(&d[2 * i], &h, 2);
+        }
+        return d;
+    };
+    struct T { std::string name; std::vector<int64_t> shape; };
+    std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {"model.layers.0.input_layernorm.weight", {H}},
+                         {"model.layers.0.post_attention_layernorm.weight", {H}}, {"model.layers.0.self_attn.q_proj.weight", {32, H}},
+                         {"model.layers.0.self_attn.k_proj.weight", {16, H}}, {"model.layers.0.self_attn.v_proj.weight", {16, H}},
+                         {"model.layers.0.self_attn.o_proj.weight", {H, 32}}, {"model.layers.0.mlp.gate_proj.weight", {64, H}},
+                         {"model.layers.0.mlp.up_proj.weight", {64, H}}, {"model.layers.0.mlp.down_proj.weight", {H, 64}}};
+    std::string hdr = "{";
+    std::vector<uint8_t> body;
+    uint32_t seed = 1;
+    for (auto &t : ts) {
+        std::vector<uint8_t> d = f16(t.shape, seed++);
+        hdr += (hdr.size() > 1 ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"F16\",\"shape\":[";
+        for (size_t i = 0; i < t.shape.size(); i++) hdr += (i ? "," : "") + std::to_string(t.shape[i]);
+        hdr += "],\"data_offsets\":[" + std::to_string(body.size()) + "," + std::to_string(body.size() + d.size()) + "]}";
+        body.insert(body.end(), d.begin(), d.end());
+    }
+    hdr += "}";
+    std::vector<uint8_t> file(8);
+    uint64_t hl = hdr.size();
+    memcpy(file.data(), &hl, 8);
+    file.insert(file.end(), hdr.begin(), hdr.end());
+    file.insert(file.end(), body.begin(), body.end());
+    ft::write_file(dir + "/model.safetensors", file.data(), file.size());
+
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 6;
+    std::string reply;
+    p.on_token = [](void *u, int32_t, const char *t, size_t n) { ((std::string *)u)->append(t, n); return 1; };
+    p.user_data = &reply;
+    forge_chat_message turn1[1] = {{"user", "Hello there!"}};
+    forge_metrics m1, m2;
+    ASSERT_EQ(forge_chat(s, turn1, 1, 0, &p, &m1), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(m1.cached_tokens, 0);
+    EXPECT_GT(m1.prompt_tokens, 5);
+    forge_chat_message turn2[3] = {{"user", "Hello there!"}, {"assistant", reply.c_str()}, {"user", "Tell me more."}};
+    std::string reply2;
+    p.user_data = &reply2;
+    ASSERT_EQ(forge_chat(s, turn2, 3, 0, &p, &m2), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_GE(m2.cached_tokens, m1.prompt_tokens); /* the whole first prompt (and what of the reply tokenizes the same) */
+    EXPECT_GT(m2.prompt_tokens, m2.cached_tokens);
+    EXPECT_EQ(m2.prompt_cache_hits, 1u);
+    forge_special_tokens sp;
+    ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
+    EXPECT_EQ(sp.eot, forge_token_id(m, "<|eot_id|>"));
+    forge_session_free(s);
+    forge_model_free(m);
+}
