@@ -4162,7 +4162,8 @@ FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_sp
     X(vkDestroyInstance) X(vkEnumeratePhysicalDevices) X(vkGetPhysicalDeviceProperties)             \
     X(vkGetPhysicalDeviceProperties2) X(vkGetPhysicalDeviceFeatures2)                                \
     X(vkGetPhysicalDeviceMemoryProperties) X(vkGetPhysicalDeviceQueueFamilyProperties)              \
-    X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)
+    X(vkEnumerateDeviceExtensionProperties) X(vkCreateDevice) X(vkGetDeviceProcAddr)                \
+    X(vkGetPhysicalDeviceCooperativeMatrixPropertiesNV)
 
 #define FORGE__VK_DEVICE_FNS(X)                                                                     \
     X(vkDestroyDevice) X(vkGetDeviceQueue) X(vkCreateBuffer) X(vkDestroyBuffer)                      \
@@ -4203,6 +4204,8 @@ typedef struct forge__caps {
     uint32_t max_shared_bytes;
     uint32_t max_wg_invocations;
     bool fp16, int8, int_dot, coopmat;
+    bool has_nv_coopmat_ext;      /* VK_NV_cooperative_matrix is offered */
+    bool coopmat_nv;              /* ... and enabled with fp16 16x16x16 -> fp32 on 32-wide subgroups: matmul_cm */
     bool subgroup_arith;          /* subgroupAdd in compute shaders: the barrier-free matvec */
     bool uma;                     /* device-local memory is host-visible (CPU and integrated devices) */
     uint64_t device_local_bytes;
@@ -4333,6 +4336,7 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
     c->int_dot = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product") || c->props.apiVersion >= VK_API_VERSION_1_3;
     c->coopmat = forge__has_ext(exts, n_ext, "VK_KHR_cooperative_matrix") || forge__has_ext(exts, n_ext, "VK_NV_cooperative_matrix");
+    c->has_nv_coopmat_ext = forge__has_ext(exts, n_ext, "VK_NV_cooperative_matrix") && f12.shaderFloat16;
     free(exts);
 
     VkPhysicalDeviceMemoryProperties mp;
@@ -4489,7 +4493,38 @@ static forge_status forge__device_open(forge__device *d, int index, const char *
     float prio = 1.0f;
     VkDeviceQueueCreateInfo qci = {.sType = VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO, .queueFamilyIndex = c->queue_family,
                                    .queueCount = 1, .pQueuePriorities = &prio};
-    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci};
+    /* Tensor cores through VK_NV_cooperative_matrix when the kernels were built with it and the
+     * device multiplies fp16 16x16x16 into fp32 on 32-wide subgroups (matmul_cm.comp's layout). */
+    const char *exts[1];
+    uint32_t n_exts = 0;
+    VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
+                                                       .cooperativeMatrix = VK_TRUE};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
+#if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
+    if (c->has_nv_coopmat_ext && c->subgroup_size == 32 && d->vk.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV) {
+        VkCooperativeMatrixPropertiesNV props[64];
+        uint32_t np = 0;
+        d->vk.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(d->phys, &np, NULL);
+        if (np > 64) np = 64;
+        for (uint32_t i = 0; i < np; i++) props[i] = (VkCooperativeMatrixPropertiesNV){.sType = VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV};
+        d->vk.vkGetPhysicalDeviceCooperativeMatrixPropertiesNV(d->phys, &np, props);
+        for (uint32_t i = 0; i < np; i++) {
+            const VkCooperativeMatrixPropertiesNV *p = &props[i];
+            if (p->MSize == 16 && p->NSize == 16 && p->KSize == 16 && p->AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+                p->BType == VK_COMPONENT_TYPE_FLOAT16_NV && p->CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+                p->DType == VK_COMPONENT_TYPE_FLOAT32_NV && p->scope == VK_SCOPE_SUBGROUP_NV)
+                c->coopmat_nv = true;
+        }
+    }
+#endif
+    if (c->coopmat_nv) {
+        exts[n_exts++] = "VK_NV_cooperative_matrix";
+        f12.shaderFloat16 = VK_TRUE;
+        f12.pNext = &cmf;
+    }
+    VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f2, .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
+                              .enabledExtensionCount = n_exts, .ppEnabledExtensionNames = exts};
     VkResult r = d->vk.vkCreateDevice(d->phys, &dci, NULL, &d->dev);
     if (r != VK_SUCCESS) return forge__fail(err, FORGE_ERR_DEVICE, "vkCreateDevice on '%s' failed (VkResult %d)", d->info.name, (int)r);
 #define FORGE__VK_LOAD(fn) d->vk.fn = (PFN_##fn)d->vk.vkGetDeviceProcAddr(d->dev, #fn);
@@ -4670,7 +4705,7 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, head_dim, adjacent, cache_slots, store_kv;
 } forge__pc_rope;
-typedef struct forge__pc_attention { /* attention.comp, attention_split.comp (which reads n_splits too) */
+typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.comp (which reads n_splits) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint32_t n_splits;
@@ -4705,9 +4740,10 @@ typedef enum forge__op {
     FORGE__OP_MATVEC = FORGE__OP_EMBED + FORGE__W_COUNT,
     FORGE__OP_MATVEC_SG = FORGE__OP_MATVEC + FORGE__W_COUNT,
     FORGE__OP_MATMUL = FORGE__OP_MATVEC_SG + FORGE__W_COUNT,
-    FORGE__OP_RMSNORM = FORGE__OP_MATMUL + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL + FORGE__W_COUNT,   /* tensor cores (VK_NV_cooperative_matrix) */
+    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,
     FORGE__OP_ROPE,
-    FORGE__OP_ATTENTION,
+    FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
     FORGE__OP_ATTN_SPLIT,
     FORGE__OP_ATTN_COMBINE,
     FORGE__OP_ACT_MUL,
@@ -4736,14 +4772,22 @@ typedef struct forge__op_desc {
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
 #define FORGE__MATVEC_ROWS 1
-/* the three matrix kernels of one weight format */
+/* matmul_cm exists where glslang knew GL_NV_cooperative_matrix (tools/build_kernels.sh) */
+#if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
+#define FORGE__CM_OP(FMT, name) \
+    [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}},
+#else
+#define FORGE__CM_OP(FMT, name)
+#endif
+/* the kernels of one weight format: embedding gather, matvec (two), matmul (two) */
 #define FORGE__WEIGHT_OPS(FMT, name)                                                                                  \
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
     [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
                                    {0, FORGE__SG_ROWS}, true},                                                        \
-    [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
+    FORGE__CM_OP(FMT, name)
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
     FORGE__WEIGHT_OPS(FORGE__W_F16, f16)
@@ -4755,7 +4799,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
-    [FORGE__OP_ATTENTION] = {"attention", FORGE__SPV(attention), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
@@ -4989,6 +5033,7 @@ struct forge_model {
     pthread_mutex_t pipe_lock;
     uint64_t n_params, weight_bytes;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
+    bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
 };
 
@@ -5711,7 +5756,8 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
                           forge__range y, uint32_t ldc, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
-    forge__op op = (forge__op)((sg ? FORGE__OP_MATVEC_SG : vec ? FORGE__OP_MATVEC : FORGE__OP_MATMUL) + w->fmt);
+    bool cm = !vec && s->m->dev.caps.coopmat_nv && !s->m->exact;
+    forge__op op = (forge__op)((sg ? FORGE__OP_MATVEC_SG : vec ? FORGE__OP_MATVEC : cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt);
     bool gated = flags & FORGE__LINEAR_GATED;
     if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
@@ -5804,7 +5850,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
             forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
         } else {
             forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
-            forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, n, NH, 1);
+            forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (n + 7) / 8, NH, 1);
         }
         forge__barrier(r);
         if (c->sandwich_norms) {
@@ -6377,6 +6423,7 @@ FORGE_API forge_status forge_model_load(const char *path, const forge_model_para
     forge_model_params p;
     FORGE__COPY_PARAMS(p, params, forge_model_default_params);
     m->log = (forge__logger){p.log, p.log_user_data};
+    m->exact = p.exact != 0;
     forge_status st = forge__model_load_impl(m, path, &p);
     if (st) {
         m->failed = true;

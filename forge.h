@@ -162,6 +162,9 @@ typedef struct forge_model_params {
      * tokenizer metadata and no tensors. Only the tokenizer calls (and errmsg, free,
      * n_vocab) work on such a model; the others fail with FORGE_ERR_UNSUPPORTED. */
     int vocab_only;
+    int exact;                     /* 1: keep every product in f32 (no tensor-core prefill, whose
+                                    * activations round to f16 as llama.cpp's do): slower prefill
+                                    * on such GPUs, results bit-for-bit those of the f32 kernels */
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);

@@ -10,7 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
-    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec */
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul */
 };
 
 ft_ctx *ft_open(char *err, size_t err_size) {
@@ -126,6 +126,7 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         forge__range binds[7] = {a, wb, cc, b, sb, bb, dummy};
         bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M, sg = vec && c->dev.caps.subgroup_arith && j.c->force_kind != 0;
         if (vec && j.c->force_kind == 1) sg = true;
+        bool cm = !vec && j.c->force_kind == 2;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
         forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0};
         uint32_t gx, gy;
@@ -134,10 +135,19 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), binds, &pc, (rows + 63) / 64, (M + 63) / 64, 1);
+            forge__dispatch(&j.rec, (forge__op)((cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt), binds, &pc, (rows + 63) / 64,
+                            (M + 63) / 64, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
+}
+
+forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
+    if (!c->dev.caps.coopmat_nv) return FORGE_ERR_UNSUPPORTED;
+    c->force_kind = 2;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
+    c->force_kind = -1;
+    return st;
 }
 
 int ft_has_subgroup_matvec(ft_ctx *c) { return c->dev.caps.subgroup_arith; }
@@ -246,7 +256,7 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
         forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
     } else {
         forge__range binds[5] = {pb, qb, kb, vb, ob};
-        forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, n, H, 1);
+        forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, (n + 7) / 8, H, 1);
     }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
 }

@@ -213,6 +213,7 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
     struct Case { uint32_t n, H, Hkv, D, pos0, slots, window; float softcap; };
     for (Case cs : {Case{1, 4, 2, 16, 0, 32, 0, 0}, Case{7, 4, 1, 8, 0, 16, 0, 0}, Case{5, 8, 4, 64, 90, 128, 0, 0},
                     Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{1, 2, 1, 128, 1100, 1200, 1024, 0},
+                    Case{37, 4, 2, 64, 5, 64, 0, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f}, Case{9, 3, 3, 24, 0, 9, 4, 0},
                     Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, Case{12, 4, 2, 16, 20, 19, 8, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
                     Case{1, 4, 2, 16, 200, 16, 8, 30.0f}}) {
         std::vector<float> q = ft::randn((size_t)cs.n * cs.H * cs.D, 1.0f, 11);

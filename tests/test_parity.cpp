@@ -167,6 +167,25 @@ INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
                                            "gguf/gemma3_text_f32"),
                          case_name);
 
+/* The default (fast) settings: on devices with tensor cores the prefill rounds activations to
+ * f16, as llama.cpp does; elsewhere it is the same f32 path. The f16 rounding bound: 3e-3. */
+TEST(ParityFast, DefaultSettingsStayClose) {
+    for (const char *name : {"llama3_f32_untied", "gemma2_f32", "qwen3_f32_sharded"}) {
+        Fixture fx = read_fixture(fixture_path(name));
+        forge_model *m = ft::load(fx.dir, 0, 0, 0);
+        ASSERT_NE(m, nullptr);
+        forge_session *s = nullptr;
+        ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+        const Sequence &q = fx.seqs.back();
+        int n = (int)q.tokens.size();
+        std::vector<float> got((size_t)n * fx.n_vocab);
+        ASSERT_EQ(forge_eval(s, q.tokens.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
+        expect_close(std::string(name) + " default settings", got.data(), q.logits.data(), n, fx.n_vocab, 3e-3, 3e-3);
+        forge_session_free(s);
+        forge_model_free(m);
+    }
+}
+
 /* Shards without model.safetensors.index.json: every *.safetensors in the directory. */
 TEST(ParityShards, WithoutIndex) {
     std::string src = fixture_path("qwen3_f32_sharded"), d = ft::tmpdir("shards_noindex");

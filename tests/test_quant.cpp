@@ -144,6 +144,18 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
             ASSERT_EQ(ft_linear_w(device(), &w, A.data(), M, 0, M, K, N, chunk, nullptr, 0, 0, C.data(), N, 0, 0), FORGE_OK)
                 << ft_errmsg(device());
             EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " chunk " << chunk;
+            if (M > 8 && chunk == 0) { /* the tensor-core matmul, where the device has one: f16 operands */
+                std::fill(C.begin(), C.end(), NAN);
+                forge_status cst = ft_matmul_cm(device(), &w, A.data(), M, K, N, C.data());
+                if (cst == FORGE_ERR_UNSUPPORTED) {
+                    static bool said = false;
+                    if (!said) printf("  (no cooperative-matrix matmul on this device: its check is skipped)\n");
+                    said = true;
+                } else {
+                    ASSERT_EQ(cst, FORGE_OK);
+                    EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 3e-3) << what << " tensor cores M " << M;
+                }
+            }
             if (M <= 8 && chunk == 0) /* both matvec kernels: shared-memory reduction and subgroup */
                 for (int sg = 0; sg <= ft_has_subgroup_matvec(device()); sg++) {
                     std::fill(C.begin(), C.end(), NAN);

@@ -86,11 +86,13 @@ inline std::vector<float> randn(size_t n, float scale, uint32_t seed) {
     return v;
 }
 
-/* Loads a model with default params (plus limits); the test fails with forge's message. */
-inline forge_model *load(const std::string &path, uint64_t max_range = 0, uint64_t max_alloc = 0) {
+/* Loads a model with default params (plus limits); the test fails with forge's message.
+ * exact: no fp16 tensor-core prefill, so that parity holds to f32 tolerances on every device. */
+inline forge_model *load(const std::string &path, uint64_t max_range = 0, uint64_t max_alloc = 0, int exact = 1) {
     forge_model_params p = forge_model_default_params();
     p.max_storage_buffer_range = max_range;
     p.max_allocation_size = max_alloc;
+    p.exact = exact;
     forge_model *m = nullptr;
     forge_status st = forge_model_load(path.c_str(), &p, &m);
     if (st != FORGE_OK) {

@@ -1,0 +1,106 @@
+#version 450
+// attention_tiled: prefill attention, a block of BQ = 8 consecutive queries of one head per
+// workgroup, keys in tiles of BK = 16 staged through shared memory, so each key and value
+// row is read once per block instead of once per query. Same function as attention.comp
+// (causal, GQA, sliding window, soft-cap, rotating slots, online softmax).
+//   Scores: thread t computes query t / 8 against keys 2 (t % 8) and 2 (t % 8) + 1 of the tile.
+//   Output: thread t owns query t / 8, dimensions t % 8 + 8 i.
+// Shared memory: 8 + 16 rows of D <= 256 floats: 24.5 KiB, within every device's 32 KiB.
+// Bindings: 0 params {pos0, n} | 1 q f32 [n, H, D] | 2 K cache [slots, Hkv, D]
+//           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D]
+// One workgroup of 64 per (block of 8 queries, head); D <= 256.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+layout(local_size_x = 64) in;
+
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 1) readonly buffer Q_ { float q[]; };
+layout(binding = 2) readonly buffer K_ { float kc[]; };
+layout(binding = 3) readonly buffer V_ { float vc[]; };
+layout(binding = 4) writeonly buffer O_ { float o[]; };
+
+layout(push_constant) uniform PC {
+    uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
+    float scale, softcap;
+    uint n_splits;
+} pc;
+
+const uint BQ = 8, BK = 16, DMAX = 256, TPQ = 64 / BQ; // threads per query
+shared float qs[BQ][DMAX];
+shared float kv[BK][DMAX];   // the K tile, then the V tile
+shared float sc[BQ][BK];
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint t0 = gl_WorkGroupID.x * BQ, h = gl_WorkGroupID.y;
+    uint D = pc.head_dim;
+    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint nq = min(BQ, pc.n_tokens - t0);
+    for (uint e = tid; e < BQ * D; e += 64u) {
+        uint qi = e / D, d = e % D;
+        qs[qi][d] = qi < nq ? q[((t0 + qi) * pc.n_heads + h) * D + d] : 0.0;
+    }
+    // the keys any query of the block needs
+    uint p_first = params.pos0 + t0, p_last = p_first + nq - 1u;
+    uint lo_first = (pc.window != 0u && p_first + 1u > pc.window) ? p_first + 1u - pc.window : 0u;
+    uint my_q = tid / TPQ, my_l = tid % TPQ;
+    uint my_p = p_first + my_q;
+    uint my_lo = (pc.window != 0u && my_p + 1u > pc.window) ? my_p + 1u - pc.window : 0u;
+    bool live = my_q < nq;
+    float m = -1.0 / 0.0, l = 0.0;
+    float acc[DMAX / TPQ];
+    [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) acc[i] = 0.0;
+    for (uint j0 = lo_first; j0 <= p_last; j0 += BK) {
+        barrier(); // the previous tile's V reads are done
+        for (uint e = tid; e < BK * D; e += 64u) {
+            uint kj = e / D, d = e % D, j = j0 + kj;
+            kv[kj][d] = j <= p_last ? kc[((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d] : 0.0;
+        }
+        barrier();
+        float s[2] = float[2](0.0, 0.0);
+        for (uint d = 0; d < D; d++) {
+            float qd = qs[my_q][d];
+            s[0] += qd * kv[2u * my_l][d];
+            s[1] += qd * kv[2u * my_l + 1u][d];
+        }
+        [[unroll]] for (uint c = 0; c < 2u; c++) {
+            uint kj = 2u * my_l + c, j = j0 + kj;
+            float v = s[c] * pc.scale;
+            if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
+            sc[my_q][kj] = (live && j >= my_lo && j <= my_p) ? v : -1.0 / 0.0;
+        }
+        barrier();
+        for (uint e = tid; e < BK * D; e += 64u) { // V replaces K
+            uint kj = e / D, d = e % D, j = j0 + kj;
+            kv[kj][d] = j <= p_last ? vc[((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d] : 0.0;
+        }
+        float tmax = -1.0 / 0.0;
+        [[unroll]] for (uint kj = 0; kj < BK; kj++) tmax = max(tmax, sc[my_q][kj]);
+        float m_new = max(m, tmax);
+        float corr = m_new == -1.0 / 0.0 ? 1.0 : exp(m - m_new);
+        float pk[BK];
+        float psum = 0.0;
+        [[unroll]] for (uint kj = 0; kj < BK; kj++) {
+            pk[kj] = m_new == -1.0 / 0.0 ? 0.0 : exp(sc[my_q][kj] - m_new);
+            psum += pk[kj];
+        }
+        l = l * corr + psum;
+        m = m_new;
+        barrier(); // the V tile is in place
+        [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) {
+            uint d = my_l + TPQ * i;
+            if (d < D) {
+                float a = acc[i] * corr;
+                [[unroll]] for (uint kj = 0; kj < BK; kj++) a += pk[kj] * kv[kj][d];
+                acc[i] = a;
+            }
+        }
+    }
+    if (live)
+        [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) {
+            uint d = my_l + TPQ * i;
+            if (d < D) o[((t0 + my_q) * pc.n_heads + h) * D + d] = acc[i] / l;
+        }
+}
