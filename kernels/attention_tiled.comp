@@ -5,7 +5,8 @@
 // (causal, GQA, sliding window, soft-cap, rotating slots, online softmax).
 //   Scores: thread t computes query t / 8 against keys 2 (t % 8) and 2 (t % 8) + 1 of the tile.
 //   Output: thread t owns query t / 8, dimensions t % 8 + 8 i.
-// Shared memory: 8 + 16 rows of D <= 256 floats: 24.5 KiB, within every device's 32 KiB.
+// Shared memory: 8 + 16 rows of 257 floats (padded against bank conflicts): 25 KiB, within
+// every device's 32 KiB.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, H, D] | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D]
 // One workgroup of 64 per (block of 8 queries, head); D <= 256.
@@ -28,8 +29,9 @@ layout(push_constant) uniform PC {
 } pc;
 
 const uint BQ = 8, BK = 16, DMAX = 256, TPQ = 64 / BQ; // threads per query
-shared float qs[BQ][DMAX];
-shared float kv[BK][DMAX];   // the K tile, then the V tile
+const uint DS = DMAX + 1;    // padded row stride: rows start in different banks
+shared float qs[BQ * DS];
+shared float kv[BK * DS];    // the K tile, then the V tile
 shared float sc[BQ][BK];
 
 void main() {
@@ -40,7 +42,7 @@ void main() {
     uint nq = min(BQ, pc.n_tokens - t0);
     for (uint e = tid; e < BQ * D; e += 64u) {
         uint qi = e / D, d = e % D;
-        qs[qi][d] = qi < nq ? q[((t0 + qi) * pc.n_heads + h) * D + d] : 0.0;
+        qs[qi * DS + d] = qi < nq ? q[((t0 + qi) * pc.n_heads + h) * D + d] : 0.0;
     }
     // the keys any query of the block needs
     uint p_first = params.pos0 + t0, p_last = p_first + nq - 1u;
@@ -54,16 +56,17 @@ void main() {
     [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) acc[i] = 0.0;
     for (uint j0 = lo_first; j0 <= p_last; j0 += BK) {
         barrier(); // the previous tile's V reads are done
-        for (uint e = tid; e < BK * D; e += 64u) {
-            uint kj = e / D, d = e % D, j = j0 + kj;
-            kv[kj][d] = j <= p_last ? kc[((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d] : 0.0;
+        { // 4 threads per key: one slot computation each, then a quarter of the row
+            uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
+            uint src = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
+            for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? kc[src + d] : 0.0;
         }
         barrier();
         float s[2] = float[2](0.0, 0.0);
         for (uint d = 0; d < D; d++) {
-            float qd = qs[my_q][d];
-            s[0] += qd * kv[2u * my_l][d];
-            s[1] += qd * kv[2u * my_l + 1u][d];
+            float qd = qs[my_q * DS + d];
+            s[0] += qd * kv[(2u * my_l) * DS + d];
+            s[1] += qd * kv[(2u * my_l + 1u) * DS + d];
         }
         [[unroll]] for (uint c = 0; c < 2u; c++) {
             uint kj = 2u * my_l + c, j = j0 + kj;
@@ -72,9 +75,10 @@ void main() {
             sc[my_q][kj] = (live && j >= my_lo && j <= my_p) ? v : -1.0 / 0.0;
         }
         barrier();
-        for (uint e = tid; e < BK * D; e += 64u) { // V replaces K
-            uint kj = e / D, d = e % D, j = j0 + kj;
-            kv[kj][d] = j <= p_last ? vc[((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d] : 0.0;
+        { // V replaces K
+            uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
+            uint src = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
+            for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? vc[src + d] : 0.0;
         }
         float tmax = -1.0 / 0.0;
         [[unroll]] for (uint kj = 0; kj < BK; kj++) tmax = max(tmax, sc[my_q][kj]);
@@ -93,7 +97,7 @@ void main() {
             uint d = my_l + TPQ * i;
             if (d < D) {
                 float a = acc[i] * corr;
-                [[unroll]] for (uint kj = 0; kj < BK; kj++) a += pk[kj] * kv[kj][d];
+                [[unroll]] for (uint kj = 0; kj < BK; kj++) a += pk[kj] * kv[kj * DS + d];
                 acc[i] = a;
             }
         }

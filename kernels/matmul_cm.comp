@@ -1,7 +1,7 @@
 #version 450
 // matmul_cm: the prefill product on tensor cores (VK_NV_cooperative_matrix, fp16 x fp16 + fp32).
 //   C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
-// Tiles of 64 (m) x 64 (n), k in steps of 32: A rounded to f16 (clamped to its range) and W
+// Tiles of 64 (m) x 64 (n), k in steps of 64: A rounded to f16 (clamped to its range) and W
 // dequantized to f16 go through shared memory; each of the 4 subgroups multiplies a 32 x 32
 // quarter as 2 x 2 fragments of 16 x 16 with f32 accumulators; the epilogue (bias, soft-cap,
 // residual) runs on the f32 results. Needs subgroups of 32 (checked by the host).
@@ -31,10 +31,11 @@ layout(push_constant) uniform PC {
 #include "weights.glsl"
 
 layout(binding = 0) readonly buffer A_ { float a[]; };
+layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
-const uint BM = 64, BN = 64, BK = 32, LDS = BK + 8; // padded row stride (halves)
+const uint BM = 64, BN = 64, BK = 64, LDS = BK + 8; // padded row stride (halves)
 shared float16_t As[BM * LDS];      // A tile, row-major [m][k]
 shared float16_t Ws[BN * LDS];      // W tile, row-major [n][k] = B column-major
 shared float Cs[BM * BN];           // the results, for the epilogue
@@ -45,14 +46,21 @@ void main() {
     uint tid = gl_LocalInvocationID.x, warp = gl_SubgroupID;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     uint wm = (warp / 2u) * 32u, wn = (warp % 2u) * 32u; // this subgroup's quarter
+    bool vec_a = (pc.K & 3u) == 0u;
     fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[2][2];
     for (uint i = 0; i < 2u; i++)
         for (uint j = 0; j < 2u; j++) acc[i][j] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
     for (uint k0 = 0; k0 < pc.K; k0 += BK) {
-        // A: 64 x 32 = 2048 values, 16 per thread; W: 64 rows x 4 units of 8, 2 units per thread
-        for (uint e = tid; e < BM * BK; e += 128u) {
-            uint mm = e / BK, kk = e % BK, m = m0 + mm, k = k0 + kk;
-            As[mm * LDS + kk] = (m < pc.M && k < pc.K) ? to_f16(a[(pc.a_row0 + m) * pc.K + k]) : float16_t(0.0);
+        // A: 64 x 64 values as 1024 vec4, 8 per thread; W: 64 rows x 8 units of 8, 4 units per thread
+        for (uint e = tid; e < BM * BK / 4u; e += 128u) {
+            uint mm = e / (BK / 4u), kk = (e % (BK / 4u)) * 4u, m = m0 + mm, k = k0 + kk;
+            vec4 v = vec4(0.0);
+            if (m < pc.M) {
+                uint ab = (pc.a_row0 + m) * pc.K + k;
+                if (vec_a && k + 4u <= pc.K) v = a4[ab >> 2];
+                else for (uint i = 0; i < 4u; i++) v[i] = k + i < pc.K ? a[ab + i] : 0.0;
+            }
+            for (uint i = 0; i < 4u; i++) As[mm * LDS + kk + i] = to_f16(v[i]);
         }
         for (uint u = tid; u < BN * (BK / 8u); u += 128u) {
             uint nn = u / (BK / 8u), kk = (u % (BK / 8u)) * 8u;

@@ -5,10 +5,9 @@
 // g (the block's norm fused in: sum_k W x g / rms(x), both sums taken in the same pass).
 // GATED: W holds gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j) and the
 // output j is act(gate . a) * (up . a), the MLP's middle fused in (N counts outputs).
-// A workgroup owns ROWS consecutive outputs; for one token each subgroup takes two of them
-// at a time, each lane reading 8 consecutive elements of A once and of each weight row (two
-// or four independent loads in flight, A reused from registers), the subgroup summing with
-// subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
+// A workgroup owns ROWS consecutive outputs, its subgroups taking them in turn; each lane
+// reads 8 consecutive weights per load (coalesced across the subgroup), and the subgroup sums
+// with subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
@@ -76,41 +75,44 @@ float act(float x) {
     return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
 }
 
-// Outputs of one subgroup pass, M == 1 (decode): two outputs per subgroup, everything in
-// scalars so that nothing spills to local memory (dynamically indexed arrays would).
-void one_token(uint out0, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
-    uint nr = min(2u, pc.N - out0);
-    uint w0 = gated ? 2u * out0 : out0;               // first weight row
-    bool use_b = gated || nr > 1u, use_cd = gated && nr > 1u;
-    float sa = 0.0, sb = 0.0, sc = 0.0, sd = 0.0, ss = 0.0;
-    for (uint k = lane * 8u; k < pc.K; k += width * 8u) {
-        vec4 alo, ahi, wa0, wa1, wb0 = vec4(0.0), wb1 = vec4(0.0), wc0 = vec4(0.0), wc1 = vec4(0.0), wd0 = vec4(0.0), wd1 = vec4(0.0);
+// One output for one token (decode), in scalars so that nothing spills to local memory
+// (dynamically indexed arrays would): two steps of k per iteration, so each lane has two
+// (gated: four) independent weight loads in flight.
+void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+    uint w0 = gated ? 2u * out_row : out_row;   // the weight row (gated: and the up row after it)
+    float s0 = 0.0, s1 = 0.0, u0 = 0.0, u1 = 0.0, ss = 0.0;
+    uint stride = width * 8u;
+    for (uint k = lane * 8u; k < pc.K; k += 2u * stride) {
+        uint k1 = k + stride;
+        bool has1 = k1 < pc.K;
+        vec4 wa0, wa1, wb0 = vec4(0.0), wb1 = vec4(0.0), ua0 = vec4(0.0), ua1 = vec4(0.0), ub0 = vec4(0.0), ub1 = vec4(0.0);
         w_get8_any(w0, k, pc.K, wa0, wa1);
-        if (use_b) w_get8_any(w0 + 1u, k, pc.K, wb0, wb1);
-        if (use_cd) {
-            w_get8_any(w0 + 2u, k, pc.K, wc0, wc1);
-            w_get8_any(w0 + 3u, k, pc.K, wd0, wd1);
+        if (has1) w_get8_any(w0, k1, pc.K, wb0, wb1);
+        if (gated) {
+            w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
+            if (has1) w_get8_any(w0 + 1u, k1, pc.K, ub0, ub1);
         }
+        vec4 alo, ahi;
         a8(0u, k, vec_a, prenorm, alo, ahi, ss);
-        sa += dot(wa0, alo) + dot(wa1, ahi);
-        sb += dot(wb0, alo) + dot(wb1, ahi);
-        sc += dot(wc0, alo) + dot(wc1, ahi);
-        sd += dot(wd0, alo) + dot(wd1, ahi);
+        s0 += dot(wa0, alo) + dot(wa1, ahi);
+        u0 += dot(ua0, alo) + dot(ua1, ahi);
+        if (has1) {
+            a8(0u, k1, vec_a, prenorm, alo, ahi, ss);
+            s1 += dot(wb0, alo) + dot(wb1, ahi);
+            u1 += dot(ub0, alo) + dot(ub1, ahi);
+        }
     }
     float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
-    float va = subgroupAdd(sa) * inv, vb = subgroupAdd(sb) * inv;
-    float vc = subgroupAdd(sc) * inv, vd = subgroupAdd(sd) * inv;
-    float o0 = gated ? act(va) * vb : va, o1 = gated ? act(vc) * vd : vb;
-    if (lane == 0u)
-        for (uint rr = 0u; rr < nr; rr++) {
-            float v = rr == 0u ? o0 : o1;
-            uint out_row = out0 + rr;
-            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            uint ci = pc.c_col0 + out_row;
-            if ((pc.flags & 2u) != 0u) v += c[ci];
-            c[ci] = v;
-        }
+    float v = subgroupAdd(s0 + s1) * inv;
+    float u = subgroupAdd(u0 + u1) * inv;
+    if (gated) v = act(v) * u;
+    if (lane == 0u) {
+        if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
+        if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+        uint ci = pc.c_col0 + out_row;
+        if ((pc.flags & 2u) != 0u) v += c[ci];
+        c[ci] = v;
+    }
 }
 
 // Several tokens (M <= 8, rare: short prefill tails): one output at a time.
@@ -150,17 +152,10 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
-    if (pc.M == 1u) {
-        for (uint r0 = gl_SubgroupID * 2u; r0 < ROWS; r0 += gl_NumSubgroups * 2u) {
-            uint out0 = wg * ROWS + r0;
-            if (out0 >= pc.N) break; // uniform across the subgroup
-            one_token(out0, lane, width, vec_a, prenorm, gated);
-        }
-    } else {
-        for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
-            uint out_row = wg * ROWS + r;
-            if (out_row >= pc.N) break;
-            few_tokens(out_row, lane, width, vec_a, prenorm, gated);
-        }
+    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+        uint out_row = wg * ROWS + r;
+        if (out_row >= pc.N) break; // uniform across the subgroup
+        if (pc.M == 1u) one_token(out_row, lane, width, vec_a, prenorm, gated);
+        else few_tokens(out_row, lane, width, vec_a, prenorm, gated);
     }
 }
