@@ -4701,14 +4701,16 @@ typedef struct forge__pc_embed {    /* embed.comp */
 typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
     uint32_t dim, x_row0, out_row0, flags;
     float eps;
+    uint32_t heads, row_stride, col0;   /* per-head norms over the fused qkv rows */
 } forge__pc_rmsnorm;
 typedef struct forge__pc_rope {     /* rope.comp */
-    uint32_t n_tokens, n_heads, head_dim, adjacent, cache_slots, store_kv;
+    uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
 } forge__pc_rope;
 typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.comp (which reads n_splits) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint32_t n_splits;
+    uint32_t q_stride;              /* floats between two tokens' query rows (the fused qkv rows) */
 } forge__pc_attention;
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
@@ -4798,7 +4800,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
-    [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 6, sizeof(forge__pc_rope), 0, {0}},
+    [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
@@ -5000,10 +5002,13 @@ typedef struct forge__vec {
 
 typedef struct forge__layer {
     forge__vec attn_norm, ffn_norm, post_attn_norm, post_ffn_norm, q_norm, k_norm;
-    forge__vec bq, bk, bv, bo;
+    forge__vec bo;
     forge__weight wq, wk, wv, wo, gate, up, down;
     forge__weight gate_up;   /* gate and up rows interleaved [2 * ffn, hidden], when fused_gate_up */
     bool fused_gate_up;
+    forge__weight wqkv;      /* q, k and v rows concatenated [q_dim + 2 kv_dim, hidden], when fused_qkv */
+    forge__vec bqkv;         /* their biases, concatenated likewise (Qwen 2) */
+    bool fused_qkv;
     bool sliding;
 } forge__layer;
 
@@ -5090,7 +5095,8 @@ typedef struct forge__upload {
     bool to_f32;
     float add;               /* added after conversion (Gemma's 1 + w norms) */
     int pack_item;
-    forge__range *dst;       /* filled once the blocks exist */
+    uint64_t item_offset;    /* where in the pack item (several uploads may fill one: fused q|k|v) */
+    forge__range *dst;       /* filled once the blocks exist (NULL for the later parts of an item) */
 } forge__upload;
 
 static void forge__name(const forge__loader *L, forge__role role, int layer, char *buf, size_t size) {
@@ -5099,21 +5105,63 @@ static void forge__name(const forge__loader *L, forge__role role, int layer, cha
     snprintf(buf, size, fmt ? fmt : "", layer);
 }
 
+/* Room for one more upload. */
+static forge_status forge__upload_reserve(forge__loader *L) {
+    forge_model *m = L->m;
+    if (L->n_ups < L->cap_ups) return FORGE_OK;
+    int cap = L->cap_ups ? L->cap_ups * 2 : 512;
+    forge__upload *u = (forge__upload *)forge__arena_alloc(&m->arena, sizeof *u * (size_t)cap, 16);
+    if (!u) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (L->n_ups) memcpy(u, L->ups, sizeof *u * (size_t)L->n_ups);
+    L->ups = u;
+    L->cap_ups = cap;
+    return FORGE_OK;
+}
+
 static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint64_t bytes, forge__dtype src_dtype,
                                       bool to_f32, float add, forge__range *dst) {
     forge_model *m = L->m;
-    if (L->n_ups == L->cap_ups) {
-        int cap = L->cap_ups ? L->cap_ups * 2 : 512;
-        forge__upload *u = (forge__upload *)forge__arena_alloc(&m->arena, sizeof *u * (size_t)cap, 16);
-        if (!u) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        if (L->n_ups) memcpy(u, L->ups, sizeof *u * (size_t)L->n_ups);
-        L->ups = u;
-        L->cap_ups = cap;
-    }
+    forge_status st = forge__upload_reserve(L);
+    if (st) return st;
     int item = forge__pack_add(&L->pack, &m->arena, bytes);
     if (item < 0) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, item, dst};
+    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, item, 0, dst};
     return FORGE_OK;
+}
+
+/* Several sources concatenated into one device range (the fused q|k|v weights and biases):
+ * the first part creates the pack item for `total` bytes, the others fill it at their offset. */
+typedef struct forge__part {
+    const uint8_t *src;
+    uint64_t bytes;          /* device bytes of this part */
+} forge__part;
+
+static forge_status forge__upload_parts(forge__loader *L, const forge__part *parts, int n_parts, forge__dtype src_dtype, bool to_f32,
+                                        float add, forge__range *dst) {
+    uint64_t total = 0;
+    for (int i = 0; i < n_parts; i++) total += parts[i].bytes;
+    forge_status st = FORGE_OK;
+    uint64_t off = 0;
+    int item = -1;
+    for (int i = 0; i < n_parts && !st; i++) {
+        if (!parts[i].bytes) continue;
+        if (item < 0) {
+            st = forge__upload_add(L, parts[i].src, parts[i].bytes, src_dtype, to_f32, add, dst);
+            if (st) break;
+            item = L->ups[L->n_ups - 1].pack_item;
+            L->pack.items[item].size = total;
+        } else {
+            forge__upload u = L->ups[L->n_ups - 1];
+            u.src = parts[i].src;
+            u.bytes = parts[i].bytes;
+            u.item_offset = off;
+            u.dst = NULL;
+            if ((st = forge__upload_reserve(L))) break;
+            L->ups[L->n_ups++] = u;
+        }
+        off += parts[i].bytes;
+    }
+    return st;
 }
 
 /* An upload of `rows` rows of `a` and of `b` interleaved (each row_bytes). */
@@ -5237,7 +5285,6 @@ static forge_status forge__weight_plan_chunks(forge__loader *L, forge__weight *w
         forge__row_bytes(a->t->dtype, w->cols, &wrow);
     }
     uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
-    if (b) limit = FORGE__MIN(limit, (uint64_t)32 << 20); /* interleaved chunks go through staging whole */
     uint64_t per_chunk = limit / wrow;
     if (b) per_chunk &= ~(uint64_t)1;
     if (per_chunk == 0)
@@ -5278,6 +5325,106 @@ static forge_status forge__plan_weight(forge__loader *L, forge__weight *w, forge
     forge__wsrc src;
     forge_status st = forge__weight_describe(L, w, t, rows, cols, why, &src);
     return st ? st : forge__weight_plan_chunks(L, w, &src, NULL);
+}
+
+/* The attention's q, k and v projections as one weight, rows concatenated [q; k; v], so one
+ * product fills each token's q|k|v row (one dispatch instead of three); their biases likewise.
+ * Falls back to three weights when they are stored differently. */
+static forge_status forge__plan_qkv(forge__loader *L, forge__layer *ly, int layer, uint32_t q_dim, uint32_t kv_dim, uint32_t hidden,
+                                    const char *why_q, const char *why_kv) {
+    forge_model *m = L->m;
+    forge_status st = FORGE_OK;
+    forge__tensor *t[3];
+    forge__weight *w[3] = {&ly->wq, &ly->wk, &ly->wv};
+    forge__wsrc src[3];
+    uint32_t rows[3] = {q_dim, kv_dim, kv_dim};
+    const forge__role roles[3] = {FORGE__R_WQ, FORGE__R_WK, FORGE__R_WV};
+    for (int i = 0; i < 3; i++) {
+        t[i] = forge__lookup(L, roles[i], layer, true, &st);
+        if (st) return st;
+        if ((st = forge__weight_describe(L, w[i], t[i], rows[i], hidden, i ? why_kv : why_q, &src[i]))) return st;
+    }
+    bool same = true;
+    for (int i = 1; i < 3; i++)
+        same &= w[i]->fmt == w[0]->fmt && w[i]->bits == w[0]->bits && w[i]->group == w[0]->group && w[i]->qflags == w[0]->qflags &&
+                t[i]->dtype == t[0]->dtype;
+    if (!same) {
+        for (int i = 0; i < 3; i++)
+            if ((st = forge__weight_plan_chunks(L, w[i], &src[i], NULL))) return st;
+        return FORGE_OK;
+    }
+    forge__weight *f = &ly->wqkv;
+    *f = *w[0];
+    f->rows = q_dim + 2 * kv_dim;
+    ly->fused_qkv = true;
+    uint64_t wrow = 0, arow = 0;
+    if (f->fmt == FORGE__W_MLX) {
+        wrow = (uint64_t)hidden * f->bits / 8;
+        arow = (uint64_t)(hidden / f->group) * 2;
+    } else {
+        forge__row_bytes(t[0]->dtype, hidden, &wrow);
+    }
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
+    uint64_t per_chunk = limit / wrow;
+    if (per_chunk == 0)
+        return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit", f->name,
+                           (unsigned long long)wrow);
+    f->n_chunks = (int)((f->rows + per_chunk - 1) / per_chunk);
+    f->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *f->chunks * (size_t)f->n_chunks, 16);
+    if (!f->chunks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    uint32_t starts[4] = {0, q_dim, q_dim + kv_dim, q_dim + 2 * kv_dim};
+    for (int c = 0; c < f->n_chunks; c++) {
+        forge__wchunk *ch = &f->chunks[c];
+        ch->row0 = (uint32_t)(c * per_chunk);
+        ch->rows = (uint32_t)FORGE__MIN(per_chunk, f->rows - ch->row0);
+        forge__part pw[3], ps[3], pb[3];
+        for (int i = 0; i < 3; i++) { /* rows of projection i inside this chunk */
+            uint32_t a = FORGE__MAX(ch->row0, starts[i]), b = FORGE__MIN(ch->row0 + ch->rows, starts[i + 1]);
+            uint32_t n = b > a ? b - a : 0, r0 = a - starts[i];
+            pw[i] = (forge__part){n ? t[i]->data + r0 * wrow : NULL, n * wrow};
+            if (f->fmt == FORGE__W_MLX) {
+                ps[i] = (forge__part){n ? src[i].scales->data + r0 * arow : NULL, n * arow};
+                pb[i] = (forge__part){n ? src[i].biases->data + r0 * arow : NULL, n * arow};
+            }
+        }
+        if ((st = forge__upload_parts(L, pw, 3, t[0]->dtype, false, 0, &ch->w))) return st;
+        if (f->fmt == FORGE__W_MLX) {
+            if ((st = forge__upload_parts(L, ps, 3, src[0].scales->dtype, false, 0, &ch->scales))) return st;
+            if ((st = forge__upload_parts(L, pb, 3, src[0].biases->dtype, false, 0, &ch->biases))) return st;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        m->n_params += (uint64_t)rows[i] * hidden;
+        m->weight_bytes += t[i]->nbytes + (src[i].scales ? src[i].scales->nbytes + src[i].biases->nbytes : 0);
+    }
+    return FORGE_OK;
+}
+
+/* The q, k, v biases (Qwen 2) as one f32 vector [q_dim + 2 kv_dim], matching the fused rows. */
+static forge_status forge__plan_qkv_bias(forge__loader *L, forge__layer *ly, int layer, uint32_t q_dim, uint32_t kv_dim) {
+    forge_model *m = L->m;
+    forge_status st = FORGE_OK;
+    const forge__role roles[3] = {FORGE__R_BQ, FORGE__R_BK, FORGE__R_BV};
+    uint32_t n[3] = {q_dim, kv_dim, kv_dim};
+    forge__part parts[3];
+    forge__dtype dt = FORGE__F32;
+    for (int i = 0; i < 3; i++) {
+        forge__tensor *t = forge__lookup(L, roles[i], layer, true, &st);
+        if (st) return st;
+        if ((st = forge__expect_shape(m, t, 1, n[i], 0, "q, k and v sizes"))) return st;
+        if (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16)
+            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads vectors in f32, f16 or bf16",
+                               t->file, t->name, forge__dtype_name(t->dtype));
+        if (i && t->dtype != dt)
+            return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: the q, k and v biases must share one dtype ('%s' is %s)", t->file, t->name,
+                               forge__dtype_name(t->dtype));
+        dt = t->dtype;
+        parts[i] = (forge__part){t->data, 4ull * n[i]};
+        m->n_params += n[i];
+        m->weight_bytes += 4ull * n[i];
+    }
+    ly->bqkv = (forge__vec){.n = q_dim + 2 * kv_dim, .present = true};
+    return forge__upload_parts(L, parts, 3, dt, true, 0, &ly->bqkv.r);
 }
 
 /* The MLP's gate and up projections as one weight with their rows interleaved, so a single
@@ -5419,15 +5566,9 @@ static forge_status forge__plan_model(forge__loader *L) {
         ly->sliding = c->layer_sliding[i];
         uint32_t H = (uint32_t)c->hidden;
         if ((st = forge__plan_vec_role(L, &ly->attn_norm, FORGE__R_ATTN_NORM, i, H, true, norm_add, why))) break;
-        if ((st = forge__plan_weight_role(L, &ly->wq, FORGE__R_WQ, i, (uint32_t)q_dim, H, why_q))) break;
-        if ((st = forge__plan_weight_role(L, &ly->wk, FORGE__R_WK, i, (uint32_t)kv_dim, H, why_kv))) break;
-        if ((st = forge__plan_weight_role(L, &ly->wv, FORGE__R_WV, i, (uint32_t)kv_dim, H, why_kv))) break;
+        if ((st = forge__plan_qkv(L, ly, i, (uint32_t)q_dim, (uint32_t)kv_dim, H, why_q, why_kv))) break;
         if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, (uint32_t)q_dim, why_o))) break;
-        if (c->qkv_bias) {
-            if ((st = forge__plan_vec_role(L, &ly->bq, FORGE__R_BQ, i, (uint32_t)q_dim, true, 0, why_q))) break;
-            if ((st = forge__plan_vec_role(L, &ly->bk, FORGE__R_BK, i, (uint32_t)kv_dim, true, 0, why_kv))) break;
-            if ((st = forge__plan_vec_role(L, &ly->bv, FORGE__R_BV, i, (uint32_t)kv_dim, true, 0, why_kv))) break;
-        }
+        if (c->qkv_bias && (st = forge__plan_qkv_bias(L, ly, i, (uint32_t)q_dim, (uint32_t)kv_dim))) break;
         if (c->o_bias && (st = forge__plan_vec_role(L, &ly->bo, FORGE__R_BO, i, H, true, 0, why))) break;
         if (c->qk_norm) {
             if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, (uint32_t)c->head_dim, true, norm_add, why_hd))) break;
@@ -5465,13 +5606,18 @@ static forge_status forge__plan_model(forge__loader *L) {
 }
 
 /* Writes one upload's bytes to `dst` (host memory: staging or mapped device memory). */
+/* Bytes [off, off + n) of an interleaved upload (both multiples of a row pair). */
+static void forge__upload_fill_pairs(const forge__upload *u, uint64_t off, uint64_t n, uint8_t *dst) {
+    uint64_t pair = 2 * u->row_bytes, r0 = off / pair;
+    for (uint64_t r = 0; r < n / pair; r++) {
+        memcpy(dst + r * pair, u->src + (r0 + r) * u->row_bytes, (size_t)u->row_bytes);
+        memcpy(dst + r * pair + u->row_bytes, u->src2 + (r0 + r) * u->row_bytes, (size_t)u->row_bytes);
+    }
+}
+
 static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
     if (u->src2) {
-        uint64_t rows = u->bytes / (2 * u->row_bytes);
-        for (uint64_t r = 0; r < rows; r++) {
-            memcpy(dst + 2 * r * u->row_bytes, u->src + r * u->row_bytes, (size_t)u->row_bytes);
-            memcpy(dst + (2 * r + 1) * u->row_bytes, u->src2 + r * u->row_bytes, (size_t)u->row_bytes);
-        }
+        forge__upload_fill_pairs(u, 0, u->bytes, dst);
         return;
     }
     if (!u->to_f32) {
@@ -5511,14 +5657,14 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
     for (int i = 0; i < L->n_ups; i++) {
         const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
         /* the range covers the padding to 16 bytes, so kernels may read whole words at the end */
-        *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, forge__align_up(L->ups[i].bytes, 16)};
+        if (L->ups[i].dst) *L->ups[i].dst = (forge__range){m->blocks[it->block].buf, it->offset, forge__align_up(it->size, 16)};
     }
     uint64_t total = 0, done = 0;
     for (int i = 0; i < L->n_ups; i++) total += L->ups[i].bytes;
     if (direct) {
         for (int i = 0; i < L->n_ups; i++) {
             const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
-            forge__upload_fill(&L->ups[i], (uint8_t *)m->blocks[it->block].mapped + it->offset);
+            forge__upload_fill(&L->ups[i], (uint8_t *)m->blocks[it->block].mapped + it->offset + L->ups[i].item_offset);
             done += L->ups[i].bytes;
             if (params->progress) params->progress(params->progress_user_data, total ? (float)done / (float)total : 1.0f);
         }
@@ -5553,16 +5699,23 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
         while (i < L->n_ups && used < cap) {
             forge__upload *u = &L->ups[i];
             uint64_t n = u->bytes - part;
-            if (u->to_f32 || u->src2) {
+            if (u->to_f32) {
                 if (u->bytes > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "an upload of %llu bytes exceeds the staging buffer", (unsigned long long)u->bytes); break; }
-                if (u->bytes > cap - used) break; /* converted and interleaved uploads go whole */
+                if (u->bytes > cap - used) break; /* converted vectors go whole */
                 forge__upload_fill(u, (uint8_t *)staging.mapped + used);
+            } else if (u->src2) { /* interleaved rows: whole row pairs at a time */
+                uint64_t pair = 2 * u->row_bytes;
+                if (pair > cap) { st = forge__fail(&m->err, FORGE_ERR_LIMIT, "a row pair of %llu bytes exceeds the staging buffer", (unsigned long long)pair); break; }
+                n = FORGE__MIN(n, (cap - used) / pair * pair);
+                if (!n) break;
+                forge__upload_fill_pairs(u, part, n, (uint8_t *)staging.mapped + used);
             } else {
                 n = FORGE__MIN(n, cap - used);
                 memcpy((uint8_t *)staging.mapped + used, u->src + part, (size_t)n);
             }
-            VkBufferCopy region = {used, u->dst->offset + part, n};
-            d->vk.vkCmdCopyBuffer(cb, staging.buf, u->dst->buf, 1, &region);
+            const forge__pack_item *it = &L->pack.items[u->pack_item];
+            VkBufferCopy region = {used, it->offset + u->item_offset + part, n};
+            d->vk.vkCmdCopyBuffer(cb, staging.buf, m->blocks[it->block].buf, 1, &region);
             used = forge__align_up(used + n, 16);
             part += n;
             done += n;
@@ -5636,7 +5789,8 @@ struct forge_session {
     uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
-    forge__range x, xn, q, k, v, att;  /* [n_batch, dim] f32 each */
+    forge__range x, xn, att;           /* [n_batch, dim] f32 each */
+    forge__range qkv;                   /* [n_batch, q_dim + 2 kv_dim]: each token's q | k | v */
     forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate_up pairs [n_batch, 2 ffn] */
     forge__range logits;                /* [n_out_max, vocab] */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
@@ -5677,7 +5831,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_ctx <= 0) sp->n_ctx = 4096;
     sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
     uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
-    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, 2 * c->ffn), c->n_heads * c->head_dim) * 4;
+    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, 2 * c->ffn), (c->n_heads + 2 * c->n_kv_heads) * c->head_dim) * 4;
     if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
     if (sp->n_batch < 1)
         return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
@@ -5710,8 +5864,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
     uint64_t nb = (uint64_t)sp->n_batch;
-    uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * c->n_heads * c->head_dim * 4,
-                        nb * c->n_kv_heads * c->head_dim * 4, nb * c->n_kv_heads * c->head_dim * 4,
+    uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * (c->n_heads + 2ull * c->n_kv_heads) * c->head_dim * 4,
                         nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 8,
                         (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
                         8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES),
@@ -5750,11 +5903,13 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ---- */
 
-/* y[M, ldc] (+)= x[a_row0 .., K] . W^T, one dispatch per row-chunk of W. With `norm`
+/* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
+ * that column too), one dispatch per row-chunk of W. With `norm`
  * (decode, subgroup matvec only) x is RMS-normalized and scaled by norm first; GATED (the
  * fused gate_up weight) writes act(gate) * up, one output per row pair. */
 static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
-                          forge__range y, uint32_t ldc, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
+                          forge__range y, uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags,
+                          float softcap) {
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
     /* The tensor-core matmul is correct (tests) but not yet faster than the SIMT one on the
      * H100 (1.3 ms against 0.83 ms for 512 x 8192 x 2048): off until it is tuned. */
@@ -5768,8 +5923,8 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
         forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
                              mlx ? c->biases : s->dummy, norm ? norm->r : s->dummy};
-        forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
+        forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
         uint32_t gx, gy;
         if (vec) {
             uint32_t rows_per_wg = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
@@ -5784,8 +5939,17 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
 static void forge__rmsnorm(forge_session *s, forge__rec *r, forge__range x, uint32_t x_row0, const forge__vec *w,
                            forge__range out, uint32_t out_row0, uint32_t rows, uint32_t dim, uint32_t flags) {
     forge__range b[3] = {x, w->r, out};
-    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)s->m->cfg.norm_eps};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)s->m->cfg.norm_eps, 0, 0, 0};
     forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, rows, 1, 1);
+}
+
+/* Per-head RMSNorm in place over `heads` heads starting at column col0 of each fused qkv row. */
+static void forge__head_norm(forge_session *s, forge__rec *r, const forge__vec *w, uint32_t n, uint32_t heads, uint32_t col0) {
+    const forge__config *c = &s->m->cfg;
+    uint32_t stride = (uint32_t)((c->n_heads + 2 * c->n_kv_heads) * c->head_dim);
+    forge__range b[3] = {s->qkv, w->r, s->qkv};
+    forge__pc_rmsnorm pc = {(uint32_t)c->head_dim, 0, 0, 0, (float)c->norm_eps, heads, stride, col0};
+    forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, n * heads, 1, 1);
 }
 
 static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out,
@@ -5793,7 +5957,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     forge_model *m = s->m;
     const forge__config *c = &m->cfg;
     uint32_t H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
-    uint32_t QD = NH * D, KVD = NKV * D, F = (uint32_t)c->ffn;
+    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn;
     uint32_t gx, gy;
 
     const forge__weight *emb = &m->tok_embd;
@@ -5822,51 +5986,53 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
             qkv_in = s->xn;
             qkv_norm = NULL;
         }
-        forge__linear(s, r, &ly->wq, qkv_in, 0, n, s->q, QD, &ly->bq, qkv_norm, 0, 0);
-        forge__linear(s, r, &ly->wk, qkv_in, 0, n, s->k, KVD, &ly->bk, qkv_norm, 0, 0);
-        forge__linear(s, r, &ly->wv, qkv_in, 0, n, s->v, KVD, &ly->bv, qkv_norm, 0, 0);
+        const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
+        if (ly->fused_qkv) {
+            forge__linear(s, r, &ly->wqkv, qkv_in, 0, n, s->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+        } else {
+            forge__linear(s, r, &ly->wq, qkv_in, 0, n, s->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+            forge__linear(s, r, &ly->wk, qkv_in, 0, n, s->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
+            forge__linear(s, r, &ly->wv, qkv_in, 0, n, s->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
+        }
         forge__barrier(r);
         if (c->qk_norm) {
-            forge__rmsnorm(s, r, s->q, 0, &ly->q_norm, s->q, 0, n * NH, D, 0);
-            forge__rmsnorm(s, r, s->k, 0, &ly->k_norm, s->k, 0, n * NKV, D, 0);
+            forge__head_norm(s, r, &ly->q_norm, n, NH, 0);
+            forge__head_norm(s, r, &ly->k_norm, n, NKV, QD);
             forge__barrier(r);
         }
+        /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch */
         const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-        forge__pc_rope pq = {n, NH, D, c->rope_adjacent_pairs, 1, 0};
-        forge__range bq[6] = {s->params_r, rope->r, s->q, s->q, s->dummy, s->dummy};
-        forge__grid(((uint64_t)n * NH * (D / 2) + 63) / 64, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ROPE, bq, &pq, gx, gy, 1);
-        forge__pc_rope pk = {n, NKV, D, c->rope_adjacent_pairs, s->slots[l], 1};
-        forge__range bk[6] = {s->params_r, rope->r, s->k, s->kc[l], s->v, s->vc[l]};
-        forge__grid(((uint64_t)n * NKV * (D / 2) + 63) / 64, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ROPE, bk, &pk, gx, gy, 1);
+        forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, s->slots[l], QKVD, QD, QD + KVD};
+        forge__range br[5] = {s->params_r, rope->r, s->qkv, s->kc[l], s->vc[l]};
+        forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
         forge__barrier(r);
         forge__pc_attention pa = {n, NH, NKV, D, s->slots[l], ly->sliding ? (uint32_t)c->sliding_window : 0,
-                                  (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS};
+                                  (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD};
         if (n == 1 && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
-            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->attn_part};
+            forge__range ba[5] = {s->params_r, s->qkv, s->kc[l], s->vc[l], s->attn_part};
             forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
             forge__barrier(r);
             forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
             forge__range bc[2] = {s->attn_part, s->att};
             forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
         } else {
-            forge__range ba[5] = {s->params_r, s->q, s->kc[l], s->vc[l], s->att};
+            forge__range ba[5] = {s->params_r, s->qkv, s->kc[l], s->vc[l], s->att};
             forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (n + 7) / 8, NH, 1);
         }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, &ly->bo, NULL, 0, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, 0, &ly->bo, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_attn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, 0, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
         /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
         uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
         if (fuse && ly->fused_gate_up) {
-            forge__linear(s, r, &ly->gate_up, s->x, 0, n, s->h, F, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
+            forge__linear(s, r, &ly->gate_up, s->x, 0, n, s->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
         } else {
             forge__range mlp_in = s->x;
             const forge__vec *mlp_norm = &ly->ffn_norm;
@@ -5879,10 +6045,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
             forge__pc_act pact = {n * F, (uint32_t)c->act, ly->fused_gate_up};
             forge__range bact[2] = {s->h, s->gu};
             if (ly->fused_gate_up) { /* prefill: both products, interleaved, then the activation */
-                forge__linear(s, r, &ly->gate_up, mlp_in, 0, n, s->gu, 2 * F, NULL, mlp_norm, 0, 0);
+                forge__linear(s, r, &ly->gate_up, mlp_in, 0, n, s->gu, 2 * F, 0, NULL, mlp_norm, 0, 0);
             } else {
-                forge__linear(s, r, &ly->gate, mlp_in, 0, n, s->h, F, NULL, mlp_norm, 0, 0);
-                forge__linear(s, r, &ly->up, mlp_in, 0, n, s->gu, F, NULL, mlp_norm, 0, 0);
+                forge__linear(s, r, &ly->gate, mlp_in, 0, n, s->h, F, 0, NULL, mlp_norm, 0, 0);
+                forge__linear(s, r, &ly->up, mlp_in, 0, n, s->gu, F, 0, NULL, mlp_norm, 0, 0);
             }
             forge__barrier(r);
             forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
@@ -5890,11 +6056,11 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         }
         forge__barrier(r);
         if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->down, s->h, 0, n, s->xn, H, NULL, NULL, 0, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->xn, H, 0, NULL, NULL, 0, 0);
             forge__barrier(r);
             forge__rmsnorm(s, r, s->xn, 0, &ly->post_ffn_norm, s->x, 0, n, H, 1);
         } else {
-            forge__linear(s, r, &ly->down, s->h, 0, n, s->x, H, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+            forge__linear(s, r, &ly->down, s->h, 0, n, s->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         }
         forge__barrier(r);
     }
@@ -5902,12 +6068,12 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
     if (n_out <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) { /* the final norm fused into the head */
-        forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, &m->output_norm, head_flags,
+        forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
                       (float)c->final_softcap);
     } else {
         forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
         forge__barrier(r);
-        forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, NULL, NULL, head_flags, (float)c->final_softcap);
+        forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     }
     forge__barrier(r);
     if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
@@ -6112,7 +6278,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     for (int b = 0; b < s->n_blocks; b++)
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
-    forge__range *dst[] = {&s->x, &s->xn, &s->q, &s->k, &s->v, &s->att, &s->h, &s->gu, &s->logits, &s->dummy,
+    forge__range *dst[] = {&s->x, &s->xn, &s->qkv, &s->att, &s->h, &s->gu, &s->logits, &s->dummy,
                            &s->cand, &s->cand_stats, &s->sample_out, &s->attn_part};
     int it = 0;
     for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {

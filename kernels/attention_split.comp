@@ -5,7 +5,7 @@
 // online softmax and writes its partial state part[((t * H + h) * S + s)] = {m, l, acc[D]}:
 // m = max score, l = sum exp(score - m), acc = sum exp(score - m) V (m = -inf: no keys).
 // attention_combine.comp merges the S splits. K is read as vec4 (D % 4 == 0).
-// Bindings: 0 params {pos0, n} | 1 q f32 [n, H, D] | 2 K cache | 3 V cache | 4 part f32
+// Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
 // One workgroup of 64 per (split, head, token); D <= 256.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
@@ -22,6 +22,7 @@ layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint n_splits;
+    uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
 } pc;
 
 const uint T = 64;
@@ -36,7 +37,7 @@ void main() {
     uint p = params.pos0 + t;
     uint lo = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
-    uint qb = (t * pc.n_heads + h) * D4;
+    uint qb = (t * pc.q_stride + h * D) / 4u;
     for (uint d = tid; d < D4; d += T) qs[d] = q4[qb + d];
     barrier();
     float m = -1.0 / 0.0, l = 0.0;

@@ -7,7 +7,7 @@
 //   Output: thread t owns query t / 8, dimensions t % 8 + 8 i.
 // Shared memory: 8 + 16 rows of 257 floats (padded against bank conflicts): 25 KiB, within
 // every device's 32 KiB.
-// Bindings: 0 params {pos0, n} | 1 q f32 [n, H, D] | 2 K cache [slots, Hkv, D]
+// Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D]
 // One workgroup of 64 per (block of 8 queries, head); D <= 256.
 #extension GL_GOOGLE_include_directive : require
@@ -26,6 +26,7 @@ layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint n_splits;
+    uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
 } pc;
 
 const uint BQ = 8, BK = 16, DMAX = 256, TPQ = 64 / BQ; // threads per query
@@ -42,7 +43,7 @@ void main() {
     uint nq = min(BQ, pc.n_tokens - t0);
     for (uint e = tid; e < BQ * D; e += 64u) {
         uint qi = e / D, d = e % D;
-        qs[qi * DS + d] = qi < nq ? q[((t0 + qi) * pc.n_heads + h) * D + d] : 0.0;
+        qs[qi * DS + d] = qi < nq ? q[(t0 + qi) * pc.q_stride + h * D + d] : 0.0;
     }
     // the keys any query of the block needs
     uint p_first = params.pos0 + t0, p_last = p_first + nq - 1u;

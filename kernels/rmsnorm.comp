@@ -1,9 +1,9 @@
 #version 450
 // rmsnorm: out[r, :] (+)= x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:]
-// Rows are x_row0 + gid (input) and out_row0 + gid (output); dim elements each, contiguous.
-// Used for the block norms (rows = tokens, dim = hidden) and for the per-head q/k norms
-// (rows = tokens * heads, dim = head_dim, in place). flags: 1 add to out (Gemma's
-// post-norms feed the residual stream).
+// Block norms (heads = 0): rows x_row0 + gid and out_row0 + gid of dim contiguous elements.
+// Per-head q/k norms (heads > 0, in place): row gid is head gid % heads of token gid / heads,
+// at (token * row_stride + col0 + head * dim) in the fused qkv rows. flags: 1 add to out
+// (Gemma's post-norms feed the residual stream).
 // Bindings: 0 x f32 | 1 w f32 [dim] | 2 out f32
 layout(local_size_x = 128) in;
 
@@ -14,14 +14,16 @@ layout(binding = 2) buffer O_ { float o[]; };
 layout(push_constant) uniform PC {
     uint dim, x_row0, out_row0, flags;
     float eps;
+    uint heads, row_stride, col0;
 } pc;
 
 shared float red[128];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint xb = (pc.x_row0 + gl_WorkGroupID.x) * pc.dim;
-    uint ob = (pc.out_row0 + gl_WorkGroupID.x) * pc.dim;
+    uint g = gl_WorkGroupID.x;
+    uint xb = (pc.x_row0 + g) * pc.dim, ob = (pc.out_row0 + g) * pc.dim;
+    if (pc.heads != 0u) xb = ob = (g / pc.heads) * pc.row_stride + pc.col0 + (g % pc.heads) * pc.dim;
     float ss = 0.0;
     for (uint i = tid; i < pc.dim; i += 128u) ss += x[xb + i] * x[xb + i];
     red[tid] = ss;

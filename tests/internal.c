@@ -199,11 +199,13 @@ forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_r
     forge__range wb = ft_buf(&j, w, 4ull * dim);
     forge__range ob = ft_buf(&j, out, 4ull * out_rows * dim);
     forge__range binds[3] = {xb, wb, ob};
-    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps, 0, 0, 0};
     forge__dispatch(&j.rec, FORGE__OP_RMSNORM, binds, &pc, rows, 1, 1);
     return ft_end(&j, 2, out, 4ull * out_rows * dim, 0, NULL, 0);
 }
 
+/* The fused rope kernel on q only (kc == NULL: x rotated in place), or on k and v only (x = k,
+ * v separate: they are laid out as k | v rows, as in the fused qkv rows). */
 static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                                  const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
     ft_job j;
@@ -211,18 +213,26 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
-    forge__range xb = ft_buf(&j, x, 4ull * n * heads * D);
     bool store = kc != NULL;
-    forge__range ob = store ? ft_buf(&j, kc, 4ull * slots * heads * D) : xb;
-    forge__range vb = store ? ft_buf(&j, v, 4ull * n * heads * D) : ft_buf(&j, NULL, 16);
-    forge__range vcb = store ? ft_buf(&j, vc, 4ull * slots * heads * D) : ft_buf(&j, NULL, 16);
-    forge__range binds[6] = {pb, fb, xb, ob, vb, vcb};
-    forge__pc_rope pc = {n, heads, D, (uint32_t)adjacent, store ? slots : 1, store};
+    uint32_t HD = heads * D, stride = store ? 2 * HD : HD;
+    float *rows = (float *)malloc(4ull * n * stride);
+    for (uint32_t t = 0; t < n; t++) {
+        memcpy(rows + (size_t)t * stride, x + (size_t)t * HD, 4ull * HD);
+        if (store) memcpy(rows + (size_t)t * stride + HD, v + (size_t)t * HD, 4ull * HD);
+    }
+    forge__range xb = ft_buf(&j, rows, 4ull * n * stride);
+    forge__range kb = store ? ft_buf(&j, kc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
+    forge__range vb = store ? ft_buf(&j, vc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
+    forge__range binds[5] = {pb, fb, xb, kb, vb};
+    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD};
     uint32_t gx, gy;
     forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
-    if (store) return ft_end(&j, 3, kc, 4ull * slots * heads * D, 5, vc, 4ull * slots * heads * D);
-    return ft_end(&j, 2, x, 4ull * n * heads * D, 0, NULL, 0);
+    forge_status st;
+    if (store) st = ft_end(&j, 3, kc, 4ull * slots * HD, 4, vc, 4ull * slots * HD);
+    else st = ft_end(&j, 2, x, 4ull * n * HD, 0, NULL, 0);
+    free(rows);
+    return st;
 }
 
 forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D, const float *inv_freq, uint32_t pos0, int adjacent) {
@@ -245,7 +255,7 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
     forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS};
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D};
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range binds[5] = {pb, qb, kb, vb, part};
