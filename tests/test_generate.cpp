@@ -336,3 +336,29 @@ TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
     forge_session_free(fresh);
     forge_model_free(m);
 }
+
+/* Text in, text out: the empty prompt (the tokenizer adds BOS) and a text prompt. */
+TEST(Generate, TextInTextOutStories) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 60;
+    Collect a;
+    p.on_token = Collect::cb;
+    p.user_data = &a;
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate(s, "", 0, &p, &mt), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(mt.prompt_tokens, 1); /* BOS */
+    EXPECT_EQ(a.text.substr(0, strlen(kStory)), kStory);
+    Collect b;
+    p.user_data = &b;
+    const char *prompt = "Once upon a time";
+    ASSERT_EQ(forge_generate(s, prompt, strlen(prompt), &p, &mt), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(std::string(prompt) + b.text.substr(0, strlen(kStory) - strlen(prompt)), kStory);
+    /* the cache holds BOS and the first reply, which began with these very words: all of the
+     * prompt but its last token (evaluated again for its logits) is reused */
+    EXPECT_EQ(mt.cached_tokens, mt.prompt_tokens - 1);
+    EXPECT_EQ(mt.prompt_tokens, 5);
+    forge_session_free(s);
+}

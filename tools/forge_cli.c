@@ -185,7 +185,16 @@ static int cmd_info(int argc, char **argv) {
         snprintf(label, sizeof label, "session (n_ctx %d)", ctx);
         print_bytes(label, plan.device_planned_bytes);
         print_bytes("  of which KV cache", plan.kv_cache_bytes);
-        if (in.n_sliding_layers) print_bytes("  of which sliding layers", plan.kv_sliding_bytes);
+        if (in.n_sliding_layers) {
+            int nb = sp.n_batch ? sp.n_batch : 512;
+            if (nb > ctx) nb = ctx;
+            int slots = in.sliding_window + nb - 1 < ctx ? in.sliding_window + nb - 1 : ctx;
+            char l2[96];
+            snprintf(l2, sizeof l2, "  of which %d sliding layers", in.n_sliding_layers);
+            print_bytes(l2, plan.kv_sliding_bytes);
+            printf("  %-28s %d positions each (window %d + n_batch %d - 1), not n_ctx\n", "  rotating KV cache", slots,
+                   in.sliding_window, nb);
+        }
         print_bytes("total device (model+session)", in.memory.device_planned_bytes + plan.device_planned_bytes);
     } else {
         printf("  session plan: %s\n", forge_model_errmsg(m));
