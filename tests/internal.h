@@ -109,4 +109,15 @@ int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, do
 void ft_rng_seed(uint64_t state[4], uint64_t seed);
 #ifdef __cplusplus
 }
+#ifdef __cplusplus
+/* The default device, opened once per test process (NULL when there is none). */
+inline ft_ctx *ft_device() {
+    static ft_ctx *c = [] {
+        char e[512];
+        return ft_open(e, sizeof e);
+    }();
+    return c;
+}
+#endif
+
 #endif

@@ -10,13 +10,7 @@
 
 namespace {
 
-ft_ctx *device() {
-    static ft_ctx *c = [] {
-        char e[512];
-        return ft_open(e, sizeof e);
-    }();
-    return c;
-}
+ft_ctx *device() { return ft_device(); }
 
 struct Collect {
     std::vector<int32_t> tokens;

@@ -6,13 +6,7 @@
 
 namespace {
 
-ft_ctx *device() {
-    static ft_ctx *c = [] {
-        char e[512];
-        return ft_open(e, sizeof e);
-    }();
-    return c;
-}
+ft_ctx *device() { return ft_device(); }
 
 float h2f(uint16_t h) { return ft_f16_to_f32(h); }
 

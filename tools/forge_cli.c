@@ -90,7 +90,20 @@ static int take_common(int *argc, char **argv, cli_opts *o) {
     return 0;
 }
 
-/* Loads MODEL with the common options; prints the error and returns NULL on failure. */
+/* Loads with `mp`; prints the error and returns NULL on failure. */
+static forge_model *load_with(const char *path, forge_model_params *mp, int verbose) {
+    if (verbose) mp->log = log_stderr;
+    forge_model *m = NULL;
+    forge_status st = forge_model_load(path, mp, &m);
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        forge_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* Loads MODEL with the common options (device by index or name, progress on a terminal). */
 forge_model *forge_cli_load(const char *path, const char *device, int verbose) {
     forge_model_params mp = forge_model_default_params();
     if (device) {
@@ -99,16 +112,8 @@ forge_model *forge_cli_load(const char *path, const char *device, int verbose) {
         if (*end == 0) mp.device_index = (int)idx;
         else mp.device_name = device;
     }
-    if (verbose) mp.log = log_stderr;
     if (isatty(2)) mp.progress = progress_stderr;
-    forge_model *m = NULL;
-    forge_status st = forge_model_load(path, &mp, &m);
-    if (st != FORGE_OK) {
-        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
-        forge_model_free(m);
-        return NULL;
-    }
-    return m;
+    return load_with(path, &mp, verbose);
 }
 
 static const char *type_name(forge_device_type t) {
@@ -264,15 +269,7 @@ static int cmd_logits(int argc, char **argv) {
 forge_model *forge_cli_load_vocab(const char *path, int verbose) {
     forge_model_params mp = forge_model_default_params();
     mp.vocab_only = 1;
-    if (verbose) mp.log = log_stderr;
-    forge_model *m = NULL;
-    forge_status st = forge_model_load(path, &mp, &m);
-    if (st != FORGE_OK) {
-        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
-        forge_model_free(m);
-        return NULL;
-    }
-    return m;
+    return load_with(path, &mp, verbose);
 }
 
 static void json_string_out(const char *s, size_t n) {
