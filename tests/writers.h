@@ -39,9 +39,9 @@ inline std::vector<uint8_t> safetensors_bytes(const std::map<std::string, Tensor
     }
     h += "}";
     if (!header_override.empty()) h = header_override;
-    std::vector<uint8_t> out(8);
-    uint64_t n = h.size();
-    memcpy(out.data(), &n, 8);
+    std::vector<uint8_t> out;
+    out.reserve(8 + h.size() + data.size());
+    for (int i = 0; i < 8; i++) out.push_back((uint8_t)((uint64_t)h.size() >> (8 * i))); /* little-endian length */
     out.insert(out.end(), h.begin(), h.end());
     out.insert(out.end(), data.begin(), data.end());
     return out;
