@@ -5931,8 +5931,7 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(r, op, b, &pc, gx, gy, 1);
         } else {
-            uint32_t tile = cm ? 64 : 128; /* matmul_cm.comp 64 x 64, matmul.comp 128 x 128 */
-            forge__dispatch(r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
+            forge__dispatch(r, op, b, &pc, (c->rows + 63) / 64, (M + 63) / 64, 1);
         }
     }
 }

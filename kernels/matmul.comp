@@ -1,8 +1,7 @@
 #version 450
 // matmul: C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
-// for many rows of A: the prefill. Tiles of 128 (m) x 128 (n), stepping k by 16 through
-// shared memory; 256 threads, each computing an 8 x 8 block of C (8 FMAs per value loaded
-// from shared memory).
+// for many rows of A: the prefill. Tiles of 64 (m) x 64 (n), stepping k by 32 through
+// shared memory; 256 threads, each computing a 4 x 4 block of C.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
 // flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
@@ -30,21 +29,21 @@ layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 
-const uint BM = 128, BN = 128, BK = 16;
+const uint BM = 64, BN = 64, BK = 32;
 shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed
 shared vec4 Ws[BK][BN / 4];   // Ws[k][n/4]: W tile, transposed
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint tx = tid % 16u, ty = tid / 16u;            // this thread's 8 x 8 block: rows ty*8.., cols tx*8..
+    uint tx = tid % 16u, ty = tid / 16u;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    vec4 acc[8][2];
-    for (uint i = 0; i < 8u; i++) { acc[i][0] = vec4(0.0); acc[i][1] = vec4(0.0); }
+    vec4 acc[4];
+    for (uint i = 0; i < 4u; i++) acc[i] = vec4(0.0);
 
     // loaders: each thread brings one 8-element unit of W (row wn, k offset wk) and
-    // 8 elements of A (row am, k offset ak) per step of BK
-    uint wn = tid / 2u, wk = (tid % 2u) * 8u;
-    uint am = tid / 2u, ak = (tid % 2u) * 8u;
+    // 8 elements of A (row am, k offset ak)
+    uint wn = tid / 4u, wk = (tid % 4u) * 8u;
+    uint am = tid / 4u, ak = (tid % 4u) * 8u;
     for (uint k0 = 0; k0 < pc.K; k0 += BK) {
         vec4 lo = vec4(0.0), hi = vec4(0.0);
         if (n0 + wn < pc.N) w_get8_any(n0 + wn, k0 + wk, pc.K, lo, hi);
@@ -61,23 +60,22 @@ void main() {
         }
         barrier();
         for (uint k = 0; k < BK; k++) {
-            vec4 a0 = As[k][2u * ty], a1 = As[k][2u * ty + 1u];
-            vec4 b0 = Ws[k][2u * tx], b1 = Ws[k][2u * tx + 1u];
-            float av8[8] = float[8](a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w);
-            for (uint i = 0; i < 8u; i++) {
-                acc[i][0] += av8[i] * b0;
-                acc[i][1] += av8[i] * b1;
-            }
+            vec4 av4 = As[k][ty];
+            vec4 bv4 = Ws[k][tx];
+            acc[0] += av4.x * bv4;
+            acc[1] += av4.y * bv4;
+            acc[2] += av4.z * bv4;
+            acc[3] += av4.w * bv4;
         }
         barrier();
     }
-    for (uint i = 0; i < 8u; i++) {
-        uint m = m0 + ty * 8u + i;
+    for (uint i = 0; i < 4u; i++) {
+        uint m = m0 + ty * 4u + i;
         if (m >= pc.M) break;
-        for (uint j = 0; j < 8u; j++) {
-            uint n = n0 + tx * 8u + j;
+        for (uint j = 0; j < 4u; j++) {
+            uint n = n0 + tx * 4u + j;
             if (n >= pc.N) break;
-            float v = acc[i][j / 4u][j % 4u];
+            float v = acc[i][j];
             if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + n];
             if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
             uint ci = m * pc.ldc + pc.c_col0 + n;

@@ -135,9 +135,8 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            uint32_t tile = cm ? 64 : 128; /* matmul_cm.comp 64 x 64, matmul.comp 128 x 128 */
-            forge__dispatch(&j.rec, (forge__op)((cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt), binds, &pc, (rows + tile - 1) / tile,
-                            (M + tile - 1) / tile, 1);
+            forge__dispatch(&j.rec, (forge__op)((cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt), binds, &pc, (rows + 63) / 64,
+                            (M + 63) / 64, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
