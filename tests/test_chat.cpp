@@ -94,55 +94,67 @@ TEST(Chat, BufferTooSmallAndNoFormat) {
     forge_model_free(s);
 }
 
-/* A conversation on a (random-weight) model with the real Llama 3 tokenizer: the second turn
- * re-prefills only what is new, and the reply stops at the end-of-turn token or max tokens. */
-TEST(Chat, MultiTurnReusesTheCache) {
-    std::string data = ft::tok_data();
-    ASSERT_FALSE(data.empty());
-    std::string dir = ft::tmpdir("chat_llama3");
-    ASSERT_EQ(ft::sh("cp " + data + "/llama3/tokenizer.json " + data + "/llama3/tokenizer_config.json " + dir + "/"), 0);
-    const int V = 128256, H = 32;
-    std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,\"num_key_value_heads\":1,"
-                      "\"intermediate_size\":64,\"vocab_size\":128256,\"max_position_embeddings\":512,\"rms_norm_eps\":1e-5,"
-                      "\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
+/* A random-weight f16 checkpoint of the given family beside a real tokenizer: hidden 32, one
+ * layer, vocab of the tokenizer. */
+static std::string chat_model(const std::string &family, const std::string &data) {
+    std::string dir = ft::tmpdir("chat_" + family);
+    if (ft::sh("cp " + data + "/" + family + "/tokenizer.json " + data + "/" + family + "/tokenizer_config.json " + dir + "/") != 0) return "";
+    bool gemma = family == "gemma3";
+    const int V = gemma ? 262144 : 128256, H = 32, D = 16;
+    std::string cfg = gemma ? "{\"model_type\":\"gemma3_text\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                              "\"num_key_value_heads\":1,\"head_dim\":16,\"intermediate_size\":64,\"vocab_size\":262144,"
+                              "\"max_position_embeddings\":512,\"sliding_window\":512,\"layer_types\":[\"sliding_attention\"],"
+                              "\"query_pre_attn_scalar\":16,\"rms_norm_eps\":1e-6,\"torch_dtype\":\"float16\"}"
+                            : "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                              "\"num_key_value_heads\":1,\"intermediate_size\":64,\"vocab_size\":128256,\"max_position_embeddings\":512,"
+                              "\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
     ft::write_file(dir + "/config.json", cfg.data(), cfg.size());
-    /* a tiny f16 checkpoint written directly (safetensors) */
-    auto f16 = [](std::vector<int64_t> shape, uint32_t seed) {
+    struct T { std::string name; std::vector<int64_t> shape; };
+    std::string p = "model.layers.0.";
+    std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {p + "input_layernorm.weight", {H}},
+                         {p + "post_attention_layernorm.weight", {H}}, {p + "self_attn.q_proj.weight", {2 * D, H}},
+                         {p + "self_attn.k_proj.weight", {D, H}}, {p + "self_attn.v_proj.weight", {D, H}},
+                         {p + "self_attn.o_proj.weight", {H, 2 * D}}, {p + "mlp.gate_proj.weight", {64, H}},
+                         {p + "mlp.up_proj.weight", {64, H}}, {p + "mlp.down_proj.weight", {H, 64}}};
+    if (gemma)
+        for (std::string n : {"pre_feedforward_layernorm", "post_feedforward_layernorm"}) ts.push_back({p + n + ".weight", {H}});
+    if (gemma)
+        for (std::string n : {"self_attn.q_norm", "self_attn.k_norm"}) ts.push_back({p + n + ".weight", {D}});
+    std::string hdr = "{";
+    std::vector<uint8_t> body;
+    uint32_t seed = 1;
+    for (auto &t : ts) {
         size_t n = 1;
-        for (auto d : shape) n *= (size_t)d;
-        std::vector<float> v = ft::randn(n, 0.2f, seed);
-        std::string hdr;
+        for (auto d : t.shape) n *= (size_t)d;
+        std::vector<float> v = ft::randn(n, 0.2f, seed++);
         std::vector<uint8_t> d(n * 2);
         for (size_t i = 0; i < n; i++) {
             uint16_t h = ft_f32_to_f16(v[i]);
             memcpy(&d[2 * i], &h, 2);
         }
-        return d;
-    };
-    struct T { std::string name; std::vector<int64_t> shape; };
-    std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {"model.layers.0.input_layernorm.weight", {H}},
-                         {"model.layers.0.post_attention_layernorm.weight", {H}}, {"model.layers.0.self_attn.q_proj.weight", {32, H}},
-                         {"model.layers.0.self_attn.k_proj.weight", {16, H}}, {"model.layers.0.self_attn.v_proj.weight", {16, H}},
-                         {"model.layers.0.self_attn.o_proj.weight", {H, 32}}, {"model.layers.0.mlp.gate_proj.weight", {64, H}},
-                         {"model.layers.0.mlp.up_proj.weight", {64, H}}, {"model.layers.0.mlp.down_proj.weight", {H, 64}}};
-    std::string hdr = "{";
-    std::vector<uint8_t> body;
-    uint32_t seed = 1;
-    for (auto &t : ts) {
-        std::vector<uint8_t> d = f16(t.shape, seed++);
         hdr += (hdr.size() > 1 ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"F16\",\"shape\":[";
         for (size_t i = 0; i < t.shape.size(); i++) hdr += (i ? "," : "") + std::to_string(t.shape[i]);
         hdr += "],\"data_offsets\":[" + std::to_string(body.size()) + "," + std::to_string(body.size() + d.size()) + "]}";
         body.insert(body.end(), d.begin(), d.end());
     }
     hdr += "}";
-    std::vector<uint8_t> file(8);
-    uint64_t hl = hdr.size();
-    memcpy(file.data(), &hl, 8);
+    std::vector<uint8_t> file;
+    for (int i = 0; i < 8; i++) file.push_back((uint8_t)((uint64_t)hdr.size() >> (8 * i)));
     file.insert(file.end(), hdr.begin(), hdr.end());
     file.insert(file.end(), body.begin(), body.end());
     ft::write_file(dir + "/model.safetensors", file.data(), file.size());
+    return dir;
+}
 
+/* A conversation on random-weight models with the real Llama 3 and Gemma 3 tokenizers: the
+ * second turn re-prefills only what is new; the family's end-of-turn token ends replies. */
+class ChatModel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChatModel, MultiTurnReusesTheCache) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    std::string dir = chat_model(GetParam(), data);
+    ASSERT_FALSE(dir.empty());
     forge_model *m = ft::load(dir);
     ASSERT_NE(m, nullptr);
     forge_session *s = nullptr;
@@ -166,7 +178,13 @@ TEST(Chat, MultiTurnReusesTheCache) {
     EXPECT_EQ(m2.prompt_cache_hits, 1u);
     forge_special_tokens sp;
     ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
-    EXPECT_EQ(sp.eot, forge_token_id(m, "<|eot_id|>"));
+    int32_t eot = forge_token_id(m, GetParam() == "gemma3" ? "<end_of_turn>" : "<|eot_id|>");
+    EXPECT_EQ(sp.eot, eot);
+    bool ends = false;
+    for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == eot;
+    EXPECT_TRUE(ends);
     forge_session_free(s);
     forge_model_free(m);
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, ChatModel, ::testing::Values("llama3", "gemma3"));

@@ -246,6 +246,24 @@ TEST(ModelLoad, UnknownArchitectureAndMissingFiles) {
     EXPECT_NE(msg.find("architecture 'rwkv6'"), std::string::npos) << msg;
 }
 
+/* A GGUF type forge does not read (here Q5_K) is an error naming the type and the tensor. */
+TEST(ModelLoad, UnsupportedGgufTypeIsNamed) {
+    ft::Gguf g;
+    g.str("general.architecture", "llama");
+    g.u32("llama.embedding_length", 256);
+    g.u32("llama.block_count", 1);
+    g.u32("llama.attention.head_count", 2);
+    g.u32("llama.feed_forward_length", 256);
+    g.u32("llama.vocab_size", 4);
+    g.tensor("token_embd.weight", {256, 4}, 13, std::vector<uint8_t>(176 * 4));
+    std::string d = ft::tmpdir("q5k");
+    std::vector<uint8_t> b = g.bytes();
+    ft::write_file(d + "/q5k.gguf", b.data(), b.size());
+    std::string msg;
+    EXPECT_EQ(try_load(d + "/q5k.gguf", msg), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(msg.find("'token_embd.weight' has type q5_k"), std::string::npos) << msg;
+}
+
 TEST(ModelLoad, FailedModelRejectsUse) {
     forge_model *m = nullptr;
     EXPECT_NE(forge_model_load("does/not/exist", nullptr, &m), FORGE_OK);
