@@ -10,7 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
-    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul */
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul */
 };
 
 ft_ctx *ft_open(char *err, size_t err_size) {
@@ -135,11 +135,20 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            forge__dispatch(&j.rec, (forge__op)((cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt), binds, &pc, (rows + 63) / 64,
-                            (M + 63) / 64, 1);
+            bool big = j.c->force_kind == 3;
+            uint32_t tile = big ? 128 : 64; /* matmul_big.comp 128 x 128; matmul.comp and matmul_cm.comp 64 x 64 */
+            forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
+            forge__dispatch(&j.rec, op, binds, &pc, (rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
+}
+
+forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
+    c->force_kind = 3;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
+    c->force_kind = -1;
+    return st;
 }
 
 forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {

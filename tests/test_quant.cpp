@@ -138,6 +138,11 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
             ASSERT_EQ(ft_linear_w(device(), &w, A.data(), M, 0, M, K, N, chunk, nullptr, 0, 0, C.data(), N, 0, 0), FORGE_OK)
                 << ft_errmsg(device());
             EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " M " << M << " chunk " << chunk;
+            if (M > 8 && chunk == 0) { /* the 128-tile matmul */
+                std::fill(C.begin(), C.end(), NAN);
+                ASSERT_EQ(ft_matmul_big(device(), &w, A.data(), M, K, N, C.data()), FORGE_OK);
+                EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " 128-tile matmul M " << M;
+            }
             if (M > 8 && chunk == 0) { /* the tensor-core matmul, where the device has one: f16 operands */
                 std::fill(C.begin(), C.end(), NAN);
                 forge_status cst = ft_matmul_cm(device(), &w, A.data(), M, K, N, C.data());
