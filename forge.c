@@ -7263,6 +7263,9 @@ typedef struct forge__chat_style {
     bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
     const char *default_system;   /* ChatML templates that add one when the first message is not system */
     const char *bos;              /* the BOS text the template writes (Llama 3, Gemma) */
+    bool llama3_gen_always;       /* Llama 3.0's first template: the assistant header even without add_generation_prompt */
+    bool llama3_dated;            /* Llama 3.1+: a system block with the knowledge cutoff and today's date, always */
+    char date[16];                /* its "Today Date" ("%d %b %Y"): the template's date_string, or today (strftime_now) */
 } forge__chat_style;
 
 /* A growing string (chat rendering is not on the hot path). */
@@ -7337,25 +7340,79 @@ static const char *forge__memmem_last(const char *h, size_t hn, const char *need
 
 static bool forge__role_is(const forge_chat_message *m, const char *role) { return m->role && !strcmp(m->role, role); }
 
+/* Python's json.dumps(s, ensure_ascii=False), which transformers' tojson filter is. */
+static void forge__sb_json_string(forge__sb *b, const char *s) {
+    forge__sb_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = NULL;
+        char u[8];
+        switch (*p) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (*p < 0x20) { snprintf(u, sizeof u, "\\u%04x", *p); esc = u; }
+        }
+        if (esc) forge__sb_puts(b, esc);
+        else forge__sb_put(b, (const char *)p, 1);
+    }
+    forge__sb_puts(b, "\"");
+}
+
+/* One Llama 3 turn: the role's header, the trimmed content, <|eot_id|>. */
+static void forge__llama3_turn(forge__sb *b, const char *role, const char *content) {
+    size_t cn = strlen(content);
+    forge__py_strip(&content, &cn);
+    forge__sb_puts(b, "<|start_header_id|>");
+    forge__sb_puts(b, role);
+    forge__sb_puts(b, "<|end_header_id|>\n\n");
+    forge__sb_put(b, content, cn);
+    forge__sb_puts(b, "<|eot_id|>");
+}
+
 FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
                                                 forge__sb *b, forge__err *err) {
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
-    if (st->family == FORGE__CHAT_LLAMA3) {
-        for (int i = 0; i < n; i++) {
-            const char *c = msgs[i].content;
+    if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
+        /* Llama 3.1 / 3.2 / 3.3 without tools: BOS, a system block that always exists (cutoff,
+         * date, then the first message's content when that is a system message), the turns;
+         * tool results go out as an ipython turn holding the content as a JSON string. */
+        if (n == 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "the conversation has no messages");
+        int first = forge__role_is(&msgs[0], "system") ? 1 : 0;
+        forge__sb_puts(b, st->bos);
+        forge__sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ");
+        forge__sb_puts(b, st->date);
+        forge__sb_puts(b, "\n\n");
+        if (first) {
+            const char *c = msgs[0].content;
             size_t cn = strlen(c);
             forge__py_strip(&c, &cn);
-            if (i == 0) forge__sb_puts(b, st->bos);
-            forge__sb_puts(b, "<|start_header_id|>");
-            forge__sb_puts(b, msgs[i].role);
-            forge__sb_puts(b, "<|end_header_id|>\n\n");
             forge__sb_put(b, c, cn);
-            forge__sb_puts(b, "<|eot_id|>");
         }
-        forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n"); /* this template adds it always */
+        forge__sb_puts(b, "<|eot_id|>");
+        for (int i = first; i < n; i++) {
+            if (forge__role_is(&msgs[i], "tool") || forge__role_is(&msgs[i], "ipython")) {
+                forge__sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+                forge__sb_json_string(b, msgs[i].content);
+                forge__sb_puts(b, "<|eot_id|>");
+            } else {
+                forge__llama3_turn(b, msgs[i].role, msgs[i].content);
+            }
+        }
+        if (gen) forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    } else if (st->family == FORGE__CHAT_LLAMA3) {
+        for (int i = 0; i < n; i++) {
+            if (i == 0) forge__sb_puts(b, st->bos);
+            forge__llama3_turn(b, msgs[i].role, msgs[i].content);
+        }
+        if (gen || st->llama3_gen_always) forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     } else if (st->family == FORGE__CHAT_GEMMA) {
         int first = 0;
         const char *prefix = NULL;
@@ -7457,6 +7514,26 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
     return FORGE_OK;
 }
 
+/* The "Today Date" of a Llama 3.1+ template: today, as transformers' strftime_now("%d %b %Y")
+ * gives it (local time; English month names whatever the C locale), when the template asks
+ * for it; else the date_string it sets ("26 Jul 2024" in 3.1 and 3.3). */
+static void forge__template_date(const char *tmpl, char out[16]) {
+    static const char *months[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    snprintf(out, 16, "26 Jul 2024");
+    if (strstr(tmpl, "strftime_now")) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm)) snprintf(out, 16, "%02d %s %04d", tm.tm_mday, months[tm.tm_mon % 12], (tm.tm_year + 1900) % 10000);
+        return;
+    }
+    const char *set = strstr(tmpl, "set date_string = \"");
+    if (set) {
+        set += strlen("set date_string = \"");
+        const char *end = strchr(set, '"');
+        if (end && end - set < 16) snprintf(out, 16, "%.*s", (int)(end - set), set);
+    }
+}
+
 /* The chat format of a model: from its tokenizer's special tokens, refined by the
  * checkpoint's own template text where it has one. */
 static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style *st) {
@@ -7481,9 +7558,9 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
     } else if (forge_token_id(m, "<|start_header_id|>") >= 0) {
         st->family = FORGE__CHAT_LLAMA3;
         st->bos = bos ? bos : "<|begin_of_text|>";
-        if (strstr(tmpl, "Cutting Knowledge Date"))
-            return forge__model_fail(m, FORGE_ERR_UNSUPPORTED,
-                                     "this Llama 3.1+ chat template (knowledge/date system block) is not supported yet");
+        st->llama3_gen_always = !strstr(tmpl, "add_generation_prompt");
+        st->llama3_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
+        if (st->llama3_dated) forge__template_date(tmpl, st->date);
     } else {
         return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma)");
     }

@@ -469,7 +469,10 @@ FORGE_API forge_status forge_session_metrics(const forge_session *session, forge
  *
  * A conversation is rendered with the model family's native template, written in C to give
  * exactly what the checkpoint's own Jinja chat_template renders (checked against
- * transformers): Llama 3 headers, ChatML for Qwen 2 / 3 (with Qwen 3's thinking switch),
+ * transformers): Llama 3 headers (3.1 / 3.2 / 3.3: the system block with the knowledge cutoff
+ * and "Today Date", today's local date where the template calls strftime_now, else the date
+ * the template sets; a "tool" message becomes the ipython turn; tool definitions are not
+ * supported), ChatML for Qwen 2 / 3 (with Qwen 3's thinking switch),
  * Gemma turns (Gemma 3 folds a system message into the first user turn; Gemma 2's template
  * rejects one). The family is recognised from the tokenizer's special tokens and the
  * checkpoint's chat_template (tokenizer_config.json, or tokenizer.chat_template in GGUF).

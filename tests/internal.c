@@ -460,3 +460,20 @@ int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, do
 }
 
 void ft_rng_seed(uint64_t state[4], uint64_t seed) { forge__rng_seed(state, seed); }
+
+/* ---- chat ---- */
+void ft_model_set_chat_template(forge_model *m, const char *tmpl) { m->chat_template = tmpl; }
+
+forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
+                               char **out, size_t *len) {
+    forge__chat_style st;
+    forge__err err = {{0}};
+    forge_status s = forge__chat_style_of(m, &st);
+    if (s) return s;
+    if (date) snprintf(st.date, sizeof st.date, "%s", date);
+    forge__sb b = {0};
+    s = forge__chat_render(&st, msgs, n, flags, &b, &err);
+    *out = b.buf;
+    *len = b.len;
+    return s;
+}

@@ -109,6 +109,14 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
 int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
                   float top_p, float min_p, uint64_t seed_state[4]);
 void ft_rng_seed(uint64_t state[4], uint64_t seed);
+
+/* ---- chat ---- */
+/* Replaces the model's chat template (the caller keeps `tmpl` alive while the model uses it). */
+void ft_model_set_chat_template(forge_model *m, const char *tmpl);
+/* forge_chat_render with the Llama 3.1+ "Today Date" pinned to `date` (NULL: as forge picks it);
+ * *out is malloc'd (free it), NULL when nothing was rendered. */
+forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
+                               char **out, size_t *len);
 #ifdef __cplusplus
 }
 #ifdef __cplusplus

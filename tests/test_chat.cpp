@@ -21,6 +21,15 @@ forge_model *vocab(const std::string &dir) {
 
 } // namespace
 
+/* Llama 3.2 Instruct's chat template, as published (tests/fixtures/chat/README.md). */
+const std::string &llama32_template() {
+    static const std::string t = [] {
+        std::vector<uint8_t> b = ft::read_file(ft::src("tests/fixtures/chat/llama3.2-instruct.jinja"));
+        return std::string(b.begin(), b.end());
+    }();
+    return t;
+}
+
 TEST(Chat, TemplatesMatchTransformers) {
     std::string data = ft::tok_data();
     ASSERT_FALSE(data.empty());
@@ -32,7 +41,12 @@ TEST(Chat, TemplatesMatchTransformers) {
     cJSON *c;
     cJSON_ArrayForEach(c, root) {
         std::string fam = cJSON_GetStringValue(cJSON_GetObjectItem(c, "family"));
-        if (!models.count(fam)) models[fam] = vocab(data + "/" + fam);
+        /* llama3.2: the Llama 3 tokenizer with Llama 3.2's template, rendered on the date the fixture records */
+        const char *date = cJSON_GetStringValue(cJSON_GetObjectItem(c, "date"));
+        if (!models.count(fam)) {
+            models[fam] = vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
+            if (fam == "llama3.2" && models[fam]) ft_model_set_chat_template(models[fam], llama32_template().c_str());
+        }
         forge_model *m = models[fam];
         ASSERT_NE(m, nullptr);
         std::vector<forge_chat_message> msgs;
@@ -44,8 +58,16 @@ TEST(Chat, TemplatesMatchTransformers) {
         if (cJSON_IsFalse(think)) flags |= FORGE_CHAT_THINKING_OFF;
         size_t len = 0;
         std::vector<char> out(1 << 16);
-        forge_status st = forge_chat_render(m, msgs.data(), (int)msgs.size(), flags, out.data(), out.size(), &len);
-        std::string what = fam + " case " + std::to_string(checked);
+        forge_status st;
+        if (date) {
+            char *text = nullptr;
+            st = ft_chat_render_on(m, date, msgs.data(), (int)msgs.size(), flags, &text, &len);
+            if (text) memcpy(out.data(), text, std::min(len + 1, out.size()));
+            free(text);
+        } else {
+            st = forge_chat_render(m, msgs.data(), (int)msgs.size(), flags, out.data(), out.size(), &len);
+        }
+        std::string what = fam + " case " + std::to_string(checked) + " " + cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
         if (cJSON *r = cJSON_GetObjectItem(c, "rendered"); cJSON_IsString(r)) {
             ASSERT_EQ(st, FORGE_OK) << what << ": " << forge_model_errmsg(m);
             EXPECT_EQ(std::string(out.data(), len), r->valuestring) << what;
@@ -56,7 +78,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 48);
+    EXPECT_EQ(checked, 62);
     for (auto &kv : models) forge_model_free(kv.second);
     cJSON_Delete(root);
 }
@@ -92,6 +114,45 @@ TEST(Chat, BufferTooSmallAndNoFormat) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(forge_chat_render(s, &msg, 1, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
     forge_model_free(s);
+}
+
+/* Llama 3.1+ templates write "Today Date": today (local time, "%d %b %Y" in English) when the
+ * template calls strftime_now, as Llama 3.2's does; the date_string it sets otherwise, as 3.1's
+ * and 3.3's do. */
+TEST(Chat, Llama31DateLine) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *m = vocab(data + "/llama3");
+    ASSERT_NE(m, nullptr);
+    auto today = [] {
+        static const char *mon[] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+        time_t now = time(nullptr);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        char b[32];
+        snprintf(b, sizeof b, "%02d %s %04d", tm.tm_mday, mon[tm.tm_mon], tm.tm_year + 1900);
+        return std::string(b);
+    };
+    auto date_line = [&](const std::string &tmpl) {
+        ft_model_set_chat_template(m, tmpl.c_str());
+        forge_chat_message msg = {"user", "Hi"};
+        std::vector<char> out(4096);
+        size_t len = 0;
+        EXPECT_EQ(forge_chat_render(m, &msg, 1, 0, out.data(), out.size(), &len), FORGE_OK) << forge_model_errmsg(m);
+        std::string r(out.data(), len);
+        size_t at = r.find("Today Date: ");
+        return at == std::string::npos ? std::string("(none)") : r.substr(at + 12, r.find('\n', at) - at - 12);
+    };
+    std::string before = today(), got = date_line(llama32_template()), after = today();
+    EXPECT_TRUE(got == before || got == after) << got << " vs " << before;
+    /* 3.1 / 3.3 style: a fixed date_string, no strftime_now */
+    std::string fixed = llama32_template();
+    size_t a = fixed.find("{%- if not date_string is defined %}"), b = fixed.find("{%- if not tools is defined %}");
+    ASSERT_TRUE(a != std::string::npos && b != std::string::npos);
+    fixed.replace(a, b - a, "{%- if not date_string is defined %}\n    {%- set date_string = \"14 Mar 2025\" %}\n{%- endif %}\n");
+    EXPECT_EQ(date_line(fixed), "14 Mar 2025");
+    ft_model_set_chat_template(m, nullptr);
+    forge_model_free(m);
 }
 
 /* A random-weight f16 checkpoint of the given family beside a real tokenizer: hidden 32, one
