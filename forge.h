@@ -164,7 +164,9 @@ typedef struct forge_model_params {
     int vocab_only;
     int exact;                     /* 1: keep every product in f32 (no tensor-core prefill, whose
                                     * activations round to f16 as llama.cpp's do): slower prefill
-                                    * on such GPUs, results bit-for-bit those of the f32 kernels */
+                                    * on such GPUs, results bit-for-bit those of the f32 kernels.
+                                    * The tensor-core prefill is switched off in this version (it
+                                    * was slower), so every run is exact today. */
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);
