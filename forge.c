@@ -3098,19 +3098,25 @@ static forge_status forge__tk_char(forge__tkload *L, const cJSON *o, const char 
     return FORGE_OK;
 }
 
+/* A Sequence component (normalizer, pre-tokenizer, decoder, post-processor): each entry of
+ * o[key] in turn, through the loader of its kind; Sequences nest at most 8 deep. */
+typedef forge_status (*forge__tk_component_loader)(forge__tkload *L, const cJSON *o, int depth);
+static forge_status forge__tk_sequence(forge__tkload *L, const cJSON *o, const char *key, const char *what, int depth,
+                                       forge__tk_component_loader load_each) {
+    const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (depth > 8 || !cJSON_IsArray(arr)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: %s Sequence without a %s array", L->path, what, key);
+    cJSON_ArrayForEach(it, arr) {
+        forge_status st = load_each(L, it, depth + 1);
+        if (st) return st;
+    }
+    return FORGE_OK;
+}
+
 static forge_status forge__tk_normalizer(forge__tkload *L, const cJSON *o, int depth) {
     forge__tokenizer *tk = L->tk;
     if (!o || cJSON_IsNull(o)) return FORGE_OK;
     const char *t = forge__json_type(o);
-    if (!strcmp(t, "Sequence")) {
-        const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(o, "normalizers");
-        if (depth > 8 || !cJSON_IsArray(arr)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: normalizer Sequence without a normalizers array", L->path);
-        cJSON_ArrayForEach(it, arr) {
-            forge_status st = forge__tk_normalizer(L, it, depth + 1);
-            if (st) return st;
-        }
-        return FORGE_OK;
-    }
+    if (!strcmp(t, "Sequence")) return forge__tk_sequence(L, o, "normalizers", "normalizer", depth, forge__tk_normalizer);
     if (tk->n_norm >= FORGE__TK_MAX_STEPS) return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: more than %d normalizers", L->path, FORGE__TK_MAX_STEPS);
     forge__norm_step *s = &tk->norm[tk->n_norm];
     memset(s, 0, sizeof *s);
@@ -3165,15 +3171,7 @@ static forge_status forge__tk_pretokenizer(forge__tkload *L, const cJSON *o, int
     forge__tokenizer *tk = L->tk;
     if (!o || cJSON_IsNull(o)) return FORGE_OK;
     const char *t = forge__json_type(o);
-    if (!strcmp(t, "Sequence")) {
-        const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(o, "pretokenizers");
-        if (depth > 8 || !cJSON_IsArray(arr)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: pre_tokenizer Sequence without a pretokenizers array", L->path);
-        cJSON_ArrayForEach(it, arr) {
-            forge_status st = forge__tk_pretokenizer(L, it, depth + 1);
-            if (st) return st;
-        }
-        return FORGE_OK;
-    }
+    if (!strcmp(t, "Sequence")) return forge__tk_sequence(L, o, "pretokenizers", "pre_tokenizer", depth, forge__tk_pretokenizer);
     if (tk->n_pre >= FORGE__TK_MAX_STEPS) return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: more than %d pre-tokenizers", L->path, FORGE__TK_MAX_STEPS);
     forge__pre_step *s = &tk->pre[tk->n_pre];
     memset(s, 0, sizeof *s);
@@ -3217,15 +3215,7 @@ static forge_status forge__tk_decoder(forge__tkload *L, const cJSON *o, int dept
     if (!o || cJSON_IsNull(o)) return FORGE_OK;
     tk->has_decoder = true;
     const char *t = forge__json_type(o);
-    if (!strcmp(t, "Sequence")) {
-        const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(o, "decoders");
-        if (depth > 8 || !cJSON_IsArray(arr)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: decoder Sequence without a decoders array", L->path);
-        cJSON_ArrayForEach(it, arr) {
-            forge_status st = forge__tk_decoder(L, it, depth + 1);
-            if (st) return st;
-        }
-        return FORGE_OK;
-    }
+    if (!strcmp(t, "Sequence")) return forge__tk_sequence(L, o, "decoders", "decoder", depth, forge__tk_decoder);
     if (tk->n_dec >= FORGE__TK_MAX_STEPS) return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: more than %d decoders", L->path, FORGE__TK_MAX_STEPS);
     forge__dec_step *s = &tk->dec[tk->n_dec];
     memset(s, 0, sizeof *s);
@@ -3272,12 +3262,7 @@ static forge_status forge__tk_post(forge__tkload *L, const cJSON *o, int depth) 
     if (!o || cJSON_IsNull(o)) return FORGE_OK;
     const char *t = forge__json_type(o);
     forge_status st = FORGE_OK;
-    if (!strcmp(t, "Sequence")) {
-        const cJSON *it, *arr = cJSON_GetObjectItemCaseSensitive(o, "processors");
-        if (depth > 8 || !cJSON_IsArray(arr)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: post_processor Sequence without a processors array", L->path);
-        cJSON_ArrayForEach(it, arr) if ((st = forge__tk_post(L, it, depth + 1))) return st;
-        return FORGE_OK;
-    }
+    if (!strcmp(t, "Sequence")) return forge__tk_sequence(L, o, "processors", "post_processor", depth, forge__tk_post);
     if (!strcmp(t, "ByteLevel")) return FORGE_OK; /* offsets only */
     if (!strcmp(t, "TemplateProcessing")) {
         const cJSON *single = cJSON_GetObjectItemCaseSensitive(o, "single"), *sp = cJSON_GetObjectItemCaseSensitive(o, "special_tokens"), *it;
@@ -6365,79 +6350,93 @@ static forge_status forge__model_add_file(forge_model *m, const char *path, forg
 
 static int forge__cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Loads every *.safetensors of `dir` (or the shards model.safetensors.index.json names). */
-static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir, const char *single) {
-    forge_status st = FORGE_OK;
+/* A growing list of owned strings: the shard file names to map. */
+typedef struct forge__names {
+    char **v;
+    int n, cap;
+} forge__names;
+
+static bool forge__names_has(const forge__names *l, const char *s) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->v[i], s)) return true;
+    return false;
+}
+
+/* false when out of memory */
+static bool forge__names_add(forge__names *l, const char *s) {
+    if (l->n == l->cap) {
+        int cap = l->cap ? l->cap * 2 : 16;
+        char **v = (char **)realloc(l->v, sizeof(char *) * (size_t)cap);
+        if (!v) return false;
+        l->v = v;
+        l->cap = cap;
+    }
+    if (!(l->v[l->n] = strdup(s))) return false;
+    l->n++;
+    return true;
+}
+
+static void forge__names_free(forge__names *l) {
+    for (int i = 0; i < l->n; i++) free(l->v[i]);
+    free(l->v);
+}
+
+/* The shard names of a safetensors directory: those model.safetensors.index.json maps to
+ * (first appearance order), else every *.safetensors in name order. */
+static forge_status forge__safetensors_shards(forge_model *m, const char *dir, forge__names *names) {
     char path[4096];
-    char **names = NULL;
-    int n = 0, cap = 0;
-    if (single) {
-        names = (char **)malloc(sizeof(char *));
-        if (!names || !(names[0] = strdup(single))) { free(names); return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); }
-        n = 1;
-    } else {
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (forge__file_exists(path)) {
         char *idx = NULL;
         size_t len;
-        forge__err tmp;
-        if (access(path, F_OK) == 0) {
-            if ((st = forge__read_text(path, &idx, &len, &m->err))) return st;
-            cJSON *root = cJSON_ParseWithLength(idx, len);
-            free(idx);
-            cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-            if (!cJSON_IsObject(wm)) {
-                cJSON_Delete(root);
-                return forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: no 'weight_map' object", path);
-            }
-            for (cJSON *it = wm->child; it && !st; it = it->next) {
-                if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || strstr(it->valuestring, "..")) {
-                    st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the directory", path,
-                                     it->string ? it->string : "?");
-                    break;
-                }
-                bool seen = false;
-                for (int i = 0; i < n && !seen; i++) seen = !strcmp(names[i], it->valuestring);
-                if (seen) continue;
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 16;
-                    char **nn = (char **)realloc(names, sizeof(char *) * (size_t)cap);
-                    if (!nn) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
-                    names = nn;
-                }
-                if (!(names[n] = strdup(it->valuestring))) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
-                n++;
-            }
-            cJSON_Delete(root);
-        } else {
-            (void)tmp;
-            DIR *dp = opendir(dir);
-            if (!dp) return forge__fail(&m->err, FORGE_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
-            struct dirent *de;
-            while ((de = readdir(dp)) && !st) {
-                if (!forge__ends_with(de->d_name, ".safetensors") || de->d_name[0] == '.') continue;
-                if (n == cap) {
-                    cap = cap ? cap * 2 : 16;
-                    char **nn = (char **)realloc(names, sizeof(char *) * (size_t)cap);
-                    if (!nn) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
-                    names = nn;
-                }
-                if (!(names[n] = strdup(de->d_name))) { st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
-                n++;
-            }
-            closedir(dp);
-            if (!st && n == 0) st = forge__fail(&m->err, FORGE_ERR_IO, "%s: no *.safetensors files", dir);
-            if (!st) qsort(names, (size_t)n, sizeof *names, forge__cmp_str);
+        forge_status st = forge__read_text(path, &idx, &len, &m->err);
+        if (st) return st;
+        cJSON *root = cJSON_ParseWithLength(idx, len);
+        free(idx);
+        cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
+        if (!cJSON_IsObject(wm)) st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: no 'weight_map' object", path);
+        for (cJSON *it = wm ? wm->child : NULL; it && !st; it = it->next) {
+            if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || strstr(it->valuestring, ".."))
+                st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the directory", path,
+                                 it->string ? it->string : "?");
+            else if (!forge__names_has(names, it->valuestring) && !forge__names_add(names, it->valuestring))
+                st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         }
+        cJSON_Delete(root);
+        return st;
     }
-    for (int i = 0; i < n && !st; i++) {
+    DIR *dp = opendir(dir);
+    if (!dp) return forge__fail(&m->err, FORGE_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    forge_status st = FORGE_OK;
+    struct dirent *de;
+    while (!st && (de = readdir(dp)))
+        if (forge__ends_with(de->d_name, ".safetensors") && de->d_name[0] != '.' && !forge__names_add(names, de->d_name))
+            st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    closedir(dp);
+    if (!st && names->n == 0) st = forge__fail(&m->err, FORGE_ERR_IO, "%s: no *.safetensors files", dir);
+    if (!st) qsort(names->v, (size_t)names->n, sizeof *names->v, forge__cmp_str);
+    return st;
+}
+
+/* Loads every *.safetensors of `dir` (or the shards model.safetensors.index.json names), or
+ * the one file `single`. */
+static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir, const char *single) {
+    forge__names names = {0};
+    forge_status st = FORGE_OK;
+    if (single) {
+        if (!forge__names_add(&names, single)) st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    } else {
+        st = forge__safetensors_shards(m, dir, &names);
+    }
+    char path[4096];
+    for (int i = 0; i < names.n && !st; i++) {
         forge__file *f;
-        if (single) snprintf(path, sizeof path, "%s", names[i]);
-        else snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (single) snprintf(path, sizeof path, "%s", names.v[i]);
+        else snprintf(path, sizeof path, "%s/%s", dir, names.v[i]);
         if ((st = forge__model_add_file(m, path, &f))) break;
         st = forge__safetensors_parse(f, &m->tensors, &m->arena, NULL, &m->err);
     }
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
+    forge__names_free(&names);
     return st;
 }
 

@@ -281,10 +281,8 @@ TEST(ModelLoad, FailedModelRejectsUse) {
 TEST(Session, LimitsAndBadCalls) {
     forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
     ASSERT_NE(m, nullptr);
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 16;
-    forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
+    forge_session *s = ft::session(m, 16);
+    ASSERT_NE(s, nullptr);
     std::vector<int32_t> toks(17, 5);
     std::vector<float> logits(512 * 17);
     EXPECT_EQ(forge_eval(s, toks.data(), 17, 0, logits.data(), logits.size()), FORGE_ERR_LIMIT);
@@ -303,6 +301,7 @@ TEST(Session, LimitsAndBadCalls) {
     EXPECT_EQ(forge_session_truncate(s, 0), FORGE_OK);
     EXPECT_EQ(forge_eval(s, toks.data(), 16, 0, logits.data(), logits.size()), FORGE_OK);
     forge_session_free(s);
+    forge_session_params sp = forge_session_default_params();
     sp.n_ctx = -1;
     EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_ERR_INVALID_ARGUMENT);
     forge_model_free(m);
@@ -349,11 +348,8 @@ TEST(Limits, TensorsLargerThanTheBindingRange) {
     forge_model_info ib;
     forge_model_get_info(b, &ib);
     EXPECT_GE(ib.memory.device_buffers, 18u); /* 1.1 MiB of weights in blocks of at most 64 KiB */
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 64;
-    forge_session *sa = nullptr, *sb = nullptr;
-    ASSERT_EQ(forge_session_create(a, &sp, &sa), FORGE_OK);
-    ASSERT_EQ(forge_session_create(b, &sp, &sb), FORGE_OK) << forge_model_errmsg(b);
+    forge_session *sa = ft::session(a, 64), *sb = ft::session(b, 64);
+    ASSERT_TRUE(sa && sb);
     std::vector<int32_t> toks = {1, 403, 407, 261, 378, 429, 271, 266, 2, 400, 33, 7, 100, 101, 102, 300, 12, 9, 77, 5,
                                  6, 8, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28};
     int n = (int)toks.size();

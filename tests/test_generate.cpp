@@ -28,14 +28,7 @@ struct Stories {
     forge_model *m = nullptr;
     Stories() { m = ft::load(ft::src("models/stories260K/stories260K.gguf")); }
     ~Stories() { forge_model_free(m); }
-    forge_session *session(int n_ctx = 256, int n_batch = 0) {
-        forge_session_params sp = forge_session_default_params();
-        sp.n_ctx = n_ctx;
-        sp.n_batch = n_batch;
-        forge_session *s = nullptr;
-        EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
-        return s;
-    }
+    forge_session *session(int n_ctx = 256, int n_batch = 0) { return ft::session(m, n_ctx, n_batch); }
 };
 
 const char *kStory = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park.";
@@ -283,12 +276,8 @@ TEST(Generate, ContextLimits) {
 TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
     forge_model *m = ft::load(ft::src("tests/fixtures/parity/gemma2_f32"));
     ASSERT_NE(m, nullptr);
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 64;
-    sp.n_batch = 8;
-    forge_session *s = nullptr, *fresh = nullptr;
-    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
-    ASSERT_EQ(forge_session_create(m, &sp, &fresh), FORGE_OK);
+    forge_session *s = ft::session(m, 64, 8), *fresh = ft::session(m, 64, 8);
+    ASSERT_TRUE(s && fresh);
     forge_memory_stats ms;
     forge_session_memory(s, &ms);
     EXPECT_EQ(ms.kv_sliding_bytes, 2ull * 2 * 15 * 2 * 16 * 4); /* 2 sliding layers, K+V, 8 + 8 - 1 slots, 2 kv heads x 16 */

@@ -86,27 +86,21 @@ TEST_P(KernelLinear, MatchesReference) {
               FORGE_OK)
         << ft_errmsg(ctx().c);
     EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6);
-    if (p.M > 8 && p.chunk == 0) { /* the 128-tile matmul on the same product (no bias/accumulate/softcap) */
-        ft_weight w = {p.fmt, W.bytes.data(), (size_t)(p.fmt == FT_F32 ? 4 : 2) * p.K, nullptr, nullptr, 0, 0, 0, 0};
-        std::vector<float> A0(A.begin() + (size_t)a_row0 * p.K, A.begin() + (size_t)(a_row0 + p.M) * p.K), C0((size_t)p.M * p.N), R0(C0.size());
-        for (uint32_t m = 0; m < p.M; m++)
-            for (uint32_t n = 0; n < p.N; n++) {
-                double acc = 0;
-                for (uint32_t k = 0; k < p.K; k++) acc += (double)A0[(size_t)m * p.K + k] * W.values[(size_t)n * p.K + k];
-                R0[(size_t)m * p.N + n] = (float)acc;
-            }
+    /* The plain product of the same rows (no bias, accumulation or soft-cap), for the kernels
+     * below that forge picks by shape: A0 [M, K], R0 = A0 . W^T [M, N] in f64. */
+    ft_weight w = {p.fmt, W.bytes.data(), (size_t)(p.fmt == FT_F32 ? 4 : 2) * p.K, nullptr, nullptr, 0, 0, 0, 0};
+    std::vector<float> A0(A.begin() + (size_t)a_row0 * p.K, A.begin() + (size_t)(a_row0 + p.M) * p.K), C0((size_t)p.M * p.N), R0(C0.size());
+    for (uint32_t m = 0; m < p.M; m++)
+        for (uint32_t n = 0; n < p.N; n++) {
+            double acc = 0;
+            for (uint32_t k = 0; k < p.K; k++) acc += (double)A0[(size_t)m * p.K + k] * W.values[(size_t)n * p.K + k];
+            R0[(size_t)m * p.N + n] = (float)acc;
+        }
+    if (p.M > 8 && p.chunk == 0) { /* the 128-tile matmul */
         ASSERT_EQ(ft_matmul_big(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data()), FORGE_OK);
         EXPECT_LT(ft::rel_err(C0.data(), R0.data(), C0.size()), 2e-6) << "128-tile matmul";
     }
-    if (p.M <= 8 && !(p.flags & (FT_ACCUMULATE | FT_BIAS | FT_SOFTCAP)) && p.chunk == 0 && !p.force_matmul) {
-        ft_weight w = {p.fmt, W.bytes.data(), (size_t)(p.fmt == FT_F32 ? 4 : 2) * p.K, nullptr, nullptr, 0, 0, 0, 0};
-        std::vector<float> A0(A.begin() + (size_t)a_row0 * p.K, A.begin() + (size_t)(a_row0 + p.M) * p.K), C0((size_t)p.M * p.N), R0(C0.size());
-        for (uint32_t m = 0; m < p.M; m++)
-            for (uint32_t n = 0; n < p.N; n++) {
-                double acc = 0;
-                for (uint32_t k = 0; k < p.K; k++) acc += (double)A0[(size_t)m * p.K + k] * W.values[(size_t)n * p.K + k];
-                R0[(size_t)m * p.N + n] = (float)acc;
-            }
+    if (p.M <= 8 && !(p.flags & (FT_ACCUMULATE | FT_BIAS | FT_SOFTCAP)) && p.chunk == 0 && !p.force_matmul) { /* each matvec kernel */
         for (int sg = 0; sg <= ft_has_subgroup_matvec(ctx().c); sg++) {
             ASSERT_EQ(ft_matvec_kind(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data(), sg), FORGE_OK);
             EXPECT_LT(ft::rel_err(C0.data(), R0.data(), C0.size()), 2e-6) << "subgroup " << sg;

@@ -136,11 +136,8 @@ TEST_P(Parity, PrefillThenDecode) {
     const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
     forge_model *m = ft::load(model_path());
     ASSERT_NE(m, nullptr);
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 64;
-    sp.n_batch = 8; /* sliding layers then keep window + 7 slots: the cache rotates */
-    forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+    forge_session *s = ft::session(m, 64, 8); /* n_batch 8: sliding layers keep window + 7 slots, the cache rotates */
+    ASSERT_NE(s, nullptr);
     int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
     std::vector<float> got((size_t)n * V);
     ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);

@@ -16,10 +16,8 @@ static std::string piece_text(const char *p) {
 TEST(Stories, GreedyFromBosMatchesPublishedText) {
     forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
     ASSERT_NE(m, nullptr);
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 256;
-    forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+    forge_session *s = ft::session(m, 256);
+    ASSERT_NE(s, nullptr);
     forge_special_tokens sp_ids;
     ASSERT_EQ(forge_model_special_tokens(m, &sp_ids), FORGE_OK);
     ASSERT_EQ(sp_ids.bos, 1);
