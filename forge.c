@@ -4756,7 +4756,6 @@ typedef struct forge__op_desc {
 #define FORGE__SG_PER_WG 8
 #define FORGE__USE_TENSOR_CORES 0   /* see forge__linear */
 #define FORGE__BIG_TILES_MIN 256    /* matmul_big once it has this many 128 x 128 tiles */
-#define FORGE__SG_ROWS FORGE__SG_PER_WG
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
@@ -4774,7 +4773,7 @@ typedef struct forge__op_desc {
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
     [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
-                                   {0, FORGE__SG_ROWS}, true},                                                        \
+                                   {0, FORGE__SG_PER_WG}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     FORGE__CM_OP(FMT, name)
@@ -4854,7 +4853,7 @@ typedef struct forge__rec {
     VkCommandBuffer cb;
     VkDescriptorPool pool;
     bool counting;
-    uint32_t n_sets, n_descriptors, n_dispatches;
+    uint32_t n_descriptors, n_dispatches;   /* one descriptor set per dispatch */
     VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
     uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
     uint64_t *shapes;              /* profiling: N << 32 | K of each matrix dispatch, else 0 */
@@ -4895,7 +4894,6 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     if (!p) return;
     r->n_dispatches++;
     if (r->counting) {
-        r->n_sets++;
         r->n_descriptors += desc->n_bindings;
         return;
     }
@@ -5774,7 +5772,6 @@ struct forge_session {
     forge__range params_r, penalty_r, tokens_r, dummy;
     forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
-    uint64_t rb_logits_offset;        /* where the logits rows start in `readback` */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
@@ -5848,16 +5845,32 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
     return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
 }
 
-/* Adds every device buffer of a session to `pack` (in the order forge__session_bind reads). */
+/* The session's activation buffers, in pack order (then the per-layer K and V caches). */
+typedef enum forge__session_buf {
+    FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_COUNT
+} forge__session_buf;
+
+/* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
+ * then K and V of each layer. */
 static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
     uint64_t nb = (uint64_t)sp->n_batch;
-    uint64_t sizes[] = {nb * c->hidden * 4, nb * c->hidden * 4, nb * (c->n_heads + 2ull * c->n_kv_heads) * c->head_dim * 4,
-                        nb * c->n_heads * c->head_dim * 4, nb * c->ffn * 4, nb * c->ffn * 8,
-                        (uint64_t)sp->n_out_max * c->n_vocab * 4, 256,
-                        8ull * forge__topk_chunks(m) * FORGE__CANDIDATES, 8ull * forge__topk_chunks(m), 8ull * (1 + FORGE__CANDIDATES),
-                        4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2)};
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(sizes); i++)
+    uint64_t sizes[FORGE__SB_COUNT] = {
+        [FORGE__SB_X] = nb * c->hidden * 4,
+        [FORGE__SB_XN] = nb * c->hidden * 4,
+        [FORGE__SB_QKV] = nb * (c->n_heads + 2ull * c->n_kv_heads) * c->head_dim * 4,
+        [FORGE__SB_ATT] = nb * c->n_heads * c->head_dim * 4,
+        [FORGE__SB_H] = nb * c->ffn * 4,
+        [FORGE__SB_GU] = nb * c->ffn * 8,
+        [FORGE__SB_LOGITS] = (uint64_t)sp->n_out_max * c->n_vocab * 4,
+        [FORGE__SB_DUMMY] = 256,
+        [FORGE__SB_CAND] = 8ull * forge__topk_chunks(m) * FORGE__CANDIDATES,
+        [FORGE__SB_CAND_STATS] = 8ull * forge__topk_chunks(m),
+        [FORGE__SB_SAMPLE_OUT] = 8ull * (1 + FORGE__CANDIDATES),
+        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
+    };
+    for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
@@ -5891,14 +5904,18 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ---- */
 
+/* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
+ * RMSNorm of its input (forge__linear's `norm`). */
+static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
+
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
- * that column too), one dispatch per row-chunk of W. With `norm`
- * (decode, subgroup matvec only) x is RMS-normalized and scaled by norm first; GATED (the
- * fused gate_up weight) writes act(gate) * up, one output per row pair. */
+ * that column too), one dispatch per row-chunk of W. With `norm` (only where
+ * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
+ * weight) writes act(gate) * up, one output per row pair. */
 static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
                           forge__range y, uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags,
                           float softcap) {
-    bool vec = M <= FORGE__MATVEC_MAX_M, sg = vec && s->m->dev.caps.subgroup_arith;
+    bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(s->m, M);
     /* The tensor-core matmul is correct (tests) but not yet faster than the SIMT one on the
      * H100 (1.3 ms against 0.83 ms for 512 x 8192 x 2048): off until it is tuned. */
     bool cm = !vec && s->m->dev.caps.coopmat_nv && !s->m->exact && FORGE__USE_TENSOR_CORES;
@@ -5914,7 +5931,7 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
                                col_off + out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
         uint32_t gx, gy;
         if (vec) {
-            uint32_t rows_per_wg = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            uint32_t rows_per_wg = sg ? FORGE__SG_PER_WG : FORGE__MATVEC_ROWS;
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
             continue;
@@ -5969,7 +5986,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     forge__barrier(r);
     /* Decode (and any step of at most FORGE__MATVEC_MAX_M tokens) on devices with the
      * subgroup matvec fuses each block norm into the products that read it. */
-    bool fuse = n <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith;
+    bool fuse = forge__fuses_norm(m, n);
     for (int l = 0; l < c->n_layers; l++) {
         const forge__layer *ly = &m->layers[l];
         forge__range qkv_in = s->x;
@@ -6061,7 +6078,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     if (n_out == 0) return;
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
-    if (n_out <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) { /* the final norm fused into the head */
+    if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
         forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
                       (float)c->final_softcap);
     } else {
@@ -6085,7 +6102,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__barrier(r);
         forge__copy(r, s->sample_out, (forge__range){s->readback.buf, 0, s->readback.size}, s->sample_out.size);
     } else {
-        forge__copy(r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, s->readback.size - s->rb_logits_offset},
+        forge__copy(r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
                     4ull * n_out * (uint64_t)c->n_vocab);
     }
     forge__host_barrier(r);
@@ -6125,10 +6142,10 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     forge__record_forward(s, &r, n, out_row0, n_out, mode);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
-    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_sets ? r.n_sets : 1,
+    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_dispatches ? r.n_dispatches : 1,
                                       .poolSizeCount = 1, .pPoolSizes = &ps};
     if (d->vk.vkCreateDescriptorPool(d->dev, &dpi, NULL, &slot->pool) != VK_SUCCESS)
-        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%u sets) failed", r.n_sets);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%u sets) failed", r.n_dispatches);
     VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
     if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &slot->cb) != VK_SUCCESS) {
@@ -6199,10 +6216,16 @@ static void forge__profile_collect(forge_session *s, const forge__recording *rc)
     }
 }
 
-static void forge__readback_invalidate(forge_session *s) {
+/* Makes bytes [offset, offset + bytes) of the readback buffer visible to the host, on memory
+ * that is not coherent: only those (rounded out to nonCoherentAtomSize), not the whole buffer
+ * of n_out_max logit rows, since a decode step reads back a few KiB. */
+static void forge__readback_invalidate(forge_session *s, uint64_t offset, uint64_t bytes) {
     forge__device *d = &s->m->dev;
     if (d->caps.readback_coherent) return;
-    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = 0, .size = VK_WHOLE_SIZE};
+    uint64_t atom = FORGE__MAX(d->caps.props.limits.nonCoherentAtomSize, 1), lo = offset / atom * atom;
+    uint64_t hi = (offset + bytes + atom - 1) / atom * atom;
+    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = lo,
+                              .size = hi >= s->readback.size ? VK_WHOLE_SIZE : hi - lo};
     d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
 }
 
@@ -6225,8 +6248,8 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     if (rc->qpool) forge__profile_collect(s, rc);
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
     if (mode == FORGE__OUT_LOGITS && bytes && logits) {
-        forge__readback_invalidate(s);
-        memcpy(logits, (uint8_t *)s->readback.mapped + s->rb_logits_offset, (size_t)bytes);
+        forge__readback_invalidate(s, FORGE__RB_LOGITS_OFFSET, bytes);
+        memcpy(logits, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
     }
     memcpy(s->history + s->n_past, tokens, 4ull * n);
     s->n_past += (int)n;
@@ -6272,10 +6295,14 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     for (int b = 0; b < s->n_blocks; b++)
         if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
-    forge__range *dst[] = {&s->x, &s->xn, &s->qkv, &s->att, &s->h, &s->gu, &s->logits, &s->dummy,
-                           &s->cand, &s->cand_stats, &s->sample_out, &s->attn_part};
+    forge__range *dst[FORGE__SB_COUNT] = {
+        [FORGE__SB_X] = &s->x, [FORGE__SB_XN] = &s->xn, [FORGE__SB_QKV] = &s->qkv, [FORGE__SB_ATT] = &s->att,
+        [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
+        [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
+        [FORGE__SB_ATTN_PART] = &s->attn_part,
+    };
     int it = 0;
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(dst); i++, it++) {
+    for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {
         const forge__pack_item *pi = &s->pack.items[it];
         *dst[i] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
     }
@@ -6290,7 +6317,6 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->penalty_r = (forge__range){s->io.buf, FORGE__IO_PENALTY_OFFSET, 4ull * FORGE__MAX_PENALTY_WINDOW};
     s->tokens_r = (forge__range){s->io.buf, FORGE__IO_TOKENS_OFFSET, 4ull * sp->n_batch};
     s->n_chunks = forge__topk_chunks(m);
-    s->rb_logits_offset = FORGE__RB_LOGITS_OFFSET;
     if ((st = forge__buffer_create(d, forge__session_readback_bytes(m, sp), d->caps.mem_readback, true, &s->mem, &m->mem_total,
                                    &s->readback, &s->err)))
         return st;
@@ -6804,6 +6830,15 @@ FORGE_API forge_status forge_session_memory(const forge_session *s, forge_memory
     return FORGE_OK;
 }
 
+/* Every id within the vocabulary, else an error naming the first that is not. */
+static forge_status forge__check_token_ids(forge_session *s, const int32_t *tokens, int n) {
+    const int V = s->m->cfg.n_vocab;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", tokens[i], i, V);
+    return FORGE_OK;
+}
+
 FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n_tokens, uint32_t flags, float *logits,
                                   size_t logits_capacity) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
@@ -6815,9 +6850,8 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %zu needed", logits_capacity, need);
     if (n_tokens > s->n_ctx - s->n_past)
         return forge__fail(&s->err, FORGE_ERR_LIMIT, "%d tokens do not fit: the session holds %d of n_ctx %d", n_tokens, s->n_past, s->n_ctx);
-    for (int i = 0; i < n_tokens; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", tokens[i], i, V);
+    forge_status bad = forge__check_token_ids(s, tokens, n_tokens);
+    if (bad) return bad;
     int done = 0;
     while (done < n_tokens) {
         int step = FORGE__MIN(n_tokens - done, all ? FORGE__MIN(s->n_batch, s->n_out_max) : s->n_batch);
@@ -6960,14 +6994,14 @@ static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
         VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
         d->vk.vkBeginCommandBuffer(s->copy_logits_cb, &bi);
         forge__rec r = {.dev = d, .cb = s->copy_logits_cb, .err = &s->err};
-        forge__copy(&r, s->logits, (forge__range){s->readback.buf, s->rb_logits_offset, 0}, 4ull * s->m->cfg.n_vocab);
+        forge__copy(&r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0}, 4ull * s->m->cfg.n_vocab);
         forge__host_barrier(&r);
         d->vk.vkEndCommandBuffer(s->copy_logits_cb);
     }
     forge_status st = forge__submit_wait(d, s->copy_logits_cb, s->fence, &s->err);
     if (st) return st;
-    forge__readback_invalidate(s);
-    memcpy(out, (uint8_t *)s->readback.mapped + s->rb_logits_offset, 4ull * s->m->cfg.n_vocab);
+    forge__readback_invalidate(s, FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
+    memcpy(out, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
     return FORGE_OK;
 }
 
@@ -6975,7 +7009,7 @@ static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
  * candidates and probabilities for the rare full-row fallback. */
 static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
                                   int32_t *out) {
-    forge__readback_invalidate(s);
+    forge__readback_invalidate(s, 0, 8ull * (1 + FORGE__CANDIDATES));
     const uint32_t *rb = (const uint32_t *)s->readback.mapped;
     float M, S;
     memcpy(&M, &rb[0], 4);
@@ -6999,13 +7033,15 @@ static forge_status forge__sample(forge_session *s, const forge_generate_params 
     return FORGE_OK;
 }
 
-/* Writes the distinct ids of the last `window` tokens of the session to the io buffer. */
-static uint32_t forge__penalty_ids(forge_session *s, int window) {
+/* Writes to the io buffer the distinct ids among the last `window` tokens of the session's
+ * history followed by `next` (the n_next tokens the coming step evaluates, which the penalty
+ * window already covers). */
+static uint32_t forge__penalty_ids(forge_session *s, const int32_t *next, int n_next, int window) {
     uint32_t *ids = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
     uint32_t n = 0;
-    int from = FORGE__MAX(0, s->n_past - window);
-    for (int i = s->n_past - 1; i >= from; i--) {
-        uint32_t t = (uint32_t)s->history[i];
+    int total = s->n_past + n_next, from = FORGE__MAX(0, total - window);
+    for (int i = total - 1; i >= from; i--) {
+        uint32_t t = (uint32_t)(i >= s->n_past ? next[i - s->n_past] : s->history[i]);
         bool seen = false;
         for (uint32_t j = 0; j < n && !seen; j++) seen = ids[j] == t;
         if (!seen) ids[n++] = t;
@@ -7019,7 +7055,6 @@ typedef struct forge__stopper {
     const forge_generate_params *p;
     char *buf;          /* text not yet given to the callback */
     size_t len, cap;
-    size_t max_stop;    /* longest stop string */
 } forge__stopper;
 
 /* Appends text; returns the number of leading bytes that may be released now, and whether a
@@ -7066,22 +7101,15 @@ static void forge__stopper_consume(forge__stopper *st, size_t n) {
 
 /* ---- the generate loop ---- */
 
-static bool forge__is_stop_token(const forge_model *m, const forge_generate_params *p, int32_t tok, forge_stop_reason *why) {
+/* `tk` is the model's tokenizer, NULL when it has none (then no end tokens). */
+static bool forge__is_stop_token(const forge__tokenizer *tk, const forge_generate_params *p, int32_t tok, forge_stop_reason *why) {
     for (int i = 0; i < p->n_stop_tokens; i++)
         if (p->stop_tokens[i] == tok) { *why = FORGE_STOP_TOKEN; return true; }
-    if (!p->ignore_eos) {
-        forge_special_tokens sp;
-        forge_model_special_tokens(m, &sp);
-        for (int i = 0; i < sp.n_eos; i++)
-            if (sp.eos_ids[i] == tok) { *why = FORGE_STOP_EOS; return true; }
-    }
+    if (!p->ignore_eos && tk)
+        for (int i = 0; i < tk->n_eos; i++)
+            if (tk->eos_ids[i] == tok) { *why = FORGE_STOP_EOS; return true; }
     return false;
 }
-
-/* The text of generated tokens, as complete UTF-8. */
-typedef struct forge__textgen {
-    forge_detok_stream ds;
-} forge__textgen;
 
 /* Keeps what the cache holds of an exact prefix of `prompt`; returns how many tokens are kept.
  * Sliding-window layers whose rotating cache has overwritten keys the continuation needs make
@@ -7116,16 +7144,16 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
         !(p.min_p >= 0 && p.min_p <= 1) || !(p.repeat_penalty > 0) || p.top_k < 0)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT,
                            "generate params out of range (max_tokens >= 0, temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0, top_k >= 0)");
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] < 0 || prompt[i] >= V)
-            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (at index %d) is outside the vocabulary of %d", prompt[i], i, V);
+    forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
+    if (bad) return bad;
     forge__rng_seed(s->rng, p.seed);
     mt.prompt_tokens = n_prompt;
     mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
     if (mt.cached_tokens > 0) s->prompt_cache_hits++;
     forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
     double *probs = (double *)malloc(sizeof *probs * (size_t)V);
-    forge__stopper stop = {&p, NULL, 0, 0, 0};
+    forge__stopper stop = {&p, NULL, 0, 0};
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
     forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, {0, 0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
@@ -7134,14 +7162,8 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     while (!st && done < n_prompt) {
         int step = FORGE__MIN(n_prompt - done, s->n_batch);
         bool last = done + step == n_prompt;
-        if (last) {
-            /* the penalty window includes the prompt, so the ids go in once all but this chunk is cached */
-            memcpy(s->history + s->n_past, prompt + done, 4ull * step);
-            int saved = s->n_past;
-            s->n_past += step;
-            sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
-            s->n_past = saved;
-        }
+        if (last) /* the penalty window includes the prompt */
+            sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, prompt + done, step, window) : 0;
         st = forge__step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u,
                          last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp, NULL);
         done += step;
@@ -7162,10 +7184,10 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
             mt.ttft_ms = (t_first - t0) * 1e3;
         }
         forge_stop_reason why;
-        if (forge__is_stop_token(m, &p, tok, &why)) { mt.stop_reason = why; break; }
+        if (forge__is_stop_token(tk, &p, tok, &why)) { mt.stop_reason = why; break; }
         mt.generated_tokens++;
         size_t plen = 0;
-        if (forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
+        if (!tk || forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
         bool found = false;
         size_t release = forge__stopper_push(&stop, piece, plen, &found);
         if (p.on_token && !p.on_token(p.user_data, tok, stop.buf, release)) {
@@ -7177,17 +7199,14 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
         if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
         if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
         if (s->n_past >= s->n_ctx) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
-        s->history[s->n_past] = tok; /* the penalty window sees the token being evaluated */
-        s->n_past++;
-        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, window) : 0;
-        s->n_past--;
+        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, &tok, 1, window) : 0;
         st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
     }
     if (!st && mt.stop_reason != FORGE_STOP_STRING && mt.stop_reason != FORGE_STOP_CALLBACK) {
         /* an unfinished character at the end, then held-back text that never became a stop string */
         size_t plen = 0, release = stop.len;
         bool found = false;
-        if (forge_detok_stream_flush(m, &ds, piece, sizeof piece, &plen) == FORGE_OK && plen)
+        if (tk && forge_detok_stream_flush(m, &ds, piece, sizeof piece, &plen) == FORGE_OK && plen)
             release = forge__stopper_push(&stop, piece, plen, &found);
         if (found) mt.stop_reason = FORGE_STOP_STRING;
         else release = stop.len;

@@ -131,7 +131,7 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0};
         uint32_t gx, gy;
         if (vec) {
-            uint32_t per = sg ? FORGE__SG_ROWS : FORGE__MATVEC_ROWS;
+            uint32_t per = sg ? FORGE__SG_PER_WG : FORGE__MATVEC_ROWS;
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
