@@ -220,8 +220,9 @@ typedef struct forge__arena_block {
 typedef struct forge__arena {
     forge__arena_block *head;
     size_t bytes;          /* total bytes reserved from the system */
-    size_t block_size;     /* default block size */
 } forge__arena;
+
+#define FORGE__ARENA_BLOCK ((size_t)1 << 20)   /* blocks are this size unless one allocation needs more */
 
 static void *forge__arena_alloc(forge__arena *a, size_t size, size_t align) {
     if (align < 16) align = 16;
@@ -234,7 +235,7 @@ static void *forge__arena_alloc(forge__arena *a, size_t size, size_t align) {
             return b->data + off;
         }
     }
-    size_t bs = a->block_size ? a->block_size : (size_t)1 << 20;
+    size_t bs = FORGE__ARENA_BLOCK;
     if (size + align > bs) bs = size + align;
     b = (forge__arena_block *)malloc(sizeof *b + bs);
     if (!b) return NULL;
@@ -587,8 +588,7 @@ static const char *forge__hf_canonical_name(const char *name, char *buf, size_t 
 }
 
 FORGE__INTERNAL forge_status forge__safetensors_parse(const forge__file *f, forge__tensor_table *table,
-                                                      forge__arena *arena, cJSON **metadata_out,
-                                                      forge__err *err) {
+                                                      forge__arena *arena, forge__err *err) {
     const char *path = f->path;
     if (f->size < 8)
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: file of %llu bytes is too short for a safetensors header",
@@ -693,10 +693,6 @@ FORGE__INTERNAL forge_status forge__safetensors_parse(const forge__file *f, forg
         t.name = forge__arena_strdup(arena, canon);
         if (!t.name) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
         if ((st = forge__tensor_add(table, arena, &t, err))) break;
-    }
-    if (!st && metadata_out) {
-        cJSON *md = cJSON_GetObjectItemCaseSensitive(root, "__metadata__");
-        *metadata_out = md ? cJSON_Duplicate(md, 1) : NULL;
     }
     cJSON_Delete(root);
     return st;
@@ -1071,9 +1067,6 @@ typedef struct forge__config {
     double attn_scale;            /* multiplies q.k */
     double embed_scale;           /* multiplies the embedding rows (Gemma: sqrt(hidden) in the model dtype) */
     forge__dtype dtype;           /* the checkpoint's compute dtype (torch_dtype) */
-    /* MLX affine quantization (safetensors) */
-    bool mlx_quant;
-    int mlx_bits, mlx_group_size;
 } forge__config;
 
 static double forge__round_to_dtype(double x, forge__dtype t) {
@@ -1329,9 +1322,7 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
                              mode ? "mode" : "method", mode ? mode : method);
             goto done;
         }
-        c->mlx_quant = true;
-        c->mlx_bits = forge__json_int(q, "bits", 4);
-        c->mlx_group_size = forge__json_int(q, "group_size", 64);
+        /* bits and group size (also per module) are read from each weight's shapes at load */
     }
     if ((st = forge__config_validate(c, path, err))) goto done;
     forge__config_finish(c, forge__json_num(o, "query_pre_attn_scalar", 0.0));
@@ -1379,9 +1370,9 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     if (c->n_layers > FORGE__MAX_LAYERS)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
     if (!c->n_ctx_train) c->n_ctx_train = 2048;
+    const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
     if (!c->n_vocab) {
         const forge__gguf_kv *tok = forge__gguf_find(g, "tokenizer.ggml.tokens");
-        const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
         if (tok && tok->type == FORGE__GGUF_ARRAY) c->n_vocab = (int)tok->count;
         else if (emb && emb->n_dims == 2) c->n_vocab = (int)emb->shape[0];
         else return forge__fail(err, FORGE_ERR_FORMAT, "%s: cannot tell the vocabulary size (no %s.vocab_size, tokens or token_embd)", path, arch);
@@ -1415,7 +1406,6 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     c->norm_plus_one = false; /* llama.cpp's Gemma converters already add 1 to the norm weights */
     c->sandwich_norms = gemma;
     c->act = gemma ? FORGE__ACT_GELU_TANH : FORGE__ACT_SILU;
-    const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
     c->dtype = emb && (emb->dtype == FORGE__F16 || emb->dtype == FORGE__BF16) ? emb->dtype : FORGE__F32;
     if (gemma) {
         snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
@@ -2253,17 +2243,22 @@ static void forge__tkwork_init(forge__tkwork *w, const forge__tokenizer *tk) {
     memset(w, 0, sizeof *w);
     w->tk = tk;
 }
+/* Every scratch buffer of w (for freeing it and for the out-of-memory check); returns the count. */
+static size_t forge__tkwork_bufs(forge__tkwork *w, forge__buf *bs[16]) {
+    forge__buf *all[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
+                         &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
+    memcpy(bs, all, sizeof all);
+    return FORGE__ARRAY_LEN(all);
+}
 static void forge__tkwork_free(forge__tkwork *w) {
-    forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
-                        &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++) forge__buf_free(bs[i]);
+    forge__buf *bs[16];
+    for (size_t i = 0, n = forge__tkwork_bufs(w, bs); i < n; i++) forge__buf_free(bs[i]);
     if (w->md) pcre2_match_data_free(w->md);
     w->md = NULL;
 }
-static bool forge__tkwork_oom(const forge__tkwork *w) {
-    const forge__buf *bs[] = {&w->ids, &w->input, &w->norm, &w->ntmp, &w->text[0], &w->text[1], &w->spans[0], &w->spans[1], &w->marks,
-                              &w->segs_raw, &w->segs_norm, &w->iv, &w->sym, &w->heap, &w->tmp};
-    for (size_t i = 0; i < FORGE__ARRAY_LEN(bs); i++)
+static bool forge__tkwork_oom(forge__tkwork *w) {
+    forge__buf *bs[16];
+    for (size_t i = 0, n = forge__tkwork_bufs(w, bs); i < n; i++)
         if (bs[i]->oom) return true;
     return false;
 }
@@ -2346,17 +2341,17 @@ static void forge__tk_unicode_norm(forge__buf *out, const char *s, size_t n, int
 
 /* All matches of a pattern in s[0..n), as (start, end) pairs appended to iv (uint32 x2).
  * After an empty match the search moves on by one character. */
-static void forge__pat_find(forge__tkwork *w, const forge__pat *p, const char *s, size_t n, forge__buf *iv) {
+static void forge__pat_find(pcre2_match_data **md, const forge__pat *p, const char *s, size_t n, forge__buf *iv) {
     iv->n = 0;
     if (p->re) {
-        if (!w->md && !(w->md = pcre2_match_data_create(1, NULL))) { iv->oom = true; return; }
+        if (!*md && !(*md = pcre2_match_data_create(1, NULL))) { iv->oom = true; return; }
         size_t start = 0;
         while (start <= n) {
-            int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, w->md, NULL);
+            int rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, *md, NULL);
             if (rc == PCRE2_ERROR_JIT_STACKLIMIT) /* the interpreter keeps its backtracking on the heap */
-                rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, NULL);
+                rc = pcre2_match(p->re, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, *md, NULL);
             if (rc < 0) break;
-            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
+            PCRE2_SIZE *ov = pcre2_get_ovector_pointer(*md);
             uint32_t pr[2] = {(uint32_t)ov[0], (uint32_t)ov[1]};
             forge__buf_put(iv, pr, sizeof pr);
             if (ov[1] > ov[0]) start = ov[1];
@@ -2373,6 +2368,21 @@ static void forge__pat_find(forge__tkwork *w, const forge__pat *p, const char *s
             i = (size_t)(f - s) + p->len;
         }
     }
+}
+
+/* Appends s[0..n) to out with every match of p replaced by rep (Replace normalizer and
+ * decoder); md and iv are the caller's scratch. */
+static void forge__pat_replace(pcre2_match_data **md, forge__buf *iv, const forge__pat *p, const char *s, size_t n, const char *rep,
+                               size_t rep_len, forge__buf *out) {
+    forge__pat_find(md, p, s, n, iv);
+    size_t prev = 0, m = iv->n / 8;
+    for (size_t k = 0; k < m; k++) {
+        const uint32_t *pr = (const uint32_t *)iv->p + 2 * k;
+        forge__buf_put(out, s + prev, pr[0] - prev);
+        forge__buf_put(out, rep, rep_len);
+        prev = pr[1];
+    }
+    forge__buf_put(out, s + prev, n - prev);
 }
 
 static void forge__tk_lower(forge__buf *out, const char *s, size_t n) {
@@ -2435,18 +2445,7 @@ static void forge__tk_normalize(forge__tkwork *w, const char *s, size_t n) {
             }
             break;
         }
-        case FORGE__N_REPLACE: {
-            forge__pat_find(w, &st->pat, c, cn, &w->iv);
-            size_t prev = 0, m = w->iv.n / 8;
-            for (size_t k = 0; k < m; k++) {
-                uint32_t *pr = (uint32_t *)w->iv.p + 2 * k;
-                forge__buf_put(nxt, c + prev, pr[0] - prev);
-                forge__buf_put(nxt, st->s, st->len);
-                prev = pr[1];
-            }
-            forge__buf_put(nxt, c + prev, cn - prev);
-            break;
-        }
+        case FORGE__N_REPLACE: forge__pat_replace(&w->md, &w->iv, &st->pat, c, cn, st->s, st->len, nxt); break;
         }
         forge__buf *t = cur;
         cur = nxt;
@@ -2464,7 +2463,7 @@ static void forge__tk_marks(forge__tkwork *w, const forge__pre_step *st, const c
     forge__buf *mk = &w->marks;
     mk->n = 0;
     if (st->kind == FORGE__P_SPLIT || st->kind == FORGE__P_WHITESPACE) {
-        forge__pat_find(w, &st->pat, s, n, &w->iv);
+        forge__pat_find(&w->md, &st->pat, s, n, &w->iv);
         size_t prev = 0, m = w->iv.n / 8;
         bool inv = st->kind == FORGE__P_WHITESPACE ? true : st->invert;
         for (size_t k = 0; k < m; k++) {
@@ -2878,9 +2877,11 @@ static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *
         forge__buf_init(&L[k].text, st0[k], sizeof st0[k]);
         forge__buf_init(&L[k].idx, sx0[k], sizeof sx0[k]);
     }
-    forge__buf tmp;
-    char tmp0[256];
+    forge__buf tmp, iv; /* iv: match intervals of a Replace step */
+    char tmp0[256], iv0[256];
     forge__buf_init(&tmp, tmp0, sizeof tmp0);
+    forge__buf_init(&iv, iv0, sizeof iv0);
+    pcre2_match_data *md = NULL; /* made when a Replace step's pattern is a regex */
     forge_status rc = FORGE_OK;
     size_t out_start = out->n;
     if (incomplete) *incomplete = false;
@@ -2953,27 +2954,15 @@ static forge_status forge__tk_decode(const forge__tokenizer *tk, const int32_t *
             }
             break;
         }
-        case FORGE__D_REPLACE: {
-            forge__tkwork w;
-            forge__tkwork_init(&w, tk);
+        case FORGE__D_REPLACE:
             for (size_t k = 0; k < m; k++) {
                 size_t ln;
                 const char *s = forge__strs_get(in, k, &ln);
-                forge__pat_find(&w, &st->pat, s, ln, &w.iv);
                 forge__strs_open(o, &start);
-                size_t prev = 0, nm = w.iv.n / 8;
-                for (size_t q = 0; q < nm; q++) {
-                    uint32_t *pr = (uint32_t *)w.iv.p + 2 * q;
-                    forge__buf_put(&o->text, s + prev, pr[0] - prev);
-                    forge__buf_put(&o->text, st->s, st->len);
-                    prev = pr[1];
-                }
-                forge__buf_put(&o->text, s + prev, ln - prev);
+                forge__pat_replace(&md, &iv, &st->pat, s, ln, st->s, st->len, &o->text);
                 forge__strs_close(o, start);
             }
-            forge__tkwork_free(&w);
             break;
-        }
         case FORGE__D_BYTEFALLBACK: {
             tmp.n = 0; /* pending bytes of <0xXX> tokens */
             for (size_t k = 0; k <= m; k++) {
@@ -3042,10 +3031,12 @@ done:
         out->n = out_start;
         forge__buf_put(out, tmp.p, tmp.n);
     }
-    if (!rc && (L[0].text.oom || L[1].text.oom || L[0].idx.oom || L[1].idx.oom || tmp.oom || out->oom))
+    if (!rc && (L[0].text.oom || L[1].text.oom || L[0].idx.oom || L[1].idx.oom || tmp.oom || iv.oom || out->oom))
         rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory while decoding");
     for (int k = 0; k < 2; k++) { forge__buf_free(&L[k].text); forge__buf_free(&L[k].idx); }
     forge__buf_free(&tmp);
+    forge__buf_free(&iv);
+    if (md) pcre2_match_data_free(md);
     return rc;
 }
 
@@ -6460,7 +6451,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
         if (single) snprintf(path, sizeof path, "%s", names.v[i]);
         else snprintf(path, sizeof path, "%s/%s", dir, names.v[i]);
         if ((st = forge__model_add_file(m, path, &f))) break;
-        st = forge__safetensors_parse(f, &m->tensors, &m->arena, NULL, &m->err);
+        st = forge__safetensors_parse(f, &m->tensors, &m->arena, &m->err);
     }
     forge__names_free(&names);
     return st;

@@ -323,7 +323,7 @@ forge_status ft_safetensors_file(const char *path, char *err, size_t err_size, i
     forge__tensor_table t = {0};
     forge_status st = forge__file_map(&f, path, &e);
     if (!st) {
-        st = forge__safetensors_parse(&f, &t, &a, NULL, &e);
+        st = forge__safetensors_parse(&f, &t, &a, &e);
         forge__file_unmap(&f);
     }
     if (n_tensors) *n_tensors = t.count;
@@ -356,7 +356,7 @@ forge_status ft_safetensors_mem(const uint8_t *data, size_t size) {
     forge__arena a = {0};
     forge__tensor_table t = {0};
     forge__file f = {(char *)"fuzz", data, size};
-    forge_status st = forge__safetensors_parse(&f, &t, &a, NULL, &e);
+    forge_status st = forge__safetensors_parse(&f, &t, &a, &e);
     forge__arena_free(&a);
     return st;
 }
