@@ -12,6 +12,7 @@
  *   8. Public API    loading, sessions, eval: what ties the sections above together
  *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
  *  10. Chat          the families' native chat templates
+ *  11. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -1067,6 +1068,7 @@ typedef struct forge__config {
     double attn_scale;            /* multiplies q.k */
     double embed_scale;           /* multiplies the embedding rows (Gemma: sqrt(hidden) in the model dtype) */
     forge__dtype dtype;           /* the checkpoint's compute dtype (torch_dtype) */
+    bool multimodal;              /* model_type gemma3: the text model sits under language_model (adapter names) */
 } forge__config;
 
 static double forge__round_to_dtype(double x, forge__dtype t) {
@@ -1192,6 +1194,7 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
             goto done;
         }
         c->arch = FORGE__ARCH_GEMMA3;
+        c->multimodal = true;
     } else if (!strcmp(mt, "llama")) c->arch = FORGE__ARCH_LLAMA;
     else if (!strcmp(mt, "qwen2")) c->arch = FORGE__ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = FORGE__ARCH_QWEN3;
@@ -4681,21 +4684,63 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
 } forge__pc_rmsnorm;
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
+    uint32_t seq_len;               /* training batches: tokens per sequence (0: one sequence) */
 } forge__pc_rope;
 typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.comp (which reads n_splits) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint32_t n_splits;
     uint32_t q_stride;              /* floats between two tokens' query rows (the fused qkv rows) */
+    uint32_t kv_batch_stride;       /* training: floats between two sequences' K (and V) rows */
+    uint32_t flags;                 /* 1: write each query's log-sum-exp (training) */
 } forge__pc_attention;
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
 } forge__pc_combine;
 
 #define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention */
-typedef struct forge__pc_act {      /* act_mul.comp */
-    uint32_t count, act, pairs;
+typedef struct forge__pc_act {      /* act_mul.comp, act_mul_back.comp */
+    uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups) */
 } forge__pc_act;
+#define FORGE__GU_PAIRS 1u
+#define FORGE__GU_HALVES 2u
+
+/* The backward kernels (training) */
+typedef struct forge__pc_back {     /* matmul_back.comp: C (+)= dY . W */
+    uint32_t M, K, N, y_col0, ldy, ldc, c_col0, flags;
+    uint32_t qbits, qgroup, qflags;
+} forge__pc_back;
+typedef struct forge__pc_gemm {     /* gemm.comp: C(m, n) (+)= alpha sum_k A(m, k) B(k, n), strided */
+    uint32_t M, N, K;
+    uint32_t a_off, a_sm, a_sk;
+    uint32_t b_off, b_sk, b_sn;
+    uint32_t c_off, c_sm, c_sn;
+    float alpha;
+    uint32_t accumulate;
+    uint32_t drop_on, drop_ld, drop_stream, drop_threshold;
+    float drop_scale;
+} forge__pc_gemm;
+typedef struct forge__pc_norm_back { /* rmsnorm_back.comp */
+    uint32_t dim, flags;
+    float eps;
+    uint32_t heads, row_stride, col0;
+} forge__pc_norm_back;
+typedef struct forge__pc_rope_back { /* rope_back.comp */
+    uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, stride, k_off, seq_len;
+} forge__pc_rope_back;
+typedef struct forge__pc_attn_back { /* attention_back.comp */
+    uint32_t n_tokens, n_heads, n_kv_heads, head_dim, window;
+    float scale, softcap;
+    uint32_t q_stride, k_off, v_off, kv_batch_stride, n_rows, mode;
+} forge__pc_attn_back;
+typedef struct forge__pc_loss {     /* loss.comp */
+    uint32_t n, row0, rows, mode, flags;
+    float softcap;
+} forge__pc_loss;
+typedef struct forge__pc_adamw {    /* adamw.comp */
+    uint32_t count, mode, part0, n_parts;
+} forge__pc_adamw;
+#define FORGE__ADAMW_PER_WG 4096    /* adamw.comp PER_WG: elements summed per workgroup (mode 0) */
 
 #define FORGE__LINEAR_BIAS 1u
 #define FORGE__LINEAR_ACCUMULATE 2u
@@ -4729,6 +4774,15 @@ typedef enum forge__op {
     FORGE__OP_PENALTY,
     FORGE__OP_TOPK,
     FORGE__OP_TOPK_MERGE,
+    /* training: the backward twins and the optimizer */
+    FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
+    FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT,
+    FORGE__OP_RMSNORM_BACK,
+    FORGE__OP_ROPE_BACK,
+    FORGE__OP_ATTN_BACK,
+    FORGE__OP_ACT_MUL_BACK,
+    FORGE__OP_LOSS,
+    FORGE__OP_ADAMW,
     FORGE__OP_COUNT
 } forge__op;
 
@@ -4767,6 +4821,7 @@ typedef struct forge__op_desc {
                                    {0, FORGE__SG_PER_WG}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
+    [FORGE__OP_MATMUL_BACK + FMT] = {"matmul_back_" #name, FORGE__SPV(matmul_back_##name), 5, sizeof(forge__pc_back), 0, {0}},  \
     FORGE__CM_OP(FMT, name)
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
@@ -4779,13 +4834,20 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
-    [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
+    [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 4, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
+    [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
+    [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 0, {0}},
+    [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 3, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_LOSS] = {"loss", FORGE__SPV(loss), 4, sizeof(forge__pc_loss), 0, {0}},
+    [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
 };
 #define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
@@ -4914,6 +4976,9 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             r->shapes[r->n_dispatches - 1] = (uint64_t)pl->N << 32 | pl->K;
+        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) {
+            const forge__pc_back *pb = (const forge__pc_back *)push;
+            r->shapes[r->n_dispatches - 1] = (uint64_t)pb->N << 32 | pb->K;
         }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }
@@ -4989,6 +5054,45 @@ typedef struct forge__layer {
     bool sliding;
 } forge__layer;
 
+/* ---- LoRA adapters ----
+ * An adapted projection computes y = x W^T + scale * (x A^T) B^T beside its frozen weight W.
+ * The targets are named as HF names the projections; one pair of f32 matrices per (layer,
+ * target). The model holds one set for inference (forge_model_params.adapter_path); a trainer
+ * holds its own, with gradients and optimizer state at the same offsets (section 11). */
+
+typedef enum forge__target {
+    FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN, FORGE__T_COUNT
+} forge__target;
+
+static const char *const forge__target_names[FORGE__T_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                                "gate_proj", "up_proj", "down_proj"};
+#define FORGE__T_ALL ((1u << FORGE__T_COUNT) - 1u)
+
+typedef struct forge__lora_pair {
+    uint32_t rank, in, out;     /* A [rank, in], B [out, rank] */
+    float scale;                /* alpha / rank (PEFT), scale (mlx-lm) */
+    forge__range a, b;          /* the ranges holding A and B (f32, device) */
+    uint32_t a_el, b_el;        /* where A and B start in them, in elements */
+    forge__range ga, gb;        /* trainer: the ranges holding their gradients (same element offsets) */
+    int seg;                    /* trainer: the parameter segment holding them */
+} forge__lora_pair;
+
+typedef struct forge__lora {
+    int n_layers;
+    forge__lora_pair *pairs;    /* [n_layers * FORGE__T_COUNT]; rank 0 where a projection is not adapted */
+    uint32_t max_rank;          /* the widest pair: the scratch's column stride per target */
+    float dropout;              /* training only */
+} forge__lora;
+
+struct forge__loader;
+static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 11 */
+
+static const forge__lora_pair *forge__lora_at(const forge__lora *lo, int layer, forge__target t) {
+    if (!lo || !lo->pairs) return NULL;
+    const forge__lora_pair *p = &lo->pairs[layer * FORGE__T_COUNT + t];
+    return p->rank ? p : NULL;
+}
+
 struct forge_model {
     forge__err err;
     pthread_mutex_t err_lock;     /* model-level calls may fail on several threads */
@@ -5016,6 +5120,7 @@ struct forge_model {
     uint64_t n_params, weight_bytes;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
+    forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
 };
 
@@ -5737,7 +5842,8 @@ typedef struct forge__step_params {
     uint32_t n_penalty;      /* distinct ids in the penalty window */
     float penalty;           /* repeat penalty (1: none) */
     float inv_temp;          /* 1 / temperature of the softmax normalizer (greedy: 1) */
-    uint32_t pad[3];
+    uint32_t seed;           /* training: this step's dropout seed (gemm.comp reads it) */
+    uint32_t pad[2];
 } forge__step_params;
 
 /* What a recorded step leaves for the host: the logits rows, or the sampler's candidates. */
@@ -5746,6 +5852,19 @@ typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1 } fo
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
 #define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
 #define FORGE__MAX_PENALTY_WINDOW 1024 /* penalty ids the io buffer holds */
+
+/* Device time per kernel (and per matrix shape), summed over a session's or trainer's steps. */
+typedef struct forge__profile {
+    double ms[FORGE__OP_COUNT];
+    uint64_t calls[FORGE__OP_COUNT];
+    struct forge__prof_shape {
+        uint16_t op;
+        uint64_t shape;                   /* N << 32 | K of a matrix kernel */
+        double ms;
+        uint64_t calls;
+    } shape[64];
+    int n_shapes;
+} forge__profile;
 
 struct forge_session {
     forge__err err;
@@ -5767,7 +5886,8 @@ struct forge_session {
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
     forge__range qkv;                   /* [n_batch, q_dim + 2 kv_dim]: each token's q | k | v */
-    forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate_up pairs [n_batch, 2 ffn] */
+    forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate and up [n_batch, 2 ffn] */
+    forge__range lora_u;                /* the adapter's x A^T [n_batch, FORGE__T_COUNT * max_rank] (16 bytes without one) */
     forge__range logits;                /* [n_out_max, vocab] */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
     uint64_t kv_bytes, kv_sliding_bytes;
@@ -5778,15 +5898,7 @@ struct forge_session {
     uint64_t use_clock;
     uint64_t rng[4];                  /* xoshiro256** state of the sampler */
     bool profile;                     /* time every dispatch (forge_session_params.profile) */
-    double prof_ms[FORGE__OP_COUNT];  /* device time per op, summed over steps */
-    uint64_t prof_calls[FORGE__OP_COUNT];
-    struct forge__prof_shape {
-        uint16_t op;
-        uint64_t shape;
-        double ms;
-        uint64_t calls;
-    } prof_shape[64];
-    int n_prof_shapes;
+    forge__profile prof;              /* device time per kernel, summed over steps */
     forge_metrics metrics;            /* of the last generate/chat call */
     uint64_t prompt_cache_hits;
 };
@@ -5839,7 +5951,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_COUNT
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_COUNT
 } forge__session_buf;
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
@@ -5860,6 +5972,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_CAND_STATS] = 8ull * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (1 + FORGE__CANDIDATES),
         [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
+        [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -5893,7 +6006,45 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
     return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
 }
 
-/* ---- Recording the forward pass ---- */
+/* ---- Recording the forward pass ----
+ * One layer's forward pass is written once and serves inference (a session's scratch and KV
+ * cache) and training (activations kept per layer for the backward pass, section 11): what
+ * differs is in forge__pass (the shape of the rows) and forge__acts (where each tensor goes). */
+
+/* What a recorded pass works with: the model, the recorder and the rows it runs. */
+typedef struct forge__pass {
+    forge_model *m;
+    forge__rec *r;
+    forge__range dummy;        /* bound where a kernel's optional input is unused */
+    forge__range params;       /* the step params (forge__step_params): positions, dropout seed */
+    const forge__lora *lora;   /* adapters beside the projections, or NULL */
+    uint32_t n;                /* rows (tokens) in the pass */
+    uint32_t seq;              /* tokens per sequence of a training batch (n = batch * seq); 0: one sequence */
+    uint32_t batch;            /* sequences: 1 for inference */
+    bool fuse;                 /* block norms fused into the subgroup matvec (decode without adapters) */
+    bool train;                /* a training batch: keep what the backward pass reads */
+    bool dropout;              /* apply the adapters' dropout (training steps, not evaluation) */
+} forge__pass;
+
+/* Where one layer's forward pass reads and writes, each [n, width] f32. */
+typedef struct forge__acts {
+    forge__range x;            /* [n, H] the residual stream, updated in place */
+    forge__range xn;           /* [n, H] a block norm's output (the projections' input) */
+    forge__range qkv;          /* [n, QKVD] q | k | v rows; q normed and rotated in place */
+    forge__range att;          /* [n, QD] the attention's output */
+    forge__range gu;           /* [n, 2F] gate and up (pairs from the fused weight, else halves) */
+    forge__range h;            /* [n, F] act(gate) * up */
+    forge__range kc, vc;       /* K and V [slots, NKV, D]: the KV cache, or training's [n, NKV, D] */
+    uint32_t slots;
+    forge__range attn_part;    /* decode: the split attention's partials [NH, splits, D + 2] */
+    forge__range u;            /* [n, FORGE__T_COUNT * max_rank] the adapters' x A^T, per target */
+    forge__range o, d;         /* [n, H] sandwich norms' inputs: attention and MLP outputs (inference: xn) */
+    /* training: kept for the backward pass (unset when not) */
+    forge__range x_in;         /* [n, H] the layer's input */
+    forge__range x_mid;        /* [n, H] the residual after the attention block */
+    forge__range qkv_raw;      /* [n, QKVD] q | k | v before the q/k norms (qk_norm models) */
+    forge__range lse;          /* [2, n, NH] the attention's log-sum-exp per query and head (then delta) */
+} forge__acts;
 
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
  * RMSNorm of its input (forge__linear's `norm`). */
@@ -5903,28 +6054,28 @@ static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FO
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
  * weight) writes act(gate) * up, one output per row pair. */
-static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M,
-                          forge__range y, uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags,
-                          float softcap) {
-    bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(s->m, M);
+static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
+                          uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
+    forge_model *m = p->m;
+    bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* The tensor-core matmul is correct (tests) but not yet faster than the SIMT one on the
      * H100 (1.3 ms against 0.83 ms for 512 x 8192 x 2048): off until it is tuned. */
-    bool cm = !vec && s->m->dev.caps.coopmat_nv && !s->m->exact && FORGE__USE_TENSOR_CORES;
+    bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact && FORGE__USE_TENSOR_CORES;
     bool gated = flags & FORGE__LINEAR_GATED;
     if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
-        forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : s->dummy, mlx ? c->scales : s->dummy,
-                             mlx ? c->biases : s->dummy, norm ? norm->r : s->dummy};
+        forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
+                             mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)s->m->cfg.norm_eps};
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps};
         uint32_t gx, gy;
         if (vec) {
             uint32_t rows_per_wg = sg ? FORGE__SG_PER_WG : FORGE__MATVEC_ROWS;
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
-            forge__dispatch(r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
+            forge__dispatch(p->r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
             continue;
         }
         /* 128 x 128 tiles once there are enough of them to fill a large GPU (on the H100:
@@ -5934,148 +6085,280 @@ static void forge__linear(forge_session *s, forge__rec *r, const forge__weight *
         bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN;
         uint32_t tile = big ? 128 : 64;
         forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
-        forge__dispatch(r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
+        forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
     }
 }
 
-static void forge__rmsnorm(forge_session *s, forge__rec *r, forge__range x, uint32_t x_row0, const forge__vec *w,
-                           forge__range out, uint32_t out_row0, uint32_t rows, uint32_t dim, uint32_t flags) {
+/* out[out_row0 + r] (+)= rmsnorm(x[x_row0 + r]) * w for r < rows (flags 1: add). */
+static void forge__rmsnorm(const forge__pass *p, forge__range x, uint32_t x_row0, const forge__vec *w, forge__range out, uint32_t out_row0,
+                           uint32_t rows, uint32_t dim, uint32_t flags) {
     forge__range b[3] = {x, w->r, out};
-    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)s->m->cfg.norm_eps, 0, 0, 0};
-    forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, rows, 1, 1);
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)p->m->cfg.norm_eps, 0, 0, 0};
+    uint32_t gx, gy;
+    forge__grid(rows, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, gx, gy, 1);
 }
 
 /* Per-head RMSNorm in place over `heads` heads starting at column col0 of each fused qkv row. */
-static void forge__head_norm(forge_session *s, forge__rec *r, const forge__vec *w, uint32_t n, uint32_t heads, uint32_t col0) {
-    const forge__config *c = &s->m->cfg;
-    uint32_t stride = (uint32_t)((c->n_heads + 2 * c->n_kv_heads) * c->head_dim);
-    forge__range b[3] = {s->qkv, w->r, s->qkv};
+static void forge__head_norm(const forge__pass *p, forge__range qkv, const forge__vec *w, uint32_t heads, uint32_t col0) {
+    const forge__config *c = &p->m->cfg;
+    uint32_t stride = (uint32_t)((c->n_heads + 2 * c->n_kv_heads) * c->head_dim), gx, gy;
+    forge__range b[3] = {qkv, w->r, qkv};
     forge__pc_rmsnorm pc = {(uint32_t)c->head_dim, 0, 0, 0, (float)c->norm_eps, heads, stride, col0};
-    forge__dispatch(r, FORGE__OP_RMSNORM, b, &pc, n * heads, 1, 1);
+    forge__grid((uint64_t)p->n * heads, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, gx, gy, 1);
+}
+
+/* ---- The adapters' low-rank path (gemm.comp) ---- */
+
+/* A strided view of an f32 matrix for gemm.comp: element (i, j) at off + i * si + j * sj. */
+typedef struct forge__mview {
+    forge__range r;
+    uint32_t off, si, sj;
+} forge__mview;
+
+static forge__mview forge__rows(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, ld, 1}; }
+static forge__mview forge__cols(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, 1, ld}; } /* transposed */
+
+/* C [M, N] (+)= alpha A [M, K] B [K, N]; drop_on / stream: dropout of x (gemm.comp) */
+static void forge__gemm(const forge__pass *p, forge__mview a, forge__mview b, forge__mview c, uint32_t M, uint32_t N, uint32_t K,
+                        float alpha, bool accumulate, uint32_t drop_on, uint32_t drop_ld, uint32_t stream) {
+    float rate = p->lora ? p->lora->dropout : 0.0f;
+    bool drop = drop_on && p->dropout && rate > 0.0f;
+    forge__pc_gemm pc = {M, N, K, a.off, a.si, a.sj, b.off, b.si, b.sj, c.off, c.si, c.sj, alpha, accumulate,
+                         drop ? drop_on : 0u, drop_ld, stream, drop ? (uint32_t)fmin(4294967295.0, (double)rate * 4294967296.0) : 0u,
+                         drop ? 1.0f / (1.0f - rate) : 1.0f};
+    forge__range bind[4] = {a.r, b.r, c.r, p->params};
+    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 63) / 64, (M + 63) / 64, 1);
+}
+
+/* The scratch columns of target t in acts.u ([n, FORGE__T_COUNT * max_rank]). */
+static uint32_t forge__u_col(const forge__pass *p, forge__target t) { return (uint32_t)t * p->lora->max_rank; }
+static uint32_t forge__u_ld(const forge__pass *p) { return FORGE__T_COUNT * p->lora->max_rank; }
+static uint32_t forge__stream(int layer, forge__target t) { return (uint32_t)layer * FORGE__T_COUNT + (uint32_t)t; }
+
+/* u_t = dropout(x) A^T for the adapted target t of layer l (x [n, in] rows). */
+static void forge__lora_down(const forge__pass *p, const forge__acts *a, int l, forge__target t, forge__range x) {
+    const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
+    if (!lp) return;
+    forge__gemm(p, forge__rows(x, 0, lp->in), forge__cols(lp->a, lp->a_el, lp->in), forge__rows(a->u, forge__u_col(p, t), forge__u_ld(p)),
+                p->n, lp->rank, lp->in, 1.0f, false, 1, lp->in, forge__stream(l, t));
+}
+
+/* y[:, col0 + j * step] += scale * u_t B^T: the adapter's output added to the projection's. */
+static void forge__lora_up(const forge__pass *p, const forge__acts *a, int l, forge__target t, forge__range y, uint32_t ldy, uint32_t col0,
+                           uint32_t step) {
+    const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
+    if (!lp) return;
+    forge__gemm(p, forge__rows(a->u, forge__u_col(p, t), forge__u_ld(p)), forge__cols(lp->b, lp->b_el, lp->rank),
+                (forge__mview){y, col0, ldy, step}, p->n, lp->out, lp->rank, lp->scale, true, 0, 0, 0);
+}
+
+/* Whether layer l has an adapter on any of the targets in mask. */
+static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
+    for (int t = 0; t < FORGE__T_COUNT; t++)
+        if ((mask >> t & 1u) && forge__lora_at(p->lora, l, (forge__target)t)) return true;
+    return false;
+}
+
+#define FORGE__T_QKV (1u << FORGE__T_Q | 1u << FORGE__T_K | 1u << FORGE__T_V)
+#define FORGE__T_GU (1u << FORGE__T_GATE | 1u << FORGE__T_UP)
+
+/* One layer: attention block, then the MLP, each added to the residual stream a->x. */
+static void forge__record_layer(const forge__pass *p, int l, const forge__acts *a) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
+    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn;
+    uint32_t gx, gy;
+    if (a->x_in.buf) forge__copy(r, a->x, a->x_in, 4ull * n * H);
+    forge__range qkv_in = a->x;
+    const forge__vec *qkv_norm = &ly->attn_norm;
+    if (!p->fuse) {
+        forge__rmsnorm(p, a->x, 0, &ly->attn_norm, a->xn, 0, n, H, 0);
+        forge__barrier(r);
+        qkv_in = a->xn;
+        qkv_norm = NULL;
+    }
+    const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
+    if (ly->fused_qkv) {
+        forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+    } else {
+        forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+        forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
+        forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
+    }
+    if (forge__lora_any(p, l, FORGE__T_QKV)) {
+        for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, a->xn);
+        forge__barrier(r);
+        forge__lora_up(p, a, l, FORGE__T_Q, a->qkv, QKVD, 0, 1);
+        forge__lora_up(p, a, l, FORGE__T_K, a->qkv, QKVD, QD, 1);
+        forge__lora_up(p, a, l, FORGE__T_V, a->qkv, QKVD, QD + KVD, 1);
+    }
+    forge__barrier(r);
+    if (c->qk_norm) {
+        if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
+            forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);
+            forge__barrier(r);
+        }
+        forge__head_norm(p, a->qkv, &ly->q_norm, NH, 0);
+        forge__head_norm(p, a->qkv, &ly->k_norm, NKV, QD);
+        forge__barrier(r);
+    }
+    /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch */
+    const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
+    forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq};
+    forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
+    forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
+    forge__barrier(r);
+    uint32_t seq = p->seq ? p->seq : n;
+    forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
+                              (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD, p->seq * KVD, a->lse.buf ? 1u : 0u};
+    if (n == 1 && !p->train && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
+        forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
+        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, 1);
+        forge__barrier(r);
+        forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
+        forge__range bc[2] = {a->attn_part, a->att};
+        forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, 1, 1);
+    } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
+        forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
+        forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (seq + 7) / 8, NH, p->batch);
+    }
+    forge__barrier(r);
+    if (c->sandwich_norms) {
+        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, 0, 0);
+        if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
+            forge__lora_down(p, a, l, FORGE__T_O, a->att);
+            forge__barrier(r);
+            forge__lora_up(p, a, l, FORGE__T_O, a->o, H, 0, 1);
+        }
+        forge__barrier(r);
+        forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
+    } else {
+        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+        if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
+            forge__lora_down(p, a, l, FORGE__T_O, a->att);
+            forge__barrier(r);
+            forge__lora_up(p, a, l, FORGE__T_O, a->x, H, 0, 1);
+        }
+    }
+    forge__barrier(r);
+    if (a->x_mid.buf) forge__copy(r, a->x, a->x_mid, 4ull * n * H);
+    /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
+    uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
+    bool lora_gu = forge__lora_any(p, l, FORGE__T_GU);
+    if (p->fuse && ly->fused_gate_up && !lora_gu) {
+        forge__linear(p, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
+    } else {
+        forge__range mlp_in = a->x;
+        const forge__vec *mlp_norm = &ly->ffn_norm;
+        if (!p->fuse) {
+            forge__rmsnorm(p, a->x, 0, &ly->ffn_norm, a->xn, 0, n, H, 0);
+            forge__barrier(r);
+            mlp_in = a->xn;
+            mlp_norm = NULL;
+        }
+        /* both products into gu: the fused weight's rows interleaved (gate i at 2i, up i at
+         * 2i + 1), or two weights side by side (gates, then ups) */
+        uint32_t layout = ly->fused_gate_up ? FORGE__GU_PAIRS : FORGE__GU_HALVES;
+        if (ly->fused_gate_up) {
+            forge__linear(p, &ly->gate_up, mlp_in, 0, n, a->gu, 2 * F, 0, NULL, mlp_norm, 0, 0);
+        } else {
+            forge__linear(p, &ly->gate, mlp_in, 0, n, a->gu, 2 * F, 0, NULL, mlp_norm, 0, 0);
+            forge__linear(p, &ly->up, mlp_in, 0, n, a->gu, 2 * F, F, NULL, mlp_norm, 0, 0);
+        }
+        if (lora_gu) {
+            forge__lora_down(p, a, l, FORGE__T_GATE, a->xn);
+            forge__lora_down(p, a, l, FORGE__T_UP, a->xn);
+            forge__barrier(r);
+            bool pairs = layout == FORGE__GU_PAIRS;
+            forge__lora_up(p, a, l, FORGE__T_GATE, a->gu, 2 * F, 0, pairs ? 2 : 1);
+            forge__lora_up(p, a, l, FORGE__T_UP, a->gu, 2 * F, pairs ? 1 : F, pairs ? 2 : 1);
+        }
+        forge__barrier(r);
+        forge__pc_act pact = {n * F, (uint32_t)c->act, layout, F};
+        forge__range bact[2] = {a->h, a->gu};
+        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+    }
+    forge__barrier(r);
+    bool lora_down = forge__lora_any(p, l, 1u << FORGE__T_DOWN);
+    if (c->sandwich_norms) {
+        forge__linear(p, &ly->down, a->h, 0, n, a->d, H, 0, NULL, NULL, 0, 0);
+        if (lora_down) {
+            forge__lora_down(p, a, l, FORGE__T_DOWN, a->h);
+            forge__barrier(r);
+            forge__lora_up(p, a, l, FORGE__T_DOWN, a->d, H, 0, 1);
+        }
+        forge__barrier(r);
+        forge__rmsnorm(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, 1);
+    } else {
+        forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+        if (lora_down) {
+            forge__lora_down(p, a, l, FORGE__T_DOWN, a->h);
+            forge__barrier(r);
+            forge__lora_up(p, a, l, FORGE__T_DOWN, a->x, H, 0, 1);
+        }
+    }
+    forge__barrier(r);
+}
+
+/* The pass of a session: its scratch buffers and KV cache, the model's adapter if it has one. */
+static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
+    forge_model *m = s->m;
+    const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
+    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false};
+}
+
+static forge__acts forge__session_acts(forge_session *s, int l) {
+    return (forge__acts){.x = s->x, .xn = s->xn, .qkv = s->qkv, .att = s->att, .gu = s->gu, .h = s->h, .kc = s->kc[l], .vc = s->vc[l],
+                         .slots = s->slots[l], .attn_part = s->attn_part, .u = s->lora_u, .o = s->xn, .d = s->xn};
+}
+
+/* The token embeddings of the n tokens in `tokens` (u32) into x [n, H], scaled (Gemma). */
+static void forge__record_embed(const forge__pass *p, forge__range tokens, forge__range x) {
+    forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    const forge__weight *emb = &m->tok_embd;
+    forge__pc_embed pe = {p->n, (uint32_t)c->hidden, 0, 0, (float)c->embed_scale,
+                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
+                          emb->bits, emb->group, emb->qflags};
+    for (int i = 0; i < emb->n_chunks; i++) {
+        const forge__wchunk *ch = &emb->chunks[i];
+        bool mlx = emb->fmt == FORGE__W_MLX;
+        forge__range b[5] = {tokens, ch->w, x, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy};
+        pe.row_begin = ch->row0;
+        pe.row_count = ch->rows;
+        forge__dispatch(p->r, (forge__op)(FORGE__OP_EMBED + emb->fmt), b, &pe, p->n, 1, 1);
+    }
 }
 
 static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out,
                                   forge__out_mode mode) {
     forge_model *m = s->m;
     const forge__config *c = &m->cfg;
-    uint32_t H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
-    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn;
-    uint32_t gx, gy;
-
-    const forge__weight *emb = &m->tok_embd;
-    forge__pc_embed pe = {n, H, 0, 0, (float)c->embed_scale,
-                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
-                          emb->bits, emb->group, emb->qflags};
-    for (int i = 0; i < emb->n_chunks; i++) {
-        const forge__wchunk *ch = &emb->chunks[i];
-        bool mlx = emb->fmt == FORGE__W_MLX;
-        forge__range b[5] = {s->tokens_r, ch->w, s->x, mlx ? ch->scales : s->dummy, mlx ? ch->biases : s->dummy};
-        pe.row_begin = ch->row0;
-        pe.row_count = ch->rows;
-        forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + m->tok_embd.fmt), b, &pe, n, 1, 1);
-    }
+    uint32_t H = (uint32_t)c->hidden;
+    forge__pass p = forge__session_pass(s, r, n);
+    forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
-    /* Decode (and any step of at most FORGE__MATVEC_MAX_M tokens) on devices with the
-     * subgroup matvec fuses each block norm into the products that read it. */
-    bool fuse = forge__fuses_norm(m, n);
     for (int l = 0; l < c->n_layers; l++) {
-        const forge__layer *ly = &m->layers[l];
-        forge__range qkv_in = s->x;
-        const forge__vec *qkv_norm = &ly->attn_norm;
-        if (!fuse) {
-            forge__rmsnorm(s, r, s->x, 0, &ly->attn_norm, s->xn, 0, n, H, 0);
-            forge__barrier(r);
-            qkv_in = s->xn;
-            qkv_norm = NULL;
-        }
-        const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
-        if (ly->fused_qkv) {
-            forge__linear(s, r, &ly->wqkv, qkv_in, 0, n, s->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
-        } else {
-            forge__linear(s, r, &ly->wq, qkv_in, 0, n, s->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
-            forge__linear(s, r, &ly->wk, qkv_in, 0, n, s->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
-            forge__linear(s, r, &ly->wv, qkv_in, 0, n, s->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
-        }
-        forge__barrier(r);
-        if (c->qk_norm) {
-            forge__head_norm(s, r, &ly->q_norm, n, NH, 0);
-            forge__head_norm(s, r, &ly->k_norm, n, NKV, QD);
-            forge__barrier(r);
-        }
-        /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch */
-        const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-        forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, s->slots[l], QKVD, QD, QD + KVD};
-        forge__range br[5] = {s->params_r, rope->r, s->qkv, s->kc[l], s->vc[l]};
-        forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
-        forge__barrier(r);
-        forge__pc_attention pa = {n, NH, NKV, D, s->slots[l], ly->sliding ? (uint32_t)c->sliding_window : 0,
-                                  (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD};
-        if (n == 1 && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
-            forge__range ba[5] = {s->params_r, s->qkv, s->kc[l], s->vc[l], s->attn_part};
-            forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
-            forge__barrier(r);
-            forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
-            forge__range bc[2] = {s->attn_part, s->att};
-            forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
-        } else {
-            forge__range ba[5] = {s->params_r, s->qkv, s->kc[l], s->vc[l], s->att};
-            forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (n + 7) / 8, NH, 1);
-        }
-        forge__barrier(r);
-        if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->xn, H, 0, &ly->bo, NULL, 0, 0);
-            forge__barrier(r);
-            forge__rmsnorm(s, r, s->xn, 0, &ly->post_attn_norm, s->x, 0, n, H, 1);
-        } else {
-            forge__linear(s, r, &ly->wo, s->att, 0, n, s->x, H, 0, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
-        }
-        forge__barrier(r);
-        /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
-        uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
-        if (fuse && ly->fused_gate_up) {
-            forge__linear(s, r, &ly->gate_up, s->x, 0, n, s->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
-        } else {
-            forge__range mlp_in = s->x;
-            const forge__vec *mlp_norm = &ly->ffn_norm;
-            if (!fuse) {
-                forge__rmsnorm(s, r, s->x, 0, &ly->ffn_norm, s->xn, 0, n, H, 0);
-                forge__barrier(r);
-                mlp_in = s->xn;
-                mlp_norm = NULL;
-            }
-            forge__pc_act pact = {n * F, (uint32_t)c->act, ly->fused_gate_up};
-            forge__range bact[2] = {s->h, s->gu};
-            if (ly->fused_gate_up) { /* prefill: both products, interleaved, then the activation */
-                forge__linear(s, r, &ly->gate_up, mlp_in, 0, n, s->gu, 2 * F, 0, NULL, mlp_norm, 0, 0);
-            } else {
-                forge__linear(s, r, &ly->gate, mlp_in, 0, n, s->h, F, 0, NULL, mlp_norm, 0, 0);
-                forge__linear(s, r, &ly->up, mlp_in, 0, n, s->gu, F, 0, NULL, mlp_norm, 0, 0);
-            }
-            forge__barrier(r);
-            forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
-            forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
-        }
-        forge__barrier(r);
-        if (c->sandwich_norms) {
-            forge__linear(s, r, &ly->down, s->h, 0, n, s->xn, H, 0, NULL, NULL, 0, 0);
-            forge__barrier(r);
-            forge__rmsnorm(s, r, s->xn, 0, &ly->post_ffn_norm, s->x, 0, n, H, 1);
-        } else {
-            forge__linear(s, r, &ly->down, s->h, 0, n, s->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
-        }
-        forge__barrier(r);
+        forge__acts a = forge__session_acts(s, l);
+        forge__record_layer(&p, l, &a);
     }
     if (n_out == 0) return;
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
     if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
-        forge__linear(s, r, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
+        forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
                       (float)c->final_softcap);
     } else {
-        forge__rmsnorm(s, r, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
+        forge__rmsnorm(&p, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
         forge__barrier(r);
-        forge__linear(s, r, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
+        forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     }
     forge__barrier(r);
     if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
@@ -6099,9 +6382,8 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     forge__host_barrier(r);
 }
 
-static void forge__recording_free(forge_session *s, forge__recording *rc) {
-    forge__device *d = &s->m->dev;
-    if (rc->cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &rc->cb);
+static void forge__recording_free(forge__device *d, VkCommandPool cmd_pool, forge__recording *rc) {
+    if (rc->cb) d->vk.vkFreeCommandBuffers(d->dev, cmd_pool, 1, &rc->cb);
     if (rc->pool) d->vk.vkDestroyDescriptorPool(d->dev, rc->pool, NULL);
     if (rc->qpool) d->vk.vkDestroyQueryPool(d->dev, rc->qpool, NULL);
     free(rc->ops);
@@ -6109,48 +6391,35 @@ static void forge__recording_free(forge_session *s, forge__recording *rc) {
     memset(rc, 0, sizeof *rc);
 }
 
-/* Returns the recorded command buffer for a shape, recording it on first use. */
-static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
-                                        forge__recording **out) {
-    forge_model *m = s->m;
+/* Records what `fn` records into `slot`: once in counting mode to size the descriptor pool
+ * exactly, then for real (with a timestamp after every dispatch when profiling). Sessions
+ * and trainers record this way; the caller fills the slot's key. */
+typedef void (*forge__record_fn)(void *ctx, forge__rec *r);
+static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool profile, forge__record_fn fn, void *ctx, forge__recording *slot,
+                                  forge__err *err) {
     forge__device *d = &m->dev;
-    forge__recording *slot = NULL, *lru = &s->rec[0];
-    for (int i = 0; i < FORGE__RECORDINGS; i++) {
-        forge__recording *rc = &s->rec[i];
-        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
-            rc->last_use = ++s->use_clock;
-            *out = rc;
-            return FORGE_OK;
-        }
-        if (!rc->cb && !slot) slot = rc;
-        if (rc->last_use < lru->last_use) lru = rc;
-    }
-    if (!slot) { /* evict the least recently used shape */
-        slot = lru;
-        forge__recording_free(s, slot);
-    }
-    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = &s->err};
-    forge__record_forward(s, &r, n, out_row0, n_out, mode);
+    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err};
+    fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
     VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = r.n_dispatches ? r.n_dispatches : 1,
                                       .poolSizeCount = 1, .pPoolSizes = &ps};
     if (d->vk.vkCreateDescriptorPool(d->dev, &dpi, NULL, &slot->pool) != VK_SUCCESS)
-        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%u sets) failed", r.n_dispatches);
-    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%u sets) failed", r.n_dispatches);
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = cmd_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
     if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &slot->cb) != VK_SUCCESS) {
-        forge__recording_free(s, slot);
-        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+        forge__recording_free(d, cmd_pool, slot);
+        return forge__fail(err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
     }
-    if (s->profile) {
+    if (profile) {
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP,
                                     .queryCount = r.n_dispatches + 1};
         slot->ops = (uint16_t *)calloc(r.n_dispatches + 1, sizeof *slot->ops);
         slot->shapes = (uint64_t *)calloc(r.n_dispatches + 1, sizeof *slot->shapes);
         if (!slot->ops || !slot->shapes || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
-            forge__recording_free(s, slot);
-            return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
+            forge__recording_free(d, cmd_pool, slot);
+            return forge__fail(err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
         }
         slot->n_dispatches = r.n_dispatches;
     }
@@ -6167,12 +6436,49 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
         d->vk.vkCmdResetQueryPool(slot->cb, slot->qpool, 0, slot->n_dispatches + 1);
         d->vk.vkCmdWriteTimestamp(slot->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot->qpool, 0);
     }
-    forge__record_forward(s, &r, n, out_row0, n_out, mode);
+    fn(ctx, &r);
     d->vk.vkEndCommandBuffer(slot->cb);
-    if (r.st) {
-        forge__recording_free(s, slot);
-        return r.st;
+    if (r.st) forge__recording_free(d, cmd_pool, slot);
+    return r.st;
+}
+
+/* A slot for a new recording among `n` (a free one, else the least recently used, freed). */
+static forge__recording *forge__recording_slot(forge__device *d, VkCommandPool cmd_pool, forge__recording *recs, int n) {
+    forge__recording *lru = &recs[0];
+    for (int i = 0; i < n; i++) {
+        if (!recs[i].cb) return &recs[i];
+        if (recs[i].last_use < lru->last_use) lru = &recs[i];
     }
+    forge__recording_free(d, cmd_pool, lru);
+    return lru;
+}
+
+typedef struct forge__forward_args {
+    forge_session *s;
+    uint32_t n, out_row0, n_out;
+    forge__out_mode mode;
+} forge__forward_args;
+
+static void forge__record_forward_fn(void *ctx, forge__rec *r) {
+    forge__forward_args *a = (forge__forward_args *)ctx;
+    forge__record_forward(a->s, r, a->n, a->out_row0, a->n_out, a->mode);
+}
+
+/* Returns the recorded command buffer for a shape, recording it on first use. */
+static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
+                                        forge__recording **out) {
+    for (int i = 0; i < FORGE__RECORDINGS; i++) {
+        forge__recording *rc = &s->rec[i];
+        if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
+            rc->last_use = ++s->use_clock;
+            *out = rc;
+            return FORGE_OK;
+        }
+    }
+    forge__recording *slot = forge__recording_slot(&s->m->dev, s->cmd_pool, s->rec, FORGE__RECORDINGS);
+    forge__forward_args args = {s, n, out_row0, n_out, mode};
+    forge_status st = forge__record(s->m, s->cmd_pool, s->profile, forge__record_forward_fn, &args, slot, &s->err);
+    if (st) return st;
     slot->n_tokens = n;
     slot->out_row0 = out_row0;
     slot->n_out = n_out;
@@ -6183,8 +6489,7 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
 }
 
 /* Adds a profiled recording's timestamps to the per-op totals. */
-static void forge__profile_collect(forge_session *s, const forge__recording *rc) {
-    forge__device *d = &s->m->dev;
+static void forge__profile_collect(forge__device *d, forge__profile *pf, const forge__recording *rc) {
     uint64_t ts[4096];
     uint32_t n = FORGE__MIN(rc->n_dispatches + 1, 4096u);
     if (d->vk.vkGetQueryPoolResults(d->dev, rc->qpool, 0, n, sizeof ts, ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
@@ -6192,31 +6497,54 @@ static void forge__profile_collect(forge_session *s, const forge__recording *rc)
     double period_ms = d->caps.props.limits.timestampPeriod * 1e-6;
     for (uint32_t i = 0; i + 1 < n; i++) {
         double ms = (double)(ts[i + 1] - ts[i]) * period_ms;
-        s->prof_ms[rc->ops[i]] += ms;
-        s->prof_calls[rc->ops[i]]++;
+        pf->ms[rc->ops[i]] += ms;
+        pf->calls[rc->ops[i]]++;
         if (!rc->shapes[i]) continue;
         int k = 0; /* per matrix shape too: where the time of the products goes */
-        while (k < s->n_prof_shapes && (s->prof_shape[k].op != rc->ops[i] || s->prof_shape[k].shape != rc->shapes[i])) k++;
-        if (k == s->n_prof_shapes) {
-            if (k == (int)FORGE__ARRAY_LEN(s->prof_shape)) continue;
-            s->prof_shape[k] = (struct forge__prof_shape){rc->ops[i], rc->shapes[i], 0, 0};
-            s->n_prof_shapes++;
+        while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].shape != rc->shapes[i])) k++;
+        if (k == pf->n_shapes) {
+            if (k == (int)FORGE__ARRAY_LEN(pf->shape)) continue;
+            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], rc->shapes[i], 0, 0};
+            pf->n_shapes++;
         }
-        s->prof_shape[k].ms += ms;
-        s->prof_shape[k].calls++;
+        pf->shape[k].ms += ms;
+        pf->shape[k].calls++;
     }
 }
 
-/* Makes bytes [offset, offset + bytes) of the readback buffer visible to the host, on memory
+/* The profile as JSON {"kernel": {"calls": N, "ms": T}, "kernel NxK": {...}, ...} into out. */
+static forge_status forge__profile_json(const forge__profile *pf, char *out, size_t capacity, size_t *len) {
+    size_t o = 0;
+    int first = 1;
+#define FORGE__PJ(...) do { int k_ = snprintf(out && o < capacity ? out + o : NULL, out && o < capacity ? capacity - o : 0, __VA_ARGS__); \
+                            if (k_ > 0) o += (size_t)k_; } while (0)
+    FORGE__PJ("{");
+    for (int i = 0; i < FORGE__OP_COUNT; i++) {
+        if (!pf->calls[i]) continue;
+        FORGE__PJ("%s\"%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[i].name, (unsigned long long)pf->calls[i], pf->ms[i]);
+        first = 0;
+    }
+    for (int i = 0; i < pf->n_shapes; i++) {
+        FORGE__PJ("%s\"%s %llux%llu\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[pf->shape[i].op].name,
+                  (unsigned long long)(pf->shape[i].shape >> 32), (unsigned long long)(pf->shape[i].shape & 0xffffffffu),
+                  (unsigned long long)pf->shape[i].calls, pf->shape[i].ms);
+        first = 0;
+    }
+    FORGE__PJ("}");
+#undef FORGE__PJ
+    *len = o;
+    return out && capacity > o ? FORGE_OK : FORGE_ERR_BUFFER_TOO_SMALL;
+}
+
+/* Makes bytes [offset, offset + bytes) of a readback buffer visible to the host, on memory
  * that is not coherent: only those (rounded out to nonCoherentAtomSize), not the whole buffer
  * of n_out_max logit rows, since a decode step reads back a few KiB. */
-static void forge__readback_invalidate(forge_session *s, uint64_t offset, uint64_t bytes) {
-    forge__device *d = &s->m->dev;
+static void forge__readback_invalidate(forge__device *d, const forge__buffer *rb, uint64_t offset, uint64_t bytes) {
     if (d->caps.readback_coherent) return;
     uint64_t atom = FORGE__MAX(d->caps.props.limits.nonCoherentAtomSize, 1), lo = offset / atom * atom;
     uint64_t hi = (offset + bytes + atom - 1) / atom * atom;
-    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = s->readback.mem, .offset = lo,
-                              .size = hi >= s->readback.size ? VK_WHOLE_SIZE : hi - lo};
+    VkMappedMemoryRange mr = {.sType = VK_STRUCTURE_TYPE_MAPPED_MEMORY_RANGE, .memory = rb->mem, .offset = lo,
+                              .size = hi >= rb->size ? VK_WHOLE_SIZE : hi - lo};
     d->vk.vkInvalidateMappedMemoryRanges(d->dev, 1, &mr);
 }
 
@@ -6229,17 +6557,17 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     forge__recording *rc;
     forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
     if (st) return st;
-    forge__step_params p = {0, 0, 0, 1.0f, 1.0f, {0, 0, 0}};
+    forge__step_params p = {0, 0, 0, 1.0f, 1.0f, 0, {0, 0}};
     if (sp) p = *sp;
     p.pos0 = (uint32_t)s->n_past;
     p.n_tokens = n;
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
     if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
-    if (rc->qpool) forge__profile_collect(s, rc);
+    if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
     if (mode == FORGE__OUT_LOGITS && bytes && logits) {
-        forge__readback_invalidate(s, FORGE__RB_LOGITS_OFFSET, bytes);
+        forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
         memcpy(logits, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
     }
     memcpy(s->history + s->n_past, tokens, 4ull * n);
@@ -6252,7 +6580,7 @@ static void forge__session_destroy(forge_session *s) {
     forge_model *m = s->m;
     forge__device *d = &m->dev;
     if (d->dev) d->vk.vkDeviceWaitIdle(d->dev);
-    for (int i = 0; i < FORGE__RECORDINGS; i++) forge__recording_free(s, &s->rec[i]);
+    for (int i = 0; i < FORGE__RECORDINGS; i++) forge__recording_free(d, s->cmd_pool, &s->rec[i]);
     if (s->copy_logits_cb) d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &s->copy_logits_cb);
     if (s->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, s->cmd_pool, NULL);
     if (s->fence) d->vk.vkDestroyFence(d->dev, s->fence, NULL);
@@ -6290,7 +6618,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_X] = &s->x, [FORGE__SB_XN] = &s->xn, [FORGE__SB_QKV] = &s->qkv, [FORGE__SB_ATT] = &s->att,
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
-        [FORGE__SB_ATTN_PART] = &s->attn_part,
+        [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_LORA_U] = &s->lora_u,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {
@@ -6591,6 +6919,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     L.m = m;
     L.gguf = is_gguf;
     if ((st = forge__plan_model(&L))) return st;
+    if (p->adapter_path && (st = forge__model_adapter(&L, p->adapter_path))) return st;
     int unused = 0;
     for (int i = 0; i < m->tensors.count; i++)
         if (!m->tensors.items[i].used) {
@@ -6794,24 +7123,7 @@ FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
 
 FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, size_t capacity, size_t *len) {
     if (!s || !len) return FORGE_ERR_INVALID_ARGUMENT;
-    char buf[8192];
-    int o = snprintf(buf, sizeof buf, "{");
-    bool first = true;
-    for (int i = 0; i < FORGE__OP_COUNT && o < (int)sizeof buf; i++) {
-        if (!s->prof_calls[i]) continue;
-        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[i].name,
-                      (unsigned long long)s->prof_calls[i], s->prof_ms[i]);
-        first = false;
-    }
-    for (int i = 0; i < s->n_prof_shapes && o < (int)sizeof buf; i++)
-        o += snprintf(buf + o, sizeof buf - (size_t)o, "%s\"%s %llux%llu\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ",
-                      forge__ops[s->prof_shape[i].op].name, (unsigned long long)(s->prof_shape[i].shape >> 32),
-                      (unsigned long long)(s->prof_shape[i].shape & 0xffffffffu), (unsigned long long)s->prof_shape[i].calls, s->prof_shape[i].ms);
-    if (o < (int)sizeof buf) o += snprintf(buf + o, sizeof buf - (size_t)o, "}");
-    *len = (size_t)o;
-    if (!out || capacity < (size_t)o + 1) return FORGE_ERR_BUFFER_TOO_SMALL;
-    memcpy(out, buf, (size_t)o + 1);
-    return FORGE_OK;
+    return forge__profile_json(&s->prof, out, capacity, len);
 }
 
 FORGE_API forge_status forge_session_memory(const forge_session *s, forge_memory_stats *st) {
@@ -6991,7 +7303,7 @@ static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
     }
     forge_status st = forge__submit_wait(d, s->copy_logits_cb, s->fence, &s->err);
     if (st) return st;
-    forge__readback_invalidate(s, FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
+    forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
     memcpy(out, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
     return FORGE_OK;
 }
@@ -7000,7 +7312,7 @@ static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
  * candidates and probabilities for the rare full-row fallback. */
 static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
                                   int32_t *out) {
-    forge__readback_invalidate(s, 0, 8ull * (1 + FORGE__CANDIDATES));
+    forge__readback_invalidate(&s->m->dev, &s->readback, 0, 8ull * (1 + FORGE__CANDIDATES));
     const uint32_t *rb = (const uint32_t *)s->readback.mapped;
     float M, S;
     memcpy(&M, &rb[0], 4);
@@ -7146,7 +7458,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     forge__stopper stop = {&p, NULL, 0, 0};
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
     forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, {0, 0, 0}};
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, 0, {0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
     /* prefill: all but the last chunk without outputs, the last one sampled */
     int done = mt.cached_tokens;
@@ -7614,4 +7926,1520 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
     rc = forge_generate(s, b.buf ? b.buf : "", b.len, &p, metrics);
     free(b.buf);
     return rc;
+}
+
+/* =======================================================================================
+ * 11. Training
+ * LoRA fine-tuning. First the adapter files (PEFT and mlx-lm, read and written, atomically),
+ * then the trainer: its device plan (adapters, gradients and AdamW moments in a flat vector;
+ * the activations the backward pass reads; scratch), the recorded step (the forward pass of
+ * section 7 keeping its activations, the loss over chunks of rows, the hand-written backward
+ * pass layer by layer, gradient checkpointing), the optimizer, and the public calls.
+ * ===================================================================================== */
+
+/* ---- Targets ---- */
+
+/* Parses HF projection names ("q_proj,v_proj", or "all") into a mask of forge__target. */
+static forge_status forge__targets_parse(const char *list, uint32_t *mask, forge__err *err) {
+    *mask = 0;
+    if (!list || !*list) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "no LoRA targets given");
+    if (!strcmp(list, "all")) {
+        *mask = FORGE__T_ALL;
+        return FORGE_OK;
+    }
+    const char *p = list;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        int t = 0;
+        while (t < FORGE__T_COUNT && (strlen(forge__target_names[t]) != n || strncmp(p, forge__target_names[t], n))) t++;
+        if (t == FORGE__T_COUNT)
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT,
+                               "LoRA target '%.*s' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (or all)", (int)n, p);
+        *mask |= 1u << t;
+        p += n + (e ? 1 : 0);
+    }
+    return FORGE_OK;
+}
+
+/* The in and out features of projection t. */
+static void forge__target_dims(const forge__config *c, forge__target t, uint32_t *in, uint32_t *out) {
+    uint32_t H = (uint32_t)c->hidden, QD = (uint32_t)(c->n_heads * c->head_dim), KVD = (uint32_t)(c->n_kv_heads * c->head_dim);
+    uint32_t F = (uint32_t)c->ffn;
+    static const uint8_t in_kind[FORGE__T_COUNT] = {0, 0, 0, 1, 0, 0, 2}, out_kind[FORGE__T_COUNT] = {1, 3, 3, 0, 2, 2, 0};
+    const uint32_t size[4] = {H, QD, F, KVD};
+    *in = size[in_kind[t]];
+    *out = size[out_kind[t]];
+}
+
+/* ---- Adapters on the host ----
+ * A and B in forge's layout: A [rank, in], B [out, rank], f32. Models whose RoPE rotates
+ * adjacent pairs (GGUF llama: its converter permuted q_proj and k_proj rows) hold B's rows of
+ * q and k in that order; adapter files hold HF's, so reading and writing permute them. */
+
+typedef struct forge__host_pair {
+    uint32_t rank;           /* 0: not adapted */
+    float scale;
+    float *a, *b;
+} forge__host_pair;
+
+typedef struct forge__adapter_host {
+    int n_layers;
+    forge__host_pair *pairs; /* [n_layers * FORGE__T_COUNT] */
+    uint32_t rank;           /* the files' rank (PEFT r, mlx-lm rank) */
+    float alpha;             /* PEFT lora_alpha (scale * rank); mlx-lm files give the scale */
+    float dropout;
+    uint32_t targets;        /* the adapted projections */
+    int first_layer;         /* the lowest adapted layer (mlx-lm adapts the last n_layers - first) */
+} forge__adapter_host;
+
+/* Rows of q or k [heads * head_dim, cols]: HF row (h, half, i) is row (h, i, half) of a model
+ * that rotates adjacent pairs (tools/hf_to_gguf.py's llama_permute). */
+static void forge__permute_rows(float *dst, const float *src, uint32_t heads, uint32_t head_dim, uint32_t cols, bool to_adjacent) {
+    uint32_t half = head_dim / 2;
+    for (uint32_t h = 0; h < heads; h++)
+        for (uint32_t k = 0; k < 2; k++)
+            for (uint32_t i = 0; i < half; i++) {
+                size_t hf = (size_t)h * head_dim + k * half + i, adj = (size_t)h * head_dim + 2 * i + k;
+                memcpy(dst + (to_adjacent ? adj : hf) * cols, src + (to_adjacent ? hf : adj) * cols, sizeof(float) * cols);
+            }
+}
+
+/* Whether B's rows of target t are permuted in forge's layout. */
+static bool forge__permuted(const forge__config *c, forge__target t, uint32_t *heads) {
+    if (!c->rope_adjacent_pairs || (t != FORGE__T_Q && t != FORGE__T_K)) return false;
+    *heads = (uint32_t)(t == FORGE__T_Q ? c->n_heads : c->n_kv_heads);
+    return true;
+}
+
+/* "...layers.N.self_attn.q_proj.<leaf>": layer, target and the leaf after the projection's
+ * name; NULL when the name is not of that shape. *other_tower is set for the vision or audio
+ * tower of a multimodal checkpoint, whose adapters forge skips with the tower. */
+static const char *forge__adapter_key(const char *name, int *layer, forge__target *t, bool *other_tower) {
+    *other_tower = strstr(name, "vision") || strstr(name, "audio") || strstr(name, "multi_modal");
+    const char *p = strstr(name, "layers.");
+    while (p && p != name && p[-1] != '.') p = strstr(p + 1, "layers.");
+    if (!p) return NULL;
+    p += 7;
+    if (!isdigit((unsigned char)*p)) return NULL;
+    long l = 0;
+    while (isdigit((unsigned char)*p) && l < 100000) l = l * 10 + (*p++ - '0');
+    if (*p++ != '.') return NULL;
+    bool attn = !strncmp(p, "self_attn.", 10), mlp = !strncmp(p, "mlp.", 4);
+    if (!attn && !mlp) return NULL;
+    p += attn ? 10 : 4;
+    for (int k = 0; k < FORGE__T_COUNT; k++) {
+        size_t n = strlen(forge__target_names[k]);
+        if (!strncmp(p, forge__target_names[k], n) && p[n] == '.' && (k <= FORGE__T_O) == attn) {
+            *layer = (int)l;
+            *t = (forge__target)k;
+            return p + n + 1;
+        }
+    }
+    return NULL;
+}
+
+static const char *forge__json_type_name(const cJSON *x) { return cJSON_IsNull(x) ? "null" : cJSON_IsArray(x) ? "a list" : "a value"; }
+
+/* Reads the PEFT or mlx-lm adapter in `dir` for model m into host arrays in `arena`. Errors
+ * name the file and the key at fault. */
+static forge_status forge__adapter_read(const forge_model *m, const char *dir, forge__arena *arena, forge__adapter_host *ah, forge__err *err) {
+    const forge__config *c = &m->cfg;
+    memset(ah, 0, sizeof *ah);
+    char st_path[4200], cfg_path[4200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/adapter_config.json", dir);
+    snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
+    bool peft = forge__file_exists(st_path);
+    if (!peft) snprintf(st_path, sizeof st_path, "%s/adapters.safetensors", dir);
+    if (!peft && !forge__file_exists(st_path))
+        return forge__fail(err, FORGE_ERR_IO, "%s: no adapter here (adapter_model.safetensors for PEFT, adapters.safetensors for mlx-lm)", dir);
+    char *text = NULL;
+    size_t len = 0;
+    forge_status st = forge__read_text(cfg_path, &text, &len, err);
+    if (st) return st;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: not a JSON object", cfg_path);
+    }
+    bool rslora = false;
+    double scale_mlx = 0;
+    if (peft) {
+        const char *type = forge__json_str(root, "peft_type");
+        const cJSON *mts = cJSON_GetObjectItemCaseSensitive(root, "modules_to_save");
+        const cJSON *ap = cJSON_GetObjectItemCaseSensitive(root, "alpha_pattern");
+        const char *bias = forge__json_str(root, "bias");
+        int r = forge__json_int(root, "r", 0);
+        if (type && strcmp(type, "LORA"))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: peft_type '%s' (forge reads LORA adapters)", cfg_path, type);
+        else if (forge__json_bool(root, "use_dora", false))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: use_dora: DoRA adapters are not supported", cfg_path);
+        else if (forge__json_bool(root, "fan_in_fan_out", false))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: fan_in_fan_out (Conv1D-style weights) is not supported", cfg_path);
+        else if (bias && strcmp(bias, "none"))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: bias '%s': trained biases are not supported (only 'none')", cfg_path, bias);
+        else if (mts && !cJSON_IsNull(mts) && !(cJSON_IsArray(mts) && cJSON_GetArraySize(mts) == 0))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: modules_to_save is %s: adapters that carry whole modules are not supported", cfg_path,
+                             forge__json_type_name(mts));
+        else if (ap && cJSON_IsObject(ap) && ap->child)
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: alpha_pattern (a per-module alpha) is not supported", cfg_path);
+        else if (r <= 0)
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: 'r' must be a positive integer", cfg_path);
+        ah->rank = (uint32_t)(r > 0 ? r : 0);
+        ah->alpha = (float)forge__json_num(root, "lora_alpha", 8.0);
+        ah->dropout = (float)forge__json_num(root, "lora_dropout", 0.0);
+        rslora = forge__json_bool(root, "use_rslora", false);
+    } else {
+        const char *ft = forge__json_str(root, "fine_tune_type");
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "lora_parameters");
+        int r = lp ? forge__json_int(lp, "rank", 0) : 0;
+        if (ft && strcmp(ft, "lora"))
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: fine_tune_type '%s' (forge reads lora adapters)", cfg_path, ft);
+        else if (!cJSON_IsObject(lp))
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no 'lora_parameters' object", cfg_path);
+        else if (r <= 0)
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: lora_parameters.rank must be a positive integer", cfg_path);
+        else if (!cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(lp, "scale")))
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: lora_parameters.scale is missing", cfg_path);
+        if (!st) {
+            ah->rank = (uint32_t)r;
+            scale_mlx = forge__json_num(lp, "scale", 20.0);
+            ah->alpha = (float)(scale_mlx * r);
+            ah->dropout = (float)forge__json_num(lp, "dropout", 0.0);
+        }
+    }
+    cJSON_Delete(root);
+    if (st) return st;
+    if (!(ah->dropout >= 0 && ah->dropout < 1)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: dropout %g is outside [0, 1)", cfg_path, ah->dropout);
+
+    ah->n_layers = c->n_layers;
+    ah->pairs = (forge__host_pair *)forge__arena_alloc(arena, sizeof *ah->pairs * (size_t)c->n_layers * FORGE__T_COUNT, 16);
+    if (!ah->pairs) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memset(ah->pairs, 0, sizeof *ah->pairs * (size_t)c->n_layers * FORGE__T_COUNT);
+    forge__file f;
+    if ((st = forge__file_map(&f, st_path, err))) return st;
+    forge__arena ta = {0};
+    forge__tensor_table tt = {0};
+    st = forge__safetensors_parse(&f, &tt, &ta, err);
+    bool *seen = (bool *)calloc((size_t)c->n_layers * FORGE__T_COUNT * 2, 1);
+    if (!st && !seen) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < tt.count && !st; i++) {
+        const forge__tensor *t = &tt.items[i];
+        int layer;
+        forge__target tg;
+        bool other;
+        const char *leaf = forge__adapter_key(t->name, &layer, &tg, &other);
+        int which = !leaf ? -1 : peft ? (!strcmp(leaf, "lora_A.weight") ? 0 : !strcmp(leaf, "lora_B.weight") ? 1 : -1)
+                                      : (!strcmp(leaf, "lora_a") ? 0 : !strcmp(leaf, "lora_b") ? 1 : -1);
+        if (other) continue; /* the vision or audio tower: forge runs the text model only */
+        if (which < 0) {
+            st = forge__fail(err, FORGE_ERR_MODEL,
+                             "%s: tensor '%s' is not a LoRA matrix (%s) of a projection forge knows (q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                             "up_proj, down_proj)", st_path, t->name, peft ? "lora_A.weight / lora_B.weight" : "lora_a / lora_b");
+            break;
+        }
+        if (layer >= c->n_layers) {
+            st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s' is for layer %d but the model has %d layers (a different base?)", st_path,
+                             t->name, layer, c->n_layers);
+            break;
+        }
+        if (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; LoRA matrices are read in f32, f16 or bf16", st_path,
+                             t->name, forge__dtype_name(t->dtype));
+            break;
+        }
+        size_t slot = (size_t)layer * FORGE__T_COUNT + tg;
+        if (seen[slot * 2 + which]) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: two tensors for '%s'", st_path, t->name);
+            break;
+        }
+        seen[slot * 2 + which] = true;
+        uint32_t in, out;
+        forge__target_dims(c, tg, &in, &out);
+        /* PEFT: A [r, in], B [out, r]; mlx-lm: lora_a [in, r], lora_b [r, out] */
+        int64_t r = t->n_dims == 2 ? (peft ? (which ? t->shape[1] : t->shape[0]) : (which ? t->shape[0] : t->shape[1])) : 0;
+        int64_t d = t->n_dims == 2 ? (peft ? (which ? t->shape[0] : t->shape[1]) : (which ? t->shape[1] : t->shape[0])) : 0;
+        forge__host_pair *hp = &ah->pairs[slot];
+        char got[96];
+        forge__shape_str(t, got, sizeof got);
+        if (r <= 0 || r > 4096 || d != (which ? out : in)) {
+            st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s' has shape %s but layer %d's %s (in %u, out %u) needs %s (a different base?)",
+                             st_path, t->name, got, layer, forge__target_names[tg], in, out,
+                             peft ? (which ? "[out, r]" : "[r, in]") : (which ? "[r, out]" : "[in, r]"));
+            break;
+        }
+        if ((hp->rank && hp->rank != (uint32_t)r) || (!peft && (uint32_t)r != ah->rank)) {
+            st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s' has rank %lld, its pair or the config says %u", st_path, t->name, (long long)r,
+                             hp->rank ? hp->rank : ah->rank);
+            break;
+        }
+        hp->rank = (uint32_t)r;
+        uint64_t n = (uint64_t)r * d;
+        float *v = (float *)forge__arena_alloc(arena, sizeof(float) * n, 16), *tmp = (float *)malloc(sizeof(float) * n);
+        if (!v || !tmp) {
+            free(tmp);
+            st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            break;
+        }
+        for (uint64_t k = 0; k < n; k++) { /* as stored, to f32 */
+            if (t->dtype == FORGE__F32) memcpy(&tmp[k], t->data + 4 * k, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, t->data + 2 * k, 2);
+                tmp[k] = t->dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+            }
+        }
+        if (!peft) /* mlx-lm stores the transposes */
+            for (uint64_t i0 = 0; i0 < (uint64_t)(which ? r : d); i0++)
+                for (uint64_t j0 = 0; j0 < (uint64_t)(which ? d : r); j0++) v[j0 * (which ? r : d) + i0] = tmp[i0 * (which ? d : r) + j0];
+        else
+            memcpy(v, tmp, sizeof(float) * n);
+        uint32_t heads;
+        if (which && forge__permuted(c, tg, &heads)) {
+            memcpy(tmp, v, sizeof(float) * n);
+            forge__permute_rows(v, tmp, heads, (uint32_t)c->head_dim, (uint32_t)r, true);
+        }
+        free(tmp);
+        if (which) hp->b = v;
+        else hp->a = v;
+    }
+    ah->first_layer = c->n_layers;
+    for (int l = 0; l < c->n_layers && !st; l++)
+        for (int t = 0; t < FORGE__T_COUNT && !st; t++) {
+            forge__host_pair *hp = &ah->pairs[l * FORGE__T_COUNT + t];
+            if (!hp->rank) continue;
+            if (!hp->a || !hp->b) {
+                st = forge__fail(err, FORGE_ERR_MODEL, "%s: layer %d's %s has lora_%s but no lora_%s", st_path, l, forge__target_names[t],
+                                 hp->a ? "A" : "B", hp->a ? "B" : "A");
+                break;
+            }
+            hp->scale = peft ? (float)(ah->alpha / (rslora ? sqrt((double)hp->rank) : (double)hp->rank)) : (float)scale_mlx;
+            ah->targets |= 1u << t;
+            if (l < ah->first_layer) ah->first_layer = l;
+        }
+    if (!st && !ah->targets) st = forge__fail(err, FORGE_ERR_MODEL, "%s: no LoRA matrices for the text model", st_path);
+    free(seen);
+    forge__arena_free(&ta);
+    forge__file_unmap(&f);
+    return st;
+}
+
+/* ---- Writing adapters ----
+ * Each file goes to a temporary name in the same directory, is flushed, then renamed over the
+ * old one: a crash or a full disk mid-write leaves the previous checkpoint whole. */
+
+static forge_status forge__write_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts, forge__err *err) {
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    FILE *fp = fopen(tmp, "wb");
+    if (!fp) return forge__fail(err, FORGE_ERR_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    bool ok = true;
+    for (int i = 0; i < n_parts && ok; i++) ok = !sizes[i] || fwrite(parts[i], 1, sizes[i], fp) == sizes[i];
+    ok = ok && fflush(fp) == 0 && fsync(fileno(fp)) == 0;
+    int e = errno;
+    ok = (fclose(fp) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        if (ok) e = errno;
+        remove(tmp);
+        return forge__fail(err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(e));
+    }
+    return FORGE_OK;
+}
+
+typedef struct forge__out_tensor {
+    char name[160];
+    uint32_t rows, cols;
+    float *data;             /* malloc'd, [rows, cols] */
+} forge__out_tensor;
+
+/* A safetensors file of f32 tensors: the header JSON (8-byte padded, names in the order
+ * given), then the data. */
+static forge_status forge__safetensors_write(const char *path, const forge__out_tensor *ts, int n, const char *format, forge__err *err) {
+    cJSON *h = cJSON_CreateObject(), *md = cJSON_CreateObject();
+    cJSON_AddStringToObject(md, "format", format);
+    cJSON_AddItemToObject(h, "__metadata__", md);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_CreateObject();
+        cJSON_AddStringToObject(t, "dtype", "F32");
+        double shape[2] = {ts[i].rows, ts[i].cols}, offs[2] = {(double)off, (double)(off + 4ull * ts[i].rows * ts[i].cols)};
+        cJSON_AddItemToObject(t, "shape", cJSON_CreateDoubleArray(shape, 2));
+        cJSON_AddItemToObject(t, "data_offsets", cJSON_CreateDoubleArray(offs, 2));
+        cJSON_AddItemToObject(h, ts[i].name, t);
+        off += 4ull * ts[i].rows * ts[i].cols;
+    }
+    char *json = cJSON_PrintUnformatted(h);
+    cJSON_Delete(h);
+    if (!json) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    size_t jl = strlen(json), padded = (jl + 7) / 8 * 8;
+    char *header = (char *)malloc(8 + padded);
+    const void **parts = (const void **)malloc(sizeof(void *) * (size_t)(n + 1));
+    size_t *sizes = (size_t *)malloc(sizeof(size_t) * (size_t)(n + 1));
+    forge_status st = FORGE_OK;
+    if (!header || !parts || !sizes) {
+        st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    } else {
+        for (int i = 0; i < 8; i++) header[i] = (char)(((uint64_t)padded >> (8 * i)) & 0xff);
+        memcpy(header + 8, json, jl);
+        memset(header + 8 + jl, ' ', padded - jl);
+        parts[0] = header;
+        sizes[0] = 8 + padded;
+        for (int i = 0; i < n; i++) {
+            parts[i + 1] = ts[i].data;
+            sizes[i + 1] = 4ull * ts[i].rows * ts[i].cols;
+        }
+        st = forge__write_atomic(path, parts, sizes, n + 1, err);
+    }
+    free(header);
+    free(parts);
+    free(sizes);
+    cJSON_free(json);
+    return st;
+}
+
+/* Writes `ah` to dir as PEFT or mlx-lm files for model m. */
+static forge_status forge__adapter_write(const forge_model *m, const forge__adapter_host *ah, const char *dir, forge_adapter_format fmt,
+                                         forge__err *err) {
+    const forge__config *c = &m->cfg;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 && mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return forge__fail(err, FORGE_ERR_IO, "%s: cannot create the directory: %s", dir, strerror(errno));
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return forge__fail(err, FORGE_ERR_IO, "%s: not a directory", dir);
+    bool peft = fmt == FORGE_ADAPTER_PEFT;
+    int n_pairs = 0;
+    float scale = 0;
+    for (int i = 0; i < ah->n_layers * FORGE__T_COUNT; i++)
+        if (ah->pairs[i].rank) {
+            n_pairs++;
+            if (scale == 0) scale = ah->pairs[i].scale;
+            if (!peft && (ah->pairs[i].scale != scale || ah->pairs[i].rank != ah->rank))
+                return forge__fail(err, FORGE_ERR_UNSUPPORTED, "mlx-lm adapters have one rank and scale for every projection; this one varies");
+        }
+    if (!peft)
+        for (int l = ah->first_layer; l < ah->n_layers; l++)
+            for (int t = 0; t < FORGE__T_COUNT; t++)
+                if ((ah->targets >> t & 1u) && !ah->pairs[l * FORGE__T_COUNT + t].rank)
+                    return forge__fail(err, FORGE_ERR_UNSUPPORTED, "mlx-lm adapters cover every target of the last num_layers layers; "
+                                                                  "layer %d's %s is not adapted", l, forge__target_names[t]);
+    forge__out_tensor *ts = (forge__out_tensor *)calloc((size_t)n_pairs * 2, sizeof *ts);
+    if (!ts) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    const char *prefix = peft ? (c->multimodal ? "base_model.model.model.language_model." : "base_model.model.model.")
+                              : (c->multimodal ? "language_model.model." : "model.");
+    int n = 0;
+    forge_status st = FORGE_OK;
+    for (int l = 0; l < ah->n_layers && !st; l++)
+        for (int t = 0; t < FORGE__T_COUNT && !st; t++) {
+            const forge__host_pair *hp = &ah->pairs[l * FORGE__T_COUNT + t];
+            if (!hp->rank) continue;
+            uint32_t in, out, r = hp->rank, heads;
+            forge__target_dims(c, (forge__target)t, &in, &out);
+            const char *group = t <= FORGE__T_O ? "self_attn" : "mlp";
+            for (int which = 0; which < 2; which++) {
+                forge__out_tensor *o = &ts[n++];
+                uint32_t rows = which ? out : r, cols = which ? r : in; /* forge's layout: A [r, in], B [out, r] */
+                const float *src = which ? hp->b : hp->a;
+                float *hf = (float *)malloc(4ull * rows * cols);
+                o->data = (float *)malloc(4ull * rows * cols);
+                if (!hf || !o->data) {
+                    free(hf);
+                    st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+                    break;
+                }
+                if (which && forge__permuted(c, (forge__target)t, &heads)) forge__permute_rows(hf, src, heads, (uint32_t)c->head_dim, r, false);
+                else memcpy(hf, src, 4ull * rows * cols);
+                if (peft) {
+                    memcpy(o->data, hf, 4ull * rows * cols);
+                    o->rows = rows;
+                    o->cols = cols;
+                } else { /* lora_a = A^T [in, r], lora_b = B^T [r, out] */
+                    for (uint32_t i = 0; i < rows; i++)
+                        for (uint32_t j = 0; j < cols; j++) o->data[(size_t)j * rows + i] = hf[(size_t)i * cols + j];
+                    o->rows = cols;
+                    o->cols = rows;
+                }
+                free(hf);
+                snprintf(o->name, sizeof o->name, "%slayers.%d.%s.%s.%s", prefix, l, group, forge__target_names[t],
+                         peft ? (which ? "lora_B.weight" : "lora_A.weight") : (which ? "lora_b" : "lora_a"));
+            }
+        }
+    char path[4300];
+    if (!st) {
+        snprintf(path, sizeof path, "%s/%s", dir, peft ? "adapter_model.safetensors" : "adapters.safetensors");
+        st = forge__safetensors_write(path, ts, n, peft ? "pt" : "mlx", err);
+    }
+    for (int i = 0; i < n; i++) free(ts[i].data);
+    free(ts);
+    if (st) return st;
+    cJSON *root = cJSON_CreateObject(), *targets = cJSON_CreateArray();
+    for (int t = 0; t < FORGE__T_COUNT; t++)
+        if (ah->targets >> t & 1u) {
+            char key[32];
+            snprintf(key, sizeof key, "%s%s", peft ? "" : (t <= FORGE__T_O ? "self_attn." : "mlp."), forge__target_names[t]);
+            cJSON_AddItemToArray(targets, cJSON_CreateString(key));
+        }
+    if (peft) {
+        cJSON_AddStringToObject(root, "peft_type", "LORA");
+        cJSON_AddStringToObject(root, "task_type", "CAUSAL_LM");
+        cJSON_AddStringToObject(root, "base_model_name_or_path", m->name);
+        cJSON_AddNumberToObject(root, "r", ah->rank);
+        cJSON_AddNumberToObject(root, "lora_alpha", ah->alpha);
+        cJSON_AddNumberToObject(root, "lora_dropout", ah->dropout);
+        cJSON_AddItemToObject(root, "target_modules", targets);
+        cJSON_AddStringToObject(root, "bias", "none");
+        cJSON_AddBoolToObject(root, "fan_in_fan_out", false);
+        cJSON_AddBoolToObject(root, "use_rslora", false);
+        cJSON_AddBoolToObject(root, "use_dora", false);
+        cJSON_AddBoolToObject(root, "init_lora_weights", true);
+        cJSON_AddBoolToObject(root, "inference_mode", true);
+        if (ah->first_layer > 0) {
+            cJSON *lt = cJSON_CreateArray();
+            for (int l = ah->first_layer; l < ah->n_layers; l++) cJSON_AddItemToArray(lt, cJSON_CreateNumber(l));
+            cJSON_AddItemToObject(root, "layers_to_transform", lt);
+        } else {
+            cJSON_AddNullToObject(root, "layers_to_transform");
+        }
+        cJSON_AddNullToObject(root, "modules_to_save");
+        cJSON_AddItemToObject(root, "rank_pattern", cJSON_CreateObject());
+        cJSON_AddItemToObject(root, "alpha_pattern", cJSON_CreateObject());
+    } else {
+        cJSON *lp = cJSON_CreateObject();
+        cJSON_AddNumberToObject(lp, "rank", ah->rank);
+        cJSON_AddNumberToObject(lp, "scale", scale);
+        cJSON_AddNumberToObject(lp, "dropout", ah->dropout);
+        cJSON_AddItemToObject(lp, "keys", targets);
+        cJSON_AddStringToObject(root, "fine_tune_type", "lora");
+        cJSON_AddItemToObject(root, "lora_parameters", lp);
+        cJSON_AddStringToObject(root, "model", m->name);
+        cJSON_AddNumberToObject(root, "num_layers", ah->n_layers - ah->first_layer);
+    }
+    char *json = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!json) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    const void *parts[2] = {json, "\n"};
+    size_t sizes[2] = {strlen(json), 1};
+    st = forge__write_atomic(path, parts, sizes, 2, err);
+    cJSON_free(json);
+    return st;
+}
+
+/* ---- The model's adapter (forge_model_params.adapter_path) ----
+ * Read at load, its matrices join the weights' uploads; every forward pass adds the low-rank
+ * path beside the projections (section 7). */
+static forge_status forge__model_adapter(forge__loader *L, const char *dir) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    forge__adapter_host ah;
+    forge_status st = forge__adapter_read(m, dir, &m->arena, &ah, &m->err);
+    if (st) return forge__wrap(&m->err, st, "adapter %s", dir);
+    forge__lora *lo = &m->adapter;
+    size_t n = (size_t)c->n_layers * FORGE__T_COUNT;
+    lo->pairs = (forge__lora_pair *)forge__arena_alloc(&m->arena, sizeof *lo->pairs * n, 16);
+    if (!lo->pairs) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memset(lo->pairs, 0, sizeof *lo->pairs * n);
+    lo->n_layers = c->n_layers;
+    for (size_t i = 0; i < n && !st; i++) {
+        const forge__host_pair *hp = &ah.pairs[i];
+        forge__lora_pair *lp = &lo->pairs[i];
+        if (!hp->rank) continue;
+        lp->rank = hp->rank;
+        lp->scale = hp->scale;
+        forge__target_dims(c, (forge__target)(i % FORGE__T_COUNT), &lp->in, &lp->out);
+        lo->max_rank = FORGE__MAX(lo->max_rank, lp->rank);
+        if (!(st = forge__upload_add(L, (const uint8_t *)hp->a, 4ull * lp->rank * lp->in, FORGE__F32, false, 0, &lp->a)))
+            st = forge__upload_add(L, (const uint8_t *)hp->b, 4ull * lp->out * lp->rank, FORGE__F32, false, 0, &lp->b);
+    }
+    forge__log(&m->log, FORGE_LOG_INFO, "adapter %s: rank %u, scale %g", dir, ah.rank, ah.rank ? ah.alpha / ah.rank : 0.0);
+    return st;
+}
+
+/* ---- The trainer ---- */
+
+#define FORGE__TRAIN_RECORDINGS 4
+#define FORGE__TRAIN_PAD 32            /* a batch's length is padded up to a multiple of this (fewer recordings) */
+#define FORGE__LOSS_CHUNK_BYTES ((uint64_t)64 << 20) /* logits rows per loss chunk: at most this many bytes */
+
+/* A run of the flat parameter vector in one device buffer each for the parameters, their
+ * gradients and AdamW's two moments. */
+typedef struct forge__param_seg {
+    forge__range p, g, m1, m2;
+    uint64_t count;
+} forge__param_seg;
+
+/* Everything the trainer's device plan follows from, computed by forge__train_layout. */
+typedef struct forge__train_layout {
+    forge_train_params p;          /* resolved: defaults filled, the adapter's rank, alpha and targets */
+    uint32_t targets;
+    int first_layer;               /* layers below have no adapters (and no backward pass) */
+    bool from_adapter;
+    forge__adapter_host ah;        /* the adapter to start from */
+    bool ckpt;
+    uint32_t max_rows;             /* max_batch * max_seq */
+    uint32_t loss_rows;            /* rows of logits per loss chunk */
+    uint32_t targets_width;        /* MSE: floats per row of targets (hidden or vocab); 0 otherwise */
+    forge__lora lora;              /* ranks, shapes, scales and element offsets (segments from seg) */
+    int n_segs;
+    uint64_t seg_count[64];
+    uint64_t n_params;
+    uint32_t n_parts;              /* partial sums of the gradient's norm (adamw.comp mode 0) */
+} forge__train_layout;
+
+/* The trainer's device buffers, in pack order. Per layer then: x_in, and without gradient
+ * checkpointing the rest of forge__train_layer_buf. */
+typedef enum forge__train_buf {
+    FORGE__TB_X, FORGE__TB_XN, FORGE__TB_U, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
+    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_DUMMY, FORGE__TB_COUNT
+} forge__train_buf;
+typedef enum forge__train_layer_buf {
+    FORGE__TL_X_IN, FORGE__TL_X_MID, FORGE__TL_QKV, FORGE__TL_QKV_RAW, FORGE__TL_ATT, FORGE__TL_LSE, FORGE__TL_GU, FORGE__TL_H,
+    FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_COUNT
+} forge__train_layer_buf;
+
+struct forge_trainer {
+    forge__err err;
+    forge_model *m;
+    forge__arena arena;
+    forge__train_layout L;
+    forge__param_seg *segs;
+    forge__mem_counter mem;
+    forge__pack pack;
+    forge__buffer *blocks;
+    int n_blocks;
+    forge__buffer io;              /* host-visible: step params | optimizer params | tokens | labels | weights | targets */
+    forge__buffer readback;        /* host-visible: per-row losses [max_rows] | the gradient's squared norm */
+    forge__range params_r, opt_r, tokens_r, labels_r, weights_r, targets_r;
+    uint64_t rb_norm_offset;
+    forge__range r[FORGE__TB_COUNT];
+    forge__acts *acts;             /* per layer: where its forward pass goes (kept, or the shared set) */
+    VkCommandPool cmd_pool;
+    VkFence fence;
+    forge__recording rec[FORGE__TRAIN_RECORDINGS]; /* key: n_tokens = sequences, out_row0 = length, mode = 1 step / 0 eval */
+    forge__recording opt_rec;
+    uint64_t use_clock;
+    int step;                      /* optimizer steps applied */
+    int micro;                     /* micro-batches accumulated toward the next one */
+    uint64_t n_micro;              /* every micro-batch so far: the dropout seed's counter */
+    bool profile;
+    forge__profile prof;
+};
+
+FORGE_API forge_train_params forge_train_default_params(void) {
+    forge_train_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.rank = 8;
+    p.alpha = 16.0f;
+    p.targets = "q_proj,v_proj";
+    p.lr = 1e-3f;
+    p.beta1 = 0.9f;
+    p.beta2 = 0.999f;
+    p.eps = 1e-8f;
+    p.weight_decay = 0.01f;
+    p.accum_steps = 1;
+    p.max_batch = 4;
+    p.max_seq = 512;
+    p.grad_checkpoint = -1;
+    return p;
+}
+
+/* Validates the params, reads the adapter to start from, and lays out the parameters. */
+static forge_status forge__train_layout_make(forge_model *m, const forge_train_params *pp, forge__arena *arena, forge__train_layout *L,
+                                             forge__err *err) {
+    const forge__config *c = &m->cfg;
+    memset(L, 0, sizeof *L);
+    L->p = *pp;
+    forge_train_params *p = &L->p;
+    forge_status st;
+    if (p->adapter_path) {
+        if ((st = forge__adapter_read(m, p->adapter_path, arena, &L->ah, err))) return forge__wrap(err, st, "adapter %s", p->adapter_path);
+        L->from_adapter = true;
+        p->rank = (int)L->ah.rank;
+        p->alpha = L->ah.alpha;
+        L->targets = L->ah.targets;
+        L->first_layer = L->ah.first_layer;
+    } else {
+        if ((st = forge__targets_parse(p->targets, &L->targets, err))) return st;
+        if (p->n_layers < 0 || p->n_layers > c->n_layers)
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "train params: n_layers %d: the model has %d layers", p->n_layers, c->n_layers);
+        L->first_layer = p->n_layers ? c->n_layers - p->n_layers : 0;
+    }
+    struct { const char *what; bool ok; } checks[] = {
+        {"rank must be in [1, 4096]", p->rank >= 1 && p->rank <= 4096},
+        {"alpha must be > 0", p->alpha > 0},
+        {"dropout must be in [0, 1)", p->dropout >= 0 && p->dropout < 1},
+        {"lr must be >= 0", p->lr >= 0},
+        {"beta1 and beta2 must be in [0, 1)", p->beta1 >= 0 && p->beta1 < 1 && p->beta2 >= 0 && p->beta2 < 1},
+        {"eps must be > 0", p->eps > 0},
+        {"weight_decay must be >= 0", p->weight_decay >= 0},
+        {"warmup_steps must be >= 0", p->warmup_steps >= 0},
+        {"schedule must be FORGE_LR_CONSTANT, FORGE_LR_LINEAR or FORGE_LR_COSINE", p->schedule >= FORGE_LR_CONSTANT && p->schedule <= FORGE_LR_COSINE},
+        {"a linear or cosine schedule needs total_steps > warmup_steps",
+         p->schedule == FORGE_LR_CONSTANT || p->total_steps > p->warmup_steps},
+        {"max_grad_norm must be >= 0", p->max_grad_norm >= 0},
+        {"accum_steps must be >= 1", p->accum_steps >= 1},
+        {"loss must be FORGE_LOSS_CROSS_ENTROPY, FORGE_LOSS_MSE_HIDDEN or FORGE_LOSS_MSE_LOGITS",
+         p->loss >= FORGE_LOSS_CROSS_ENTROPY && p->loss <= FORGE_LOSS_MSE_LOGITS},
+        {"max_batch must be >= 1", p->max_batch >= 1},
+        {"max_seq must be >= 2", p->max_seq >= 2},
+    };
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(checks); i++)
+        if (!checks[i].ok) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "train params: %s", checks[i].what);
+    if (p->max_seq > c->n_ctx_train)
+        return forge__fail(err, FORGE_ERR_LIMIT, "train params: max_seq %d is longer than the model's context of %d", p->max_seq, c->n_ctx_train);
+    uint64_t rows = (uint64_t)p->max_batch * (uint64_t)p->max_seq;
+    if (rows > (1u << 24)) return forge__fail(err, FORGE_ERR_LIMIT, "train params: max_batch x max_seq = %llu rows (at most 2^24)", (unsigned long long)rows);
+    L->max_rows = (uint32_t)rows;
+    L->ckpt = p->grad_checkpoint < 0 ? rows >= 4096 : p->grad_checkpoint != 0;
+    const forge__caps *caps = &m->dev.caps;
+    uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
+    uint64_t F = (uint64_t)c->ffn, QKVD = (uint64_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    uint64_t widest = FORGE__MAX(FORGE__MAX(2 * F, QKVD), (uint64_t)FORGE__T_COUNT * p->rank) * 4;
+    if (rows * widest > range)
+        return forge__fail(err, FORGE_ERR_LIMIT,
+                           "train params: max_batch x max_seq = %llu rows of up to %llu bytes exceed the device's binding limit of %llu bytes: "
+                           "lower max_batch or max_seq", (unsigned long long)rows, (unsigned long long)widest, (unsigned long long)range);
+    uint64_t V = (uint64_t)c->n_vocab;
+    if (4 * V > range) return forge__fail(err, FORGE_ERR_LIMIT, "a logits row of %llu bytes exceeds the binding limit", (unsigned long long)(4 * V));
+    L->loss_rows = (uint32_t)FORGE__MIN(rows, FORGE__MAX(1, FORGE__MIN(FORGE__LOSS_CHUNK_BYTES, range) / (4 * V)));
+    if (p->loss == FORGE_LOSS_MSE_HIDDEN) L->targets_width = (uint32_t)c->hidden;
+    if (p->loss == FORGE_LOSS_MSE_LOGITS) {
+        L->targets_width = (uint32_t)V;
+        if (rows * 4 * V > range)
+            return forge__fail(err, FORGE_ERR_LIMIT, "MSE on logits: targets of %llu x %llu floats exceed the binding limit of %llu bytes",
+                               (unsigned long long)rows, (unsigned long long)V, (unsigned long long)range);
+    }
+    /* the pairs, packed into segments that each fit one binding */
+    size_t n = (size_t)c->n_layers * FORGE__T_COUNT;
+    L->lora.n_layers = c->n_layers;
+    L->lora.dropout = p->dropout;
+    L->lora.pairs = (forge__lora_pair *)forge__arena_alloc(arena, sizeof *L->lora.pairs * n, 16);
+    if (!L->lora.pairs) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memset(L->lora.pairs, 0, sizeof *L->lora.pairs * n);
+    uint64_t seg_limit = range / 4;
+    for (size_t i = 0; i < n; i++) {
+        int l = (int)(i / FORGE__T_COUNT), t = (int)(i % FORGE__T_COUNT);
+        forge__lora_pair *lp = &L->lora.pairs[i];
+        uint32_t rank = L->from_adapter ? L->ah.pairs[i].rank : (l >= L->first_layer && (L->targets >> t & 1u)) ? (uint32_t)p->rank : 0;
+        if (!rank) continue;
+        lp->rank = rank;
+        forge__target_dims(c, (forge__target)t, &lp->in, &lp->out);
+        lp->scale = L->from_adapter ? L->ah.pairs[i].scale : p->alpha / (float)rank;
+        uint64_t size = (uint64_t)rank * (lp->in + lp->out);
+        if (size > seg_limit) return forge__fail(err, FORGE_ERR_LIMIT, "one LoRA pair of %llu floats exceeds the binding limit", (unsigned long long)size);
+        if (L->n_segs == 0 || L->seg_count[L->n_segs - 1] + size > seg_limit) {
+            if (L->n_segs == (int)FORGE__ARRAY_LEN(L->seg_count)) return forge__fail(err, FORGE_ERR_LIMIT, "too many LoRA parameters for the binding limit");
+            L->n_segs++;
+        }
+        lp->seg = L->n_segs - 1;
+        lp->a_el = (uint32_t)L->seg_count[lp->seg];
+        lp->b_el = lp->a_el + rank * lp->in;
+        L->seg_count[lp->seg] += size;
+        L->n_params += size;
+        L->lora.max_rank = FORGE__MAX(L->lora.max_rank, rank);
+    }
+    if (!L->n_params) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "train params: no projection to adapt");
+    for (int s = 0; s < L->n_segs; s++) L->n_parts += (uint32_t)((L->seg_count[s] + FORGE__ADAMW_PER_WG - 1) / FORGE__ADAMW_PER_WG);
+    return FORGE_OK;
+}
+
+/* Bytes of each per-layer buffer (0: not kept by this model) for `rows` rows. */
+static void forge__train_layer_sizes(const forge_model *m, uint64_t rows, uint64_t *sz) {
+    const forge__config *c = &m->cfg;
+    uint64_t H = (uint64_t)c->hidden, QD = (uint64_t)c->n_heads * c->head_dim, KVD = (uint64_t)c->n_kv_heads * c->head_dim;
+    uint64_t QKVD = QD + 2 * KVD, F = (uint64_t)c->ffn;
+    uint64_t w[FORGE__TL_COUNT] = {
+        [FORGE__TL_X_IN] = H, [FORGE__TL_X_MID] = H, [FORGE__TL_QKV] = QKVD, [FORGE__TL_QKV_RAW] = c->qk_norm ? QKVD : 0,
+        [FORGE__TL_ATT] = QD, [FORGE__TL_LSE] = 2 * (uint64_t)c->n_heads, [FORGE__TL_GU] = 2 * F, [FORGE__TL_H] = F,
+        [FORGE__TL_K] = KVD, [FORGE__TL_V] = KVD, [FORGE__TL_O] = c->sandwich_norms ? H : 0, [FORGE__TL_D] = c->sandwich_norms ? H : 0,
+    };
+    for (int i = 0; i < FORGE__TL_COUNT; i++) sz[i] = 4 * rows * w[i];
+}
+
+/* Adds every device buffer of the trainer to `pack`: the segments (parameters, gradients, two
+ * moments each), the working buffers (forge__train_buf), the shared layer set (every layer's
+ * activations under checkpointing, or of the layers without adapters), then per adapted layer
+ * its input, and without checkpointing the rest. */
+static forge_status forge__train_pack(const forge_model *m, const forge__train_layout *L, forge__pack *pack, forge__arena *a, forge__err *err) {
+    const forge__config *c = &m->cfg;
+    uint64_t N = L->max_rows, H = (uint64_t)c->hidden, QD = (uint64_t)c->n_heads * c->head_dim, F = (uint64_t)c->ffn;
+    uint64_t QKVD = QD + 2 * (uint64_t)c->n_kv_heads * c->head_dim, U = (uint64_t)FORGE__T_COUNT * L->lora.max_rank;
+    bool ok = true;
+    for (int s = 0; s < L->n_segs; s++)
+        for (int k = 0; k < 4; k++) ok &= forge__pack_add(pack, a, 4 * L->seg_count[s]) >= 0;
+    uint64_t sizes[FORGE__TB_COUNT] = {
+        [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_U] = 4 * N * U, [FORGE__TB_XF] = 4 * N * H,
+        [FORGE__TB_DX] = 4 * N * H, [FORGE__TB_DXN] = 4 * N * H, [FORGE__TB_DQKV] = 4 * N * QKVD, [FORGE__TB_DATT] = 4 * N * QD,
+        [FORGE__TB_DH] = 4 * N * F, [FORGE__TB_DGU] = 8 * N * F, [FORGE__TB_DU] = 4 * N * U,
+        [FORGE__TB_LOGITS] = L->p.loss == FORGE_LOSS_MSE_HIDDEN ? 16 : 4ull * L->loss_rows * c->n_vocab,
+        [FORGE__TB_LOSS] = 4 * N, [FORGE__TB_NORM] = 4ull * (1 + L->n_parts), [FORGE__TB_DUMMY] = 256,
+    };
+    for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i]) >= 0;
+    uint64_t ls[FORGE__TL_COUNT];
+    forge__train_layer_sizes(m, N, ls);
+    for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
+    for (int l = L->first_layer; l < c->n_layers; l++)
+        for (int i = 0; i < (L->ckpt ? 1 : FORGE__TL_COUNT); i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
+    if (!ok) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return forge__pack_plan(pack, a, &m->dev.caps, err);
+}
+
+/* The host-visible buffers: io (step params, optimizer params, tokens, labels, row weights,
+ * MSE targets; each part aligned for binding) and readback (row losses, the squared norm). */
+static uint64_t forge__train_io_offset(const forge_model *m, const forge__train_layout *L, int part) {
+    uint64_t al = m->dev.caps.storage_align, N = L->max_rows, off = 0;
+    uint64_t sizes[6] = {sizeof(forge__step_params), 32, 4 * N, 4 * N, 4 * N, 4 * N * L->targets_width};
+    for (int i = 0; i < part; i++) off = forge__align_up(off + forge__align_up(sizes[i] ? sizes[i] : 16, 16), al);
+    return off;
+}
+static uint64_t forge__train_readback_bytes(const forge__train_layout *L) { return 4ull * L->max_rows + 256; }
+
+/* The device memory a trainer needs, and the model's own beside it. */
+static forge_status forge__train_memory_check(forge_model *m, uint64_t need, forge__err *err) {
+    uint64_t have = m->dev.caps.device_local_bytes, used = m->mem_total.in_use;
+    if (have && need + used > have)
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY,
+                           "the trainer needs %.1f MiB of device memory; the device has %.1f MiB and the model and its sessions use %.1f MiB "
+                           "(lower max_batch or max_seq, use grad_checkpoint, or adapt fewer layers or targets)",
+                           need / 1048576.0, have / 1048576.0, used / 1048576.0);
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_trainer_plan(forge_model *m, const forge_train_params *params, forge_memory_stats *plan) {
+    if (!forge__model_ready(m) || !plan) return FORGE_ERR_INVALID_ARGUMENT;
+    if (!forge__model_has_weights(m, "forge_trainer_plan")) return FORGE_ERR_UNSUPPORTED;
+    forge_train_params p;
+    FORGE__COPY_PARAMS(p, params, forge_train_default_params);
+    forge__arena a = {0};
+    forge__pack pack = {0};
+    forge__train_layout L;
+    forge__err err;
+    forge_status st = forge__train_layout_make(m, &p, &a, &L, &err);
+    if (!st) st = forge__train_pack(m, &L, &pack, &a, &err);
+    if (!st) {
+        memset(plan, 0, sizeof *plan);
+        plan->device_planned_bytes = forge__pack_total(&pack) + forge__train_io_offset(m, &L, 6) + forge__train_readback_bytes(&L);
+        plan->host_arena_bytes = a.bytes;
+        plan->device_buffers = (uint64_t)pack.n_blocks + 2;
+    } else {
+        forge__model_fail(m, st, "%s", err.msg);
+    }
+    forge__arena_free(&a);
+    return st;
+}
+
+/* Copies bytes between host memory and a device range through a staging buffer (to_device:
+ * host -> device). Used at creation and by save, not per step. */
+static forge_status forge__train_transfer(forge_trainer *tr, forge__range dev, void *host, uint64_t bytes, bool to_device) {
+    forge__device *d = &tr->m->dev;
+    forge__buffer stage;
+    forge_status st = forge__buffer_create(d, bytes, d->caps.mem_readback, true, &tr->mem, &tr->m->mem_total, &stage, &tr->err);
+    if (st) return st;
+    if (to_device) memcpy(stage.mapped, host, (size_t)bytes);
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = tr->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkCommandBuffer cb;
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS) st = forge__fail(&tr->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    if (!st) {
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+        d->vk.vkBeginCommandBuffer(cb, &bi);
+        VkBufferCopy region = {to_device ? 0 : dev.offset, to_device ? dev.offset : 0, bytes};
+        d->vk.vkCmdCopyBuffer(cb, to_device ? stage.buf : dev.buf, to_device ? dev.buf : stage.buf, 1, &region);
+        if (!to_device) {
+            VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
+                                  .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
+            d->vk.vkCmdPipelineBarrier(cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
+        }
+        d->vk.vkEndCommandBuffer(cb);
+        st = forge__submit_wait(d, cb, tr->fence, &tr->err);
+        d->vk.vkFreeCommandBuffers(d->dev, tr->cmd_pool, 1, &cb);
+    }
+    if (!st && !to_device) {
+        forge__readback_invalidate(d, &stage, 0, bytes);
+        memcpy(host, stage.mapped, (size_t)bytes);
+    }
+    forge__buffer_destroy(d, &stage, &tr->mem, &tr->m->mem_total);
+    return st;
+}
+
+/* Fills the device buffers with zeros (gradients and moments at creation). */
+static forge_status forge__train_zero(forge_trainer *tr, const forge__range *ranges, int n) {
+    forge__device *d = &tr->m->dev;
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = tr->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    VkCommandBuffer cb;
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS) return forge__fail(&tr->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->vk.vkBeginCommandBuffer(cb, &bi);
+    for (int i = 0; i < n; i++) d->vk.vkCmdFillBuffer(cb, ranges[i].buf, ranges[i].offset, forge__align_up(ranges[i].size, 4), 0);
+    d->vk.vkEndCommandBuffer(cb);
+    forge_status st = forge__submit_wait(d, cb, tr->fence, &tr->err);
+    d->vk.vkFreeCommandBuffers(d->dev, tr->cmd_pool, 1, &cb);
+    return st;
+}
+
+/* The adapters' starting values, written to the parameter segments: the adapter's, or PEFT's
+ * initialisation (A uniform in +-1/sqrt(in), Kaiming-uniform with a = sqrt(5); B zero). */
+static forge_status forge__train_init_params(forge_trainer *tr) {
+    const forge__train_layout *L = &tr->L;
+    uint64_t rng[4];
+    forge__rng_seed(rng, L->p.seed);
+    forge_status st = FORGE_OK;
+    for (int s = 0; s < L->n_segs && !st; s++) {
+        float *host = (float *)calloc((size_t)L->seg_count[s], sizeof(float));
+        if (!host) return forge__fail(&tr->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int i = 0; i < L->lora.n_layers * FORGE__T_COUNT; i++) {
+            const forge__lora_pair *lp = &L->lora.pairs[i];
+            if (!lp->rank || lp->seg != s) continue;
+            uint64_t na = (uint64_t)lp->rank * lp->in, nb = (uint64_t)lp->out * lp->rank;
+            if (L->from_adapter) {
+                memcpy(host + lp->a_el, L->ah.pairs[i].a, 4 * na);
+                memcpy(host + lp->b_el, L->ah.pairs[i].b, 4 * nb);
+            } else {
+                double bound = 1.0 / sqrt((double)lp->in);
+                for (uint64_t k = 0; k < na; k++) host[lp->a_el + k] = (float)((2.0 * forge__rng_uniform(rng) - 1.0) * bound);
+            }
+        }
+        st = forge__train_transfer(tr, tr->segs[s].p, host, 4 * L->seg_count[s], true);
+        free(host);
+    }
+    return st;
+}
+
+/* ---- Recording a training step ---- */
+
+/* dx[M, ldc] (+)= dy . W (matmul_back.comp): dy holds W's outputs at columns y_col0 + row of
+ * each row of ldy floats (y_col0 may also skip whole rows: it is a flat offset), dx W's inputs
+ * at c_off + k. Chunks add up, a barrier between them. */
+static void forge__linear_back(const forge__pass *p, const forge__weight *w, forge__range dy, uint32_t ldy, uint32_t y_col0, uint32_t M,
+                               forge__range dx, uint32_t ldc, uint32_t c_off, bool accumulate) {
+    for (int i = 0; i < w->n_chunks; i++) {
+        const forge__wchunk *c = &w->chunks[i];
+        bool mlx = w->fmt == FORGE__W_MLX;
+        forge__range b[5] = {dy, c->w, dx, mlx ? c->scales : p->dummy, mlx ? c->biases : p->dummy};
+        forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, accumulate || i > 0 ? 1u : 0u, w->bits, w->group, w->qflags};
+        if (i) forge__barrier(p->r);
+        forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL_BACK + w->fmt), b, &pc, (w->cols + 63) / 64, (M + 63) / 64, 1);
+    }
+}
+
+/* dx (+)= the RMSNorm's input gradient for rows of x (block norm: rows of dim; heads > 0: the
+ * per-head norms inside rows of row_stride at col0). dy and out may be the same range. */
+static void forge__rmsnorm_back(const forge__pass *p, forge__range x, const forge__vec *w, forge__range dy, forge__range out, uint32_t rows,
+                                uint32_t dim, uint32_t heads, uint32_t row_stride, uint32_t col0, bool accumulate) {
+    forge__range b[4] = {x, w->r, dy, out};
+    forge__pc_norm_back pc = {dim, accumulate ? 1u : 0u, (float)p->m->cfg.norm_eps, heads, row_stride, col0};
+    uint32_t gx, gy;
+    forge__grid(heads ? (uint64_t)rows * heads : rows, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_RMSNORM_BACK, b, &pc, gx, gy, 1);
+}
+
+/* The adapters' backward pass in three stages with a barrier after each (the caller's):
+ *   1. u = dropout(x) A^T again (forge__lora_down)
+ *   2. dB += scale dy^T u,  du = scale dy B
+ *   3. dA += du^T dropout(x),  dx += dropout'(du A)
+ * dy is the projection's output gradient: columns col0 + j * step of rows of ldy floats. */
+static void forge__lora_back_b(const forge__pass *p, forge__range du, int l, forge__target t, forge__range dy, uint32_t ldy, uint32_t col0,
+                               uint32_t step, forge__range u) {
+    const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
+    if (!lp) return;
+    uint32_t uc = forge__u_col(p, t), ul = forge__u_ld(p);
+    forge__gemm(p, (forge__mview){dy, col0, step, ldy}, forge__rows(u, uc, ul), forge__rows(lp->gb, lp->b_el, lp->rank), lp->out, lp->rank, p->n,
+                lp->scale, true, 0, 0, 0);
+    forge__gemm(p, (forge__mview){dy, col0, ldy, step}, forge__rows(lp->b, lp->b_el, lp->rank), forge__rows(du, uc, ul), p->n, lp->rank, lp->out,
+                lp->scale, false, 0, 0, 0);
+}
+
+static void forge__lora_back_a(const forge__pass *p, forge__range du, int l, forge__target t, forge__range x, forge__range dx, bool with_dx) {
+    const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
+    if (!lp) return;
+    uint32_t uc = forge__u_col(p, t), ul = forge__u_ld(p);
+    if (!with_dx) {
+        forge__gemm(p, forge__cols(du, uc, ul), forge__rows(x, 0, lp->in), forge__rows(lp->ga, lp->a_el, lp->in), lp->rank, lp->in, p->n, 1.0f, true,
+                    2, lp->in, forge__stream(l, t));
+        return;
+    }
+    forge__gemm(p, forge__rows(du, uc, ul), forge__rows(lp->a, lp->a_el, lp->in), forge__rows(dx, 0, lp->in), p->n, lp->in, lp->rank, 1.0f, true,
+                3, lp->in, forge__stream(l, t));
+}
+
+/* Stages 2 and 3 for the adapted targets of one group sharing an input x and an input
+ * gradient dx; the dx contributions one at a time (they add into the same rows). */
+static void forge__lora_back_group(forge_trainer *tr, const forge__pass *p, int l, const forge__target *ts, int n_t, forge__range x,
+                                   forge__range dx, const forge__range *dy, const uint32_t *ldy, const uint32_t *col0, const uint32_t *step) {
+    for (int i = 0; i < n_t; i++) forge__lora_back_b(p, tr->r[FORGE__TB_DU], l, ts[i], dy[i], ldy[i], col0[i], step[i], tr->r[FORGE__TB_U]);
+    forge__barrier(p->r);
+    for (int i = 0; i < n_t; i++) forge__lora_back_a(p, tr->r[FORGE__TB_DU], l, ts[i], x, dx, false);
+    for (int i = 0; i < n_t; i++) {
+        if (!forge__lora_at(p->lora, l, ts[i])) continue;
+        forge__lora_back_a(p, tr->r[FORGE__TB_DU], l, ts[i], x, dx, true);
+        forge__barrier(p->r);
+    }
+}
+
+/* One layer's backward pass: tr->r[DX] holds the gradient of the layer's output (the residual
+ * stream after it) and leaves holding the gradient of its input. `a` holds the layer's forward
+ * activations (kept, or just recomputed). */
+static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, int l, const forge__acts *a) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
+    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn, gx, gy;
+    forge__range dx = tr->r[FORGE__TB_DX], dxn = tr->r[FORGE__TB_DXN], xn = tr->r[FORGE__TB_XN];
+    forge__range dqkv = tr->r[FORGE__TB_DQKV], datt = tr->r[FORGE__TB_DATT], dh = tr->r[FORGE__TB_DH], dgu = tr->r[FORGE__TB_DGU];
+
+    /* ---- the MLP: x_out = x_mid + [post-norm](down(act(gate xn2) * up xn2)), xn2 = norm(x_mid) */
+    forge__range dd = dx; /* the gradient of down's output */
+    if (c->sandwich_norms) {
+        forge__rmsnorm_back(p, a->d, &ly->post_ffn_norm, dx, dxn, n, H, 0, 0, 0, false);
+        forge__barrier(r);
+        dd = dxn;
+    }
+    forge__linear_back(p, &ly->down, dd, H, 0, n, dh, F, 0, false);
+    forge__lora_down(p, a, l, FORGE__T_DOWN, a->h);
+    forge__rmsnorm(p, a->x_mid, 0, &ly->ffn_norm, xn, 0, n, H, 0); /* the gate and up products' input, again */
+    forge__barrier(r);
+    {
+        forge__target ts[1] = {FORGE__T_DOWN};
+        uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
+        if (forge__lora_at(p->lora, l, FORGE__T_DOWN)) forge__lora_back_group(tr, p, l, ts, 1, a->h, dh, &dd, ldy, col0, step);
+    }
+    bool pairs = ly->fused_gate_up;
+    forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F};
+    forge__range bact[3] = {dh, a->gu, dgu};
+    forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
+    forge__barrier(r);
+    if (pairs) {
+        forge__linear_back(p, &ly->gate_up, dgu, 2 * F, 0, n, dxn, H, 0, false);
+    } else {
+        forge__linear_back(p, &ly->gate, dgu, 2 * F, 0, n, dxn, H, 0, false);
+        forge__barrier(r);
+        forge__linear_back(p, &ly->up, dgu, 2 * F, F, n, dxn, H, 0, true);
+    }
+    if (forge__lora_any(p, l, FORGE__T_GU)) {
+        forge__lora_down(p, a, l, FORGE__T_GATE, xn);
+        forge__lora_down(p, a, l, FORGE__T_UP, xn);
+        forge__barrier(r);
+        forge__target ts[2] = {FORGE__T_GATE, FORGE__T_UP};
+        forge__range dys[2] = {dgu, dgu};
+        uint32_t ldy[2] = {2 * F, 2 * F}, col0[2] = {0, pairs ? 1 : F}, step[2] = {pairs ? 2u : 1u, pairs ? 2u : 1u};
+        forge__lora_back_group(tr, p, l, ts, 2, xn, dxn, dys, ldy, col0, step);
+    } else {
+        forge__barrier(r);
+    }
+    forge__rmsnorm_back(p, a->x_mid, &ly->ffn_norm, dxn, dx, n, H, 0, 0, 0, true);
+    forge__barrier(r);
+
+    /* ---- attention: x_mid = x_in + [post-norm](o(attn(rope(norm_qk(qkv(xn1)))))), xn1 = norm(x_in) */
+    forge__range dout = dx; /* the gradient of o_proj's output */
+    if (c->sandwich_norms) {
+        forge__rmsnorm_back(p, a->o, &ly->post_attn_norm, dx, dxn, n, H, 0, 0, 0, false);
+        forge__barrier(r);
+        dout = dxn;
+    }
+    forge__linear_back(p, &ly->wo, dout, H, 0, n, datt, QD, 0, false);
+    forge__lora_down(p, a, l, FORGE__T_O, a->att);
+    forge__barrier(r);
+    {
+        forge__target ts[1] = {FORGE__T_O};
+        uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
+        if (forge__lora_at(p->lora, l, FORGE__T_O)) forge__lora_back_group(tr, p, l, ts, 1, a->att, datt, &dout, ldy, col0, step);
+    }
+    forge__pc_attn_back pb = {p->seq, NH, NKV, D, ly->sliding ? (uint32_t)c->sliding_window : 0, (float)c->attn_scale, (float)c->attn_softcap,
+                              QKVD, QD, QD + KVD, p->seq * KVD, n, 0};
+    forge__range bb[7] = {a->qkv, a->kc, a->vc, a->att, datt, a->lse, dqkv};
+    forge__grid(((uint64_t)n * NH + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, gx, gy, 1); /* delta */
+    forge__rmsnorm(p, a->x_in, 0, &ly->attn_norm, xn, 0, n, H, 0);  /* the q, k and v products' input, again */
+    forge__barrier(r);
+    pb.mode = 1;
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NH, p->batch);
+    pb.mode = 2;
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NKV, p->batch);
+    forge__barrier(r);
+    const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
+    forge__pc_rope_back prb = {n, NH, NKV, D, c->rope_adjacent_pairs, QKVD, QD, p->seq};
+    forge__range brb[3] = {p->params, rope->r, dqkv};
+    forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ROPE_BACK, brb, &prb, gx, gy, 1);
+    forge__barrier(r);
+    if (c->qk_norm) {
+        forge__rmsnorm_back(p, a->qkv_raw, &ly->q_norm, dqkv, dqkv, n, D, NH, QKVD, 0, false);
+        forge__rmsnorm_back(p, a->qkv_raw, &ly->k_norm, dqkv, dqkv, n, D, NKV, QKVD, QD, false);
+        forge__barrier(r);
+    }
+    if (ly->fused_qkv) {
+        forge__linear_back(p, &ly->wqkv, dqkv, QKVD, 0, n, dxn, H, 0, false);
+    } else {
+        forge__linear_back(p, &ly->wq, dqkv, QKVD, 0, n, dxn, H, 0, false);
+        forge__barrier(r);
+        forge__linear_back(p, &ly->wk, dqkv, QKVD, QD, n, dxn, H, 0, true);
+        forge__barrier(r);
+        forge__linear_back(p, &ly->wv, dqkv, QKVD, QD + KVD, n, dxn, H, 0, true);
+    }
+    if (forge__lora_any(p, l, FORGE__T_QKV)) {
+        for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, xn);
+        forge__barrier(r);
+        forge__target ts[3] = {FORGE__T_Q, FORGE__T_K, FORGE__T_V};
+        forge__range dys[3] = {dqkv, dqkv, dqkv};
+        uint32_t ldy[3] = {QKVD, QKVD, QKVD}, col0[3] = {0, QD, QD + KVD}, step[3] = {1, 1, 1};
+        forge__lora_back_group(tr, p, l, ts, 3, xn, dxn, dys, ldy, col0, step);
+    } else {
+        forge__barrier(r);
+    }
+    if (l > tr->L.first_layer) { /* the layer below needs its output's gradient; the lowest adapted layer's input needs none */
+        forge__rmsnorm_back(p, a->x_in, &ly->attn_norm, dxn, dx, n, H, 0, 0, 0, true);
+        forge__barrier(r);
+    }
+}
+
+/* The loss over the final hidden states xf [n, H], chunk by chunk of rows: logits (the head,
+ * soft-capped), the loss kernel (per-row losses; with `grad` the gradient over the logits),
+ * and the gradient back through the head into tr->r[DXN]. MSE on hidden states needs no head:
+ * its gradient is written over xf, which is returned. */
+static forge__range forge__record_loss(forge_trainer *tr, const forge__pass *p, bool grad) {
+    forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    forge__rec *r = p->r;
+    uint32_t n = p->n, H = (uint32_t)c->hidden, V = (uint32_t)c->n_vocab;
+    forge__range xf = tr->r[FORGE__TB_XF], logits = tr->r[FORGE__TB_LOGITS], dxf = tr->r[FORGE__TB_DXN];
+    bool ce = tr->L.p.loss == FORGE_LOSS_CROSS_ENTROPY;
+    forge__range loss_rows = tr->r[FORGE__TB_LOSS];
+    uint32_t gx, gy;
+    if (tr->L.p.loss == FORGE_LOSS_MSE_HIDDEN) {
+        forge__pc_loss pl = {H, 0, n, 1, grad ? 1u : 0u, 0};
+        forge__range b[4] = {xf, tr->targets_r, tr->weights_r, loss_rows};
+        forge__grid(n, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_LOSS, b, &pl, gx, gy, 1);
+        forge__barrier(r);
+        return xf;
+    }
+    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
+    uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
+    for (uint32_t row0 = 0; row0 < n; row0 += tr->L.loss_rows) {
+        uint32_t rows = FORGE__MIN(tr->L.loss_rows, n - row0);
+        forge__linear(p, head, xf, row0, rows, logits, V, 0, NULL, NULL, head_flags, (float)c->final_softcap);
+        forge__barrier(r);
+        forge__pc_loss pl = {V, row0, rows, ce ? 0u : 1u, grad ? 1u : 0u, (float)c->final_softcap};
+        forge__range b[4] = {logits, ce ? tr->labels_r : tr->targets_r, tr->weights_r, loss_rows};
+        forge__grid(rows, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_LOSS, b, &pl, gx, gy, 1);
+        forge__barrier(r);
+        if (grad) {
+            forge__linear_back(p, head, logits, V, 0, rows, dxf, H, row0 * H, false);
+            forge__barrier(r);
+        }
+    }
+    return dxf;
+}
+
+typedef struct forge__train_args {
+    forge_trainer *tr;
+    uint32_t batch, seq;
+    bool step;                     /* forward, loss, backward; else forward and loss (evaluation) */
+} forge__train_args;
+
+static void forge__record_train_fn(void *ctx, forge__rec *r) {
+    forge__train_args *ta = (forge__train_args *)ctx;
+    forge_trainer *tr = ta->tr;
+    forge_model *m = tr->m;
+    const forge__config *c = &m->cfg;
+    uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
+    forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step};
+    forge__range x = tr->r[FORGE__TB_X];
+    forge__record_embed(&p, tr->tokens_r, x);
+    forge__barrier(r);
+    for (int l = 0; l < c->n_layers; l++) forge__record_layer(&p, l, &tr->acts[l]);
+    forge__rmsnorm(&p, x, 0, &m->output_norm, tr->r[FORGE__TB_XF], 0, n, H, 0);
+    forge__barrier(r);
+    forge__range dxf = forge__record_loss(tr, &p, ta->step);
+    if (ta->step) {
+        forge__rmsnorm_back(&p, x, &m->output_norm, dxf, tr->r[FORGE__TB_DX], n, H, 0, 0, 0, false);
+        forge__barrier(r);
+        for (int l = c->n_layers - 1; l >= tr->L.first_layer; l--) {
+            forge__acts a = tr->acts[l];
+            if (tr->L.ckpt) { /* recompute the layer from its kept input */
+                forge__copy(r, a.x_in, x, 4ull * n * H);
+                forge__barrier(r);
+                a.x_in = (forge__range){0};
+                forge__record_layer(&p, l, &a);
+                a.x_in = tr->acts[l].x_in;
+            }
+            forge__record_layer_back(tr, &p, l, &a);
+        }
+    }
+    forge__barrier(r);
+    forge__copy(r, tr->r[FORGE__TB_LOSS], (forge__range){tr->readback.buf, 0, tr->readback.size}, 4ull * n);
+    forge__host_barrier(r);
+}
+
+static void forge__record_opt_fn(void *ctx, forge__rec *r) {
+    forge_trainer *tr = (forge_trainer *)ctx;
+    const forge__train_layout *L = &tr->L;
+    forge__range norm = tr->r[FORGE__TB_NORM];
+    uint32_t gx, gy, part0 = 0;
+    for (int s = 0; s < L->n_segs; s++) {
+        const forge__param_seg *sg = &tr->segs[s];
+        uint32_t groups = (uint32_t)((sg->count + FORGE__ADAMW_PER_WG - 1) / FORGE__ADAMW_PER_WG);
+        forge__pc_adamw pc = {(uint32_t)sg->count, 0, part0, 0};
+        forge__range b[6] = {sg->p, sg->g, sg->m1, sg->m2, tr->opt_r, norm};
+        forge__grid(groups, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ADAMW, b, &pc, gx, gy, 1);
+        part0 += groups;
+    }
+    forge__barrier(r);
+    forge__pc_adamw pt = {0, 1, 0, L->n_parts};
+    forge__range bt[6] = {tr->segs[0].p, tr->segs[0].g, tr->segs[0].m1, tr->segs[0].m2, tr->opt_r, norm};
+    forge__dispatch(r, FORGE__OP_ADAMW, bt, &pt, 1, 1, 1);
+    forge__barrier(r);
+    for (int s = 0; s < L->n_segs; s++) {
+        const forge__param_seg *sg = &tr->segs[s];
+        forge__pc_adamw pc = {(uint32_t)sg->count, 2, 0, 0};
+        forge__range b[6] = {sg->p, sg->g, sg->m1, sg->m2, tr->opt_r, norm};
+        forge__grid((sg->count + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ADAMW, b, &pc, gx, gy, 1);
+    }
+    forge__barrier(r);
+    forge__copy(r, (forge__range){norm.buf, norm.offset, 4}, (forge__range){tr->readback.buf, tr->rb_norm_offset, 4}, 4);
+    forge__host_barrier(r);
+}
+
+/* ---- The public calls ---- */
+
+static void forge__trainer_destroy(forge_trainer *tr) {
+    if (!tr) return;
+    forge_model *m = tr->m;
+    forge__device *d = &m->dev;
+    if (d->dev) d->vk.vkDeviceWaitIdle(d->dev);
+    for (int i = 0; i < FORGE__TRAIN_RECORDINGS; i++) forge__recording_free(d, tr->cmd_pool, &tr->rec[i]);
+    forge__recording_free(d, tr->cmd_pool, &tr->opt_rec);
+    if (tr->cmd_pool) d->vk.vkDestroyCommandPool(d->dev, tr->cmd_pool, NULL);
+    if (tr->fence) d->vk.vkDestroyFence(d->dev, tr->fence, NULL);
+    for (int b = 0; b < tr->n_blocks; b++) forge__buffer_destroy(d, &tr->blocks[b], &tr->mem, &m->mem_total);
+    forge__buffer_destroy(d, &tr->io, &tr->mem, &m->mem_total);
+    forge__buffer_destroy(d, &tr->readback, &tr->mem, &m->mem_total);
+    forge__arena_free(&tr->arena);
+    free(tr);
+}
+
+/* Allocates the planned buffers and binds every range: the segments, the working buffers,
+ * the shared layer set and each adapted layer's kept activations (forge__train_pack's order). */
+static forge_status forge__trainer_init(forge_trainer *tr) {
+    forge_model *m = tr->m;
+    forge__device *d = &m->dev;
+    const forge__config *c = &m->cfg;
+    forge__train_layout *L = &tr->L;
+    forge_status st;
+    if ((st = forge__train_pack(m, L, &tr->pack, &tr->arena, &tr->err))) return st;
+    uint64_t io_bytes = forge__train_io_offset(m, L, 6), rb_bytes = forge__train_readback_bytes(L);
+    tr->mem.planned = forge__pack_total(&tr->pack) + io_bytes + rb_bytes;
+    if ((st = forge__train_memory_check(m, tr->mem.planned, &tr->err))) return st;
+    tr->n_blocks = tr->pack.n_blocks;
+    tr->blocks = (forge__buffer *)forge__arena_alloc(&tr->arena, sizeof *tr->blocks * (size_t)(tr->n_blocks + 1), 16);
+    tr->segs = (forge__param_seg *)forge__arena_alloc(&tr->arena, sizeof *tr->segs * (size_t)L->n_segs, 16);
+    tr->acts = (forge__acts *)forge__arena_alloc(&tr->arena, sizeof *tr->acts * (size_t)c->n_layers, 16);
+    if (!tr->blocks || !tr->segs || !tr->acts) return forge__fail(&tr->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int b = 0; b < tr->n_blocks; b++)
+        if ((st = forge__buffer_create(d, tr->pack.block_sizes[b], d->caps.mem_device, false, &tr->mem, &m->mem_total, &tr->blocks[b], &tr->err)))
+            return forge__wrap(&tr->err, st, "allocating trainer block %d of %d", b + 1, tr->n_blocks);
+    int it = 0;
+#define FORGE__NEXT() ((forge__range){tr->blocks[tr->pack.items[it].block].buf, tr->pack.items[it].offset, tr->pack.items[it].size})
+    for (int s = 0; s < L->n_segs; s++) {
+        forge__param_seg *sg = &tr->segs[s];
+        sg->count = L->seg_count[s];
+        sg->p = FORGE__NEXT(); it++;
+        sg->g = FORGE__NEXT(); it++;
+        sg->m1 = FORGE__NEXT(); it++;
+        sg->m2 = FORGE__NEXT(); it++;
+    }
+    for (int i = 0; i < FORGE__TB_COUNT; i++, it++) tr->r[i] = FORGE__NEXT();
+    forge__range shared[FORGE__TL_COUNT];
+    for (int i = 0; i < FORGE__TL_COUNT; i++, it++) shared[i] = FORGE__NEXT();
+    for (int l = 0; l < c->n_layers; l++) {
+        forge__range own[FORGE__TL_COUNT];
+        memcpy(own, shared, sizeof own);
+        bool adapted = l >= L->first_layer;
+        if (adapted)
+            for (int i = 0; i < (L->ckpt ? 1 : FORGE__TL_COUNT); i++, it++) own[i] = FORGE__NEXT();
+        tr->acts[l] = (forge__acts){
+            .x = tr->r[FORGE__TB_X], .xn = tr->r[FORGE__TB_XN], .qkv = own[FORGE__TL_QKV], .att = own[FORGE__TL_ATT],
+            .gu = own[FORGE__TL_GU], .h = own[FORGE__TL_H], .kc = own[FORGE__TL_K], .vc = own[FORGE__TL_V], .slots = L->max_rows,
+            .attn_part = tr->r[FORGE__TB_DUMMY], .u = tr->r[FORGE__TB_U], .o = own[FORGE__TL_O], .d = own[FORGE__TL_D],
+            /* what only the backward pass reads: not for the layers below the adapters */
+            .x_in = adapted ? own[FORGE__TL_X_IN] : (forge__range){0}, .x_mid = adapted ? own[FORGE__TL_X_MID] : (forge__range){0},
+            .qkv_raw = adapted && c->qk_norm ? own[FORGE__TL_QKV_RAW] : (forge__range){0},
+            .lse = adapted ? own[FORGE__TL_LSE] : (forge__range){0},
+        };
+    }
+#undef FORGE__NEXT
+    for (int i = 0; i < c->n_layers * FORGE__T_COUNT; i++) {
+        forge__lora_pair *lp = &L->lora.pairs[i];
+        if (!lp->rank) continue;
+        lp->a = lp->b = tr->segs[lp->seg].p;
+        lp->ga = lp->gb = tr->segs[lp->seg].g;
+    }
+    if ((st = forge__buffer_create(d, io_bytes, d->caps.mem_upload, true, &tr->mem, &m->mem_total, &tr->io, &tr->err))) return st;
+    if ((st = forge__buffer_create(d, rb_bytes, d->caps.mem_readback, true, &tr->mem, &m->mem_total, &tr->readback, &tr->err))) return st;
+    uint64_t N = L->max_rows;
+    tr->params_r = (forge__range){tr->io.buf, forge__train_io_offset(m, L, 0), sizeof(forge__step_params)};
+    tr->opt_r = (forge__range){tr->io.buf, forge__train_io_offset(m, L, 1), 32};
+    tr->tokens_r = (forge__range){tr->io.buf, forge__train_io_offset(m, L, 2), 4 * N};
+    tr->labels_r = (forge__range){tr->io.buf, forge__train_io_offset(m, L, 3), 4 * N};
+    tr->weights_r = (forge__range){tr->io.buf, forge__train_io_offset(m, L, 4), 4 * N};
+    tr->targets_r = L->targets_width ? (forge__range){tr->io.buf, forge__train_io_offset(m, L, 5), 4 * N * L->targets_width} : tr->r[FORGE__TB_DUMMY];
+    tr->rb_norm_offset = 4 * N;
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
+                                   .queueFamilyIndex = d->caps.queue_family};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &tr->cmd_pool) != VK_SUCCESS || d->vk.vkCreateFence(d->dev, &fci, NULL, &tr->fence) != VK_SUCCESS)
+        return forge__fail(&tr->err, FORGE_ERR_DEVICE, "creating the trainer's command pool or fence failed");
+    forge__range zero[192];
+    int nz = 0;
+    for (int s = 0; s < L->n_segs && nz + 3 <= (int)FORGE__ARRAY_LEN(zero); s++) {
+        zero[nz++] = tr->segs[s].g;
+        zero[nz++] = tr->segs[s].m1;
+        zero[nz++] = tr->segs[s].m2;
+    }
+    if ((st = forge__train_zero(tr, zero, nz))) return st;
+    if ((st = forge__train_init_params(tr))) return st;
+    return forge__record(m, tr->cmd_pool, tr->profile, forge__record_opt_fn, tr, &tr->opt_rec, &tr->err);
+}
+
+FORGE_API forge_status forge_trainer_create(forge_model *m, const forge_train_params *params, forge_trainer **out) {
+    if (!out) return FORGE_ERR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+    if (!forge__model_has_weights(m, "forge_trainer_create")) return FORGE_ERR_UNSUPPORTED;
+    forge_train_params p;
+    FORGE__COPY_PARAMS(p, params, forge_train_default_params);
+    forge_trainer *tr = (forge_trainer *)calloc(1, sizeof *tr);
+    if (!tr) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    tr->m = m;
+    tr->profile = p.profile && m->dev.caps.timestamps;
+    /* the strings outlive the caller's */
+    p.targets = p.targets ? forge__arena_strdup(&tr->arena, p.targets) : NULL;
+    p.adapter_path = p.adapter_path ? forge__arena_strdup(&tr->arena, p.adapter_path) : NULL;
+    forge_status st = forge__train_layout_make(m, &p, &tr->arena, &tr->L, &tr->err);
+    if (!st) st = forge__trainer_init(tr);
+    if (st) {
+        forge__model_fail(m, st, "creating a trainer: %s", tr->err.msg);
+        forge__trainer_destroy(tr);
+        return st;
+    }
+    forge__log(&m->log, FORGE_LOG_INFO, "trainer: %llu LoRA parameters, batch %d x %d, %s, %llu device bytes",
+               (unsigned long long)tr->L.n_params, tr->L.p.max_batch, tr->L.p.max_seq, tr->L.ckpt ? "gradient checkpointing" : "activations kept",
+               (unsigned long long)tr->mem.in_use);
+    *out = tr;
+    return FORGE_OK;
+}
+
+FORGE_API void forge_trainer_free(forge_trainer *tr) { forge__trainer_destroy(tr); }
+FORGE_API const char *forge_trainer_errmsg(const forge_trainer *tr) { return tr ? tr->err.msg : "no trainer"; }
+
+/* Checks a batch and writes it to the io buffer: tokens (padding -> 0), the shifted label of
+ * every row (-1: not counted) and its weight. Returns the padded length, the counted targets
+ * and, for the loss's mean, the divisor. */
+static forge_status forge__train_fill(forge_trainer *tr, const forge_train_batch *b, uint32_t *seq, int64_t *counted) {
+    const forge__train_layout *L = &tr->L;
+    const int V = tr->m->cfg.n_vocab;
+    if (!b || !b->tokens || b->n_seqs <= 0 || b->seq_len <= 0)
+        return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "a batch needs n_seqs > 0, seq_len > 0 and tokens");
+    if (b->n_seqs > L->p.max_batch)
+        return forge__fail(&tr->err, FORGE_ERR_LIMIT, "the batch has %d sequences; the trainer was planned for max_batch %d", b->n_seqs, L->p.max_batch);
+    bool mse = L->p.loss != FORGE_LOSS_CROSS_ENTROPY;
+    if (mse && !b->targets) return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "an MSE loss needs batch targets");
+    int longest = 0;
+    for (int i = 0; i < b->n_seqs; i++) {
+        int len = b->lengths ? b->lengths[i] : b->seq_len;
+        if (len < 0 || len > b->seq_len)
+            return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "sequence %d has length %d (seq_len %d)", i, len, b->seq_len);
+        longest = FORGE__MAX(longest, len);
+    }
+    if (longest > L->p.max_seq)
+        return forge__fail(&tr->err, FORGE_ERR_LIMIT, "a sequence of %d tokens: the trainer was planned for max_seq %d", longest, L->p.max_seq);
+    if (longest < 1) return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "every sequence of the batch is empty");
+    uint32_t T = (uint32_t)FORGE__MIN(forge__align_up((uint64_t)longest, FORGE__TRAIN_PAD), (uint64_t)L->p.max_seq), B = (uint32_t)b->n_seqs;
+    uint8_t *io = (uint8_t *)tr->io.mapped;
+    uint32_t *tok = (uint32_t *)(io + tr->tokens_r.offset);
+    int32_t *lab = (int32_t *)(io + tr->labels_r.offset);
+    float *w = (float *)(io + tr->weights_r.offset);
+    int64_t count = 0;
+    for (uint32_t i = 0; i < B; i++) {
+        int len = b->lengths ? b->lengths[i] : b->seq_len;
+        for (uint32_t t = 0; t < T; t++) {
+            size_t src = (size_t)i * b->seq_len + t, row = (size_t)i * T + t;
+            bool real = (int)t < len;
+            int32_t id = real ? b->tokens[src] : 0;
+            if (id < 0 || id >= V)
+                return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "token %d (sequence %u, position %u) is outside the vocabulary of %d", id, i, t, V);
+            tok[row] = (uint32_t)id;
+            int32_t y = -1;
+            if (!mse && (int)t + 1 < len) { /* HF: position t predicts label t + 1 */
+                int32_t lv = b->labels ? b->labels[src + 1] : b->tokens[src + 1];
+                if (lv != -100 && (lv < 0 || lv >= V))
+                    return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "label %d (sequence %u, position %u) is neither -100 nor a token id", lv, i,
+                                       t + 1);
+                if (lv != -100 && (!b->mask || b->mask[src + 1])) y = lv;
+            }
+            bool counts = mse ? real && (!b->mask || b->mask[src]) : y >= 0;
+            lab[row] = y;
+            w[row] = counts ? 1.0f : 0.0f;
+            count += counts;
+        }
+    }
+    if (!count) return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "the batch has no counted target (every label is -100 or masked)");
+    double div = (double)count * (mse ? L->targets_width : 1) * L->p.accum_steps;
+    for (size_t i = 0; i < (size_t)B * T; i++) w[i] = (float)(w[i] / div);
+    if (mse) {
+        float *tg = (float *)(io + tr->targets_r.offset);
+        size_t wd = L->targets_width;
+        for (uint32_t i = 0; i < B; i++)
+            for (uint32_t t = 0; t < T; t++)
+                if ((int)t < b->seq_len) memcpy(tg + ((size_t)i * T + t) * wd, b->targets + ((size_t)i * b->seq_len + t) * wd, 4 * wd);
+                else memset(tg + ((size_t)i * T + t) * wd, 0, 4 * wd);
+    }
+    forge__step_params sp = {0, B * T, 0, 1.0f, 1.0f, 0, {0, 0}};
+    memcpy(io + tr->params_r.offset, &sp, sizeof sp);
+    *seq = T;
+    *counted = count;
+    return FORGE_OK;
+}
+
+/* Runs the recorded step (or evaluation) for a batch already in the io buffer; returns the
+ * mean loss over its counted targets. */
+static forge_status forge__train_run(forge_trainer *tr, uint32_t B, uint32_t T, bool step, int64_t count, double *loss) {
+    forge__device *d = &tr->m->dev;
+    forge__recording *rc = NULL;
+    for (int i = 0; i < FORGE__TRAIN_RECORDINGS && !rc; i++)
+        if (tr->rec[i].cb && tr->rec[i].n_tokens == B && tr->rec[i].out_row0 == T && tr->rec[i].mode == (uint32_t)step) rc = &tr->rec[i];
+    forge_status st;
+    if (!rc) {
+        rc = forge__recording_slot(d, tr->cmd_pool, tr->rec, FORGE__TRAIN_RECORDINGS);
+        forge__train_args args = {tr, B, T, step};
+        if ((st = forge__record(tr->m, tr->cmd_pool, tr->profile, forge__record_train_fn, &args, rc, &tr->err))) return st;
+        rc->n_tokens = B;
+        rc->out_row0 = T;
+        rc->mode = (uint32_t)step;
+    }
+    rc->last_use = ++tr->use_clock;
+    if (step) { /* this micro-batch's dropout masks */
+        forge__step_params *sp = (forge__step_params *)((uint8_t *)tr->io.mapped + tr->params_r.offset);
+        uint64_t h = tr->L.p.seed * 0x9e3779b97f4a7c15ull + tr->n_micro + 1;
+        h ^= h >> 31;
+        h *= 0xbf58476d1ce4e5b9ull;
+        sp->seed = (uint32_t)(h ^ (h >> 32));
+    }
+    if ((st = forge__submit_wait(d, rc->cb, tr->fence, &tr->err))) return st;
+    if (rc->qpool) forge__profile_collect(d, &tr->prof, rc);
+    size_t n = (size_t)B * T;
+    forge__readback_invalidate(d, &tr->readback, 0, 4 * n);
+    const float *rows = (const float *)tr->readback.mapped;
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) sum += rows[i];
+    *loss = sum / ((double)count * (tr->L.p.loss == FORGE_LOSS_CROSS_ENTROPY ? 1 : tr->L.targets_width));
+    return FORGE_OK;
+}
+
+/* The learning rate of optimizer step s (0-based), as HF's schedulers compute it. */
+static double forge__lr_at(const forge_train_params *p, int s) {
+    if (s < p->warmup_steps) return p->lr * (double)s / (double)FORGE__MAX(1, p->warmup_steps);
+    double span = (double)FORGE__MAX(1, p->total_steps - p->warmup_steps), done = (double)(s - p->warmup_steps);
+    switch (p->schedule) {
+    case FORGE_LR_LINEAR: return p->lr * FORGE__MAX(0.0, (double)(p->total_steps - s) / span);
+    case FORGE_LR_COSINE: return p->lr * FORGE__MAX(0.0, 0.5 * (1.0 + cos(M_PI * done / span)));
+    default: return p->lr;
+    }
+}
+
+FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_batch *b, forge_train_stats *stats) {
+    if (!tr) return FORGE_ERR_INVALID_ARGUMENT;
+    double t0 = forge__now_s();
+    uint32_t T;
+    int64_t count;
+    forge_status st = forge__train_fill(tr, b, &T, &count);
+    if (st) return st;
+    forge_train_stats ts;
+    memset(&ts, 0, sizeof ts);
+    if ((st = forge__train_run(tr, (uint32_t)b->n_seqs, T, true, count, &ts.loss))) return st;
+    tr->n_micro++;
+    ts.tokens = count;
+    if (++tr->micro == tr->L.p.accum_steps) {
+        const forge_train_params *p = &tr->L.p;
+        double lr = forge__lr_at(p, tr->step);
+        int k = tr->step + 1; /* torch counts steps from 1 in the bias corrections */
+        float opt[8] = {(float)lr, p->beta1, p->beta2, p->eps, p->weight_decay, (float)(1.0 - pow(p->beta1, k)),
+                        (float)sqrt(1.0 - pow(p->beta2, k)), p->max_grad_norm};
+        memcpy((uint8_t *)tr->io.mapped + tr->opt_r.offset, opt, sizeof opt);
+        forge__device *d = &tr->m->dev;
+        if ((st = forge__submit_wait(d, tr->opt_rec.cb, tr->fence, &tr->err))) return st;
+        if (tr->opt_rec.qpool) forge__profile_collect(d, &tr->prof, &tr->opt_rec);
+        forge__readback_invalidate(d, &tr->readback, tr->rb_norm_offset, 4);
+        float norm2;
+        memcpy(&norm2, (const uint8_t *)tr->readback.mapped + tr->rb_norm_offset, 4);
+        ts.grad_norm = sqrt((double)norm2);
+        ts.lr = lr;
+        ts.applied = 1;
+        tr->step = k;
+        tr->micro = 0;
+    }
+    ts.step = tr->step;
+    ts.ms = (forge__now_s() - t0) * 1e3;
+    ts.peak_device_bytes = tr->m->mem_total.peak;
+    if (stats) *stats = ts;
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_train_eval(forge_trainer *tr, const forge_train_batch *b, double *loss, int64_t *tokens) {
+    if (!tr || !loss) return FORGE_ERR_INVALID_ARGUMENT;
+    uint32_t T;
+    int64_t count;
+    forge_status st = forge__train_fill(tr, b, &T, &count);
+    if (!st) st = forge__train_run(tr, (uint32_t)b->n_seqs, T, false, count, loss);
+    if (!st && tokens) *tokens = count;
+    return st;
+}
+
+FORGE_API forge_status forge_trainer_save(forge_trainer *tr, const char *dir, forge_adapter_format format) {
+    if (!tr) return FORGE_ERR_INVALID_ARGUMENT;
+    if (!dir || !*dir) return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "save needs a directory");
+    if (format != FORGE_ADAPTER_PEFT && format != FORGE_ADAPTER_MLX)
+        return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "unknown adapter format %d", (int)format);
+    const forge__train_layout *L = &tr->L;
+    const forge__config *c = &tr->m->cfg;
+    float **host = (float **)calloc((size_t)L->n_segs, sizeof *host);
+    forge__host_pair *pairs = (forge__host_pair *)calloc((size_t)c->n_layers * FORGE__T_COUNT, sizeof *pairs);
+    forge_status st = host && pairs ? FORGE_OK : forge__fail(&tr->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int s = 0; s < L->n_segs && !st; s++) {
+        if (!(host[s] = (float *)malloc(4 * L->seg_count[s]))) st = forge__fail(&tr->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        else st = forge__train_transfer(tr, tr->segs[s].p, host[s], 4 * L->seg_count[s], false);
+    }
+    if (!st) {
+        forge__adapter_host ah = {c->n_layers, pairs, (uint32_t)L->p.rank, L->p.alpha, L->p.dropout, 0, c->n_layers};
+        for (int i = 0; i < c->n_layers * FORGE__T_COUNT; i++) {
+            const forge__lora_pair *lp = &L->lora.pairs[i];
+            if (!lp->rank) continue;
+            pairs[i] = (forge__host_pair){lp->rank, lp->scale, host[lp->seg] + lp->a_el, host[lp->seg] + lp->b_el};
+            ah.targets |= 1u << (i % FORGE__T_COUNT);
+            ah.first_layer = FORGE__MIN(ah.first_layer, i / FORGE__T_COUNT);
+        }
+        st = forge__adapter_write(tr->m, &ah, dir, format, &tr->err);
+    }
+    for (int s = 0; host && s < L->n_segs; s++) free(host[s]);
+    free(host);
+    free(pairs);
+    return st;
+}
+
+FORGE_API forge_status forge_trainer_memory(const forge_trainer *tr, forge_memory_stats *st) {
+    if (!tr || !st) return FORGE_ERR_INVALID_ARGUMENT;
+    *st = (forge_memory_stats){tr->arena.bytes, tr->mem.planned, tr->mem.in_use, tr->mem.peak, tr->mem.n_buffers, tr->mem.n_allocations, 0, 0};
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_trainer_profile(const forge_trainer *tr, char *out, size_t capacity, size_t *len) {
+    if (!tr || !len) return FORGE_ERR_INVALID_ARGUMENT;
+    return forge__profile_json(&tr->prof, out, capacity, len);
 }

@@ -167,6 +167,14 @@ typedef struct forge_model_params {
                                     * on such GPUs, results bit-for-bit those of the f32 kernels.
                                     * The tensor-core prefill is switched off in this version (it
                                     * was slower), so every run is exact today. */
+    /* A LoRA adapter to apply (go-mlx's WithAdapterPath): a directory holding a PEFT adapter
+     * (adapter_config.json + adapter_model.safetensors) or an mlx-lm one (adapter_config.json +
+     * adapters.safetensors), told apart by their files. The low-rank path runs beside the base
+     * weights, which stay as stored (quantized or not). NULL: none. */
+    const char *adapter_path;
+    int adapter_merge;             /* 1: add scale * B A into the base weights at load instead (f32,
+                                    * f16 and bf16 weights only; quantized ones are an error): no
+                                    * extra work per token, the result rounded to the weight's dtype */
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);
@@ -502,6 +510,135 @@ FORGE_API forge_status forge_chat_render(const forge_model *model, const forge_c
  * token ends the reply. */
 FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_message *messages, int n_messages, uint32_t flags,
                                   const forge_generate_params *params, forge_metrics *metrics);
+
+/* ---------------------------------------------------------------------------------------
+ * Training: LoRA fine-tuning
+ *
+ * A forge_trainer adds low-rank adapters to chosen projections of a loaded model and trains
+ * them; the base weights (any format forge loads, quantized included) stay frozen. For an
+ * adapted projection y = x W^T + scale * (dropout(x) A^T) B^T, with A [rank, in] and
+ * B [out, rank] in f32 and scale = alpha / rank, initialised as PEFT does (A Kaiming-uniform,
+ * bound 1/sqrt(in); B zero) or read from an adapter. Forward, loss and the hand-written
+ * backward pass run on the device; AdamW updates the adapters there too.
+ *
+ * A step takes a batch of token sequences (right-padded to one length, with per-sequence
+ * lengths). Cross-entropy follows HuggingFace's causal-LM loss: labels are aligned with the
+ * tokens and shifted by one inside (the token at t+1 is the target of position t), label
+ * -100 is not counted, and the loss is the mean over counted targets. A trainer belongs to one
+ * thread at a time and may be used beside sessions of the same model.
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_trainer forge_trainer;
+
+typedef enum forge_lr_schedule {
+    FORGE_LR_CONSTANT = 0,   /* lr (after warmup) */
+    FORGE_LR_LINEAR = 1,     /* lr decaying linearly to 0 at total_steps (after warmup) */
+    FORGE_LR_COSINE = 2      /* lr * 0.5 (1 + cos(pi * progress)) over total_steps (after warmup) */
+} forge_lr_schedule;
+
+typedef enum forge_loss_kind {
+    FORGE_LOSS_CROSS_ENTROPY = 0, /* next-token cross-entropy; labels or mask choose what counts */
+    FORGE_LOSS_MSE_HIDDEN = 1,    /* mean squared error of the final (normed) hidden states
+                                   * against forge_train_batch.targets [n_seqs, seq_len, hidden] */
+    FORGE_LOSS_MSE_LOGITS = 2     /* ... of the logits against targets [n_seqs, seq_len, n_vocab] */
+} forge_loss_kind;
+
+typedef enum forge_adapter_format {
+    FORGE_ADAPTER_PEFT = 0,  /* adapter_config.json + adapter_model.safetensors (HuggingFace PEFT) */
+    FORGE_ADAPTER_MLX = 1    /* adapter_config.json + adapters.safetensors (mlx-lm) */
+} forge_adapter_format;
+
+typedef struct forge_train_params {
+    uint32_t struct_size;
+    /* LoRA */
+    int rank;                 /* default 8 */
+    float alpha;              /* default 16: scale = alpha / rank */
+    float dropout;            /* on the adapters' input, default 0 */
+    const char *targets;      /* HF names, comma-separated, from q_proj k_proj v_proj o_proj
+                               * gate_proj up_proj down_proj, or "all"; default "q_proj,v_proj" */
+    int n_layers;             /* adapt the last n_layers layers (mlx-lm's num_layers); 0: all */
+    uint64_t seed;            /* A's initialisation and dropout masks */
+    const char *adapter_path; /* start from this adapter (PEFT or mlx-lm); its rank, alpha and
+                               * targets replace the fields above; NULL: fresh adapters */
+    /* AdamW, with torch.optim.AdamW's semantics (decoupled weight decay, bias correction) */
+    float lr;                 /* default 1e-3 */
+    float beta1, beta2;       /* default 0.9, 0.999 */
+    float eps;                /* default 1e-8 */
+    float weight_decay;       /* default 0.01 */
+    forge_lr_schedule schedule; /* default FORGE_LR_CONSTANT */
+    int warmup_steps;         /* linear warmup from 0 over this many optimizer steps; default 0 */
+    int total_steps;          /* the schedule's length (LINEAR, COSINE); required by those */
+    float max_grad_norm;      /* clip the global gradient norm to this (torch's clip_grad_norm_); 0: off */
+    int accum_steps;          /* micro-batches per optimizer step, their gradients averaged; default 1 */
+    /* loss */
+    forge_loss_kind loss;
+    /* the device plan: the largest batch the trainer takes */
+    int max_batch;            /* sequences per step; default 4 */
+    int max_seq;              /* tokens per sequence; default 512 */
+    int grad_checkpoint;      /* -1 (default): on when max_batch * max_seq >= 4096; 0 off; 1: keep
+                               * each layer's input only and recompute the layer in the backward pass */
+    int profile;              /* 1: time every kernel (forge_trainer_profile) */
+} forge_train_params;
+
+FORGE_API forge_train_params forge_train_default_params(void);
+
+/* One batch: n_seqs sequences of up to seq_len tokens, row-major [n_seqs, seq_len]. */
+typedef struct forge_train_batch {
+    int n_seqs;
+    int seq_len;                  /* the row length of tokens, labels and mask */
+    const int32_t *tokens;        /* [n_seqs, seq_len] token ids; padding past a row's length is ignored */
+    const int32_t *lengths;       /* [n_seqs] real tokens per row; NULL: every row is seq_len long */
+    const int32_t *labels;        /* [n_seqs, seq_len] HF labels (aligned with tokens, -100 = not
+                                   * counted); NULL: the tokens themselves */
+    const uint8_t *mask;          /* [n_seqs, seq_len] optional: 0 leaves label t out (masked
+                                   * cross-entropy, MSE positions); NULL: all count */
+    const float *targets;         /* MSE losses: [n_seqs, seq_len, hidden or n_vocab] */
+} forge_train_batch;
+
+typedef struct forge_train_stats {
+    double loss;                  /* the batch's mean loss (before the update) */
+    int64_t tokens;               /* counted targets (cross-entropy) or positions (MSE) */
+    double grad_norm;             /* global L2 norm of the step's gradient before clipping
+                                   * (when this call applied an optimizer step, else 0) */
+    double lr;                    /* learning rate applied (0 when no optimizer step was applied) */
+    int applied;                  /* 1 when this call ended an accumulation and updated the adapters */
+    int step;                     /* optimizer steps done so far */
+    double ms;                    /* wall time of the call */
+    uint64_t peak_device_bytes;   /* device memory peak of the model and everything made from it */
+} forge_train_stats;
+
+/* The device plan a trainer with these params would need, without allocating: adapters,
+ * gradients, AdamW moments, kept activations and scratch for max_batch x max_seq. */
+FORGE_API forge_status forge_trainer_plan(forge_model *model, const forge_train_params *params, forge_memory_stats *plan);
+
+/* Creates a trainer on a loaded model. Fails with FORGE_ERR_OUT_OF_MEMORY, naming the numbers,
+ * when the plan exceeds the device's memory; with FORGE_ERR_FORMAT / FORGE_ERR_MODEL on an
+ * adapter that is malformed or does not fit the model (the message names the file and key).
+ * On failure *out is NULL and the message is on the model. */
+FORGE_API forge_status forge_trainer_create(forge_model *model, const forge_train_params *params, forge_trainer **out);
+FORGE_API void forge_trainer_free(forge_trainer *trainer);
+FORGE_API const char *forge_trainer_errmsg(const forge_trainer *trainer);
+
+/* Runs forward and backward on one batch and adds its gradient (divided by accum_steps) to
+ * the accumulated one; every accum_steps-th call then clips, applies AdamW and clears the
+ * gradient. stats may be NULL. FORGE_ERR_LIMIT when the batch exceeds max_batch or max_seq,
+ * FORGE_ERR_INVALID_ARGUMENT on a token id outside the vocabulary, a label that is neither
+ * -100 nor a token id, or a batch with no counted target. */
+FORGE_API forge_status forge_train_step(forge_trainer *trainer, const forge_train_batch *batch, forge_train_stats *stats);
+
+/* The loss on a batch without updating anything (validation). *tokens may be NULL. */
+FORGE_API forge_status forge_train_eval(forge_trainer *trainer, const forge_train_batch *batch, double *loss, int64_t *tokens);
+
+/* Writes the adapters to directory `dir` (created if missing) in the given format, each file
+ * atomically (a temporary file renamed over the old one): an interrupted save leaves the
+ * previous files whole. PEFT files load in transformers + peft, mlx-lm files in mlx-lm, and
+ * both in forge (forge_model_params.adapter_path, forge_train_params.adapter_path). */
+FORGE_API forge_status forge_trainer_save(forge_trainer *trainer, const char *dir, forge_adapter_format format);
+
+FORGE_API forge_status forge_trainer_memory(const forge_trainer *trainer, forge_memory_stats *stats);
+
+/* With forge_train_params.profile: device time per kernel as JSON, like forge_session_profile. */
+FORGE_API forge_status forge_trainer_profile(const forge_trainer *trainer, char *out, size_t capacity, size_t *len);
 
 #ifdef __cplusplus
 }

@@ -1,24 +1,31 @@
 #version 450
 // act_mul: the gated MLP's middle, h[i] = act(gate[i]) * up[i]. act: 0 SiLU, 1 GELU (tanh
-// approximation, Gemma's gelu_pytorch_tanh). Two layouts: separate (h holds gate, in place,
-// binding 1 holds up) or pairs (binding 1 holds gate_up interleaved per row: gate i at 2i,
-// up i at 2i + 1, as the fused gate_up weight produces them).
-// Bindings: 0 h f32 [count] (out; the gate in the separate layout) | 1 up f32 [count] or gate_up f32 [2 count]
+// approximation, Gemma's gelu_pytorch_tanh). Two layouts of gate and up: pairs (1: gate i at
+// 2i and up i at 2i + 1 of each row, as the fused gate_up weight produces them) or halves (2:
+// rows of 2 ffn, the gates then the ups, as two separate weights write them side by side).
+// Bindings: 0 h f32 [count] (out) | 1 gate and up f32 [count / ffn, 2 ffn]
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
 #include "common.glsl"
 
-layout(binding = 0) buffer H_ { float h[]; };
+layout(binding = 0) writeonly buffer H_ { float h[]; };
 layout(binding = 1) readonly buffer U_ { float u[]; };
 
-layout(push_constant) uniform PC { uint count, act, pairs; } pc;
+layout(push_constant) uniform PC { uint count, act, layout_, ffn; } pc;
 
 void main() {
     uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;
     if (i >= pc.count) return;
-    float x = pc.pairs != 0u ? u[2u * i] : h[i];
-    float up = pc.pairs != 0u ? u[2u * i + 1u] : u[i];
+    float x, up;
+    if (pc.layout_ == 1u) {
+        x = u[2u * i];
+        up = u[2u * i + 1u];
+    } else {
+        uint gi = (i / pc.ffn) * 2u * pc.ffn + i % pc.ffn;
+        x = u[gi];
+        up = u[gi + pc.ffn];
+    }
     float y;
     if (pc.act == 0u) {
         y = x / (1.0 + exp(-x));

@@ -7,9 +7,12 @@
 //   Output: thread t owns query t / 8, dimensions t % 8 + 8 i.
 // Shared memory: 8 + 16 rows of 257 floats (padded against bank conflicts): 25 KiB, within
 // every device's 32 KiB.
+// Training runs a batch of sequences at once (workgroup z = sequence b): its queries and
+// outputs are rows b * n_tokens + t, its keys and values start at b * kv_batch_stride, and with
+// flags 1 each query's softmax log-sum-exp (m + log l) goes to lse, for the backward pass.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
-//           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D]
-// One workgroup of 64 per (block of 8 queries, head); D <= 256.
+//           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
+// One workgroup of 64 per (block of 8 queries, head, sequence); D <= 256.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
@@ -21,12 +24,14 @@ layout(binding = 1) readonly buffer Q_ { float q[]; };
 layout(binding = 2) readonly buffer K_ { float kc[]; };
 layout(binding = 3) readonly buffer V_ { float vc[]; };
 layout(binding = 4) writeonly buffer O_ { float o[]; };
+layout(binding = 5) writeonly buffer L_ { float lse[]; };
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint n_splits;
     uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
+    uint kv_batch_stride, flags;
 } pc;
 
 const uint BQ = 8, BK = 16, DMAX = 256, TPQ = 64 / BQ; // threads per query
@@ -38,12 +43,13 @@ shared float sc[BQ][BK];
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t0 = gl_WorkGroupID.x * BQ, h = gl_WorkGroupID.y;
+    uint row0 = gl_WorkGroupID.z * pc.n_tokens, kv0 = gl_WorkGroupID.z * pc.kv_batch_stride;
     uint D = pc.head_dim;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint nq = min(BQ, pc.n_tokens - t0);
     for (uint e = tid; e < BQ * D; e += 64u) {
         uint qi = e / D, d = e % D;
-        qs[qi * DS + d] = qi < nq ? q[(t0 + qi) * pc.q_stride + h * D + d] : 0.0;
+        qs[qi * DS + d] = qi < nq ? q[(row0 + t0 + qi) * pc.q_stride + h * D + d] : 0.0;
     }
     // the keys any query of the block needs
     uint p_first = params.pos0 + t0, p_last = p_first + nq - 1u;
@@ -59,7 +65,7 @@ void main() {
         barrier(); // the previous tile's V reads are done
         { // 4 threads per key: one slot computation each, then a quarter of the row
             uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
-            uint src = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
+            uint src = kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
             for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? kc[src + d] : 0.0;
         }
         barrier();
@@ -78,7 +84,7 @@ void main() {
         barrier();
         { // V replaces K
             uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
-            uint src = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
+            uint src = kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
             for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? vc[src + d] : 0.0;
         }
         float tmax = -1.0 / 0.0;
@@ -103,9 +109,11 @@ void main() {
             }
         }
     }
-    if (live)
+    if (live) {
         [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) {
             uint d = my_l + TPQ * i;
-            if (d < D) o[((t0 + my_q) * pc.n_heads + h) * D + d] = acc[i] / l;
+            if (d < D) o[((row0 + t0 + my_q) * pc.n_heads + h) * D + d] = acc[i] / l;
         }
+        if ((pc.flags & 1u) != 0u && my_l == 0u) lse[(row0 + t0 + my_q) * pc.n_heads + h] = m + log(l);
+    }
 }

@@ -37,3 +37,14 @@ vec2 cos_sin(float theta) {
     r = r - k * C3;
     return vec2(cos(r), sin(r));
 }
+
+// A 32-bit integer hash with good avalanche (Chris Wellons' "lowbias32"): dropout masks are
+// hashes of (seed, stream, element index), recomputed by the backward pass instead of stored.
+uint lowbias_hash(uint x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}

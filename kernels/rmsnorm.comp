@@ -21,7 +21,7 @@ shared float red[128];
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint g = gl_WorkGroupID.x;
+    uint g = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     uint xb = (pc.x_row0 + g) * pc.dim, ob = (pc.out_row0 + g) * pc.dim;
     if (pc.heads != 0u) xb = ob = (g / pc.heads) * pc.row_stride + pc.col0 + (g % pc.heads) * pc.dim;
     float ss = 0.0;

@@ -7,7 +7,8 @@
 // t * stride; q at column 0 (n_heads heads), k at k_off and v at v_off (n_kv_heads each). Keys
 // and values land in slot pos % cache_slots (a rotating cache when it is smaller than the
 // context). Positions come from the params buffer, so a recorded command buffer serves every
-// step.
+// step. Training runs a batch of sequences of seq_len tokens as one: token t is at position
+// pos0 + t % seq_len and its keys go to slot (pos0 + t) % cache_slots (seq_len 0: one sequence).
 // Bindings: 0 params {pos0, n} | 1 inv_freq f32 [D/2] | 2 qkv f32 [n, stride] (q rotated in place)
 //           3 K cache [slots, n_kv_heads, D] | 4 V cache [slots, n_kv_heads, D]
 // One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
@@ -23,7 +24,7 @@ layout(binding = 3) writeonly buffer KC_ { float kc[]; };
 layout(binding = 4) writeonly buffer VC_ { float vc[]; };
 
 layout(push_constant) uniform PC {
-    uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
+    uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off, seq_len;
 } pc;
 
 void main() {
@@ -37,7 +38,7 @@ void main() {
     uint i = idx % half_d;
     uint th = idx / half_d;
     uint h = th % heads, t = th / heads;
-    uint pos = params.pos0 + t;
+    uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
     uint i0 = pc.adjacent != 0u ? 2u * i : i;
     uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
     uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
@@ -46,7 +47,7 @@ void main() {
     float y0 = x0 * cs.x - x1 * cs.y;
     float y1 = x1 * cs.x + x0 * cs.y;
     if (is_k) {
-        uint dst = ((pos % pc.cache_slots) * pc.n_kv_heads + h) * pc.head_dim;
+        uint dst = (((params.pos0 + t) % pc.cache_slots) * pc.n_kv_heads + h) * pc.head_dim;
         uint vs = t * pc.stride + pc.v_off + h * pc.head_dim;
         kc[dst + i0] = y0;
         kc[dst + i1] = y1;

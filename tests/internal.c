@@ -219,7 +219,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
                                  const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
     bool store = kc != NULL;
@@ -233,7 +233,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
     forge__range kb = store ? ft_buf(&j, kc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range vb = store ? ft_buf(&j, vc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range binds[5] = {pb, fb, xb, kb, vb};
-    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD};
+    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0};
     uint32_t gx, gy;
     forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
@@ -258,13 +258,13 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
                           float *out, int split) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, {0, 0, 0}};
+    forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range qb = ft_buf(&j, q, 4ull * n * H * D);
     forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D};
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0};
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range binds[5] = {pb, qb, kb, vb, part};
@@ -274,7 +274,8 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
         forge__range bc[2] = {part, ob};
         forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
     } else {
-        forge__range binds[5] = {pb, qb, kb, vb, ob};
+        forge__range lse = ft_buf(&j, NULL, 16);
+        forge__range binds[6] = {pb, qb, kb, vb, ob, lse};
         forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, (n + 7) / 8, H, 1);
     }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
@@ -283,10 +284,12 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act) {
     ft_job j;
     ft_begin(&j, c);
-    forge__range gb = ft_buf(&j, g, 4ull * count);
-    forge__range ub = ft_buf(&j, u, 4ull * count);
-    forge__range binds[2] = {gb, ub};
-    forge__pc_act pc = {count, act, 0};
+    forge__range hb = ft_buf(&j, NULL, 4ull * count);
+    forge__range gu = ft_buf(&j, NULL, 8ull * count); /* one row in the halves layout: gates, then ups */
+    memcpy(j.bufs[1].mapped, g, 4ull * count);
+    memcpy((float *)j.bufs[1].mapped + count, u, 4ull * count);
+    forge__range binds[2] = {hb, gu};
+    forge__pc_act pc = {count, act, FORGE__GU_HALVES, count};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL, binds, &pc, gx, gy, 1);
@@ -412,7 +415,7 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
                      float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S) {
     ft_job j;
     ft_begin(&j, c);
-    forge__step_params sp = {0, 1, n_ids, penalty, inv_temp, {0, 0, 0}};
+    forge__step_params sp = {0, 1, n_ids, penalty, inv_temp, 0, {0, 0}};
     uint32_t n_chunks = (V + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK;
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range ib = ft_buf(&j, ids, 4ull * FORGE__MAX_PENALTY_WINDOW);
@@ -477,3 +480,71 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
     *len = b.len;
     return s;
 }
+
+/* ---- training ---- */
+
+/* Every f32/f16/bf16 tensor of a safetensors file as f32, by name (as the file spells it). */
+forge_status ft_safetensors_read(const char *path, ft_tensor_fn fn, void *user) {
+    forge__err e = {{0}};
+    forge__file f;
+    forge__arena a = {0};
+    forge__tensor_table t = {0};
+    forge_status st = forge__file_map(&f, path, &e);
+    if (st) return st;
+    /* the canonical-name rewrite of model files does not touch adapter keys (base_model.model.*, model.layers.*) */
+    st = forge__safetensors_parse(&f, &t, &a, &e);
+    for (int i = 0; i < t.count && !st; i++) {
+        const forge__tensor *x = &t.items[i];
+        uint64_t n = forge__tensor_elements(x);
+        float *v = (float *)malloc(sizeof(float) * (n ? n : 1));
+        for (uint64_t k = 0; k < n; k++) {
+            if (x->dtype == FORGE__F32) memcpy(&v[k], x->data + 4 * k, 4);
+            else {
+                uint16_t h;
+                memcpy(&h, x->data + 2 * k, 2);
+                v[k] = x->dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+            }
+        }
+        int64_t shape[4] = {0, 0, 0, 0};
+        for (int d = 0; d < x->n_dims; d++) shape[d] = x->shape[d];
+        fn(user, x->name, v, x->n_dims, shape);
+        free(v);
+    }
+    forge__file_unmap(&f);
+    forge__arena_free(&a);
+    return st;
+}
+
+/* Runs forward and backward on a batch and adds its gradient to the accumulated one, with no
+ * optimizer step (the step's micro-batch count is not advanced). */
+forge_status ft_train_backward(forge_trainer *tr, const forge_train_batch *b, double *loss) {
+    uint32_t T;
+    int64_t count;
+    forge_status st = forge__train_fill(tr, b, &T, &count);
+    return st ? st : forge__train_run(tr, (uint32_t)b->n_seqs, T, true, count, loss);
+}
+
+size_t ft_train_grad_read(forge_trainer *tr, int layer, int target, float *out, size_t cap) {
+    const forge__lora_pair *lp = forge__lora_at(&tr->L.lora, layer, (forge__target)target);
+    if (!lp) return 0;
+    size_t n = (size_t)lp->rank * (lp->in + lp->out);
+    if (n > cap) return 0;
+    float *seg = (float *)malloc(4 * tr->L.seg_count[lp->seg]);
+    uint32_t heads;
+    if (forge__train_transfer(tr, tr->segs[lp->seg].g, seg, 4 * tr->L.seg_count[lp->seg], false)) n = 0;
+    else if (forge__permuted(&tr->m->cfg, (forge__target)target, &heads)) { /* B's rows in HF's order, as adapter files hold them */
+        memcpy(out, seg + lp->a_el, sizeof(float) * lp->rank * lp->in);
+        forge__permute_rows(out + (size_t)lp->rank * lp->in, seg + lp->b_el, heads, (uint32_t)tr->m->cfg.head_dim, lp->rank, false);
+    } else memcpy(out, seg + lp->a_el, sizeof(float) * n);
+    free(seg);
+    return n;
+}
+
+void ft_train_grad_clear(forge_trainer *tr) {
+    forge__range g[64];
+    for (int s = 0; s < tr->L.n_segs; s++) g[s] = tr->segs[s].g;
+    forge__train_zero(tr, g, tr->L.n_segs);
+    tr->micro = 0;
+}
+
+int ft_train_checkpointing(const forge_trainer *tr) { return tr->L.ckpt; }

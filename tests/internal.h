@@ -97,6 +97,25 @@ forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 #endif
 #endif
 
+/* ---- training ---- */
+#ifdef __cplusplus
+extern "C" {
+#endif
+typedef void (*ft_tensor_fn)(void *user, const char *name, const float *data, int n_dims, const int64_t *shape);
+/* Calls fn with every tensor of a safetensors file, converted to f32. */
+forge_status ft_safetensors_read(const char *path, ft_tensor_fn fn, void *user);
+/* Forward and backward on a batch, its gradient added to the accumulated one, no optimizer
+ * step. ft_train_grad_read copies the accumulated gradient of (layer, target) out in the files' layout (A [rank, in]
+ * then B [out, rank]; returns the number of floats, 0 when the pair is not adapted);
+ * ft_train_grad_clear zeroes it and restarts the accumulation. */
+forge_status ft_train_backward(forge_trainer *tr, const forge_train_batch *b, double *loss);
+size_t ft_train_grad_read(forge_trainer *tr, int layer, int target, float *out, size_t cap);
+void ft_train_grad_clear(forge_trainer *tr);
+int ft_train_checkpointing(const forge_trainer *tr);
+#ifdef __cplusplus
+}
+#endif
+
 /* ---- sampler ---- */
 #ifdef __cplusplus
 extern "C" {

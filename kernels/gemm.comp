@@ -1,0 +1,93 @@
+#version 450
+// gemm: C(m, n) (+)= alpha * sum_k A(m, k) B(k, n), all f32, every operand through strides:
+//   A(m, k) = a[a_off + m * a_sm + k * a_sk]
+//   B(k, n) = b[b_off + k * b_sk + n * b_sn]
+//   C(m, n) = c[c_off + m * c_sm + n * c_sn]
+// so transposes and column ranges need no copies. This is the LoRA path: u = x A^T,
+// y += s u B^T, and in the backward pass dB = s dy^T u, du = s dy B, dA = du^T x, dx += du A.
+// Optional dropout (PEFT's on the adapter's input): elements of x are kept with probability
+// 1 - p and scaled by 1 / (1 - p), the mask a hash of (seed, stream, index) so the backward
+// pass recomputes it instead of storing it. x is operand A (drop_on 1: index m * drop_ld + k),
+// operand B (2: index k * drop_ld + n) or sits behind the output (3: index m * drop_ld + n,
+// masking the product before it is added). Its index is always token * in_features + column.
+// Tiles of 64 (m) x 64 (n), k in steps of 16 through shared memory; 256 threads, 4 x 4 each.
+// Bindings: 0 A f32 | 1 B f32 | 2 C f32 (in/out) | 3 params {seed} (read when dropout is on)
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 256) in;
+
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer A_ { float a[]; };
+layout(binding = 1) readonly buffer B_ { float b[]; };
+layout(binding = 2) buffer C_ { float c[]; };
+layout(binding = 3) readonly buffer P_ { uint pos0, n_tok, n_penalty; float penalty, inv_temp; uint seed; } params;   // the step params
+
+layout(push_constant) uniform PC {
+    uint M, N, K;
+    uint a_off, a_sm, a_sk;
+    uint b_off, b_sk, b_sn;
+    uint c_off, c_sm, c_sn;
+    float alpha;
+    uint accumulate;
+    uint drop_on, drop_ld, drop_stream, drop_threshold;   // threshold = p * 2^32
+    float drop_scale;                                      // 1 / (1 - p)
+} pc;
+
+const uint BM = 64, BN = 64, BK = 16;
+shared float As[BK][BM + 1];
+shared float Bs[BK][BN + 1];
+
+float keep(uint idx, uint key) { return lowbias_hash(idx ^ key) >= pc.drop_threshold ? pc.drop_scale : 0.0; }
+
+void main() {
+    uint tid = gl_LocalInvocationID.x;
+    uint tx = tid % 16u, ty = tid / 16u;
+    uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+    uint key = pc.drop_on != 0u ? lowbias_hash(params.seed ^ lowbias_hash(pc.drop_stream + 0x9e3779b9u)) : 0u;
+    float acc[4][4];
+    for (uint i = 0; i < 4u; i++)
+        for (uint j = 0; j < 4u; j++) acc[i][j] = 0.0;
+    for (uint k0 = 0; k0 < pc.K; k0 += BK) {
+        // 1024 elements of each tile, 4 per thread
+        for (uint e = tid; e < BM * BK; e += 256u) {
+            uint mm = e / BK, kk = e % BK, m = m0 + mm, k = k0 + kk;
+            float v = 0.0;
+            if (m < pc.M && k < pc.K) {
+                v = a[pc.a_off + m * pc.a_sm + k * pc.a_sk];
+                if (pc.drop_on == 1u) v *= keep(m * pc.drop_ld + k, key);
+            }
+            As[kk][mm] = v;
+        }
+        for (uint e = tid; e < BN * BK; e += 256u) {
+            uint nn = e % BN, kk = e / BN, n = n0 + nn, k = k0 + kk;
+            float v = 0.0;
+            if (n < pc.N && k < pc.K) {
+                v = b[pc.b_off + k * pc.b_sk + n * pc.b_sn];
+                if (pc.drop_on == 2u) v *= keep(k * pc.drop_ld + n, key);
+            }
+            Bs[kk][nn] = v;
+        }
+        barrier();
+        for (uint k = 0; k < BK; k++) {
+            float av[4], bv[4];
+            for (uint i = 0; i < 4u; i++) av[i] = As[k][ty * 4u + i];
+            for (uint j = 0; j < 4u; j++) bv[j] = Bs[k][tx * 4u + j];
+            for (uint i = 0; i < 4u; i++)
+                for (uint j = 0; j < 4u; j++) acc[i][j] += av[i] * bv[j];
+        }
+        barrier();
+    }
+    for (uint i = 0; i < 4u; i++) {
+        uint m = m0 + ty * 4u + i;
+        if (m >= pc.M) break;
+        for (uint j = 0; j < 4u; j++) {
+            uint n = n0 + tx * 4u + j;
+            if (n >= pc.N) break;
+            float v = pc.alpha * acc[i][j];
+            if (pc.drop_on == 3u) v *= keep(m * pc.drop_ld + n, key);
+            uint ci = pc.c_off + m * pc.c_sm + n * pc.c_sn;
+            if (pc.accumulate != 0u) v += c[ci];
+            c[ci] = v;
+        }
+    }
+}

@@ -1,0 +1,43 @@
+#version 450
+// rope_back: the backward twin of rope.comp. A rotation's transpose is the rotation by the
+// opposite angle, so the gradients of the queries and keys before RoPE are the gradients
+// after it rotated by -(pos * inv_freq[i]), in place, pairs as in the forward pass:
+//   rotate-half (HF): (i, i + D/2); adjacent pairs (GGUF llama): (2i, 2i + 1).
+// dq and dk are column ranges of one row per token (the fused qkv gradient rows): row t at
+// t * stride, dq at column 0 (n_heads heads), dk at k_off (n_kv_heads). Token t of a batch of
+// sequences of seq_len tokens is at position pos0 + t % seq_len (seq_len 0: one sequence).
+// Bindings: 0 params {pos0, n} | 1 inv_freq f32 [D/2] | 2 dqkv f32 [n, stride] (in place)
+// One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
+#extension GL_GOOGLE_include_directive : require
+layout(local_size_x = 64) in;
+
+#include "common.glsl"
+
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 1) readonly buffer F_ { float inv_freq[]; };
+layout(binding = 2) buffer X_ { float x[]; };
+
+layout(push_constant) uniform PC {
+    uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, stride, k_off, seq_len;
+} pc;
+
+void main() {
+    uint half_d = pc.head_dim / 2u;
+    uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 64u;
+    uint n_q = pc.n_tokens * pc.n_heads * half_d;
+    bool is_k = idx >= n_q;
+    if (is_k) idx -= n_q;
+    uint heads = is_k ? pc.n_kv_heads : pc.n_heads;
+    if (idx >= pc.n_tokens * heads * half_d) return;
+    uint i = idx % half_d;
+    uint th = idx / half_d;
+    uint h = th % heads, t = th / heads;
+    uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
+    uint i0 = pc.adjacent != 0u ? 2u * i : i;
+    uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
+    uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
+    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
+    float g0 = x[src + i0], g1 = x[src + i1];
+    x[src + i0] = g0 * cs.x + g1 * cs.y;
+    x[src + i1] = g1 * cs.x - g0 * cs.y;
+}

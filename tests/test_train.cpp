@@ -1,0 +1,281 @@
+/* Training: parity with PyTorch + PEFT (tests/fixtures/lora, made by
+ * tools/fixtures/make_lora_fixtures.py), adapter files, bad input. Each fixture starts from a
+ * PEFT adapter with non-zero A and B on all seven projections of a tiny random-weight model
+ * and records PEFT's losses, gradient norms and learning rates of 3 AdamW steps on padded
+ * batches with masked prompts, the gradients of step 0, the adapter after the steps, and the
+ * adapted model's logits. forge must give the losses within 1e-4 (relative), the gradients
+ * within 1e-4 of their largest element, the adapter's update within 1e-2 of PEFT's relative to
+ * its largest element, and the logits within 1e-4. */
+#include <cjson/cJSON.h>
+
+#include <map>
+#include <set>
+
+#include "internal.h"
+#include "util.h"
+
+namespace {
+
+struct MicroBatch {
+    std::vector<int32_t> tokens, labels, lengths;
+    int n_seqs = 0, seq_len = 0;
+};
+
+struct Step {
+    std::vector<MicroBatch> micro;
+    double loss = 0, grad_norm = 0, lr = 0;
+};
+
+struct LoraCase {
+    std::string name, dir, base;
+    int n_vocab = 0, n_layers = 0;
+    forge_train_params params = forge_train_default_params();
+    std::vector<Step> steps;
+    std::vector<int32_t> logits_tokens;
+};
+
+std::vector<int32_t> ints(cJSON *a) {
+    std::vector<int32_t> v;
+    cJSON *x;
+    cJSON_ArrayForEach(x, a) v.push_back(x->valueint);
+    return v;
+}
+
+LoraCase read_case(const std::string &name) {
+    LoraCase c;
+    c.name = name;
+    c.dir = ft::src("tests/fixtures/lora/" + name);
+    std::vector<uint8_t> js = ft::read_file(c.dir + "/reference.json");
+    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
+    if (!root) {
+        ADD_FAILURE() << "cannot read " << c.dir << "/reference.json";
+        return c;
+    }
+    c.base = ft::src(std::string("tests/fixtures/") + cJSON_GetStringValue(cJSON_GetObjectItem(root, "base")));
+    c.n_vocab = cJSON_GetObjectItem(root, "n_vocab")->valueint;
+    c.n_layers = cJSON_GetObjectItem(root, "n_layers")->valueint;
+    cJSON *o = cJSON_GetObjectItem(root, "optimizer");
+    forge_train_params &p = c.params;
+    p.lr = (float)cJSON_GetObjectItem(o, "lr")->valuedouble;
+    p.beta1 = (float)cJSON_GetObjectItem(o, "beta1")->valuedouble;
+    p.beta2 = (float)cJSON_GetObjectItem(o, "beta2")->valuedouble;
+    p.eps = (float)cJSON_GetObjectItem(o, "eps")->valuedouble;
+    p.weight_decay = (float)cJSON_GetObjectItem(o, "weight_decay")->valuedouble;
+    std::string sched = cJSON_GetStringValue(cJSON_GetObjectItem(o, "schedule"));
+    p.schedule = sched == "cosine" ? FORGE_LR_COSINE : sched == "linear" ? FORGE_LR_LINEAR : FORGE_LR_CONSTANT;
+    p.warmup_steps = cJSON_GetObjectItem(o, "warmup_steps")->valueint;
+    p.total_steps = cJSON_GetObjectItem(o, "total_steps")->valueint;
+    p.max_grad_norm = (float)cJSON_GetObjectItem(o, "max_grad_norm")->valuedouble;
+    p.accum_steps = cJSON_GetObjectItem(o, "accum_steps")->valueint;
+    p.max_batch = 2;
+    p.max_seq = 16;
+    p.grad_checkpoint = 0;
+    cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItem(root, "steps")) {
+        Step st;
+        st.loss = cJSON_GetObjectItem(s, "loss")->valuedouble;
+        st.grad_norm = cJSON_GetObjectItem(s, "grad_norm")->valuedouble;
+        st.lr = cJSON_GetObjectItem(s, "lr")->valuedouble;
+        cJSON *mb;
+        cJSON_ArrayForEach(mb, cJSON_GetObjectItem(s, "micro_batches")) {
+            MicroBatch m;
+            cJSON *row;
+            cJSON_ArrayForEach(row, cJSON_GetObjectItem(mb, "tokens")) {
+                std::vector<int32_t> r = ints(row);
+                m.seq_len = (int)r.size();
+                m.tokens.insert(m.tokens.end(), r.begin(), r.end());
+                m.n_seqs++;
+            }
+            cJSON_ArrayForEach(row, cJSON_GetObjectItem(mb, "labels")) {
+                std::vector<int32_t> r = ints(row);
+                m.labels.insert(m.labels.end(), r.begin(), r.end());
+            }
+            m.lengths = ints(cJSON_GetObjectItem(mb, "lengths"));
+            st.micro.push_back(m);
+        }
+        c.steps.push_back(st);
+    }
+    c.logits_tokens = ints(cJSON_GetObjectItem(root, "logits_tokens"));
+    cJSON_Delete(root);
+    return c;
+}
+
+forge_train_batch batch_of(const MicroBatch &m) {
+    forge_train_batch b = {};
+    b.n_seqs = m.n_seqs;
+    b.seq_len = m.seq_len;
+    b.tokens = m.tokens.data();
+    b.lengths = m.lengths.data();
+    b.labels = m.labels.data();
+    return b;
+}
+
+/* name -> f32 values of a safetensors file */
+std::map<std::string, std::vector<float>> read_tensors(const std::string &path) {
+    std::map<std::string, std::vector<float>> out;
+    auto fn = [](void *user, const char *name, const float *data, int n_dims, const int64_t *shape) {
+        size_t n = 1;
+        for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
+        (*(std::map<std::string, std::vector<float>> *)user)[name].assign(data, data + n);
+    };
+    EXPECT_EQ(ft_safetensors_read(path.c_str(), fn, &out), FORGE_OK) << path;
+    return out;
+}
+
+const char *const kTargets[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+
+std::string peft_key(int layer, int t, const char *ab) {
+    return "base_model.model.model.layers." + std::to_string(layer) + (t <= 3 ? ".self_attn." : ".mlp.") + kTargets[t] + ".lora_" + ab +
+           ".weight";
+}
+
+forge_model *load_with_adapter(const std::string &path, const std::string &adapter) {
+    forge_model_params mp = forge_model_default_params();
+    mp.exact = 1;
+    mp.adapter_path = adapter.empty() ? nullptr : adapter.c_str();
+    forge_model *m = nullptr;
+    if (forge_model_load(path.c_str(), &mp, &m) != FORGE_OK) {
+        ADD_FAILURE() << "loading " << path << " with adapter " << adapter << ": " << forge_model_errmsg(m);
+        forge_model_free(m);
+        return nullptr;
+    }
+    return m;
+}
+
+std::vector<float> all_logits(forge_model *m, const std::vector<int32_t> &toks) {
+    forge_session *s = ft::session(m, 64);
+    std::vector<float> lg(toks.size() * (size_t)forge_model_n_vocab(m));
+    if (!s) return lg;
+    EXPECT_EQ(forge_eval(s, toks.data(), (int)toks.size(), FORGE_EVAL_ALL_LOGITS, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
+    forge_session_free(s);
+    return lg;
+}
+
+const std::vector<std::string> kCases = {"llama3", "llama3_sched", "qwen2", "qwen3", "gemma2", "gemma3", "llama_mlx4", "llama_q4_0"};
+
+class LoraParity : public ::testing::TestWithParam<std::string> {};
+
+/* Three AdamW steps against PEFT's: the losses of the forward passes, the gradient norms and
+ * learning rates, and the update of every adapter tensor. */
+TEST_P(LoraParity, ThreeAdamWSteps) {
+    LoraCase c = read_case(GetParam());
+    ASSERT_EQ(c.steps.size(), 3u);
+    forge_model *m = ft::load(c.base);
+    ASSERT_NE(m, nullptr);
+    std::string init = c.dir + "/adapter_init";
+    c.params.adapter_path = init.c_str();
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m, &c.params, &tr), FORGE_OK) << forge_model_errmsg(m);
+    for (size_t s = 0; s < c.steps.size(); s++) {
+        double sum = 0;
+        forge_train_stats st = {};
+        for (const MicroBatch &mb : c.steps[s].micro) {
+            forge_train_batch b = batch_of(mb);
+            ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
+            sum += st.loss;
+        }
+        double loss = sum / (double)c.steps[s].micro.size();
+        EXPECT_EQ(st.applied, 1);
+        EXPECT_EQ(st.step, (int)s + 1);
+        double lrel = std::fabs(loss - c.steps[s].loss) / std::fabs(c.steps[s].loss);
+        double nrel = std::fabs(st.grad_norm - c.steps[s].grad_norm) / c.steps[s].grad_norm;
+        printf("  %-14s step %zu: loss %.7f (PEFT %.7f, rel %.1e), grad norm %.6f (PEFT %.6f, rel %.1e), lr %g\n", c.name.c_str(), s, loss,
+               c.steps[s].loss, lrel, st.grad_norm, c.steps[s].grad_norm, nrel, st.lr);
+        EXPECT_LE(lrel, 1e-4) << "step " << s;
+        EXPECT_LE(nrel, 1e-4) << "step " << s;
+        EXPECT_NEAR(st.lr, c.steps[s].lr, 1e-9 * std::fmax(1.0, c.steps[s].lr)) << "step " << s;
+    }
+    std::string out = ft::tmpdir("lora_" + c.name);
+    ASSERT_EQ(forge_trainer_save(tr, out.c_str(), FORGE_ADAPTER_PEFT), FORGE_OK) << forge_trainer_errmsg(tr);
+    auto a0 = read_tensors(init + "/adapter_model.safetensors");
+    auto ref = read_tensors(c.dir + "/adapter_final/adapter_model.safetensors");
+    auto got = read_tensors(out + "/adapter_model.safetensors");
+    ASSERT_EQ(got.size(), ref.size());
+    double worst = 0;
+    std::string worst_key;
+    for (auto &kv : ref) {
+        ASSERT_TRUE(got.count(kv.first)) << kv.first;
+        const std::vector<float> &r = kv.second, &g = got[kv.first], &i0 = a0[kv.first];
+        ASSERT_EQ(g.size(), r.size()) << kv.first;
+        double md = 0, mr = 0;
+        for (size_t k = 0; k < r.size(); k++) {
+            double dr = (double)r[k] - i0[k], dg = (double)g[k] - i0[k];
+            md = std::fmax(md, std::fabs(dg - dr));
+            mr = std::fmax(mr, std::fabs(dr));
+        }
+        double e = mr > 0 ? md / mr : md;
+        if (e > worst) worst = e, worst_key = kv.first;
+    }
+    printf("  %-14s adapter update vs PEFT's: max|d|/max|ref| = %.2e (%s)\n", c.name.c_str(), worst, worst_key.c_str());
+    EXPECT_LE(worst, 1e-2) << worst_key;
+    forge_trainer_free(tr);
+    forge_model_free(m);
+}
+
+/* The gradient of step 0 (its micro-batches, before clipping) against PEFT's, every tensor. */
+TEST_P(LoraParity, GradientsOfStepZero) {
+    LoraCase c = read_case(GetParam());
+    forge_model *m = ft::load(c.base);
+    ASSERT_NE(m, nullptr);
+    std::string init = c.dir + "/adapter_init";
+    c.params.adapter_path = init.c_str();
+    auto ref = read_tensors(c.dir + "/grads_step0.safetensors");
+    for (int ckpt = 0; ckpt < 2; ckpt++) { /* gradient checkpointing gives the same gradients */
+        c.params.grad_checkpoint = ckpt;
+        forge_trainer *tr = nullptr;
+        ASSERT_EQ(forge_trainer_create(m, &c.params, &tr), FORGE_OK) << forge_model_errmsg(m);
+        ASSERT_EQ(ft_train_checkpointing(tr), ckpt);
+        /* every micro-batch of step 0, accumulated without an optimizer step */
+        for (const MicroBatch &mb : c.steps[0].micro) {
+            forge_train_batch b = batch_of(mb);
+            double loss;
+            ASSERT_EQ(ft_train_backward(tr, &b, &loss), FORGE_OK) << forge_trainer_errmsg(tr);
+        }
+        std::vector<float> g(1 << 16);
+        std::map<std::string, std::vector<float>> got;
+        for (int l = 0; l < c.n_layers; l++)
+            for (int t = 0; t < 7; t++) {
+                size_t n = ft_train_grad_read(tr, l, t, g.data(), g.size());
+                ASSERT_GT(n, 0u) << "layer " << l << " " << kTargets[t];
+                const std::vector<float> &ra = ref[peft_key(l, t, "A")];
+                ASSERT_FALSE(ra.empty()) << peft_key(l, t, "A");
+                got[peft_key(l, t, "A")].assign(g.begin(), g.begin() + (long)ra.size());
+                got[peft_key(l, t, "B")].assign(g.begin() + (long)ra.size(), g.begin() + (long)n);
+            }
+        double worst = 0;
+        std::string worst_key;
+        for (auto &kv : ref) {
+            ASSERT_TRUE(got.count(kv.first)) << kv.first;
+            double e = ft::rel_err(got[kv.first].data(), kv.second.data(), kv.second.size());
+            if (e > worst) worst = e, worst_key = kv.first;
+        }
+        printf("  %-14s step-0 gradients (checkpointing %s): max|d|/max|ref| = %.2e (%s)\n", c.name.c_str(), ckpt ? "on" : "off", worst,
+               worst_key.c_str());
+        EXPECT_LE(worst, 1e-4) << worst_key;
+        forge_trainer_free(tr);
+    }
+    forge_model_free(m);
+}
+
+/* The adapted model's logits (inference with forge_model_params.adapter_path), from the PEFT
+ * and the mlx-lm files of the same adapter, and from PEFT's adapter after training. */
+TEST_P(LoraParity, AdaptedLogits) {
+    LoraCase c = read_case(GetParam());
+    std::vector<float> want_init = ft::read_f32(c.dir + "/logits_init.f32"), want_final = ft::read_f32(c.dir + "/logits_final.f32");
+    struct { const char *adapter; const std::vector<float> *want; } runs[] = {
+        {"adapter_init", &want_init}, {"adapter_init_mlx", &want_init}, {"adapter_final", &want_final}};
+    for (auto &r : runs) {
+        forge_model *m = load_with_adapter(c.base, c.dir + "/" + r.adapter);
+        ASSERT_NE(m, nullptr);
+        std::vector<float> lg = all_logits(m, c.logits_tokens);
+        ASSERT_EQ(lg.size(), r.want->size());
+        double e = ft::rel_err(lg.data(), r.want->data(), lg.size());
+        printf("  %-14s logits with %-17s max|d|/max|ref| = %.2e\n", c.name.c_str(), r.adapter, e);
+        EXPECT_LE(e, 1e-4) << r.adapter;
+        forge_model_free(m);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(kCases), [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+} // namespace
