@@ -32,8 +32,9 @@ $(BUILD)/libforge.a: $(BUILD)/forge.o
 $(BUILD)/libforge.so: $(BUILD)/forge.o
 	$(CC) -shared -Wl,-soname,libforge.so.0 -o $@ $^ $(LIBS)
 
-$(BUILD)/forge: tools/forge_cli.c bench/bench.c forge.h $(BUILD)/libforge.a
-	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' tools/forge_cli.c bench/bench.c $(BUILD)/libforge.a $(LIBS) -o $@
+CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c bench/bench.c
+$(BUILD)/forge: $(CLI_SRCS) tools/cli.h forge.h $(BUILD)/libforge.a
+	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(CLI_SRCS) $(BUILD)/libforge.a $(LIBS) -o $@
 
 # Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
 TEST_SRCS := $(wildcard tests/test_*.cpp)

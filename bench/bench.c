@@ -10,16 +10,26 @@
  *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
  *    "peak_device_bytes", "load_s"}, and with --profile "profile": device ms per kernel over all
  *    runs (warm-up included; timestamps after every dispatch slow the run a little).
- * ttft_ms: the call's start to its first generated token. */
+ * ttft_ms: the call's start to its first generated token.
+ *
+ * `forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]
+ * [--grad-checkpoint|--no-grad-checkpoint] [-r 5]`: LoRA training speed. A trainer with those
+ * params (lr 1e-4) takes 1 warm-up step and then R steps on one batch of fixed pseudo-random
+ * tokens (batch x seq, every token counted); prints the same first fields and "train_batch",
+ * "train_seq", "rank", "targets", "grad_checkpoint" (as the trainer resolves -1), "reps",
+ * "train_step_ms" (median wall time of forge_train_step), "train_tok_s" (batch * seq / that
+ * time), "train_loss" (of the last step), "peak_device_bytes", "load_s", and with --profile
+ * "profile" (forge_trainer_profile).
+ *
+ * Both take --adapter DIR [--merge-adapter] (the model's adapter), --device and -v. */
 #define _POSIX_C_SOURCE 200809L
-#include "forge.h"
+#include "tools/cli.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-forge_model *forge_cli_load(const char *path, const char *device, int verbose); /* tools/forge_cli.c */
 
 static double now_s(void) {
     struct timespec ts;
@@ -37,37 +47,170 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-static void json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
-        else putchar(*s);
+/* The fields every bench object starts with. */
+static void print_model_fields(const forge_model_info *info, const char *path) {
+    printf("{\"device\": ");
+    forge_cli_json_cstr(info->device_name);
+    printf(", \"driver\": ");
+    forge_cli_json_cstr(info->device_driver);
+    printf(", \"model\": ");
+    forge_cli_json_cstr(path);
+    printf(", \"format\": ");
+    forge_cli_json_cstr(info->source_format);
+    printf(", \"arch\": ");
+    forge_cli_json_cstr(info->architecture);
+    printf(", \"dtype\": ");
+    forge_cli_json_cstr(info->weight_dtype);
+    printf(", \"parameters\": %llu, \"weight_bytes\": %llu", (unsigned long long)info->n_params,
+           (unsigned long long)info->weight_bytes);
+}
+
+/* Prints `, "profile": {...}` from a profile call that fills a caller buffer. */
+static void print_profile(const void *obj, forge_status (*get)(const void *, char *, size_t, size_t *)) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    forge_status st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        free(buf);
+        cap = len + 1;
+        buf = malloc(cap);
+        st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
     }
-    putchar('"');
+    if (st == FORGE_OK) printf(", \"profile\": %s", buf);
+    free(buf);
+}
+
+static forge_status session_profile(const void *s, char *out, size_t cap, size_t *len) {
+    return forge_session_profile((const forge_session *)s, out, cap, len);
+}
+
+static forge_status trainer_profile(const void *t, char *out, size_t cap, size_t *len) {
+    return forge_trainer_profile((const forge_trainer *)t, out, cap, len);
+}
+
+typedef struct train_bench {
+    int batch, seq, rank, grad_checkpoint;
+    const char *targets;
+} train_bench;
+
+/* `forge bench MODEL --train`: see the top of the file. */
+static int bench_train(forge_model *m, const char *path, const train_bench *tb, int R, int profile, double load_s) {
+    forge_model_info info;
+    forge_model_get_info(m, &info);
+    forge_train_params tp = forge_train_default_params();
+    tp.lr = 1e-4f;
+    tp.max_batch = tb->batch;
+    tp.max_seq = tb->seq;
+    if (tb->rank) tp.rank = tb->rank;
+    if (tb->targets) tp.targets = tb->targets;
+    tp.grad_checkpoint = tb->grad_checkpoint;
+    tp.total_steps = R + 1;
+    tp.profile = profile;
+    forge_trainer *t = NULL;
+    forge_status st = forge_trainer_create(m, &tp, &t);
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge bench: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        return 1;
+    }
+    size_t n = (size_t)tb->batch * (size_t)tb->seq;
+    int32_t *tokens = malloc(sizeof(int32_t) * n);
+    double *ms = malloc(sizeof(double) * (size_t)R);
+    int rc = 0;
+    if (!tokens || !ms) {
+        fprintf(stderr, "forge bench: out of host memory\n");
+        rc = 1;
+    }
+    uint32_t rng = 12345;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rng = rng * 1664525u + 1013904223u;
+        tokens[i] = (int32_t)((rng >> 8) % (uint32_t)info.n_vocab);
+    }
+    forge_train_batch b = {0};
+    b.n_seqs = tb->batch;
+    b.seq_len = tb->seq;
+    b.tokens = tokens;
+    forge_train_stats stats;
+    memset(&stats, 0, sizeof stats);
+    for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
+        double t0 = now_s();
+        st = forge_train_step(t, &b, &stats);
+        double dt = now_s() - t0;
+        if (st != FORGE_OK) {
+            fprintf(stderr, "forge bench: %s (%s)\n", forge_trainer_errmsg(t), forge_status_name(st));
+            rc = 1;
+        } else if (r > 0) {
+            ms[r - 1] = dt * 1e3;
+        }
+    }
+    if (!rc) {
+        double step_ms = median(ms, R);
+        /* forge_train_params.grad_checkpoint -1 resolves as forge.h documents it */
+        int gc = tb->grad_checkpoint >= 0 ? tb->grad_checkpoint : (int64_t)tb->batch * tb->seq >= 4096;
+        print_model_fields(&info, path);
+        printf(", \"train_batch\": %d, \"train_seq\": %d, \"rank\": %d, \"targets\": ", tb->batch, tb->seq, tp.rank);
+        forge_cli_json_cstr(tp.targets ? tp.targets : "");
+        printf(", \"grad_checkpoint\": %s, \"reps\": %d, \"train_step_ms\": %.3f, \"train_tok_s\": %.2f", gc ? "true" : "false", R,
+               step_ms, (double)n / (step_ms * 1e-3));
+        printf(", \"train_loss\": %.6g, \"peak_device_bytes\": %llu, \"load_s\": %.3f", stats.loss,
+               (unsigned long long)stats.peak_device_bytes, load_s);
+        if (profile) print_profile(t, trainer_profile);
+        printf("}\n");
+    }
+    free(tokens);
+    free(ms);
+    forge_trainer_free(t);
+    return rc;
+}
+
+static void bench_usage(void) {
+    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--profile] [--adapter DIR [--merge-adapter]] [--device D]\n"
+                    "       forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
+                    "                         [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile] [--device D]\n");
 }
 
 int forge_bench_main(int argc, char **argv) {
-    const char *path = NULL, *device = NULL;
-    int P = 512, N = 128, R = 3, verbose = 0, profile = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "-p") && i + 1 < argc) P = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-n") && i + 1 < argc) N = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-        else if (!strcmp(argv[i], "-v")) verbose = 1;
-        else if (!strcmp(argv[i], "--profile")) profile = 1;
-        else if (!path) path = argv[i];
-        else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", argv[i]); return 2; }
-    }
-    if (!path || P < 1 || N < 1 || R < 1) {
-        fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--device D] [--profile]\n");
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("bench", &argc, argv, &o, 1)) return 2;
+    if (o.n_ctx) {
+        fprintf(stderr, "forge bench: --ctx does not apply (the session holds -p + -n + 1 tokens)\n");
         return 2;
     }
+    const char *path = NULL;
+    int P = 512, N = 128, R = -1, profile = 0, train = 0, pn_set = 0, train_set = 0;
+    train_bench tb = {4, 512, 0, -1, NULL};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        long long v;
+        int bad = 0;
+        if (!strcmp(a, "-p") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, INT_MAX, &v); P = (int)v; pn_set = 1; }
+        else if (!strcmp(a, "-n") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, INT_MAX, &v); N = (int)v; pn_set = 1; }
+        else if (!strcmp(a, "-r") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 1000000, &v); R = (int)v; }
+        else if (!strcmp(a, "--profile")) profile = 1;
+        else if (!strcmp(a, "--train")) train = 1;
+        else if (!strcmp(a, "--batch") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 65536, &v); tb.batch = (int)v; train_set = 1; }
+        else if (!strcmp(a, "--seq") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 2, 1 << 24, &v); tb.seq = (int)v; train_set = 1; }
+        else if (!strcmp(a, "--rank") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 65536, &v); tb.rank = (int)v; train_set = 1; }
+        else if (!strcmp(a, "--targets") && has) { bad = forge_cli_check_targets("bench", a, argv[++i]); tb.targets = argv[i]; train_set = 1; }
+        else if (!strcmp(a, "--grad-checkpoint")) { tb.grad_checkpoint = 1; train_set = 1; }
+        else if (!strcmp(a, "--no-grad-checkpoint")) { tb.grad_checkpoint = 0; train_set = 1; }
+        else if (!path && a[0] != '-') path = a;
+        else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", a); bench_usage(); return 2; }
+        if (bad) return 2;
+    }
+    if (!path) { bench_usage(); return 2; }
+    if (train && pn_set) { fprintf(stderr, "forge bench: -p and -n do not apply to --train (use --batch and --seq)\n"); return 2; }
+    if (!train && train_set) { fprintf(stderr, "forge bench: --batch, --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
+    if (R < 0) R = train ? 5 : 3;
     double t0 = now_s();
-    forge_model *m = forge_cli_load(path, device, verbose);
+    forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     double load_s = now_s() - t0;
+    if (train) {
+        int rc = bench_train(m, path, &tb, R, profile, load_s);
+        forge_model_free(m);
+        return rc;
+    }
     forge_model_info info;
     forge_model_get_info(m, &info);
     int V = info.n_vocab;
@@ -106,27 +249,11 @@ int forge_bench_main(int argc, char **argv) {
         fprintf(stderr, "forge bench: %s\n", forge_session_errmsg(s));
     } else {
         forge_model_get_info(m, &info);
-        printf("{\"device\": ");
-        json_str(info.device_name);
-        printf(", \"driver\": ");
-        json_str(info.device_driver);
-        printf(", \"model\": ");
-        json_str(path);
-        printf(", \"format\": ");
-        json_str(info.source_format);
-        printf(", \"arch\": ");
-        json_str(info.architecture);
-        printf(", \"dtype\": ");
-        json_str(info.weight_dtype);
-        printf(", \"parameters\": %llu, \"weight_bytes\": %llu, \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d",
-               (unsigned long long)info.n_params, (unsigned long long)info.weight_bytes, P, N, R);
+        print_model_fields(&info, path);
+        printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d", P, N, R);
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
-        if (profile) {
-            char prof[8192];
-            size_t len;
-            if (forge_session_profile(s, prof, sizeof prof, &len) == FORGE_OK) printf(", \"profile\": %s", prof);
-        }
+        if (profile) print_profile(s, session_profile);
         printf("}\n");
     }
     free(prompt);
@@ -143,8 +270,6 @@ int forge_bench_main(int argc, char **argv) {
  * mb_per_s: TEXTFILE's bytes / the median time of R forge_tokenize calls on the whole file as
  * one text (after one warm-up), without special tokens added.
  * Prints {"path", "text_bytes", "n_tokens", "reps", "load_s", "encode_s", "mb_per_s"}. */
-forge_model *forge_cli_load_vocab(const char *path, int verbose); /* tools/forge_cli.c */
-
 int forge_bench_tokenize_main(int argc, char **argv) {
     const char *path = NULL, *file = NULL;
     int R = 3;
@@ -190,7 +315,7 @@ int forge_bench_tokenize_main(int argc, char **argv) {
     if (!rc) {
         double enc = median(encs, R);
         printf("{\"path\": ");
-        json_str(path);
+        forge_cli_json_cstr(path);
         printf(", \"text_bytes\": %ld, \"n_tokens\": %zu, \"reps\": %d, \"load_s\": %.4f, \"encode_s\": %.4f, \"mb_per_s\": %.3f}\n",
                size, n, R, median(loads, R), enc, (double)size / 1e6 / enc);
     }

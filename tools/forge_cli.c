@@ -7,14 +7,17 @@
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
  *   forge bench MODEL [-p 512] [-n 128] [-r 3]
+ *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
+ *   forge train MODEL --data FILE.jsonl --out DIR [options]   (tools/cli_train.c)
  *   forge tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)
  *   forge tokenize PATH [--skip-special] --decode (IDS | --stdin-json)
  *   forge bench-tokenize PATH TEXTFILE [-r 3]
  *
- * Common options: --device INDEX|NAME, -v (log to stderr).
- * Output formats of `logits` and `bench` are JSON and stable. */
+ * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits and bench also take
+ * --adapter DIR [--merge-adapter] (a LoRA adapter).
+ * Output formats of `logits`, `bench` and `train --json` are JSON and stable. */
 #define _DEFAULT_SOURCE 1
-#include "forge.h"
+#include "cli.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -22,25 +25,27 @@
 #include <string.h>
 #include <unistd.h>
 
-int forge_bench_main(int argc, char **argv); /* bench/bench.c */
-int forge_bench_tokenize_main(int argc, char **argv); /* bench/bench.c */
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-            "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics]\n"
+            "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
             "                                   generate text, streamed to stdout (default model:\n"
             "                                   the bundled stories260K; greedy unless --temp > 0)\n"
-            "  chat MODEL [--system S] [-n N] [--temp T] ...\n"
+            "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] ...\n"
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
             "                                   a reply; /metrics, /reset, /quit\n"
             "  devices                          list Vulkan devices, preferred first\n"
             "  info MODEL                       architecture, shapes, device and memory plan\n"
-            "  logits MODEL --tokens \"1 2 3\" [--all]\n"
+            "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
             "                                   logits of the last (or every) position as JSON\n"
             "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
             "                                   prefill and decode speed as one JSON object\n"
+            "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
+            "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5]\n"
+            "                                   LoRA training step time and tok/s as one JSON object\n"
+            "  train MODEL --data FILE.jsonl --out DIR [--valid FILE.jsonl] [--rank R] [--steps N] ...\n"
+            "                                   LoRA fine-tuning; `forge train --help` lists the options\n"
             "  tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)\n"
             "                                   token ids as a JSON array (--stdin-json: a JSON array of\n"
             "                                   strings in, a JSON array of id arrays out); --special adds\n"
@@ -53,67 +58,11 @@ static void usage(FILE *f) {
             "                                   tokenizer load time and encode speed as one JSON object\n"
             "options: --device INDEX|NAME   choose the Vulkan device\n"
             "         --ctx N               context length of the session\n"
+            "         --adapter DIR         run, chat, logits, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
+            "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n"
             "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n");
-}
-
-static void log_stderr(void *user, forge_log_level level, const char *msg) {
-    (void)user;
-    static const char *names[] = {"error", "warn", "info", "debug"};
-    fprintf(stderr, "forge %s: %s\n", names[level], msg);
-}
-
-static void progress_stderr(void *user, float fraction) {
-    (void)user;
-    fprintf(stderr, "\rloading %3d%%", (int)(fraction * 100.0f + 0.5f));
-    if (fraction >= 1.0f) fprintf(stderr, "\r            \r");
-    fflush(stderr);
-}
-
-/* Options every model command takes; consumed from argv, the rest left in order. */
-typedef struct cli_opts {
-    const char *device;
-    int verbose;
-    int n_ctx;
-} cli_opts;
-
-static int take_common(int *argc, char **argv, cli_opts *o) {
-    int w = 0;
-    for (int i = 0; i < *argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < *argc) o->device = argv[++i];
-        else if (!strcmp(argv[i], "--ctx") && i + 1 < *argc) o->n_ctx = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-v")) o->verbose = 1;
-        else argv[w++] = argv[i];
-    }
-    *argc = w;
-    return 0;
-}
-
-/* Loads with `mp`; prints the error and returns NULL on failure. */
-static forge_model *load_with(const char *path, forge_model_params *mp, int verbose) {
-    if (verbose) mp->log = log_stderr;
-    forge_model *m = NULL;
-    forge_status st = forge_model_load(path, mp, &m);
-    if (st != FORGE_OK) {
-        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
-        forge_model_free(m);
-        return NULL;
-    }
-    return m;
-}
-
-/* Loads MODEL with the common options (device by index or name, progress on a terminal). */
-forge_model *forge_cli_load(const char *path, const char *device, int verbose) {
-    forge_model_params mp = forge_model_default_params();
-    if (device) {
-        char *end;
-        long idx = strtol(device, &end, 10);
-        if (*end == 0) mp.device_index = (int)idx;
-        else mp.device_name = device;
-    }
-    if (isatty(2)) mp.progress = progress_stderr;
-    return load_with(path, &mp, verbose);
 }
 
 static const char *type_name(forge_device_type t) {
@@ -153,10 +102,10 @@ static void print_bytes(const char *label, unsigned long long b) {
 }
 
 static int cmd_info(int argc, char **argv) {
-    cli_opts o = {0};
-    take_common(&argc, argv, &o);
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("info", &argc, argv, &o, 0)) return 2;
     if (argc != 1) { usage(stderr); return 2; }
-    forge_model *m = forge_cli_load(argv[0], o.device, o.verbose);
+    forge_model *m = forge_cli_load(argv[0], &o);
     if (!m) return 1;
     forge_model_info in;
     forge_model_get_info(m, &in);
@@ -209,8 +158,8 @@ static int cmd_info(int argc, char **argv) {
 }
 
 static int cmd_logits(int argc, char **argv) {
-    cli_opts o = {0};
-    take_common(&argc, argv, &o);
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("logits", &argc, argv, &o, 1)) return 2;
     const char *path = NULL, *toks = NULL;
     int all = 0;
     for (int i = 0; i < argc; i++) {
@@ -232,7 +181,7 @@ static int cmd_logits(int argc, char **argv) {
         p = end;
     }
     if (n == 0) { fprintf(stderr, "forge: --tokens is empty\n"); free(ids); return 2; }
-    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    forge_model *m = forge_cli_load(path, &o);
     if (!m) { free(ids); return 1; }
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx ? o.n_ctx : (n > 4096 ? n : 0);
@@ -263,27 +212,6 @@ static int cmd_logits(int argc, char **argv) {
     forge_model_free(m);
     free(ids);
     return rc;
-}
-
-/* Loads only the tokenizer of PATH (vocab_only). */
-forge_model *forge_cli_load_vocab(const char *path, int verbose) {
-    forge_model_params mp = forge_model_default_params();
-    mp.vocab_only = 1;
-    return load_with(path, &mp, verbose);
-}
-
-static void json_string_out(const char *s, size_t n) {
-    putchar('"');
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\') printf("\\%c", c);
-        else if (c == '\n') fputs("\\n", stdout);
-        else if (c == '\r') fputs("\\r", stdout);
-        else if (c == '\t') fputs("\\t", stdout);
-        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
-        else putchar(c);
-    }
-    putchar('"');
 }
 
 static char *read_stdin(size_t *len) {
@@ -333,7 +261,7 @@ static int print_text(forge_model *m, const int32_t *ids, size_t n, uint32_t fla
         free(text);
         return 1;
     }
-    if (json) json_string_out(text, len);
+    if (json) forge_cli_json_string(text, len);
     else fwrite(text, 1, len, stdout);
     free(text);
     return 0;
@@ -496,8 +424,8 @@ static int take_sampling(int *argc, char **argv, forge_generate_params *gp, cons
 }
 
 static int cmd_run(int argc, char **argv) {
-    cli_opts o = {0};
-    take_common(&argc, argv, &o);
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("run", &argc, argv, &o, 1)) return 2;
     forge_generate_params gp = forge_generate_default_params();
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
@@ -513,7 +441,7 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "forge run: no MODEL given and the bundled stories260K model was not found\n");
         return 2;
     }
-    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
@@ -572,8 +500,8 @@ static int chat_stream(void *user, int32_t token, const char *text, size_t len) 
 }
 
 static int cmd_chat(int argc, char **argv) {
-    cli_opts o = {0};
-    take_common(&argc, argv, &o);
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("chat", &argc, argv, &o, 1)) return 2;
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = 1024;
     const char *stops[16];
@@ -587,8 +515,8 @@ static int cmd_chat(int argc, char **argv) {
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
     }
-    if (!path) { fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [sampling options]\n"); return 2; }
-    forge_model *m = forge_cli_load(path, o.device, o.verbose);
+    if (!path) { fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [--adapter DIR [--merge-adapter]] [sampling options]\n"); return 2; }
+    forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
@@ -672,6 +600,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
+    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench-tokenize")) return forge_bench_tokenize_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "--version")) { printf("forge %s\n", forge_version()); return 0; }

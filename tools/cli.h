@@ -1,0 +1,54 @@
+/* cli.h: what the CLI's source files share: tools/forge_cli.c (the verbs and main),
+ * tools/cli_common.c (model loading, option and value parsing), tools/cli_train.c
+ * (`forge train`) and bench/bench.c (`forge bench`, `forge bench-tokenize`). */
+#ifndef FORGE_CLI_H
+#define FORGE_CLI_H
+
+#include "forge.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Options every model command takes; forge_cli_take_common consumes them from argv. */
+typedef struct forge_cli_opts {
+    const char *device;       /* --device INDEX|NAME */
+    int verbose;              /* -v: the library's log to stderr */
+    int n_ctx;                /* --ctx N (0: the command's default) */
+    const char *adapter;      /* --adapter DIR: forge_model_params.adapter_path */
+    int merge_adapter;        /* --merge-adapter: forge_model_params.adapter_merge */
+} forge_cli_opts;
+
+/* Takes --device, --ctx and -v (and, when with_adapter, --adapter and --merge-adapter) out of
+ * argv, leaving the other arguments in order. Returns 0, or 2 after printing what is wrong
+ * ("forge CMD: --ctx: ..."). */
+int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opts *o, int with_adapter);
+
+/* Loads MODEL with the options (device by index or name, the adapter, progress on a
+ * terminal, the log with -v); prints the library's message and returns NULL on failure. */
+forge_model *forge_cli_load(const char *path, const forge_cli_opts *o);
+
+/* Loads only the tokenizer of PATH (vocab_only). */
+forge_model *forge_cli_load_vocab(const char *path, int verbose);
+
+/* Value parsers for flags: each parses the whole of `s`, checks the range and returns 0, or
+ * prints "forge CMD: FLAG: 'S' is not ..." and returns 2 (a usage error). */
+int forge_cli_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out);
+int forge_cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
+/* lo_open / hi_open: the bound itself is excluded. */
+int forge_cli_parse_double(const char *cmd, const char *flag, const char *s, double lo, int lo_open, double hi, int hi_open,
+                           double *out);
+
+/* Checks a LoRA target list ("q_proj,v_proj", ..., or "all"): 0, or 2 after printing which
+ * name is wrong. */
+int forge_cli_check_targets(const char *cmd, const char *flag, const char *s);
+
+/* Writes s[0..n) to stdout as a JSON string (quoted, escaped). */
+void forge_cli_json_string(const char *s, size_t n);
+void forge_cli_json_cstr(const char *s);
+
+/* The verbs that live outside tools/forge_cli.c. */
+int cmd_train(int argc, char **argv);                  /* tools/cli_train.c */
+int forge_bench_main(int argc, char **argv);           /* bench/bench.c */
+int forge_bench_tokenize_main(int argc, char **argv);  /* bench/bench.c */
+
+#endif /* FORGE_CLI_H */

@@ -1,0 +1,166 @@
+/* cli_common.c: what the CLI's verbs share (see cli.h): loading a model with the common
+ * options, taking those options out of argv, checking flag values, JSON strings. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void log_stderr(void *user, forge_log_level level, const char *msg) {
+    (void)user;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    fprintf(stderr, "forge %s: %s\n", names[(unsigned)level < 4 ? level : 3], msg);
+}
+
+static void progress_stderr(void *user, float fraction) {
+    (void)user;
+    fprintf(stderr, "\rloading %3d%%", (int)(fraction * 100.0f + 0.5f));
+    if (fraction >= 1.0f) fprintf(stderr, "\r            \r");
+    fflush(stderr);
+}
+
+int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opts *o, int with_adapter) {
+    int w = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < *argc;
+        if (!strcmp(a, "--device") && has) o->device = argv[++i];
+        else if (!strcmp(a, "--ctx") && has) {
+            long long v;
+            if (forge_cli_parse_int(cmd, "--ctx", argv[++i], 0, INT_MAX, &v)) return 2;
+            o->n_ctx = (int)v;
+        } else if (!strcmp(a, "-v")) o->verbose = 1;
+        else if (with_adapter && !strcmp(a, "--adapter") && has) o->adapter = argv[++i];
+        else if (with_adapter && !strcmp(a, "--merge-adapter")) o->merge_adapter = 1;
+        else argv[w++] = argv[i];
+    }
+    *argc = w;
+    if (o->merge_adapter && !o->adapter) {
+        fprintf(stderr, "forge %s: --merge-adapter needs --adapter DIR\n", cmd);
+        return 2;
+    }
+    return 0;
+}
+
+/* Loads with `mp`; prints the error and returns NULL on failure. */
+static forge_model *load_with(const char *path, forge_model_params *mp, int verbose) {
+    if (verbose) mp->log = log_stderr;
+    forge_model *m = NULL;
+    forge_status st = forge_model_load(path, mp, &m);
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        forge_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+forge_model *forge_cli_load(const char *path, const forge_cli_opts *o) {
+    forge_model_params mp = forge_model_default_params();
+    if (o->device) {
+        char *end;
+        long idx = strtol(o->device, &end, 10);
+        if (*o->device && *end == 0) mp.device_index = (int)idx;
+        else mp.device_name = o->device;
+    }
+    mp.adapter_path = o->adapter;
+    mp.adapter_merge = o->merge_adapter;
+    if (isatty(2)) mp.progress = progress_stderr;
+    return load_with(path, &mp, o->verbose);
+}
+
+forge_model *forge_cli_load_vocab(const char *path, int verbose) {
+    forge_model_params mp = forge_model_default_params();
+    mp.vocab_only = 1;
+    return load_with(path, &mp, verbose);
+}
+
+int forge_cli_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) {
+        if (hi == LLONG_MAX || hi == INT_MAX) fprintf(stderr, "forge %s: %s: '%s' is not an integer >= %lld\n", cmd, flag, s, lo);
+        else fprintf(stderr, "forge %s: %s: '%s' is not an integer in [%lld, %lld]\n", cmd, flag, s, lo, hi);
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+int forge_cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[strspn(s, " \t")] == '-') {
+        fprintf(stderr, "forge %s: %s: '%s' is not an unsigned 64-bit integer\n", cmd, flag, s);
+        return 2;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+int forge_cli_parse_double(const char *cmd, const char *flag, const char *s, double lo, int lo_open, double hi, int hi_open,
+                           double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    int ok = *s && !*end && errno != ERANGE && isfinite(v) && (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
+    if (!ok) {
+        if (isinf(hi)) fprintf(stderr, "forge %s: %s: '%s' is not a number %s %g\n", cmd, flag, s, lo_open ? ">" : ">=", lo);
+        else fprintf(stderr, "forge %s: %s: '%s' is not a number in %c%g, %g%c\n", cmd, flag, s, lo_open ? '(' : '[', lo, hi,
+                     hi_open ? ')' : ']');
+        return 2;
+    }
+    *out = v;
+    return 0;
+}
+
+int forge_cli_check_targets(const char *cmd, const char *flag, const char *s) {
+    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const size_t n_names = sizeof names / sizeof names[0];
+    if (!strcmp(s, "all")) return 0;
+    unsigned seen = 0;
+    const char *p = s;
+    for (;;) {
+        size_t len = strcspn(p, ",");
+        size_t k = 0;
+        while (k < n_names && !(strlen(names[k]) == len && !strncmp(p, names[k], len))) k++;
+        if (k == n_names) {
+            fprintf(stderr,
+                    "forge %s: %s: '%.*s' in '%s' is not a target (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                    "down_proj, comma-separated, or all)\n",
+                    cmd, flag, (int)len, p, s);
+            return 2;
+        }
+        if (seen & (1u << k)) {
+            fprintf(stderr, "forge %s: %s: '%s' names %s twice\n", cmd, flag, s, names[k]);
+            return 2;
+        }
+        seen |= 1u << k;
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    return 0;
+}
+
+void forge_cli_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+void forge_cli_json_cstr(const char *s) { forge_cli_json_string(s, strlen(s)); }
