@@ -4795,6 +4795,7 @@ typedef struct forge__op_desc {
     uint32_t n_spec;
     uint32_t spec[3];      /* constant_id 0, 1, 2: pinned, never left to GLSL defaults */
     bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
+    bool per_head_dim;     /* attention kernels: spec[0] = DMAX, the model's head_dim rounded up to 8 */
 } forge__op_desc;
 
 /* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, one output each at a time */
@@ -4834,7 +4835,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
-    [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
@@ -4844,7 +4845,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 4, sizeof(forge__pc_gemm), 0, {0}},
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
-    [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 0, {0}},
+    [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 1, {256}, false, true},
     [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 3, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_LOSS] = {"loss", FORGE__SPV(loss), 4, sizeof(forge__pc_loss), 0, {0}},
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
@@ -4858,7 +4859,8 @@ typedef struct forge__pipeline {
     VkPipeline pipe;
 } forge__pipeline;
 
-static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, forge__pipeline *p, forge__err *err) {
+/* dmax: the head_dim the attention kernels are specialized for (0: the largest, 256). */
+static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, uint32_t dmax, forge__pipeline *p, forge__err *err) {
     VkDescriptorSetLayoutBinding b[FORGE__MAX_BINDINGS];
     for (uint32_t i = 0; i < op->n_bindings; i++)
         b[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -4879,6 +4881,7 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     VkSpecializationMapEntry me[3] = {{0, 0, 4}, {1, 4, 4}, {2, 8, 4}};
     uint32_t spec[3] = {op->spec[0], op->spec[1], op->spec[2]};
     if (op->per_subgroup) spec[0] = FORGE__SG_PER_WG * d->caps.subgroup_size;
+    if (op->per_head_dim && dmax) spec[0] = dmax;
     VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -4902,6 +4905,7 @@ static void forge__pipeline_destroy(forge__device *d, forge__pipeline *p) {
 typedef struct forge__rec {
     forge__device *dev;
     forge__pipeline *pipes;        /* the model's table, FORGE__OP_COUNT entries */
+    uint32_t dmax;                 /* the attention kernels' head_dim specialization (the model's, rounded up to 8); 0: 256 */
     pthread_mutex_t *pipe_lock;
     VkCommandBuffer cb;
     VkDescriptorPool pool;
@@ -4920,7 +4924,7 @@ static forge__pipeline *forge__get_pipeline(forge__rec *r, forge__op op) {
     pthread_mutex_lock(r->pipe_lock);
     if (!p->pipe) {
         forge__pipeline np = {0};
-        forge_status st = forge__pipeline_create(r->dev, &forge__ops[op], &np, r->err);
+        forge_status st = forge__pipeline_create(r->dev, &forge__ops[op], r->dmax, &np, r->err);
         if (st) {
             forge__pipeline_destroy(r->dev, &np);
             r->st = st;
@@ -6129,7 +6133,7 @@ static void forge__gemm(const forge__pass *p, forge__mview a, forge__mview b, fo
                          drop ? drop_on : 0u, drop_ld, stream, drop ? (uint32_t)fmin(4294967295.0, (double)rate * 4294967296.0) : 0u,
                          drop ? 1.0f / (1.0f - rate) : 1.0f};
     forge__range bind[4] = {a.r, b.r, c.r, p->params};
-    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 63) / 64, (M + 63) / 64, 1);
+    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 31) / 32, (M + 31) / 32, 1);
 }
 
 /* The scratch columns of target t in acts.u ([n, FORGE__T_COUNT * max_rank]). */
@@ -6398,7 +6402,8 @@ typedef void (*forge__record_fn)(void *ctx, forge__rec *r);
 static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool profile, forge__record_fn fn, void *ctx, forge__recording *slot,
                                   forge__err *err) {
     forge__device *d = &m->dev;
-    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err};
+    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err,
+                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim, 8)};
     fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
@@ -8488,12 +8493,12 @@ typedef struct forge__train_layout {
 /* The trainer's device buffers, in pack order. Per layer then: x_in, and without gradient
  * checkpointing the rest of forge__train_layer_buf. */
 typedef enum forge__train_buf {
-    FORGE__TB_X, FORGE__TB_XN, FORGE__TB_U, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
+    FORGE__TB_X, FORGE__TB_XN, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
     FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_DUMMY, FORGE__TB_COUNT
 } forge__train_buf;
 typedef enum forge__train_layer_buf {
     FORGE__TL_X_IN, FORGE__TL_X_MID, FORGE__TL_QKV, FORGE__TL_QKV_RAW, FORGE__TL_ATT, FORGE__TL_LSE, FORGE__TL_GU, FORGE__TL_H,
-    FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_COUNT
+    FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_U, FORGE__TL_COUNT
 } forge__train_layer_buf;
 
 struct forge_trainer {
@@ -8531,11 +8536,11 @@ FORGE_API forge_train_params forge_train_default_params(void) {
     p.rank = 8;
     p.alpha = 16.0f;
     p.targets = "q_proj,v_proj";
-    p.lr = 1e-3f;
-    p.beta1 = 0.9f;
-    p.beta2 = 0.999f;
-    p.eps = 1e-8f;
-    p.weight_decay = 0.01f;
+    p.lr = 1e-3;
+    p.beta1 = 0.9;
+    p.beta2 = 0.999;
+    p.eps = 1e-8;
+    p.weight_decay = 0.01;
     p.accum_steps = 1;
     p.max_batch = 4;
     p.max_seq = 512;
@@ -8644,7 +8649,7 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
 }
 
 /* Bytes of each per-layer buffer (0: not kept by this model) for `rows` rows. */
-static void forge__train_layer_sizes(const forge_model *m, uint64_t rows, uint64_t *sz) {
+static void forge__train_layer_sizes(const forge_model *m, const forge__train_layout *L, uint64_t rows, uint64_t *sz) {
     const forge__config *c = &m->cfg;
     uint64_t H = (uint64_t)c->hidden, QD = (uint64_t)c->n_heads * c->head_dim, KVD = (uint64_t)c->n_kv_heads * c->head_dim;
     uint64_t QKVD = QD + 2 * KVD, F = (uint64_t)c->ffn;
@@ -8652,6 +8657,7 @@ static void forge__train_layer_sizes(const forge_model *m, uint64_t rows, uint64
         [FORGE__TL_X_IN] = H, [FORGE__TL_X_MID] = H, [FORGE__TL_QKV] = QKVD, [FORGE__TL_QKV_RAW] = c->qk_norm ? QKVD : 0,
         [FORGE__TL_ATT] = QD, [FORGE__TL_LSE] = 2 * (uint64_t)c->n_heads, [FORGE__TL_GU] = 2 * F, [FORGE__TL_H] = F,
         [FORGE__TL_K] = KVD, [FORGE__TL_V] = KVD, [FORGE__TL_O] = c->sandwich_norms ? H : 0, [FORGE__TL_D] = c->sandwich_norms ? H : 0,
+        [FORGE__TL_U] = (uint64_t)FORGE__T_COUNT * L->lora.max_rank,
     };
     for (int i = 0; i < FORGE__TL_COUNT; i++) sz[i] = 4 * rows * w[i];
 }
@@ -8668,7 +8674,7 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
     for (int s = 0; s < L->n_segs; s++)
         for (int k = 0; k < 4; k++) ok &= forge__pack_add(pack, a, 4 * L->seg_count[s]) >= 0;
     uint64_t sizes[FORGE__TB_COUNT] = {
-        [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_U] = 4 * N * U, [FORGE__TB_XF] = 4 * N * H,
+        [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_XF] = 4 * N * H,
         [FORGE__TB_DX] = 4 * N * H, [FORGE__TB_DXN] = 4 * N * H, [FORGE__TB_DQKV] = 4 * N * QKVD, [FORGE__TB_DATT] = 4 * N * QD,
         [FORGE__TB_DH] = 4 * N * F, [FORGE__TB_DGU] = 8 * N * F, [FORGE__TB_DU] = 4 * N * U,
         [FORGE__TB_LOGITS] = L->p.loss == FORGE_LOSS_MSE_HIDDEN ? 16 : 4ull * L->loss_rows * c->n_vocab,
@@ -8676,7 +8682,7 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
     };
     for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i]) >= 0;
     uint64_t ls[FORGE__TL_COUNT];
-    forge__train_layer_sizes(m, N, ls);
+    forge__train_layer_sizes(m, L, N, ls);
     for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
     for (int l = L->first_layer; l < c->n_layers; l++)
         for (int i = 0; i < (L->ckpt ? 1 : FORGE__TL_COUNT); i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
@@ -8834,10 +8840,9 @@ static void forge__rmsnorm_back(const forge__pass *p, forge__range x, const forg
     forge__dispatch(p->r, FORGE__OP_RMSNORM_BACK, b, &pc, gx, gy, 1);
 }
 
-/* The adapters' backward pass in three stages with a barrier after each (the caller's):
- *   1. u = dropout(x) A^T again (forge__lora_down)
- *   2. dB += scale dy^T u,  du = scale dy B
- *   3. dA += du^T dropout(x),  dx += dropout'(du A)
+/* The adapters' backward pass, after the forward pass kept u = dropout(x) A^T (acts.u):
+ *   1. dB += scale dy^T u,  du = scale dy B
+ *   2. dA += du^T dropout(x),  dx += dropout'(du A)
  * dy is the projection's output gradient: columns col0 + j * step of rows of ldy floats. */
 static void forge__lora_back_b(const forge__pass *p, forge__range du, int l, forge__target t, forge__range dy, uint32_t ldy, uint32_t col0,
                                uint32_t step, forge__range u) {
@@ -8863,11 +8868,11 @@ static void forge__lora_back_a(const forge__pass *p, forge__range du, int l, for
                 3, lp->in, forge__stream(l, t));
 }
 
-/* Stages 2 and 3 for the adapted targets of one group sharing an input x and an input
- * gradient dx; the dx contributions one at a time (they add into the same rows). */
-static void forge__lora_back_group(forge_trainer *tr, const forge__pass *p, int l, const forge__target *ts, int n_t, forge__range x,
+/* Both stages for the adapted targets of one group sharing an input x and an input gradient
+ * dx; the dx contributions one at a time (they add into the same rows). */
+static void forge__lora_back_group(forge_trainer *tr, const forge__pass *p, int l, const forge__target *ts, int n_t, forge__range x, forge__range u,
                                    forge__range dx, const forge__range *dy, const uint32_t *ldy, const uint32_t *col0, const uint32_t *step) {
-    for (int i = 0; i < n_t; i++) forge__lora_back_b(p, tr->r[FORGE__TB_DU], l, ts[i], dy[i], ldy[i], col0[i], step[i], tr->r[FORGE__TB_U]);
+    for (int i = 0; i < n_t; i++) forge__lora_back_b(p, tr->r[FORGE__TB_DU], l, ts[i], dy[i], ldy[i], col0[i], step[i], u);
     forge__barrier(p->r);
     for (int i = 0; i < n_t; i++) forge__lora_back_a(p, tr->r[FORGE__TB_DU], l, ts[i], x, dx, false);
     for (int i = 0; i < n_t; i++) {
@@ -8898,13 +8903,12 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
         dd = dxn;
     }
     forge__linear_back(p, &ly->down, dd, H, 0, n, dh, F, 0, false);
-    forge__lora_down(p, a, l, FORGE__T_DOWN, a->h);
     forge__rmsnorm(p, a->x_mid, 0, &ly->ffn_norm, xn, 0, n, H, 0); /* the gate and up products' input, again */
     forge__barrier(r);
     {
         forge__target ts[1] = {FORGE__T_DOWN};
         uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
-        if (forge__lora_at(p->lora, l, FORGE__T_DOWN)) forge__lora_back_group(tr, p, l, ts, 1, a->h, dh, &dd, ldy, col0, step);
+        if (forge__lora_at(p->lora, l, FORGE__T_DOWN)) forge__lora_back_group(tr, p, l, ts, 1, a->h, a->u, dh, &dd, ldy, col0, step);
     }
     bool pairs = ly->fused_gate_up;
     forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F};
@@ -8919,16 +8923,12 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
         forge__barrier(r);
         forge__linear_back(p, &ly->up, dgu, 2 * F, F, n, dxn, H, 0, true);
     }
+    forge__barrier(r);
     if (forge__lora_any(p, l, FORGE__T_GU)) {
-        forge__lora_down(p, a, l, FORGE__T_GATE, xn);
-        forge__lora_down(p, a, l, FORGE__T_UP, xn);
-        forge__barrier(r);
         forge__target ts[2] = {FORGE__T_GATE, FORGE__T_UP};
         forge__range dys[2] = {dgu, dgu};
         uint32_t ldy[2] = {2 * F, 2 * F}, col0[2] = {0, pairs ? 1 : F}, step[2] = {pairs ? 2u : 1u, pairs ? 2u : 1u};
-        forge__lora_back_group(tr, p, l, ts, 2, xn, dxn, dys, ldy, col0, step);
-    } else {
-        forge__barrier(r);
+        forge__lora_back_group(tr, p, l, ts, 2, xn, a->u, dxn, dys, ldy, col0, step);
     }
     forge__rmsnorm_back(p, a->x_mid, &ly->ffn_norm, dxn, dx, n, H, 0, 0, 0, true);
     forge__barrier(r);
@@ -8941,12 +8941,11 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
         dout = dxn;
     }
     forge__linear_back(p, &ly->wo, dout, H, 0, n, datt, QD, 0, false);
-    forge__lora_down(p, a, l, FORGE__T_O, a->att);
     forge__barrier(r);
     {
         forge__target ts[1] = {FORGE__T_O};
         uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
-        if (forge__lora_at(p->lora, l, FORGE__T_O)) forge__lora_back_group(tr, p, l, ts, 1, a->att, datt, &dout, ldy, col0, step);
+        if (forge__lora_at(p->lora, l, FORGE__T_O)) forge__lora_back_group(tr, p, l, ts, 1, a->att, a->u, datt, &dout, ldy, col0, step);
     }
     forge__pc_attn_back pb = {p->seq, NH, NKV, D, ly->sliding ? (uint32_t)c->sliding_window : 0, (float)c->attn_scale, (float)c->attn_softcap,
                               QKVD, QD, QD + KVD, p->seq * KVD, n, 0};
@@ -8980,15 +8979,12 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
         forge__barrier(r);
         forge__linear_back(p, &ly->wv, dqkv, QKVD, QD + KVD, n, dxn, H, 0, true);
     }
+    forge__barrier(r);
     if (forge__lora_any(p, l, FORGE__T_QKV)) {
-        for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, xn);
-        forge__barrier(r);
         forge__target ts[3] = {FORGE__T_Q, FORGE__T_K, FORGE__T_V};
         forge__range dys[3] = {dqkv, dqkv, dqkv};
         uint32_t ldy[3] = {QKVD, QKVD, QKVD}, col0[3] = {0, QD, QD + KVD}, step[3] = {1, 1, 1};
-        forge__lora_back_group(tr, p, l, ts, 3, xn, dxn, dys, ldy, col0, step);
-    } else {
-        forge__barrier(r);
+        forge__lora_back_group(tr, p, l, ts, 3, xn, a->u, dxn, dys, ldy, col0, step);
     }
     if (l > tr->L.first_layer) { /* the layer below needs its output's gradient; the lowest adapted layer's input needs none */
         forge__rmsnorm_back(p, a->x_in, &ly->attn_norm, dxn, dx, n, H, 0, 0, 0, true);
@@ -9167,7 +9163,7 @@ static forge_status forge__trainer_init(forge_trainer *tr) {
         tr->acts[l] = (forge__acts){
             .x = tr->r[FORGE__TB_X], .xn = tr->r[FORGE__TB_XN], .qkv = own[FORGE__TL_QKV], .att = own[FORGE__TL_ATT],
             .gu = own[FORGE__TL_GU], .h = own[FORGE__TL_H], .kc = own[FORGE__TL_K], .vc = own[FORGE__TL_V], .slots = L->max_rows,
-            .attn_part = tr->r[FORGE__TB_DUMMY], .u = tr->r[FORGE__TB_U], .o = own[FORGE__TL_O], .d = own[FORGE__TL_D],
+            .attn_part = tr->r[FORGE__TB_DUMMY], .u = own[FORGE__TL_U], .o = own[FORGE__TL_O], .d = own[FORGE__TL_D],
             /* what only the backward pass reads: not for the layers below the adapters */
             .x_in = adapted ? own[FORGE__TL_X_IN] : (forge__range){0}, .x_mid = adapted ? own[FORGE__TL_X_MID] : (forge__range){0},
             .qkv_raw = adapted && c->qk_norm ? own[FORGE__TL_QKV_RAW] : (forge__range){0},
@@ -9343,6 +9339,20 @@ static forge_status forge__train_run(forge_trainer *tr, uint32_t B, uint32_t T, 
     return FORGE_OK;
 }
 
+/* adamw.comp's scalars for step k (from 1) at learning rate lr, computed in f64 and rounded
+ * once, as torch's Python floats are: {1 - lr wd, 1 - b1, b2, 1 - b2, lr / bc1, sqrt(bc2), eps,
+ * max_norm}. */
+static void forge__adamw_scalars(const forge_train_params *p, double lr, int k, float out[8]) {
+    out[0] = (float)(1.0 - lr * p->weight_decay);
+    out[1] = (float)(1.0 - p->beta1);
+    out[2] = (float)p->beta2;
+    out[3] = (float)(1.0 - p->beta2);
+    out[4] = (float)(lr / (1.0 - pow(p->beta1, k)));
+    out[5] = (float)sqrt(1.0 - pow(p->beta2, k));
+    out[6] = (float)p->eps;
+    out[7] = (float)p->max_grad_norm;
+}
+
 /* The learning rate of optimizer step s (0-based), as HF's schedulers compute it. */
 static double forge__lr_at(const forge_train_params *p, int s) {
     if (s < p->warmup_steps) return p->lr * (double)s / (double)FORGE__MAX(1, p->warmup_steps);
@@ -9370,8 +9380,8 @@ FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_bat
         const forge_train_params *p = &tr->L.p;
         double lr = forge__lr_at(p, tr->step);
         int k = tr->step + 1; /* torch counts steps from 1 in the bias corrections */
-        float opt[8] = {(float)lr, p->beta1, p->beta2, p->eps, p->weight_decay, (float)(1.0 - pow(p->beta1, k)),
-                        (float)sqrt(1.0 - pow(p->beta2, k)), p->max_grad_norm};
+        float opt[8];
+        forge__adamw_scalars(p, lr, k, opt);
         memcpy((uint8_t *)tr->io.mapped + tr->opt_r.offset, opt, sizeof opt);
         forge__device *d = &tr->m->dev;
         if ((st = forge__submit_wait(d, tr->opt_rec.cb, tr->fence, &tr->err))) return st;

@@ -560,15 +560,16 @@ typedef struct forge_train_params {
     uint64_t seed;            /* A's initialisation and dropout masks */
     const char *adapter_path; /* start from this adapter (PEFT or mlx-lm); its rank, alpha and
                                * targets replace the fields above; NULL: fresh adapters */
-    /* AdamW, with torch.optim.AdamW's semantics (decoupled weight decay, bias correction) */
-    float lr;                 /* default 1e-3 */
-    float beta1, beta2;       /* default 0.9, 0.999 */
-    float eps;                /* default 1e-8 */
-    float weight_decay;       /* default 0.01 */
+    /* AdamW, with torch.optim.AdamW's semantics (decoupled weight decay, bias correction; the
+     * scalars in double as torch's Python floats, applied to f32 parameters) */
+    double lr;                /* default 1e-3 */
+    double beta1, beta2;      /* default 0.9, 0.999 */
+    double eps;               /* default 1e-8 */
+    double weight_decay;      /* default 0.01 */
     forge_lr_schedule schedule; /* default FORGE_LR_CONSTANT */
     int warmup_steps;         /* linear warmup from 0 over this many optimizer steps; default 0 */
     int total_steps;          /* the schedule's length (LINEAR, COSINE); required by those */
-    float max_grad_norm;      /* clip the global gradient norm to this (torch's clip_grad_norm_); 0: off */
+    double max_grad_norm;     /* clip the global gradient norm to this (torch's clip_grad_norm_); 0: off */
     int accum_steps;          /* micro-batches per optimizer step, their gradients averaged; default 1 */
     /* loss */
     forge_loss_kind loss;

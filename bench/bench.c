@@ -98,7 +98,7 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
     forge_model_info info;
     forge_model_get_info(m, &info);
     forge_train_params tp = forge_train_default_params();
-    tp.lr = 1e-4f;
+    tp.lr = 1e-4;
     tp.max_batch = tb->batch;
     tp.max_seq = tb->seq;
     if (tb->rank) tp.rank = tb->rank;

@@ -7,11 +7,14 @@
 //   clipping is off):
 //     g = c * G;  p *= 1 - lr * wd;  m += (1 - b1) (g - m);  v = b2 v + (1 - b2) g^2
 //     p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps);  G = 0 (ready to accumulate again)
+// The scalars come computed in f64 on the host and rounded once, as torch's Python floats are
+// (1 - b2 in f32 arithmetic would differ from torch's by 1e-5 relative).
 // The parameters may span several buffers (segments), each dispatched with its own bindings and
 // part0 (mode 0); all partials land in one array. The hyper-parameters of the step (bias
 // corrections from the step count, the scheduled lr) come from a host-written buffer, so the
 // recorded step is replayed unchanged.
-// Bindings: 0 P f32 | 1 G f32 | 2 M f32 | 3 V f32 | 4 opt {lr, b1, b2, eps, wd, bc1, bc2_sqrt, max_norm}
+// Bindings: 0 P f32 | 1 G f32 | 2 M f32 | 3 V f32
+//           4 opt {1 - lr wd, 1 - b1, b2, 1 - b2, lr / bc1, sqrt(bc2), eps, max_norm}
 //           5 norm f32 [1 + parts]: norm2, then the partials
 layout(local_size_x = 256) in;
 
@@ -19,7 +22,7 @@ layout(binding = 0) buffer P_ { float p[]; };
 layout(binding = 1) buffer G_ { float g[]; };
 layout(binding = 2) buffer M_ { float m[]; };
 layout(binding = 3) buffer V_ { float v[]; };
-layout(binding = 4) readonly buffer O_ { float lr, b1, b2, eps, wd, bc1, bc2_sqrt, max_norm; } opt;
+layout(binding = 4) readonly buffer O_ { float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps, max_norm; } opt;
 layout(binding = 5) buffer N_ { float norm[]; };
 
 layout(push_constant) uniform PC { uint count, mode, part0, n_parts; } pc;
@@ -56,11 +59,11 @@ void main() {
     float c = 1.0;
     if (opt.max_norm > 0.0) c = min(1.0, opt.max_norm / (sqrt(norm[0]) + 1e-6));
     float gi = g[i] * c;
-    float pi = p[i] * (1.0 - opt.lr * opt.wd);
+    float pi = p[i] * opt.decay;
     float mi = m[i];
-    mi += (1.0 - opt.b1) * (gi - mi);
-    float vi = opt.b2 * v[i] + (1.0 - opt.b2) * gi * gi;
-    pi -= (opt.lr / opt.bc1) * mi / (sqrt(vi) / opt.bc2_sqrt + opt.eps);
+    mi += opt.one_minus_b1 * (gi - mi);
+    float vi = v[i] * opt.b2 + opt.one_minus_b2 * (gi * gi);
+    pi -= opt.step_size * mi / (sqrt(vi) / opt.bc2_sqrt + opt.eps);
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;

@@ -12,7 +12,7 @@
 //   1 dq:    one workgroup per (8 queries, head, sequence); keys in tiles of 8.
 //   2 dk dv: one workgroup per (8 keys, kv head, sequence); queries in tiles of 8, every head
 //            of the group, so no two workgroups write the same gradient row (no atomics).
-// Shared memory: three tiles of 8 rows of up to 256 floats (< 25 KiB); D <= 256.
+// Shared memory: three tiles of 8 rows of DMAX + 1 floats (< 25 KiB); D <= DMAX <= 256.
 // Bindings: 0 q f32 [rows, q_stride] (heads at h * D) | 1 K f32 [b * kv_batch_stride + (t, Hkv, D)]
 //           2 V (as K) | 3 O f32 [rows, H, D] | 4 dO f32 [rows, H, D]
 //           5 stats f32 [2, rows, H]: lse (from the forward pass), then delta (mode 0 writes it)
@@ -37,7 +37,8 @@ layout(push_constant) uniform PC {
     uint q_stride, k_off, v_off, kv_batch_stride, n_rows, mode;
 } pc;
 
-const uint T8 = 8, DMAX = 256, DS = DMAX + 1, PER = DMAX / T8;
+layout(constant_id = 0) const uint DMAX = 256; // head_dim rounded up to a multiple of 8 (the model's, pinned at pipeline creation)
+const uint T8 = 8, DS = DMAX + 1, PER = DMAX / T8;
 shared float qs[T8 * DS];     // mode 1: queries; mode 2: the query or dO tile
 shared float ds_[T8 * DS];    // mode 1: dO of the queries; mode 2: the keys
 shared float ts[T8 * DS];     // mode 1: the K or V tile; mode 2: the values

@@ -12,7 +12,7 @@
 // flags 1 each query's softmax log-sum-exp (m + log l) goes to lse, for the backward pass.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
-// One workgroup of 64 per (block of 8 queries, head, sequence); D <= 256.
+// One workgroup of 64 per (block of 8 queries, head, sequence); D <= DMAX <= 256.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
@@ -34,7 +34,8 @@ layout(push_constant) uniform PC {
     uint kv_batch_stride, flags;
 } pc;
 
-const uint BQ = 8, BK = 16, DMAX = 256, TPQ = 64 / BQ; // threads per query
+layout(constant_id = 0) const uint DMAX = 256; // head_dim rounded up to a multiple of 8 (the model's, pinned at pipeline creation)
+const uint BQ = 8, BK = 16, TPQ = 64 / BQ; // threads per query
 const uint DS = DMAX + 1;    // padded row stride: rows start in different banks
 shared float qs[BQ * DS];
 shared float kv[BK * DS];    // the K tile, then the V tile

@@ -10,10 +10,11 @@
 // pass recomputes it instead of storing it. x is operand A (drop_on 1: index m * drop_ld + k),
 // operand B (2: index k * drop_ld + n) or sits behind the output (3: index m * drop_ld + n,
 // masking the product before it is added). Its index is always token * in_features + column.
-// Tiles of 64 (m) x 64 (n), k in steps of 16 through shared memory; 256 threads, 4 x 4 each.
+// Tiles of 32 (m) x 32 (n), k in steps of 32 through shared memory; 64 threads, 4 x 4 each
+// (small tiles: the low-rank products have 8 to 64 columns).
 // Bindings: 0 A f32 | 1 B f32 | 2 C f32 (in/out) | 3 params {seed} (read when dropout is on)
 #extension GL_GOOGLE_include_directive : require
-layout(local_size_x = 256) in;
+layout(local_size_x = 64) in;
 
 #include "common.glsl"
 
@@ -33,7 +34,7 @@ layout(push_constant) uniform PC {
     float drop_scale;                                      // 1 / (1 - p)
 } pc;
 
-const uint BM = 64, BN = 64, BK = 16;
+const uint BM = 32, BN = 32, BK = 32;
 shared float As[BK][BM + 1];
 shared float Bs[BK][BN + 1];
 
@@ -41,7 +42,7 @@ float keep(uint idx, uint key) { return lowbias_hash(idx ^ key) >= pc.drop_thres
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint tx = tid % 16u, ty = tid / 16u;
+    uint tx = tid % 8u, ty = tid / 8u;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     uint key = pc.drop_on != 0u ? lowbias_hash(params.seed ^ lowbias_hash(pc.drop_stream + 0x9e3779b9u)) : 0u;
     float acc[4][4];
@@ -49,7 +50,7 @@ void main() {
         for (uint j = 0; j < 4u; j++) acc[i][j] = 0.0;
     for (uint k0 = 0; k0 < pc.K; k0 += BK) {
         // 1024 elements of each tile, 4 per thread
-        for (uint e = tid; e < BM * BK; e += 256u) {
+        for (uint e = tid; e < BM * BK; e += 64u) {
             uint mm = e / BK, kk = e % BK, m = m0 + mm, k = k0 + kk;
             float v = 0.0;
             if (m < pc.M && k < pc.K) {
@@ -58,7 +59,7 @@ void main() {
             }
             As[kk][mm] = v;
         }
-        for (uint e = tid; e < BN * BK; e += 256u) {
+        for (uint e = tid; e < BN * BK; e += 64u) {
             uint nn = e % BN, kk = e / BN, n = n0 + nn, k = k0 + kk;
             float v = 0.0;
             if (n < pc.N && k < pc.K) {

@@ -11,7 +11,19 @@ struct ft_ctx {
     VkCommandPool pool;
     VkFence fence;
     int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul */
+    uint32_t dmax;   /* the head_dim the attention pipelines were made for (forge__rec.dmax) */
 };
+
+/* The attention kernels specialized for head_dim D, as a model's would be (small head dims
+ * compile and run much faster on lavapipe than the 256 that covers every model). */
+static void ft_use_head_dim(ft_ctx *c, uint32_t D) {
+    uint32_t want = (uint32_t)forge__align_up(D, 8);
+    if (c->dmax == want) return;
+    c->dev.vk.vkDeviceWaitIdle(c->dev.dev);
+    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTENTION]);
+    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTN_BACK]);
+    c->dmax = want;
+}
 
 ft_ctx *ft_open(char *err, size_t err_size) {
     ft_ctx *c = (ft_ctx *)calloc(1, sizeof *c);
@@ -80,6 +92,7 @@ static void ft_begin(ft_job *j, ft_ctx *c) {
     j->rec.pipe_lock = &c->lock;
     j->rec.pool = j->dpool;
     j->rec.err = &c->err;
+    j->rec.dmax = c->dmax;
 }
 
 /* Submits, waits, copies buffer `idx` back to `out`, frees everything. */
@@ -256,6 +269,7 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split) {
+    ft_use_head_dim(c, D);
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
@@ -548,3 +562,176 @@ void ft_train_grad_clear(forge_trainer *tr) {
 }
 
 int ft_train_checkpointing(const forge_trainer *tr) { return tr->L.ckpt; }
+
+/* ---- the backward kernels, one dispatch (or one pass) each ---- */
+
+/* As ft_end, but copies n buffers back before freeing. */
+static forge_status ft_end_keep(ft_job *j, int n, const int *idx, void *const *out, const uint64_t *bytes) {
+    ft_ctx *c = j->c;
+    forge_status st = j->rec.st;
+    c->dev.vk.vkEndCommandBuffer(j->rec.cb);
+    if (!st) st = forge__submit_wait(&c->dev, j->rec.cb, c->fence, &c->err);
+    for (int i = 0; i < n && !st; i++) memcpy(out[i], j->bufs[idx[i]].mapped, (size_t)bytes[i]);
+    c->dev.vk.vkFreeCommandBuffers(c->dev.dev, c->pool, 1, &j->rec.cb);
+    c->dev.vk.vkDestroyDescriptorPool(c->dev.dev, j->dpool, NULL);
+    for (int i = 0; i < j->n; i++) forge__buffer_destroy(&c->dev, &j->bufs[i], &c->mem, NULL);
+    return st;
+}
+
+forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, float *dx) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range yb = ft_buf(&j, dy, 4ull * M * N);
+    forge__range xb = ft_buf(&j, NULL, 4ull * M * K);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    if (!chunk_rows) chunk_rows = N;
+    for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
+        uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
+        forge__range b[5] = {yb, wb, xb, sb, bb};
+        forge__pc_back pc = {M, K, rows, r0, N, K, 0, r0 ? 1u : 0u, w->bits, w->group, w->qflags};
+        if (r0) forge__barrier(&j.rec);
+        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL_BACK + w->fmt), b, &pc, (K + 63) / 64, (M + 63) / 64, 1);
+    }
+    return ft_end(&j, 1, dx, 4ull * M * K, 0, NULL, 0);
+}
+
+forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size_t b_n, float *cm, size_t c_n, const uint32_t strides[9],
+                     uint32_t M, uint32_t N, uint32_t K, float alpha, int accumulate, uint32_t drop_on, uint32_t drop_ld, float drop_p,
+                     uint32_t seed, uint32_t stream) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {0, 0, 0, 1.0f, 1.0f, seed, {0, 0}};
+    forge__range ab = ft_buf(&j, a, 4 * a_n), bb = ft_buf(&j, b, 4 * b_n), cb = ft_buf(&j, cm, 4 * c_n), pb = ft_buf(&j, &sp, sizeof sp);
+    forge__lora lo = {0};
+    lo.dropout = drop_p;
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true};
+    forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
+                (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
+    return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
+}
+
+forge_status ft_rmsnorm_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *out, size_t n_floats, uint32_t rows, uint32_t dim,
+                             uint32_t heads, uint32_t row_stride, uint32_t col0, float eps, int accumulate) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range xb = ft_buf(&j, x, 4 * n_floats), wb = ft_buf(&j, w, 4ull * dim), yb = ft_buf(&j, dy, 4 * n_floats), ob = ft_buf(&j, out, 4 * n_floats);
+    forge__range b[4] = {xb, wb, yb, ob};
+    forge__pc_norm_back pc = {dim, accumulate ? 1u : 0u, eps, heads, row_stride, col0};
+    uint32_t gx, gy;
+    forge__grid(heads ? (uint64_t)rows * heads : rows, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_RMSNORM_BACK, b, &pc, gx, gy, 1);
+    return ft_end(&j, 3, out, 4 * n_floats, 0, NULL, 0);
+}
+
+forge_status ft_rope_back(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t D, uint32_t stride, uint32_t k_off,
+                          const float *inv_freq, uint32_t seq_len, int adjacent) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    forge__range pb = ft_buf(&j, &sp, sizeof sp), fb = ft_buf(&j, inv_freq, 4ull * D / 2), xb = ft_buf(&j, x, 4ull * n * stride);
+    forge__range b[3] = {pb, fb, xb};
+    forge__pc_rope_back pc = {n, heads, kv_heads, D, (uint32_t)adjacent, stride, k_off, seq_len};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)n * (heads + kv_heads) * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ROPE_BACK, b, &pc, gx, gy, 1);
+    return ft_end(&j, 2, x, 4ull * n * stride, 0, NULL, 0);
+}
+
+/* Training attention over B sequences of T tokens: the forward pass (attention_tiled with the
+ * log-sum-exp) on qkv rows [B * T, (H + 2 Hkv) D] whose k and v columns are also laid out as
+ * K and V [B * T, Hkv, D] (positions are not rotated here), then with the output gradient dO
+ * [B * T, H, D] the backward pass: O, and dq | dk | dv in rows like qkv. */
+forge_status ft_attention_train(ft_ctx *c, const float *qkv, uint32_t B, uint32_t T, uint32_t H, uint32_t Hkv, uint32_t D, uint32_t window,
+                                float scale, float softcap, const float *dout, float *out, float *dqkv) {
+    ft_use_head_dim(c, D);
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t n = B * T, QD = H * D, KVD = Hkv * D, S = QD + 2 * KVD;
+    float *k = (float *)malloc(4ull * n * KVD), *v = (float *)malloc(4ull * n * KVD);
+    for (uint32_t r = 0; r < n; r++) {
+        memcpy(k + (size_t)r * KVD, qkv + (size_t)r * S + QD, 4ull * KVD);
+        memcpy(v + (size_t)r * KVD, qkv + (size_t)r * S + QD + KVD, 4ull * KVD);
+    }
+    forge__step_params sp = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);                 /* 0 */
+    forge__range qb = ft_buf(&j, qkv, 4ull * n * S);               /* 1 */
+    forge__range kb = ft_buf(&j, k, 4ull * n * KVD);               /* 2 */
+    forge__range vb = ft_buf(&j, v, 4ull * n * KVD);               /* 3 */
+    forge__range ob = ft_buf(&j, NULL, 4ull * n * QD);             /* 4 */
+    forge__range lb = ft_buf(&j, NULL, 8ull * n * H);              /* 5 */
+    forge__range db = ft_buf(&j, dout, 4ull * n * QD);             /* 6 */
+    forge__range gb = ft_buf(&j, NULL, 4ull * n * S);              /* 7 */
+    free(k);
+    free(v);
+    forge__pc_attention pa = {T, H, Hkv, D, T, window, scale, softcap, FORGE__ATTN_SPLITS, S, T * KVD, 1};
+    forge__range ba[6] = {pb, qb, kb, vb, ob, lb};
+    forge__dispatch(&j.rec, FORGE__OP_ATTENTION, ba, &pa, (T + 7) / 8, H, B);
+    forge__barrier(&j.rec);
+    forge__pc_attn_back pbk = {T, H, Hkv, D, window, scale, softcap, S, QD, QD + KVD, T * KVD, n, 0};
+    forge__range bb[7] = {qb, kb, vb, ob, db, lb, gb};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)n * H + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ATTN_BACK, bb, &pbk, gx, gy, 1);
+    forge__barrier(&j.rec);
+    pbk.mode = 1;
+    forge__dispatch(&j.rec, FORGE__OP_ATTN_BACK, bb, &pbk, (T + 7) / 8, H, B);
+    pbk.mode = 2;
+    forge__dispatch(&j.rec, FORGE__OP_ATTN_BACK, bb, &pbk, (T + 7) / 8, Hkv, B);
+    int idx[2] = {4, 7};
+    void *outs[2] = {out, dqkv};
+    uint64_t bytes[2] = {4ull * n * QD, 4ull * n * S};
+    return ft_end_keep(&j, 2, idx, outs, bytes);
+}
+
+forge_status ft_act_mul_back(ft_ctx *c, const float *dh, const float *gu, float *dgu, uint32_t rows, uint32_t ffn, uint32_t act, int pairs) {
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t count = rows * ffn;
+    forge__range hb = ft_buf(&j, dh, 4ull * count), gb = ft_buf(&j, gu, 8ull * count), ob = ft_buf(&j, NULL, 8ull * count);
+    forge__range b[3] = {hb, gb, ob};
+    forge__pc_act pc = {count, act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, ffn};
+    uint32_t gx, gy;
+    forge__grid((count + 255) / 256, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ACT_MUL_BACK, b, &pc, gx, gy, 1);
+    return ft_end(&j, 2, dgu, 8ull * count, 0, NULL, 0);
+}
+
+forge_status ft_loss(ft_ctx *c, float *pred, uint32_t rows, uint32_t n, int mode, const int32_t *labels, const float *targets, const float *weights,
+                     float softcap, int grad, float *loss) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range pb = ft_buf(&j, pred, 4ull * rows * n);
+    forge__range tb = mode == 0 ? ft_buf(&j, labels, 4ull * rows) : ft_buf(&j, targets, 4ull * rows * n);
+    forge__range wb = ft_buf(&j, weights, 4ull * rows), lb = ft_buf(&j, NULL, 4ull * rows);
+    forge__range b[4] = {pb, tb, wb, lb};
+    forge__pc_loss pc = {n, 0, rows, (uint32_t)mode, grad ? 1u : 0u, softcap};
+    forge__dispatch(&j.rec, FORGE__OP_LOSS, b, &pc, rows, 1, 1);
+    return ft_end(&j, 0, pred, 4ull * rows * n, 3, loss, 4ull * rows);
+}
+
+forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_t count, const float opt[8], float *norm2) {
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t parts = (count + FORGE__ADAMW_PER_WG - 1) / FORGE__ADAMW_PER_WG;
+    forge__range pb = ft_buf(&j, p, 4ull * count), gb = ft_buf(&j, g, 4ull * count), mb = ft_buf(&j, m, 4ull * count), vb = ft_buf(&j, v, 4ull * count);
+    forge__range ob = ft_buf(&j, opt, 32), nb = ft_buf(&j, NULL, 4ull * (1 + parts));
+    forge__range b[6] = {pb, gb, mb, vb, ob, nb};
+    forge__pc_adamw p0 = {count, 0, 0, 0}, p1 = {0, 1, 0, parts}, p2 = {count, 2, 0, 0};
+    forge__dispatch(&j.rec, FORGE__OP_ADAMW, b, &p0, parts, 1, 1);
+    forge__barrier(&j.rec);
+    forge__dispatch(&j.rec, FORGE__OP_ADAMW, b, &p1, 1, 1, 1);
+    forge__barrier(&j.rec);
+    forge__dispatch(&j.rec, FORGE__OP_ADAMW, b, &p2, (count + 255) / 256, 1, 1);
+    int idx[5] = {0, 1, 2, 3, 5};
+    float n2[2];
+    float *tmp = (float *)malloc(4ull * (1 + parts));
+    void *outs[5] = {p, g, m, v, tmp};
+    uint64_t bytes[5] = {4ull * count, 4ull * count, 4ull * count, 4ull * count, 4ull * (1 + parts)};
+    forge_status st = ft_end_keep(&j, 5, idx, outs, bytes);
+    n2[0] = tmp[0];
+    *norm2 = n2[0];
+    free(tmp);
+    return st;
+}

@@ -101,6 +101,28 @@ forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 extern "C" {
 #endif
+/* The backward kernels. dX [M, K] = dY [M, N] . W (W [N, K] stored as w, in chunks of chunk_rows). */
+forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, float *dx);
+/* gemm.comp: strides {a_off, a_sm, a_sk, b_off, b_sk, b_sn, c_off, c_sm, c_sn}; C in/out (c_n floats). */
+forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size_t b_n, float *cm, size_t c_n, const uint32_t strides[9],
+                     uint32_t M, uint32_t N, uint32_t K, float alpha, int accumulate, uint32_t drop_on, uint32_t drop_ld, float drop_p,
+                     uint32_t seed, uint32_t stream);
+/* rmsnorm_back.comp over n_floats of x, dy and out (in/out): block rows (heads 0) or per-head rows. */
+forge_status ft_rmsnorm_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *out, size_t n_floats, uint32_t rows, uint32_t dim,
+                             uint32_t heads, uint32_t row_stride, uint32_t col0, float eps, int accumulate);
+/* rope_back.comp in place on x [n, stride]: q heads at column 0, kv heads at k_off; position t % seq_len. */
+forge_status ft_rope_back(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t kv_heads, uint32_t D, uint32_t stride, uint32_t k_off,
+                          const float *inv_freq, uint32_t seq_len, int adjacent);
+/* attention_tiled (training: batch, log-sum-exp) then attention_back: O [B T, H, D] and dqkv [B T, (H + 2 Hkv) D]. */
+forge_status ft_attention_train(ft_ctx *c, const float *qkv, uint32_t B, uint32_t T, uint32_t H, uint32_t Hkv, uint32_t D, uint32_t window,
+                                float scale, float softcap, const float *dout, float *out, float *dqkv);
+/* act_mul_back.comp: gu and dgu [rows, 2 ffn] as pairs or halves. */
+forge_status ft_act_mul_back(ft_ctx *c, const float *dh, const float *gu, float *dgu, uint32_t rows, uint32_t ffn, uint32_t act, int pairs);
+/* loss.comp over rows of pred [rows, n] (in/out: the gradient with grad); mode 0 labels, 1 targets. */
+forge_status ft_loss(ft_ctx *c, float *pred, uint32_t rows, uint32_t n, int mode, const int32_t *labels, const float *targets, const float *weights,
+                     float softcap, int grad, float *loss);
+/* adamw.comp's three modes over one segment; opt = {1 - lr wd, 1 - b1, b2, 1 - b2, lr / bc1, sqrt(bc2), eps, max_norm}. */
+forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_t count, const float opt[8], float *norm2);
 typedef void (*ft_tensor_fn)(void *user, const char *name, const float *data, int n_dims, const int64_t *shape);
 /* Calls fn with every tensor of a safetensors file, converted to f32. */
 forge_status ft_safetensors_read(const char *path, ft_tensor_fn fn, void *user);

@@ -163,6 +163,20 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
                 }
         }
     }
+    /* the training backward product through the same stored weight: dX = dY . W */
+    for (uint32_t chunk : {0u, 7u}) {
+        const uint32_t M = 40;
+        std::vector<float> dY = ft::randn((size_t)M * N, 1.0f, 77), dX((size_t)M * K, NAN), ref(dX.size());
+        for (uint32_t m = 0; m < M; m++)
+            for (uint32_t k = 0; k < K; k++) {
+                double acc = 0;
+                for (uint32_t n = 0; n < N; n++) acc += (double)dY[(size_t)m * N + n] * q.deq[(size_t)n * K + k];
+                ref[(size_t)m * K + k] = (float)acc;
+            }
+        ft_weight w = q.weight(fmt);
+        ASSERT_EQ(ft_matmul_back(device(), &w, dY.data(), M, N, K, chunk, dX.data()), FORGE_OK) << ft_errmsg(device());
+        EXPECT_LT(ft::rel_err(dX.data(), ref.data(), dX.size()), 2e-6) << what << " backward, chunk " << chunk;
+    }
     std::vector<uint32_t> toks = {0, N - 1, N / 2, 1};
     std::vector<float> out(toks.size() * K);
     ft_weight w = q.weight(fmt);

@@ -667,10 +667,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
             tp->n_layers = (int)v;
         } else if (!strcmp(f, "--lr")) {
             if (forge_cli_parse_double("train", f, s, 0, 1, INFINITY, 0, &d)) return 2;
-            tp->lr = (float)d;
+            tp->lr = d;
         } else if (!strcmp(f, "--weight-decay")) {
             if (forge_cli_parse_double("train", f, s, 0, 0, INFINITY, 0, &d)) return 2;
-            tp->weight_decay = (float)d;
+            tp->weight_decay = d;
         } else if (!strcmp(f, "--betas")) {
             const char *comma = strchr(s, ',');
             char b1[64];
@@ -682,11 +682,11 @@ static int parse_args(int argc, char **argv, train_args *a) {
             if (forge_cli_parse_double("train", "--betas (B1)", b1, 0, 0, 1, 1, &d) ||
                 forge_cli_parse_double("train", "--betas (B2)", comma + 1, 0, 0, 1, 1, &d2))
                 return 2;
-            tp->beta1 = (float)d;
-            tp->beta2 = (float)d2;
+            tp->beta1 = d;
+            tp->beta2 = d2;
         } else if (!strcmp(f, "--eps")) {
             if (forge_cli_parse_double("train", f, s, 0, 1, INFINITY, 0, &d)) return 2;
-            tp->eps = (float)d;
+            tp->eps = d;
         } else if (!strcmp(f, "--schedule")) {
             if (!strcmp(s, "constant")) tp->schedule = FORGE_LR_CONSTANT;
             else if (!strcmp(s, "linear")) tp->schedule = FORGE_LR_LINEAR;
@@ -710,7 +710,7 @@ static int parse_args(int argc, char **argv, train_args *a) {
             tp->accum_steps = (int)v;
         } else if (!strcmp(f, "--clip")) {
             if (forge_cli_parse_double("train", f, s, 0, 0, INFINITY, 0, &d)) return 2;
-            tp->max_grad_norm = (float)d;
+            tp->max_grad_norm = d;
         } else if (!strcmp(f, "--seed")) {
             if (forge_cli_parse_u64("train", f, s, &tp->seed)) return 2;
         } else if (!strcmp(f, "--save-every")) {
