@@ -4741,6 +4741,10 @@ typedef struct forge__pc_adamw {    /* adamw.comp */
     uint32_t count, mode, part0, n_parts;
 } forge__pc_adamw;
 #define FORGE__ADAMW_PER_WG 4096    /* adamw.comp PER_WG: elements summed per workgroup (mode 0) */
+typedef struct forge__pc_merge {    /* lora_merge.comp */
+    uint32_t K, n_elems, chunk_row0, t_row0, t_rows, row_step, row_phase, rank, a_el, b_el, fmt;
+    float scale;
+} forge__pc_merge;
 
 #define FORGE__LINEAR_BIAS 1u
 #define FORGE__LINEAR_ACCUMULATE 2u
@@ -4783,6 +4787,7 @@ typedef enum forge__op {
     FORGE__OP_ACT_MUL_BACK,
     FORGE__OP_LOSS,
     FORGE__OP_ADAMW,
+    FORGE__OP_LORA_MERGE,                              /* an adapter folded into float weights at load */
     FORGE__OP_COUNT
 } forge__op;
 
@@ -4849,6 +4854,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 3, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_LOSS] = {"loss", FORGE__SPV(loss), 4, sizeof(forge__pc_loss), 0, {0}},
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
+    [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
 };
 #define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
@@ -5090,6 +5096,7 @@ typedef struct forge__lora {
 
 struct forge__loader;
 static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 11 */
+static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 11 */
 
 static const forge__lora_pair *forge__lora_at(const forge__lora *lo, int layer, forge__target t) {
     if (!lo || !lo->pairs) return NULL;
@@ -6933,6 +6940,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     if (unused) forge__log(&m->log, FORGE_LOG_WARN, "%d tensors in the checkpoint are not used", unused);
     forge__main_format(m);
     if ((st = forge__upload_all(&L, p))) return st;
+    if (p->adapter_path && p->adapter_merge && (st = forge__model_merge_adapter(m))) return st;
     if (is_gguf && p->load_tokenizer) {
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
         forge__chat_template_from_gguf(m, &gguf);
@@ -8456,6 +8464,89 @@ static forge_status forge__model_adapter(forge__loader *L, const char *dir) {
             st = forge__upload_add(L, (const uint8_t *)hp->b, 4ull * lp->out * lp->rank, FORGE__F32, false, 0, &lp->b);
     }
     forge__log(&m->log, FORGE_LOG_INFO, "adapter %s: rank %u, scale %g", dir, ah.rank, ah.rank ? ah.alpha / ah.rank : 0.0);
+    return st;
+}
+
+/* The weight holding target t of a layer, and which of its rows are the target's: rows
+ * row0 .. row0 + rows (the q|k|v rows of a fused weight), or every second row from `phase`
+ * (step 2: the interleaved gate_up weight). */
+static const forge__weight *forge__target_weight(const forge__config *c, const forge__layer *ly, forge__target t, uint32_t *row0, uint32_t *rows,
+                                                 uint32_t *step, uint32_t *phase) {
+    uint32_t QD = (uint32_t)(c->n_heads * c->head_dim), KVD = (uint32_t)(c->n_kv_heads * c->head_dim);
+    uint32_t in, out;
+    forge__target_dims(c, t, &in, &out);
+    *row0 = 0;
+    *rows = out;
+    *step = 1;
+    *phase = 0;
+    switch (t) {
+    case FORGE__T_Q: case FORGE__T_K: case FORGE__T_V:
+        if (!ly->fused_qkv) return t == FORGE__T_Q ? &ly->wq : t == FORGE__T_K ? &ly->wk : &ly->wv;
+        *row0 = t == FORGE__T_Q ? 0 : t == FORGE__T_K ? QD : QD + KVD;
+        return &ly->wqkv;
+    case FORGE__T_O: return &ly->wo;
+    case FORGE__T_GATE: case FORGE__T_UP:
+        if (!ly->fused_gate_up) return t == FORGE__T_GATE ? &ly->gate : &ly->up;
+        *step = 2;
+        *phase = t == FORGE__T_UP;
+        return &ly->gate_up;
+    default: return &ly->down;
+    }
+}
+
+static void forge__record_merge_fn(void *ctx, forge__rec *r) {
+    forge_model *m = (forge_model *)ctx;
+    const forge__config *c = &m->cfg;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int t = 0; t < FORGE__T_COUNT; t++) {
+            const forge__lora_pair *lp = forge__lora_at(&m->adapter, l, (forge__target)t);
+            if (!lp) continue;
+            uint32_t row0, rows, step, phase, gx, gy;
+            const forge__weight *w = forge__target_weight(c, &m->layers[l], (forge__target)t, &row0, &rows, &step, &phase);
+            for (int i = 0; i < w->n_chunks; i++) {
+                const forge__wchunk *ch = &w->chunks[i];
+                uint32_t n = ch->rows * w->cols;
+                forge__pc_merge pc = {w->cols, n, ch->row0, row0, rows, step, phase, lp->rank, lp->a_el, lp->b_el,
+                                      w->fmt == FORGE__W_F32 ? 0u : w->fmt == FORGE__W_F16 ? 1u : 2u, lp->scale};
+                forge__range b[3] = {ch->w, lp->a, lp->b};
+                forge__grid(((w->fmt == FORGE__W_F32 ? n : (n + 1) / 2) + 255) / 256, &gx, &gy);
+                forge__dispatch(r, FORGE__OP_LORA_MERGE, b, &pc, gx, gy, 1);
+                forge__barrier(r); /* targets of a fused weight may share a word at a row boundary */
+            }
+        }
+}
+
+/* forge_model_params.adapter_merge: scale * B A added into the float weights, once, on the
+ * device; the forward pass then runs without the adapter. Its matrices stay in the weight
+ * blocks they were uploaded with (the adapter's size, small beside the weights). */
+static forge_status forge__model_merge_adapter(forge_model *m) {
+    const forge__config *c = &m->cfg;
+    forge__device *d = &m->dev;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int t = 0; t < FORGE__T_COUNT; t++) {
+            if (!forge__lora_at(&m->adapter, l, (forge__target)t)) continue;
+            uint32_t row0, rows, step, phase;
+            const forge__weight *w = forge__target_weight(c, &m->layers[l], (forge__target)t, &row0, &rows, &step, &phase);
+            if (w->fmt != FORGE__W_F32 && w->fmt != FORGE__W_F16 && w->fmt != FORGE__W_BF16)
+                return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED,
+                                   "adapter_merge: layer %d's %s ('%s') is quantized; merging needs f32, f16 or bf16 weights "
+                                   "(without adapter_merge the adapter runs beside the quantized weights)", l, forge__target_names[t], w->name);
+        }
+    VkCommandPool pool = VK_NULL_HANDLE;
+    VkFence fence = VK_NULL_HANDLE;
+    VkCommandPoolCreateInfo pci = {.sType = VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO, .queueFamilyIndex = d->caps.queue_family};
+    VkFenceCreateInfo fci = {.sType = VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+    if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &pool) != VK_SUCCESS || d->vk.vkCreateFence(d->dev, &fci, NULL, &fence) != VK_SUCCESS) {
+        if (pool) d->vk.vkDestroyCommandPool(d->dev, pool, NULL);
+        return forge__fail(&m->err, FORGE_ERR_DEVICE, "creating a command pool for the adapter merge failed");
+    }
+    forge__recording rc = {0};
+    forge_status st = forge__record(m, pool, false, forge__record_merge_fn, m, &rc, &m->err);
+    if (!st) st = forge__submit_wait(d, rc.cb, fence, &m->err);
+    forge__recording_free(d, pool, &rc);
+    d->vk.vkDestroyFence(d->dev, fence, NULL);
+    d->vk.vkDestroyCommandPool(d->dev, pool, NULL);
+    if (!st) m->adapter.pairs = NULL; /* folded in: the forward pass no longer adds it */
     return st;
 }
 

@@ -735,3 +735,6 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
     free(tmp);
     return st;
 }
+
+/* Pretends the model's device has `bytes` of memory (plans are checked against it). */
+void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }

@@ -422,3 +422,227 @@ TEST(TrainCli, ReadmeFineTune) {
 }
 
 } // namespace
+
+#include "writers.h"
+
+namespace {
+
+/* A PEFT adapter for parity/llama3_f32_untied (hidden 64, q 64, k/v 32, ffn 128, 2 layers)
+ * written from tensors and a config, so each test can break one thing. */
+struct AdapterFiles {
+    std::map<std::string, ft::Tensor> tensors;
+    std::string config = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj", "down_proj"], "bias": "none"})";
+    AdapterFiles() {
+        tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"] = ft::f32_tensor({2, 64}, 0.1f, 1);
+        tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"] = ft::f32_tensor({64, 2}, 0.1f, 2);
+        tensors["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"] = ft::f32_tensor({2, 128}, 0.1f, 3);
+        tensors["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"] = ft::f32_tensor({64, 2}, 0.1f, 4);
+    }
+    std::string write(const std::string &name) const {
+        std::string d = ft::tmpdir(name);
+        std::vector<uint8_t> st = ft::safetensors_bytes(tensors);
+        ft::write_file(d + "/adapter_model.safetensors", st.data(), st.size());
+        ft::write_file(d + "/adapter_config.json", config.data(), config.size());
+        return d;
+    }
+};
+
+const std::string kBase = "tests/fixtures/parity/llama3_f32_untied";
+
+/* Loads the base with an adapter that must fail: the status and words of the message. */
+void expect_bad_adapter(const std::string &dir, forge_status want, const std::vector<std::string> &words) {
+    forge_model_params mp = forge_model_default_params();
+    mp.adapter_path = dir.c_str();
+    forge_model *m = nullptr;
+    forge_status st = forge_model_load(ft::src(kBase).c_str(), &mp, &m);
+    std::string msg = forge_model_errmsg(m);
+    EXPECT_EQ(st, want) << msg;
+    for (const std::string &w : words) EXPECT_NE(msg.find(w), std::string::npos) << "'" << w << "' not in: " << msg;
+    forge_model_free(m);
+}
+
+TEST(TrainAdapters, GoodAdapterChangesTheLogitsAndMergesIntoFloatWeights) {
+    AdapterFiles a;
+    std::string dir = a.write("adapter_good");
+    forge_model *base = ft::load(ft::src(kBase)), *ad = load_with_adapter(ft::src(kBase), dir);
+    ASSERT_TRUE(base && ad);
+    std::vector<int32_t> toks = {3, 17, 200, 5, 9};
+    std::vector<float> l0 = all_logits(base, toks), l1 = all_logits(ad, toks);
+    EXPECT_GT(ft::rel_err(l1.data(), l0.data(), l0.size()), 1e-3) << "the adapter changes nothing";
+    forge_model_params mp = forge_model_default_params();
+    mp.adapter_path = dir.c_str();
+    mp.adapter_merge = 1;
+    forge_model *merged = nullptr;
+    ASSERT_EQ(forge_model_load(ft::src(kBase).c_str(), &mp, &merged), FORGE_OK) << forge_model_errmsg(merged);
+    std::vector<float> l2 = all_logits(merged, toks);
+    EXPECT_LE(ft::rel_err(l2.data(), l1.data(), l1.size()), 2e-6) << "merged into the f32 weights";
+    forge_model_free(merged);
+    /* a quantized base cannot take the merge: the message names the weight */
+    mp.adapter_path = (ft::src("tests/fixtures/lora/llama_q4_0/adapter_init")).c_str();
+    std::string q4 = ft::src("tests/fixtures/lora/llama_q4_0/adapter_init");
+    mp.adapter_path = q4.c_str();
+    ASSERT_NE(forge_model_load(ft::src("tests/fixtures/lora/llama_q4_0/model.gguf").c_str(), &mp, &merged), FORGE_OK);
+    EXPECT_NE(std::string(forge_model_errmsg(merged)).find("is quantized"), std::string::npos) << forge_model_errmsg(merged);
+    forge_model_free(merged);
+    forge_model_free(base);
+    forge_model_free(ad);
+}
+
+TEST(TrainAdapters, MalformedOrMismatchedAdaptersNameTheKey) {
+    {
+        AdapterFiles a; /* a shape that does not fit the model */
+        a.tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"] = ft::f32_tensor({2, 63}, 0.1f, 5);
+        expect_bad_adapter(a.write("adapter_shape"), FORGE_ERR_MODEL, {"layers.1.self_attn.q_proj.lora_A.weight", "[2, 63]", "different base"});
+    }
+    {
+        AdapterFiles a; /* a module forge does not know */
+        a.tensors["base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight"] = ft::f32_tensor({2, 64}, 0.1f, 6);
+        expect_bad_adapter(a.write("adapter_module"), FORGE_ERR_MODEL, {"qkv_proj.lora_A.weight", "not a LoRA matrix"});
+    }
+    {
+        AdapterFiles a; /* A and B of different ranks */
+        a.tensors["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"] = ft::f32_tensor({64, 3}, 0.1f, 7);
+        expect_bad_adapter(a.write("adapter_rank"), FORGE_ERR_MODEL, {"q_proj.lora_", "rank"});
+    }
+    {
+        AdapterFiles a; /* a layer the model does not have */
+        a.tensors["base_model.model.model.layers.5.mlp.down_proj.lora_A.weight"] = ft::f32_tensor({2, 128}, 0.1f, 8);
+        expect_bad_adapter(a.write("adapter_layer"), FORGE_ERR_MODEL, {"layers.5", "2 layers"});
+    }
+    {
+        AdapterFiles a; /* half a pair */
+        a.tensors.erase("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight");
+        expect_bad_adapter(a.write("adapter_half"), FORGE_ERR_MODEL, {"down_proj", "no lora_B"});
+    }
+    {
+        AdapterFiles a;
+        a.config = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "use_dora": true})";
+        expect_bad_adapter(a.write("adapter_dora"), FORGE_ERR_UNSUPPORTED, {"use_dora"});
+    }
+    {
+        AdapterFiles a;
+        a.config = "{\"r\": 2, ";
+        expect_bad_adapter(a.write("adapter_json"), FORGE_ERR_FORMAT, {"adapter_config.json"});
+    }
+    {
+        AdapterFiles a; /* a truncated tensor file */
+        std::string d = a.write("adapter_truncated");
+        std::vector<uint8_t> st = ft::safetensors_bytes(a.tensors);
+        ft::write_file(d + "/adapter_model.safetensors", st.data(), st.size() - 100);
+        expect_bad_adapter(d, FORGE_ERR_FORMAT, {"adapter_model.safetensors"});
+    }
+    expect_bad_adapter(ft::tmpdir("adapter_empty"), FORGE_ERR_IO, {"no adapter here"});
+}
+
+TEST(TrainAdapters, SavesPeftAndMlxFilesAtomically) {
+    forge_model *m = ft::load(ft::src(kBase));
+    ASSERT_NE(m, nullptr);
+    forge_train_params p = forge_train_default_params();
+    p.targets = "q_proj,k_proj,gate_proj";
+    p.n_layers = 1;
+    p.rank = 3;
+    p.max_batch = 1;
+    p.max_seq = 8;
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+    std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8};
+    forge_train_batch b = {1, 8, toks.data(), nullptr, nullptr, nullptr, nullptr};
+    ASSERT_EQ(forge_train_step(tr, &b, nullptr), FORGE_OK) << forge_trainer_errmsg(tr);
+    for (forge_adapter_format fmt : {FORGE_ADAPTER_PEFT, FORGE_ADAPTER_MLX}) {
+        std::string d = ft::tmpdir(fmt == FORGE_ADAPTER_PEFT ? "save_peft" : "save_mlx");
+        ASSERT_EQ(forge_trainer_save(tr, d.c_str(), fmt), FORGE_OK) << forge_trainer_errmsg(tr);
+        std::string file = d + (fmt == FORGE_ADAPTER_PEFT ? "/adapter_model.safetensors" : "/adapters.safetensors");
+        auto t = read_tensors(file);
+        EXPECT_EQ(t.size(), 6u); /* 3 targets of the last layer, A and B */
+        if (fmt == FORGE_ADAPTER_PEFT) EXPECT_EQ(t.count("base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"), 1u);
+        else EXPECT_EQ(t.count("model.layers.1.mlp.gate_proj.lora_b"), 1u);
+        /* the saved adapter applies in inference as the trainer's, and starts a new trainer */
+        forge_model *ad = load_with_adapter(ft::src(kBase), d);
+        ASSERT_NE(ad, nullptr);
+        forge_train_params p2 = forge_train_default_params();
+        p2.adapter_path = d.c_str();
+        p2.max_batch = 1;
+        p2.max_seq = 8;
+        forge_trainer *t2 = nullptr;
+        ASSERT_EQ(forge_trainer_create(m, &p2, &t2), FORGE_OK) << forge_model_errmsg(m);
+        double l1, l2;
+        ASSERT_EQ(forge_train_eval(tr, &b, &l1, nullptr), FORGE_OK);
+        ASSERT_EQ(forge_train_eval(t2, &b, &l2, nullptr), FORGE_OK);
+        EXPECT_NEAR(l1, l2, 1e-5 * l1) << "the reloaded adapter gives the same loss";
+        forge_trainer_free(t2);
+        forge_model_free(ad);
+        /* an interrupted write (the temporary file cannot be made) leaves the previous files whole */
+        std::vector<uint8_t> before = ft::read_file(file);
+        std::string blocker = file + ".tmp." + std::to_string((long)getpid());
+        ASSERT_EQ(system(("mkdir -p '" + blocker + "'").c_str()), 0);
+        ASSERT_EQ(forge_train_step(tr, &b, nullptr), FORGE_OK);
+        EXPECT_EQ(forge_trainer_save(tr, d.c_str(), fmt), FORGE_ERR_IO);
+        EXPECT_NE(std::string(forge_trainer_errmsg(tr)).find(file), std::string::npos) << forge_trainer_errmsg(tr);
+        EXPECT_EQ(ft::read_file(file), before);
+        ASSERT_EQ(system(("rmdir '" + blocker + "'").c_str()), 0);
+    }
+    forge_trainer_free(tr);
+    forge_model_free(m);
+}
+
+TEST(TrainParams, BadParamsAndBatchesAreNamed) {
+    forge_model *m = ft::load(ft::src(kBase));
+    ASSERT_NE(m, nullptr);
+    struct { const char *what; void (*set)(forge_train_params *); forge_status want; } bad[] = {
+        {"rank", [](forge_train_params *p) { p->rank = 0; }, FORGE_ERR_INVALID_ARGUMENT},
+        {"qq_proj", [](forge_train_params *p) { p->targets = "q_proj,qq_proj"; }, FORGE_ERR_INVALID_ARGUMENT},
+        {"n_layers", [](forge_train_params *p) { p->n_layers = 3; }, FORGE_ERR_INVALID_ARGUMENT},
+        {"total_steps", [](forge_train_params *p) { p->schedule = FORGE_LR_COSINE; }, FORGE_ERR_INVALID_ARGUMENT},
+        {"dropout", [](forge_train_params *p) { p->dropout = 1.0f; }, FORGE_ERR_INVALID_ARGUMENT},
+        {"max_seq", [](forge_train_params *p) { p->max_seq = 1 << 20; }, FORGE_ERR_LIMIT},
+    };
+    for (auto &b : bad) {
+        forge_train_params p = forge_train_default_params();
+        b.set(&p);
+        forge_trainer *tr = nullptr;
+        EXPECT_EQ(forge_trainer_create(m, &p, &tr), b.want) << b.what;
+        EXPECT_EQ(tr, nullptr);
+        EXPECT_NE(std::string(forge_model_errmsg(m)).find(b.what), std::string::npos) << forge_model_errmsg(m);
+    }
+    forge_train_params p = forge_train_default_params();
+    p.max_batch = 2;
+    p.max_seq = 8;
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+    std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8}, labels(8, -100), lens = {8};
+    forge_train_batch b = {1, 8, toks.data(), lens.data(), nullptr, nullptr, nullptr};
+    toks[3] = 256;
+    EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_trainer_errmsg(tr)).find(" 256 "), std::string::npos) << forge_trainer_errmsg(tr);
+    toks[3] = 4;
+    b.labels = labels.data();
+    EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_trainer_errmsg(tr)).find("no counted target"), std::string::npos) << forge_trainer_errmsg(tr);
+    labels[5] = -7;
+    EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_trainer_errmsg(tr)).find("label -7"), std::string::npos) << forge_trainer_errmsg(tr);
+    b.labels = nullptr;
+    b.n_seqs = 3;
+    EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_LIMIT);
+    b.n_seqs = 1;
+    lens[0] = 9;
+    EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    lens[0] = 8;
+    forge_train_stats st;
+    ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
+    EXPECT_EQ(st.tokens, 7);
+    EXPECT_EQ(st.applied, 1);
+    forge_memory_stats ms, plan;
+    ASSERT_EQ(forge_trainer_memory(tr, &ms), FORGE_OK);
+    ASSERT_EQ(forge_trainer_plan(m, &p, &plan), FORGE_OK);
+    EXPECT_EQ(plan.device_planned_bytes, ms.device_planned_bytes);
+    EXPECT_GE(ms.device_in_use_bytes, plan.device_planned_bytes);
+    forge_trainer_free(tr);
+    /* a device too small for the plan is refused with the numbers, before anything is allocated */
+    ft_model_set_device_memory(m, plan.device_planned_bytes / 2);
+    EXPECT_EQ(forge_trainer_create(m, &p, &tr), FORGE_ERR_OUT_OF_MEMORY);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("MiB of device memory"), std::string::npos) << forge_model_errmsg(m);
+    forge_model_free(m);
+}
+
+} // namespace

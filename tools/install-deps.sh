@@ -1,14 +1,23 @@
 #!/bin/sh
 # Installs what building and testing forge needs on Debian 12 (run as root or with sudo).
+# Mesa's Vulkan drivers (lavapipe, the CPU device the tests run on) come from bookworm-backports:
+# Mesa 25 runs forge 3 to 4 times faster than Debian 12's Mesa 22.
 set -eu
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 export DEBIAN_FRONTEND=noninteractive
+MESA_FROM=""
+if [ -r /etc/os-release ] && . /etc/os-release && [ "${VERSION_CODENAME:-}" = bookworm ]; then
+    echo "deb http://deb.debian.org/debian bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/forge-bookworm-backports.list >/dev/null
+    MESA_FROM="-t bookworm-backports"
+fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config xz-utils \
-    glslang-tools libvulkan-dev libvulkan1 mesa-vulkan-drivers \
+    glslang-tools libvulkan-dev libvulkan1 \
     libcjson-dev libpcre2-dev libutf8proc-dev libgtest-dev \
     clang libclang-rt-14-dev
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $MESA_FROM mesa-vulkan-drivers
 # Node.js runs HuggingFace tokenizers as the tests' oracle; install it only where it is missing.
 command -v node >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
