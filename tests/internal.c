@@ -738,3 +738,69 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
+
+/* An adapter directory from fuzz bytes: [config length u16][format u8: bit 0 mlx-lm, bit 1 a
+ * model whose q/k rows rotate adjacent pairs][config JSON][safetensors], read for a small Llama
+ * (hidden 64, 4 heads / 2 kv of 16, ffn 128, 2 layers); what reads is written back in both
+ * formats. */
+static char ft_adapter_dir[256];
+static void ft_adapter_dir_remove(void) {
+    char cmd[320];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ft_adapter_dir);
+    if (system(cmd)) { /* nothing more to do */ }
+}
+
+forge_status ft_adapter_mem(const uint8_t *data, size_t size) {
+    char *dir = ft_adapter_dir;
+    if (!dir[0]) {
+        snprintf(ft_adapter_dir, sizeof ft_adapter_dir, "%s/forge_fuzz_adapter.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+        mkdir(dir, 0777);
+        atexit(ft_adapter_dir_remove);
+    }
+    if (size < 3) return FORGE_ERR_FORMAT;
+    size_t clen = (size_t)data[0] | (size_t)data[1] << 8;
+    uint8_t flags = data[2];
+    data += 3;
+    size -= 3;
+    if (clen > size) clen = size;
+    char path[300];
+    bool mlx = flags & 1;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/adapters.safetensors", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    FILE *f = fopen(path, "wb");
+    if (!f) return FORGE_ERR_IO;
+    fwrite(data, 1, clen, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/%s", dir, mlx ? "adapters.safetensors" : "adapter_model.safetensors");
+    if (!(f = fopen(path, "wb"))) return FORGE_ERR_IO;
+    fwrite(data + clen, 1, size - clen, f);
+    fclose(f);
+    forge_model *m = (forge_model *)calloc(1, sizeof *m);
+    forge__config *c = &m->cfg;
+    c->arch = FORGE__ARCH_LLAMA;
+    c->n_layers = 2;
+    c->hidden = 64;
+    c->n_heads = 4;
+    c->n_kv_heads = 2;
+    c->head_dim = 16;
+    c->ffn = 128;
+    c->n_vocab = 256;
+    c->rope_adjacent_pairs = flags & 2;
+    snprintf(m->name, sizeof m->name, "fuzz");
+    forge__arena a = {0};
+    forge__adapter_host ah;
+    forge__err e;
+    forge_status st = forge__adapter_read(m, dir, &a, &ah, &e);
+    if (!st) {
+        char out[300];
+        snprintf(out, sizeof out, "%s/out", dir);
+        forge__adapter_write(m, &ah, out, FORGE_ADAPTER_PEFT, &e);
+        forge__adapter_write(m, &ah, out, FORGE_ADAPTER_MLX, &e);
+    }
+    forge__arena_free(&a);
+    free(m);
+    return st;
+}

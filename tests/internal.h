@@ -91,6 +91,8 @@ forge_status ft_gguf_mem(const uint8_t *data, size_t size);
 forge_status ft_config_mem(const uint8_t *data, size_t size);
 /* tokenizer.json on a buffer; when it loads, also encodes and decodes a few texts with it. */
 forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
+/* An adapter (config + safetensors, PEFT or mlx-lm) from fuzz bytes; see tests/internal.c. */
+forge_status ft_adapter_mem(const uint8_t *data, size_t size);
 
 #ifdef __cplusplus
 }
