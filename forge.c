@@ -4719,6 +4719,7 @@ typedef struct forge__pc_gemm {     /* gemm.comp: C(m, n) (+)= alpha sum_k A(m, 
     uint32_t accumulate;
     uint32_t drop_on, drop_ld, drop_stream, drop_threshold;
     float drop_scale;
+    uint32_t splits, k_chunk, reduce;   /* split-K: partial sums per split, then a reduction */
 } forge__pc_gemm;
 typedef struct forge__pc_norm_back { /* rmsnorm_back.comp */
     uint32_t dim, flags;
@@ -4780,7 +4781,8 @@ typedef enum forge__op {
     FORGE__OP_TOPK_MERGE,
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
-    FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
+    FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK_BIG + FORGE__W_COUNT,
     FORGE__OP_RMSNORM_BACK,
     FORGE__OP_ROPE_BACK,
     FORGE__OP_ATTN_BACK,
@@ -4828,6 +4830,7 @@ typedef struct forge__op_desc {
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK + FMT] = {"matmul_back_" #name, FORGE__SPV(matmul_back_##name), 5, sizeof(forge__pc_back), 0, {0}},  \
+    [FORGE__OP_MATMUL_BACK_BIG + FMT] = {"matmul_back_big_" #name, FORGE__SPV(matmul_back_big_##name), 5, sizeof(forge__pc_back), 0, {0}}, \
     FORGE__CM_OP(FMT, name)
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
@@ -4847,7 +4850,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
-    [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 4, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 5, sizeof(forge__pc_gemm), 0, {0}},
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 1, {256}, false, true},
@@ -4986,7 +4989,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             r->shapes[r->n_dispatches - 1] = (uint64_t)pl->N << 32 | pl->K;
-        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) {
+        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
             r->shapes[r->n_dispatches - 1] = (uint64_t)pb->N << 32 | pb->K;
         }
@@ -6035,6 +6038,7 @@ typedef struct forge__pass {
     bool fuse;                 /* block norms fused into the subgroup matvec (decode without adapters) */
     bool train;                /* a training batch: keep what the backward pass reads */
     bool dropout;              /* apply the adapters' dropout (training steps, not evaluation) */
+    forge__range gemm_part;    /* the trainer: scratch for split-K partial sums (unset: no split) */
 } forge__pass;
 
 /* Where one layer's forward pass reads and writes, each [n, width] f32. */
@@ -6131,16 +6135,37 @@ typedef struct forge__mview {
 static forge__mview forge__rows(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, ld, 1}; }
 static forge__mview forge__cols(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, 1, ld}; } /* transposed */
 
-/* C [M, N] (+)= alpha A [M, K] B [K, N]; drop_on / stream: dropout of x (gemm.comp) */
+#define FORGE__GEMM_MAX_SPLITS 16
+
+/* C [M, N] (+)= alpha A [M, K] B [K, N]; drop_on / stream: dropout of x (gemm.comp). A product
+ * with a long k and too few 32 x 32 tiles to fill the device is split along k into partial sums
+ * (p->gemm_part, when the pass has one), then reduced in a fixed order; the partial buffer is
+ * shared, so a split product ends with a barrier. */
 static void forge__gemm(const forge__pass *p, forge__mview a, forge__mview b, forge__mview c, uint32_t M, uint32_t N, uint32_t K,
                         float alpha, bool accumulate, uint32_t drop_on, uint32_t drop_ld, uint32_t stream) {
     float rate = p->lora ? p->lora->dropout : 0.0f;
     bool drop = drop_on && p->dropout && rate > 0.0f;
+    uint64_t tiles = (uint64_t)((M + 31) / 32) * ((N + 31) / 32);
+    uint32_t splits = 1, k_chunk = K;
+    if (p->gemm_part.buf && K >= 512 && tiles < 512) {
+        splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)FORGE__GEMM_MAX_SPLITS, K / 256), (512 + tiles - 1) / tiles);
+        while (splits > 1 && (uint64_t)splits * M * N * 4 > p->gemm_part.size) splits--;
+        k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 32);
+        splits = (K + k_chunk - 1) / k_chunk;
+    }
     forge__pc_gemm pc = {M, N, K, a.off, a.si, a.sj, b.off, b.si, b.sj, c.off, c.si, c.sj, alpha, accumulate,
                          drop ? drop_on : 0u, drop_ld, stream, drop ? (uint32_t)fmin(4294967295.0, (double)rate * 4294967296.0) : 0u,
-                         drop ? 1.0f / (1.0f - rate) : 1.0f};
-    forge__range bind[4] = {a.r, b.r, c.r, p->params};
-    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 31) / 32, (M + 31) / 32, 1);
+                         drop ? 1.0f / (1.0f - rate) : 1.0f, splits, k_chunk, 0};
+    forge__range bind[5] = {a.r, b.r, c.r, p->params, splits > 1 ? p->gemm_part : p->dummy};
+    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 31) / 32, (M + 31) / 32, splits);
+    if (splits > 1) {
+        uint32_t gx, gy;
+        forge__barrier(p->r);
+        pc.reduce = 1;
+        forge__grid(((uint64_t)M * N + 63) / 64, &gx, &gy);
+        forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, gx, gy, 1);
+        forge__barrier(p->r);
+    }
 }
 
 /* The scratch columns of target t in acts.u ([n, FORGE__T_COUNT * max_rank]). */
@@ -6322,7 +6347,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false};
+    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}};
 }
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
@@ -8554,7 +8579,7 @@ static forge_status forge__model_merge_adapter(forge_model *m) {
 
 #define FORGE__TRAIN_RECORDINGS 4
 #define FORGE__TRAIN_PAD 32            /* a batch's length is padded up to a multiple of this (fewer recordings) */
-#define FORGE__LOSS_CHUNK_BYTES ((uint64_t)64 << 20) /* logits rows per loss chunk: at most this many bytes */
+#define FORGE__LOSS_CHUNK_BYTES ((uint64_t)256 << 20) /* logits rows per loss chunk: at most this many bytes (512 rows of a 128k vocabulary: the head's products stay large) */
 
 /* A run of the flat parameter vector in one device buffer each for the parameters, their
  * gradients and AdamW's two moments. */
@@ -8585,7 +8610,7 @@ typedef struct forge__train_layout {
  * checkpointing the rest of forge__train_layer_buf. */
 typedef enum forge__train_buf {
     FORGE__TB_X, FORGE__TB_XN, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
-    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_DUMMY, FORGE__TB_COUNT
+    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_GEMM_PART, FORGE__TB_DUMMY, FORGE__TB_COUNT
 } forge__train_buf;
 typedef enum forge__train_layer_buf {
     FORGE__TL_X_IN, FORGE__TL_X_MID, FORGE__TL_QKV, FORGE__TL_QKV_RAW, FORGE__TL_ATT, FORGE__TL_LSE, FORGE__TL_GU, FORGE__TL_H,
@@ -8770,6 +8795,8 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
         [FORGE__TB_DH] = 4 * N * F, [FORGE__TB_DGU] = 8 * N * F, [FORGE__TB_DU] = 4 * N * U,
         [FORGE__TB_LOGITS] = L->p.loss == FORGE_LOSS_MSE_HIDDEN ? 16 : 4ull * L->loss_rows * c->n_vocab,
         [FORGE__TB_LOSS] = 4 * N, [FORGE__TB_NORM] = 4ull * (1 + L->n_parts), [FORGE__TB_DUMMY] = 256,
+        /* split-K partial sums of the widest low-rank product: tokens, or a projection's features, by rank */
+        [FORGE__TB_GEMM_PART] = 4ull * FORGE__GEMM_MAX_SPLITS * L->lora.max_rank * FORGE__MAX(N, FORGE__MAX(F, FORGE__MAX(H, QD))),
     };
     for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i]) >= 0;
     uint64_t ls[FORGE__TL_COUNT];
@@ -8916,7 +8943,11 @@ static void forge__linear_back(const forge__pass *p, const forge__weight *w, for
         forge__range b[5] = {dy, c->w, dx, mlx ? c->scales : p->dummy, mlx ? c->biases : p->dummy};
         forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, accumulate || i > 0 ? 1u : 0u, w->bits, w->group, w->qflags};
         if (i) forge__barrier(p->r);
-        forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL_BACK + w->fmt), b, &pc, (w->cols + 63) / 64, (M + 63) / 64, 1);
+        /* 128 x 128 tiles where there are enough of them, as in the forward products */
+        bool big = (uint64_t)((w->cols + 127) / 128) * ((M + 127) / 128) >= FORGE__BIG_TILES_MIN;
+        uint32_t tile = big ? 128 : 64;
+        forge__dispatch(p->r, (forge__op)((big ? FORGE__OP_MATMUL_BACK_BIG : FORGE__OP_MATMUL_BACK) + w->fmt), b, &pc, (w->cols + tile - 1) / tile,
+                        (M + tile - 1) / tile, 1);
     }
 }
 
@@ -9135,7 +9166,8 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     forge_model *m = tr->m;
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
-    forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step};
+    forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
+                     tr->r[FORGE__TB_GEMM_PART]};
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);

@@ -12,7 +12,12 @@
 // masking the product before it is added). Its index is always token * in_features + column.
 // Tiles of 32 (m) x 32 (n), k in steps of 32 through shared memory; 64 threads, 4 x 4 each
 // (small tiles: the low-rank products have 8 to 64 columns).
-// Bindings: 0 A f32 | 1 B f32 | 2 C f32 (in/out) | 3 params {seed} (read when dropout is on)
+// Split-K: the low-rank products are skinny with a long k (tokens, or 8192 features), too few
+// tiles to fill a GPU; with splits > 1 workgroup z sums k in [z k_chunk, (z + 1) k_chunk) into
+// part[z, m, n], and a second dispatch (reduce = 1, one invocation per element) adds the
+// partial sums in a fixed order (the result does not depend on scheduling) and finishes.
+// Bindings: 0 A f32 | 1 B f32 | 2 C f32 (in/out) | 3 the step params (the dropout seed)
+//           4 partial sums f32 [splits, M, N] (split-K)
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
@@ -22,6 +27,7 @@ layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 1) readonly buffer B_ { float b[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer P_ { uint pos0, n_tok, n_penalty; float penalty, inv_temp; uint seed; } params;   // the step params
+layout(binding = 4) buffer Part_ { float part[]; };
 
 layout(push_constant) uniform PC {
     uint M, N, K;
@@ -32,6 +38,7 @@ layout(push_constant) uniform PC {
     uint accumulate;
     uint drop_on, drop_ld, drop_stream, drop_threshold;   // threshold = p * 2^32
     float drop_scale;                                      // 1 / (1 - p)
+    uint splits, k_chunk, reduce;
 } pc;
 
 const uint BM = 32, BN = 32, BK = 32;
@@ -40,29 +47,49 @@ shared float Bs[BK][BN + 1];
 
 float keep(uint idx, uint key) { return lowbias_hash(idx ^ key) >= pc.drop_threshold ? pc.drop_scale : 0.0; }
 
+// alpha * v, masked (output dropout), added to C or written
+void finish(uint m, uint n, float v, uint key) {
+    v *= pc.alpha;
+    if (pc.drop_on == 3u) v *= keep(m * pc.drop_ld + n, key);
+    uint ci = pc.c_off + m * pc.c_sm + n * pc.c_sn;
+    if (pc.accumulate != 0u) v += c[ci];
+    c[ci] = v;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
+    uint key = pc.drop_on != 0u ? lowbias_hash(params.seed ^ lowbias_hash(pc.drop_stream + 0x9e3779b9u)) : 0u;
+    if (pc.reduce != 0u) {
+        uint e = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 64u;
+        if (e >= pc.M * pc.N) return;
+        float s = 0.0;
+        for (uint z = 0; z < pc.splits; z++) s += part[z * pc.M * pc.N + e];
+        finish(e / pc.N, e % pc.N, s, key);
+        return;
+    }
     uint tx = tid % 8u, ty = tid / 8u;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
-    uint key = pc.drop_on != 0u ? lowbias_hash(params.seed ^ lowbias_hash(pc.drop_stream + 0x9e3779b9u)) : 0u;
+    uint kz = gl_WorkGroupID.z * pc.k_chunk, kend = min(pc.K, kz + pc.k_chunk);
     float acc[4][4];
     for (uint i = 0; i < 4u; i++)
         for (uint j = 0; j < 4u; j++) acc[i][j] = 0.0;
-    for (uint k0 = 0; k0 < pc.K; k0 += BK) {
-        // 1024 elements of each tile, 4 per thread
+    // consecutive invocations load along the operand's contiguous dimension (coalesced)
+    bool a_k_fast = pc.a_sk <= pc.a_sm, b_n_fast = pc.b_sn <= pc.b_sk;
+    for (uint k0 = kz; k0 < kend; k0 += BK) {
+        // 1024 elements of each tile, 16 per thread
         for (uint e = tid; e < BM * BK; e += 64u) {
-            uint mm = e / BK, kk = e % BK, m = m0 + mm, k = k0 + kk;
+            uint mm = a_k_fast ? e / BK : e % BM, kk = a_k_fast ? e % BK : e / BM, m = m0 + mm, k = k0 + kk;
             float v = 0.0;
-            if (m < pc.M && k < pc.K) {
+            if (m < pc.M && k < kend) {
                 v = a[pc.a_off + m * pc.a_sm + k * pc.a_sk];
                 if (pc.drop_on == 1u) v *= keep(m * pc.drop_ld + k, key);
             }
             As[kk][mm] = v;
         }
         for (uint e = tid; e < BN * BK; e += 64u) {
-            uint nn = e % BN, kk = e / BN, n = n0 + nn, k = k0 + kk;
+            uint nn = b_n_fast ? e % BN : e / BK, kk = b_n_fast ? e / BN : e % BK, n = n0 + nn, k = k0 + kk;
             float v = 0.0;
-            if (n < pc.N && k < pc.K) {
+            if (n < pc.N && k < kend) {
                 v = b[pc.b_off + k * pc.b_sk + n * pc.b_sn];
                 if (pc.drop_on == 2u) v *= keep(k * pc.drop_ld + n, key);
             }
@@ -84,11 +111,8 @@ void main() {
         for (uint j = 0; j < 4u; j++) {
             uint n = n0 + tx * 4u + j;
             if (n >= pc.N) break;
-            float v = pc.alpha * acc[i][j];
-            if (pc.drop_on == 3u) v *= keep(m * pc.drop_ld + n, key);
-            uint ci = pc.c_off + m * pc.c_sm + n * pc.c_sn;
-            if (pc.accumulate != 0u) v += c[ci];
-            c[ci] = v;
+            if (pc.splits > 1u) part[(gl_WorkGroupID.z * pc.M + m) * pc.N + n] = acc[i][j];
+            else finish(m, n, acc[i][j], key);
         }
     }
 }

@@ -578,7 +578,8 @@ static forge_status ft_end_keep(ft_job *j, int n, const int *idx, void *const *o
     return st;
 }
 
-forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, float *dx) {
+forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
+                            float *dx) {
     ft_job j;
     ft_begin(&j, c);
     forge__range yb = ft_buf(&j, dy, 4ull * M * N);
@@ -592,7 +593,9 @@ forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint
         forge__range b[5] = {yb, wb, xb, sb, bb};
         forge__pc_back pc = {M, K, rows, r0, N, K, 0, r0 ? 1u : 0u, w->bits, w->group, w->qflags};
         if (r0) forge__barrier(&j.rec);
-        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL_BACK + w->fmt), b, &pc, (K + 63) / 64, (M + 63) / 64, 1);
+        uint32_t tile = big ? 128 : 64;
+        forge__dispatch(&j.rec, (forge__op)((big ? FORGE__OP_MATMUL_BACK_BIG : FORGE__OP_MATMUL_BACK) + w->fmt), b, &pc, (K + tile - 1) / tile,
+                        (M + tile - 1) / tile, 1);
     }
     return ft_end(&j, 1, dx, 4ull * M * K, 0, NULL, 0);
 }
@@ -604,9 +607,10 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     ft_begin(&j, c);
     forge__step_params sp = {0, 0, 0, 1.0f, 1.0f, seed, {0, 0}};
     forge__range ab = ft_buf(&j, a, 4 * a_n), bb = ft_buf(&j, b, 4 * b_n), cb = ft_buf(&j, cm, 4 * c_n), pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);

@@ -103,8 +103,10 @@ forge_status ft_adapter_mem(const uint8_t *data, size_t size);
 #ifdef __cplusplus
 extern "C" {
 #endif
-/* The backward kernels. dX [M, K] = dY [M, N] . W (W [N, K] stored as w, in chunks of chunk_rows). */
-forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, float *dx);
+/* The backward kernels. dX [M, K] = dY [M, N] . W (W [N, K] stored as w, in chunks of chunk_rows);
+ * big: the 128 x 128-tile kernel (matmul_back_big.comp), else matmul_back.comp. */
+forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
+                            float *dx);
 /* gemm.comp: strides {a_off, a_sm, a_sk, b_off, b_sk, b_sn, c_off, c_sm, c_sn}; C in/out (c_n floats). */
 forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size_t b_n, float *cm, size_t c_n, const uint32_t strides[9],
                      uint32_t M, uint32_t N, uint32_t K, float alpha, int accumulate, uint32_t drop_on, uint32_t drop_ld, float drop_p,

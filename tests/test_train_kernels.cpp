@@ -280,7 +280,8 @@ TEST(TrainKernels, MatmulBackMatchesFiniteDifferences) {
         }
         ft_weight w = {fmt, bytes.data(), (size_t)K * (fmt == FT_F32 ? 4 : 2), nullptr, nullptr, 0, 0, 0, 0};
         std::vector<float> x = ft::randn((size_t)M * K, 1.0f, 15), c = ft::randn((size_t)M * N, 1.0f, 16), dx((size_t)M * K);
-        ASSERT_EQ(ft_matmul_back(dev(), &w, c.data(), M, N, K, 16, dx.data()), FORGE_OK);
+        for (int big = 0; big < 2; big++) {
+        ASSERT_EQ(ft_matmul_back(dev(), &w, c.data(), M, N, K, 16, big, dx.data()), FORGE_OK);
         auto f = [&](const std::vector<double> &xx) { /* sum c * (x W^T) */
             double s = 0;
             for (uint32_t m = 0; m < M; m++)
@@ -291,7 +292,8 @@ TEST(TrainKernels, MatmulBackMatchesFiniteDifferences) {
                 }
             return s;
         };
-        EXPECT_LE(rel(dx, numeric_grad(to_d(x), f, 1e-3)), 2e-5) << "format " << fmt;
+        EXPECT_LE(rel(dx, numeric_grad(to_d(x), f, 1e-3)), 2e-5) << "format " << fmt << " big " << big;
+        }
     }
 }
 
@@ -308,7 +310,8 @@ uint32_t lowbias(uint32_t x) { /* common.glsl lowbias_hash */
 
 TEST(TrainKernels, GemmStridesAccumulationAndDropout) {
     NEED_DEVICE();
-    const uint32_t M = 37, N = 9, K = 70;
+    for (uint32_t K : {70u, 1500u}) { /* 1500: split along k, then reduced */
+    const uint32_t M = 37, N = 9;
     /* A stored transposed with an offset, B with a row stride, C a column range with a column step */
     std::vector<float> a = ft::randn(3 + (size_t)K * M, 1.0f, 17), b = ft::randn(5 + (size_t)K * 12, 1.0f, 18);
     std::vector<float> cm = ft::randn((size_t)M * 2 * N + 4, 1.0f, 19), base = cm;
@@ -343,10 +346,11 @@ TEST(TrainKernels, GemmStridesAccumulationAndDropout) {
                 }
                 want[4 + (size_t)m * 2 * N + 2 * n] += alpha * s;
             }
-        EXPECT_LE(rel(cm, want), 2e-6) << "dropout on operand " << drop_on;
+        EXPECT_LE(rel(cm, want), 2e-6) << "dropout on operand " << drop_on << ", K " << K;
         if (drop_on == 3) {
             EXPECT_NEAR((double)kept / seen, 1.0 - p, 0.1);
         }
+    }
     }
 }
 
