@@ -7408,7 +7408,7 @@ static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n
         st->buf = b;
         st->cap = cap;
     }
-    memcpy(st->buf + st->len, text, n);
+    if (n) memcpy(st->buf + st->len, text, n); /* (an empty piece may come with no buffer yet) */
     st->len += n;
     *stopped = false;
     size_t release = st->len;
@@ -7436,7 +7436,7 @@ static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n
 }
 
 static void forge__stopper_consume(forge__stopper *st, size_t n) {
-    memmove(st->buf, st->buf + n, st->len - n);
+    if (st->len > n) memmove(st->buf, st->buf + n, st->len - n);
     st->len -= n;
 }
 
@@ -7516,6 +7516,11 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     forge_detok_stream ds;
     forge_detok_stream_init(&ds, 0);
     char piece[512];
+    /* The text continues the prompt: the stream starts after its last token (when that is
+     * ordinary text), so a decoder that strips the space at the start of a text (SentencePiece's
+     * Strip) keeps the one between the prompt and the first generated word. */
+    size_t primed = 0;
+    if (tk && !forge_token_is_special(m, prompt[n_prompt - 1])) forge_detok_stream_next(m, &ds, prompt[n_prompt - 1], piece, sizeof piece, &primed);
     double t_first = t_prefill;
     while (!st) {
         int32_t tok;

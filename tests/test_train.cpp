@@ -370,7 +370,7 @@ TEST(TrainZora, FineTuneStories260K) {
     ASSERT_EQ(valid.size(), 40u);
     const char *prompt = "Once upon a time, there was a little girl named";
     std::string before = greedy(m, prompt, 4);
-    EXPECT_EQ(before.find("Lily"), 0u) << before;
+    EXPECT_EQ(before.find(" Lily"), 0u) << before; /* the text continues the prompt: a space, then the name */
     forge_train_params p = forge_train_default_params();
     p.rank = 8;
     p.alpha = 16;
@@ -398,8 +398,8 @@ TEST(TrainZora, FineTuneStories260K) {
     forge_model *tuned = load_with_adapter(model, dir);
     ASSERT_NE(tuned, nullptr);
     std::string after = greedy(tuned, prompt, 12);
-    printf("  %s|%s\n", prompt, after.c_str());
-    EXPECT_EQ(after.find("Zora"), 0u) << after;
+    printf("  %s%s\n", prompt, after.c_str());
+    EXPECT_EQ(after.find(" Zora"), 0u) << after;
     forge_model_free(tuned);
 }
 

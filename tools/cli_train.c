@@ -926,7 +926,7 @@ int cmd_train(int argc, char **argv) {
                 fprintf(stderr, "forge train: step %d: %s (%s)\n", step, forge_trainer_errmsg(t), forge_status_name(st));
                 goto out;
             }
-            loss_sum += stats.loss * (double)stats.tokens;
+            loss_sum += stats.loss; /* the micro-batches' mean losses weigh equally, as their gradients do */
             targets += stats.tokens;
         }
         if (!stats.applied) {
@@ -937,7 +937,7 @@ int cmd_train(int argc, char **argv) {
         }
         double dt = now_s() - t0;
         train_s += dt;
-        double loss = targets ? loss_sum / (double)targets : NAN;
+        double loss = loss_sum / a.tp.accum_steps;
         double tok_s = dt > 0 ? (double)fed / dt : 0;
         if (a.json) {
             printf("{\"step\": %d, \"loss\": ", step);
