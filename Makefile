@@ -13,8 +13,8 @@ LIBS := -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
-.PHONY: all lib cli tests test install clean fuzz
-all: lib cli tests
+.PHONY: all lib cli tests test install clean fuzz examples
+all: lib cli tests examples
 lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
 cli: $(BUILD)/forge
 tests: $(BUILD)/forge_tests
@@ -36,6 +36,11 @@ CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c bench/bench.c
 $(BUILD)/forge: $(CLI_SRCS) tools/cli.h forge.h $(BUILD)/libforge.a
 	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(CLI_SRCS) $(BUILD)/libforge.a $(LIBS) -o $@
 
+# The README's library example, built as a user would (forge.h and the static library); the tests run it.
+examples: $(BUILD)/example_generate
+$(BUILD)/example_generate: examples/generate.c forge.h $(BUILD)/libforge.a
+	$(CC) -std=c11 $(OPT) $(WARN) -I. examples/generate.c $(BUILD)/libforge.a $(LIBS) -o $@
+
 # Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
 TEST_SRCS := $(wildcard tests/test_*.cpp)
 $(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
@@ -45,7 +50,7 @@ $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 
-test: $(BUILD)/forge_tests
+test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate
 	cd $(BUILD) && ./forge_tests
 
 install: lib cli

@@ -7536,7 +7536,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
         if (!tk || forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
         bool found = false;
         size_t release = forge__stopper_push(&stop, piece, plen, &found);
-        if (p.on_token && !p.on_token(p.user_data, tok, stop.buf, release)) {
+        if (p.on_token && p.on_token(p.user_data, tok, stop.buf, release)) { /* non-zero: stop */
             forge__stopper_consume(&stop, release);
             mt.stop_reason = FORGE_STOP_CALLBACK;
             break;

@@ -18,6 +18,10 @@
  * Parameters. Parameter structs come from forge_*_default_params(); their first field is
  * their size in bytes, so old binaries keep working when fields are added at the end.
  *
+ * Callbacks. A callback that can stop its call returns 0 to go on and non-zero to stop, as
+ * sqlite3_exec's and libcurl's do (forge_token_fn). Callbacks that only report (log, load
+ * progress) return nothing.
+ *
  * Basic use:
  *
  *     forge_model *model;
@@ -406,16 +410,19 @@ typedef enum forge_stop_reason {
     FORGE_STOP_TOKEN = 2,        /* one of the caller's stop_tokens */
     FORGE_STOP_STRING = 3,       /* one of the caller's stop_strings appeared in the text */
     FORGE_STOP_MAX_TOKENS = 4,
-    FORGE_STOP_CALLBACK = 5,     /* the callback returned 0 */
+    FORGE_STOP_CALLBACK = 5,     /* the callback returned non-zero */
     FORGE_STOP_CONTEXT = 6       /* the session's context is full */
 } forge_stop_reason;
 
 /* Called once per generated token, in order. `text` is the text this token makes printable:
  * complete UTF-8 only (bytes of a character split across tokens wait for the next call), with
  * text that could begin a stop string held back until it is known not to (so it may be
- * empty). When generation ends for another reason, one last call with token -1 delivers what
- * was held back. `text` is valid during the call only. Return non-zero to continue, 0 to
- * stop: the stop takes effect before the next token and leaves the session usable. */
+ * empty). The text continues the prompt's (a word's leading space after the prompt is kept).
+ * When generation ends for another reason, one last call with token -1 delivers what was held
+ * back (its return value is not read). `text` is valid during the call only.
+ * Return 0 to continue, non-zero to stop (as every forge callback): the stop takes effect
+ * before the next token, leaves the session usable, and the stop reason is
+ * FORGE_STOP_CALLBACK. */
 typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, size_t text_len);
 
 typedef struct forge_generate_params {

@@ -223,7 +223,7 @@ TEST_P(ChatModel, MultiTurnReusesTheCache) {
     forge_generate_params p = forge_generate_default_params();
     p.max_tokens = 6;
     std::string reply;
-    p.on_token = [](void *u, int32_t, const char *t, size_t n) { ((std::string *)u)->append(t, n); return 1; };
+    p.on_token = [](void *u, int32_t, const char *t, size_t n) { ((std::string *)u)->append(t, n); return 0; };
     p.user_data = &reply;
     forge_chat_message turn1[1] = {{"user", "Hello there!"}};
     forge_metrics m1, m2;

@@ -20,7 +20,7 @@ struct Collect {
         Collect *c = (Collect *)u;
         if (tok >= 0) c->tokens.push_back(tok);
         c->text.append(text, len);
-        return c->stop_after < 0 || (int)c->tokens.size() < c->stop_after;
+        return c->stop_after >= 0 && (int)c->tokens.size() >= c->stop_after; /* non-zero: stop */
     }
 };
 
@@ -344,4 +344,45 @@ TEST(Generate, TextInTextOutStories) {
     EXPECT_EQ(mt.cached_tokens, mt.prompt_tokens - 1);
     EXPECT_EQ(mt.prompt_tokens, 5);
     forge_session_free(s);
+}
+
+/* The callback convention (forge.h): 0 goes on, non-zero stops. A callback that always
+ * returns 0 gets max_tokens tokens. */
+TEST(Generate, CallbackReturningZeroGoesOn) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    int32_t bos = 1;
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 40;
+    p.ignore_eos = 1;
+    int calls = 0;
+    p.user_data = &calls;
+    p.on_token = [](void *u, int32_t tok, const char *, size_t) {
+        if (tok >= 0) ++*(int *)u;
+        return 0;
+    };
+    forge_metrics mt;
+    ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
+    EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
+    EXPECT_EQ(mt.generated_tokens, 40);
+    EXPECT_EQ(calls, 40);
+    forge_session_free(s);
+}
+
+/* The README's library example is examples/generate.c word for word, and the build's
+ * example_generate (beside the tests) prints the bundled model's story with it. */
+TEST(Readme, LibraryExampleIsTheProgramTheBuildRuns) {
+    std::vector<uint8_t> readme = ft::read_file(ft::src("README.md")), ex = ft::read_file(ft::src("examples/generate.c"));
+    std::string r(readme.begin(), readme.end()), e(ex.begin(), ex.end());
+    ASSERT_FALSE(e.empty());
+    EXPECT_NE(r.find("```c\n" + e + "```"), std::string::npos) << "README.md's library example differs from examples/generate.c";
+    if (!ft::exists("./example_generate")) GTEST_SKIP() << "no ./example_generate in the working directory (the build tree)";
+    std::string out = ft::tmpdir("example") + "/out.txt";
+    std::string cmd = "./example_generate " + ft::src("models/stories260K/stories260K.gguf") + " > " + out;
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::vector<uint8_t> o = ft::read_file(out);
+    std::string text(o.begin(), o.end());
+    EXPECT_EQ(text.find("Once upon a time, there was a little girl named Lily."), 0u) << text;
+    EXPECT_NE(text.find("64 tokens"), std::string::npos) << text;
 }

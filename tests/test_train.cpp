@@ -350,7 +350,7 @@ std::string greedy(forge_model *m, const char *prompt, int n) {
     gp.user_data = &text;
     gp.on_token = [](void *u, int32_t, const char *t, size_t len) {
         ((std::string *)u)->append(t, len);
-        return 1;
+        return 0;
     };
     EXPECT_EQ(forge_generate(s, prompt, strlen(prompt), &gp, nullptr), FORGE_OK) << forge_session_errmsg(s);
     forge_session_free(s);

@@ -387,7 +387,7 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
     (void)token;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
-    return 1;
+    return 0; /* go on */
 }
 
 static void print_metrics(const forge_metrics *m) {
@@ -496,7 +496,7 @@ static int chat_stream(void *user, int32_t token, const char *text, size_t len) 
     memcpy(r->text + r->len, text, len);
     r->len += len;
     r->text[r->len] = 0;
-    return !g_interrupted;
+    return g_interrupted; /* non-zero stops the reply */
 }
 
 static int cmd_chat(int argc, char **argv) {
