@@ -5,7 +5,7 @@
 //   mode 0, cross-entropy: pred is a row of logits z (soft-capped by the head when softcap > 0:
 //     z = c tanh(raw / c)), label y = labels[row0 + r] (-1: not counted);
 //     loss = logsumexp(z) - z[y];  d raw_j = w * (softmax(z)_j - [j == y]) * (1 - (z_j / c)^2)
-//   mode 1, squared error: loss = sum_j (pred_j - target_j)^2 over the row;
+//   mode 1, squared error: loss = sum_j (pred_j - target_j)^2 over the row (0 for a row of weight 0);
 //     d pred_j = w * 2 (pred_j - target_j) (times the soft-cap factor when pred are capped logits)
 // w = weights[row0 + r]: 1 / (counted targets * accumulation steps) for cross-entropy, the same
 // over the row length for squared error, 0 for rows that do not count (their gradient is 0).
@@ -84,7 +84,7 @@ void main() {
         s += d * d;
     }
     s = reduce_sum(s);
-    if (tid == 0u) loss[row] = s;
+    if (tid == 0u) loss[row] = w != 0.0 ? s : 0.0; /* rows that do not count (masked, padding) add nothing */
     if (!grad) return;
     for (uint j = tid; j < pc.n; j += 256u) {
         float z = pred[base + j];

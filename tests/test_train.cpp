@@ -646,3 +646,108 @@ TEST(TrainParams, BadParamsAndBatchesAreNamed) {
 }
 
 } // namespace
+
+namespace {
+
+/* Dropout on the adapters' input: seeded, so two trainers agree step for step; the same masks
+ * when checkpointing recomputes a layer (equal gradients); none in evaluation. */
+TEST(TrainParams, DropoutIsSeededAndRecomputedExactly) {
+    forge_model *m = ft::load(ft::src(kBase));
+    ASSERT_NE(m, nullptr);
+    std::vector<int32_t> toks(2 * 12);
+    for (size_t i = 0; i < toks.size(); i++) toks[i] = (int32_t)((i * 37 + 11) % 256);
+    forge_train_batch b = {2, 12, toks.data(), nullptr, nullptr, nullptr, nullptr};
+    std::vector<float> grads[2];
+    double first_loss[2] = {0, 0};
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        forge_train_params p = forge_train_default_params();
+        p.targets = "all";
+        p.dropout = 0.3f;
+        p.seed = 42;
+        p.max_batch = 2;
+        p.max_seq = 12;
+        p.grad_checkpoint = ckpt;
+        forge_trainer *tr = nullptr;
+        ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+        forge_train_stats st;
+        ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK); /* B becomes non-zero: the masks matter from here */
+        first_loss[ckpt] = st.loss;
+        double loss;
+        ASSERT_EQ(ft_train_backward(tr, &b, &loss), FORGE_OK);
+        grads[ckpt].resize(4096);
+        size_t n = ft_train_grad_read(tr, 1, 4 /* gate_proj */, grads[ckpt].data(), grads[ckpt].size());
+        ASSERT_GT(n, 0u);
+        grads[ckpt].resize(n);
+        forge_trainer_free(tr);
+    }
+    EXPECT_EQ(first_loss[0], first_loss[1]);
+    EXPECT_LE(ft::rel_err(grads[1].data(), grads[0].data(), grads[0].size()), 1e-6) << "checkpointing recomputes the same masks";
+    /* against no dropout: the step's loss is the same (B starts at zero), evaluation too, the next gradients differ */
+    forge_train_params p = forge_train_default_params();
+    p.targets = "all";
+    p.seed = 42;
+    p.max_batch = 2;
+    p.max_seq = 12;
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK);
+    forge_train_stats st;
+    ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK);
+    EXPECT_NEAR(st.loss, first_loss[0], 1e-6 * st.loss);
+    double loss;
+    ASSERT_EQ(ft_train_backward(tr, &b, &loss), FORGE_OK);
+    std::vector<float> g(4096);
+    g.resize(ft_train_grad_read(tr, 1, 4, g.data(), g.size()));
+    EXPECT_GT(ft::rel_err(g.data(), grads[0].data(), g.size()), 1e-3) << "dropout changes nothing";
+    forge_trainer_free(tr);
+    forge_model_free(m);
+}
+
+/* The squared-error losses: on the logits against targets, the loss is the mean over counted
+ * positions and the vocabulary of (logit - target)^2 (the adapters start as B = 0, so the
+ * logits are the base model's); on the hidden states, training against zero targets lowers it. */
+TEST(TrainParams, SquaredErrorLosses) {
+    forge_model *m = ft::load(ft::src(kBase));
+    ASSERT_NE(m, nullptr);
+    const int T = 10, V = 256, H = 64;
+    std::vector<int32_t> toks(T), lens = {T};
+    for (int i = 0; i < T; i++) toks[i] = (i * 53 + 7) % V;
+    std::vector<float> logits = all_logits(m, toks), targets = ft::randn((size_t)T * V, 1.0f, 9);
+    std::vector<uint8_t> mask(T, 1);
+    mask[0] = mask[4] = 0;
+    forge_train_params p = forge_train_default_params();
+    p.loss = FORGE_LOSS_MSE_LOGITS;
+    p.max_batch = 1;
+    p.max_seq = T;
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+    forge_train_batch b = {1, T, toks.data(), lens.data(), nullptr, mask.data(), targets.data()};
+    double loss, want = 0;
+    int64_t n;
+    ASSERT_EQ(forge_train_eval(tr, &b, &loss, &n), FORGE_OK) << forge_trainer_errmsg(tr);
+    for (int t = 0; t < T; t++)
+        if (mask[t])
+            for (int j = 0; j < V; j++) want += std::pow((double)logits[(size_t)t * V + j] - targets[(size_t)t * V + j], 2);
+    want /= 8.0 * V;
+    EXPECT_EQ(n, 8);
+    EXPECT_NEAR(loss, want, 1e-5 * want);
+    forge_trainer_free(tr);
+    p.loss = FORGE_LOSS_MSE_HIDDEN;
+    p.lr = 1e-2;
+    p.targets = "all";
+    ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+    std::vector<float> zeros((size_t)T * H, 0.0f);
+    b.targets = zeros.data();
+    forge_train_stats st;
+    double l0 = 0, l1 = 0;
+    for (int s = 0; s < 8; s++) {
+        ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
+        if (s == 0) l0 = st.loss;
+        l1 = st.loss;
+    }
+    EXPECT_GT(l0, 0.0);
+    EXPECT_LT(l1, 0.9 * l0) << "training toward zero hidden states lowers their squared norm";
+    forge_trainer_free(tr);
+    forge_model_free(m);
+}
+
+} // namespace
