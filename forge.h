@@ -564,7 +564,7 @@ typedef struct forge_train_params {
     const char *targets;      /* HF names, comma-separated, from q_proj k_proj v_proj o_proj
                                * gate_proj up_proj down_proj, or "all"; default "q_proj,v_proj" */
     int n_layers;             /* adapt the last n_layers layers (mlx-lm's num_layers); 0: all */
-    uint64_t seed;            /* A's initialisation and dropout masks */
+    uint64_t seed;            /* A's initialisation and the dropout masks; default 0 */
     const char *adapter_path; /* start from this adapter (PEFT or mlx-lm); its rank, alpha and
                                * targets replace the fields above; NULL: fresh adapters */
     /* AdamW, with torch.optim.AdamW's semantics (decoupled weight decay, bias correction; the
@@ -634,7 +634,9 @@ FORGE_API const char *forge_trainer_errmsg(const forge_trainer *trainer);
  * -100 nor a token id, or a batch with no counted target. */
 FORGE_API forge_status forge_train_step(forge_trainer *trainer, const forge_train_batch *batch, forge_train_stats *stats);
 
-/* The loss on a batch without updating anything (validation). *tokens may be NULL. */
+/* The loss on a batch without updating anything (validation): no dropout, the same counting
+ * as forge_train_step (and the same errors, a batch with no counted target included).
+ * *tokens may be NULL. */
 FORGE_API forge_status forge_train_eval(forge_trainer *trainer, const forge_train_batch *batch, double *loss, int64_t *tokens);
 
 /* Writes the adapters to directory `dir` (created if missing) in the given format, each file
