@@ -193,8 +193,8 @@ FORGE_API forge_model_params forge_model_default_params(void);
 FORGE_API forge_status forge_model_load(const char *path, const forge_model_params *params,
                                         forge_model **out_model);
 
-/* Frees a model and everything it holds (device memory included). Sessions created from it
- * must be freed first. NULL is a no-op. */
+/* Frees a model and everything it holds (device memory included). Sessions and trainers
+ * created from it must be freed first. NULL is a no-op. */
 FORGE_API void forge_model_free(forge_model *model);
 
 /* The message of the last failure on this model (from any thread), or "" if none. Valid until
