@@ -72,7 +72,7 @@ def main():
         torch.cuda.synchronize()
         if i:
             times.append(time.time() - s)
-        losses.append(float(out.loss))
+        losses.append(float(out.loss.detach()))
     step = statistics.median(times)
     print(json.dumps({
         "framework": f"torch {torch.__version__} + transformers {transformers.__version__} + peft {peft.__version__}",
