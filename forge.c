@@ -6074,7 +6074,9 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
     forge_model *m = p->m;
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* The tensor-core matmul is correct (tests) but not yet faster than the SIMT one on the
-     * H100 (1.3 ms against 0.83 ms for 512 x 8192 x 2048): off until it is tuned. */
+     * H100: with 128 x 128 tiles, k steps of 64 and the next step fetched during the products,
+     * 512 x 16384 x 2048 takes 1.19 ms against 1.23 ms, 512 x 2048 x 8192 1.01 ms against 0.80
+     * (bench/RESULTS.md): off until it is. */
     bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact && FORGE__USE_TENSOR_CORES;
     bool gated = flags & FORGE__LINEAR_GATED;
     if (norm) flags |= FORGE__LINEAR_PRENORM;
@@ -6098,7 +6100,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
          * 512 x 2048 x 8192, 64 big tiles, ran slower than with 256 small ones) */
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
         bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN;
-        uint32_t tile = big ? 128 : 64;
+        uint32_t tile = big || cm ? 128 : 64; /* matmul_cm.comp: 128 x 128 too */
         forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
         forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
     }

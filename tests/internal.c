@@ -149,7 +149,7 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
             bool big = j.c->force_kind == 3;
-            uint32_t tile = big ? 128 : 64; /* matmul_big.comp 128 x 128; matmul.comp and matmul_cm.comp 64 x 64 */
+            uint32_t tile = big || cm ? 128 : 64; /* matmul_big.comp and matmul_cm.comp 128 x 128; matmul.comp 64 x 64 */
             forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
             forge__dispatch(&j.rec, op, binds, &pc, (rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
         }

@@ -35,6 +35,7 @@ int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opt
             if (forge_cli_parse_int(cmd, "--ctx", argv[++i], 0, INT_MAX, &v)) return 2;
             o->n_ctx = (int)v;
         } else if (!strcmp(a, "-v")) o->verbose = 1;
+        else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (with_adapter && !strcmp(a, "--adapter") && has) o->adapter = argv[++i];
         else if (with_adapter && !strcmp(a, "--merge-adapter")) o->merge_adapter = 1;
         else argv[w++] = argv[i];
@@ -70,6 +71,7 @@ forge_model *forge_cli_load(const char *path, const forge_cli_opts *o) {
     }
     mp.adapter_path = o->adapter;
     mp.adapter_merge = o->merge_adapter;
+    mp.exact = o->exact;
     if (isatty(2)) mp.progress = progress_stderr;
     return load_with(path, &mp, o->verbose);
 }

@@ -60,6 +60,7 @@ static void usage(FILE *f) {
             "         --ctx N               context length of the session\n"
             "         --adapter DIR         run, chat, logits, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
+            "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n"
             "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n");
