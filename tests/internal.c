@@ -432,7 +432,9 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
     forge__step_params sp = {0, 1, n_ids, penalty, inv_temp, 0, {0, 0}};
     uint32_t n_chunks = (V + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK;
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
-    forge__range ib = ft_buf(&j, ids, 4ull * FORGE__MAX_PENALTY_WINDOW);
+    uint32_t window[FORGE__MAX_PENALTY_WINDOW] = {0}; /* the io buffer's penalty region: n_ids used */
+    memcpy(window, ids, 4ull * FORGE__MIN(n_ids, FORGE__MAX_PENALTY_WINDOW));
+    forge__range ib = ft_buf(&j, window, sizeof window);
     forge__range lb = ft_buf(&j, logits, 4ull * V);
     forge__range cb = ft_buf(&j, NULL, 8ull * n_chunks * FORGE__CANDIDATES);
     forge__range sb = ft_buf(&j, NULL, 8ull * n_chunks);

@@ -44,7 +44,8 @@ TEST(Sampler, DeviceTopKMatchesHostSort) {
         std::vector<uint32_t> ids = {3, 5, 51, 8, 0};
         float penalty = 1.7f, inv_temp = 1.0f / 0.7f;
         std::vector<float> pl = l;
-        for (uint32_t id : ids) pl[id] = pl[id] > 0 ? pl[id] / penalty : pl[id] * penalty;
+        for (uint32_t id : ids) /* ids outside the vocabulary (51 when V = 37) are ignored */
+            if (id < V) pl[id] = pl[id] > 0 ? pl[id] / penalty : pl[id] * penalty;
         std::vector<std::pair<float, int32_t>> ref;
         for (uint32_t i = 0; i < V; i++) ref.push_back({std::isnan(pl[i]) ? -INFINITY : pl[i], (int32_t)i});
         std::stable_sort(ref.begin(), ref.end(), [](auto &a, auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
