@@ -4038,6 +4038,11 @@ static forge_status forge__detok_emit(const forge_model *m, const forge__tokeniz
         return FORGE_OK;
     }
     size_t skip = FORGE__MIN((size_t)s->read_bytes, out.n);
+    /* A byte token can make the run's earlier bytes, already emitted as valid text, invalid
+     * UTF-8 (ByteFallback then decodes every byte of the run as U+FFFD): the new text no longer
+     * extends the old, and cutting it at the old length could split a character. Cut at the
+     * next character boundary instead, so that what is emitted stays valid UTF-8. */
+    while (skip < out.n && ((uint8_t)out.p[skip] & 0xC0) == 0x80) skip++;
     forge__buf tail = {out.p + skip, out.n - skip, out.n - skip, false, false};
     st = forge__tk_copy_out(m, &tail, text, capacity, n_bytes, "forge_detok_stream");
     int32_t last = s->ids[s->n_ids - 1];

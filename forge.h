@@ -339,7 +339,9 @@ FORGE_API forge_status forge_detokenize(const forge_model *model, const int32_t 
  * allocation); one state per stream. Each call emits only complete UTF-8: a token that ends
  * inside a character is held until the character is complete (or until 16 tokens are held,
  * then U+FFFD). The concatenated output of next() calls and a final flush() equals
- * forge_detokenize of all the ids. */
+ * forge_detokenize of all the ids, except where a byte token turns bytes already emitted as
+ * valid text into an invalid sequence (which ByteFallback decodes as U+FFFD per byte): the
+ * stream's output stays valid UTF-8 but is not then that text. */
 #define FORGE_DETOK_STREAM_WINDOW 16
 typedef struct forge_detok_stream {
     uint32_t struct_size;          /* set by forge_detok_stream_init */

@@ -283,6 +283,30 @@ TEST(TokApi, StreamingHoldsIncompleteCharacters) {
     EXPECT_EQ(std::string(buf, n), "Hello");
 }
 
+/* A byte token that makes the run before it invalid UTF-8: ByteFallback decodes the whole
+ * run as U+FFFD per byte, so the text no longer extends what the stream emitted ("A"); the
+ * stream must not cut the new text inside a character. */
+TEST(TokApi, StreamingStaysValidWhenALaterByteBreaksTheRun) {
+    forge_model *m = family("gemma2");
+    ASSERT_NE(m, nullptr);
+    int32_t a = forge_token_id(m, "<0x41>"), cont = forge_token_id(m, "<0xBF>");
+    ASSERT_GE(a, 0);
+    ASSERT_GE(cont, 0);
+    EXPECT_EQ(ft::decode(m, {a, cont}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    char buf[64];
+    size_t n;
+    std::string out;
+    for (int32_t id : {a, cont}) {
+        ASSERT_EQ(forge_detok_stream_next(m, &ds, id, buf, sizeof buf, &n), FORGE_OK);
+        out.append(buf, n);
+    }
+    ASSERT_EQ(forge_detok_stream_flush(m, &ds, buf, sizeof buf, &n), FORGE_OK);
+    out.append(buf, n);
+    EXPECT_EQ(out, "A\xEF\xBF\xBD");
+}
+
 TEST(TokApi, VocabOnlyModel) {
     std::string d = ft::tok_data();
     forge_model *m = ft::load_vocab(d + "/qwen3/tokenizer.json"); /* the file itself */
