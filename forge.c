@@ -11,8 +11,9 @@
  *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
  *   8. Public API    loading, sessions, eval: what ties the sections above together
  *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
- *  10. Chat          the families' native chat templates
- *  11. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
+ *  10. Classify      many prompts in padded batches, one forward pass each, no decode loop
+ *  11. Chat          the families' native chat templates
+ *  12. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -5076,7 +5077,7 @@ typedef struct forge__layer {
  * An adapted projection computes y = x W^T + scale * (x A^T) B^T beside its frozen weight W.
  * The targets are named as HF names the projections; one pair of f32 matrices per (layer,
  * target). The model holds one set for inference (forge_model_params.adapter_path); a trainer
- * holds its own, with gradients and optimizer state at the same offsets (section 11). */
+ * holds its own, with gradients and optimizer state at the same offsets (section 12). */
 
 typedef enum forge__target {
     FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN, FORGE__T_COUNT
@@ -5103,8 +5104,8 @@ typedef struct forge__lora {
 } forge__lora;
 
 struct forge__loader;
-static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 11 */
-static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 11 */
+static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 12 */
+static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 12 */
 
 static const forge__lora_pair *forge__lora_at(const forge__lora *lo, int layer, forge__target t) {
     if (!lo || !lo->pairs) return NULL;
@@ -5865,8 +5866,10 @@ typedef struct forge__step_params {
     uint32_t pad[2];
 } forge__step_params;
 
-/* What a recorded step leaves for the host: the logits rows, or the sampler's candidates. */
-typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1 } forge__out_mode;
+/* What a recorded step leaves for the host: the logits rows, the sampler's candidates, or the
+ * logits of the last token of each prompt of a batch (classify: n tokens are n_out prompts of
+ * out_row0 tokens each, right-padded). */
+typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1, FORGE__OUT_CLASSIFY = 2 } forge__out_mode;
 
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
 #define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
@@ -5918,7 +5921,8 @@ struct forge_session {
     uint64_t rng[4];                  /* xoshiro256** state of the sampler */
     bool profile;                     /* time every dispatch (forge_session_params.profile) */
     forge__profile prof;              /* device time per kernel, summed over steps */
-    forge_metrics metrics;            /* of the last generate/chat call */
+    forge_metrics metrics;            /* of the last generate/chat/classify call */
+    forge__buf class_text;            /* the texts of the last classify call's tokens */
     uint64_t prompt_cache_hits;
 };
 
@@ -6027,7 +6031,7 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ----
  * One layer's forward pass is written once and serves inference (a session's scratch and KV
- * cache) and training (activations kept per layer for the backward pass, section 11): what
+ * cache) and training (activations kept per layer for the backward pass, section 12): what
  * differs is in forge__pass (the shape of the rows) and forge__acts (where each tensor goes). */
 
 /* What a recorded pass works with: the model, the recorder and the rows it runs. */
@@ -6386,6 +6390,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     const forge__config *c = &m->cfg;
     uint32_t H = (uint32_t)c->hidden;
     forge__pass p = forge__session_pass(s, r, n);
+    if (mode == FORGE__OUT_CLASSIFY) { /* n_out prompts of out_row0 tokens at positions 0.. (the cache is scratch) */
+        p.seq = out_row0;
+        p.batch = n_out;
+    }
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
     for (int l = 0; l < c->n_layers; l++) {
@@ -6395,7 +6403,17 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     if (n_out == 0) return;
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
-    if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
+    if (mode == FORGE__OUT_CLASSIFY) {
+        /* each prompt's last row (indices in the io buffer) gathered into xn, the embedding
+         * kernel reading the residual stream as a table; then the final norm and the head */
+        forge__pc_embed pe = {n_out, H, 0, n, 1.0f, 0, 0, 0, 0};
+        forge__range b[5] = {s->penalty_r, s->x, s->xn, p.dummy, p.dummy};
+        forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + FORGE__W_F32), b, &pe, n_out, 1, 1);
+        forge__barrier(r);
+        forge__rmsnorm(&p, s->xn, 0, &m->output_norm, s->xn, 0, n_out, H, 0);
+        forge__barrier(r);
+        forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
+    } else if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
         forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
                       (float)c->final_softcap);
     } else {
@@ -6632,6 +6650,7 @@ static void forge__session_destroy(forge_session *s) {
     forge__buffer_destroy(d, &s->io, &s->mem, &m->mem_total);
     forge__buffer_destroy(d, &s->readback, &s->mem, &m->mem_total);
     forge__arena_free(&s->arena);
+    forge__buf_free(&s->class_text);
     free(s);
 }
 
@@ -6829,7 +6848,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
     return st;
 }
 
-/* The checkpoint's chat template, kept to recognise its family (section 10): from
+/* The checkpoint's chat template, kept to recognise its family (section 11): from
  * tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which
  * "default" is taken) or chat_template.jinja in `dir`. Absent is fine. */
 static void forge__chat_template_from_dir(forge_model *m, const char *dir) {
@@ -7578,23 +7597,35 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     return st;
 }
 
+/* The ids of text into a malloc'd array (*ids, *n); the model's message on failure. */
+static forge_status forge__tokenize_alloc(forge_model *m, const char *text, size_t len, int add_special, int32_t **ids, size_t *n) {
+    uint32_t flags = add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0;
+    size_t cap = len + 16;
+    *n = 0;
+    *ids = (int32_t *)malloc(sizeof **ids * cap);
+    if (!*ids) return FORGE_ERR_OUT_OF_MEMORY;
+    forge_status st = forge_tokenize(m, text ? text : "", len, flags, *ids, cap, n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        int32_t *bigger = (int32_t *)realloc(*ids, sizeof **ids * *n);
+        if (!bigger) return FORGE_ERR_OUT_OF_MEMORY;
+        *ids = bigger;
+        cap = *n;
+        st = forge_tokenize(m, text ? text : "", len, flags, *ids, cap, n);
+    }
+    return st;
+}
+
 FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
                                       const forge_generate_params *params, forge_metrics *metrics) {
     if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
-    size_t cap = prompt_len + 16, n = 0;
-    int32_t *ids = (int32_t *)malloc(sizeof *ids * cap);
-    if (!ids) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge_status st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
-    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
-        int32_t *bigger = (int32_t *)realloc(ids, sizeof *ids * n);
-        if (!bigger) { free(ids); return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); }
-        ids = bigger;
-        cap = n;
-        st = forge_tokenize(s->m, prompt ? prompt : "", prompt_len, p.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, ids, cap, &n);
-    }
-    if (st) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    forge_status st = forge__tokenize_alloc(s->m, prompt, prompt_len, p.add_special, &ids, &n);
+    if (st == FORGE_ERR_OUT_OF_MEMORY) {
+        forge__fail(&s->err, st, "out of host memory");
+    } else if (st) {
         forge__fail(&s->err, st, "tokenizing the prompt: %s", forge_model_errmsg(s->m));
     } else if (n == 0) {
         st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "the prompt is empty and the tokenizer adds no BOS: nothing to generate from");
@@ -7620,7 +7651,198 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
 }
 
 /* =======================================================================================
- * 10. Chat
+ * 10. Classify
+ * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
+ * to T tokens and run as B sequences at positions 0 .. T-1 (the pass's batch mode, as the
+ * trainer runs it: keys of sequence b in cache rows b*T .., the session's cache used as
+ * scratch); then each prompt's last real row is gathered, normed and put through the head
+ * (FORGE__OUT_CLASSIFY in section 7). Padding rows come after every real row of their
+ * sequence, so causal attention never lets a real token see one.
+ * ===================================================================================== */
+
+FORGE_API forge_classify_params forge_classify_default_params(void) {
+    forge_classify_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.add_special = 1;
+    return p;
+}
+
+/* Draws from one full logits row: the argmax at temperature 0 (ties to the lower id), else
+ * the generate sampler over the sorted row with its exact normalizer. NaN counts as -inf, as
+ * in the device reduction; -1 when no logit is finite-or-+inf. */
+static int32_t forge__classify_draw(const float *row, int V, const forge_classify_params *cp, uint64_t rng[4], forge__cand *cands,
+                                    double *probs) {
+    int best = -1;
+    for (int i = 0; i < V; i++)
+        if (!isnan(row[i]) && row[i] > -INFINITY && (best < 0 || row[i] > row[best])) best = i;
+    if (best < 0 || cp->temperature <= 0.0f) return best;
+    forge_generate_params gp = forge_generate_default_params();
+    gp.temperature = cp->temperature;
+    gp.top_k = cp->top_k;
+    gp.top_p = cp->top_p;
+    gp.min_p = cp->min_p;
+    double M = row[best], S = 0;
+    if (!isfinite(M)) return best; /* +inf: all the probability on the first such logit */
+    for (int i = 0; i < V; i++) {
+        float l = isnan(row[i]) ? -INFINITY : row[i];
+        cands[i] = (forge__cand){l, i};
+        S += exp(((double)l - M) / cp->temperature);
+    }
+    qsort(cands, (size_t)V, sizeof *cands, forge__cmp_cand);
+    return forge__sample_candidates(cands, V, 1, M, S, &gp, rng, probs);
+}
+
+/* The text of `tok` continuing a prompt that ends in `prev` (primed as generation primes its
+ * stream), appended NUL-terminated to out. */
+static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t tok, forge__buf *out) {
+    char piece[1024];
+    size_t len = 0, more = 0;
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    forge_status st = FORGE_OK;
+    if (!forge_token_is_special(m, prev)) st = forge_detok_stream_next(m, &ds, prev, piece, sizeof piece, &len);
+    if (!st) st = forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &len);
+    if (!st) st = forge_detok_stream_flush(m, &ds, piece + len, sizeof piece - len, &more);
+    if (st) return st;
+    forge__buf_put(out, piece, len + more + 1);
+    return out->oom ? FORGE_ERR_OUT_OF_MEMORY : FORGE_OK;
+}
+
+FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
+                                      const forge_classify_params *params, forge_classify_result *results) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    if (n_prompts < 0 || (n_prompts > 0 && (!prompts || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
+    forge_classify_params p;
+    FORGE__COPY_PARAMS(p, params, forge_classify_default_params);
+    if (!(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) || !(p.min_p >= 0 && p.min_p <= 1) || p.top_k < 0)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, top_k >= 0)");
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab;
+    if (p.logits && p.logits_capacity < (size_t)n_prompts * (size_t)V)
+        return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %d prompts x %d need %zu", p.logits_capacity,
+                           n_prompts, V, (size_t)n_prompts * (size_t)V);
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no text */
+    double t0 = forge__now_s();
+    s->n_past = 0; /* the cache is scratch from here on */
+    s->class_text.n = 0;
+    /* every prompt's ids (text tokenized here, token prompts borrowed) */
+    int32_t **ids = (int32_t **)calloc((size_t)n_prompts + 1, sizeof *ids);
+    int *lens = (int *)calloc((size_t)n_prompts + 1, sizeof *lens);
+    int *order = (int *)malloc(sizeof *order * ((size_t)n_prompts + 1));
+    size_t *text_at = (size_t *)malloc(sizeof *text_at * ((size_t)n_prompts + 1));
+    forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    float *rows = (float *)malloc(sizeof *rows * (size_t)V * (size_t)FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW));
+    forge_status st = FORGE_OK;
+    if (!ids || !lens || !order || !text_at || !cands || !probs || !rows) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    int64_t total = 0;
+    for (int i = 0; i < n_prompts && !st; i++) {
+        const forge_classify_prompt *q = &prompts[i];
+        if (q->text && !tk) {
+            st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is text, and the model has no tokenizer: give token ids", i);
+        } else if (q->text) {
+            size_t n = 0;
+            st = forge__tokenize_alloc(m, q->text, q->text_len, p.add_special, &ids[i], &n);
+            if (st == FORGE_ERR_OUT_OF_MEMORY) forge__fail(&s->err, st, "out of host memory");
+            else if (st) forge__fail(&s->err, st, "prompt %d: tokenizing: %s", i, forge_model_errmsg(m));
+            lens[i] = (int)FORGE__MIN(n, (size_t)INT_MAX);
+        } else {
+            if (q->n_tokens > 0 && !q->tokens) { st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: n_tokens %d but no tokens", i, q->n_tokens); break; }
+            lens[i] = q->n_tokens;
+        }
+        if (st) break;
+        const int32_t *t = q->text ? ids[i] : q->tokens;
+        if (lens[i] <= 0) st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is empty (and the tokenizer adds no BOS)", i);
+        else if (lens[i] > s->n_batch)
+            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens; a classify batch holds %d (the session's n_batch)", i, lens[i], s->n_batch);
+        for (int j = 0; j < lens[i] && !st; j++)
+            if (t[j] < 0 || t[j] >= V)
+                st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: token %d (at index %d) is outside the vocabulary of %d", i, t[j], j, V);
+        order[i] = i;
+        total += lens[i];
+    }
+    /* batches of prompts of similar length: sorted by length (stable), then cut where
+     * B x T (T the longest, rounded up to 8) would pass n_batch or B the output rows */
+    for (int i = 1; i < n_prompts && !st; i++) /* insertion sort: stable, and n is small */
+        for (int j = i; j > 0 && lens[order[j - 1]] > lens[order[j]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    const int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
+    uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
+    uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    for (int b0 = 0; b0 < n_prompts && !st;) {
+        int B = 0, T = 0;
+        while (b0 + B < n_prompts && B < max_b) {
+            int t = (int)FORGE__MIN(forge__align_up((uint64_t)lens[order[b0 + B]], 8), (uint64_t)s->n_batch);
+            if ((int64_t)(B + 1) * t > s->n_batch) break;
+            T = t; /* sorted: the newest prompt is the longest */
+            B++;
+        }
+        memset(io_tokens, 0, 4ull * (size_t)B * (size_t)T);
+        for (int k = 0; k < B; k++) {
+            int i = order[b0 + k];
+            memcpy(io_tokens + (size_t)k * (size_t)T, prompts[i].text ? ids[i] : prompts[i].tokens, 4ull * (size_t)lens[i]);
+            io_rows[k] = (uint32_t)(k * T + lens[i] - 1);
+        }
+        forge__recording *rc;
+        if ((st = forge__get_recording(s, (uint32_t)(B * T), (uint32_t)T, (uint32_t)B, FORGE__OUT_CLASSIFY, &rc))) break;
+        forge__step_params sp = {0, (uint32_t)(B * T), 0, 1.0f, 1.0f, 0, {0, 0}};
+        memcpy(s->io.mapped, &sp, sizeof sp);
+        if ((st = forge__submit_wait(&m->dev, rc->cb, s->fence, &s->err))) break;
+        if (rc->qpool) forge__profile_collect(&m->dev, &s->prof, rc);
+        uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)V;
+        forge__readback_invalidate(&m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+        memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+        for (int k = 0; k < B && !st; k++) {
+            int i = order[b0 + k];
+            const float *row = rows + (size_t)k * (size_t)V;
+            if (p.logits) memcpy(p.logits + (size_t)i * (size_t)V, row, 4ull * (size_t)V);
+            uint64_t rng[4];
+            forge__rng_seed(rng, p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+            int32_t tok = forge__classify_draw(row, V, &p, rng, cands, probs);
+            if (tok < 0 || tok >= V) { st = forge__fail(&s->err, FORGE_ERR_DEVICE, "prompt %d: no token drawn (non-finite logits?)", i); break; }
+            results[i] = (forge_classify_result){tok, lens[i], NULL, 0};
+            text_at[i] = SIZE_MAX;
+            if (tk) {
+                const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
+                text_at[i] = s->class_text.n;
+                if ((st = forge__classify_text(m, t[lens[i] - 1], tok, &s->class_text)))
+                    forge__fail(&s->err, st, "prompt %d: the text of token %d: %s", i, tok, forge_model_errmsg(m));
+                else results[i].text_len = s->class_text.n - 1 - text_at[i];
+            }
+        }
+        b0 += B;
+    }
+    /* the texts' addresses once the buffer stops growing */
+    for (int i = 0; i < n_prompts && !st; i++)
+        if (text_at[i] != SIZE_MAX) results[i].text = s->class_text.p + text_at[i];
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
+    mt.prefill_ms = (forge__now_s() - t0) * 1e3;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
+    mt.peak_device_bytes = m->mem_total.peak;
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    s->metrics = mt;
+    for (int i = 0; ids && i < n_prompts; i++) free(ids[i]);
+    free(ids);
+    free(lens);
+    free(order);
+    free(text_at);
+    free(cands);
+    free(probs);
+    free(rows);
+    return st;
+}
+
+/* =======================================================================================
+ * 11. Chat
  * The native templates, in C: each follows its Jinja original line for line (trim is
  * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
  * handling). The test suite renders the same conversations with transformers and compares.
@@ -7979,7 +8201,7 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
 }
 
 /* =======================================================================================
- * 11. Training
+ * 12. Training
  * LoRA fine-tuning. First the adapter files (PEFT and mlx-lm, read and written, atomically),
  * then the trainer: its device plan (adapters, gradients and AdamW moments in a flat vector;
  * the activations the backward pass reads; scratch), the recorded step (the forward pass of

@@ -521,6 +521,60 @@ FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_messa
                                   const forge_generate_params *params, forge_metrics *metrics);
 
 /* ---------------------------------------------------------------------------------------
+ * Classify
+ *
+ * One batched forward pass over many prompts, no decode loop: the prompts (text or token ids)
+ * are right-padded to the longest of each batch and run together, each at positions 0.. (so
+ * every prompt's result equals its own unpadded run); for each prompt the logits after its
+ * last token and a token drawn from them (temperature 0: the argmax, ties to the lower id).
+ * Prompts are batched by length: a batch holds at most n_batch tokens (its prompts x their
+ * padded length, the longest rounded up to 8) and at most n_outputs_max (and 1024) prompts
+ * (forge_session_params); more prompts run in several batches, so a session made with
+ * n_ctx = n_batch is enough. Classify uses the session's KV cache as scratch: the session
+ * holds no tokens afterwards. forge_session_metrics then reports the prompt tokens and the
+ * call's time (prefill_ms, prefill_tok_s).
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_classify_prompt {
+    const char *text;             /* UTF-8 text (tokenized as forge_generate does), or NULL: */
+    size_t text_len;
+    const int32_t *tokens;        /* token ids when text is NULL */
+    int n_tokens;
+} forge_classify_prompt;
+
+typedef struct forge_classify_params {
+    uint32_t struct_size;
+    float temperature;            /* default 0: the argmax */
+    int top_k;                    /* 0: off */
+    float top_p;                  /* 1: off */
+    float min_p;                  /* 0: off */
+    uint64_t seed;                /* temperature > 0: the draws' seed */
+    int add_special;              /* text prompts: add BOS as the tokenizer declares; default 1 */
+    float *logits;                /* optional: each prompt's last logits [n_prompts, n_vocab] */
+    size_t logits_capacity;       /* floats */
+} forge_classify_params;
+
+FORGE_API forge_classify_params forge_classify_default_params(void);
+
+typedef struct forge_classify_result {
+    int32_t token;                /* drawn from the logits after the prompt's last token */
+    int n_tokens;                 /* the prompt's tokens (after tokenizing) */
+    const char *text;             /* the token's text as it continues the prompt (NUL-terminated;
+                                     an unfinished UTF-8 character as U+FFFD); NULL when the model
+                                     has no tokenizer. Owned by the session, valid until its next
+                                     classify call or its free. */
+    size_t text_len;
+} forge_classify_result;
+
+/* Classifies n_prompts prompts into results[0 .. n_prompts). Prompt i draws from a generator
+ * seeded by (seed, i), so results do not depend on how the prompts are batched.
+ * FORGE_ERR_LIMIT for a prompt longer than n_batch, FORGE_ERR_INVALID_ARGUMENT for an empty
+ * prompt or a token outside the vocabulary (the message names the prompt),
+ * FORGE_ERR_BUFFER_TOO_SMALL when logits is set and logits_capacity < n_prompts * n_vocab. */
+FORGE_API forge_status forge_classify(forge_session *session, const forge_classify_prompt *prompts, int n_prompts,
+                                      const forge_classify_params *params, forge_classify_result *results);
+
+/* ---------------------------------------------------------------------------------------
  * Training: LoRA fine-tuning
  *
  * A forge_trainer adds low-rank adapters to chosen projections of a loaded model and trains

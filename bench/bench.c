@@ -8,9 +8,13 @@
  * object on stdout:
  *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
  *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
- *    "peak_device_bytes", "load_s"}, and with --profile "profile": device ms per kernel over all
- *    runs (warm-up included; timestamps after every dispatch slow the run a little).
+ *    "classify_prompts_s", "peak_device_bytes", "load_s"}, and with --profile "profile": device
+ *    ms per kernel over all runs (warm-up and classify included; timestamps after every
+ *    dispatch slow the run a little).
  * ttft_ms: the call's start to its first generated token.
+ * classify_prompts_s: forge_classify of 64 prompts of 32 pseudo-random tokens each (greedy,
+ * no logits copied out) on the same session, prompts per second of wall time, median of R
+ * after a warm-up.
  *
  * `forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]
  * [--grad-checkpoint|--no-grad-checkpoint] [-r 5]`: LoRA training speed. A trainer with those
@@ -215,8 +219,9 @@ int forge_bench_main(int argc, char **argv) {
     forge_model_get_info(m, &info);
     int V = info.n_vocab;
     forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = P + N + 1;
-    sp.n_batch = P;
+    enum { CLASSIFY_PROMPTS = 64, CLASSIFY_LEN = 32 };
+    sp.n_batch = P > CLASSIFY_LEN ? P : CLASSIFY_LEN;
+    sp.n_ctx = P + N + 1 > sp.n_batch ? P + N + 1 : sp.n_batch;
     sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
@@ -226,6 +231,7 @@ int forge_bench_main(int argc, char **argv) {
     }
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
     double *pre = malloc(sizeof(double) * (size_t)R), *dec = malloc(sizeof(double) * (size_t)R), *first = malloc(sizeof(double) * (size_t)R);
+    double *cls = malloc(sizeof(double) * (size_t)R);
     uint32_t rng = 12345;
     for (int i = 0; i < P; i++) {
         rng = rng * 1664525u + 1013904223u;
@@ -245,6 +251,20 @@ int forge_bench_main(int argc, char **argv) {
             first[r - 1] = mt.ttft_ms;
         }
     }
+    int32_t *cls_ids = malloc(sizeof(int32_t) * CLASSIFY_PROMPTS * CLASSIFY_LEN);
+    forge_classify_prompt cls_prompts[CLASSIFY_PROMPTS];
+    forge_classify_result cls_res[CLASSIFY_PROMPTS];
+    for (int i = 0; i < CLASSIFY_PROMPTS * CLASSIFY_LEN; i++) {
+        rng = rng * 1664525u + 1013904223u;
+        cls_ids[i] = (int32_t)((rng >> 8) % (uint32_t)V);
+    }
+    for (int i = 0; i < CLASSIFY_PROMPTS; i++) cls_prompts[i] = (forge_classify_prompt){NULL, 0, cls_ids + i * CLASSIFY_LEN, CLASSIFY_LEN};
+    for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
+        double t = now_s();
+        if (forge_classify(s, cls_prompts, CLASSIFY_PROMPTS, NULL, cls_res) != FORGE_OK) { rc = 1; break; }
+        if (r > 0) cls[r - 1] = CLASSIFY_PROMPTS / (now_s() - t);
+    }
+    free(cls_ids);
     if (rc) {
         fprintf(stderr, "forge bench: %s\n", forge_session_errmsg(s));
     } else {
@@ -252,6 +272,7 @@ int forge_bench_main(int argc, char **argv) {
         print_model_fields(&info, path);
         printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d", P, N, R);
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
+        printf(", \"classify_prompts_s\": %.2f", median(cls, R));
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
         if (profile) print_profile(s, session_profile);
         printf("}\n");
@@ -260,6 +281,7 @@ int forge_bench_main(int argc, char **argv) {
     free(pre);
     free(dec);
     free(first);
+    free(cls);
     forge_session_free(s);
     forge_model_free(m);
     return rc;

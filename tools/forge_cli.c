@@ -6,6 +6,7 @@
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
+ *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
  *   forge bench MODEL [-p 512] [-n 128] [-r 3]
  *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
  *   forge train MODEL --data FILE.jsonl --out DIR [options]   (tools/cli_train.c)
@@ -13,7 +14,7 @@
  *   forge tokenize PATH [--skip-special] --decode (IDS | --stdin-json)
  *   forge bench-tokenize PATH TEXTFILE [-r 3]
  *
- * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits and bench also take
+ * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits, classify and bench also take
  * --adapter DIR [--merge-adapter] (a LoRA adapter).
  * Output formats of `logits`, `bench` and `train --json` are JSON and stable. */
 #define _DEFAULT_SOURCE 1
@@ -39,6 +40,11 @@ static void usage(FILE *f) {
             "  info MODEL                       architecture, shapes, device and memory plan\n"
             "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
             "                                   logits of the last (or every) position as JSON\n"
+            "  classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--top-k K] [--top-p P]\n"
+            "      [--min-p M] [--seed S] [--no-special]\n"
+            "                                   the next token of each prompt, in batched forward passes:\n"
+            "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
+            "                                   a JSON array of strings or token-id arrays\n"
             "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
             "                                   prefill and decode speed as one JSON object\n"
             "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
@@ -58,7 +64,7 @@ static void usage(FILE *f) {
             "                                   tokenizer load time and encode speed as one JSON object\n"
             "options: --device INDEX|NAME   choose the Vulkan device\n"
             "         --ctx N               context length of the session\n"
-            "         --adapter DIR         run, chat, logits, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
+            "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
             "         -v                    log to stderr\n"
@@ -359,6 +365,165 @@ static int cmd_tokenize(int argc, char **argv) {
     return rc;
 }
 
+/* ---- forge classify: one forward pass per batch of prompts, the next token of each ---- */
+
+/* Ids of a JSON array of integers, or NULL when an element is not an integer in int32 range. */
+static int32_t *json_int_ids(const cJSON *arr, int *n) {
+    int cnt = cJSON_GetArraySize(arr), k = 0;
+    int32_t *ids = malloc(sizeof *ids * (size_t)(cnt ? cnt : 1));
+    const cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        double v = cJSON_IsNumber(it) ? it->valuedouble : 0.5;
+        if (v < INT32_MIN || v > INT32_MAX || v != (double)(int32_t)v) { free(ids); return NULL; }
+        ids[k++] = (int32_t)v;
+    }
+    *n = k;
+    return ids;
+}
+
+static int cmd_classify(int argc, char **argv) {
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("classify", &argc, argv, &o, 1)) return 2;
+    forge_classify_params cp = forge_classify_default_params();
+    const char *path = NULL;
+    int stdin_json = 0, want_logits = 0, n_args = 0;
+    char **args = malloc(sizeof *args * (size_t)(argc + 1));
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        double d;
+        long long k;
+        uint64_t u;
+        if (!strcmp(a, "--stdin-json")) stdin_json = 1;
+        else if (!strcmp(a, "--logits")) want_logits = 1;
+        else if (!strcmp(a, "--no-special")) cp.add_special = 0;
+        else if (!strcmp(a, "--temp") && has) {
+            if (forge_cli_parse_double("classify", a, argv[++i], 0, 0, 1e9, 0, &d)) { free(args); return 2; }
+            cp.temperature = (float)d;
+        } else if (!strcmp(a, "--top-p") && has) {
+            if (forge_cli_parse_double("classify", a, argv[++i], 0, 1, 1, 0, &d)) { free(args); return 2; }
+            cp.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p") && has) {
+            if (forge_cli_parse_double("classify", a, argv[++i], 0, 0, 1, 0, &d)) { free(args); return 2; }
+            cp.min_p = (float)d;
+        } else if (!strcmp(a, "--top-k") && has) {
+            if (forge_cli_parse_int("classify", a, argv[++i], 0, INT32_MAX, &k)) { free(args); return 2; }
+            cp.top_k = (int)k;
+        } else if (!strcmp(a, "--seed") && has) {
+            if (forge_cli_parse_u64("classify", a, argv[++i], &u)) { free(args); return 2; }
+            cp.seed = u;
+        } else if (!path && a[0] != '-') path = a;
+        else if (path && a[0] != '-') args[n_args++] = argv[i];
+        else { fprintf(stderr, "forge classify: unexpected argument '%s'\n", a); usage(stderr); free(args); return 2; }
+    }
+    if (!path || stdin_json == (n_args > 0)) {
+        fprintf(stderr, "forge classify: give MODEL and either --stdin-json or one or more PROMPTs\n");
+        usage(stderr);
+        free(args);
+        return 2;
+    }
+    /* the prompts: strings (text) or arrays of ids */
+    int n = stdin_json ? 0 : n_args, rc = 1;
+    cJSON *arr = NULL;
+    char *in = NULL;
+    if (stdin_json) {
+        size_t len;
+        in = read_stdin(&len);
+        arr = in ? cJSON_ParseWithLength(in, len) : NULL;
+        if (!cJSON_IsArray(arr)) {
+            fprintf(stderr, "forge classify: --stdin-json: stdin is not a JSON array\n");
+            cJSON_Delete(arr);
+            free(in);
+            free(args);
+            return 2;
+        }
+        n = cJSON_GetArraySize(arr);
+    }
+    forge_classify_prompt *prompts = calloc((size_t)n + 1, sizeof *prompts);
+    for (int i = 0; i < n; i++) {
+        if (!stdin_json) {
+            prompts[i].text = args[i];
+            prompts[i].text_len = strlen(args[i]);
+            continue;
+        }
+        const cJSON *it = cJSON_GetArrayItem(arr, i);
+        if (cJSON_IsString(it)) {
+            prompts[i].text = it->valuestring;
+            prompts[i].text_len = strlen(it->valuestring);
+        } else if (!cJSON_IsArray(it) || !(prompts[i].tokens = json_int_ids(it, &prompts[i].n_tokens))) {
+            fprintf(stderr, "forge classify: --stdin-json: element %d is neither a string nor an array of token ids\n", i);
+            n = i;
+            rc = 2;
+            break;
+        }
+    }
+    forge_model *m = rc == 2 ? NULL : forge_cli_load(path, &o);
+    if (m) {
+        /* a batch must hold the longest prompt: n_batch at least its length; the KV cache is
+         * scratch for one batch, so n_ctx need not be more than n_batch */
+        int longest = 0;
+        for (int i = 0; i < n; i++) {
+            int len = prompts[i].n_tokens;
+            if (prompts[i].text) {
+                size_t cnt = 0;
+                forge_tokenize(m, prompts[i].text, prompts[i].text_len, cp.add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0, NULL, 0, &cnt);
+                len = (int)(cnt > INT32_MAX ? INT32_MAX : cnt);
+            }
+            if (len > longest) longest = len;
+        }
+        forge_session_params sp = forge_session_default_params();
+        sp.n_batch = longest > 512 ? (longest + 7) / 8 * 8 : 512;
+        sp.n_ctx = o.n_ctx ? o.n_ctx : sp.n_batch;
+        forge_session *s = NULL;
+        int V = forge_model_n_vocab(m);
+        forge_classify_result *res = calloc((size_t)n + 1, sizeof *res);
+        float *lg = want_logits ? malloc(sizeof(float) * (size_t)(n ? n : 1) * (size_t)V) : NULL;
+        cp.logits = lg;
+        cp.logits_capacity = lg ? (size_t)n * (size_t)V : 0;
+        if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+            fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+        } else {
+            forge_status st = forge_classify(s, prompts, n, &cp, res);
+            if (st != FORGE_OK) {
+                fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+            } else {
+                putchar('[');
+                for (int i = 0; i < n; i++) {
+                    printf("%s{\"id\": %d", i ? ",\n " : "", res[i].token);
+                    if (res[i].text) {
+                        printf(", \"text\": ");
+                        forge_cli_json_string(res[i].text, res[i].text_len);
+                    }
+                    if (lg) {
+                        printf(", \"logits\": [");
+                        for (int j = 0; j < V; j++) printf(j ? ", %.9g" : "%.9g", lg[(size_t)i * (size_t)V + (size_t)j]);
+                        putchar(']');
+                    }
+                    putchar('}');
+                }
+                puts("]");
+                rc = 0;
+                if (o.verbose) {
+                    forge_metrics mt;
+                    forge_session_metrics(s, &mt);
+                    fprintf(stderr, "[%d prompts, %d tokens in %.1f ms, %.1f tok/s]\n", n, mt.prompt_tokens, mt.prefill_ms, mt.prefill_tok_s);
+                }
+            }
+            forge_session_free(s);
+        }
+        free(res);
+        free(lg);
+        forge_model_free(m);
+    }
+    if (stdin_json)
+        for (int i = 0; i < n; i++) free((void *)prompts[i].tokens);
+    free(prompts);
+    cJSON_Delete(arr);
+    free(in);
+    free(args);
+    return rc;
+}
+
 /* The bundled demo model: next to the executable in the source tree (build/../models) or
  * the install tree (bin/../share/forge), or where the build recorded the source tree. */
 static const char *bundled_model(void) {
@@ -467,7 +632,7 @@ static int cmd_run(int argc, char **argv) {
 }
 
 /* ---- forge chat: a REPL. Ctrl-C while a reply streams stops the reply (the callback returns
- * 0, the session stays usable); at the prompt it ends the program. ---- */
+ * non-zero, the session stays usable); at the prompt it ends the program. ---- */
 
 #include <signal.h>
 
@@ -600,6 +765,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "devices")) return cmd_devices();
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
+    if (!strcmp(cmd, "classify")) return cmd_classify(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
