@@ -13,7 +13,7 @@ LIBS := -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
-.PHONY: all lib cli tests test install clean fuzz examples
+.PHONY: all lib cli tests test install clean fuzz examples sanitize
 all: lib cli tests examples
 lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
 cli: $(BUILD)/forge
@@ -52,6 +52,15 @@ $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.
 
 test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate
 	cd $(BUILD) && ./forge_tests
+
+# The suite under ASan + UBSan + LSan, built in build-san/: any report fails the run (CI runs it).
+# Leaks inside system libraries (Mesa, the Vulkan loader) are suppressed in tests/lsan.supp.
+SAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+sanitize:
+	$(MAKE) BUILD=build-san OPT="$(SAN_OPT)" build-san/forge_tests build-san/forge build-san/example_generate
+	cd build-san && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0 \
+		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
+		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./forge_tests
 
 install: lib cli
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
