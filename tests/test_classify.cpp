@@ -5,6 +5,7 @@
  * prompt; bad input is an error naming the prompt. */
 #include <cjson/cJSON.h>
 
+#include "parity.h"
 #include "util.h"
 
 namespace {
@@ -15,26 +16,16 @@ struct Ref {
     std::vector<std::vector<float>> logits; /* [len, vocab] per sequence */
 };
 
+/* A parity fixture's sequences and the logits to compare with (bf16 checkpoints: the f64
+ * forward of the same weights). */
 Ref read_parity(const std::string &dir) {
+    ft::Fixture fx = ft::read_fixture(dir);
     Ref r;
-    std::vector<uint8_t> js = ft::read_file(dir + "/reference.json");
-    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
-    if (!root) {
-        ADD_FAILURE() << "cannot read " << dir << "/reference.json";
-        return r;
+    r.n_vocab = fx.n_vocab;
+    for (const ft::Sequence &q : fx.seqs) {
+        r.seqs.push_back(q.tokens);
+        r.logits.push_back(fx.bf16 ? q.logits_f64 : q.logits);
     }
-    r.n_vocab = cJSON_GetObjectItem(root, "n_vocab")->valueint;
-    const char *rd = cJSON_GetStringValue(cJSON_GetObjectItem(root, "reference_dtype"));
-    bool bf16 = rd && std::string(rd) == "bfloat16"; /* then the f64 forward of the same weights */
-    cJSON *s;
-    cJSON_ArrayForEach(s, cJSON_GetObjectItem(root, "sequences")) {
-        std::vector<int32_t> toks;
-        cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "tokens")) toks.push_back(t->valueint);
-        r.seqs.push_back(toks);
-        r.logits.push_back(ft::read_f32(dir + "/" + cJSON_GetStringValue(cJSON_GetObjectItem(s, bf16 ? "logits_f64" : "logits"))));
-    }
-    cJSON_Delete(root);
     return r;
 }
 
