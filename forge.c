@@ -278,20 +278,27 @@ typedef struct forge__mem_counter {
     uint64_t planned, in_use, peak, n_buffers, n_allocations;
 } forge__mem_counter;
 
+/* `c` belongs to one object (one thread at a time); `total` is the model's, which sessions
+ * and trainers on other threads update too: atomically, the peak by compare-and-swap. */
 static void forge__mem_add(forge__mem_counter *c, forge__mem_counter *total, uint64_t bytes) {
     c->in_use += bytes;
     c->n_allocations++;
     if (c->in_use > c->peak) c->peak = c->in_use;
     if (total) {
-        total->in_use += bytes;
-        if (total->in_use > total->peak) total->peak = total->in_use;
+        uint64_t now = __atomic_add_fetch(&total->in_use, bytes, __ATOMIC_RELAXED);
+        uint64_t peak = __atomic_load_n(&total->peak, __ATOMIC_RELAXED);
+        while (now > peak && !__atomic_compare_exchange_n(&total->peak, &peak, now, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        }
     }
 }
 static void forge__mem_sub(forge__mem_counter *c, forge__mem_counter *total, uint64_t bytes) {
     c->in_use -= bytes;
     c->n_allocations--;
-    if (total) total->in_use -= bytes;
+    if (total) __atomic_sub_fetch(&total->in_use, bytes, __ATOMIC_RELAXED);
 }
+/* The model's totals, read while other threads may be updating them. */
+static uint64_t forge__mem_peak(const forge__mem_counter *total) { return __atomic_load_n(&total->peak, __ATOMIC_RELAXED); }
+static uint64_t forge__mem_in_use(const forge__mem_counter *total) { return __atomic_load_n(&total->in_use, __ATOMIC_RELAXED); }
 
 /* =======================================================================================
  * 2. Files
@@ -7096,7 +7103,7 @@ FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_in
     info->weight_bytes = m->weight_bytes;
     snprintf(info->device_name, sizeof info->device_name, "%s", m->dev.info.name);
     snprintf(info->device_driver, sizeof info->device_driver, "%s", m->dev.info.driver);
-    info->memory = (forge_memory_stats){m->arena.bytes, m->mem.planned, m->mem.in_use, m->mem_total.peak, m->mem.n_buffers, m->mem.n_allocations, 0, 0};
+    info->memory = (forge_memory_stats){m->arena.bytes, m->mem.planned, m->mem.in_use, forge__mem_peak(&m->mem_total), m->mem.n_buffers, m->mem.n_allocations, 0, 0};
     return FORGE_OK;
 }
 
@@ -7587,7 +7594,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     double t_end = forge__now_s();
     mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;
     mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;
-    mt.peak_device_bytes = m->mem_total.peak;
+    mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
     mt.prompt_cache_hits = s->prompt_cache_hits;
     s->metrics = mt;
     if (metrics) *metrics = mt;
@@ -7827,7 +7834,7 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
     mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
     mt.prefill_ms = (forge__now_s() - t0) * 1e3;
     mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
-    mt.peak_device_bytes = m->mem_total.peak;
+    mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
     mt.prompt_cache_hits = s->prompt_cache_hits;
     s->metrics = mt;
     for (int i = 0; ids && i < n_prompts; i++) free(ids[i]);
@@ -9054,7 +9061,7 @@ static uint64_t forge__train_readback_bytes(const forge__train_layout *L) { retu
 
 /* The device memory a trainer needs, and the model's own beside it. */
 static forge_status forge__train_memory_check(forge_model *m, uint64_t need, forge__err *err) {
-    uint64_t have = m->dev.caps.device_local_bytes, used = m->mem_total.in_use;
+    uint64_t have = m->dev.caps.device_local_bytes, used = forge__mem_in_use(&m->mem_total);
     if (have && need + used > have)
         return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY,
                            "the trainer needs %.1f MiB of device memory; the device has %.1f MiB and the model and its sessions use %.1f MiB "
@@ -9754,7 +9761,7 @@ FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_bat
     }
     ts.step = tr->step;
     ts.ms = (forge__now_s() - t0) * 1e3;
-    ts.peak_device_bytes = tr->m->mem_total.peak;
+    ts.peak_device_bytes = forge__mem_peak(&tr->m->mem_total);
     if (stats) *stats = ts;
     return FORGE_OK;
 }
