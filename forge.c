@@ -76,6 +76,7 @@ FORGE_API const char *forge_status_name(forge_status status) {
     case FORGE_ERR_OUT_OF_MEMORY: return "FORGE_ERR_OUT_OF_MEMORY";
     case FORGE_ERR_LIMIT: return "FORGE_ERR_LIMIT";
     case FORGE_ERR_BUFFER_TOO_SMALL: return "FORGE_ERR_BUFFER_TOO_SMALL";
+    case FORGE_ERR_CANCELLED: return "FORGE_ERR_CANCELLED";
     }
     return "FORGE_ERR_UNKNOWN";
 }
@@ -5144,6 +5145,12 @@ struct forge_model {
     forge__layer *layers;
     forge__pipeline pipes[FORGE__OP_COUNT];
     pthread_mutex_t pipe_lock;
+    /* forge_model_params.parallel_slots: how many inference calls (eval, generate, classify,
+     * a training step) may run on the device at once; the rest wait on slot_free or fail. */
+    pthread_mutex_t slot_lock;
+    pthread_cond_t slot_free;
+    int slots_max, slots_busy;    /* slots_max 0: no cap */
+    bool slots_fail;              /* forge_model_params.parallel_fail */
     uint64_t n_params, weight_bytes;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
@@ -7013,9 +7020,17 @@ FORGE_API forge_status forge_model_load(const char *path, const forge_model_para
     if (!m) return FORGE_ERR_OUT_OF_MEMORY;
     *out_model = m;
     pthread_mutex_init(&m->err_lock, NULL);
+    pthread_mutex_init(&m->slot_lock, NULL);
+    pthread_cond_init(&m->slot_free, NULL);
     forge_model_params p;
     FORGE__COPY_PARAMS(p, params, forge_model_default_params);
     m->log = (forge__logger){p.log, p.log_user_data};
+    if (p.parallel_slots < 0) {
+        m->failed = true;
+        return forge__fail(&m->err, FORGE_ERR_INVALID_ARGUMENT, "parallel_slots is %d; it must be >= 0 (0: no cap)", p.parallel_slots);
+    }
+    m->slots_max = p.parallel_slots;
+    m->slots_fail = p.parallel_fail != 0;
     m->exact = p.exact != 0;
     forge_status st = forge__model_load_impl(m, path, &p);
     if (st) {
@@ -7040,10 +7055,34 @@ FORGE_API void forge_model_free(forge_model *m) {
     free(m->files);
     forge__arena_free(&m->arena);
     pthread_mutex_destroy(&m->err_lock);
+    pthread_mutex_destroy(&m->slot_lock);
+    pthread_cond_destroy(&m->slot_free);
     free(m);
 }
 
 FORGE_API const char *forge_model_errmsg(const forge_model *m) { return m ? m->err.msg : "no model (out of host memory)"; }
+
+/* A parallel slot for one inference call on the model (go-mlx's WithParallelSlots): held
+ * for the whole call, callbacks included, so a callback that starts another call on the
+ * same model with every slot taken would wait for itself (or fail, with parallel_fail). */
+static forge_status forge__slot_acquire(forge_model *m, forge__err *err) {
+    if (!m->slots_max) return FORGE_OK;
+    pthread_mutex_lock(&m->slot_lock);
+    while (m->slots_busy >= m->slots_max && !m->slots_fail) pthread_cond_wait(&m->slot_free, &m->slot_lock);
+    bool got = m->slots_busy < m->slots_max;
+    if (got) m->slots_busy++;
+    pthread_mutex_unlock(&m->slot_lock);
+    if (!got)
+        return forge__fail(err, FORGE_ERR_LIMIT, "all %d parallel slots of the model are in use (forge_model_params.parallel_fail is set)", m->slots_max);
+    return FORGE_OK;
+}
+static void forge__slot_release(forge_model *m) {
+    if (!m->slots_max) return;
+    pthread_mutex_lock(&m->slot_lock);
+    m->slots_busy--;
+    pthread_cond_signal(&m->slot_free);
+    pthread_mutex_unlock(&m->slot_lock);
+}
 
 /* Model-level calls on a shared model record their failure under the lock. */
 static forge_status forge__model_fail(const forge_model *cm, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -7205,6 +7244,9 @@ FORGE_API forge_status forge_session_memory(const forge_session *s, forge_memory
 }
 
 /* Every id within the vocabulary, else an error naming the first that is not. */
+/* A caller's cancel flag (forge_generate_params.cancel), set from another thread. */
+static bool forge__cancelled(const int *flag) { return flag && __atomic_load_n(flag, __ATOMIC_RELAXED) != 0; }
+
 static forge_status forge__check_token_ids(forge_session *s, const int32_t *tokens, int n) {
     const int V = s->m->cfg.n_vocab;
     for (int i = 0; i < n; i++)
@@ -7213,9 +7255,8 @@ static forge_status forge__check_token_ids(forge_session *s, const int32_t *toke
     return FORGE_OK;
 }
 
-FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n_tokens, uint32_t flags, float *logits,
-                                  size_t logits_capacity) {
-    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+static forge_status forge__eval(forge_session *s, const int32_t *tokens, int n_tokens, uint32_t flags, float *logits,
+                                size_t logits_capacity) {
     if (!tokens || n_tokens <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "eval needs at least one token");
     const int V = s->m->cfg.n_vocab;
     bool all = flags & FORGE_EVAL_ALL_LOGITS;
@@ -7237,6 +7278,16 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
         done += step;
     }
     return FORGE_OK;
+}
+
+FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n_tokens, uint32_t flags, float *logits,
+                                  size_t logits_capacity) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__eval(s, tokens, n_tokens, flags, logits, logits_capacity);
+    forge__slot_release(s->m);
+    return st;
 }
 
 /* =======================================================================================
@@ -7501,9 +7552,8 @@ static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, i
     return common;
 }
 
-FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
-                                             const forge_generate_params *params, forge_metrics *metrics) {
-    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                          const forge_generate_params *params, forge_metrics *metrics) {
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
     forge_model *m = s->m;
@@ -7534,6 +7584,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     /* prefill: all but the last chunk without outputs, the last one sampled */
     int done = mt.cached_tokens;
     while (!st && done < n_prompt) {
+        if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
         int step = FORGE__MIN(n_prompt - done, s->n_batch);
         bool last = done + step == n_prompt;
         if (last) /* the penalty window includes the prompt */
@@ -7555,7 +7606,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     size_t primed = 0;
     if (tk && !forge_token_is_special(m, prompt[n_prompt - 1])) forge_detok_stream_next(m, &ds, prompt[n_prompt - 1], piece, sizeof piece, &primed);
     double t_first = t_prefill;
-    while (!st) {
+    while (!st && mt.stop_reason != FORGE_STOP_CANCELLED) {
         int32_t tok;
         if ((st = forge__sample(s, &p, cands, probs, &tok))) break;
         if (mt.generated_tokens == 0) {
@@ -7578,6 +7629,7 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
         if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
         if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
         if (s->n_past >= s->n_ctx) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+        if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
         sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, &tok, 1, window) : 0;
         st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
     }
@@ -7619,6 +7671,16 @@ static forge_status forge__tokenize_alloc(forge_model *m, const char *text, size
         cap = *n;
         st = forge_tokenize(m, text ? text : "", len, flags, *ids, cap, n);
     }
+    return st;
+}
+
+FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                             const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__generate_tokens(s, prompt, n_prompt, params, metrics);
+    forge__slot_release(s->m);
     return st;
 }
 
@@ -7718,9 +7780,8 @@ static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t t
     return out->oom ? FORGE_ERR_OUT_OF_MEMORY : FORGE_OK;
 }
 
-FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
-                                      const forge_classify_params *params, forge_classify_result *results) {
-    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+static forge_status forge__classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
+                                    const forge_classify_params *params, forge_classify_result *results) {
     if (n_prompts < 0 || (n_prompts > 0 && (!prompts || !results)))
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
     forge_classify_params p;
@@ -7784,6 +7845,10 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
     uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
     uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
     for (int b0 = 0; b0 < n_prompts && !st;) {
+        if (forge__cancelled(p.cancel)) {
+            st = forge__fail(&s->err, FORGE_ERR_CANCELLED, "classify was cancelled after %d of %d prompts", b0, n_prompts);
+            break;
+        }
         int B = 0, T = 0;
         while (b0 + B < n_prompts && B < max_b) {
             int t = (int)FORGE__MIN(forge__align_up((uint64_t)lens[order[b0 + B]], 8), (uint64_t)s->n_batch);
@@ -7845,6 +7910,16 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
     free(cands);
     free(probs);
     free(rows);
+    return st;
+}
+
+FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
+                                      const forge_classify_params *params, forge_classify_result *results) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__classify(s, prompts, n_prompts, params, results);
+    forge__slot_release(s->m);
     return st;
 }
 
@@ -9728,8 +9803,7 @@ static double forge__lr_at(const forge_train_params *p, int s) {
     }
 }
 
-FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_batch *b, forge_train_stats *stats) {
-    if (!tr) return FORGE_ERR_INVALID_ARGUMENT;
+static forge_status forge__train_step(forge_trainer *tr, const forge_train_batch *b, forge_train_stats *stats) {
     double t0 = forge__now_s();
     uint32_t T;
     int64_t count;
@@ -9766,13 +9840,25 @@ FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_bat
     return FORGE_OK;
 }
 
+FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_batch *b, forge_train_stats *stats) {
+    if (!tr) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(tr->m, &tr->err);
+    if (st) return st;
+    st = forge__train_step(tr, b, stats);
+    forge__slot_release(tr->m);
+    return st;
+}
+
 FORGE_API forge_status forge_train_eval(forge_trainer *tr, const forge_train_batch *b, double *loss, int64_t *tokens) {
     if (!tr || !loss) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(tr->m, &tr->err);
+    if (st) return st;
     uint32_t T;
     int64_t count;
-    forge_status st = forge__train_fill(tr, b, &T, &count);
+    st = forge__train_fill(tr, b, &T, &count);
     if (!st) st = forge__train_run(tr, (uint32_t)b->n_seqs, T, false, count, loss);
     if (!st && tokens) *tokens = count;
+    forge__slot_release(tr->m);
     return st;
 }
 

@@ -3,7 +3,9 @@
  * Threads. A forge_model (weights, tokenizer, config, pipelines) is immutable after
  * forge_model_load returns and may be shared by any number of threads. A forge_session
  * (KV cache, scratch buffers, sampler state) belongs to one thread at a time; create one
- * session per concurrent stream. Several sessions may share one model.
+ * session per concurrent stream. Several sessions may share one model; their calls run at
+ * once (the device queue is shared under a lock) and give exactly the results they give alone.
+ * forge_model_params.parallel_slots caps how many run at once.
  *
  * Errors. Every fallible call returns a forge_status (FORGE_OK = 0). The message that
  * explains a failure (naming the file, tensor, field or limit at fault) stays on the object
@@ -81,7 +83,8 @@ typedef enum forge_status {
     FORGE_ERR_DEVICE = 6,           /* no usable Vulkan device, or a Vulkan call failed */
     FORGE_ERR_OUT_OF_MEMORY = 7,    /* host or device memory could not be allocated */
     FORGE_ERR_LIMIT = 8,            /* a planned limit was exceeded (context length, batch) */
-    FORGE_ERR_BUFFER_TOO_SMALL = 9  /* a caller buffer is too small; the size needed is returned */
+    FORGE_ERR_BUFFER_TOO_SMALL = 9, /* a caller buffer is too small; the size needed is returned */
+    FORGE_ERR_CANCELLED = 10        /* the caller's cancel flag was set (forge_classify_params.cancel) */
 } forge_status;
 
 /* Constant English name of a status code ("FORGE_ERR_FORMAT"). Never NULL. */
@@ -179,6 +182,14 @@ typedef struct forge_model_params {
     int adapter_merge;             /* 1: add scale * B A into the base weights at load instead (f32,
                                     * f16 and bf16 weights only; quantized ones are an error): no
                                     * extra work per token, the result rounded to the weight's dtype */
+    /* The most inference calls (forge_eval, forge_generate*, forge_chat, forge_classify,
+     * forge_train_step/eval) running at once on this model, each on its own session or trainer
+     * (go-mlx's WithParallelSlots). 0 (default): no cap. A call holds its slot until it returns,
+     * token callbacks included: a callback must not start another call on the same model when
+     * the cap could be reached (it would wait for itself). */
+    int parallel_slots;
+    int parallel_fail;             /* 0 (default): a call beyond the cap waits for a free slot;
+                                    * 1: it fails at once with FORGE_ERR_LIMIT */
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);
@@ -413,7 +424,8 @@ typedef enum forge_stop_reason {
     FORGE_STOP_STRING = 3,       /* one of the caller's stop_strings appeared in the text */
     FORGE_STOP_MAX_TOKENS = 4,
     FORGE_STOP_CALLBACK = 5,     /* the callback returned non-zero */
-    FORGE_STOP_CONTEXT = 6       /* the session's context is full */
+    FORGE_STOP_CONTEXT = 6,      /* the session's context is full */
+    FORGE_STOP_CANCELLED = 7     /* the caller's cancel flag was set (forge_generate_params.cancel) */
 } forge_stop_reason;
 
 /* Called once per generated token, in order. `text` is the text this token makes printable:
@@ -445,6 +457,12 @@ typedef struct forge_generate_params {
     int add_special;                  /* text prompts: add the tokens the tokenizer declares (BOS); default 1 */
     forge_token_fn on_token;          /* optional */
     void *user_data;
+    /* Optional: a flag another thread may set (non-zero) to stop this call, read atomically
+     * before every prefill chunk (n_batch tokens) and every decode step. The call then returns
+     * FORGE_OK with FORGE_STOP_CANCELLED; the session keeps what was evaluated (n_past counts
+     * it, and a later prompt with the same prefix reuses it) and stays usable. The caller owns
+     * the flag and clears it before reusing it. */
+    const int *cancel;
 } forge_generate_params;
 
 FORGE_API forge_generate_params forge_generate_default_params(void);
@@ -552,6 +570,8 @@ typedef struct forge_classify_params {
     int add_special;              /* text prompts: add BOS as the tokenizer declares; default 1 */
     float *logits;                /* optional: each prompt's last logits [n_prompts, n_vocab] */
     size_t logits_capacity;       /* floats */
+    const int *cancel;            /* optional: set (from any thread) to stop between batches with
+                                     FORGE_ERR_CANCELLED; the results are then not filled */
 } forge_classify_params;
 
 FORGE_API forge_classify_params forge_classify_default_params(void);

@@ -557,7 +557,7 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
 }
 
 static void print_metrics(const forge_metrics *m) {
-    static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full"};
+    static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled"};
     fprintf(stderr,
             "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s]\n",
             m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
