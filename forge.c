@@ -4684,6 +4684,7 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     float softcap;
     uint32_t qbits, qgroup, qflags; /* MLX affine */
     float eps;                      /* matvec_sg PRENORM */
+    uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
@@ -4821,12 +4822,29 @@ typedef struct forge__op_desc {
 
 /* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, one output each at a time */
 #define FORGE__SG_PER_WG 8
+
 #define FORGE__USE_TENSOR_CORES 0   /* see forge__linear */
 #define FORGE__BIG_TILES_MIN 256    /* matmul_big once it has this many 128 x 128 tiles */
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
 #define FORGE__MATVEC_WG 128
 #define FORGE__MATVEC_ROWS 1
+
+/* matvec_sg with one token on a GPU splits K over the whole workgroup, which takes up to 8
+ * outputs, fewer where that leaves under 1024 workgroups (a 2048-output product then still
+ * fills a large GPU): pc.rows_per_wg. 0 (several tokens; CPU devices, where lavapipe ran
+ * stories260K's decode at 42 tok/s that way against 60 with an output per subgroup): the
+ * subgroups take FORGE__SG_PER_WG outputs in turn. */
+static uint32_t forge__matvec_split_rows(bool cpu, uint32_t M, uint32_t outs) {
+    if (M != 1 || cpu) return 0;
+    uint32_t r = 8;
+    while (r > 1 && outs / r < 1024) r >>= 1;
+    return r;
+}
+static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
+    return !sg ? FORGE__MATVEC_ROWS : split_rows ? split_rows : FORGE__SG_PER_WG;
+}
+
 /* matmul_cm exists where glslang knew GL_NV_cooperative_matrix (tools/build_kernels.sh) */
 #if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
 #define FORGE__CM_OP(FMT, name) \
@@ -6109,11 +6127,11 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
         forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
                              mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
+        uint32_t split = forge__matvec_split_rows(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs), rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps};
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split};
         uint32_t gx, gy;
         if (vec) {
-            uint32_t rows_per_wg = sg ? FORGE__SG_PER_WG : FORGE__MATVEC_ROWS;
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(p->r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
             continue;

@@ -5,9 +5,15 @@
 // g (the block's norm fused in: sum_k W x g / rms(x), both sums taken in the same pass).
 // GATED: W holds gate and up rows interleaved (row 2j = gate j, row 2j + 1 = up j) and the
 // output j is act(gate . a) * (up . a), the MLP's middle fused in (N counts outputs).
-// A workgroup owns ROWS consecutive outputs, its subgroups taking them in turn; each lane
-// reads 8 consecutive weights per load (coalesced across the subgroup), and the subgroup sums
-// with subgroupAdd: no shared memory, no barriers. Correct for any subgroup size.
+// One token (M = 1, decode): a workgroup owns pc.rows_per_wg (R <= 8) consecutive outputs and
+// its subgroups split K between them: its lanes together read 8 * (workgroup size) consecutive
+// weights of each of the R rows per iteration, the activations once for all R rows, and every
+// lane has R (gated: 2R) weight loads in flight. Each subgroup sums with subgroupAdd, then the
+// subgroups' sums meet in shared memory. (One row per subgroup with the whole K in turn waited
+// on K / 512 rounds of loads per row: a 2048 x 2048 product took 10 us on the H100, as long in
+// F16 as in Q4_0.) Several tokens (M <= 8, short prefill tails), and any M when rows_per_wg is
+// 0 (CPU devices): a workgroup owns ROWS outputs, its subgroups taking them in turn. Correct
+// for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
@@ -15,6 +21,7 @@
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 16;
 
@@ -23,6 +30,7 @@ layout(push_constant) uniform PC {
     float softcap;
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
     float eps;                    // PRENORM
+    uint rows_per_wg;             // M = 1: outputs per workgroup (<= MAX_R), K split; 0: as M > 1
 } pc;
 
 #include "common.glsl"
@@ -75,43 +83,61 @@ float act(float x) {
     return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
 }
 
-// One output for one token (decode), in scalars so that nothing spills to local memory
-// (dynamically indexed arrays would): two steps of k per iteration, so each lane has two
-// (gated: four) independent weight loads in flight.
-void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
-    uint w0 = gated ? 2u * out_row : out_row;   // the weight row (gated: and the up row after it)
-    float s0 = 0.0, s1 = 0.0, u0 = 0.0, u1 = 0.0, ss = 0.0;
-    uint stride = width * 8u;
-    for (uint k = lane * 8u; k < pc.K; k += 2u * stride) {
-        uint k1 = k + stride;
-        bool has1 = k1 < pc.K;
-        vec4 wa0, wa1, wb0 = vec4(0.0), wb1 = vec4(0.0), ua0 = vec4(0.0), ua1 = vec4(0.0), ub0 = vec4(0.0), ub1 = vec4(0.0);
-        w_get8_any(w0, k, pc.K, wa0, wa1);
-        if (has1) w_get8_any(w0, k1, pc.K, wb0, wb1);
-        if (gated) {
-            w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
-            if (has1) w_get8_any(w0 + 1u, k1, pc.K, ub0, ub1);
-        }
+void store(uint out_row, uint m, float v) {
+    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
+    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+    uint ci = m * pc.ldc + pc.c_col0 + out_row;
+    if ((pc.flags & 2u) != 0u) v += c[ci];
+    c[ci] = v;
+}
+
+const uint MAX_R = 8, MAX_SG = 64;
+shared float red_s[MAX_SG][MAX_R], red_u[MAX_SG][MAX_R], red_ss[MAX_SG];
+
+// One token: outputs row0 .. row0 + R of this workgroup (R uniform), K split over its lanes.
+// In scalars and fully unrolled loops, so that nothing spills to local memory.
+void one_token(uint row0, uint R, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+    uint sg = gl_SubgroupID, nsg = gl_NumSubgroups;
+    float s[MAX_R], u[MAX_R];
+    [[unroll]] for (uint r = 0; r < MAX_R; r++) { s[r] = 0.0; u[r] = 0.0; }
+    float ss = 0.0;
+    for (uint k = (sg * width + lane) * 8u; k < pc.K; k += nsg * width * 8u) {
         vec4 alo, ahi;
         a8(0u, k, vec_a, prenorm, alo, ahi, ss);
-        s0 += dot(wa0, alo) + dot(wa1, ahi);
-        u0 += dot(ua0, alo) + dot(ua1, ahi);
-        if (has1) {
-            a8(0u, k1, vec_a, prenorm, alo, ahi, ss);
-            s1 += dot(wb0, alo) + dot(wb1, ahi);
-            u1 += dot(ub0, alo) + dot(ub1, ahi);
+        [[unroll]] for (uint r = 0; r < MAX_R; r++) {
+            if (r < R) {
+                uint w0 = gated ? 2u * (row0 + r) : row0 + r;   // gated: the up row after it
+                vec4 wlo, whi;
+                w_get8_any(w0, k, pc.K, wlo, whi);
+                s[r] += dot(wlo, alo) + dot(whi, ahi);
+                if (gated) {
+                    w_get8_any(w0 + 1u, k, pc.K, wlo, whi);
+                    u[r] += dot(wlo, alo) + dot(whi, ahi);
+                }
+            }
         }
     }
-    float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
-    float v = subgroupAdd(s0 + s1) * inv;
-    float u = subgroupAdd(u0 + u1) * inv;
-    if (gated) v = act(v) * u;
-    if (lane == 0u) {
-        if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-        if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-        uint ci = pc.c_col0 + out_row;
-        if ((pc.flags & 2u) != 0u) v += c[ci];
-        c[ci] = v;
+    [[unroll]] for (uint r = 0; r < MAX_R; r++) {
+        if (r < R) {
+            float sv = subgroupAdd(s[r]), uv = gated ? subgroupAdd(u[r]) : 0.0;
+            if (lane == 0u) { red_s[sg][r] = sv; red_u[sg][r] = uv; }
+        }
+    }
+    float sst = prenorm ? subgroupAdd(ss) : 0.0;
+    if (lane == 0u) red_ss[sg] = sst;
+    barrier();
+    uint r = gl_LocalInvocationIndex;
+    if (r < R) {
+        float v = 0.0, uv = 0.0, sq = 0.0;
+        for (uint i = 0; i < nsg; i++) {
+            v += red_s[i][r];
+            uv += red_u[i][r];
+            sq += red_ss[i];
+        }
+        float inv = prenorm ? 1.0 / sqrt(sq / float(pc.K) + pc.eps) : 1.0;
+        v *= inv;
+        if (gated) v = act(v) * (uv * inv);
+        store(row0 + r, 0u, v);
     }
 }
 
@@ -138,13 +164,7 @@ void few_tokens(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, b
         float v = subgroupAdd(acc[m]) * inv;
         float u = subgroupAdd(acc2[m]) * inv;
         if (gated) v = act(v) * u;
-        if (lane == 0u) {
-            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            uint ci = m * pc.ldc + pc.c_col0 + out_row;
-            if ((pc.flags & 2u) != 0u) v += c[ci];
-            c[ci] = v;
-        }
+        if (lane == 0u) store(out_row, m, v);
     }
 }
 
@@ -152,10 +172,14 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
+    if (pc.rows_per_wg != 0u) {
+        uint row0 = wg * pc.rows_per_wg;
+        if (row0 < pc.N) one_token(row0, min(pc.rows_per_wg, pc.N - row0), lane, width, vec_a, prenorm, gated); // uniform
+        return;
+    }
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-        if (pc.M == 1u) one_token(out_row, lane, width, vec_a, prenorm, gated);
-        else few_tokens(out_row, lane, width, vec_a, prenorm, gated);
+        few_tokens(out_row, lane, width, vec_a, prenorm, gated);
     }
 }

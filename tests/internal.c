@@ -141,10 +141,10 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         if (vec && j.c->force_kind == 1) sg = true;
         bool cm = !vec && j.c->force_kind == 2;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0};
+        uint32_t split = forge__matvec_split_rows(c->dev.caps.type == FORGE_DEVICE_CPU, M, rows), per = forge__matvec_rows_per_wg(sg, split);
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split};
         uint32_t gx, gy;
         if (vec) {
-            uint32_t per = sg ? FORGE__SG_PER_WG : FORGE__MATVEC_ROWS;
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
@@ -173,6 +173,29 @@ forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_
 }
 
 int ft_has_subgroup_matvec(ft_ctx *c) { return c->dev.caps.subgroup_arith; }
+
+forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t outs, uint32_t flags,
+                          const float *bias, const float *g, float eps, float softcap, int split, float *C) {
+    ft_job j;
+    ft_begin(&j, c);
+    bool gated = flags & FORGE__LINEAR_GATED;
+    uint32_t rows = gated ? 2 * outs : outs;
+    forge__range a = ft_buf(&j, A, 4ull * M * K);
+    forge__range cc = ft_buf(&j, C, 4ull * M * outs);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    forge__range b = bias ? ft_buf(&j, bias, 4ull * outs) : dummy;
+    forge__range gb = g ? ft_buf(&j, g, 4ull * K) : dummy;
+    forge__range wb, sb, bb;
+    ft_weight_chunk(&j, w, 0, rows, dummy, &wb, &sb, &bb);
+    forge__range binds[7] = {a, wb, cc, b, sb, bb, gb};
+    /* split: the K-split mapping forge uses for one token on GPUs, here on any device */
+    uint32_t rows_per_wg = split ? forge__matvec_split_rows(false, M, outs) : 0;
+    forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg};
+    uint32_t gx, gy;
+    forge__grid((outs + forge__matvec_rows_per_wg(true, rows_per_wg) - 1) / forge__matvec_rows_per_wg(true, rows_per_wg), &gx, &gy);
+    forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC_SG + w->fmt), binds, &pc, gx, gy, 1);
+    return ft_end(&j, 1, C, 4ull * M * outs, 0, NULL, 0);
+}
 
 forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg) {
     c->force_kind = sg ? 1 : 0;

@@ -33,6 +33,9 @@ typedef struct ft_weight {
 #define FT_BIAS 1u
 #define FT_ACCUMULATE 2u
 #define FT_SOFTCAP 4u
+#define FT_PRENORM 8u   /* matvec_sg only (ft_matvec_sg) */
+#define FT_GATED 16u
+#define FT_GELU 32u
 
 /* C[m, c_col0 + n] (+)= A[a_row0 + m, :] . W[n, :] for m < M, W [N, K] stored in `fmt` and
  * split into chunks of chunk_rows rows (0: one chunk). C is [M, ldc], in/out.
@@ -68,6 +71,12 @@ forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32
 forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* 1 when the device runs the subgroup matvec (matvec_sg) */
 int ft_has_subgroup_matvec(ft_ctx *c);
+/* The subgroup matvec with its fused paths: flags FT_* (bias, accumulate, soft-cap,
+ * PRENORM with g [K] and eps, GATED with W's rows interleaved gate/up, 2 outs of them); split 1:
+ * K split over the workgroup (forge's one-token mapping on GPUs; M must be 1), 0: the subgroups
+ * take outputs in turn. C [M, outs]. */
+forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t outs, uint32_t flags,
+                          const float *bias, const float *g, float eps, float softcap, int split, float *C);
 /* ft_linear_w forcing the matvec kind: 0 shared-memory matvec, 1 subgroup matvec */
 forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg);
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act);

@@ -121,6 +121,70 @@ INSTANTIATE_TEST_SUITE_P(
                       LinearCase{FT_F32, 64, 172, 64, 0, 1, FT_SOFTCAP},
                       LinearCase{FT_F16, 2, 64, 64, 0, 1, FT_BIAS | FT_ACCUMULATE}));  /* tiled with small M */
 
+/* The subgroup matvec's fused paths (bias, accumulation, soft-cap, the RMSNorm of its input,
+ * the gated MLP middle) in both of its mappings: K split over the workgroup with up to 8
+ * outputs (one token on GPUs; forced here, since lavapipe is not given it) and an output per
+ * subgroup (several tokens, CPUs). Against f64. */
+TEST(Kernel, SubgroupMatvecFusedPathsBothMappings) {
+    NEED_DEVICE();
+    if (!ft_has_subgroup_matvec(ctx().c)) GTEST_SKIP() << "no subgroup arithmetic";
+    struct Case {
+        int fmt;
+        uint32_t K, outs, flags;
+    };
+    const Case cases[] = {
+        {FT_F32, 256, 20, FT_BIAS | FT_SOFTCAP | FT_ACCUMULATE}, {FT_F16, 100, 13, FT_PRENORM},
+        {FT_BF16, 192, 9, FT_GATED | FT_PRENORM},                {FT_F16, 64, 33, FT_GATED | FT_GELU},
+        {FT_F32, 40, 3000, FT_BIAS},                             /* 2 outputs per workgroup when split */
+        {FT_F16, 72, 8200, FT_GATED | FT_PRENORM},               /* 8, and a partial last workgroup */
+        {FT_F32, 2056, 5, FT_PRENORM | FT_ACCUMULATE},           /* several k steps per lane */
+    };
+    const float eps = 1e-5f, cap = 2.5f;
+    for (const Case &cs : cases)
+        for (int split = 0; split <= 1; split++)
+            for (uint32_t M : {1u, 3u}) {
+                if (split && M != 1) continue;
+                bool gated = cs.flags & FT_GATED, prenorm = cs.flags & FT_PRENORM;
+                uint32_t rows = gated ? 2 * cs.outs : cs.outs;
+                std::vector<float> A = ft::randn((size_t)M * cs.K, 1.0f, 20), g = ft::randn(cs.K, 1.0f, 21);
+                std::vector<float> bias = ft::randn(cs.outs, 1.0f, 22), C = ft::randn((size_t)M * cs.outs, 1.0f, 23), ref = C;
+                Weights W = make_weights(cs.fmt, (size_t)rows * cs.K, 24);
+                for (uint32_t m = 0; m < M; m++) {
+                    std::vector<double> x(cs.K);
+                    double ss = 0;
+                    for (uint32_t k = 0; k < cs.K; k++) ss += (double)A[(size_t)m * cs.K + k] * A[(size_t)m * cs.K + k];
+                    double inv = prenorm ? 1.0 / std::sqrt(ss / cs.K + eps) : 1.0;
+                    for (uint32_t k = 0; k < cs.K; k++) x[k] = A[(size_t)m * cs.K + k] * inv * (prenorm ? g[k] : 1.0f);
+                    for (uint32_t n = 0; n < cs.outs; n++) {
+                        auto row_dot = [&](uint32_t r) {
+                            double acc = 0;
+                            for (uint32_t k = 0; k < cs.K; k++) acc += x[k] * W.values[(size_t)r * cs.K + k];
+                            return acc;
+                        };
+                        double v;
+                        if (gated) {
+                            double gt = row_dot(2 * n), up = row_dot(2 * n + 1);
+                            double act = (cs.flags & FT_GELU) ? 0.5 * gt * (1 + std::tanh(0.7978845608028654 * (gt + 0.044715 * gt * gt * gt)))
+                                                               : gt / (1 + std::exp(-gt));
+                            v = act * up;
+                        } else {
+                            v = row_dot(n);
+                        }
+                        if (cs.flags & FT_BIAS) v += bias[n];
+                        if (cs.flags & FT_SOFTCAP) v = std::tanh(v / cap) * cap;
+                        float &r = ref[(size_t)m * cs.outs + n];
+                        r = (cs.flags & FT_ACCUMULATE) ? r + (float)v : (float)v;
+                    }
+                }
+                ft_weight w = {cs.fmt, W.bytes.data(), (size_t)(cs.fmt == FT_F32 ? 4 : 2) * cs.K, nullptr, nullptr, 0, 0, 0, 0};
+                ASSERT_EQ(ft_matvec_sg(ctx().c, &w, A.data(), M, cs.K, cs.outs, cs.flags, bias.data(), g.data(), eps, cap, split, C.data()),
+                          FORGE_OK)
+                    << ft_errmsg(ctx().c);
+                EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 3e-6)
+                    << "fmt " << cs.fmt << " K " << cs.K << " outs " << cs.outs << " flags " << cs.flags << " split " << split << " M " << M;
+            }
+}
+
 TEST(Kernel, EmbedChunkedAndScaled) {
     NEED_DEVICE();
     for (int fmt : {FT_F32, FT_F16, FT_BF16}) {
