@@ -9,6 +9,8 @@ Presets (see PRESETS):
   llama1b-q8_0     same, Q8_0
   llama1b-mlx4     same weights as an mlx-lm 4-bit group-64 affine checkpoint (tied head = the
                    quantized embedding)
+  llama8b-q4_0     Llama-3.1-8B shape (hidden 4096, 32 layers, ffn 14336, untied LM head) as ONE
+                   GGUF, Q4_0 (4.7 GB)
   gemma3-1b-bf16   Gemma3-1B shape (gemma3_text), HF layout, BF16
   qwen3-0.6b-f16   Qwen3-0.6B shape, HF layout, F16
 
@@ -80,6 +82,16 @@ def llama_config(tiny):
     return c
 
 
+def llama8b_config(tiny):
+    """Llama-3.1-8B shape: untied LM head (lm_head.weight, GGUF output.weight)."""
+    c = llama_config(tiny)
+    if not tiny:
+        c.update(head_dim=128, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32)
+        c["rope_scaling"] = dict(c["rope_scaling"], factor=8.0)
+    c.update(tie_word_embeddings=False, torch_dtype="bfloat16")
+    return c
+
+
 def gemma3_config(tiny):
     n = 26
     c = {
@@ -120,13 +132,14 @@ def qwen3_config(tiny):
     return c
 
 
-MODELS = {"llama": llama_config, "gemma3": gemma3_config, "qwen3": qwen3_config}
+MODELS = {"llama": llama_config, "llama8b": llama8b_config, "gemma3": gemma3_config, "qwen3": qwen3_config}
 # preset -> (model, format, type)
 PRESETS = {
     "llama1b-f16": ("llama", "hf", "float16"),
     "llama1b-q4_0": ("llama", "gguf", "q4_0"),
     "llama1b-q8_0": ("llama", "gguf", "q8_0"),
     "llama1b-mlx4": ("llama", "mlx", "float16"),
+    "llama8b-q4_0": ("llama8b", "gguf", "q4_0"),
     "gemma3-1b-bf16": ("gemma3", "hf", "bfloat16"),
     "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
 }
@@ -134,7 +147,7 @@ MLX_GROUP, MLX_BITS = 64, 4
 
 
 def tensor_specs(cfg):
-    """[(HF name, shape, kind)], kind in {embed, linear, norm}; no lm_head (tied)."""
+    """[(HF name, shape, kind)], kind in {embed, linear, norm}; lm_head only when untied."""
     E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim") or E // H
@@ -157,6 +170,8 @@ def tensor_specs(cfg):
         out += [(p + "mlp.gate_proj.weight", (F, E), "linear"), (p + "mlp.up_proj.weight", (F, E), "linear"),
                 (p + "mlp.down_proj.weight", (E, F), "linear")]
     out.append(("model.norm.weight", (E,), "norm"))
+    if not cfg.get("tie_word_embeddings", True):
+        out.append(("lm_head.weight", (V, E), "linear"))
     return out
 
 
