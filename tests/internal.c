@@ -141,7 +141,8 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         if (vec && j.c->force_kind == 1) sg = true;
         bool cm = !vec && j.c->force_kind == 2;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        uint32_t split = forge__matvec_split_rows(c->dev.caps.type == FORGE_DEVICE_CPU, M, rows), per = forge__matvec_rows_per_wg(sg, split);
+        uint32_t split = forge__matvec_use_split(c->dev.caps.type == FORGE_DEVICE_CPU, M, rows, K, (forge__wfmt)w->fmt) ? forge__matvec_split_rows(rows) : 0;
+        uint32_t per = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split};
         uint32_t gx, gy;
         if (vec) {
@@ -189,7 +190,7 @@ forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_
     ft_weight_chunk(&j, w, 0, rows, dummy, &wb, &sb, &bb);
     forge__range binds[7] = {a, wb, cc, b, sb, bb, gb};
     /* split: the K-split mapping forge uses for one token on GPUs, here on any device */
-    uint32_t rows_per_wg = split ? forge__matvec_split_rows(false, M, outs) : 0;
+    uint32_t rows_per_wg = split && M == 1 ? forge__matvec_split_rows(outs) : 0;
     forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg};
     uint32_t gx, gy;
     forge__grid((outs + forge__matvec_rows_per_wg(true, rows_per_wg) - 1) / forge__matvec_rows_per_wg(true, rows_per_wg), &gx, &gy);
