@@ -347,6 +347,28 @@ def gguf_plan(cfg, outtype, specs):
     return arch, hp, plan
 
 
+_GGUF_JOB = {}  # what the tensor encoders need; set before the pool forks
+
+
+def _gguf_tensor(gname):
+    """One GGUF tensor's bytes (run in a worker process: quantizing is most of the time)."""
+    j = _GGUF_JOB
+    hf, shape, gt, arr = j["by_name"][gname]
+    if hf is None:
+        return gname, None, gg.encode(arr, gt)
+    arch, hp, seed = j["arch"], j["hp"], j["seed"]
+    gemma = arch.startswith("gemma")
+    kind = "norm" if len(shape) == 1 else "linear"
+    permuted = arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight"))
+    if permuted or len(shape) == 1:
+        x = full_tensor(seed, hf, shape, kind, gemma, "float16")
+        pieces = [gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)]
+    else:
+        pieces = [gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)
+                  for _, x in gen_chunks(seed, hf, shape, kind, gemma, "float16")]
+    return gname, hf, np.concatenate([np.ascontiguousarray(p).view(np.uint8).reshape(-1) for p in pieces])
+
+
 def write_gguf(out, cfg, outtype, seed, specs, progress, preset):
     arch, hp, plan = gguf_plan(cfg, outtype, specs)
     w = gg.GGUFWriter(arch)
@@ -357,24 +379,21 @@ def write_gguf(out, cfg, outtype, seed, specs, progress, preset):
     for gname, hf, shape, gt, arr in plan:
         w.add_tensor(gname, shape, gt)
         by_name[gname] = (hf, shape, gt, arr)
-    gemma = arch.startswith("gemma")
+    _GGUF_JOB.update(by_name=by_name, arch=arch, hp=hp, seed=seed)
+    order = [name for name, *_ in w.layout()]
+    # tensors are made in worker processes, in file order, and written as they arrive
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(max(1, min(len(order), os.cpu_count() or 1))) as pool:
+        made = pool.imap(_gguf_tensor, order)
 
-    def produce(gname, shape, gt):
-        hf, shape, gt, arr = by_name[gname]
-        if hf is None:
-            yield gg.encode(arr, gt)
-            return
-        kind = "norm" if len(shape) == 1 else "linear"
-        permuted = arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight"))
-        if permuted or len(shape) == 1:
-            x = full_tensor(seed, hf, shape, kind, gemma, "float16")
-            yield gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)
-        else:
-            for _, x in gen_chunks(seed, hf, shape, kind, gemma, "float16"):
-                yield gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)
-        progress(hf, int(np.prod(shape)))
+        def produce(gname, shape, gt):
+            got, hf, data = next(made)
+            assert got == gname, (got, gname)
+            yield data
+            if hf is not None:
+                progress(hf, int(np.prod(shape)))
 
-    return w.write(os.path.join(out, "model.gguf"), produce)
+        return w.write(os.path.join(out, "model.gguf"), produce)
 
 
 # ---------------------------------------------------------------------------
