@@ -5975,6 +5975,8 @@ struct forge_session {
     forge__buf class_text;            /* the texts of the last classify call's tokens */
     uint64_t prompt_cache_hits;
     int kv_from;                      /* after forge_session_load: sliding-window layers hold no position before this */
+    int kv_high;                      /* positions written since the sequence began (>= n_past after a truncation):
+                                       * a ring of `slots` holds positions kv_high - slots .. kv_high - 1 */
 };
 
 /* Session sizes derived from the params and the device limits. */
@@ -6674,7 +6676,7 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     if (sp) p = *sp;
     p.pos0 = (uint32_t)s->n_past;
     p.n_tokens = n;
-    if (!s->n_past) s->kv_from = 0; /* a new sequence: nothing of a restored state is left */
+    if (!s->n_past) s->kv_from = s->kv_high = 0; /* a new sequence: nothing of the old one is left */
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
     if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
@@ -6686,6 +6688,7 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     }
     memcpy(s->history + s->n_past, tokens, 4ull * n);
     s->n_past += (int)n;
+    s->kv_high = FORGE__MAX(s->kv_high, s->n_past);
     return FORGE_OK;
 }
 
@@ -7247,7 +7250,8 @@ FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_pas
 
 /* Can the cache go back to n_keep tokens? Sliding-window layers keep `slots` positions in a
  * ring: continuing at n_keep needs the keys of positions [n_keep - window + 1, n_keep), which
- * later positions (up to n_past - 1) may have overwritten. */
+ * later positions (up to kv_high - 1, beyond n_past after an earlier truncation) may have
+ * overwritten. */
 static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     const forge__config *c = &s->m->cfg;
     if (n_keep == 0 || n_keep >= s->n_past) return true;
@@ -7255,7 +7259,7 @@ static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     for (int l = 0; l < c->n_layers; l++) {
         if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
         int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);
-        if (need_from + (int)s->slots[l] < s->n_past) return false;
+        if (need_from + (int)s->slots[l] < s->kv_high) return false;
     }
     return true;
 }
@@ -10394,7 +10398,11 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     if (strlen(path) > 4096) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "save: the path is longer than 4096 bytes");
     int *rows = (int *)malloc(sizeof(int) * (size_t)c->n_layers), most = 1;
     if (!rows) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int l = 0; l < c->n_layers; l++) most = FORGE__MAX(most, rows[l] = FORGE__MIN(n, (int)s->slots[l]));
+    for (int l = 0; l < c->n_layers; l++) { /* the positions the cache holds: the ring's, after a load what it restored */
+        int first = FORGE__MAX(0, s->kv_high - (int)s->slots[l]);
+        if (c->layer_sliding[l] && c->sliding_window > 0) first = FORGE__MAX(first, s->kv_from);
+        most = FORGE__MAX(most, rows[l] = n - FORGE__MIN(n, first));
+    }
     uint8_t *header = NULL;
     size_t header_size = 0;
     forge__state_io io = {0};
@@ -10455,7 +10463,7 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
     forge__state_io_close(&io);
     if (st) return st;
     if (n) memcpy(s->history, state->tokens, 4ull * (size_t)n);
-    s->n_past = n;
+    s->n_past = s->kv_high = n;
     s->kv_from = kv_from;
     return FORGE_OK;
 }

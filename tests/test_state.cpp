@@ -247,6 +247,38 @@ TEST(State, PartialPrefixAfterLoadStaysExact) {
     }
 }
 
+/* A truncation leaves later positions in the rings: a second truncation further back is
+ * refused where they overwrote what it needs (it used to be allowed and gave other logits),
+ * and a save after a truncation holds only the rows the rings still hold. */
+TEST(State, TruncationsTrackWhatTheRingsHold) {
+    forge_model *m = ft::load(gemma2_path());
+    ASSERT_NE(m, nullptr);
+    std::string d = ft::tmpdir("state_truncate");
+    forge_session *s = ft::session(m, 64, 8), *t = ft::session(m, 64, 8); /* rings of 15 */
+    std::vector<int32_t> p = seq(35, 256);
+    ASSERT_EQ(forge_eval(s, p.data(), 35, 0, nullptr, 0), FORGE_OK);
+    ASSERT_EQ(forge_session_truncate(s, 29), FORGE_OK); /* reads from 22; 35 - 15 = 20 */
+    EXPECT_EQ(forge_session_truncate(s, 25), FORGE_ERR_LIMIT); /* reads from 18: overwritten by 33, 34 */
+    ASSERT_EQ(forge_session_save(s, (d + "/s").c_str()), FORGE_OK) << errmsg(s);
+    std::vector<uint8_t> f = ft::read_file(d + "/s");
+    std::string h((const char *)f.data() + 8, header_len(f));
+    EXPECT_NE(h.find("\"layer_rows\":\"9,29,9,29\""), std::string::npos) << h;
+    ASSERT_EQ(forge_session_load(t, (d + "/s").c_str()), FORGE_OK) << errmsg(t);
+    std::vector<int32_t> next = seq(4, 256, 7, 2);
+    std::vector<float> ls = decode(s, next, 256), lt = decode(t, next, 256);
+    EXPECT_TRUE(bit_equal(ls, lt));
+    forge_session *fresh = ft::session(m, 64, 8);
+    std::vector<int32_t> all(p.begin(), p.begin() + 29);
+    all.insert(all.end(), next.begin(), next.end());
+    std::vector<float> lf(all.size() * 256);
+    ASSERT_EQ(forge_eval(fresh, all.data(), (int)all.size(), FORGE_EVAL_ALL_LOGITS, lf.data(), lf.size()), FORGE_OK);
+    EXPECT_LT(ft::rel_err(ls.data(), lf.data() + 29 * 256, ls.size()), 1e-5);
+    forge_session_free(fresh);
+    forge_session_free(s);
+    forge_session_free(t);
+    forge_model_free(m);
+}
+
 /* An empty session saves and loads (a load then empties the target). */
 TEST(State, EmptySessionRoundTrip) {
     forge_model *m = ft::load(stories_path());
