@@ -633,3 +633,30 @@ TEST(State, FuzzReaderAndSeed) {
     ASSERT_FALSE(seed.empty());
     EXPECT_EQ(ft_state_mem(seed.data(), seed.size(), err, sizeof err), FORGE_OK) << err;
 }
+
+/* The CLI: run --save-state, then run --load-state goes on with the text an uninterrupted run
+ * prints; a bad state file is an error naming it. */
+TEST(State, CliSaveAndLoadContinueTheText) {
+    if (!ft::exists("./forge")) GTEST_SKIP() << "no ./forge binary in the working directory (the build tree)";
+    std::string d = ft::tmpdir("state_cli"), model = stories_path();
+    auto run = [&](const std::string &args, const std::string &out) {
+        std::string cmd = "./forge run " + model + " " + args + " > " + d + "/" + out + " 2> " + d + "/" + out + ".err";
+        return WEXITSTATUS(system(cmd.c_str()));
+    };
+    ASSERT_EQ(run("-p 'Once upon a time' -n 8 --save-state " + d + "/s", "a"), 0);
+    ASSERT_EQ(run("-n 8 --load-state " + d + "/s", "b"), 0);
+    ASSERT_EQ(run("-p 'Once upon a time' -n 16", "whole"), 0);
+    auto text = [&](const std::string &f) {
+        std::vector<uint8_t> b = ft::read_file(d + "/" + f);
+        std::string s(b.begin(), b.end());
+        if (!s.empty() && s.back() == '\n') s.pop_back();
+        return s;
+    };
+    EXPECT_EQ(text("a") + text("b"), text("whole"));
+    EXPECT_GT(text("b").size(), 8u);
+    /* a prompt after --load-state follows the saved tokens */
+    ASSERT_EQ(run("-p ' The dog' -n 4 --load-state " + d + "/s --save-state " + d + "/s2", "c"), 0);
+    EXPECT_EQ(text("c").rfind(" The dog", 0), 0u) << text("c");
+    EXPECT_EQ(run("--load-state " + d + "/nope", "e"), 1);
+    EXPECT_NE(text("e.err").find(d + "/nope"), std::string::npos) << text("e.err");
+}
