@@ -5190,7 +5190,7 @@ struct forge_model {
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
-    uint64_t fingerprint;         /* the config and tensor headers, hashed (section 13: state files name their model) */
+    uint64_t fingerprint;         /* the config, tensor headers and a few weight bytes, hashed (section 13: state files) */
     uint64_t adapter_id;          /* the adapter's identity, hashed; 0: none (section 13) */
 };
 

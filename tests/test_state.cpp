@@ -279,6 +279,48 @@ TEST(State, TruncationsTrackWhatTheRingsHold) {
     forge_model_free(m);
 }
 
+/* A state saved with a LoRA adapter names it: loading it into the base model, a model with
+ * another adapter or the same adapter merged into the weights is FORGE_ERR_MODEL naming the
+ * adapter; into the same model with the same adapter it goes on bit for bit. */
+TEST(State, AdapterIsPartOfTheIdentity) {
+    std::string lora = ft::src("tests/fixtures/lora/gemma2/");
+    auto load = [&](const char *adapter, int merge) {
+        forge_model_params mp = forge_model_default_params();
+        mp.exact = 1;
+        std::string a = adapter ? lora + adapter : "";
+        mp.adapter_path = adapter ? a.c_str() : nullptr;
+        mp.adapter_merge = merge;
+        forge_model *m = nullptr;
+        EXPECT_EQ(forge_model_load(gemma2_path().c_str(), &mp, &m), FORGE_OK) << forge_model_errmsg(m);
+        return m;
+    };
+    forge_model *init = load("adapter_init", 0), *init2 = load("adapter_init", 0), *fin = load("adapter_final", 0);
+    forge_model *merged = load("adapter_init", 1), *base = load(nullptr, 0);
+    ASSERT_TRUE(init && init2 && fin && merged && base);
+    char f1[32], f2[32];
+    ft_model_fingerprint(init, f1, sizeof f1);
+    ft_model_fingerprint(base, f2, sizeof f2);
+    EXPECT_STREQ(f1, f2); /* the base weights' fingerprint; the adapter is named on its own */
+    std::string d = ft::tmpdir("state_adapter");
+    forge_session *a = ft::session(init, 64, 4);
+    std::vector<int32_t> p = seq(20, 256);
+    ASSERT_EQ(forge_eval(a, p.data(), 20, 0, nullptr, 0), FORGE_OK);
+    ASSERT_EQ(forge_session_save(a, (d + "/s").c_str()), FORGE_OK) << errmsg(a);
+    for (forge_model *other : {fin, merged, base}) {
+        forge_session *s = ft::session(other, 64, 4);
+        EXPECT_EQ(forge_session_load(s, (d + "/s").c_str()), FORGE_ERR_MODEL);
+        EXPECT_NE(errmsg(s).find("saved with adapter"), std::string::npos) << errmsg(s);
+        forge_session_free(s);
+    }
+    forge_session *b = ft::session(init2, 64, 4);
+    ASSERT_EQ(forge_session_load(b, (d + "/s").c_str()), FORGE_OK) << errmsg(b);
+    std::vector<int32_t> next = seq(4, 256, 11, 9);
+    EXPECT_TRUE(bit_equal(decode(a, next, 256), decode(b, next, 256)));
+    forge_session_free(a);
+    forge_session_free(b);
+    for (forge_model *m : {init, init2, fin, merged, base}) forge_model_free(m);
+}
+
 /* An empty session saves and loads (a load then empties the target). */
 TEST(State, EmptySessionRoundTrip) {
     forge_model *m = ft::load(stories_path());
