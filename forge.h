@@ -286,6 +286,38 @@ FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep
 
 FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);
 
+/* The tokens the session's cache holds (forge_session_n_past of them, the prompt cache's
+ * sequence) into tokens[0..capacity); *n_tokens gets their number. FORGE_ERR_BUFFER_TOO_SMALL
+ * (with *n_tokens set) when capacity is smaller. */
+FORGE_API forge_status forge_session_tokens(const forge_session *session, int32_t *tokens, size_t capacity, size_t *n_tokens);
+
+/* State files (go-mlx's state bundles). forge_session_save writes the session's state to
+ * `path`: the tokens its cache holds and, for every layer, the keys and values that continuing
+ * reads (every position of full-attention layers; what the rotating cache of a sliding-window
+ * layer holds), as a safetensors file whose __metadata__ names the format ("forge-state"), its
+ * version, the model (a fingerprint of its config, tensor headers and weight bytes, and of the
+ * adapter if one is loaded), n_past and the cache layout. Size: 4 n_past bytes plus
+ * 8 kv_heads head_dim bytes per layer and position held. The file is written to
+ * `path`.tmp-XXXXXX (mode 0600) in the same directory, synced and renamed over `path`: a failed
+ * or interrupted save leaves `path` as it was and no partial file. The cache is read back a
+ * layer at a time through a staging buffer of at most 16 MiB.
+ *
+ * forge_session_load replaces the state of `session` (fresh or used, with its own n_ctx and
+ * n_batch) with the file's: forge_session_n_past and the prompt cache are the saved ones, and
+ * evaluating or generating from there gives the logits the saving session would give (bit for
+ * bit on the same device; with another n_batch a long prompt is cut into other prefill steps,
+ * which round differently). Errors, with the message naming the file and the cause:
+ * FORGE_ERR_IO (missing, unreadable), FORGE_ERR_FORMAT (not a state file, truncated, a
+ * malformed header, a missing tensor or one of the wrong dtype or shape, a token outside the
+ * vocabulary), FORGE_ERR_UNSUPPORTED (a newer format version), FORGE_ERR_MODEL (saved from
+ * another model or with another adapter: both fingerprints are named), FORGE_ERR_LIMIT (more
+ * tokens than this session's n_ctx: both numbers). The file is checked whole before the
+ * session is touched, so after those errors the session is unchanged; a device error while the
+ * cache is being written leaves it empty (n_past 0). Both calls take a parallel slot
+ * (forge_model_params.parallel_slots). */
+FORGE_API forge_status forge_session_save(forge_session *session, const char *path);
+FORGE_API forge_status forge_session_load(forge_session *session, const char *path);
+
 /* With forge_session_params.profile: device time per kernel since the session was created, as
  * JSON {"kernel": {"calls": N, "ms": T}, ...}, into `out` (capacity bytes, NUL-terminated);
  * *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not fit. Empty ("{}") when the
@@ -441,7 +473,7 @@ typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, 
 
 typedef struct forge_generate_params {
     uint32_t struct_size;
-    int max_tokens;                   /* default 256 */
+    int max_tokens;                   /* default 256; 0: evaluate the prompt only, generate nothing */
     float temperature;                /* default 0: greedy */
     int top_k;                        /* 0: off */
     float top_p;                      /* 1: off */

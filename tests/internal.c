@@ -834,3 +834,74 @@ forge_status ft_adapter_mem(const uint8_t *data, size_t size) {
     free(m);
     return st;
 }
+
+/* ---- state files ----
+ * A small model for reading state files without a device: 3 layers (the middle one with a
+ * sliding window of 4), 2 kv heads of 4, 64 tokens; sessions of n_ctx 32 and n_batch 2. */
+static forge_model *ft_state_model(void) {
+    static forge_model m;
+    if (!m.cfg.n_layers) {
+        forge__config *c = &m.cfg;
+        c->arch = FORGE__ARCH_GEMMA2;
+        c->n_layers = 3;
+        c->hidden = 16;
+        c->n_heads = 4;
+        c->n_kv_heads = 2;
+        c->head_dim = 4;
+        c->ffn = 32;
+        c->n_vocab = 64;
+        c->n_ctx_train = 128;
+        c->sliding_window = 4;
+        c->layer_sliding[1] = 1;
+        snprintf(m.name, sizeof m.name, "state-fuzz");
+        m.fingerprint = forge__model_fingerprint(&m);
+    }
+    return &m;
+}
+
+forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t err_size) {
+    forge__file f = {(char *)"fuzz.state", data, size};
+    forge__arena a = {0};
+    forge__state state;
+    forge__err e = {{0}};
+    forge_status st = forge__state_read(ft_state_model(), 32, &f, &a, &state, &e);
+    if (!st) { /* touch what a load would copy */
+        volatile uint8_t sink = 0;
+        const uint64_t row = 4ull * 2 * 4;
+        for (int l = 0; l < 3; l++)
+            for (uint64_t i = 0; i < (uint64_t)state.layers[l].rows * row; i++) sink ^= state.layers[l].k[i] ^ state.layers[l].v[i];
+        for (int i = 0; i < 4 * state.n_past; i++) sink ^= state.tokens[i];
+        (void)sink;
+    }
+    if (err) snprintf(err, err_size, "%s", e.msg);
+    forge__arena_free(&a);
+    return st;
+}
+
+size_t ft_state_fake(int n_past, uint8_t **out) {
+    forge_model *m = ft_state_model();
+    int rows[3] = {n_past, FORGE__MIN(n_past, 4 + 2 - 1), n_past};
+    uint8_t *header;
+    size_t hs;
+    forge__err e;
+    *out = NULL;
+    if (forge__state_header(m, 32, n_past, rows, &header, &hs, &e)) return 0;
+    size_t size = hs + 4ull * n_past + 2ull * 32 * (rows[0] + rows[1] + rows[2]);
+    uint8_t *b = (uint8_t *)malloc(size);
+    memcpy(b, header, hs);
+    free(header);
+    for (int i = 0; i < n_past; i++) {
+        int32_t t = (i * 7 + 1) % 64;
+        memcpy(b + hs + 4 * i, &t, 4);
+    }
+    float *kv = (float *)(b + hs + 4ull * n_past);
+    for (size_t i = 0; i < (size - hs - 4ull * n_past) / 4; i++) kv[i] = (float)i * 0.25f;
+    *out = b;
+    return size;
+}
+
+void ft_model_fingerprint(const forge_model *m, char *buf, size_t size) {
+    snprintf(buf, size, "%016llx", (unsigned long long)m->fingerprint);
+}
+
+void ft_state_disk_left(uint64_t bytes) { forge__test_disk_left = bytes; }

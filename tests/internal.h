@@ -102,6 +102,15 @@ forge_status ft_config_mem(const uint8_t *data, size_t size);
 forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 /* An adapter (config + safetensors, PEFT or mlx-lm) from fuzz bytes; see tests/internal.c. */
 forge_status ft_adapter_mem(const uint8_t *data, size_t size);
+/* A state file (forge_session_load's checks, no device) on a buffer, for a small model with a
+ * sliding-window layer (see tests/internal.c); err gets the message. */
+forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t err_size);
+/* A valid state file of that model holding n_past tokens, malloc'd into *out; returns its size. */
+size_t ft_state_fake(int n_past, uint8_t **out);
+/* State saves see a disk that is full after `bytes` more bytes (UINT64_MAX: never). */
+void ft_state_disk_left(uint64_t bytes);
+/* The model's fingerprint as state files write it (16 hex digits) into buf. */
+void ft_model_fingerprint(const forge_model *m, char *buf, size_t size);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* forge: the command-line tool.
  *
  *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
- *             [--repeat-penalty R] [--seed S] [--stop STR]...
+ *             [--repeat-penalty R] [--seed S] [--stop STR]... [--load-state FILE] [--save-state FILE]
  *   forge chat MODEL [--system S] [sampling options]
  *   forge devices
  *   forge info MODEL
@@ -31,8 +31,12 @@ static void usage(FILE *f) {
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
+            "      [--load-state FILE] [--save-state FILE]\n"
             "                                   generate text, streamed to stdout (default model:\n"
-            "                                   the bundled stories260K; greedy unless --temp > 0)\n"
+            "                                   the bundled stories260K; greedy unless --temp > 0);\n"
+            "                                   --load-state continues a saved session (the prompt\n"
+            "                                   follows its tokens), --save-state saves the session\n"
+            "                                   (prompt and generated text) after generating\n"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] ...\n"
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
             "                                   a reply; /metrics, /reset, /quit\n"
@@ -548,9 +552,9 @@ static const char *bundled_model(void) {
     return NULL;
 }
 
+/* Streams text to stdout; `user` (an int32_t, may be NULL) gets the last token generated. */
 static int stream_stdout(void *user, int32_t token, const char *text, size_t len) {
-    (void)user;
-    (void)token;
+    if (user && token >= 0) *(int32_t *)user = token;
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     return 0; /* go on */
@@ -589,6 +593,47 @@ static int take_sampling(int *argc, char **argv, forge_generate_params *gp, cons
     return 0;
 }
 
+/* The ids of `text` without special tokens added (a continuation), malloc'd; NULL on failure. */
+static int32_t *tokenize_plain(forge_model *m, const char *text, size_t *n) {
+    size_t len = strlen(text), cap = len + 1;
+    int32_t *ids = malloc(sizeof *ids * cap);
+    if (!ids) return NULL;
+    forge_status st = forge_tokenize(m, text, len, 0, ids, cap, n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        int32_t *bigger = realloc(ids, sizeof *ids * (*n + 1));
+        if (!bigger) { free(ids); return NULL; }
+        ids = bigger;
+        st = forge_tokenize(m, text, len, 0, ids, *n + 1, n);
+    }
+    if (st != FORGE_OK) {
+        fprintf(stderr, "forge: tokenizing the prompt: %s\n", forge_model_errmsg(m));
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+/* --load-state: the saved tokens followed by the prompt's (no BOS: it continues them). */
+static forge_status generate_continuing(forge_session *s, forge_model *m, const char *prompt, forge_generate_params *gp, forge_metrics *mt) {
+    size_t n_saved = 0, n_new = 0;
+    forge_session_tokens(s, NULL, 0, &n_saved);
+    int32_t *added = *prompt ? tokenize_plain(m, prompt, &n_new) : NULL;
+    if (*prompt && !added) return FORGE_ERR_INVALID_ARGUMENT;
+    if (n_saved + n_new == 0) { /* an empty state and no prompt: start as a plain run does */
+        free(added);
+        return forge_generate(s, "", 0, gp, mt);
+    }
+    int32_t *all = malloc(sizeof *all * (n_saved + n_new));
+    forge_status st = all ? forge_session_tokens(s, all, n_saved, &n_saved) : FORGE_ERR_OUT_OF_MEMORY;
+    if (st == FORGE_OK) {
+        if (n_new) memcpy(all + n_saved, added, sizeof *all * n_new);
+        st = forge_generate_tokens(s, all, (int)(n_saved + n_new), gp, mt);
+    }
+    free(all);
+    free(added);
+    return st;
+}
+
 static int cmd_run(int argc, char **argv) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("run", &argc, argv, &o, 1)) return 2;
@@ -596,10 +641,12 @@ static int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
     if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
-    const char *path = NULL, *prompt = "";
+    const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
         else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
+        else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
+        else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save_state = argv[++i];
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
     }
@@ -615,18 +662,33 @@ static int cmd_run(int argc, char **argv) {
     int rc = 1;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    } else if (load_state && forge_session_load(s, load_state) != FORGE_OK) {
+        fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
     } else {
+        int32_t last = -1;
         gp.on_token = stream_stdout;
+        gp.user_data = &last;
         forge_metrics mt;
         fputs(prompt, stdout);
-        forge_status st = forge_generate(s, prompt, strlen(prompt), &gp, &mt);
+        forge_status st = load_state ? generate_continuing(s, m, prompt, &gp, &mt) : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         printf("\n");
         fflush(stdout);
         if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
         else rc = 0;
         if (show_metrics || o.verbose) print_metrics(&mt);
-        forge_session_free(s);
+        if (!rc && save_state) {
+            /* The cache holds the generated tokens but the last (nothing has evaluated it yet):
+             * evaluate it, so that the saved sequence is the text printed. */
+            if (last >= 0 && forge_session_n_past(s) < mt.prompt_tokens + mt.generated_tokens &&
+                forge_eval(s, &last, 1, 0, NULL, 0) != FORGE_OK)
+                fprintf(stderr, "forge: the last token is not in the saved state: %s\n", forge_session_errmsg(s));
+            if (forge_session_save(s, save_state) != FORGE_OK) {
+                fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
+                rc = 1;
+            }
+        }
     }
+    forge_session_free(s);
     forge_model_free(m);
     return rc;
 }
