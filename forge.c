@@ -4844,17 +4844,16 @@ typedef struct forge__op_desc {
 #define FORGE__MATVEC_ROWS 1
 
 /* matvec_sg with one token on a GPU (kernels/matvec_sg.comp says how each mapping works):
- * the K split for long rows (K >= 8192, or K >= 4096 with more outputs than K) and for
- * block-quantized products of at least 65536 outputs (LM heads); one output per subgroup
- * otherwise, and always on CPU devices (lavapipe: 60 tok/s on stories260K against 42 split).
- * Measured per product on the H100 (bench/RESULTS.md, one output per subgroup -> split, us):
- * Q4_0 4096 x 14336 51.4 -> 45.3, 6144 x 4096 39.0 -> 27.4, 128256 x 4096 373 -> 321,
- * 128256 x 2048 207 -> 201, but 4096 x 4096 18.0 -> 20.2, F16 8192 x 2048 33.5 -> 42.8 and the
- * F16 128256 x 2048 head 223 -> 292. */
-static bool forge__matvec_use_split(bool cpu, uint32_t M, uint32_t outs, uint32_t K, forge__wfmt fmt) {
+ * the K split for long rows (K >= 8192, or K >= 4096 with more outputs than K); one output per
+ * subgroup otherwise, and always on CPU devices (lavapipe: 60 tok/s on stories260K against 42
+ * split). Measured per product on the H100 (bench/RESULTS.md, one output per subgroup ->
+ * split, us, before Q4_0's paired reads): Q4_0 4096 x 14336 51.4 -> 45.3, 6144 x 4096 39.0 ->
+ * 27.4, 128256 x 4096 373 -> 321, but 4096 x 4096 18.0 -> 20.2, F16 8192 x 2048 33.5 -> 42.8
+ * and the F16 128256 x 2048 head 223 -> 292. With K = 2048 Q4_0's paired reads (16 weights a
+ * lane) leave half of a split workgroup idle: its 128256 x 2048 head took 243 us split. */
+static bool forge__matvec_use_split(bool cpu, uint32_t M, uint32_t outs, uint32_t K) {
     if (M != 1 || cpu) return false;
-    bool blocks = fmt != FORGE__W_F32 && fmt != FORGE__W_F16 && fmt != FORGE__W_BF16;
-    return K >= 8192 || (K >= 4096 && outs > K) || (blocks && outs >= 65536);
+    return K >= 8192 || (K >= 4096 && outs > K);
 }
 /* Outputs per workgroup in the split: up to 8, fewer where that leaves under 1024 workgroups
  * (so a 2048-output product still fills a large GPU). */
@@ -6157,7 +6156,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
         forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
                              mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
-        uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs, w->cols, w->fmt) ? forge__matvec_split_rows(outs) : 0;
+        uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
         uint32_t rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
                                col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split};

@@ -10,12 +10,14 @@
 //    split K between them: its lanes together read 8 * (workgroup size) consecutive weights of
 //    each of the R rows per iteration, the activations once for all R rows, and every lane has
 //    R (gated: 2R) weight loads in flight; each subgroup sums with subgroupAdd, then the
-//    subgroups' sums meet in shared memory. Long rows and the block-quantized LM heads
-//    gain: on the H100 a 4096 x 14336 Q4_0 product went from 51.4 to 45.3 us.
+//    subgroups' sums meet in shared memory. Long rows (K >= 8192, or 4096 with more
+//    outputs than K) gain: on the H100 a 4096 x 14336 Q4_0 product went from 51.4 to 45.3 us.
 //  - one output per subgroup (rows_per_wg = 0): the subgroups take ROWS outputs in turn, each
 //    over the whole K, two steps of k per iteration (two, gated four, loads in flight per lane);
 //    no shared memory, no barrier. Faster for K = 2048 (F16 gate|up 33.5 us against 42.8 split)
 //    and on CPU devices (lavapipe ran stories260K's decode at 42 tok/s split, 60 this way).
+// Q4_0 (W_PAIRED, weights.glsl): in both mappings a lane takes 16 weights of a row at a time,
+// the low and high nibbles of the same 8 bytes, loading them and the block's scale once.
 // Several tokens (M <= 8, short prefill tails): the subgroups take ROWS outputs in turn.
 // Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
@@ -105,6 +107,27 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
     float s[MAX_R], u[MAX_R];
     [[unroll]] for (uint r = 0; r < MAX_R; r++) { s[r] = 0.0; u[r] = 0.0; }
     float ss = 0.0;
+#ifdef W_PAIRED
+    // 16 weights per lane and row: two 8-element pieces 16 apart in a block (weights.glsl)
+    for (uint t = sg * width + lane; t < (pc.K >> 4); t += nsg * width) {
+        uint k = ((t >> 1) << 5) | ((t & 1u) << 3);
+        vec4 alo, ahi, blo, bhi;
+        a8(0u, k, vec_a, prenorm, alo, ahi, ss);
+        a8(0u, k + 16u, vec_a, prenorm, blo, bhi, ss);
+        [[unroll]] for (uint r = 0; r < MAX_R; r++) {
+            if (r < R) {
+                uint w0 = gated ? 2u * (row0 + r) : row0 + r;
+                vec4 w0lo, w0hi, w1lo, w1hi;
+                w_get8x2(w0, k, pc.K, w0lo, w0hi, w1lo, w1hi);
+                s[r] += dot(w0lo, alo) + dot(w0hi, ahi) + dot(w1lo, blo) + dot(w1hi, bhi);
+                if (gated) {
+                    w_get8x2(w0 + 1u, k, pc.K, w0lo, w0hi, w1lo, w1hi);
+                    u[r] += dot(w0lo, alo) + dot(w0hi, ahi) + dot(w1lo, blo) + dot(w1hi, bhi);
+                }
+            }
+        }
+    }
+#else
     for (uint k = (sg * width + lane) * 8u; k < pc.K; k += nsg * width * 8u) {
         vec4 alo, ahi;
         a8(0u, k, vec_a, prenorm, alo, ahi, ss);
@@ -121,6 +144,7 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
             }
         }
     }
+#endif
     [[unroll]] for (uint r = 0; r < MAX_R; r++) {
         if (r < R) {
             float sv = subgroupAdd(s[r]), uv = gated ? subgroupAdd(u[r]) : 0.0;
@@ -149,6 +173,21 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
 void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
     uint w0 = gated ? 2u * out_row : out_row;   // the weight row (gated: and the up row after it)
     float s0 = 0.0, s1 = 0.0, u0 = 0.0, u1 = 0.0, ss = 0.0;
+#ifdef W_PAIRED
+    for (uint t = lane; t < (pc.K >> 4); t += width) {
+        uint k = ((t >> 1) << 5) | ((t & 1u) << 3);
+        vec4 wa0, wa1, wb0, wb1, ua0 = vec4(0.0), ua1 = vec4(0.0), ub0 = vec4(0.0), ub1 = vec4(0.0);
+        w_get8x2(w0, k, pc.K, wa0, wa1, wb0, wb1);
+        if (gated) w_get8x2(w0 + 1u, k, pc.K, ua0, ua1, ub0, ub1);
+        vec4 alo, ahi;
+        a8(0u, k, vec_a, prenorm, alo, ahi, ss);
+        s0 += dot(wa0, alo) + dot(wa1, ahi);
+        u0 += dot(ua0, alo) + dot(ua1, ahi);
+        a8(0u, k + 16u, vec_a, prenorm, alo, ahi, ss);
+        s1 += dot(wb0, alo) + dot(wb1, ahi);
+        u1 += dot(ub0, alo) + dot(ub1, ahi);
+    }
+#else
     uint stride = width * 8u;
     for (uint k = lane * 8u; k < pc.K; k += 2u * stride) {
         uint k1 = k + stride;
@@ -170,6 +209,7 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
             u1 += dot(ub0, alo) + dot(ub1, ahi);
         }
     }
+#endif
     float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
     float v = subgroupAdd(s0 + s1) * inv;
     float u = subgroupAdd(u0 + u1) * inv;

@@ -89,6 +89,20 @@ void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
     lo = d * bytes_f((a >> sh) & 0x0F0F0F0Fu, 8.0);
     hi = d * bytes_f((b >> sh) & 0x0F0F0F0Fu, 8.0);
 }
+// Elements k..k+7 (lo0, hi0) and k+16..k+23 (lo1, hi1), k & 31 = 0 or 8: the low and high
+// nibbles of the same 8 bytes, so a lane loads d and the bytes once for 16 weights (half
+// the load instructions of two w_get8; the matrix-vector kernels were bound by them).
+#define W_PAIRED 1
+void w_get8x2(uint row, uint k, uint K, out vec4 lo0, out vec4 hi0, out vec4 lo1, out vec4 hi1) {
+    uint bo = (row * (K >> 5) + (k >> 5)) * 18u;
+    float d = w_half(bo);
+    uint a, b;
+    w_u32x2_at2(bo + 2u + (k & 15u), a, b);
+    lo0 = d * bytes_f(a & 0x0F0F0F0Fu, 8.0);
+    hi0 = d * bytes_f(b & 0x0F0F0F0Fu, 8.0);
+    lo1 = d * bytes_f((a >> 4) & 0x0F0F0F0Fu, 8.0);
+    hi1 = d * bytes_f((b >> 4) & 0x0F0F0F0Fu, 8.0);
+}
 #elif defined(W_Q8_0)
 // block of 32: f16 d, 32 int8; x = d * q
 void w_get8(uint row, uint k, uint K, out vec4 lo, out vec4 hi) {
