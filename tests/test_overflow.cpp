@@ -46,7 +46,9 @@ std::vector<float> fresh_logits(forge_model *m, int n_ctx, int n_batch, const st
     std::vector<float> lg(V);
     forge_session *f = ft::session(m, n_ctx, n_batch);
     if (!f) return lg;
-    if (!prefix.empty()) EXPECT_EQ(forge_eval(f, prefix.data(), (int)prefix.size(), 0, lg.data(), lg.size()), FORGE_OK);
+    if (!prefix.empty()) {
+        EXPECT_EQ(forge_eval(f, prefix.data(), (int)prefix.size(), 0, lg.data(), lg.size()), FORGE_OK);
+    }
     for (int32_t t : singles) EXPECT_EQ(forge_eval(f, &t, 1, 0, lg.data(), lg.size()), FORGE_OK);
     forge_session_free(f);
     return lg;
@@ -115,4 +117,202 @@ TEST(Overflow, FailStaysAnErrorNamingNCtx) {
     sp.n_keep = 31;
     EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_ERR_INVALID_ARGUMENT);
     forge_model_free(m);
+}
+
+/* RECOMPUTE: at every slide, and at the end, the logits equal a fresh session's on the kept
+ * tokens evaluated the same way (bitwise: the same kernels on the same inputs). */
+TEST(Overflow, RecomputeEqualsAFreshSessionOnTheKeptTokens) {
+    forge_model *m = ft::load(ft::src(kStories));
+    ASSERT_NE(m, nullptr);
+    forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_RECOMPUTE, 3);
+    ASSERT_NE(s, nullptr);
+    int slides = 0;
+    double err = slide_vs_fresh(m, s, 32, 8, tokens(90, forge_model_n_vocab(m)), &slides);
+    EXPECT_EQ(err, 0.0);
+    EXPECT_GE(slides, 4);
+    std::vector<int32_t> h = history(s), t = tokens(90, forge_model_n_vocab(m));
+    EXPECT_EQ(std::vector<int32_t>(h.begin(), h.begin() + 3), std::vector<int32_t>(t.begin(), t.begin() + 3)); /* n_keep */
+    EXPECT_EQ(h.back(), t.back());
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Generation runs past n_ctx; the last token equals what a fresh session generates from the
+ * kept tokens; a prompt that continues the slid sequence reuses the cache. */
+TEST(Overflow, GenerateRunsPastTheContext) {
+    forge_model *m = ft::load(ft::src(kStories));
+    ASSERT_NE(m, nullptr);
+    for (forge_overflow mode : {FORGE_OVERFLOW_RECOMPUTE, FORGE_OVERFLOW_SHIFT}) {
+        SCOPED_TRACE(mode);
+        forge_session *s = overflow_session(m, 48, 16, mode, 0);
+        ASSERT_NE(s, nullptr);
+        std::vector<int32_t> prompt = {1, 403, 407, 261, 378}; /* BOS (kept by n_keep 0), "Once upon a time" */
+        std::vector<int32_t> out;
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 120;
+        p.ignore_eos = 1;
+        p.user_data = &out;
+        p.on_token = [](void *u, int32_t tok, const char *, size_t) {
+            if (tok >= 0) ((std::vector<int32_t> *)u)->push_back(tok);
+            return 0;
+        };
+        forge_metrics mt;
+        ASSERT_EQ(forge_generate_tokens(s, prompt.data(), (int)prompt.size(), &p, &mt), FORGE_OK) << forge_session_errmsg(s);
+        EXPECT_EQ(mt.generated_tokens, 120);
+        EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
+        EXPECT_GE(mt.context_slides, 3);
+        std::vector<int32_t> h = history(s);
+        EXPECT_EQ(h[0], 1); /* BOS stays */
+        if (mode == FORGE_OVERFLOW_RECOMPUTE) { /* the cache is what a fresh prefill of its tokens gives */
+            forge_session *f = ft::session(m, 48, 16);
+            std::vector<int32_t> one;
+            forge_generate_params q = p;
+            q.max_tokens = 1;
+            q.user_data = &one;
+            ASSERT_EQ(forge_generate_tokens(f, h.data(), (int)h.size(), &q, nullptr), FORGE_OK);
+            ASSERT_EQ(one.size(), 1u);
+            EXPECT_EQ(one[0], out.back());
+            forge_session_free(f);
+        }
+        /* the whole conversation so far plus a new turn: only the new tokens are evaluated */
+        std::vector<int32_t> next = prompt;
+        next.insert(next.end(), out.begin(), out.end());
+        next.push_back(13);
+        next.push_back(378);
+        p.max_tokens = 4;
+        out.clear();
+        ASSERT_EQ(forge_generate_tokens(s, next.data(), (int)next.size(), &p, &mt), FORGE_OK) << forge_session_errmsg(s);
+        EXPECT_EQ(mt.prompt_tokens, (int)next.size());
+        EXPECT_EQ(mt.cached_tokens, (int)h.size()); /* all the cache holds: the dropped tokens are skipped */
+        forge_session_free(s);
+    }
+    forge_model_free(m);
+}
+
+/* SHIFT: the first layer's keys and values after a shift equal a recompute's (they depend only
+ * on the token and its position); later layers' do not (they attended to the dropped tokens):
+ * the approximation forge.h admits. */
+TEST(Overflow, ShiftMatchesRecomputeInTheFirstLayer) {
+    forge_model *m = ft::load(ft::src(kStories)); /* GGUF llama: adjacent pairs */
+    ASSERT_NE(m, nullptr);
+    forge_model_info info;
+    ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+    ASSERT_GE(info.n_layers, 2);
+    forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_SHIFT, 4);
+    ASSERT_NE(s, nullptr);
+    std::vector<int32_t> t = tokens(33, forge_model_n_vocab(m));
+    ASSERT_EQ(forge_eval(s, t.data(), 32, 0, nullptr, 0), FORGE_OK);
+    ASSERT_EQ(forge_eval(s, t.data() + 32, 1, 0, nullptr, 0), FORGE_OK);
+    std::vector<int32_t> h = history(s);
+    ASSERT_EQ(h.size(), 4u + 14 + 1); /* dropped (32 - 4) / 2 */
+    EXPECT_EQ(h[4], t[4 + 14]);
+    forge_session *f = ft::session(m, 32, 8);
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(forge_eval(f, h.data(), (int)h.size(), 0, nullptr, 0), FORGE_OK);
+    size_t row = (size_t)info.n_kv_heads * info.head_dim, n = h.size();
+    double diff[2][2] = {{0, 0}, {0, 0}};
+    for (int l = 0; l < 2; l++)
+        for (int v = 0; v < 2; v++) {
+            std::vector<float> a(n * row), b(n * row);
+            ASSERT_EQ(ft_session_kv(s, l, v, 0, (int)n, a.data()), FORGE_OK);
+            ASSERT_EQ(ft_session_kv(f, l, v, 0, (int)n, b.data()), FORGE_OK);
+            diff[l][v] = ft::rel_err(a.data(), b.data(), a.size());
+        }
+    EXPECT_LT(diff[0][0], 1e-5) << "layer 0 keys";
+    EXPECT_EQ(diff[0][1], 0.0) << "layer 0 values";
+    EXPECT_GT(diff[1][0], 1e-4) << "layer 1 keys: attended to the dropped tokens";
+    forge_session_free(f);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* A one-layer model (the Llama 3 parity fixture's first layer: llama3 RoPE scaling, HF
+ * rotate-half pairs): after shifts its logits equal a fresh session's on the kept tokens. */
+TEST(Overflow, ShiftOnAOneLayerModelEqualsRecompute) {
+    std::string dir = ft::tmpdir("overflow_one_layer");
+    std::string fixture = ft::src("tests/fixtures/parity/llama3_f32_untied");
+    std::vector<uint8_t> cfg = ft::read_file(fixture + "/config.json");
+    std::string c(cfg.begin(), cfg.end());
+    size_t at = c.find("\"num_hidden_layers\": 2");
+    ASSERT_NE(at, std::string::npos);
+    c.replace(at, strlen("\"num_hidden_layers\": 2"), "\"num_hidden_layers\": 1");
+    ft::write_file(dir + "/config.json", c.data(), c.size());
+    std::vector<uint8_t> w = ft::read_file(fixture + "/model.safetensors"); /* layer 1's tensors go unread */
+    ft::write_file(dir + "/model.safetensors", w.data(), w.size());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_SHIFT, 2);
+    ASSERT_NE(s, nullptr);
+    int slides = 0;
+    double err = slide_vs_fresh(m, s, 32, 8, tokens(80, forge_model_n_vocab(m), 1), &slides);
+    EXPECT_LT(err, 1e-5);
+    EXPECT_GE(slides, 3);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* The re-rotation: keys rotated for position p, then rotated back by d, equal keys rotated for
+ * p - d, for both pair layouts and every frequency rule (plain, linear, llama3), the RoPE
+ * forge runs (it has no partial rotary dimension). */
+TEST(Overflow, ReRotationComposesWithRope) {
+    ft_ctx *c = ft_device();
+    if (!c) GTEST_SKIP() << "no device";
+    const uint32_t D = 64, heads = 2, n = 24, d = 700;
+    struct Rule {
+        const char *name;
+        double theta;
+        int scaling;
+        double factor;
+    } rules[] = {{"plain", 10000, 0, 1}, {"linear", 1e6, 1, 8}, {"llama3", 500000, 2, 8}};
+    for (const Rule &r : rules)
+        for (int adjacent = 0; adjacent < 2; adjacent++) {
+            SCOPED_TRACE(std::string(r.name) + (adjacent ? " adjacent" : " rotate-half"));
+            std::vector<float> inv(D / 2);
+            ft_rope_inv_freq(r.theta, r.scaling, r.factor, 1.0, 4.0, 8192, D, inv.data());
+            std::vector<float> x = ft::randn((size_t)n * heads * D, 1.0f, 7), shifted = x, direct = x;
+            ASSERT_EQ(ft_rope(c, shifted.data(), n, heads, D, inv.data(), d + 5, adjacent), FORGE_OK);
+            ASSERT_EQ(ft_rope_shift(c, shifted.data(), n, heads, D, inv.data(), d, adjacent), FORGE_OK);
+            ASSERT_EQ(ft_rope(c, direct.data(), n, heads, D, inv.data(), 5, adjacent), FORGE_OK);
+            EXPECT_LT(ft::rel_err(shifted.data(), direct.data(), x.size()), 2e-4);
+        }
+}
+
+/* Sliding-window models (Gemma 2 and 3, rotating caches) slide in both modes. The rotating
+ * cache has wrapped when the context is full, so SHIFT recomputes there and both are exact;
+ * with n_batch = n_ctx the ring does not rotate and SHIFT moves it. */
+TEST(Overflow, SlidingWindowModelsSlideInBothModes) {
+    for (const char *fixture : {"gemma3_text_pattern_f32", "gemma2_f32"}) {
+        SCOPED_TRACE(fixture);
+        forge_model *m = ft::load(ft::src(std::string("tests/fixtures/parity/") + fixture));
+        ASSERT_NE(m, nullptr);
+        int V = forge_model_n_vocab(m);
+        for (forge_overflow mode : {FORGE_OVERFLOW_RECOMPUTE, FORGE_OVERFLOW_SHIFT}) {
+            SCOPED_TRACE(mode);
+            forge_session *s = overflow_session(m, 32, 8, mode, 1); /* window 8 + 8 - 1 = 15 slots */
+            ASSERT_NE(s, nullptr);
+            int slides = 0;
+            EXPECT_EQ(slide_vs_fresh(m, s, 32, 8, tokens(70, V, 2), &slides), 0.0);
+            EXPECT_GE(slides, 3);
+            forge_session_free(s);
+        }
+        forge_session *s = overflow_session(m, 32, 32, FORGE_OVERFLOW_SHIFT, 1); /* 32 slots: no ring */
+        ASSERT_NE(s, nullptr);
+        std::vector<int32_t> t = tokens(40, V, 3);
+        std::vector<float> lg(V);
+        for (int i = 0; i < 40; i++) ASSERT_EQ(forge_eval(s, &t[i], 1, 0, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
+        std::vector<int32_t> h = history(s);
+        EXPECT_EQ(h.size(), 1u + 16 + 8); /* 32 -> 17 (dropped 15), then 8 more */
+        forge_session *f = ft::session(m, 32, 32);
+        ASSERT_EQ(forge_eval(f, h.data(), (int)h.size(), 0, nullptr, 0), FORGE_OK);
+        forge_model_info info;
+        forge_model_get_info(m, &info);
+        std::vector<float> a(h.size() * info.n_kv_heads * info.head_dim), b(a.size());
+        ASSERT_EQ(ft_session_kv(s, 0, 0, 0, (int)h.size(), a.data()), FORGE_OK);
+        ASSERT_EQ(ft_session_kv(f, 0, 0, 0, (int)h.size(), b.data()), FORGE_OK);
+        EXPECT_LT(ft::rel_err(a.data(), b.data(), a.size()), 1e-5);
+        for (float v : lg) EXPECT_TRUE(std::isfinite(v));
+        forge_session_free(f);
+        forge_session_free(s);
+        forge_model_free(m);
+    }
 }
