@@ -316,3 +316,27 @@ TEST(Overflow, SlidingWindowModelsSlideInBothModes) {
         forge_model_free(m);
     }
 }
+
+/* The CLI: `forge run` stops at a full context by default and slides with --ctx-overflow. */
+TEST(Overflow, CliRunSlidesWhenAsked) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string d = ft::tmpdir("overflow_cli"), model = ft::src(kStories);
+    auto run = [&](const std::string &args) {
+        std::string cmd = "./forge run " + model + " -p 'Once upon a time' -n 150 --ctx 64 --metrics " + args + " > " + d +
+                          "/out.txt 2> " + d + "/err.txt";
+        int rc = system(cmd.c_str());
+        std::vector<uint8_t> e = ft::read_file(d + "/err.txt");
+        return std::make_pair(WEXITSTATUS(rc), std::string(e.begin(), e.end()));
+    };
+    auto r = run("");
+    EXPECT_EQ(r.first, 0);
+    EXPECT_NE(r.second.find("stop: context full"), std::string::npos) << r.second;
+    for (const char *mode : {"shift", "recompute"}) {
+        r = run(std::string("--ctx-overflow ") + mode + " --keep 3");
+        EXPECT_EQ(r.first, 0) << mode;
+        EXPECT_NE(r.second.find("generated 150"), std::string::npos) << r.second;
+        EXPECT_NE(r.second.find("context slid"), std::string::npos) << r.second;
+    }
+    EXPECT_EQ(run("--ctx-overflow sideways").first, 2);
+    EXPECT_EQ(run("--ctx-overflow shift --keep 63").first, 1); /* n_keep must leave room */
+}
