@@ -5962,6 +5962,7 @@ struct forge_session {
     int drop_at;                      /* slides dropped dropped[0..n_dropped) from position drop_at */
     int32_t *dropped;                 /* malloc'd, dropped_cap: the tokens slides dropped, in order */
     int n_dropped, dropped_cap;
+    int ring_stale;                   /* after a ring shift: positions below it are not in the rotating caches */
 };
 
 /* Session sizes derived from the params and the device limits. */
@@ -6663,6 +6664,7 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     p.n_tokens = n;
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if (s->n_past == 0) s->ring_stale = 0; /* the cache is written afresh */
     if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
     if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
@@ -6683,8 +6685,14 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
  * layout and frequencies, so with seq_len 1 and pos0 = d it turns a key rotated for position
  * p into one rotated for p - d (the rotations compose; linear and llama3 scaling only change
  * inv_freq). A sliding layer's ring holds position p in slot p % slots; until it wraps
- * (n_past <= slots) slots are positions and it moves like a full layer; after, the kept
- * positions are no longer all in the ring and the slide recomputes instead. */
+ * (n_past <= slots) slots are positions and it moves like a full layer. A wrapped ring holds
+ * positions [n_past - slots, n_past): the new position q sits in slot q % slots and its key
+ * was in slot (q + d) % slots, so the whole ring rotates left by d % slots (through a scratch
+ * buffer: the activations of the MLP or the logits, whichever is larger, idle between steps)
+ * and every row is rotated back. Kept positions still in the ring move with it, so their
+ * slots then hold other keys (ring_stale): the shift is taken only when the next query's
+ * window no longer reaches the kept tokens (and the ring fits the scratch), else the slide
+ * recomputes. */
 
 /* The tokens a slide keeps at the start: n_keep, or the BOS token the sequence starts with. */
 static int forge__slide_keep(const forge_session *s) {
@@ -6708,30 +6716,66 @@ typedef struct forge__shift_args {
     uint32_t keep, d;
 } forge__shift_args;
 
+/* Rows [from, from + n) of a cache range to [to, to + n): copies no longer than the distance
+ * (so none overlaps itself), in the order that reads every row before it is overwritten. */
+static void forge__move_rows(forge__rec *r, forge__range buf, uint32_t from, uint32_t to, uint32_t n, uint64_t row) {
+    uint32_t gap = from > to ? from - to : to - from;
+    for (uint32_t done = 0; gap && done < n;) {
+        uint32_t k = FORGE__MIN(gap, n - done), at = from > to ? done : n - done - k;
+        forge__range src = buf, dst = buf;
+        src.offset += (uint64_t)(from + at) * row;
+        dst.offset += (uint64_t)(to + at) * row;
+        forge__copy(r, src, dst, k * row);
+        forge__barrier(r);
+        done += k;
+    }
+}
+
+/* The scratch a ring rotation goes through (see above). */
+static forge__range forge__shift_scratch(const forge_session *s) { return s->gu.size >= s->logits.size ? s->gu : s->logits; }
+
+/* Can SHIFT slide this cache (keep, drop d)? Only wrapped rings can say no (see above). */
+static bool forge__shift_possible(const forge_session *s, int keep, int d) {
+    const forge__config *c = &s->m->cfg;
+    uint64_t row = 4ull * c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        int S = (int)s->slots[l];
+        if (s->n_past <= S) continue;
+        int need_from = FORGE__MAX(0, s->n_past - d - c->sliding_window + 1); /* the next query's window */
+        if (keep > need_from || (uint64_t)S * row > forge__shift_scratch(s).size) return false;
+    }
+    return true;
+}
+
 static void forge__record_shift_fn(void *ctx, forge__rec *r) {
     const forge__shift_args *a = (const forge__shift_args *)ctx;
     forge_session *s = a->s;
     const forge__config *c = &s->m->cfg;
-    uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, KVD = NKV * D;
-    uint64_t row = 4ull * KVD;
-    uint32_t rows = (uint32_t)s->n_past - a->keep - a->d; /* kept rows that move */
-    for (uint32_t c0 = 0; c0 < rows; c0 += a->d) {
-        uint32_t n = FORGE__MIN(a->d, rows - c0);
-        for (int l = 0; l < c->n_layers; l++) {
-            forge__range kc = s->kc[l], vc = s->vc[l];
-            kc.offset += (a->keep + c0) * row; /* destinations */
-            vc.offset += (a->keep + c0) * row;
-            forge__range ks = s->kc[l], vs = s->vc[l];
-            ks.offset += (a->keep + a->d + c0) * row;
-            vs.offset += (a->keep + a->d + c0) * row;
-            forge__copy(r, ks, kc, n * row);
-            forge__copy(r, vs, vc, n * row);
-        }
-        forge__barrier(r);
-    }
+    uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, n_past = (uint32_t)s->n_past;
+    uint64_t row = 4ull * NKV * D;
+    forge__range scratch = forge__shift_scratch(s);
     for (int l = 0; l < c->n_layers; l++) {
+        uint32_t S = s->slots[l], row0 = a->keep, rows = n_past - a->keep - a->d; /* the rows to rotate back */
+        for (int v = 0; v < 2; v++) {
+            forge__range buf = (v ? s->vc : s->kc)[l];
+            if (n_past <= S) { /* slots are positions */
+                forge__move_rows(r, buf, a->keep + a->d, a->keep, rows, row);
+                continue;
+            }
+            uint32_t k = a->d % S; /* rotate the ring left by k: scratch = ring[k, S) ring[0, k), then back */
+            forge__range lo = buf, hi = buf, sc_hi = scratch;
+            hi.offset += (uint64_t)k * row;
+            sc_hi.offset += (uint64_t)(S - k) * row;
+            forge__copy(r, hi, scratch, (S - k) * row);
+            forge__copy(r, lo, sc_hi, k * row);
+            forge__barrier(r);
+            forge__copy(r, scratch, buf, S * row);
+            forge__barrier(r);
+            row0 = 0;
+            rows = S;
+        }
         const forge__vec *rope = s->m->layers[l].sliding ? &s->m->rope_sliding : &s->m->rope_full;
-        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], a->keep, rows, NKV, D, c->rope_adjacent_pairs);
+        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs);
     }
     forge__barrier(r);
 }
@@ -6757,11 +6801,11 @@ static forge_status forge__slide(forge_session *s) {
     s->n_dropped += d;
     s->drop_at = keep;
     int rest = s->n_past - keep - d;
-    bool shift = s->overflow == FORGE_OVERFLOW_SHIFT;
-    for (int l = 0; l < s->m->cfg.n_layers; l++)
-        if ((int)s->slots[l] < s->n_past) shift = false; /* a wrapped ring: recompute */
+    bool shift = s->overflow == FORGE_OVERFLOW_SHIFT && forge__shift_possible(s, keep, d);
     forge_status st = FORGE_OK;
     if (shift) {
+        for (int l = 0; l < s->m->cfg.n_layers; l++)
+            if ((int)s->slots[l] < s->n_past) s->ring_stale = keep; /* a rotated ring: kept slots hold dropped keys */
         forge__step_params p = {(uint32_t)d, 0, 0, 1.0f, 1.0f, 0, {0, 0}}; /* rope_back reads pos0 = d */
         memcpy(s->io.mapped, &p, sizeof p);
         forge__recording rc = {0};
@@ -7376,6 +7420,7 @@ FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_pas
 static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     const forge__config *c = &s->m->cfg;
     if (n_keep == 0 || n_keep >= s->n_past) return true;
+    if (FORGE__MAX(0, n_keep - c->sliding_window + 1) < s->ring_stale) return false; /* see forge__slide */
     for (int l = 0; l < c->n_layers; l++) {
         if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
         int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);

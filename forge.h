@@ -271,8 +271,11 @@ typedef struct forge_session forge_session;
  *              Cheap but approximate: keys and values of layers after the first were computed
  *              attending to the dropped tokens, so the logits differ from RECOMPUTE's (a
  *              one-layer model's, and every model's first-layer keys, are equal to rounding).
- *              When a sliding-window layer's rotating cache has wrapped (n_past > window +
- *              n_batch - 1: its ring no longer holds every kept position) the slide recomputes.
+ *              Sliding-window layers' rotating caches turn with the positions; a slide whose
+ *              next query's window would still reach a kept token that a wrapped ring no longer
+ *              holds recomputes instead (as does one whose ring does not fit the session's
+ *              largest activation buffer). Afterwards the prompt cache cannot go back to a
+ *              point whose window reaches the kept tokens (forge_session_truncate says so).
  *   RECOMPUTE: the kept tokens are evaluated again from scratch: exact (the logits equal a fresh
  *              session's on the kept tokens), at the cost of a prefill of about n_ctx / 2 tokens. */
 typedef enum forge_overflow {

@@ -226,29 +226,58 @@ TEST(Overflow, ShiftMatchesRecomputeInTheFirstLayer) {
     forge_model_free(m);
 }
 
-/* A one-layer model (the Llama 3 parity fixture's first layer: llama3 RoPE scaling, HF
- * rotate-half pairs): after shifts its logits equal a fresh session's on the kept tokens. */
-TEST(Overflow, ShiftOnAOneLayerModelEqualsRecompute) {
-    std::string dir = ft::tmpdir("overflow_one_layer");
-    std::string fixture = ft::src("tests/fixtures/parity/llama3_f32_untied");
-    std::vector<uint8_t> cfg = ft::read_file(fixture + "/config.json");
+/* A parity fixture cut to its first layer (config.json says one layer; the other layers'
+ * tensors go unread), in a temp dir. */
+std::string one_layer(const std::string &fixture) {
+    std::string dir = ft::tmpdir("overflow_" + fixture), from = ft::src("tests/fixtures/parity/" + fixture);
+    std::vector<uint8_t> cfg = ft::read_file(from + "/config.json");
     std::string c(cfg.begin(), cfg.end());
-    size_t at = c.find("\"num_hidden_layers\": 2");
-    ASSERT_NE(at, std::string::npos);
-    c.replace(at, strlen("\"num_hidden_layers\": 2"), "\"num_hidden_layers\": 1");
+    size_t at = c.find("\"num_hidden_layers\": ");
+    if (at == std::string::npos) return "";
+    size_t end = c.find_first_of(",\n}", at);
+    c.replace(at, end - at, "\"num_hidden_layers\": 1");
     ft::write_file(dir + "/config.json", c.data(), c.size());
-    std::vector<uint8_t> w = ft::read_file(fixture + "/model.safetensors"); /* layer 1's tensors go unread */
+    std::vector<uint8_t> w = ft::read_file(from + "/model.safetensors");
     ft::write_file(dir + "/model.safetensors", w.data(), w.size());
-    forge_model *m = ft::load(dir);
-    ASSERT_NE(m, nullptr);
-    forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_SHIFT, 2);
-    ASSERT_NE(s, nullptr);
-    int slides = 0;
-    double err = slide_vs_fresh(m, s, 32, 8, tokens(80, forge_model_n_vocab(m), 1), &slides);
-    EXPECT_LT(err, 1e-5);
-    EXPECT_GE(slides, 3);
-    forge_session_free(s);
-    forge_model_free(m);
+    return dir;
+}
+
+/* One-layer models: after shifts the logits equal a fresh session's on the kept tokens. Llama 3
+ * (llama3 RoPE scaling, HF rotate-half pairs, a full layer whose rows move); Gemma 3 and Gemma 2
+ * (their first layer slides: window 8 in a ring of 8 + 8 - 1 slots, which has wrapped when the
+ * context is full, so the ring rotates). */
+TEST(Overflow, ShiftOnAOneLayerModelEqualsRecompute) {
+    for (const char *fixture : {"llama3_f32_untied", "gemma3_text_pattern_f32", "gemma2_f32"}) {
+        SCOPED_TRACE(fixture);
+        std::string dir = one_layer(fixture);
+        ASSERT_FALSE(dir.empty());
+        forge_model *m = ft::load(dir);
+        ASSERT_NE(m, nullptr);
+        /* n_ctx 32 keeping 3: drops 14, the ring turns by 14. n_ctx 16 keeping 3: drops 6 and
+         * the window (8) of the next position (10) starts at 3: the ring turns, taking the kept
+         * positions along (the prompt cache cannot go back to them). Keeping 4: the window
+         * would reach a kept token, so the slides recompute. */
+        for (auto [n_ctx, keep] : {std::pair{32, 3}, {16, 3}, {16, 4}}) {
+            SCOPED_TRACE(std::to_string(n_ctx) + " keep " + std::to_string(keep));
+            forge_session *s = overflow_session(m, n_ctx, 8, FORGE_OVERFLOW_SHIFT, keep);
+            ASSERT_NE(s, nullptr);
+            int slides = 0;
+            double err = slide_vs_fresh(m, s, n_ctx, 8, tokens(80, forge_model_n_vocab(m), 1), &slides);
+            EXPECT_LT(err, 1e-5);
+            EXPECT_GE(slides, 3);
+            if (n_ctx == 16 && std::string(fixture) != "llama3_f32_untied") {
+                std::vector<int32_t> t = tokens(17, forge_model_n_vocab(m), 4);
+                ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+                ASSERT_EQ(forge_eval(s, t.data(), 16, 0, nullptr, 0), FORGE_OK);
+                ASSERT_EQ(forge_eval(s, t.data() + 16, 1, 0, nullptr, 0), FORGE_OK);
+                EXPECT_EQ(forge_session_n_past(s), 11); /* 16 - 6 + 1 */
+                /* keep 3 turned the ring: positions 0..2 are gone; keep 4 recomputed: all there */
+                EXPECT_EQ(forge_session_truncate(s, 5), keep == 3 ? FORGE_ERR_LIMIT : FORGE_OK);
+            }
+            forge_session_free(s);
+        }
+        forge_model_free(m);
+    }
 }
 
 /* The re-rotation: keys rotated for position p, then rotated back by d, equal keys rotated for
@@ -277,42 +306,56 @@ TEST(Overflow, ReRotationComposesWithRope) {
         }
 }
 
-/* Sliding-window models (Gemma 2 and 3, rotating caches) slide in both modes. The rotating
- * cache has wrapped when the context is full, so SHIFT recomputes there and both are exact;
- * with n_batch = n_ctx the ring does not rotate and SHIFT moves it. */
+/* Sliding-window models (Gemma 2 and 3, rotating caches of window 8 + n_batch 8 - 1 slots)
+ * slide in both modes: RECOMPUTE exactly; SHIFT rotates the wrapped rings (their first layer's
+ * rows of the positions the window still reaches equal a recompute's), and afterwards the ring
+ * no longer holds the kept positions, so the prompt cache cannot go back to them. With
+ * n_batch = n_ctx the ring does not rotate and SHIFT moves rows as on full layers. */
 TEST(Overflow, SlidingWindowModelsSlideInBothModes) {
     for (const char *fixture : {"gemma3_text_pattern_f32", "gemma2_f32"}) {
         SCOPED_TRACE(fixture);
         forge_model *m = ft::load(ft::src(std::string("tests/fixtures/parity/") + fixture));
         ASSERT_NE(m, nullptr);
         int V = forge_model_n_vocab(m);
-        for (forge_overflow mode : {FORGE_OVERFLOW_RECOMPUTE, FORGE_OVERFLOW_SHIFT}) {
-            SCOPED_TRACE(mode);
-            forge_session *s = overflow_session(m, 32, 8, mode, 1); /* window 8 + 8 - 1 = 15 slots */
+        forge_model_info info;
+        ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+        size_t row = (size_t)info.n_kv_heads * info.head_dim;
+        forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_RECOMPUTE, 1);
+        ASSERT_NE(s, nullptr);
+        int slides = 0;
+        EXPECT_EQ(slide_vs_fresh(m, s, 32, 8, tokens(70, V, 2), &slides), 0.0);
+        EXPECT_GE(slides, 3);
+        forge_session_free(s);
+        for (int n_batch : {8, 32}) {
+            SCOPED_TRACE(n_batch);
+            int S = n_batch == 8 ? 15 : 32; /* slots of a sliding layer */
+            s = overflow_session(m, 32, n_batch, FORGE_OVERFLOW_SHIFT, 3); /* drops 14 (not a multiple of 15) */
             ASSERT_NE(s, nullptr);
-            int slides = 0;
-            EXPECT_EQ(slide_vs_fresh(m, s, 32, 8, tokens(70, V, 2), &slides), 0.0);
-            EXPECT_GE(slides, 3);
+            std::vector<int32_t> t = tokens(70, V, 3);
+            std::vector<float> lg(V);
+            for (int i = 0; i < 33; i++) ASSERT_EQ(forge_eval(s, &t[i], 1, 0, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
+            std::vector<int32_t> h = history(s);
+            ASSERT_EQ(h.size(), 3u + 15 + 1); /* 32 -> 18 (dropped 14), then one more */
+            forge_session *f = ft::session(m, 32, n_batch);
+            ASSERT_EQ(forge_eval(f, h.data(), (int)h.size(), 0, nullptr, 0), FORGE_OK);
+            std::vector<float> a(S * row), b(S * row);
+            for (int v = 0; v < 2; v++) { /* layer 0 slides in both fixtures */
+                ASSERT_EQ(ft_session_kv(s, 0, v, 0, S, a.data()), FORGE_OK);
+                ASSERT_EQ(ft_session_kv(f, 0, v, 0, S, b.data()), FORGE_OK);
+                double worst = 0;
+                for (int q = std::max(3, (int)h.size() - S); q < (int)h.size(); q++) /* the valid positions */
+                    worst = std::max(worst, ft::rel_err(&a[(q % S) * row], &b[(q % S) * row], row));
+                EXPECT_LT(worst, 1e-5) << (v ? "values" : "keys");
+            }
+            forge_session_free(f);
+            if (n_batch == 8) {
+                EXPECT_EQ(forge_session_truncate(s, 2), FORGE_ERR_LIMIT); /* the kept positions' keys are gone */
+            }
+            for (int i = 33; i < 70; i++) ASSERT_EQ(forge_eval(s, &t[i], 1, 0, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
+            for (float x : lg) EXPECT_TRUE(std::isfinite(x));
+            EXPECT_EQ(forge_session_n_past(s), 28); /* slid at the 33rd, 47th and 61st token (to 18), then 9 more */
             forge_session_free(s);
         }
-        forge_session *s = overflow_session(m, 32, 32, FORGE_OVERFLOW_SHIFT, 1); /* 32 slots: no ring */
-        ASSERT_NE(s, nullptr);
-        std::vector<int32_t> t = tokens(40, V, 3);
-        std::vector<float> lg(V);
-        for (int i = 0; i < 40; i++) ASSERT_EQ(forge_eval(s, &t[i], 1, 0, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
-        std::vector<int32_t> h = history(s);
-        EXPECT_EQ(h.size(), 1u + 16 + 8); /* 32 -> 17 (dropped 15), then 8 more */
-        forge_session *f = ft::session(m, 32, 32);
-        ASSERT_EQ(forge_eval(f, h.data(), (int)h.size(), 0, nullptr, 0), FORGE_OK);
-        forge_model_info info;
-        forge_model_get_info(m, &info);
-        std::vector<float> a(h.size() * info.n_kv_heads * info.head_dim), b(a.size());
-        ASSERT_EQ(ft_session_kv(s, 0, 0, 0, (int)h.size(), a.data()), FORGE_OK);
-        ASSERT_EQ(ft_session_kv(f, 0, 0, 0, (int)h.size(), b.data()), FORGE_OK);
-        EXPECT_LT(ft::rel_err(a.data(), b.data(), a.size()), 1e-5);
-        for (float v : lg) EXPECT_TRUE(std::isfinite(v));
-        forge_session_free(f);
-        forge_session_free(s);
         forge_model_free(m);
     }
 }
