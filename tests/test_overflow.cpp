@@ -378,7 +378,7 @@ TEST(Overflow, CliRunSlidesWhenAsked) {
         r = run(std::string("--ctx-overflow ") + mode + " --keep 3");
         EXPECT_EQ(r.first, 0) << mode;
         EXPECT_NE(r.second.find("generated 150"), std::string::npos) << r.second;
-        EXPECT_NE(r.second.find("context slid"), std::string::npos) << r.second;
+        EXPECT_NE(r.second.find("context slides "), std::string::npos) << r.second;
     }
     EXPECT_EQ(run("--ctx-overflow sideways").first, 2);
     EXPECT_EQ(run("--ctx-overflow shift --keep 63").first, 1); /* n_keep must leave room */

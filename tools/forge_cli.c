@@ -569,7 +569,7 @@ static void print_metrics(const forge_metrics *m) {
             "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s",
             m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
             (double)m->peak_device_bytes / (1 << 20), why[m->stop_reason]);
-    if (m->context_slides) fprintf(stderr, ", context slid %d times", m->context_slides);
+    if (m->context_slides) fprintf(stderr, ", context slides %d", m->context_slides);
     fprintf(stderr, "]\n");
 }
 
