@@ -259,11 +259,15 @@ typedef struct forge_session forge_session;
 
 /* What a session does when the next token would not fit its n_ctx (forge_session_params.overflow).
  * Sliding keeps the first n_keep tokens, drops the oldest half of the rest (n_discard =
- * (n_past - n_keep) / 2) and goes on, so generation and chat can run indefinitely. It happens
- * in forge_eval, forge_warm, forge_generate* and forge_chat (prefill and decode) whenever the
- * next step would not fit; classify never slides. After slides a prompt that continues the
- * whole sequence (the kept tokens, the dropped ones, then what the cache holds) reuses the
- * cache as if the dropped tokens were still there, so a long chat prefills only its new turn.
+ * (n_past - n_keep) / 2, at least 1) and goes on, so generation and chat can run indefinitely.
+ * It happens in forge_eval, forge_warm, forge_generate* and forge_chat (prefill and decode)
+ * whenever the next step would not fit, as often as needed (a prompt may then be longer than
+ * n_ctx: its start slides out as it is evaluated); classify never slides. forge_eval of more
+ * than n_ctx - n_keep tokens at once still fails (FORGE_ERR_LIMIT, naming n_ctx), before
+ * anything slides. The session keeps the dropped ids (4 bytes each, on the host): a later
+ * prompt that continues the whole sequence (the kept tokens, the dropped ones, then what the
+ * cache holds) reuses the cache as if they were still there, so a long chat prefills only its
+ * new turn; a prompt that does not forgets them. forge_metrics.context_slides counts slides.
  *   FAIL:      today's behaviour: forge_eval fails with FORGE_ERR_LIMIT, a prompt longer than
  *              n_ctx fails, generation stops with FORGE_STOP_CONTEXT.
  *   SHIFT:     llama.cpp's context shift: the kept keys and values move down n_discard rows on
@@ -271,11 +275,12 @@ typedef struct forge_session forge_session;
  *              Cheap but approximate: keys and values of layers after the first were computed
  *              attending to the dropped tokens, so the logits differ from RECOMPUTE's (a
  *              one-layer model's, and every model's first-layer keys, are equal to rounding).
- *              Sliding-window layers' rotating caches turn with the positions; a slide whose
- *              next query's window would still reach a kept token that a wrapped ring no longer
- *              holds recomputes instead (as does one whose ring does not fit the session's
- *              largest activation buffer). Afterwards the prompt cache cannot go back to a
- *              point whose window reaches the kept tokens (forge_session_truncate says so).
+ *              Sliding-window layers' rotating caches turn with the positions. When a ring has
+ *              wrapped (n_past > window + n_batch - 1) and the next position's window would
+ *              still reach a kept token, that slide recomputes instead (as does one whose ring
+ *              does not fit the session's largest activation buffer); after a ring turned, the
+ *              prompt cache cannot go back to a point whose window reaches the kept tokens
+ *              (forge_session_truncate says so; generate re-prefills).
  *   RECOMPUTE: the kept tokens are evaluated again from scratch: exact (the logits equal a fresh
  *              session's on the kept tokens), at the cost of a prefill of about n_ctx / 2 tokens. */
 typedef enum forge_overflow {
@@ -291,8 +296,9 @@ typedef struct forge_session_params {
     int n_outputs_max;             /* most logit rows computed per step; 0: fits in 64 MiB, ≤ n_batch */
     int profile;                   /* 1: time every kernel on the device (forge_session_profile) */
     int overflow;                  /* forge_overflow: what a full context does; default FORGE_OVERFLOW_FAIL */
-    int n_keep;                    /* tokens a slide never drops (the start of the sequence); 0: the BOS
-                                    * token when the sequence starts with the model's BOS, else none */
+    int n_keep;                    /* tokens a slide never drops (the start of the sequence), at most
+                                    * n_ctx - 2; 0: the first token when it is the tokenizer's BOS, else
+                                    * none (a chat template's system prompt is not kept unless counted) */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
