@@ -7507,7 +7507,8 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
  * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
  * the softmax normalizer); the host draws from the candidates. Stop rules: the family's end
  * tokens, the caller's tokens and strings (matched on text across tokens, never emitted),
- * max tokens, the callback, a full context.
+ * max tokens, the callback, a full context (unless the session slides it: section 7; then
+ * a prompt continuing the slid sequence is matched without the dropped tokens).
  * ===================================================================================== */
 
 FORGE_API forge_generate_params forge_generate_default_params(void) {
