@@ -5982,9 +5982,16 @@ struct forge_session {
     forge_metrics metrics;            /* of the last generate/chat/classify call */
     forge__buf class_text;            /* the texts of the last classify call's tokens */
     uint64_t prompt_cache_hits;
-    int kv_from;                      /* after forge_session_load: sliding-window layers hold no position before this */
+    int kv_from;                      /* sliding-window layers hold no position before this: after
+                                       * forge_session_load, or a context shift that turned a ring */
     int kv_high;                      /* positions written since the sequence began (>= n_past after a truncation):
                                        * a ring of `slots` holds positions kv_high - slots .. kv_high - 1 */
+    forge_overflow overflow;          /* what a full context does (forge_session_params) */
+    int n_keep;                       /* forge_session_params.n_keep */
+    int slides;                       /* contexts slid (cumulative) */
+    int drop_at;                      /* slides dropped dropped[0..n_dropped) from position drop_at */
+    int32_t *dropped;                 /* malloc'd, dropped_cap: the tokens slides dropped, in order */
+    int n_dropped, dropped_cap;
 };
 
 /* Session sizes derived from the params and the device limits. */
@@ -6701,6 +6708,184 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     return FORGE_OK;
 }
 
+/* ---- Sliding a full context (forge_overflow) ----
+ * The kept tokens are history[0, keep) and history[keep + d, n_past); they end at n_past - d.
+ * SHIFT moves the cache rows of the second run down d rows (transfer copies in chunks of d
+ * rows, so a copy's source and destination never overlap) and rotates the keys back by d
+ * positions: rope_back.comp is the rotation by -(pos * inv_freq[i]) with the model's pair
+ * layout and frequencies, so with seq_len 1 and pos0 = d it turns a key rotated for position
+ * p into one rotated for p - d (the rotations compose; linear and llama3 scaling only change
+ * inv_freq). A sliding layer's ring holds position p in slot p % slots; until it wraps
+ * (n_past <= slots) slots are positions and it moves like a full layer. A wrapped ring holds
+ * positions [n_past - slots, n_past): the new position q sits in slot q % slots and its key
+ * was in slot (q + d) % slots, so the whole ring rotates left by d % slots (through a scratch
+ * buffer: the activations of the MLP or the logits, whichever is larger, idle between steps)
+ * and every row is rotated back. Kept positions still in the ring move with it, so their
+ * slots then hold other keys (kv_from): the shift is taken only when the next query's
+ * window no longer reaches the kept tokens (and the ring fits the scratch), else the slide
+ * recomputes. */
+
+/* The tokens a slide keeps at the start: n_keep, or the BOS token the sequence starts with. */
+static int forge__slide_keep(const forge_session *s) {
+    if (s->n_keep > 0) return FORGE__MIN(s->n_keep, s->n_past);
+    return s->n_past > 0 && s->m->tok.n_vocab && s->history[0] == s->m->tok.bos ? 1 : 0;
+}
+
+/* Rotates the keys of cache rows [row0, row0 + n) back by params.pos0 positions: rope_back
+ * over the rows as n "tokens" of n_kv_heads key heads, every one at position pos0 (seq_len 1). */
+static void forge__rope_shift(forge__rec *r, forge__range params, forge__range inv_freq, forge__range kc, uint32_t row0, uint32_t n,
+                              uint32_t NKV, uint32_t D, bool adjacent) {
+    forge__pc_rope_back pc = {n, 0, NKV, D, adjacent, NKV * D, row0 * NKV * D, 1};
+    forge__range b[3] = {params, inv_freq, kc};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)n * NKV * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ROPE_BACK, b, &pc, gx, gy, 1);
+}
+
+typedef struct forge__shift_args {
+    forge_session *s;
+    uint32_t keep, d;
+} forge__shift_args;
+
+/* Rows [from, from + n) of a cache range to [to, to + n): copies no longer than the distance
+ * (so none overlaps itself), in the order that reads every row before it is overwritten. */
+static void forge__move_rows(forge__rec *r, forge__range buf, uint32_t from, uint32_t to, uint32_t n, uint64_t row) {
+    uint32_t gap = from > to ? from - to : to - from;
+    for (uint32_t done = 0; gap && done < n;) {
+        uint32_t k = FORGE__MIN(gap, n - done), at = from > to ? done : n - done - k;
+        forge__range src = buf, dst = buf;
+        src.offset += (uint64_t)(from + at) * row;
+        dst.offset += (uint64_t)(to + at) * row;
+        forge__copy(r, src, dst, k * row);
+        forge__barrier(r);
+        done += k;
+    }
+}
+
+/* The scratch a ring rotation goes through (see above). */
+static forge__range forge__shift_scratch(const forge_session *s) { return s->gu.size >= s->logits.size ? s->gu : s->logits; }
+
+/* Can SHIFT slide this cache (keep, drop d)? Only wrapped rings can say no (see above). */
+static bool forge__shift_possible(const forge_session *s, int keep, int d) {
+    const forge__config *c = &s->m->cfg;
+    uint64_t row = 4ull * c->n_kv_heads * c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        int S = (int)s->slots[l];
+        if (s->n_past <= S) continue;
+        int need_from = FORGE__MAX(0, s->n_past - d - c->sliding_window + 1); /* the next query's window */
+        if (keep > need_from || (uint64_t)S * row > forge__shift_scratch(s).size) return false;
+    }
+    return true;
+}
+
+static void forge__record_shift_fn(void *ctx, forge__rec *r) {
+    const forge__shift_args *a = (const forge__shift_args *)ctx;
+    forge_session *s = a->s;
+    const forge__config *c = &s->m->cfg;
+    uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, n_past = (uint32_t)s->n_past;
+    uint64_t row = 4ull * NKV * D;
+    forge__range scratch = forge__shift_scratch(s);
+    for (int l = 0; l < c->n_layers; l++) {
+        uint32_t S = s->slots[l], row0 = a->keep, rows = n_past - a->keep - a->d; /* the rows to rotate back */
+        for (int v = 0; v < 2; v++) {
+            forge__range buf = (v ? s->vc : s->kc)[l];
+            if (n_past <= S) { /* slots are positions */
+                forge__move_rows(r, buf, a->keep + a->d, a->keep, rows, row);
+                continue;
+            }
+            uint32_t k = a->d % S; /* rotate the ring left by k: scratch = ring[k, S) ring[0, k), then back */
+            forge__range lo = buf, hi = buf, sc_hi = scratch;
+            hi.offset += (uint64_t)k * row;
+            sc_hi.offset += (uint64_t)(S - k) * row;
+            forge__copy(r, hi, scratch, (S - k) * row);
+            forge__copy(r, lo, sc_hi, k * row);
+            forge__barrier(r);
+            forge__copy(r, scratch, buf, S * row);
+            forge__barrier(r);
+            row0 = 0;
+            rows = S;
+        }
+        const forge__vec *rope = s->m->layers[l].sliding ? &s->m->rope_sliding : &s->m->rope_full;
+        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs);
+    }
+    forge__barrier(r);
+}
+
+/* Slides a full context once (forge_session_params.overflow): keeps forge__slide_keep tokens,
+ * drops d = (n_past - keep) / 2 (at least 1) after them. FORGE_ERR_LIMIT when nothing follows
+ * the kept ones. */
+static forge_status forge__slide(forge_session *s) {
+    int keep = forge__slide_keep(s), d = FORGE__MAX(s->n_past - keep, 0) / 2;
+    if (d < 1 && s->n_past > keep) d = 1; /* one token after the kept ones: drop it */
+    if (d < 1)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "the context (n_ctx %d) cannot slide: it keeps all %d of its %d tokens",
+                           s->n_ctx, keep, s->n_past);
+    if (s->n_dropped && s->drop_at != keep) s->n_dropped = 0; /* the record no longer describes one span */
+    if (s->n_dropped + d > s->dropped_cap) {
+        int cap = FORGE__MAX(s->n_dropped + d, 2 * s->dropped_cap);
+        int32_t *grown = (int32_t *)realloc(s->dropped, 4ull * (size_t)cap);
+        if (!grown) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        s->dropped = grown;
+        s->dropped_cap = cap;
+    }
+    memcpy(s->dropped + s->n_dropped, s->history + keep, 4ull * (size_t)d);
+    s->n_dropped += d;
+    s->drop_at = keep;
+    int rest = s->n_past - keep - d;
+    bool shift = s->overflow == FORGE_OVERFLOW_SHIFT && forge__shift_possible(s, keep, d);
+    forge_status st = FORGE_OK;
+    if (shift) {
+        bool turned = false; /* a wrapped ring turns: its kept slots then hold dropped keys */
+        for (int l = 0; l < s->m->cfg.n_layers; l++) turned |= (int)s->slots[l] < s->n_past;
+        if (turned || s->kv_from > keep) s->kv_from = FORGE__MAX(keep, s->kv_from - d); /* positions renumbered */
+        forge__step_params p = {(uint32_t)d, 0, 0, 1.0f, 1.0f, 0, {0, 0}}; /* rope_back reads pos0 = d */
+        memcpy(s->io.mapped, &p, sizeof p);
+        forge__recording rc = {0};
+        forge__shift_args args = {s, (uint32_t)keep, (uint32_t)d};
+        st = forge__record(s->m, s->cmd_pool, false, forge__record_shift_fn, &args, &rc, &s->err);
+        if (!st) st = forge__submit_wait(&s->m->dev, rc.cb, s->fence, &s->err);
+        forge__recording_free(&s->m->dev, s->cmd_pool, &rc);
+        memmove(s->history + keep, s->history + keep + d, 4ull * (size_t)rest);
+        s->n_past -= d;
+        s->kv_high = s->n_past; /* a slide comes on a full context: kv_high was n_past */
+    } else { /* re-prefill the kept tokens */
+        int n = keep + rest;
+        int32_t *kept = (int32_t *)malloc(4ull * (size_t)n);
+        if (!kept) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        memcpy(kept, s->history, 4ull * (size_t)keep);
+        memcpy(kept + keep, s->history + keep + d, 4ull * (size_t)rest);
+        s->n_past = 0;
+        for (int done = 0; !st && done < n;) {
+            int step = FORGE__MIN(n - done, s->n_batch);
+            st = forge__step(s, kept + done, (uint32_t)step, (uint32_t)step - 1, 0, FORGE__OUT_LOGITS, NULL, NULL);
+            done += step;
+        }
+        free(kept);
+    }
+    if (st) { /* the cache is in no known state */
+        s->n_past = 0;
+        s->n_dropped = 0;
+        return st;
+    }
+    s->slides++;
+    return FORGE_OK;
+}
+
+/* Makes room for n more tokens: slides while they do not fit (fails with FORGE_OVERFLOW_FAIL,
+ * or when n > n_ctx - keep, naming n_ctx). */
+static forge_status forge__make_room(forge_session *s, int n) {
+    if (n <= s->n_ctx - s->n_past) return FORGE_OK;
+    int keep = forge__slide_keep(s);
+    if (s->overflow == FORGE_OVERFLOW_FAIL || n > s->n_ctx - keep)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%d tokens do not fit: the session holds %d of n_ctx %d%s", n, s->n_past, s->n_ctx,
+                           s->overflow == FORGE_OVERFLOW_FAIL ? "" : " and a slide keeps the first tokens (n_keep)");
+    while (n > s->n_ctx - s->n_past) {
+        forge_status st = forge__slide(s);
+        if (st) return st;
+    }
+    return FORGE_OK;
+}
+
 static void forge__session_destroy(forge_session *s) {
     if (!s) return;
     forge_model *m = s->m;
@@ -6715,6 +6900,7 @@ static void forge__session_destroy(forge_session *s) {
     forge__buffer_destroy(d, &s->readback, &s->mem, &m->mem_total);
     forge__arena_free(&s->arena);
     forge__buf_free(&s->class_text);
+    free(s->dropped);
     free(s);
 }
 
@@ -7237,10 +7423,16 @@ FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_
     forge__err err;
     forge_status st = forge__session_sizes(m, &p, &sp, &err);
     if (st) return forge__model_fail(m, st, "%s", err.msg);
+    if (p.overflow < FORGE_OVERFLOW_FAIL || p.overflow > FORGE_OVERFLOW_RECOMPUTE || p.n_keep < 0 ||
+        (p.overflow != FORGE_OVERFLOW_FAIL && p.n_keep > sp.n_ctx - 2))
+        return forge__model_fail(m, FORGE_ERR_INVALID_ARGUMENT, "session params: overflow %d (0, 1 or 2) and n_keep %d (0 to n_ctx - 2 = %d)",
+                                 p.overflow, p.n_keep, sp.n_ctx - 2);
     forge_session *s = (forge_session *)calloc(1, sizeof *s);
     if (!s) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     s->m = m;
     s->profile = p.profile && m->dev.caps.timestamps;
+    s->overflow = (forge_overflow)p.overflow;
+    s->n_keep = p.n_keep;
     st = forge__session_init(s, &sp);
     if (st) {
         forge__model_fail(m, st, "creating a session: %s", s->err.msg);
@@ -7264,7 +7456,7 @@ FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_pas
 static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     const forge__config *c = &s->m->cfg;
     if (n_keep == 0 || n_keep >= s->n_past) return true;
-    if (s->kv_from > FORGE__MAX(0, n_keep - c->sliding_window + 1)) return false; /* not restored (section 13) */
+    if (s->kv_from > FORGE__MAX(0, n_keep - c->sliding_window + 1)) return false; /* not restored (section 13), or turned by a shift (forge__slide) */
     for (int l = 0; l < c->n_layers; l++) {
         if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
         int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);
@@ -7282,6 +7474,7 @@ FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
                            "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
                            "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
     s->n_past = n_keep;
+    if (n_keep <= s->drop_at) s->n_dropped = 0;
     return FORGE_OK;
 }
 
@@ -7317,10 +7510,9 @@ static forge_status forge__eval(forge_session *s, const int32_t *tokens, int n_t
     size_t need = (all ? (size_t)n_tokens : 1) * (size_t)V;
     if (logits && logits_capacity < need)
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %zu needed", logits_capacity, need);
-    if (n_tokens > s->n_ctx - s->n_past)
-        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%d tokens do not fit: the session holds %d of n_ctx %d", n_tokens, s->n_past, s->n_ctx);
     forge_status bad = forge__check_token_ids(s, tokens, n_tokens);
     if (bad) return bad;
+    if ((bad = forge__make_room(s, n_tokens))) return bad;
     int done = 0;
     while (done < n_tokens) {
         int step = FORGE__MIN(n_tokens - done, all ? FORGE__MIN(s->n_batch, s->n_out_max) : s->n_batch);
@@ -7351,7 +7543,8 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
  * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
  * the softmax normalizer); the host draws from the candidates. Stop rules: the family's end
  * tokens, the caller's tokens and strings (matched on text across tokens, never emitted),
- * max tokens, the callback, a full context.
+ * max tokens, the callback, a full context (unless the session slides it: section 7; then
+ * a prompt continuing the slid sequence is matched without the dropped tokens).
  * ===================================================================================== */
 
 FORGE_API forge_generate_params forge_generate_default_params(void) {
@@ -7606,6 +7799,25 @@ static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, i
     return common;
 }
 
+/* After slides the cache holds the sequence without the span the slides dropped. A prompt that
+ * continues the whole sequence (the kept tokens, the dropped ones, then more) is run without
+ * that span: returns it in *owned (malloc'd, NULL when the prompt is used as it is) and its
+ * length in *n. A prompt that does not continue it forgets the record. */
+static forge_status forge__skip_dropped(forge_session *s, const int32_t *prompt, int *n, int32_t **owned) {
+    int k = s->drop_at, D = s->n_dropped;
+    *owned = NULL;
+    if (!D) return FORGE_OK;
+    if (*n <= k + D || memcmp(prompt, s->history, 4ull * (size_t)k) || memcmp(prompt + k, s->dropped, 4ull * (size_t)D)) {
+        s->n_dropped = 0;
+        return FORGE_OK;
+    }
+    if (!(*owned = (int32_t *)malloc(4ull * (size_t)(*n - D)))) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(*owned, prompt, 4ull * (size_t)k);
+    memcpy(*owned + k, prompt + k + D, 4ull * (size_t)(*n - k - D));
+    *n -= D;
+    return FORGE_OK;
+}
+
 static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
                                           const forge_generate_params *params, forge_metrics *metrics) {
     forge_generate_params p;
@@ -7616,7 +7828,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     memset(&mt, 0, sizeof mt);
     double t0 = forge__now_s();
     if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
-    if (n_prompt > s->n_ctx)
+    if (n_prompt > s->n_ctx && s->overflow == FORGE_OVERFLOW_FAIL)
         return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
     if (p.max_tokens < 0 || p.repeat_window < 0 || !(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) ||
         !(p.min_p >= 0 && p.min_p <= 1) || !(p.repeat_penalty > 0) || p.top_k < 0)
@@ -7626,6 +7838,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     if (bad) return bad;
     forge__rng_seed(s->rng, p.seed);
     mt.prompt_tokens = n_prompt;
+    int32_t *continued = NULL; /* the prompt without what slides dropped */
+    if ((bad = forge__skip_dropped(s, prompt, &n_prompt, &continued))) return bad;
+    if (continued) prompt = continued;
+    int slides0 = s->slides;
     mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
     if (mt.cached_tokens > 0) s->prompt_cache_hits++;
     forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
@@ -7639,7 +7855,8 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     int done = mt.cached_tokens;
     while (!st && done < n_prompt) {
         if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
-        int step = FORGE__MIN(n_prompt - done, s->n_batch);
+        if (s->n_past == s->n_ctx && (st = forge__make_room(s, 1))) break; /* slides (prompts over n_ctx) */
+        int step = FORGE__MIN(FORGE__MIN(n_prompt - done, s->n_batch), s->n_ctx - s->n_past);
         bool last = done + step == n_prompt;
         if (last) /* the penalty window includes the prompt */
             sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, prompt + done, step, window) : 0;
@@ -7683,7 +7900,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         forge__stopper_consume(&stop, release);
         if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
         if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
-        if (s->n_past >= s->n_ctx) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+        if (s->n_past >= s->n_ctx) {
+            if (s->overflow == FORGE_OVERFLOW_FAIL) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+            if ((st = forge__make_room(s, 1))) break;
+        }
         if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
         sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, &tok, 1, window) : 0;
         st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
@@ -7703,8 +7923,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;
     mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
     mt.prompt_cache_hits = s->prompt_cache_hits;
+    mt.context_slides = s->slides - slides0;
     s->metrics = mt;
     if (metrics) *metrics = mt;
+    free(continued);
     free(stop.buf);
     free(cands);
     free(probs);
@@ -7762,10 +7984,15 @@ FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size
 
 FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n_tokens) {
     if (!s || !tokens || n_tokens <= 0) return FORGE_ERR_INVALID_ARGUMENT;
+    int32_t *continued = NULL; /* the tokens without what slides dropped */
+    forge_status st = forge__skip_dropped(s, tokens, &n_tokens, &continued);
+    if (st) return st;
+    if (continued) tokens = continued;
     int wrapped = 0;
     int kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
-    if (kept >= n_tokens) return FORGE_OK;
-    return forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+    if (kept < n_tokens) st = forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+    free(continued);
+    return st;
 }
 
 FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metrics *metrics) {
@@ -7851,6 +8078,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no text */
     double t0 = forge__now_s();
     s->n_past = 0; /* the cache is scratch from here on */
+    s->n_dropped = 0;
     s->class_text.n = 0;
     /* every prompt's ids (text tokenized here, token prompts borrowed) */
     int32_t **ids = (int32_t **)calloc((size_t)n_prompts + 1, sizeof *ids);

@@ -257,12 +257,48 @@ FORGE_API int forge_model_n_ctx_train(const forge_model *model);
 
 typedef struct forge_session forge_session;
 
+/* What a session does when the next token would not fit its n_ctx (forge_session_params.overflow).
+ * Sliding keeps the first n_keep tokens, drops the oldest half of the rest (n_discard =
+ * (n_past - n_keep) / 2, at least 1) and goes on, so generation and chat can run indefinitely.
+ * It happens in forge_eval, forge_warm, forge_generate* and forge_chat (prefill and decode)
+ * whenever the next step would not fit, as often as needed (a prompt may then be longer than
+ * n_ctx: its start slides out as it is evaluated); classify never slides. forge_eval of more
+ * than n_ctx - n_keep tokens at once still fails (FORGE_ERR_LIMIT, naming n_ctx), before
+ * anything slides. The session keeps the dropped ids (4 bytes each, on the host): a later
+ * prompt that continues the whole sequence (the kept tokens, the dropped ones, then what the
+ * cache holds) reuses the cache as if they were still there, so a long chat prefills only its
+ * new turn; a prompt that does not forgets them. forge_metrics.context_slides counts slides.
+ *   FAIL:      today's behaviour: forge_eval fails with FORGE_ERR_LIMIT, a prompt longer than
+ *              n_ctx fails, generation stops with FORGE_STOP_CONTEXT.
+ *   SHIFT:     llama.cpp's context shift: the kept keys and values move down n_discard rows on
+ *              the device and the keys are rotated back by n_discard positions, no model pass.
+ *              Cheap but approximate: keys and values of layers after the first were computed
+ *              attending to the dropped tokens, so the logits differ from RECOMPUTE's (a
+ *              one-layer model's, and every model's first-layer keys, are equal to rounding).
+ *              Sliding-window layers' rotating caches turn with the positions. When a ring has
+ *              wrapped (n_past > window + n_batch - 1) and the next position's window would
+ *              still reach a kept token, that slide recomputes instead (as does one whose ring
+ *              does not fit the session's largest activation buffer); after a ring turned, the
+ *              prompt cache cannot go back to a point whose window reaches the kept tokens
+ *              (forge_session_truncate says so; generate re-prefills).
+ *   RECOMPUTE: the kept tokens are evaluated again from scratch: exact (the logits equal a fresh
+ *              session's on the kept tokens), at the cost of a prefill of about n_ctx / 2 tokens. */
+typedef enum forge_overflow {
+    FORGE_OVERFLOW_FAIL = 0,
+    FORGE_OVERFLOW_SHIFT = 1,
+    FORGE_OVERFLOW_RECOMPUTE = 2,
+} forge_overflow;
+
 typedef struct forge_session_params {
     uint32_t struct_size;          /* sizeof(forge_session_params) */
     int n_ctx;                     /* context length (tokens the KV cache holds); 0: min(model, 4096) */
     int n_batch;                   /* most tokens per prefill step; 0: 512 */
     int n_outputs_max;             /* most logit rows computed per step; 0: fits in 64 MiB, ≤ n_batch */
     int profile;                   /* 1: time every kernel on the device (forge_session_profile) */
+    int overflow;                  /* forge_overflow: what a full context does; default FORGE_OVERFLOW_FAIL */
+    int n_keep;                    /* tokens a slide never drops (the start of the sequence), at most
+                                    * n_ctx - 2; 0: the first token when it is the tokenizer's BOS, else
+                                    * none (a chat template's system prompt is not kept unless counted) */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
@@ -331,7 +367,8 @@ FORGE_API forge_status forge_session_profile(const forge_session *session, char 
  * Writes the logits of the last position (n_vocab floats), or with FORGE_EVAL_ALL_LOGITS of
  * every position (n_tokens * n_vocab floats, row-major), to `logits` (may be NULL to only
  * fill the cache). `logits_capacity` is in floats. Fails with FORGE_ERR_LIMIT when
- * n_past + n_tokens exceeds the session's n_ctx, FORGE_ERR_INVALID_ARGUMENT on a token id
+ * n_past + n_tokens exceeds the session's n_ctx (with a sliding overflow policy: slides first,
+ * and fails only when n_tokens > n_ctx - n_keep), FORGE_ERR_INVALID_ARGUMENT on a token id
  * outside the vocabulary, FORGE_ERR_BUFFER_TOO_SMALL when logits_capacity is too small. */
 FORGE_API forge_status forge_eval(forge_session *session, const int32_t *tokens, int n_tokens,
                                   uint32_t flags, float *logits, size_t logits_capacity);
@@ -456,7 +493,7 @@ typedef enum forge_stop_reason {
     FORGE_STOP_STRING = 3,       /* one of the caller's stop_strings appeared in the text */
     FORGE_STOP_MAX_TOKENS = 4,
     FORGE_STOP_CALLBACK = 5,     /* the callback returned non-zero */
-    FORGE_STOP_CONTEXT = 6,      /* the session's context is full */
+    FORGE_STOP_CONTEXT = 6,      /* the session's context is full (FORGE_OVERFLOW_FAIL) */
     FORGE_STOP_CANCELLED = 7     /* the caller's cancel flag was set (forge_generate_params.cancel) */
 } forge_stop_reason;
 
@@ -512,6 +549,7 @@ typedef struct forge_metrics {
     uint64_t peak_device_bytes;       /* device memory peak of the model and its sessions */
     uint64_t prompt_cache_hits;       /* calls on this session that reused a cached prefix (cumulative) */
     forge_stop_reason stop_reason;
+    int context_slides;               /* times this call slid a full context (forge_overflow) */
 } forge_metrics;
 
 /* Generates from a token prompt. The session's cache keeps what it holds of an exact prefix of

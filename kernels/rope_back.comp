@@ -8,6 +8,9 @@
 // sequences of seq_len tokens is at position pos0 + t % seq_len (seq_len 0: one sequence).
 // Bindings: 0 params {pos0, n} | 1 inv_freq f32 [D/2] | 2 dqkv f32 [n, stride] (in place)
 // One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
+// Also the context shift's re-rotation (forge.c, forge__rope_shift): over K cache rows as n
+// "tokens" of key heads only (n_heads 0, k_off the first row), seq_len 1 and pos0 = d, it
+// turns keys rotated for position p into keys rotated for p - d, in place.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 

@@ -905,3 +905,53 @@ void ft_model_fingerprint(const forge_model *m, char *buf, size_t size) {
 }
 
 void ft_state_disk_left(uint64_t bytes) { forge__test_disk_left = bytes; }
+/* ---- sessions (context overflow) ---- */
+
+int ft_session_history(const forge_session *s, int32_t *out, int cap) {
+    int n = FORGE__MIN(s->n_past, cap);
+    memcpy(out, s->history, 4ull * (size_t)n);
+    return s->n_past;
+}
+
+typedef struct ft_kv_args {
+    forge__range src, dst;
+    uint64_t bytes;
+} ft_kv_args;
+
+static void ft_kv_copy_fn(void *ctx, forge__rec *r) {
+    const ft_kv_args *a = (const ft_kv_args *)ctx;
+    forge__copy(r, a->src, a->dst, a->bytes);
+    forge__host_barrier(r);
+}
+
+forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out) {
+    forge__device *d = &s->m->dev;
+    uint64_t row = 4ull * s->m->cfg.n_kv_heads * s->m->cfg.head_dim;
+    forge__buffer b;
+    forge_status st = forge__buffer_create(d, row * (uint64_t)n, d->caps.mem_upload, true, &s->mem, NULL, &b, &s->err);
+    if (st) return st;
+    ft_kv_args a = {(v ? s->vc : s->kc)[layer], {b.buf, 0, b.size}, row * (uint64_t)n};
+    a.src.offset += row * (uint64_t)row0;
+    forge__recording rc = {0};
+    st = forge__record(s->m, s->cmd_pool, false, ft_kv_copy_fn, &a, &rc, &s->err);
+    if (!st) st = forge__submit_wait(d, rc.cb, s->fence, &s->err);
+    forge__recording_free(d, s->cmd_pool, &rc);
+    if (!st) memcpy(out, b.mapped, (size_t)a.bytes);
+    forge__buffer_destroy(d, &b, &s->mem, NULL);
+    return st;
+}
+
+void ft_rope_inv_freq(double theta, int scaling, double factor, double low, double high, int orig_max, int D, float *out) {
+    forge__rope r = {theta, (forge__rope_scaling)scaling, factor, low, high, orig_max};
+    forge__rope_inv_freq(&r, D, NULL, out);
+}
+
+forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__step_params sp = {d, 0, 0, 1.0f, 1.0f, 0, {0, 0}};
+    uint64_t bytes = 4ull * n * kv_heads * D;
+    forge__range pb = ft_buf(&j, &sp, sizeof sp), fb = ft_buf(&j, inv_freq, 4ull * D / 2), kb = ft_buf(&j, k, bytes);
+    forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0);
+    return ft_end(&j, 2, k, bytes, 0, NULL, 0);
+}

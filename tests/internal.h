@@ -182,6 +182,18 @@ void ft_model_set_chat_template(forge_model *m, const char *tmpl);
  * *out is malloc'd (free it), NULL when nothing was rendered. */
 forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
                                char **out, size_t *len);
+/* ---- sessions (context overflow) ---- */
+/* The tokens the session's cache holds, in cache order (n_past of them) into out[0..cap). */
+int ft_session_history(const forge_session *s, int32_t *out, int cap);
+/* Rows [row0, row0 + n) of layer l's K (v = 0) or V (v = 1) cache, [n, n_kv_heads * head_dim]. */
+forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out);
+/* RoPE inverse frequencies [D/2] as forge computes them for a model: scaling 0 none, 1 linear
+ * (factor), 2 llama3 (factor, low and high freq factors, original max positions). */
+void ft_rope_inv_freq(double theta, int scaling, double factor, double low, double high, int orig_max, int D, float *out);
+/* The re-rotation a context shift runs on cached keys: rows [n, kv_heads * D] rotated back by d
+ * positions (rope_back with seq_len 1 and pos0 = d), in place. */
+forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent);
+
 #ifdef __cplusplus
 }
 #ifdef __cplusplus

@@ -1,8 +1,9 @@
 /* forge: the command-line tool.
  *
  *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
- *             [--repeat-penalty R] [--seed S] [--stop STR]... [--load-state FILE] [--save-state FILE]
- *   forge chat MODEL [--system S] [sampling options]
+ *             [--repeat-penalty R] [--seed S] [--stop STR]... [--ctx-overflow MODE] [--keep N]
+ *             [--load-state FILE] [--save-state FILE]
+ *   forge chat MODEL [--system S] [sampling options] [--ctx-overflow MODE] [--keep N]
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
@@ -31,15 +32,17 @@ static void usage(FILE *f) {
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
-            "      [--load-state FILE] [--save-state FILE]\n"
+            "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE]\n"
             "                                   generate text, streamed to stdout (default model:\n"
             "                                   the bundled stories260K; greedy unless --temp > 0);\n"
+            "                                   stops at a full context unless --ctx-overflow slides it;\n"
             "                                   --load-state continues a saved session (the prompt\n"
             "                                   follows its tokens), --save-state saves the session\n"
             "                                   (prompt and generated text) after generating\n"
-            "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] ...\n"
+            "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] [--ctx-overflow MODE] [--keep N] ...\n"
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
-            "                                   a reply; /metrics, /reset, /quit\n"
+            "                                   a reply; /metrics, /reset, /quit; a full context slides\n"
+            "                                   (shift by default), so a chat runs indefinitely\n"
             "  devices                          list Vulkan devices, preferred first\n"
             "  info MODEL                       architecture, shapes, device and memory plan\n"
             "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
@@ -68,6 +71,10 @@ static void usage(FILE *f) {
             "                                   tokenizer load time and encode speed as one JSON object\n"
             "options: --device INDEX|NAME   choose the Vulkan device\n"
             "         --ctx N               context length of the session\n"
+            "         --ctx-overflow MODE   run, chat: on a full context fail (run's default), shift (chat's\n"
+            "                               default: llama.cpp's context shift, approximate) or recompute\n"
+            "                               (re-prefill the kept tokens: exact); both keep --keep N tokens\n"
+            "                               (default 0: the BOS token) and drop the oldest half of the rest\n"
             "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
@@ -563,9 +570,33 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
 static void print_metrics(const forge_metrics *m) {
     static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled"};
     fprintf(stderr,
-            "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s]\n",
+            "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s",
             m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
             (double)m->peak_device_bytes / (1 << 20), why[m->stop_reason]);
+    if (m->context_slides) fprintf(stderr, ", context slides %d", m->context_slides);
+    fprintf(stderr, "]\n");
+}
+
+/* Parses --ctx-overflow fail|shift|recompute and --keep N (run and chat) into the session
+ * params; returns 0, or 2 on a bad value. */
+static int take_overflow(const char *cmd, int *argc, char **argv, forge_session_params *sp) {
+    static const char *const modes[] = {"fail", "shift", "recompute"};
+    int w = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--ctx-overflow") && i + 1 < *argc) {
+            const char *v = argv[++i];
+            int k = 0;
+            while (k < 3 && strcmp(v, modes[k])) k++;
+            if (k == 3) { fprintf(stderr, "forge %s: --ctx-overflow takes fail, shift or recompute, not '%s'\n", cmd, v); return 2; }
+            sp->overflow = k; /* FORGE_OVERFLOW_FAIL, _SHIFT, _RECOMPUTE */
+        } else if (!strcmp(a, "--keep") && i + 1 < *argc) {
+            sp->n_keep = atoi(argv[++i]);
+            if (sp->n_keep < 0) { fprintf(stderr, "forge %s: --keep takes a count >= 0\n", cmd); return 2; }
+        } else argv[w++] = argv[i];
+    }
+    *argc = w;
+    return 0;
 }
 
 /* Parses the sampling options shared by run and chat; returns 0, or 2 on a bad value. */
@@ -641,6 +672,8 @@ static int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
     if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    forge_session_params sp = forge_session_default_params(); /* a full context stops the run unless asked */
+    if (take_overflow("run", &argc, argv, &sp)) return 2;
     const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
@@ -656,7 +689,6 @@ static int cmd_run(int argc, char **argv) {
     }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
-    forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
     forge_session *s = NULL;
     int rc = 1;
@@ -735,6 +767,9 @@ static int cmd_chat(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0;
     if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    forge_session_params sp = forge_session_default_params();
+    sp.overflow = FORGE_OVERFLOW_SHIFT; /* a chat runs indefinitely: a full context slides */
+    if (take_overflow("chat", &argc, argv, &sp)) return 2;
     const char *path = NULL, *system_prompt = NULL;
     uint32_t flags = 0;
     for (int i = 0; i < argc; i++) {
@@ -743,10 +778,12 @@ static int cmd_chat(int argc, char **argv) {
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
     }
-    if (!path) { fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [--adapter DIR [--merge-adapter]] [sampling options]\n"); return 2; }
+    if (!path) {
+        fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [--adapter DIR [--merge-adapter]] [--ctx-overflow MODE] [--keep N] [sampling options]\n");
+        return 2;
+    }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
-    forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
