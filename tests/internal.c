@@ -269,7 +269,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
     forge__range kb = store ? ft_buf(&j, kc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range vb = store ? ft_buf(&j, vc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range binds[5] = {pb, fb, xb, kb, vb};
-    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0};
+    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0, 0};
     uint32_t gx, gy;
     forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
@@ -635,7 +635,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
