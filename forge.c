@@ -4881,8 +4881,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
-    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
-    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
+    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
+    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
     [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 5, sizeof(forge__pc_gemm), 0, {0}},
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
@@ -5904,8 +5904,10 @@ typedef struct forge__step_params {
  * out_row0 tokens each, right-padded). */
 typedef enum forge__out_mode {
     FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1, FORGE__OUT_CLASSIFY = 2,
-    FORGE__OUT_BATCH_PREFILL = 3,   /* batch generation, logits rows as OUT_LOGITS: one sequence's prompt tokens */
-    FORGE__OUT_BATCH_DECODE = 4     /* ... one token of each of n sequences (section 9b) */
+    /* batch generation (section 9b): one sequence's prompt tokens (PREFILL) or one token of each
+     * of n sequences (DECODE); each out row reduced as OUT_SAMPLE's row (candidates and normalizer
+     * per row, at the row's temperature), or its logits read back (_LOGITS: the host's penalty) */
+    FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6
 } forge__out_mode;
 
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
@@ -6039,9 +6041,9 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_GU] = nb * c->ffn * 8,
         [FORGE__SB_LOGITS] = (uint64_t)sp->n_out_max * c->n_vocab * 4,
         [FORGE__SB_DUMMY] = 256,
-        [FORGE__SB_CAND] = 8ull * forge__topk_chunks(m) * FORGE__CANDIDATES,
-        [FORGE__SB_CAND_STATS] = 8ull * forge__topk_chunks(m),
-        [FORGE__SB_SAMPLE_OUT] = 8ull * (1 + FORGE__CANDIDATES),
+        [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
+        [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
+        [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
         [FORGE__SB_ATTN_PART] = 4ull * (uint64_t)sp->n_seq * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
     };
@@ -6069,9 +6071,12 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
 #define FORGE__IO_PENALTY_OFFSET 64
 #define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
 #define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
-static uint64_t forge__session_io_bytes(const forge__session_plan *sp) { return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch; }
+static uint64_t forge__session_io_bytes(const forge__session_plan *sp) {
+    return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq; /* then batch generation's 1 / temperature per row */
+}
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return FORGE__RB_LOGITS_OFFSET + 4ull * sp->n_out_max * m->cfg.n_vocab;
+    uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
+    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * m->cfg.n_vocab, batch_cands);
 }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
     return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
@@ -6450,9 +6455,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.seq = out_row0;
         p.batch = n_out;
     }
-    if (mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE) { /* the row table follows the step params */
-        p.table = mode == FORGE__OUT_BATCH_PREFILL ? FORGE__TABLE_PREFILL : FORGE__TABLE_DECODE;
-        p.params = (forge__range){s->io.buf, 0, FORGE__IO_TOKENS_OFFSET};
+    bool batch = mode >= FORGE__OUT_BATCH_PREFILL, batch_reduce = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE;
+    if (batch) { /* the row table follows the step params; the rows' temperatures follow the tokens */
+        p.table = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_PREFILL_LOGITS ? FORGE__TABLE_PREFILL : FORGE__TABLE_DECODE;
+        p.params = (forge__range){s->io.buf, 0, s->io.size};
     }
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
@@ -6482,16 +6488,28 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     }
     forge__barrier(r);
-    if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
+    if (batch_reduce) { /* each row: the two-stage top-k at its own temperature (no penalty) */
+        uint32_t V = (uint32_t)c->n_vocab, temp_word = (uint32_t)(s->tokens_r.offset + s->tokens_r.size) / 4;
+        uint32_t pk[3] = {V, FORGE__CANDIDATES, temp_word};
+        forge__range bk[4] = {p.params, s->logits, s->cand, s->cand_stats};
+        forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, n_out, 1);
+        forge__barrier(r);
+        uint32_t pm[3] = {s->n_chunks, FORGE__CANDIDATES, temp_word};
+        forge__range bm[4] = {p.params, s->cand, s->cand_stats, s->sample_out};
+        forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, n_out, 1);
+        forge__barrier(r);
+        forge__copy(r, s->sample_out, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
+                    8ull * n_out * (1 + FORGE__CANDIDATES));
+    } else if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
         uint32_t V = (uint32_t)c->n_vocab;
         forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
         forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
         forge__barrier(r);
-        uint32_t pk[2] = {V, FORGE__CANDIDATES};
+        uint32_t pk[3] = {V, FORGE__CANDIDATES, 0};
         forge__range bk[4] = {s->params_r, s->logits, s->cand, s->cand_stats};
         forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, 1, 1);
         forge__barrier(r);
-        uint32_t pm[2] = {s->n_chunks, FORGE__CANDIDATES};
+        uint32_t pm[3] = {s->n_chunks, FORGE__CANDIDATES, 0};
         forge__range bm[4] = {s->params_r, s->cand, s->cand_stats, s->sample_out};
         forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
         forge__barrier(r);
@@ -7773,9 +7791,11 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
  * step runs the current token of each live sequence as one row of the same products, and the
  * attention of each row reads its own place. The row table (position, place per row), written
  * into the io buffer after the step params, is what rope and the attention kernels read in
- * place of pos0. Sampling runs on the host over the read-back logits rows, with generate's
- * rules; stop rules and callbacks are generate's, per sequence. A finished sequence leaves its
- * place to the next item.
+ * place of pos0. Each output row ends in the device's reduction as generate's decode step does
+ * (candidates and normalizer, at the row's own temperature), and the host draws with
+ * generate's rules; a step where some sequence has a repeat penalty reads back the logits
+ * rows instead and applies it on the host. Stop rules and callbacks are generate's, per
+ * sequence. A finished sequence leaves its place to the next item.
  * ===================================================================================== */
 
 /* One place: the item it runs and that item's generate state. */
@@ -7796,7 +7816,8 @@ typedef struct forge__bseq {
 typedef struct forge__bwork {
     forge__cand *cands;            /* [n_vocab] */
     double *probs;                 /* [n_vocab] */
-    float *row;                    /* [n_vocab] a row after the repeat penalty */
+    float *row;                    /* [n_vocab] a row after the repeat penalty, or fetched for a draw */
+    uint32_t *red;                 /* [n_seq, 1 + FORGE__CANDIDATES] uvec2: the device's reduction per row */
     int32_t *tokens;               /* [n_seq] the rows of a decode step */
     int *place;                    /* [n_seq] the place of each row */
     char piece[512];
@@ -7809,9 +7830,21 @@ static void forge__batch_row(forge_session *s, uint32_t row, uint32_t pos, uint3
     t[2 * row + 1] = place;
 }
 
-/* Runs n rows (their table written) and points *logits at the n_out logits rows read back. */
+/* Whether a batch mode reads back logits rows (else the reduction of each row). */
+static bool forge__batch_logits_mode(forge__out_mode mode) {
+    return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
+}
+
+/* 1 / temperature of out row `row` (greedy: 1), which the device's reduction reads. */
+static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
+    float inv = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
+}
+
+/* Runs n rows (their table and temperatures written). Logits modes point *logits at the n_out
+ * logits rows read back; the others copy each row's reduction to w->red. */
 static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
-                                      forge__out_mode mode, const float **logits) {
+                                      forge__out_mode mode, const float **logits, uint32_t *red) {
     forge__device *d = &s->m->dev;
     forge__recording *rc;
     forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
@@ -7821,8 +7854,35 @@ static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, u
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
     if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
     if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
-    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * n_out * (uint64_t)s->m->cfg.n_vocab);
-    *logits = (const float *)((const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET);
+    const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
+    uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    if (forge__batch_logits_mode(mode)) *logits = (const float *)rb;
+    else memcpy(red, rb, (size_t)bytes); /* the readback then serves a row's logits (forge__batch_fetch_row) */
+    return FORGE_OK;
+}
+
+/* Copies logits row `row` of the last step to the host: a draw past the candidates. */
+static forge_status forge__batch_fetch_row(forge_session *s, uint32_t row, float *out) {
+    forge__device *d = &s->m->dev;
+    uint64_t bytes = 4ull * s->m->cfg.n_vocab;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->vk.vkBeginCommandBuffer(cb, &bi);
+    forge__rec r = {.dev = d, .cb = cb, .err = &s->err};
+    forge__copy(&r, (forge__range){s->logits.buf, s->logits.offset + bytes * row, bytes}, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0},
+                bytes);
+    forge__host_barrier(&r);
+    d->vk.vkEndCommandBuffer(cb);
+    forge_status st = forge__submit_wait(d, cb, s->fence, &s->err);
+    d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
+    if (st) return st;
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    memcpy(out, (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
     return FORGE_OK;
 }
 
@@ -7851,12 +7911,35 @@ static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) 
     h[i] = c;
 }
 
-/* Draws a sequence's next token from its logits row as forge__sample does from the device's
- * reduction: the repeat penalty over the last repeat_window tokens of the sequence, then the
- * best FORGE__CANDIDATES and the normalizer, the whole row only when the draw needs it. */
-static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, forge__bwork *w, int32_t *out) {
+/* Draws a sequence's next token as forge__sample does: from the device's reduction of out row
+ * `out_row` (red: its normalizer and candidates), the row's logits fetched only when the draw
+ * needs them; or, in a logits step (red NULL), from the logits row after the repeat penalty over
+ * the sequence's last repeat_window tokens, candidates and normalizer made on the host. */
+static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, const uint32_t *red, uint32_t out_row,
+                                      forge__bwork *w, int32_t *out) {
     const forge_generate_params *p = &q->p;
     int V = s->m->cfg.n_vocab;
+    if (red) {
+        float M, S;
+        memcpy(&M, &red[0], 4);
+        memcpy(&S, &red[1], 4);
+        int n = FORGE__MIN(FORGE__CANDIDATES, V);
+        for (int i = 0; i < n; i++) {
+            memcpy(&w->cands[i].logit, &red[2 + 2 * i], 4);
+            w->cands[i].id = (int32_t)red[3 + 2 * i];
+        }
+        int32_t tok = forge__sample_candidates(w->cands, n, n == V, M, S, p, q->rng, w->probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            forge_status st = forge__batch_fetch_row(s, out_row, w->row);
+            if (st) return st;
+            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){w->row[i], i};
+            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            tok = forge__sample_candidates(w->cands, V, 1, M, S, p, q->rng, w->probs);
+        }
+        if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+        *out = tok;
+        return FORGE_OK;
+    }
     if (p->repeat_penalty != 1.0f) {
         memcpy(w->row, row, 4ull * V);
         int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
@@ -8005,13 +8088,17 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
     forge_detok_stream_init(&q->ds, 0);
     memcpy(q->hist, prompt, 4ull * n);
     const float *logits = NULL;
+    bool host_penalty = p->repeat_penalty != 1.0f;
+    forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_PREFILL_LOGITS : FORGE__OUT_BATCH_PREFILL;
     int chunk = FORGE__MIN(s->n_batch, FORGE__BATCH_MAX_SEQ);
     for (int done = 0; done < n && !st;) {
         if (forge__cancelled(p->cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; break; }
         int step = FORGE__MIN(n - done, chunk);
         bool last = done + step == n;
         for (int i = 0; i < step; i++) forge__batch_row(s, (uint32_t)i, (uint32_t)(done + i), (uint32_t)b);
-        st = forge__batch_step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, FORGE__OUT_BATCH_PREFILL, &logits);
+        forge__batch_temp(s, 0, p->temperature);
+        st = forge__batch_step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, last ? mode : FORGE__OUT_BATCH_PREFILL_LOGITS,
+                               &logits, w->red);
         done += step;
         q->n_past = done;
     }
@@ -8027,7 +8114,7 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
     int32_t tok;
     if (q->mt.stop_reason == FORGE_STOP_CANCELLED) {
         forge__batch_finish(s, q, res, w);
-    } else if ((st = forge__batch_draw(s, q, logits, w, &tok))) {
+    } else if ((st = forge__batch_draw(s, q, logits, host_penalty ? NULL : w->red, 0, w, &tok))) {
         return st;
     } else if (!forge__batch_take(s, q, tok, w)) {
         forge__batch_finish(s, q, res, w);
@@ -8049,9 +8136,10 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
     w.cands = (forge__cand *)malloc(sizeof *w.cands * (size_t)V);
     w.probs = (double *)malloc(sizeof *w.probs * (size_t)V);
     w.row = (float *)malloc(4ull * (size_t)V);
+    w.red = (uint32_t *)malloc(8ull * (size_t)NS * (1 + FORGE__CANDIDATES));
     w.tokens = (int32_t *)malloc(4ull * (size_t)NS);
     w.place = (int *)malloc(sizeof *w.place * (size_t)NS);
-    forge_status st = q && hist && w.cands && w.probs && w.row && w.tokens && w.place ? FORGE_OK
+    forge_status st = q && hist && w.cands && w.probs && w.row && w.red && w.tokens && w.place ? FORGE_OK
                                                                                        : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int b = 0; !st && b < NS; b++) {
         q[b].item = -1;
@@ -8066,21 +8154,26 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
                 next++;
             }
         uint32_t M = 0;
+        bool host_penalty = false; /* a sequence with a repeat penalty: the step reads back the logits */
         for (int b = 0; b < NS; b++)
             if (q[b].item >= 0) {
                 w.tokens[M] = q[b].next;
                 w.place[M] = b;
                 forge__batch_row(s, M, (uint32_t)q[b].n_past, (uint32_t)b);
+                forge__batch_temp(s, M, q[b].p.temperature);
+                host_penalty |= q[b].p.repeat_penalty != 1.0f;
                 M++;
             }
         if (st || M == 0) break; /* (M == 0: every item has run) */
-        const float *logits;
-        if ((st = forge__batch_step(s, w.tokens, M, 0, M, FORGE__OUT_BATCH_DECODE, &logits))) break;
+        const float *logits = NULL;
+        forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_DECODE_LOGITS : FORGE__OUT_BATCH_DECODE;
+        if ((st = forge__batch_step(s, w.tokens, M, 0, M, mode, &logits, w.red))) break;
         for (uint32_t r = 0; r < M && !st; r++) {
             forge__bseq *sq = &q[w.place[r]];
             sq->hist[sq->n_past++] = sq->next;
             int32_t tok;
-            if ((st = forge__batch_draw(s, sq, logits + (size_t)r * V, &w, &tok))) break;
+            const uint32_t *red = host_penalty ? NULL : w.red + (size_t)r * 2 * (1 + FORGE__CANDIDATES);
+            if ((st = forge__batch_draw(s, sq, host_penalty ? logits + (size_t)r * V : NULL, red, r, &w, &tok))) break;
             if (!forge__batch_take(s, sq, tok, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
         }
     }
@@ -8096,6 +8189,7 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
     free(w.cands);
     free(w.probs);
     free(w.row);
+    free(w.red);
     free(w.tokens);
     free(w.place);
     return st;

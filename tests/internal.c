@@ -465,11 +465,11 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
     forge__range bp[3] = {pb, ib, lb};
     forge__dispatch(&j.rec, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
     forge__barrier(&j.rec);
-    uint32_t pk[2] = {V, FORGE__CANDIDATES};
+    uint32_t pk[3] = {V, FORGE__CANDIDATES, 0};
     forge__range bk[4] = {pb, lb, cb, sb};
     forge__dispatch(&j.rec, FORGE__OP_TOPK, bk, pk, n_chunks, 1, 1);
     forge__barrier(&j.rec);
-    uint32_t pm[2] = {n_chunks, FORGE__CANDIDATES};
+    uint32_t pm[3] = {n_chunks, FORGE__CANDIDATES, 0};
     forge__range bm[4] = {pb, cb, sb, ob};
     forge__dispatch(&j.rec, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
     uint32_t out[2 * (1 + FORGE__CANDIDATES)];

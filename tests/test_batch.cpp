@@ -4,6 +4,8 @@
  * prompts of different lengths, different max_tokens, a stop string, a callback that stops,
  * more items than places, on stories260K and on the parity fixtures (Gemma 3's sliding-window
  * layers running past their window). */
+#include <cjson/cJSON.h>
+
 #include "parity.h"
 #include "util.h"
 
@@ -234,3 +236,35 @@ TEST_P(BatchParity, EqualsEachPromptAlone) {
 
 INSTANTIATE_TEST_SUITE_P(HF, BatchParity, ::testing::Values("llama3_f32_untied", "qwen3_f32_sharded", "gemma3_text_pattern_f32"),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+
+/* `forge run --batch-file`: each line's text (JSON) is what forge_generate gives it alone. */
+TEST(Batch, Cli) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string d = ft::tmpdir("batch_cli"), model = ft::src("models/stories260K/stories260K.gguf");
+    const char *lines = "Once upon a time\nThe cat sat\n\nLily had a red ball. She\n";
+    ft::write_file(d + "/prompts.txt", lines, strlen(lines));
+    std::string cmd = "./forge run " + model + " --batch-file " + d + "/prompts.txt -n 15 --parallel 2 --json > " + d + "/out.json";
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::vector<uint8_t> out = ft::read_file(d + "/out.json");
+    cJSON *o = cJSON_ParseWithLength((const char *)out.data(), out.size());
+    cJSON *arr = cJSON_GetObjectItem(o, "items");
+    ASSERT_TRUE(cJSON_IsArray(arr)) << std::string(out.begin(), out.end());
+    ASSERT_EQ(cJSON_GetArraySize(arr), 3); /* the empty line is no prompt */
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    std::vector<Item> items(3);
+    const char *prompts[] = {"Once upon a time", "The cat sat", "Lily had a red ball. She"};
+    for (int i = 0; i < 3; i++) {
+        items[i].text = prompts[i];
+        items[i].p.max_tokens = 15;
+    }
+    std::vector<Gen> one = run_single(st.m, items, 0);
+    for (int i = 0; i < 3; i++) {
+        cJSON *it = cJSON_GetArrayItem(arr, i);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(it, "prompt"))), prompts[i]);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(it, "text"))), one[i].out.text) << i;
+        EXPECT_EQ(cJSON_GetObjectItem(it, "generated_tokens")->valueint, one[i].mt.generated_tokens) << i;
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(it, "stop_reason"))), "max_tokens") << i;
+    }
+    cJSON_Delete(o);
+}

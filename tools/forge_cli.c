@@ -2,12 +2,13 @@
  *
  *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
  *             [--repeat-penalty R] [--seed S] [--stop STR]...
+ *   forge run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]
  *   forge chat MODEL [--system S] [sampling options]
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
  *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
- *   forge bench MODEL [-p 512] [-n 128] [-r 3]
+ *   forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]
  *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
  *   forge train MODEL --data FILE.jsonl --out DIR [options]   (tools/cli_train.c)
  *   forge tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)
@@ -33,6 +34,9 @@ static void usage(FILE *f) {
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
             "                                   generate text, streamed to stdout (default model:\n"
             "                                   the bundled stories260K; greedy unless --temp > 0)\n"
+            "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
+            "                                   every line of FILE a prompt, generated together (K at once,\n"
+            "                                   default min(lines, 16)); each output labelled, or one JSON object"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] ...\n"
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
             "                                   a reply; /metrics, /reset, /quit\n"
@@ -45,8 +49,9 @@ static void usage(FILE *f) {
             "                                   the next token of each prompt, in batched forward passes:\n"
             "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
             "                                   a JSON array of strings or token-id arrays\n"
-            "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
-            "                                   prefill and decode speed as one JSON object\n"
+            "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]\n"
+            "                                   prefill and decode speed as one JSON object (--batch: also\n"
+            "                                   the aggregate decode speed of B sequences generated together)\n"
             "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
             "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5]\n"
             "                                   LoRA training step time and tok/s as one JSON object\n"
@@ -596,10 +601,17 @@ static int cmd_run(int argc, char **argv) {
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
     if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
-    const char *path = NULL, *prompt = "";
+    const char *path = NULL, *prompt = "", *batch_file = NULL;
+    int json = 0;
+    long long places = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
         else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
+        else if (!strcmp(argv[i], "--batch-file") && i + 1 < argc) batch_file = argv[++i];
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--parallel") && i + 1 < argc) {
+            if (forge_cli_parse_int("run", "--parallel", argv[++i], 1, 512, &places)) return 2;
+        }
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
     }
@@ -607,6 +619,8 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "forge run: no MODEL given and the bundled stories260K model was not found\n");
         return 2;
     }
+    if (batch_file) return forge_cli_run_batch(path, &o, batch_file, &gp, (int)places, json, show_metrics);
+    if (json || places) { fprintf(stderr, "forge run: --json and --parallel go with --batch-file\n"); return 2; }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     forge_session_params sp = forge_session_default_params();
