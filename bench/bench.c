@@ -19,7 +19,8 @@
  * pseudo-random tokens (each its own), N greedy tokens each, on a session of B places; adds
  * "batch": B, "batch_decode_tok_s": the aggregate decode speed, B (N - 1) tokens over the
  * lockstep phase (from the last sequence's first token to the end: the shortest decode_ms of
- * the items), median of R after a warm-up, and "batch1_decode_tok_s": the same with B = 1.
+ * the items), median of R after a warm-up, and "batch1_decode_tok_s": the same with B = 1;
+ * with --profile also "batch_profile": the kernel times of the B-sequence runs.
  *
  * `forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]
  * [--grad-checkpoint|--no-grad-checkpoint] [-r 5]`: LoRA training speed. A trainer with those
@@ -172,13 +173,15 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
 }
 
 /* Aggregate decode tok/s of forge_batch_generate with B sequences of P prompt tokens and N
- * generated ones (see the top of the file); 0 on failure (message on stderr). */
-static double bench_batch(forge_model *m, int B, int P, int N, int R) {
+ * generated ones (see the top of the file); 0 on failure (message on stderr). With `profile`
+ * the batch session's kernel times go to *profile_json (malloc'd). */
+static double bench_batch(forge_model *m, int B, int P, int N, int R, int profile, char **profile_json) {
     int V = forge_model_n_vocab(m);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = P + N + 1;
     sp.n_batch = P > B ? P : B;
     sp.n_seq_max = B;
+    sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge bench: --batch %d: %s\n", B, forge_model_errmsg(m));
@@ -209,6 +212,12 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R) {
         else if (r > 0) agg[r - 1] = lockstep_ms > 0 ? (double)B * (N - 1) / (lockstep_ms * 1e-3) : 0;
     }
     if (ok) out = median(agg, R);
+    size_t len = 0;
+    if (ok && profile && profile_json && forge_session_profile(s, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL &&
+        (*profile_json = malloc(len + 1)) && forge_session_profile(s, *profile_json, len + 1, &len) != FORGE_OK) {
+        free(*profile_json);
+        *profile_json = NULL;
+    }
     free(ids);
     free(items);
     free(res);
@@ -319,9 +328,10 @@ int forge_bench_main(int argc, char **argv) {
     }
     free(cls_ids);
     double batch_tok_s = 0, batch1_tok_s = 0;
+    char *batch_profile = NULL;
     if (!rc && batch_set) {
-        batch_tok_s = bench_batch(m, tb.batch, P, N, R);
-        batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R) : 0;
+        batch_tok_s = bench_batch(m, tb.batch, P, N, R, profile, &batch_profile);
+        batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R, 0, NULL) : 0;
         if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
     }
     if (rc == 2) {
@@ -337,8 +347,10 @@ int forge_bench_main(int argc, char **argv) {
         if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
         if (profile) print_profile(s, session_profile);
+        if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
         printf("}\n");
     }
+    free(batch_profile);
     free(prompt);
     free(pre);
     free(dec);
