@@ -4685,6 +4685,7 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     uint32_t qbits, qgroup, qflags; /* MLX affine */
     float eps;                      /* matvec_sg PRENORM */
     uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
+    uint32_t k_split;               /* matmul with FORGE__LINEAR_SPLIT_K: k per split; ..._REDUCE: splits */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
@@ -4769,6 +4770,8 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_PRENORM 8u    /* matvec_sg: RMS-normalize A first (the block's norm fused in) */
 #define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
+#define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
+#define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -6104,7 +6107,14 @@ typedef struct forge__pass {
     uint32_t table;            /* batch generation: rows of several sequences, positions and cache regions from
                                 * the row table (FORGE__TABLE_PREFILL: one sequence's prompt, FORGE__TABLE_DECODE:
                                 * one row per sequence); 0: one sequence at pos0 */
+    forge__range split_part;   /* batch decode: scratch for the matmul's split-k partial sums (unset: no split), */
+    forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
 } forge__pass;
+
+/* Whether two ranges share no byte. */
+static bool forge__apart(forge__range a, forge__range b) {
+    return a.buf != b.buf || a.offset >= b.offset + b.size || b.offset >= a.offset + a.size;
+}
 
 #define FORGE__TABLE_PREFILL 1u
 #define FORGE__TABLE_DECODE 2u
@@ -6156,7 +6166,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
                              mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
         uint32_t split = forge__matvec_split_rows(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs), rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split};
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
@@ -6166,8 +6176,33 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         /* 128 x 128 tiles once there are enough of them to fill a large GPU (on the H100:
          * 512 x 16384 x 2048 in 1.23 ms against 1.69 ms with 64 x 64 tiles, while
          * 512 x 2048 x 8192, 64 big tiles, ran slower than with 256 small ones) */
+        uint64_t tiles = (uint64_t)((c->rows + 63) / 64) * ((M + 63) / 64);
+        uint32_t splits = 1;
+        forge__range part = forge__apart(p->split_part, y) && forge__apart(p->split_part, x) ? p->split_part
+                          : forge__apart(p->split_alt, y) && forge__apart(p->split_alt, x) ? p->split_alt : (forge__range){0};
+        if (part.buf && !cm && !gated && tiles < 128 && w->cols >= 128) { /* a few rows: split k to fill the device */
+            splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)8, (256 + tiles - 1) / tiles), w->cols / 64);
+            while (splits > 1 && 4ull * splits * M * outs > part.size) splits--;
+        }
+        if (splits > 1) {
+            uint32_t k_chunk = (uint32_t)forge__align_up((w->cols + splits - 1) / splits, 32);
+            splits = (w->cols + k_chunk - 1) / k_chunk;
+            forge__pc_linear pp = pc;
+            pp.flags = FORGE__LINEAR_SPLIT_K;
+            pp.k_split = k_chunk;
+            forge__range bp[7] = {x, c->w, part, p->dummy, b[4], b[5], p->dummy};
+            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL + w->fmt), bp, &pp, (c->rows + 63) / 64, (M + 63) / 64, splits);
+            forge__barrier(p->r);
+            pc.flags |= FORGE__LINEAR_REDUCE;
+            pc.k_split = splits;
+            forge__range br[7] = {part, c->w, y, b[3], b[4], b[5], p->dummy};
+            forge__grid(((uint64_t)M * outs + 255) / 256, &gx, &gy);
+            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL + w->fmt), br, &pc, gx, gy, 1);
+            forge__barrier(p->r);
+            continue;
+        }
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
-        bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN;
+        bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN && !(p->table == FORGE__TABLE_DECODE && M <= 64); /* (a few rows: more, smaller tiles) */
         uint32_t tile = big || cm ? 128 : 64; /* matmul_cm.comp: 128 x 128 too */
         forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
         forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
@@ -6419,7 +6454,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0};
+    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}};
 }
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
@@ -6459,6 +6494,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     if (batch) { /* the row table follows the step params; the rows' temperatures follow the tokens */
         p.table = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_PREFILL_LOGITS ? FORGE__TABLE_PREFILL : FORGE__TABLE_DECODE;
         p.params = (forge__range){s->io.buf, 0, s->io.size};
+        if (p.table == FORGE__TABLE_DECODE) { /* free around the products that split */
+            p.split_part = s->gu;
+            p.split_alt = s->h;
+        }
     }
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
@@ -9968,7 +10007,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}};
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);
