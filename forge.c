@@ -4789,7 +4789,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL = FORGE__OP_MATVEC_SG + FORGE__W_COUNT,
     FORGE__OP_MATMUL_BIG = FORGE__OP_MATMUL + FORGE__W_COUNT,  /* 128 x 128 tiles, for products that fill the device */
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
-    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
+    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_S + FORGE__W_COUNT,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
     FORGE__OP_ATTN_SPLIT,
@@ -4865,6 +4866,7 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
                                    {0, FORGE__SG_PER_WG}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
+    [FORGE__OP_MATMUL_S + FMT] = {"matmul_s_" #name, FORGE__SPV(matmul_s_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK + FMT] = {"matmul_back_" #name, FORGE__SPV(matmul_back_##name), 5, sizeof(forge__pc_back), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK_BIG + FMT] = {"matmul_back_big_" #name, FORGE__SPV(matmul_back_big_##name), 5, sizeof(forge__pc_back), 0, {0}}, \
     FORGE__CM_OP(FMT, name)
@@ -6176,11 +6178,14 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         /* 128 x 128 tiles once there are enough of them to fill a large GPU (on the H100:
          * 512 x 16384 x 2048 in 1.23 ms against 1.69 ms with 64 x 64 tiles, while
          * 512 x 2048 x 8192, 64 big tiles, ran slower than with 256 small ones) */
-        uint64_t tiles = (uint64_t)((c->rows + 63) / 64) * ((M + 63) / 64);
+        bool skinny = p->table == FORGE__TABLE_DECODE && M <= 32 && !cm; /* batch decode: 32 x 128 tiles */
+        uint32_t tn = skinny ? 128 : 64, tm = skinny ? 32 : 64;
+        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+        uint64_t tiles = (uint64_t)((c->rows + tn - 1) / tn) * ((M + tm - 1) / tm);
         uint32_t splits = 1;
         forge__range part = forge__apart(p->split_part, y) && forge__apart(p->split_part, x) ? p->split_part
                           : forge__apart(p->split_alt, y) && forge__apart(p->split_alt, x) ? p->split_alt : (forge__range){0};
-        if (part.buf && !cm && !gated && tiles < 128 && w->cols >= 128) { /* a few rows: split k to fill the device */
+        if (part.buf && !cm && !gated && tiles < 256 && w->cols >= 128) { /* a few rows: split k to fill the device */
             splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)8, (256 + tiles - 1) / tiles), w->cols / 64);
             while (splits > 1 && 4ull * splits * M * outs > part.size) splits--;
         }
@@ -6191,19 +6196,23 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
             pp.flags = FORGE__LINEAR_SPLIT_K;
             pp.k_split = k_chunk;
             forge__range bp[7] = {x, c->w, part, p->dummy, b[4], b[5], p->dummy};
-            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL + w->fmt), bp, &pp, (c->rows + 63) / 64, (M + 63) / 64, splits);
+            forge__dispatch(p->r, plain, bp, &pp, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, splits);
             forge__barrier(p->r);
             pc.flags |= FORGE__LINEAR_REDUCE;
             pc.k_split = splits;
             forge__range br[7] = {part, c->w, y, b[3], b[4], b[5], p->dummy};
             forge__grid(((uint64_t)M * outs + 255) / 256, &gx, &gy);
-            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATMUL + w->fmt), br, &pc, gx, gy, 1);
+            forge__dispatch(p->r, plain, br, &pc, gx, gy, 1);
             forge__barrier(p->r);
             continue;
         }
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
         bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN && !(p->table == FORGE__TABLE_DECODE && M <= 64); /* (a few rows: more, smaller tiles) */
         uint32_t tile = big || cm ? 128 : 64; /* matmul_cm.comp: 128 x 128 too */
+        if (skinny) {
+            forge__dispatch(p->r, plain, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
+            continue;
+        }
         forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
         forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
     }

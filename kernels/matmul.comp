@@ -1,7 +1,8 @@
 #version 450
 // matmul: C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
 // for many rows of A: the prefill. Tiles of 64 (m) x 64 (n), stepping k by 32 through
-// shared memory; 256 threads, each computing a 4 x 4 block of C.
+// shared memory; 256 threads, each computing a 4 x 4 block of C. Built with SKINNY: tiles of
+// 32 (m) x 128 (n), for batch decode's few rows (no half-empty tiles at 32 rows).
 // Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
 // flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
@@ -35,7 +36,14 @@ layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 
+#ifdef SKINNY
+const uint BM = 32, BN = 128, BK = 32;
+#else
 const uint BM = 64, BN = 64, BK = 32;
+#endif
+const uint TX = BN / 4u;           // threads along n (4 outputs each); 256 / TX along m
+const uint AE = BM * BK / 256u;    // elements of A each thread loads per k step
+const uint WU = BN / 64u;          // 8-element units of W each thread loads per k step
 shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed
 shared vec4 Ws[BK][BN / 4];   // Ws[k][n/4]: W tile, transposed
 
@@ -59,28 +67,27 @@ void main() {
     }
     bool part = (pc.flags & 64u) != 0u;
     uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
-    uint tx = tid % 16u, ty = tid / 16u;
+    uint tx = tid % TX, ty = tid / TX;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     vec4 acc[4];
     for (uint i = 0; i < 4u; i++) acc[i] = vec4(0.0);
 
-    // loaders: each thread brings one 8-element unit of W (row wn, k offset wk) and
-    // 8 elements of A (row am, k offset ak)
+    // loaders: each thread brings WU 8-element units of W (rows wn + 64 u, k offset wk) and
+    // AE elements of A (row am, k offset ak)
     uint wn = tid / 4u, wk = (tid % 4u) * 8u;
-    uint am = tid / 4u, ak = (tid % 4u) * 8u;
+    uint am = tid / (BK / AE), ak = (tid % (BK / AE)) * AE;
     for (uint k0 = kb; k0 < ke; k0 += BK) {
-        vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (n0 + wn < pc.N) w_get8_any(n0 + wn, k0 + wk, pc.K, lo, hi);
-        float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
-        float av[8];
-        uint arow = pc.a_row0 + m0 + am;
-        for (uint i = 0; i < 8u; i++) {
-            uint k = k0 + ak + i;
-            av[i] = (m0 + am < pc.M && k < ke) ? a[arow * pc.K + k] : 0.0;
+        for (uint u = 0; u < WU; u++) {
+            uint wr = wn + 64u * u;
+            vec4 lo = vec4(0.0), hi = vec4(0.0);
+            if (n0 + wr < pc.N) w_get8_any(n0 + wr, k0 + wk, pc.K, lo, hi);
+            float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+            for (uint i = 0; i < 8u; i++) Ws[wk + i][wr / 4u][wr % 4u] = wv[i];
         }
-        for (uint i = 0; i < 8u; i++) {
-            Ws[wk + i][wn / 4u][wn % 4u] = wv[i];
-            As[ak + i][am / 4u][am % 4u] = av[i];
+        uint arow = pc.a_row0 + m0 + am;
+        for (uint i = 0; i < AE; i++) {
+            uint k = k0 + ak + i;
+            As[ak + i][am / 4u][am % 4u] = (m0 + am < pc.M && k < ke) ? a[arow * pc.K + k] : 0.0;
         }
         barrier();
         for (uint k = 0; k < BK; k++) {
