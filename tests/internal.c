@@ -10,7 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
-    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul */
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul; 4: 32 x 128-tile matmul */
     uint32_t dmax;   /* the head_dim the attention pipelines were made for (forge__rec.dmax) */
 };
 
@@ -148,10 +148,11 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            bool big = j.c->force_kind == 3;
+            bool big = j.c->force_kind == 3, skinny = j.c->force_kind == 4;
             uint32_t tile = big || cm ? 128 : 64; /* matmul_big.comp and matmul_cm.comp 128 x 128; matmul.comp 64 x 64 */
-            forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
-            forge__dispatch(&j.rec, op, binds, &pc, (rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
+            uint32_t tn = skinny ? 128 : tile, tm = skinny ? 32 : tile; /* matmul_s: 32 (m) x 128 (n) */
+            forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+            forge__dispatch(&j.rec, op, binds, &pc, (rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
@@ -159,6 +160,13 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
 
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
     c->force_kind = 3;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
+    c->force_kind = -1;
+    return st;
+}
+
+forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
+    c->force_kind = 4;
     forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
     c->force_kind = -1;
     return st;
