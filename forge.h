@@ -513,12 +513,15 @@ FORGE_API forge_status forge_session_metrics(const forge_session *session, forge
  * product (attention stays per sequence). Each item has its own forge_generate_params (sampling,
  * seed, stop tokens and strings, max_tokens, callback and user_data, cancel flag), its own stop
  * reason and metrics; a finished sequence drops out of the step and its place takes the next
- * item, so any number of items run through n_seq_max places. An item's output equals what
- * forge_generate gives for it alone on a fresh session (same tokens, same callback calls, same
- * seeded draws), save for float rounding that differs between the batched and the one-row
- * products (on devices where it does, a near tie can go the other way).
- * Sampling runs on the host over each row's logits, read back whole, with the rules of
- * forge_generate (the repeat penalty over the item's own prompt and tokens).
+ * item, so any number of items run through n_seq_max places (a new item's prompt is prefilled
+ * alone, at most n_batch and 512 tokens a step, while the others wait). An item's output
+ * equals what forge_generate gives for it alone on a fresh session (same tokens, same callback
+ * calls, same seeded draws), save for float rounding that differs between the batched and the
+ * one-row products (on devices where it does, a near tie can go the other way).
+ * Sampling follows forge_generate: each row's candidates and normalizer come from the device
+ * (at the item's own temperature) and the host draws; in a step where some live item has a
+ * repeat penalty, every row's logits are read back instead and the penalty (over the item's own
+ * prompt and tokens) is applied on the host.
  * The session's cache is scratch: afterwards it holds no tokens (as after forge_classify).
  * ------------------------------------------------------------------------------------- */
 
