@@ -4698,6 +4698,7 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     uint32_t qbits, qgroup, qflags; /* MLX affine */
     float eps;                      /* matvec_sg PRENORM */
     uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
+    uint32_t k_split;               /* matmul with FORGE__LINEAR_SPLIT_K: k per split; ..._REDUCE: splits */
 } forge__pc_linear;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
@@ -4713,6 +4714,7 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
     uint32_t seq_len;               /* training batches: tokens per sequence (0: one sequence) */
+    uint32_t table;                 /* batch generation: positions and sequences from the row table */
 } forge__pc_rope;
 typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.comp (which reads n_splits) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
@@ -4720,7 +4722,7 @@ typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.co
     uint32_t n_splits;
     uint32_t q_stride;              /* floats between two tokens' query rows (the fused qkv rows) */
     uint32_t kv_batch_stride;       /* training: floats between two sequences' K (and V) rows */
-    uint32_t flags;                 /* 1: write each query's log-sum-exp (training) */
+    uint32_t flags;                 /* 1: write each query's log-sum-exp (training); 2: the row table (batch generation) */
 } forge__pc_attention;
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
@@ -4781,6 +4783,8 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_PRENORM 8u    /* matvec_sg: RMS-normalize A first (the block's norm fused in) */
 #define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
+#define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
+#define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -4798,7 +4802,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL = FORGE__OP_MATVEC_SG + FORGE__W_COUNT,
     FORGE__OP_MATMUL_BIG = FORGE__OP_MATMUL + FORGE__W_COUNT,  /* 128 x 128 tiles, for products that fill the device */
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
-    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
+    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_S + FORGE__W_COUNT,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
     FORGE__OP_ATTN_SPLIT,
@@ -4882,6 +4887,7 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
                                    {0, FORGE__SG_PER_WG}, true},                                                        \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
+    [FORGE__OP_MATMUL_S + FMT] = {"matmul_s_" #name, FORGE__SPV(matmul_s_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK + FMT] = {"matmul_back_" #name, FORGE__SPV(matmul_back_##name), 5, sizeof(forge__pc_back), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK_BIG + FMT] = {"matmul_back_big_" #name, FORGE__SPV(matmul_back_big_##name), 5, sizeof(forge__pc_back), 0, {0}}, \
     FORGE__CM_OP(FMT, name)
@@ -4901,8 +4907,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
-    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 8, 0, {0}},
-    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 8, 0, {0}},
+    [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
+    [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
     [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 5, sizeof(forge__pc_gemm), 0, {0}},
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
@@ -5927,11 +5933,18 @@ typedef struct forge__step_params {
 /* What a recorded step leaves for the host: the logits rows, the sampler's candidates, or the
  * logits of the last token of each prompt of a batch (classify: n tokens are n_out prompts of
  * out_row0 tokens each, right-padded). */
-typedef enum forge__out_mode { FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1, FORGE__OUT_CLASSIFY = 2 } forge__out_mode;
+typedef enum forge__out_mode {
+    FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1, FORGE__OUT_CLASSIFY = 2,
+    /* batch generation (section 9b): one sequence's prompt tokens (PREFILL) or one token of each
+     * of n sequences (DECODE); each out row reduced as OUT_SAMPLE's row (candidates and normalizer
+     * per row, at the row's temperature), or its logits read back (_LOGITS: the host's penalty) */
+    FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6
+} forge__out_mode;
 
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
 #define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
 #define FORGE__MAX_PENALTY_WINDOW 1024 /* penalty ids the io buffer holds */
+#define FORGE__BATCH_MAX_SEQ 512       /* rows of batch generation's table, which fills the penalty ids' place */
 
 /* Device time per kernel (and per matrix shape), summed over a session's or trainer's steps. */
 typedef struct forge__profile {
@@ -5951,6 +5964,7 @@ struct forge_session {
     forge_model *m;
     forge__arena arena;
     int n_ctx, n_batch, n_out_max;
+    int n_seq;                        /* batch generation: sequences, each with slots[l] of every layer's cache */
     int n_past;
     int32_t *history;                 /* [n_ctx] the tokens in the cache */
     forge__mem_counter mem;
@@ -5997,6 +6011,7 @@ struct forge_session {
 /* Session sizes derived from the params and the device limits. */
 typedef struct forge__session_plan {
     int n_ctx, n_batch, n_out_max;
+    int n_seq;                        /* sequences of batch generation, each with its own slots */
     uint32_t slots[FORGE__MAX_LAYERS];
 } forge__session_plan;
 
@@ -6004,8 +6019,12 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     const forge__config *c = &m->cfg;
     const forge__caps *caps = &m->dev.caps;
     memset(sp, 0, sizeof *sp);
-    if (p->n_ctx < 0 || p->n_batch < 0 || p->n_outputs_max < 0)
-        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: n_ctx, n_batch and n_outputs_max must be >= 0");
+    if (p->n_ctx < 0 || p->n_batch < 0 || p->n_outputs_max < 0 || p->n_seq_max < 0)
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: n_ctx, n_batch, n_outputs_max and n_seq_max must be >= 0");
+    sp->n_seq = p->n_seq_max ? p->n_seq_max : 1;
+    if (sp->n_seq > FORGE__BATCH_MAX_SEQ)
+        return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d is over the most sequences a batch runs, %d", sp->n_seq,
+                           FORGE__BATCH_MAX_SEQ);
     sp->n_ctx = p->n_ctx ? p->n_ctx : FORGE__MIN(c->n_ctx_train, 4096);
     if (sp->n_ctx <= 0) sp->n_ctx = 4096;
     sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
@@ -6017,19 +6036,23 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
                            (unsigned long long)widest, (unsigned long long)range);
     uint64_t row = 4ull * c->n_vocab;
     if (row > range) return forge__fail(err, FORGE_ERR_LIMIT, "a logits row of %llu bytes exceeds the binding limit %llu", (unsigned long long)row, (unsigned long long)range);
-    int n_out = p->n_outputs_max ? p->n_outputs_max : (int)FORGE__MAX(1, ((uint64_t)64 << 20) / row);
+    int n_out = p->n_outputs_max ? p->n_outputs_max : (int)FORGE__MAX((uint64_t)sp->n_seq, ((uint64_t)64 << 20) / row);
     n_out = FORGE__MIN(n_out, sp->n_batch);
     n_out = (int)FORGE__MIN((uint64_t)n_out, range / row);
     sp->n_out_max = FORGE__MAX(n_out, 1);
+    if (sp->n_seq > sp->n_out_max) /* a batched decode step reads one logits row per sequence */
+        return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d needs as many logit rows per step; n_batch and "
+                           "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
     uint64_t kv_row = 4ull * c->n_kv_heads * c->head_dim;
     for (int l = 0; l < c->n_layers; l++) {
         uint64_t s = (uint64_t)sp->n_ctx;
         if (c->layer_sliding[l] && c->sliding_window > 0)
             s = FORGE__MIN(s, (uint64_t)c->sliding_window + (uint64_t)sp->n_batch - 1);
-        if (s * kv_row > range)
+        if (s * kv_row * (uint64_t)sp->n_seq > range)
             return forge__fail(err, FORGE_ERR_LIMIT,
-                               "n_ctx %d needs a KV cache of %llu bytes per layer, over the device binding limit of %llu bytes: lower n_ctx",
-                               sp->n_ctx, (unsigned long long)(s * kv_row), (unsigned long long)range);
+                               "n_ctx %d x n_seq_max %d needs a KV cache of %llu bytes per layer, over the device binding limit of %llu bytes: "
+                               "lower n_ctx or n_seq_max", sp->n_ctx, sp->n_seq, (unsigned long long)(s * kv_row * (uint64_t)sp->n_seq),
+                               (unsigned long long)range);
         sp->slots[l] = (uint32_t)s;
     }
     return FORGE_OK;
@@ -6059,17 +6082,17 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_GU] = nb * c->ffn * 8,
         [FORGE__SB_LOGITS] = (uint64_t)sp->n_out_max * c->n_vocab * 4,
         [FORGE__SB_DUMMY] = 256,
-        [FORGE__SB_CAND] = 8ull * forge__topk_chunks(m) * FORGE__CANDIDATES,
-        [FORGE__SB_CAND_STATS] = 8ull * forge__topk_chunks(m),
-        [FORGE__SB_SAMPLE_OUT] = 8ull * (1 + FORGE__CANDIDATES),
-        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
+        [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
+        [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
+        [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
+        [FORGE__SB_ATTN_PART] = 4ull * (uint64_t)sp->n_seq * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            if (forge__pack_add(pack, a, (uint64_t)sp->slots[l] * c->n_kv_heads * c->head_dim * 4) < 0)
+            if (forge__pack_add(pack, a, (uint64_t)sp->n_seq * sp->slots[l] * c->n_kv_heads * c->head_dim * 4) < 0)
                 return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return forge__pack_plan(pack, a, &m->dev.caps, err);
 }
@@ -6078,7 +6101,7 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     const forge__config *c = &m->cfg;
     *all = *sliding = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        uint64_t b = 2ull * sp->slots[l] * c->n_kv_heads * c->head_dim * 4;
+        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * c->n_kv_heads * c->head_dim * 4;
         *all += b;
         if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;
     }
@@ -6089,9 +6112,12 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
 #define FORGE__IO_PENALTY_OFFSET 64
 #define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
 #define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
-static uint64_t forge__session_io_bytes(const forge__session_plan *sp) { return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch; }
+static uint64_t forge__session_io_bytes(const forge__session_plan *sp) {
+    return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq; /* then batch generation's 1 / temperature per row */
+}
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return FORGE__RB_LOGITS_OFFSET + 4ull * sp->n_out_max * m->cfg.n_vocab;
+    uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
+    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * m->cfg.n_vocab, batch_cands);
 }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
     return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
@@ -6116,7 +6142,20 @@ typedef struct forge__pass {
     bool train;                /* a training batch: keep what the backward pass reads */
     bool dropout;              /* apply the adapters' dropout (training steps, not evaluation) */
     forge__range gemm_part;    /* the trainer: scratch for split-K partial sums (unset: no split) */
+    uint32_t table;            /* batch generation: rows of several sequences, positions and cache regions from
+                                * the row table (FORGE__TABLE_PREFILL: one sequence's prompt, FORGE__TABLE_DECODE:
+                                * one row per sequence); 0: one sequence at pos0 */
+    forge__range split_part;   /* batch decode: scratch for the matmul's split-k partial sums (unset: no split), */
+    forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
 } forge__pass;
+
+/* Whether two ranges share no byte. */
+static bool forge__apart(forge__range a, forge__range b) {
+    return a.buf != b.buf || a.offset >= b.offset + b.size || b.offset >= a.offset + a.size;
+}
+
+#define FORGE__TABLE_PREFILL 1u
+#define FORGE__TABLE_DECODE 2u
 
 /* Where one layer's forward pass reads and writes, each [n, width] f32. */
 typedef struct forge__acts {
@@ -6166,7 +6205,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
         uint32_t rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split};
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
@@ -6176,9 +6215,41 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         /* 128 x 128 tiles once there are enough of them to fill a large GPU (on the H100:
          * 512 x 16384 x 2048 in 1.23 ms against 1.69 ms with 64 x 64 tiles, while
          * 512 x 2048 x 8192, 64 big tiles, ran slower than with 256 small ones) */
+        bool skinny = p->table == FORGE__TABLE_DECODE && M <= 32 && !cm; /* batch decode: 32 x 128 tiles */
+        uint32_t tn = skinny ? 128 : 64, tm = skinny ? 32 : 64;
+        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+        uint64_t tiles = (uint64_t)((c->rows + tn - 1) / tn) * ((M + tm - 1) / tm);
+        uint32_t splits = 1;
+        forge__range part = forge__apart(p->split_part, y) && forge__apart(p->split_part, x) ? p->split_part
+                          : forge__apart(p->split_alt, y) && forge__apart(p->split_alt, x) ? p->split_alt : (forge__range){0};
+        if (part.buf && !cm && !gated && tiles < 256 && w->cols >= 128) { /* a few rows: split k to fill the device */
+            splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)8, (256 + tiles - 1) / tiles), w->cols / 64);
+            while (splits > 1 && 4ull * splits * M * outs > part.size) splits--;
+        }
+        if (splits > 1) {
+            uint32_t k_chunk = (uint32_t)forge__align_up((w->cols + splits - 1) / splits, 32);
+            splits = (w->cols + k_chunk - 1) / k_chunk;
+            forge__pc_linear pp = pc;
+            pp.flags = FORGE__LINEAR_SPLIT_K;
+            pp.k_split = k_chunk;
+            forge__range bp[7] = {x, c->w, part, p->dummy, b[4], b[5], p->dummy};
+            forge__dispatch(p->r, plain, bp, &pp, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, splits);
+            forge__barrier(p->r);
+            pc.flags |= FORGE__LINEAR_REDUCE;
+            pc.k_split = splits;
+            forge__range br[7] = {part, c->w, y, b[3], b[4], b[5], p->dummy};
+            forge__grid(((uint64_t)M * outs + 255) / 256, &gx, &gy);
+            forge__dispatch(p->r, plain, br, &pc, gx, gy, 1);
+            forge__barrier(p->r);
+            continue;
+        }
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
-        bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN;
+        bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN && !(p->table == FORGE__TABLE_DECODE && M <= 64); /* (a few rows: more, smaller tiles) */
         uint32_t tile = big || cm ? 128 : 64; /* matmul_cm.comp: 128 x 128 too */
+        if (skinny) {
+            forge__dispatch(p->r, plain, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
+            continue;
+        }
         forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
         forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
     }
@@ -6325,21 +6396,23 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     }
     /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch */
     const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-    forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq};
+    forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
     forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
     forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
     forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
     forge__barrier(r);
     uint32_t seq = p->seq ? p->seq : n;
     forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
-                              (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD, p->seq * KVD, a->lse.buf ? 1u : 0u};
-    if (n == 1 && !p->train && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head */
+                              (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD, p->seq * KVD,
+                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};
+    bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+    if (decode && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
-        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, 1);
+        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
         forge__barrier(r);
         forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
         forge__range bc[2] = {a->attn_part, a->att};
-        forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, 1, 1);
+        forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
         forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
         forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (seq + 7) / 8, NH, p->batch);
@@ -6427,7 +6500,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}};
+    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}};
 }
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
@@ -6463,6 +6536,15 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.seq = out_row0;
         p.batch = n_out;
     }
+    bool batch = mode >= FORGE__OUT_BATCH_PREFILL, batch_reduce = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE;
+    if (batch) { /* the row table follows the step params; the rows' temperatures follow the tokens */
+        p.table = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_PREFILL_LOGITS ? FORGE__TABLE_PREFILL : FORGE__TABLE_DECODE;
+        p.params = (forge__range){s->io.buf, 0, s->io.size};
+        if (p.table == FORGE__TABLE_DECODE) { /* free around the products that split */
+            p.split_part = s->gu;
+            p.split_alt = s->h;
+        }
+    }
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
     for (int l = 0; l < c->n_layers; l++) {
@@ -6491,16 +6573,28 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     }
     forge__barrier(r);
-    if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
+    if (batch_reduce) { /* each row: the two-stage top-k at its own temperature (no penalty) */
+        uint32_t V = (uint32_t)c->n_vocab, temp_word = (uint32_t)(s->tokens_r.offset + s->tokens_r.size) / 4;
+        uint32_t pk[3] = {V, FORGE__CANDIDATES, temp_word};
+        forge__range bk[4] = {p.params, s->logits, s->cand, s->cand_stats};
+        forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, n_out, 1);
+        forge__barrier(r);
+        uint32_t pm[3] = {s->n_chunks, FORGE__CANDIDATES, temp_word};
+        forge__range bm[4] = {p.params, s->cand, s->cand_stats, s->sample_out};
+        forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, n_out, 1);
+        forge__barrier(r);
+        forge__copy(r, s->sample_out, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
+                    8ull * n_out * (1 + FORGE__CANDIDATES));
+    } else if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
         uint32_t V = (uint32_t)c->n_vocab;
         forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
         forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
         forge__barrier(r);
-        uint32_t pk[2] = {V, FORGE__CANDIDATES};
+        uint32_t pk[3] = {V, FORGE__CANDIDATES, 0};
         forge__range bk[4] = {s->params_r, s->logits, s->cand, s->cand_stats};
         forge__dispatch(r, FORGE__OP_TOPK, bk, pk, s->n_chunks, 1, 1);
         forge__barrier(r);
-        uint32_t pm[2] = {s->n_chunks, FORGE__CANDIDATES};
+        uint32_t pm[3] = {s->n_chunks, FORGE__CANDIDATES, 0};
         forge__range bm[4] = {s->params_r, s->cand, s->cand_stats, s->sample_out};
         forge__dispatch(r, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
         forge__barrier(r);
@@ -6912,6 +7006,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->n_ctx = sp->n_ctx;
     s->n_batch = sp->n_batch;
     s->n_out_max = sp->n_out_max;
+    s->n_seq = sp->n_seq;
     s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);
     s->kc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
     s->vc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
@@ -7999,6 +8094,426 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
     if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
     *metrics = s->metrics;
     return FORGE_OK;
+}
+
+/* =======================================================================================
+ * 9b. Batch generation
+ * Several sequences on one session, each in its own place of the KV cache (n_seq places of
+ * slots[l] slots in every layer). A prompt is prefilled into its place alone; then every decode
+ * step runs the current token of each live sequence as one row of the same products, and the
+ * attention of each row reads its own place. The row table (position, place per row), written
+ * into the io buffer after the step params, is what rope and the attention kernels read in
+ * place of pos0. Each output row ends in the device's reduction as generate's decode step does
+ * (candidates and normalizer, at the row's own temperature), and the host draws with
+ * generate's rules; a step where some sequence has a repeat penalty reads back the logits
+ * rows instead and applies it on the host. Stop rules and callbacks are generate's, per
+ * sequence. A finished sequence leaves its place to the next item.
+ * ===================================================================================== */
+
+/* One place: the item it runs and that item's generate state. */
+typedef struct forge__bseq {
+    int item;                      /* -1: the place is free */
+    forge_generate_params p;
+    int32_t *hist;                 /* [n_ctx] the tokens in the place's cache */
+    int n_past;
+    int32_t next;                  /* the drawn token the next step evaluates */
+    uint64_t rng[4];
+    forge__stopper stop;
+    forge_detok_stream ds;
+    forge_metrics mt;
+    double t0, t_first;
+} forge__bseq;
+
+/* The host scratch of a call. */
+typedef struct forge__bwork {
+    forge__cand *cands;            /* [n_vocab] */
+    double *probs;                 /* [n_vocab] */
+    float *row;                    /* [n_vocab] a row after the repeat penalty, or fetched for a draw */
+    uint32_t *red;                 /* [n_seq, 1 + FORGE__CANDIDATES] uvec2: the device's reduction per row */
+    int32_t *tokens;               /* [n_seq] the rows of a decode step */
+    int *place;                    /* [n_seq] the place of each row */
+    char piece[512];
+} forge__bwork;
+
+/* Row `row` of the table: position `pos` of the sequence in place `place`. */
+static void forge__batch_row(forge_session *s, uint32_t row, uint32_t pos, uint32_t place) {
+    uint32_t *t = (uint32_t *)((uint8_t *)s->io.mapped + FORGE__IO_PENALTY_OFFSET);
+    t[2 * row] = pos;
+    t[2 * row + 1] = place;
+}
+
+/* Whether a batch mode reads back logits rows (else the reduction of each row). */
+static bool forge__batch_logits_mode(forge__out_mode mode) {
+    return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
+}
+
+/* 1 / temperature of out row `row` (greedy: 1), which the device's reduction reads. */
+static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
+    float inv = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
+}
+
+/* Runs n rows (their table and temperatures written). Logits modes point *logits at the n_out
+ * logits rows read back; the others copy each row's reduction to w->red. */
+static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                      forge__out_mode mode, const float **logits, uint32_t *red) {
+    forge__device *d = &s->m->dev;
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
+    if (st) return st;
+    forge__step_params p = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    memcpy(s->io.mapped, &p, sizeof p);
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
+    const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
+    uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    if (forge__batch_logits_mode(mode)) *logits = (const float *)rb;
+    else memcpy(red, rb, (size_t)bytes); /* the readback then serves a row's logits (forge__batch_fetch_row) */
+    return FORGE_OK;
+}
+
+/* Copies logits row `row` of the last step to the host: a draw past the candidates. */
+static forge_status forge__batch_fetch_row(forge_session *s, uint32_t row, float *out) {
+    forge__device *d = &s->m->dev;
+    uint64_t bytes = 4ull * s->m->cfg.n_vocab;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->vk.vkBeginCommandBuffer(cb, &bi);
+    forge__rec r = {.dev = d, .cb = cb, .err = &s->err};
+    forge__copy(&r, (forge__range){s->logits.buf, s->logits.offset + bytes * row, bytes}, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0},
+                bytes);
+    forge__host_barrier(&r);
+    d->vk.vkEndCommandBuffer(cb);
+    forge_status st = forge__submit_wait(d, cb, s->fence, &s->err);
+    d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
+    if (st) return st;
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    memcpy(out, (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+    return FORGE_OK;
+}
+
+/* Keeps the best of (logit, id) in a min-heap of k (the worst at the root). */
+static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) {
+    if (*n == k) {
+        if (forge__cmp_cand(&c, &h[0]) >= 0) return; /* not better than the worst kept */
+        int i = 0;                                   /* replace the root, sift down */
+        for (;;) {
+            int l = 2 * i + 1, r = l + 1, w = i;
+            forge__cand *best = &c;
+            if (l < k && forge__cmp_cand(&h[l], best) > 0) { w = l; best = &h[l]; }
+            if (r < k && forge__cmp_cand(&h[r], best) > 0) w = r;
+            if (w == i) break;
+            h[i] = h[w];
+            i = w;
+        }
+        h[i] = c;
+        return;
+    }
+    int i = (*n)++;
+    while (i > 0 && forge__cmp_cand(&c, &h[(i - 1) / 2]) > 0) { /* c is worse than its parent: up */
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+/* Draws a sequence's next token as forge__sample does: from the device's reduction of out row
+ * `out_row` (red: its normalizer and candidates), the row's logits fetched only when the draw
+ * needs them; or, in a logits step (red NULL), from the logits row after the repeat penalty over
+ * the sequence's last repeat_window tokens, candidates and normalizer made on the host. */
+static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, const uint32_t *red, uint32_t out_row,
+                                      forge__bwork *w, int32_t *out) {
+    const forge_generate_params *p = &q->p;
+    int V = s->m->cfg.n_vocab;
+    if (red) {
+        float M, S;
+        memcpy(&M, &red[0], 4);
+        memcpy(&S, &red[1], 4);
+        int n = FORGE__MIN(FORGE__CANDIDATES, V);
+        for (int i = 0; i < n; i++) {
+            memcpy(&w->cands[i].logit, &red[2 + 2 * i], 4);
+            w->cands[i].id = (int32_t)red[3 + 2 * i];
+        }
+        int32_t tok = forge__sample_candidates(w->cands, n, n == V, M, S, p, q->rng, w->probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            forge_status st = forge__batch_fetch_row(s, out_row, w->row);
+            if (st) return st;
+            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){w->row[i], i};
+            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            tok = forge__sample_candidates(w->cands, V, 1, M, S, p, q->rng, w->probs);
+        }
+        if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+        *out = tok;
+        return FORGE_OK;
+    }
+    if (p->repeat_penalty != 1.0f) {
+        memcpy(w->row, row, 4ull * V);
+        int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
+        for (int i = q->n_past - 1; i >= FORGE__MAX(0, q->n_past - window); i--) {
+            int32_t t = q->hist[i];
+            bool seen = false; /* each distinct id once, as penalty.comp gets them */
+            for (int j = q->n_past - 1; j > i && !seen; j--) seen = q->hist[j] == t;
+            if (seen || t < 0 || t >= V) continue;
+            float l = w->row[t];
+            w->row[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        }
+        row = w->row;
+    }
+    int32_t tok = -1;
+    if (p->temperature <= 0.0f) { /* the argmax, ties to the lower id */
+        tok = 0;
+        for (int i = 1; i < V; i++)
+            if (row[i] > row[tok]) tok = i;
+    } else {
+        float mx = row[0];
+        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        double inv_t = 1.0 / p->temperature, S = 0;
+        for (int i = 0; i < V; i++) S += exp(((double)row[i] - mx) * inv_t);
+        int k = FORGE__MIN(FORGE__CANDIDATES, V), n = 0;
+        for (int i = 0; i < V; i++) forge__cand_heap_push(w->cands, &n, k, (forge__cand){row[i], i});
+        qsort(w->cands, (size_t)n, sizeof *w->cands, forge__cmp_cand);
+        tok = forge__sample_candidates(w->cands, n, n == V, mx, S, p, q->rng, w->probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){row[i], i};
+            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            tok = forge__sample_candidates(w->cands, V, 1, mx, S, p, q->rng, w->probs);
+        }
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
+/* Takes the token a sequence drew through generate's stop rules and callback: true when the
+ * sequence goes on with it, false when it has ended (q->mt.stop_reason says why). */
+static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, forge__bwork *w) {
+    forge_model *m = s->m;
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL;
+    if (q->mt.generated_tokens == 0 && !q->t_first) {
+        q->t_first = forge__now_s();
+        q->mt.ttft_ms = (q->t_first - q->t0) * 1e3;
+    }
+    forge_stop_reason why;
+    if (forge__is_stop_token(tk, &q->p, tok, &why)) { q->mt.stop_reason = why; return false; }
+    q->mt.generated_tokens++;
+    size_t plen = 0;
+    if (!tk || forge_detok_stream_next(m, &q->ds, tok, w->piece, sizeof w->piece, &plen) != FORGE_OK) plen = 0;
+    bool found = false;
+    size_t release = forge__stopper_push(&q->stop, w->piece, plen, &found);
+    if (q->p.on_token && q->p.on_token(q->p.user_data, tok, q->stop.buf, release)) {
+        forge__stopper_consume(&q->stop, release);
+        q->mt.stop_reason = FORGE_STOP_CALLBACK;
+        return false;
+    }
+    forge__stopper_consume(&q->stop, release);
+    if (found) { q->mt.stop_reason = FORGE_STOP_STRING; q->stop.len = 0; return false; }
+    if (q->mt.generated_tokens >= q->p.max_tokens) { q->mt.stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
+    if (q->n_past >= s->n_ctx) { q->mt.stop_reason = FORGE_STOP_CONTEXT; return false; }
+    if (forge__cancelled(q->p.cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; return false; }
+    q->next = tok;
+    return true;
+}
+
+/* Ends a sequence: the held-back text as generate delivers it, the metrics, the place freed. */
+static void forge__batch_finish(forge_session *s, forge__bseq *q, forge_batch_result *res, forge__bwork *w) {
+    forge_model *m = s->m;
+    if (q->mt.stop_reason != FORGE_STOP_STRING && q->mt.stop_reason != FORGE_STOP_CALLBACK) {
+        size_t plen = 0, release = q->stop.len;
+        bool found = false;
+        if (m->tok.n_vocab && forge_detok_stream_flush(m, &q->ds, w->piece, sizeof w->piece, &plen) == FORGE_OK && plen)
+            release = forge__stopper_push(&q->stop, w->piece, plen, &found);
+        if (found) q->mt.stop_reason = FORGE_STOP_STRING;
+        else release = q->stop.len;
+        if (release && q->p.on_token) q->p.on_token(q->p.user_data, -1, q->stop.buf, release);
+    }
+    double t_end = forge__now_s();
+    q->mt.decode_ms = q->mt.generated_tokens > 0 ? (t_end - q->t_first) * 1e3 : 0;
+    q->mt.decode_tok_s = q->mt.generated_tokens > 1 && q->mt.decode_ms > 0 ? (q->mt.generated_tokens - 1) / (q->mt.decode_ms * 1e-3) : 0;
+    q->mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
+    q->mt.prompt_cache_hits = s->prompt_cache_hits;
+    res->status = FORGE_OK;
+    res->metrics = q->mt;
+    s->metrics = q->mt;
+    free(q->stop.buf);
+    q->stop.buf = NULL;
+    q->item = -1;
+}
+
+/* Starts item `it` in place b: checks it, prefills its prompt, draws its first token. A failure
+ * of the item goes to res (FORGE_OK returned); a device failure is returned. */
+static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, const forge_batch_item *it, int idx,
+                                       forge_batch_result *res, forge__bwork *w) {
+    forge_model *m = s->m;
+    int32_t *owned = NULL;
+    const int32_t *prompt = it->tokens;
+    int n = it->n_tokens;
+    forge_status st = FORGE_OK;
+    int32_t *hist = q->hist;
+    memset(q, 0, sizeof *q);
+    q->hist = hist;
+    q->item = -1;
+    FORGE__COPY_PARAMS(q->p, it->params, forge_generate_default_params);
+    const forge_generate_params *p = &q->p;
+    if (p->max_tokens < 0 || p->repeat_window < 0 || !(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||
+        !(p->min_p >= 0 && p->min_p <= 1) || !(p->repeat_penalty > 0) || p->top_k < 0) {
+        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: generate params out of range", idx);
+        return FORGE_OK;
+    }
+    if (it->text || it->text_len) {
+        size_t nt = 0;
+        st = forge__tokenize_alloc(m, it->text, it->text_len, p->add_special, &owned, &nt);
+        if (st == FORGE_ERR_OUT_OF_MEMORY) {
+            free(owned);
+            return forge__fail(&s->err, st, "out of host memory");
+        }
+        if (st) {
+            res->status = forge__fail(&s->err, st, "batch item %d: tokenizing the prompt: %s", idx, forge_model_errmsg(m));
+            free(owned);
+            return FORGE_OK;
+        }
+        prompt = owned;
+        n = (int)FORGE__MIN(nt, (size_t)INT32_MAX);
+    }
+    if (!prompt || n <= 0) {
+        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: the prompt is empty", idx);
+    } else if (n > s->n_ctx) {
+        res->status = forge__fail(&s->err, FORGE_ERR_LIMIT, "batch item %d: the prompt has %d tokens; the session's context holds %d",
+                                  idx, n, s->n_ctx);
+    } else if (forge__check_token_ids(s, prompt, n)) {
+        res->status = forge__wrap(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d", idx);
+    }
+    if (res->status) {
+        free(owned);
+        return FORGE_OK;
+    }
+    q->item = idx;
+    q->t0 = forge__now_s();
+    q->mt.prompt_tokens = n;
+    q->stop = (forge__stopper){&q->p, NULL, 0, 0};
+    forge__rng_seed(q->rng, p->seed);
+    forge_detok_stream_init(&q->ds, 0);
+    memcpy(q->hist, prompt, 4ull * n);
+    const float *logits = NULL;
+    bool host_penalty = p->repeat_penalty != 1.0f;
+    forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_PREFILL_LOGITS : FORGE__OUT_BATCH_PREFILL;
+    int chunk = FORGE__MIN(s->n_batch, FORGE__BATCH_MAX_SEQ);
+    for (int done = 0; done < n && !st;) {
+        if (forge__cancelled(p->cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+        int step = FORGE__MIN(n - done, chunk);
+        bool last = done + step == n;
+        for (int i = 0; i < step; i++) forge__batch_row(s, (uint32_t)i, (uint32_t)(done + i), (uint32_t)b);
+        forge__batch_temp(s, 0, p->temperature);
+        st = forge__batch_step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, last ? mode : FORGE__OUT_BATCH_PREFILL_LOGITS,
+                               &logits, w->red);
+        done += step;
+        q->n_past = done;
+    }
+    double t_prefill = forge__now_s();
+    q->mt.prefill_ms = (t_prefill - q->t0) * 1e3;
+    q->mt.prefill_tok_s = q->mt.prefill_ms > 0 ? q->n_past / (q->mt.prefill_ms * 1e-3) : 0;
+    if (!st && m->tok.n_vocab && !forge_token_is_special(m, prompt[n - 1])) { /* the text continues the prompt's */
+        size_t primed = 0;
+        forge_detok_stream_next(m, &q->ds, prompt[n - 1], w->piece, sizeof w->piece, &primed);
+    }
+    free(owned);
+    if (st) return st;
+    int32_t tok;
+    if (q->mt.stop_reason == FORGE_STOP_CANCELLED) {
+        forge__batch_finish(s, q, res, w);
+    } else if ((st = forge__batch_draw(s, q, logits, host_penalty ? NULL : w->red, 0, w, &tok))) {
+        return st;
+    } else if (!forge__batch_take(s, q, tok, w)) {
+        forge__batch_finish(s, q, res, w);
+    }
+    return FORGE_OK;
+}
+
+static forge_status forge__batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab, NS = s->n_seq;
+    if (n_items < 0 || (n_items > 0 && (!items || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch generate: items and results are needed for n_items > 0");
+    if (m->cfg.head_dim % 4)
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "batch generate needs head_dim a multiple of 4; this model's is %d", m->cfg.head_dim);
+    memset(results, 0, sizeof *results * (size_t)n_items);
+    forge__bwork w = {0};
+    forge__bseq *q = (forge__bseq *)calloc((size_t)NS, sizeof *q);
+    int32_t *hist = (int32_t *)malloc(4ull * (size_t)NS * (size_t)s->n_ctx);
+    w.cands = (forge__cand *)malloc(sizeof *w.cands * (size_t)V);
+    w.probs = (double *)malloc(sizeof *w.probs * (size_t)V);
+    w.row = (float *)malloc(4ull * (size_t)V);
+    w.red = (uint32_t *)malloc(8ull * (size_t)NS * (1 + FORGE__CANDIDATES));
+    w.tokens = (int32_t *)malloc(4ull * (size_t)NS);
+    w.place = (int *)malloc(sizeof *w.place * (size_t)NS);
+    forge_status st = q && hist && w.cands && w.probs && w.row && w.red && w.tokens && w.place ? FORGE_OK
+                                                                                       : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int b = 0; !st && b < NS; b++) {
+        q[b].item = -1;
+        q[b].hist = hist + (size_t)b * s->n_ctx;
+    }
+    s->n_past = 0; /* the cache is scratch: place 0 is the session's own sequence */
+    int next = 0;
+    while (!st) {
+        for (int b = 0; b < NS && !st; b++)
+            while (q[b].item < 0 && next < n_items && !st) {
+                st = forge__batch_start(s, &q[b], b, &items[next], next, &results[next], &w);
+                next++;
+            }
+        uint32_t M = 0;
+        bool host_penalty = false; /* a sequence with a repeat penalty: the step reads back the logits */
+        for (int b = 0; b < NS; b++)
+            if (q[b].item >= 0) {
+                w.tokens[M] = q[b].next;
+                w.place[M] = b;
+                forge__batch_row(s, M, (uint32_t)q[b].n_past, (uint32_t)b);
+                forge__batch_temp(s, M, q[b].p.temperature);
+                host_penalty |= q[b].p.repeat_penalty != 1.0f;
+                M++;
+            }
+        if (st || M == 0) break; /* (M == 0: every item has run) */
+        const float *logits = NULL;
+        forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_DECODE_LOGITS : FORGE__OUT_BATCH_DECODE;
+        if ((st = forge__batch_step(s, w.tokens, M, 0, M, mode, &logits, w.red))) break;
+        for (uint32_t r = 0; r < M && !st; r++) {
+            forge__bseq *sq = &q[w.place[r]];
+            sq->hist[sq->n_past++] = sq->next;
+            int32_t tok;
+            const uint32_t *red = host_penalty ? NULL : w.red + (size_t)r * 2 * (1 + FORGE__CANDIDATES);
+            if ((st = forge__batch_draw(s, sq, host_penalty ? logits + (size_t)r * V : NULL, red, r, &w, &tok))) break;
+            if (!forge__batch_take(s, sq, tok, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
+        }
+    }
+    for (int b = 0; q && b < NS; b++) /* a device failure: the unfinished items share it */
+        if (q[b].item >= 0) {
+            results[q[b].item].status = st;
+            free(q[b].stop.buf);
+        }
+    for (int i = next; st && i < n_items; i++) results[i].status = st;
+    s->n_past = 0;
+    free(q);
+    free(hist);
+    free(w.cands);
+    free(w.probs);
+    free(w.row);
+    free(w.red);
+    free(w.tokens);
+    free(w.place);
+    return st;
+}
+
+FORGE_API forge_status forge_batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__batch_generate(s, items, n_items, results);
+    forge__slot_release(s->m);
+    return st;
 }
 
 /* =======================================================================================
@@ -9767,7 +10282,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART]};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}};
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);

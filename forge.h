@@ -299,6 +299,9 @@ typedef struct forge_session_params {
     int n_keep;                    /* tokens a slide never drops (the start of the sequence), at most
                                     * n_ctx - 2; 0: the first token when it is the tokenizer's BOS, else
                                     * none (a chat template's system prompt is not kept unless counted) */
+    int n_seq_max;                 /* sequences forge_batch_generate decodes at once, each with its own
+                                    * n_ctx of KV cache (the cache is n_seq_max times larger); 0: 1; at
+                                    * most 512, n_batch and n_outputs_max */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
@@ -570,6 +573,52 @@ FORGE_API forge_status forge_warm(forge_session *session, const int32_t *tokens,
 
 /* The metrics of the session's last generate/chat call. */
 FORGE_API forge_status forge_session_metrics(const forge_session *session, forge_metrics *metrics);
+
+/* ---------------------------------------------------------------------------------------
+ * Batch generation
+ *
+ * Several prompts generated together on one session made with n_seq_max > 1: each sequence
+ * has its own region of the KV cache (n_ctx tokens) and position, and the decode steps run in
+ * lockstep, the current token of every live sequence going through each weight matrix as one
+ * product (attention stays per sequence). Each item has its own forge_generate_params (sampling,
+ * seed, stop tokens and strings, max_tokens, callback and user_data, cancel flag), its own stop
+ * reason and metrics; a finished sequence drops out of the step and its place takes the next
+ * item, so any number of items run through n_seq_max places (a new item's prompt is prefilled
+ * alone, at most n_batch and 512 tokens a step, while the others wait). An item's output
+ * equals what forge_generate gives for it alone on a fresh session (same tokens, same callback
+ * calls, same seeded draws), save for float rounding that differs between the batched and the
+ * one-row products (on devices where it does, a near tie can go the other way).
+ * Sampling follows forge_generate: each row's candidates and normalizer come from the device
+ * (at the item's own temperature) and the host draws; in a step where some live item has a
+ * repeat penalty, every row's logits are read back instead and the penalty (over the item's own
+ * prompt and tokens) is applied on the host.
+ * The session's cache is scratch: afterwards it holds no tokens (as after forge_classify).
+ * ------------------------------------------------------------------------------------- */
+
+typedef struct forge_batch_item {
+    const char *text;                    /* UTF-8 prompt (tokenized as forge_generate does), or NULL: */
+    size_t text_len;
+    const int32_t *tokens;               /* token ids when text is NULL */
+    int n_tokens;
+    const forge_generate_params *params; /* NULL: forge_generate_default_params(). on_token is called with
+                                          * params->user_data for this item's tokens only (tell items apart
+                                          * by user_data); its non-zero return stops this item alone */
+} forge_batch_item;
+
+typedef struct forge_batch_result {
+    forge_status status;                 /* this item's: FORGE_ERR_LIMIT for a prompt over n_ctx,
+                                          * FORGE_ERR_INVALID_ARGUMENT for an empty prompt, a token outside
+                                          * the vocabulary or params out of range (the others still run) */
+    forge_metrics metrics;               /* as forge_generate's; ttft_ms from when the item got its place */
+} forge_batch_result;
+
+/* Generates for items[0 .. n_items), results into results[0 .. n_items). Items start in order as
+ * places free up. Returns FORGE_OK when every item ran or failed on its own (see
+ * forge_batch_result.status; the session's errmsg holds the last item's message); another status
+ * (a device failure) stops the whole call, with the message on the session.
+ * FORGE_ERR_UNSUPPORTED on a model whose head_dim is not a multiple of 4. */
+FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_batch_item *items, int n_items,
+                                            forge_batch_result *results);
 
 /* ---------------------------------------------------------------------------------------
  * Chat

@@ -1,4 +1,4 @@
-/* bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3]`.
+/* bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]`.
  *
  * Measures, from token ids alone (no tokenizer), with forge_generate_tokens on one session:
  *   prefill: P prompt tokens (pseudo-random ids) from an empty cache, through the first
@@ -15,6 +15,12 @@
  * classify_prompts_s: forge_classify of 64 prompts of 32 pseudo-random tokens each (greedy,
  * no logits copied out) on the same session, prompts per second of wall time, median of R
  * after a warm-up.
+ * With --batch B (no --train): also batch generation, forge_batch_generate of B prompts of P
+ * pseudo-random tokens (each its own), N greedy tokens each, on a session of B places; adds
+ * "batch": B, "batch_decode_tok_s": the aggregate decode speed, B (N - 1) tokens over the
+ * lockstep phase (from the last sequence's first token to the end: the shortest decode_ms of
+ * the items), median of R after a warm-up, and "batch1_decode_tok_s": the same with B = 1;
+ * with --profile also "batch_profile": the kernel times of the B-sequence runs.
  *
  * `forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]
  * [--grad-checkpoint|--no-grad-checkpoint] [-r 5]`: LoRA training speed. A trainer with those
@@ -166,8 +172,62 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
     return rc;
 }
 
+/* Aggregate decode tok/s of forge_batch_generate with B sequences of P prompt tokens and N
+ * generated ones (see the top of the file); 0 on failure (message on stderr). With `profile`
+ * the batch session's kernel times go to *profile_json (malloc'd). */
+static double bench_batch(forge_model *m, int B, int P, int N, int R, int profile, char **profile_json) {
+    int V = forge_model_n_vocab(m);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = P + N + 1;
+    sp.n_batch = P > B ? P : B;
+    sp.n_seq_max = B;
+    sp.profile = profile;
+    forge_session *s = NULL;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        fprintf(stderr, "forge bench: --batch %d: %s\n", B, forge_model_errmsg(m));
+        return 0;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * (size_t)P);
+    forge_batch_item *items = calloc((size_t)B, sizeof *items);
+    forge_batch_result *res = calloc((size_t)B, sizeof *res);
+    double *agg = malloc(sizeof(double) * (size_t)R), out = 0;
+    uint32_t rng = 777;
+    for (size_t i = 0; ids && i < (size_t)B * (size_t)P; i++) {
+        rng = rng * 1664525u + 1013904223u;
+        ids[i] = (int32_t)((rng >> 8) % (uint32_t)V);
+    }
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = N;
+    gp.ignore_eos = 1;
+    for (int b = 0; items && ids && b < B; b++) items[b] = (forge_batch_item){NULL, 0, ids + (size_t)b * P, P, &gp};
+    int ok = ids && items && res && agg;
+    for (int r = 0; r <= R && ok; r++) { /* r = 0 is a warm-up */
+        forge_status st = forge_batch_generate(s, items, B, res);
+        double lockstep_ms = 1e300;
+        for (int b = 0; b < B && ok; b++) {
+            if (st != FORGE_OK || res[b].status != FORGE_OK || res[b].metrics.generated_tokens != N) ok = 0;
+            else if (res[b].metrics.decode_ms < lockstep_ms) lockstep_ms = res[b].metrics.decode_ms;
+        }
+        if (!ok) fprintf(stderr, "forge bench: --batch %d: %s\n", B, forge_session_errmsg(s));
+        else if (r > 0) agg[r - 1] = lockstep_ms > 0 ? (double)B * (N - 1) / (lockstep_ms * 1e-3) : 0;
+    }
+    if (ok) out = median(agg, R);
+    size_t len = 0;
+    if (ok && profile && profile_json && forge_session_profile(s, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL &&
+        (*profile_json = malloc(len + 1)) && forge_session_profile(s, *profile_json, len + 1, &len) != FORGE_OK) {
+        free(*profile_json);
+        *profile_json = NULL;
+    }
+    free(ids);
+    free(items);
+    free(res);
+    free(agg);
+    forge_session_free(s);
+    return out;
+}
+
 static void bench_usage(void) {
-    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--profile] [--adapter DIR [--merge-adapter]] [--device D]\n"
+    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile] [--adapter DIR [--merge-adapter]] [--device D]\n"
                     "       forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
                     "                         [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile] [--device D]\n");
 }
@@ -182,6 +242,7 @@ int forge_bench_main(int argc, char **argv) {
     const char *path = NULL;
     int P = 512, N = 128, R = -1, profile = 0, train = 0, pn_set = 0, train_set = 0;
     train_bench tb = {4, 512, 0, -1, NULL};
+    int batch_set = 0; /* --batch without --train: batch generation */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -192,7 +253,7 @@ int forge_bench_main(int argc, char **argv) {
         else if (!strcmp(a, "-r") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 1000000, &v); R = (int)v; }
         else if (!strcmp(a, "--profile")) profile = 1;
         else if (!strcmp(a, "--train")) train = 1;
-        else if (!strcmp(a, "--batch") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 65536, &v); tb.batch = (int)v; train_set = 1; }
+        else if (!strcmp(a, "--batch") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 65536, &v); tb.batch = (int)v; batch_set = 1; }
         else if (!strcmp(a, "--seq") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 2, 1 << 24, &v); tb.seq = (int)v; train_set = 1; }
         else if (!strcmp(a, "--rank") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 65536, &v); tb.rank = (int)v; train_set = 1; }
         else if (!strcmp(a, "--targets") && has) { bad = forge_cli_check_targets("bench", a, argv[++i]); tb.targets = argv[i]; train_set = 1; }
@@ -204,7 +265,8 @@ int forge_bench_main(int argc, char **argv) {
     }
     if (!path) { bench_usage(); return 2; }
     if (train && pn_set) { fprintf(stderr, "forge bench: -p and -n do not apply to --train (use --batch and --seq)\n"); return 2; }
-    if (!train && train_set) { fprintf(stderr, "forge bench: --batch, --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
+    if (!train && train_set) { fprintf(stderr, "forge bench: --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
+    if (!train && batch_set && tb.batch > 512) { fprintf(stderr, "forge bench: --batch: at most 512 sequences generate together\n"); return 2; }
     if (R < 0) R = train ? 5 : 3;
     double t0 = now_s();
     forge_model *m = forge_cli_load(path, &o);
@@ -265,7 +327,16 @@ int forge_bench_main(int argc, char **argv) {
         if (r > 0) cls[r - 1] = CLASSIFY_PROMPTS / (now_s() - t);
     }
     free(cls_ids);
-    if (rc) {
+    double batch_tok_s = 0, batch1_tok_s = 0;
+    char *batch_profile = NULL;
+    if (!rc && batch_set) {
+        batch_tok_s = bench_batch(m, tb.batch, P, N, R, profile, &batch_profile);
+        batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R, 0, NULL) : 0;
+        if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
+    }
+    if (rc == 2) {
+        rc = 1;
+    } else if (rc) {
         fprintf(stderr, "forge bench: %s\n", forge_session_errmsg(s));
     } else {
         forge_model_get_info(m, &info);
@@ -273,10 +344,13 @@ int forge_bench_main(int argc, char **argv) {
         printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d", P, N, R);
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"classify_prompts_s\": %.2f", median(cls, R));
+        if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
         if (profile) print_profile(s, session_profile);
+        if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
         printf("}\n");
     }
+    free(batch_profile);
     free(prompt);
     free(pre);
     free(dec);

@@ -5,6 +5,8 @@
 // online softmax and writes its partial state part[((t * H + h) * S + s)] = {m, l, acc[D]}:
 // m = max score, l = sum exp(score - m), acc = sum exp(score - m) V (m = -inf: no keys).
 // attention_combine.comp merges the S splits. K is read as vec4 (D % 4 == 0).
+// Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
+// whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
 // One workgroup of 64 per (split, head, token); D <= 256.
 #extension GL_GOOGLE_include_directive : require
@@ -12,7 +14,8 @@ layout(local_size_x = 64) in;
 
 #include "common.glsl"
 
-layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
+const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
 layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
 layout(binding = 3) readonly buffer V_ { float vc[]; };
@@ -23,6 +26,7 @@ layout(push_constant) uniform PC {
     float scale, softcap;
     uint n_splits;
     uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
+    uint kv_batch_stride, flags;
 } pc;
 
 const uint T = 64;
@@ -34,7 +38,11 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
     uint D = pc.head_dim, D4 = D / 4u;
-    uint p = params.pos0 + t;
+    uint p = params.pos0 + t, kv0 = 0u; // kv0: the sequence's first slot
+    if ((pc.flags & 2u) != 0u) {
+        p = params.tab[TAB + 2u * t];
+        kv0 = params.tab[TAB + 2u * t + 1u] * pc.cache_slots;
+    }
     uint lo = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint qb = (t * pc.q_stride + h * D) / 4u;
@@ -46,7 +54,7 @@ void main() {
         uint j = j0 + tid;
         float sc = -1.0 / 0.0;
         if (j <= p) {
-            uint kb = ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            uint kb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
             float dot_qk = 0.0;
             for (uint d = 0; d < D4; d++) dot_qk += dot(qs[d], kc4[kb + d]);
             sc = dot_qk * pc.scale;
@@ -76,7 +84,7 @@ void main() {
             uint d = tid + k * T;
             if (d >= D) break;
             float a = acc[k] * corr;
-            for (uint jj = 0; jj < nk; jj++) a += ps[jj] * vc[(((j0 + jj) % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d];
+            for (uint jj = 0; jj < nk; jj++) a += ps[jj] * vc[((kv0 + (j0 + jj) % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d];
             acc[k] = a;
         }
         barrier();

@@ -10,6 +10,8 @@
 // Training runs a batch of sequences at once (workgroup z = sequence b): its queries and
 // outputs are rows b * n_tokens + t, its keys and values start at b * kv_batch_stride, and with
 // flags 1 each query's softmax log-sum-exp (m + log l) goes to lse, for the backward pass.
+// Batch generation (flags 2) prefills one sequence of several: the rows are at positions
+// tab[TAB + 2t] (consecutive) of sequence tab[TAB + 1], whose keys fill slots from seq * cache_slots.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
 // One workgroup of 64 per (block of 8 queries, head, sequence); D <= DMAX <= 256.
@@ -19,7 +21,8 @@ layout(local_size_x = 64) in;
 
 #include "common.glsl"
 
-layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
+const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { float q[]; };
 layout(binding = 2) readonly buffer K_ { float kc[]; };
 layout(binding = 3) readonly buffer V_ { float vc[]; };
@@ -54,6 +57,11 @@ void main() {
     }
     // the keys any query of the block needs
     uint p_first = params.pos0 + t0, p_last = p_first + nq - 1u;
+    if ((pc.flags & 2u) != 0u) {
+        p_first = params.tab[TAB + 2u * t0];
+        p_last = p_first + nq - 1u;
+        kv0 = params.tab[TAB + 1u] * pc.cache_slots * pc.n_kv_heads * D;
+    }
     uint lo_first = (pc.window != 0u && p_first + 1u > pc.window) ? p_first + 1u - pc.window : 0u;
     uint my_q = tid / TPQ, my_l = tid % TPQ;
     uint my_p = p_first + my_q;

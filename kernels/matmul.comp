@@ -1,10 +1,15 @@
 #version 450
 // matmul: C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
 // for many rows of A: the prefill. Tiles of 64 (m) x 64 (n), stepping k by 32 through
-// shared memory; 256 threads, each computing a 4 x 4 block of C.
+// shared memory; 256 threads, each computing a 4 x 4 block of C. Built with SKINNY: tiles of
+// 32 (m) x 128 (n), for batch decode's few rows (no half-empty tiles at 32 rows).
 // Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases (f16/bf16), unused by other formats
 // flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
+// Split along k (batch generation's few rows, too few tiles to fill the device): flags 64, the
+// split z = workgroup z takes k in [z k_split, (z + 1) k_split) and writes its raw sums to
+// C = partials [z, M, N]; then flags 128 (one invocation per output, A = the partials, k_split
+// = the number of splits) adds them up in order and applies the epilogue above.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
@@ -13,6 +18,8 @@ layout(push_constant) uniform PC {
     float softcap;
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
     float eps;                    // (matvec_sg only)
+    uint rows_per_wg;             // (matvec_sg only)
+    uint k_split;                 // flags 64: k per split; flags 128: splits
 } pc;
 
 #include "common.glsl"
@@ -29,34 +36,58 @@ layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 
+#ifdef SKINNY
+const uint BM = 32, BN = 128, BK = 32;
+#else
 const uint BM = 64, BN = 64, BK = 32;
+#endif
+const uint TX = BN / 4u;           // threads along n (4 outputs each); 256 / TX along m
+const uint AE = BM * BK / 256u;    // elements of A each thread loads per k step
+const uint WU = BN / 64u;          // 8-element units of W each thread loads per k step
 shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed
 shared vec4 Ws[BK][BN / 4];   // Ws[k][n/4]: W tile, transposed
 
+void epilogue(uint m, uint n, float v) {
+    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + n];
+    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
+    uint ci = m * pc.ldc + pc.c_col0 + n;
+    if ((pc.flags & 2u) != 0u) v += c[ci];
+    c[ci] = v;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    uint tx = tid % 16u, ty = tid / 16u;
+    if ((pc.flags & 128u) != 0u) { // the splits' reduction
+        uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;
+        if (idx >= pc.M * pc.N) return;
+        float v = 0.0;
+        for (uint z = 0; z < pc.k_split; z++) v += a[z * pc.M * pc.N + idx];
+        epilogue(idx / pc.N, idx % pc.N, v);
+        return;
+    }
+    bool part = (pc.flags & 64u) != 0u;
+    uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
+    uint tx = tid % TX, ty = tid / TX;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     vec4 acc[4];
     for (uint i = 0; i < 4u; i++) acc[i] = vec4(0.0);
 
-    // loaders: each thread brings one 8-element unit of W (row wn, k offset wk) and
-    // 8 elements of A (row am, k offset ak)
+    // loaders: each thread brings WU 8-element units of W (rows wn + 64 u, k offset wk) and
+    // AE elements of A (row am, k offset ak)
     uint wn = tid / 4u, wk = (tid % 4u) * 8u;
-    uint am = tid / 4u, ak = (tid % 4u) * 8u;
-    for (uint k0 = 0; k0 < pc.K; k0 += BK) {
-        vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (n0 + wn < pc.N) w_get8_any(n0 + wn, k0 + wk, pc.K, lo, hi);
-        float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
-        float av[8];
-        uint arow = pc.a_row0 + m0 + am;
-        for (uint i = 0; i < 8u; i++) {
-            uint k = k0 + ak + i;
-            av[i] = (m0 + am < pc.M && k < pc.K) ? a[arow * pc.K + k] : 0.0;
+    uint am = tid / (BK / AE), ak = (tid % (BK / AE)) * AE;
+    for (uint k0 = kb; k0 < ke; k0 += BK) {
+        for (uint u = 0; u < WU; u++) {
+            uint wr = wn + 64u * u;
+            vec4 lo = vec4(0.0), hi = vec4(0.0);
+            if (n0 + wr < pc.N) w_get8_any(n0 + wr, k0 + wk, pc.K, lo, hi);
+            float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+            for (uint i = 0; i < 8u; i++) Ws[wk + i][wr / 4u][wr % 4u] = wv[i];
         }
-        for (uint i = 0; i < 8u; i++) {
-            Ws[wk + i][wn / 4u][wn % 4u] = wv[i];
-            As[ak + i][am / 4u][am % 4u] = av[i];
+        uint arow = pc.a_row0 + m0 + am;
+        for (uint i = 0; i < AE; i++) {
+            uint k = k0 + ak + i;
+            As[ak + i][am / 4u][am % 4u] = (m0 + am < pc.M && k < ke) ? a[arow * pc.K + k] : 0.0;
         }
         barrier();
         for (uint k = 0; k < BK; k++) {
@@ -75,12 +106,8 @@ void main() {
         for (uint j = 0; j < 4u; j++) {
             uint n = n0 + tx * 4u + j;
             if (n >= pc.N) break;
-            float v = acc[i][j];
-            if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + n];
-            if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            uint ci = m * pc.ldc + pc.c_col0 + n;
-            if ((pc.flags & 2u) != 0u) v += c[ci];
-            c[ci] = v;
+            if (part) c[(gl_WorkGroupID.z * pc.M + m) * pc.N + n] = acc[i][j];
+            else epilogue(m, n, acc[i][j]);
         }
     }
 }

@@ -9,6 +9,9 @@
 // context). Positions come from the params buffer, so a recorded command buffer serves every
 // step. Training runs a batch of sequences of seq_len tokens as one: token t is at position
 // pos0 + t % seq_len and its keys go to slot (pos0 + t) % cache_slots (seq_len 0: one sequence).
+// Batch generation (table 1) runs rows of several sequences, each with its own cache region of
+// cache_slots slots: row t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1], read
+// from the params buffer after the step params (byte 64).
 // Bindings: 0 params {pos0, n} | 1 inv_freq f32 [D/2] | 2 qkv f32 [n, stride] (q rotated in place)
 //           3 K cache [slots, n_kv_heads, D] | 4 V cache [slots, n_kv_heads, D]
 // One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
@@ -17,14 +20,15 @@ layout(local_size_x = 64) in;
 
 #include "common.glsl"
 
-layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
+const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer F_ { float inv_freq[]; };
 layout(binding = 2) buffer X_ { float x[]; };
 layout(binding = 3) writeonly buffer KC_ { float kc[]; };
 layout(binding = 4) writeonly buffer VC_ { float vc[]; };
 
 layout(push_constant) uniform PC {
-    uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off, seq_len;
+    uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off, seq_len, table;
 } pc;
 
 void main() {
@@ -39,6 +43,11 @@ void main() {
     uint th = idx / half_d;
     uint h = th % heads, t = th / heads;
     uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
+    uint slot = (params.pos0 + t) % pc.cache_slots;
+    if (pc.table != 0u) {
+        pos = params.tab[TAB + 2u * t];
+        slot = params.tab[TAB + 2u * t + 1u] * pc.cache_slots + pos % pc.cache_slots;
+    }
     uint i0 = pc.adjacent != 0u ? 2u * i : i;
     uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
     uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
@@ -47,7 +56,7 @@ void main() {
     float y0 = x0 * cs.x - x1 * cs.y;
     float y1 = x1 * cs.x + x0 * cs.y;
     if (is_k) {
-        uint dst = (((params.pos0 + t) % pc.cache_slots) * pc.n_kv_heads + h) * pc.head_dim;
+        uint dst = (slot * pc.n_kv_heads + h) * pc.head_dim;
         uint vs = t * pc.stride + pc.v_off + h * pc.head_dim;
         kc[dst + i0] = y0;
         kc[dst + i1] = y1;

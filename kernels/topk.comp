@@ -3,17 +3,20 @@
 // sorts them (value descending, index ascending) in shared memory and writes its best C,
 // with the chunk's max and sum of exp((l - max) * inv_temp) for the softmax normalizer.
 // NaN counts as -inf. Stage 2 (topk_merge.comp) merges the chunks.
+// Workgroup y is the row (batch generation reduces one row per sequence: logits, candidates
+// and stats of row r follow those of row r - 1), whose inv_temp is word temp_word + r of the
+// params buffer when temp_word is set (else the step's inv_temp).
 // Bindings: 0 params {.., inv_temp} | 1 logits f32 [V] | 2 cand uvec2 {value bits, index} [n_chunks, C]
 //           3 stats vec2 {max, sum} [n_chunks]
 layout(local_size_x = 256) in;
 const uint CHUNK = 1024;
 
-layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; } params;
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; uint words[]; } params;
 layout(binding = 1) readonly buffer L_ { float logits[]; };
 layout(binding = 2) writeonly buffer C_ { uvec2 cand[]; };  // (floatBitsToUint(value), index)
 layout(binding = 3) writeonly buffer S_ { vec2 stats[]; };
 
-layout(push_constant) uniform PC { uint n_vocab, C; } pc;
+layout(push_constant) uniform PC { uint n_vocab, C, temp_word; } pc;
 
 shared float sv[CHUNK];
 shared uint si[CHUNK];
@@ -24,10 +27,12 @@ bool before(float va, uint ia, float vb, uint ib) { return va > vb || (va == vb 
 
 void main() {
     uint tid = gl_LocalInvocationID.x, chunk = gl_WorkGroupID.x, base = chunk * CHUNK;
+    uint row = gl_WorkGroupID.y, slot = row * gl_NumWorkGroups.x + chunk, row0 = row * pc.n_vocab;
+    float inv_temp = pc.temp_word != 0u ? uintBitsToFloat(params.words[pc.temp_word - 5u + row]) : params.inv_temp;
     float m = -1.0 / 0.0;
     for (uint e = tid; e < CHUNK; e += 256u) {
         uint i = base + e;
-        float v = i < pc.n_vocab ? logits[i] : -1.0 / 0.0;
+        float v = i < pc.n_vocab ? logits[row0 + i] : -1.0 / 0.0;
         if (isnan(v)) v = -1.0 / 0.0;
         sv[e] = v;
         si[e] = i;
@@ -43,14 +48,14 @@ void main() {
     barrier();
     float sum = 0.0;
     if (cmax > -1.0 / 0.0)
-        for (uint e = tid; e < CHUNK; e += 256u) sum += exp((sv[e] - cmax) * params.inv_temp);
+        for (uint e = tid; e < CHUNK; e += 256u) sum += exp((sv[e] - cmax) * inv_temp);
     red[tid] = sum;
     barrier();
     for (uint s = 128u; s > 0u; s >>= 1) {
         if (tid < s) red[tid] += red[tid + s];
         barrier();
     }
-    if (tid == 0u) stats[chunk] = vec2(cmax, red[0]);
+    if (tid == 0u) stats[slot] = vec2(cmax, red[0]);
     // bitonic sort of CHUNK pairs, 4 compare-exchanges per thread per pass
     for (uint k = 2u; k <= CHUNK; k <<= 1) {
         for (uint j = k >> 1; j > 0u; j >>= 1) {
@@ -69,5 +74,5 @@ void main() {
         }
     }
     barrier();
-    for (uint e = tid; e < pc.C; e += 256u) cand[chunk * pc.C + e] = uvec2(floatBitsToUint(sv[e]), si[e]);
+    for (uint e = tid; e < pc.C; e += 256u) cand[slot * pc.C + e] = uvec2(floatBitsToUint(sv[e]), si[e]);
 }

@@ -7,16 +7,18 @@
 // Method: binary search on the orderable bits of the value for the C-th largest value t
 // (each chunk list is sorted, so counting is a binary search per chunk), then the values
 // above t, then ties at t in index order, then a bitonic sort of the C winners.
+// Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
+// stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
 layout(local_size_x = 256) in;
 const uint MAXC = 256;
 
-layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; } params;
+layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; uint words[]; } params;
 layout(binding = 1) readonly buffer C_ { uvec2 cand[]; };  // (value bits, index)
 layout(binding = 2) readonly buffer S_ { vec2 stats[]; };
 layout(binding = 3) writeonly buffer O_ { uvec2 outv[]; }; // [0] = (M bits, S bits), then (value bits, index)
 
-layout(push_constant) uniform PC { uint n_chunks, C; } pc;
+layout(push_constant) uniform PC { uint n_chunks, C, temp_word; } pc;
 
 shared uint cnt[256];
 shared uint eqc[256];
@@ -24,6 +26,7 @@ shared float red[256];
 shared float wv[MAXC];
 shared uint wi[MAXC];
 shared uint base_gt;
+uint cb; // the row's first chunk
 
 // float -> uint preserving order (-inf smallest)
 uint key(float v) {
@@ -36,16 +39,18 @@ uint count_ge(uint c, uint t) {
     uint lo = 0u, hi = pc.C; // first index whose key < t
     while (lo < hi) {
         uint mid = (lo + hi) >> 1;
-        if (key(uintBitsToFloat(cand[c * pc.C + mid].x)) >= t) lo = mid + 1u; else hi = mid;
+        if (key(uintBitsToFloat(cand[(cb + c) * pc.C + mid].x)) >= t) lo = mid + 1u; else hi = mid;
     }
     return lo;
 }
 
 void main() {
-    uint tid = gl_LocalInvocationID.x;
+    uint tid = gl_LocalInvocationID.x, row = gl_WorkGroupID.y, ob = row * (1u + pc.C);
+    cb = row * pc.n_chunks;
+    float inv_temp = pc.temp_word != 0u ? uintBitsToFloat(params.words[pc.temp_word - 5u + row]) : params.inv_temp;
     // normalizer
     float m = -1.0 / 0.0;
-    for (uint c = tid; c < pc.n_chunks; c += 256u) m = max(m, stats[c].x);
+    for (uint c = tid; c < pc.n_chunks; c += 256u) m = max(m, stats[cb + c].x);
     red[tid] = m;
     barrier();
     for (uint s = 128u; s > 0u; s >>= 1) {
@@ -56,14 +61,14 @@ void main() {
     barrier();
     float sum = 0.0;
     for (uint c = tid; c < pc.n_chunks; c += 256u)
-        if (stats[c].x > -1.0 / 0.0) sum += stats[c].y * exp((stats[c].x - M) * params.inv_temp);
+        if (stats[cb + c].x > -1.0 / 0.0) sum += stats[cb + c].y * exp((stats[cb + c].x - M) * inv_temp);
     red[tid] = sum;
     barrier();
     for (uint s = 128u; s > 0u; s >>= 1) {
         if (tid < s) red[tid] += red[tid + s];
         barrier();
     }
-    if (tid == 0u) outv[0] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
+    if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
     // largest t with count(key >= t) >= C
     uint lo = 0u, hi = 0xffffffffu;
     while (lo < hi) {
@@ -112,7 +117,7 @@ void main() {
         for (uint e = 0u; e < ge; e++) {
             uint at = e < gt ? og++ : oe++;
             if (at < pc.C) {
-                uvec2 x = cand[c * pc.C + e];
+                uvec2 x = cand[(cb + c) * pc.C + e];
                 wv[at] = uintBitsToFloat(x.x);
                 wi[at] = x.y;
             }
@@ -135,5 +140,5 @@ void main() {
         }
     }
     barrier();
-    for (uint e = tid; e < pc.C; e += 256u) outv[1u + e] = uvec2(floatBitsToUint(wv[e]), wi[e]);
+    for (uint e = tid; e < pc.C; e += 256u) outv[ob + 1u + e] = uvec2(floatBitsToUint(wv[e]), wi[e]);
 }

@@ -10,7 +10,7 @@ struct ft_ctx {
     forge__err err;
     VkCommandPool pool;
     VkFence fence;
-    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul */
+    int force_kind;  /* -1: as forge picks; 0: shared-memory matvec; 1: subgroup matvec; 2: tensor-core matmul; 3: 128-tile matmul; 4: 32 x 128-tile matmul */
     uint32_t dmax;   /* the head_dim the attention pipelines were made for (forge__rec.dmax) */
 };
 
@@ -143,16 +143,17 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
         uint32_t split = forge__matvec_use_split(c->dev.caps.type == FORGE_DEVICE_CPU, M, rows, K) ? forge__matvec_split_rows(rows) : 0;
         uint32_t per = forge__matvec_rows_per_wg(sg, split);
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split};
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split, 0};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((rows + per - 1) / per, &gx, &gy);
             forge__dispatch(&j.rec, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), binds, &pc, gx, gy, 1);
         } else {
-            bool big = j.c->force_kind == 3;
+            bool big = j.c->force_kind == 3, skinny = j.c->force_kind == 4;
             uint32_t tile = big || cm ? 128 : 64; /* matmul_big.comp and matmul_cm.comp 128 x 128; matmul.comp 64 x 64 */
-            forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
-            forge__dispatch(&j.rec, op, binds, &pc, (rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
+            uint32_t tn = skinny ? 128 : tile, tm = skinny ? 32 : tile; /* matmul_s: 32 (m) x 128 (n) */
+            forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+            forge__dispatch(&j.rec, op, binds, &pc, (rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
         }
     }
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
@@ -160,6 +161,13 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
 
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
     c->force_kind = 3;
+    forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
+    c->force_kind = -1;
+    return st;
+}
+
+forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
+    c->force_kind = 4;
     forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);
     c->force_kind = -1;
     return st;
@@ -191,7 +199,7 @@ forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_
     forge__range binds[7] = {a, wb, cc, b, sb, bb, gb};
     /* split: the K-split mapping forge uses for one token on GPUs, here on any device */
     uint32_t rows_per_wg = split && M == 1 ? forge__matvec_split_rows(outs) : 0;
-    forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg};
+    forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg, 0};
     uint32_t gx, gy;
     forge__grid((outs + forge__matvec_rows_per_wg(true, rows_per_wg) - 1) / forge__matvec_rows_per_wg(true, rows_per_wg), &gx, &gy);
     forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC_SG + w->fmt), binds, &pc, gx, gy, 1);
@@ -270,7 +278,7 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
     forge__range kb = store ? ft_buf(&j, kc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range vb = store ? ft_buf(&j, vc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
     forge__range binds[5] = {pb, fb, xb, kb, vb};
-    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0};
+    forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0, 0};
     uint32_t gx, gy;
     forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
@@ -466,11 +474,11 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
     forge__range bp[3] = {pb, ib, lb};
     forge__dispatch(&j.rec, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
     forge__barrier(&j.rec);
-    uint32_t pk[2] = {V, FORGE__CANDIDATES};
+    uint32_t pk[3] = {V, FORGE__CANDIDATES, 0};
     forge__range bk[4] = {pb, lb, cb, sb};
     forge__dispatch(&j.rec, FORGE__OP_TOPK, bk, pk, n_chunks, 1, 1);
     forge__barrier(&j.rec);
-    uint32_t pm[2] = {n_chunks, FORGE__CANDIDATES};
+    uint32_t pm[3] = {n_chunks, FORGE__CANDIDATES, 0};
     forge__range bm[4] = {pb, cb, sb, ob};
     forge__dispatch(&j.rec, FORGE__OP_TOPK_MERGE, bm, pm, 1, 1, 1);
     uint32_t out[2 * (1 + FORGE__CANDIDATES)];
@@ -636,7 +644,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);

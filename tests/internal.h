@@ -67,6 +67,8 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
                           float *out, int split);
 /* The 128 x 128-tile matmul (matmul_big.comp), whatever the size. */
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
+/* The 32 x 128-tile matmul of batch decode's few rows (matmul_s). */
+forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* The tensor-core matmul (f16 operands, f32 accumulation); FORGE_ERR_UNSUPPORTED without one. */
 forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* 1 when the device runs the subgroup matvec (matvec_sg) */

@@ -100,6 +100,10 @@ TEST_P(KernelLinear, MatchesReference) {
         ASSERT_EQ(ft_matmul_big(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data()), FORGE_OK);
         EXPECT_LT(ft::rel_err(C0.data(), R0.data(), C0.size()), 2e-6) << "128-tile matmul";
     }
+    if (p.M <= 32 && p.chunk == 0) { /* the 32 x 128-tile matmul of batch decode */
+        ASSERT_EQ(ft_matmul_s(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data()), FORGE_OK);
+        EXPECT_LT(ft::rel_err(C0.data(), R0.data(), C0.size()), 2e-6) << "32 x 128-tile matmul";
+    }
     if (p.M <= 8 && !(p.flags & (FT_ACCUMULATE | FT_BIAS | FT_SOFTCAP)) && p.chunk == 0 && !p.force_matmul) { /* each matvec kernel */
         for (int sg = 0; sg <= ft_has_subgroup_matvec(ctx().c); sg++) {
             ASSERT_EQ(ft_matvec_kind(ctx().c, &w, A0.data(), p.M, p.K, p.N, C0.data(), sg), FORGE_OK);

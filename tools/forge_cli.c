@@ -3,12 +3,13 @@
  *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
  *             [--repeat-penalty R] [--seed S] [--stop STR]... [--ctx-overflow MODE] [--keep N]
  *             [--load-state FILE] [--save-state FILE]
+ *   forge run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]
  *   forge chat MODEL [--system S] [sampling options] [--ctx-overflow MODE] [--keep N]
  *   forge devices
  *   forge info MODEL
  *   forge logits MODEL --tokens "1 2 3" [--all]
  *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
- *   forge bench MODEL [-p 512] [-n 128] [-r 3]
+ *   forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]
  *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
  *   forge train MODEL --data FILE.jsonl --out DIR [options]   (tools/cli_train.c)
  *   forge tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)
@@ -39,6 +40,10 @@ static void usage(FILE *f) {
             "                                   --load-state continues a saved session (the prompt\n"
             "                                   follows its tokens), --save-state saves the session\n"
             "                                   (prompt and generated text) after generating\n"
+            "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
+            "                                   every line of FILE a prompt, generated together (K at once,\n"
+            "                                   default min(lines, 16)); each output labelled, or with\n"
+            "                                   --json one JSON object each\n"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] [--ctx-overflow MODE] [--keep N] ...\n"
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
             "                                   a reply; /metrics, /reset, /quit; a full context slides\n"
@@ -52,8 +57,9 @@ static void usage(FILE *f) {
             "                                   the next token of each prompt, in batched forward passes:\n"
             "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
             "                                   a JSON array of strings or token-id arrays\n"
-            "  bench MODEL [-p 512] [-n 128] [-r 3]\n"
-            "                                   prefill and decode speed as one JSON object\n"
+            "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]\n"
+            "                                   prefill and decode speed as one JSON object (--batch: also\n"
+            "                                   the aggregate decode speed of B sequences generated together)\n"
             "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
             "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5]\n"
             "                                   LoRA training step time and tok/s as one JSON object\n"
@@ -674,12 +680,19 @@ static int cmd_run(int argc, char **argv) {
     if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
     forge_session_params sp = forge_session_default_params(); /* a full context stops the run unless asked */
     if (take_overflow("run", &argc, argv, &sp)) return 2;
-    const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL;
+    const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL, *batch_file = NULL;
+    int json = 0;
+    long long places = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
         else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save_state = argv[++i];
+        else if (!strcmp(argv[i], "--batch-file") && i + 1 < argc) batch_file = argv[++i];
+        else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!strcmp(argv[i], "--parallel") && i + 1 < argc) {
+            if (forge_cli_parse_int("run", "--parallel", argv[++i], 1, 512, &places)) return 2;
+        }
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
     }
@@ -687,6 +700,12 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "forge run: no MODEL given and the bundled stories260K model was not found\n");
         return 2;
     }
+    if (batch_file && (load_state || save_state || sp.overflow != FORGE_OVERFLOW_FAIL)) {
+        fprintf(stderr, "forge run: --load-state, --save-state and --ctx-overflow go without --batch-file\n");
+        return 2;
+    }
+    if (batch_file) return forge_cli_run_batch(path, &o, batch_file, &gp, (int)places, json, show_metrics);
+    if (json || places) { fprintf(stderr, "forge run: --json and --parallel go with --batch-file\n"); return 2; }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     sp.n_ctx = o.n_ctx;
