@@ -7518,16 +7518,21 @@ static void forge__probe_fail(forge__probe *r, forge_status st, const forge__err
     r->reason = *err;
 }
 
+/* Parameters in a tensor as the table tells them (quick mode; the plan counts otherwise): MLX
+ * codes (u32) unpacked at the config's bits, their scales and biases and RoPE factors none. */
+static uint64_t forge__table_params(const forge__tensor *t, int mlx_bits) {
+    if (mlx_bits > 0 && (forge__ends_with(t->name, ".scales") || forge__ends_with(t->name, ".biases"))) return 0;
+    if (!strcmp(t->name, "rope_freqs.weight")) return 0;
+    uint64_t n = forge__tensor_elements(t);
+    return mlx_bits > 0 && t->dtype == FORGE__U32 ? n * 32 / (uint64_t)mlx_bits : n;
+}
+
 /* The dominant matrix type in the tensor table (quick mode; the plan's forge__main_format
- * otherwise): most elements among 2-D tensors; an MLX weight (u32 codes beside .scales) is
- * "mlx" with the config's bits. */
+ * otherwise): most parameters among 2-D tensors; MLX codes are "mlx" with the config's bits. */
 static void forge__table_format(const forge__tensor_table *tt, int mlx_bits, char *out, size_t size) {
     uint64_t elems[FORGE__DTYPE_INVALID + 1] = {0};
-    for (int i = 0; i < tt->count; i++) {
-        const forge__tensor *t = &tt->items[i];
-        if (t->n_dims != 2 || forge__ends_with(t->name, ".scales") || forge__ends_with(t->name, ".biases")) continue;
-        elems[t->dtype] += forge__tensor_elements(t);
-    }
+    for (int i = 0; i < tt->count; i++)
+        if (tt->items[i].n_dims == 2) elems[tt->items[i].dtype] += forge__table_params(&tt->items[i], mlx_bits);
     int best = -1, kinds = 0;
     for (int k = 0; k <= FORGE__DTYPE_INVALID; k++) {
         if (elems[k] && (best < 0 || elems[k] > elems[best])) best = k;
@@ -7538,9 +7543,13 @@ static void forge__table_format(const forge__tensor_table *tt, int mlx_bits, cha
     else snprintf(out, size, "%s%s", forge__dtype_name((forge__dtype)best), kinds > 1 ? "+" : "");
 }
 
+/* The first read of a GGUF's header (metadata, the vocabulary included, and tensor infos),
+ * grown 4x until the header fits; tests make it small. */
+FORGE__INTERNAL uint64_t forge__gguf_head_bytes = (uint64_t)1 << 20;
+
 static void forge__probe_gguf(forge_model *m, const char *path, forge__probe *r, forge__file *f, forge__gguf *g) {
     forge_status st;
-    for (uint64_t n = (uint64_t)1 << 20;; n *= 4) { /* the header: metadata (the vocabulary) and tensor infos */
+    for (uint64_t n = forge__gguf_head_bytes;; n *= 4) {
         if ((st = forge__file_read_head(f, path, n, &m->err))) {
             forge__probe_fail(r, st, &m->err);
             return;
@@ -7627,7 +7636,7 @@ static void forge__probe_candidate(const forge__discovery *d, const forge__candi
         int mlx_bits = 0;
         if (c->gguf) forge__probe_gguf(m, c->path, r, &f, &g);
         else forge__probe_safetensors(m, c->path, r, &mlx_bits);
-        for (int i = 0; i < m->tensors.count; i++) r->out.n_params += forge__tensor_elements(&m->tensors.items[i]);
+        for (int i = 0; i < m->tensors.count; i++) r->out.n_params += forge__table_params(&m->tensors.items[i], mlx_bits);
         forge__table_format(&m->tensors, mlx_bits, r->dtype, sizeof r->dtype);
         if (!r->out.status && !d->p.quick) {
             /* the loader's plan, under nominal limits: 1 GiB blocks and bindings, 16-byte alignment */
