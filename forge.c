@@ -10,10 +10,11 @@
  *   6. Models        weights: naming conventions, validation, the upload plan
  *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
  *   8. Public API    loading, sessions, eval: what ties the sections above together
- *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
- *  10. Classify      many prompts in padded batches, one forward pass each, no decode loop
- *  11. Chat          the families' native chat templates
- *  12. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
+ *   9. Discovery     models in a directory tree, checked from their headers without loading
+ *  10. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
+ *  11. Classify      many prompts in padded batches, one forward pass each, no decode loop
+ *  12. Chat          the families' native chat templates
+ *  13. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -303,7 +304,8 @@ static uint64_t forge__mem_in_use(const forge__mem_counter *total) { return __at
 
 /* =======================================================================================
  * 2. Files
- * Checkpoints are mapped read-only, never copied. Every offset, size and shape read from a
+ * Checkpoints are mapped read-only, never copied (discovery reads only their headers, into the
+ * same parsers: forge__file_read_head). Every offset, size and shape read from a
  * file is checked against the file's size before it is used: a hostile file gets an error
  * naming the file and field, never a crash. The result of this section is a tensor table
  * (name -> dtype, shape, bytes in the mapping) and a forge__config, whatever the format.
@@ -5167,7 +5169,7 @@ typedef struct forge__layer {
  * An adapted projection computes y = x W^T + scale * (x A^T) B^T beside its frozen weight W.
  * The targets are named as HF names the projections; one pair of f32 matrices per (layer,
  * target). The model holds one set for inference (forge_model_params.adapter_path); a trainer
- * holds its own, with gradients and optimizer state at the same offsets (section 12). */
+ * holds its own, with gradients and optimizer state at the same offsets (section 13). */
 
 typedef enum forge__target {
     FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN, FORGE__T_COUNT
@@ -5194,8 +5196,8 @@ typedef struct forge__lora {
 } forge__lora;
 
 struct forge__loader;
-static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 12 */
-static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 12 */
+static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 13 */
+static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 13 */
 
 static const forge__lora_pair *forge__lora_at(const forge__lora *lo, int layer, forge__target t) {
     if (!lo || !lo->pairs) return NULL;
@@ -6131,7 +6133,7 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ----
  * One layer's forward pass is written once and serves inference (a session's scratch and KV
- * cache) and training (activations kept per layer for the backward pass, section 12): what
+ * cache) and training (activations kept per layer for the backward pass, section 13): what
  * differs is in forge__pass (the shape of the rows) and forge__acts (where each tensor goes). */
 
 /* What a recorded pass works with: the model, the recorder and the rows it runs. */
@@ -6948,7 +6950,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
     return st;
 }
 
-/* The checkpoint's chat template, kept to recognise its family (section 11): from
+/* The checkpoint's chat template, kept to recognise its family (section 12): from
  * tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which
  * "default" is taken) or chat_template.jinja in `dir`. Absent is fine. */
 static void forge__chat_template_from_dir(forge_model *m, const char *dir) {
@@ -7703,7 +7705,7 @@ FORGE_API forge_status forge_discover(const char *dir, const forge_discover_para
 }
 
 /* =======================================================================================
- * 9. Generation
+ * 10. Generation
  * A generate call: find the longest exact prefix of the prompt the cache already holds
  * (rotating sliding-window layers permitting), prefill the rest, then one replayed decode
  * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
@@ -8132,7 +8134,7 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
 }
 
 /* =======================================================================================
- * 10. Classify
+ * 11. Classify
  * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
  * to T tokens and run as B sequences at positions 0 .. T-1 (the pass's batch mode, as the
  * trainer runs it: keys of sequence b in cache rows b*T .., the session's cache used as
@@ -8336,7 +8338,7 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
 }
 
 /* =======================================================================================
- * 11. Chat
+ * 12. Chat
  * The native templates, in C: each follows its Jinja original line for line (trim is
  * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
  * handling). The test suite renders the same conversations with transformers and compares.
@@ -8695,7 +8697,7 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
 }
 
 /* =======================================================================================
- * 12. Training
+ * 13. Training
  * LoRA fine-tuning. First the adapter files (PEFT and mlx-lm, read and written, atomically),
  * then the trainer: its device plan (adapters, gradients and AdamW moments in a flat vector;
  * the activations the backward pass reads; scratch), the recorded step (the forward pass of
