@@ -7405,7 +7405,8 @@ typedef struct forge__discovery {
     forge__logger log;
     forge__candidate *found;
     int n_found, cap_found;
-    struct { dev_t dev; ino_t ino; } *seen; /* directories searched: each once, so link loops end */
+    struct { dev_t dev; ino_t ino; } *seen; /* directories searched: each once, so link loops end
+                                             * (a list searched linearly: fine for thousands) */
     int n_seen, cap_seen;
     forge__err err;
 } forge__discovery;
@@ -7457,16 +7458,18 @@ static forge_status forge__discover_walk(forge__discovery *d, const char *dir, i
     forge__names subdirs = {0};
     bool config = false, weights = false;
     forge_status st = FORGE_OK;
-    char path[4096];
+    const size_t path_size = 4096;
+    char *path = (char *)malloc(path_size); /* on the heap: the recursion is as deep as the tree */
+    if (!path) st = forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     struct dirent *de;
     while (!st && (de = readdir(dp))) {
         const char *name = de->d_name;
         if (name[0] == '.') continue; /* ., .., hidden entries (.git, .cache) */
-        if (strlen(dir) + strlen(name) + 2 > sizeof path) {
+        if (strlen(dir) + strlen(name) + 2 > path_size) {
             forge__log(&d->log, FORGE_LOG_WARN, "%s/%s: skipped, path too long", dir, name);
             continue;
         }
-        forge__path_join(path, sizeof path, dir, name);
+        forge__path_join(path, path_size, dir, name);
         struct stat ls, sb;
         if (lstat(path, &ls) != 0) continue;
         if (stat(path, &sb) != 0) {
@@ -7487,13 +7490,14 @@ static forge_status forge__discover_walk(forge__discovery *d, const char *dir, i
     closedir(dp);
     if (!st && config && weights) st = forge__discover_add(d, dir, false);
     for (int i = 0; i < subdirs.n && !st; i++) {
-        forge__path_join(path, sizeof path, dir, subdirs.v[i]);
+        forge__path_join(path, path_size, dir, subdirs.v[i]);
         struct stat sb;
         if (stat(path, &sb) != 0) continue;
         if (forge__discover_first_visit(d, &sb, &st)) st = forge__discover_walk(d, path, depth + 1);
         else if (!st) forge__log(&d->log, FORGE_LOG_INFO, "%s: skipped, directory already searched (a link loop?)", path);
     }
     forge__names_free(&subdirs);
+    free(path);
     return st;
 }
 
@@ -7689,7 +7693,7 @@ FORGE_API forge_status forge_discover(const char *dir, const forge_discover_para
     else if (access(dir, R_OK | X_OK) != 0) st = forge__fail(&d->err, FORGE_ERR_IO, "%s: cannot read the directory: %s", dir, strerror(errno));
     if (!st && forge__discover_first_visit(d, &sb, &st)) st = forge__discover_walk(d, dir, 0);
     if (!st) {
-        qsort(d->found, (size_t)d->n_found, sizeof *d->found, forge__cmp_candidate);
+        if (d->n_found) qsort(d->found, (size_t)d->n_found, sizeof *d->found, forge__cmp_candidate);
         forge__probe r;
         for (int i = 0; i < d->n_found; i++) {
             forge__probe_candidate(d, &d->found[i], &r);

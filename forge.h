@@ -281,16 +281,19 @@ typedef struct forge_discovered_model {
                                     * or not ("mamba"); "" when the file cannot tell */
     const char *weight_dtype;      /* dominant storage type of the matrices, as forge_model_info.weight_dtype
                                     * ("f32", "bf16", "q4_k+", "mlx4"); "" when unknown */
-    int quant_bits;                /* bits per element of that type: 32, 16, 8, 6, 4, ... (MLX: its bits);
-                                    * 0 when unknown */
-    uint64_t n_params;             /* elements of the text model's tensors (MLX codes unpacked, scales and
-                                    * biases not counted); 0 when the headers cannot be read */
+    int quant_bits;                /* that type's nominal bits (f32 32, bf16 16, q8_0 8, q6_k 6, q4_k 4,
+                                    * MLX its bits; block scales not counted); 0 when unknown */
+    uint64_t n_params;             /* parameters: those forge loads (forge_model_info.n_params) when the plan
+                                    * was made; else the elements of the text model's tensors in the headers
+                                    * (MLX codes unpacked at the config's bits; scales, biases, RoPE factors
+                                    * not counted); 0 when no header could be read */
     int n_files;                   /* weight files: the .gguf, or the .safetensors shards */
     uint64_t bytes;                /* their total size on disk */
     uint64_t device_bytes;         /* device memory forge_model_load plans for the weights, on a device
                                     * with 1 GiB allocations and 16-byte alignment (others differ by
                                     * padding); 0 with quick or when not loadable */
-    int loadable;                  /* 1: forge_model_load should succeed (device permitting) */
+    int loadable;                  /* 1: forge_model_load should succeed, given a device with the memory
+                                    * and (not checked here) a readable tokenizer */
     forge_status status;           /* FORGE_OK when loadable, else what forge_model_load would return */
     const char *reason;            /* why not loadable (the message forge_model_load would give); "" when loadable */
 } forge_discovered_model;

@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -474,4 +475,46 @@ TEST(DiscoverArgs, UnreadableDirectoriesAreSkipped) {
     ASSERT_FALSE(r.log.empty());
     EXPECT_NE(r.log[0].find("locked"), std::string::npos) << r.log[0];
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+TEST_F(Discover, CliPrintsTheSameAsTheApi) {
+    if (!ft::exists("./forge")) GTEST_SKIP() << "no ./forge binary in the working directory (the build tree)";
+    Search r = run();
+    std::string out = root + "/../discover_out.json";
+    ASSERT_EQ(system(("./forge discover " + root + " --json > " + out).c_str()), 0);
+    std::vector<uint8_t> text = ft::read_file(out);
+    remove(out.c_str());
+    cJSON *arr = cJSON_ParseWithLength((const char *)text.data(), text.size());
+    ASSERT_TRUE(cJSON_IsArray(arr)) << std::string(text.begin(), text.end());
+    ASSERT_EQ((size_t)cJSON_GetArraySize(arr), r.models.size());
+    int i = 0;
+    cJSON *o;
+    cJSON_ArrayForEach(o, arr) {
+        const Found &f = r.models[i++];
+        SCOPED_TRACE(f.path);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "path"))), f.path);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "format"))), f.format);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "architecture"))), f.arch);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "weight_dtype"))), f.dtype);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "quant_bits")->valuedouble, f.bits);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "n_params")->valuedouble, (double)f.n_params);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "n_files")->valuedouble, f.n_files);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "bytes")->valuedouble, (double)f.bytes);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "device_bytes")->valuedouble, (double)f.device_bytes);
+        EXPECT_EQ(cJSON_IsTrue(cJSON_GetObjectItem(o, "loadable")), f.loadable != 0);
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"))), forge_status_name(f.status));
+        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "reason"))), f.reason);
+    }
+    cJSON_Delete(arr);
+    /* the table: a header and one line per model, the reason after "no: " */
+    ASSERT_EQ(system(("./forge discover " + root + " --depth 1 > " + out).c_str()), 0);
+    std::vector<uint8_t> table = ft::read_file(out);
+    remove(out.c_str());
+    std::string t(table.begin(), table.end());
+    EXPECT_EQ(t.rfind("PATH ", 0), 0u) << t;
+    EXPECT_NE(t.find("no: " + root + "/broken/bad_magic.gguf: not a GGUF file (bad magic)"), std::string::npos) << t;
+    EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 4) << t; /* broken/bad_magic.gguf and the three in gguf/ */
+    EXPECT_EQ(WEXITSTATUS(system("./forge discover /no/such/dir 2> /dev/null")), 1);
+    EXPECT_EQ(WEXITSTATUS(system("./forge discover 2> /dev/null")), 2);
+    EXPECT_EQ(WEXITSTATUS(system("./forge discover . --depth -1 2> /dev/null")), 2);
 }

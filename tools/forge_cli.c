@@ -214,10 +214,10 @@ static int discover_found(void *user, const forge_discovered_model *d) {
     if (!rows) { o->failed = 1; return 1; }
     o->rows = rows;
     static const char *const count_units[4] = {"", "K", "M", "G"}, *const byte_units[4] = {" B", " KiB", " MiB", " GiB"};
-    char params[32], size[32], files[16], bits[16], status[600];
+    char params[32], size[32], files[64], bits[16], status[1100];
     human_count(d->n_params, count_units, 1000.0, params, sizeof params);
     human_count(d->bytes, byte_units, 1024.0, size, sizeof size);
-    snprintf(files, sizeof files, "%d", d->n_files);
+    snprintf(files, sizeof files, "%d (%s)", d->n_files, size);
     snprintf(bits, sizeof bits, "%d", d->quant_bits);
     snprintf(status, sizeof status, "%s%s", d->loadable ? "yes" : "no: ", d->reason);
     discover_row *r = &rows[o->n++];
@@ -226,14 +226,6 @@ static int discover_found(void *user, const forge_discovered_model *d) {
                             d->quant_bits ? bits : "?", params, files};
     for (int i = 0; i < 6; i++) r->cells[i] = strdup(cells[i]);
     r->status = strdup(status);
-    char *sz = strdup(size); /* the FILES column shows "N (SIZE)" */
-    if (r->cells[5] && sz) {
-        char both[64];
-        snprintf(both, sizeof both, "%s (%s)", files, sz);
-        free(r->cells[5]);
-        r->cells[5] = strdup(both);
-    }
-    free(sz);
     return 0;
 }
 
