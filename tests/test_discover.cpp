@@ -203,6 +203,7 @@ protected:
         out.insert(out.end(), st.begin() + 8 + (long)hlen, st.end());
         ft::write_file(B + "missing_tensor/model.safetensors", out.data(), out.size());
         std::vector<uint8_t> g = ft::read_file(G + "qwen2_f32_tied.gguf");
+        ft::write_file(B + "truncated.gguf", g.data(), 1000); /* inside the tensor infos */
         g[3] = 'X';
         ft::write_file(B + "bad_magic.gguf", g.data(), g.size());
 
@@ -246,7 +247,7 @@ protected:
 };
 
 const char *const kAll[] = {
-    "broken/bad_json", "broken/bad_magic.gguf", "broken/mamba", "broken/missing_tensor", "broken/truncated",
+    "broken/bad_json", "broken/bad_magic.gguf", "broken/mamba", "broken/missing_tensor", "broken/truncated", "broken/truncated.gguf",
     "gguf/model_q4_0.gguf", "gguf/qwen2_f32_tied.gguf", "gguf/stories260K.gguf",
     "hf/gemma3_mm_f32", "hf/llama3_f32_untied", "hf/llama3_f32_untied/sub", "hf/llama_mlx_mixed", "hf/qwen3_f32_sharded",
     "nested/a/b/c/deep.gguf",
@@ -320,6 +321,7 @@ TEST_F(Discover, BrokenModelsSayWhy) {
         {"broken/truncated", "llama", FORGE_ERR_FORMAT, "runs past the end of the file"},
         {"broken/missing_tensor", "llama", FORGE_ERR_MODEL, "tensor 'model.layers.1.mlp.up_proj.weight' is missing"},
         {"broken/bad_magic.gguf", "", FORGE_ERR_FORMAT, "not a GGUF file (bad magic)"},
+        {"broken/truncated.gguf", "", FORGE_ERR_FORMAT, "truncated.gguf: "},
     };
     for (const Want &w : wants) {
         SCOPED_TRACE(w.rel);
@@ -340,6 +342,12 @@ TEST_F(Discover, BrokenModelsSayWhy) {
     }
     const Found *t = find(r, "broken/truncated");
     if (t) { EXPECT_EQ(t->bytes, 200u); }
+    const Found *tg = find(r, "broken/truncated.gguf");
+    if (tg) {
+        EXPECT_EQ(tg->bytes, 1000u);
+        EXPECT_EQ(tg->n_files, 1);
+        EXPECT_NE(tg->reason.find("truncated while reading tensor"), std::string::npos) << tg->reason;
+    }
 }
 
 TEST_F(Discover, QuickSkipsTheTensorsAndThePlan) {
@@ -513,7 +521,7 @@ TEST_F(Discover, CliPrintsTheSameAsTheApi) {
     std::string t(table.begin(), table.end());
     EXPECT_EQ(t.rfind("PATH ", 0), 0u) << t;
     EXPECT_NE(t.find("no: " + root + "/broken/bad_magic.gguf: not a GGUF file (bad magic)"), std::string::npos) << t;
-    EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 4) << t; /* broken/bad_magic.gguf and the three in gguf/ */
+    EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 5) << t; /* broken/{bad_magic,truncated}.gguf and the three in gguf/ */
     EXPECT_EQ(WEXITSTATUS(system("./forge discover /no/such/dir 2> /dev/null")), 1);
     EXPECT_EQ(WEXITSTATUS(system("./forge discover 2> /dev/null")), 2);
     EXPECT_EQ(WEXITSTATUS(system("./forge discover . --depth -1 2> /dev/null")), 2);
