@@ -7555,13 +7555,14 @@ FORGE__INTERNAL uint64_t forge__gguf_head_bytes = (uint64_t)1 << 20;
 
 static void forge__probe_gguf(forge_model *m, const char *path, forge__probe *r, forge__file *f, forge__gguf *g) {
     forge_status st;
-    for (uint64_t n = forge__gguf_head_bytes;; n *= 4) {
+    for (uint64_t n = forge__gguf_head_bytes;;) {
         if ((st = forge__file_read_head(f, path, n, &m->err))) {
             forge__probe_fail(r, st, &m->err);
             return;
         }
         st = forge__gguf_parse(f, g, &m->tensors, &m->arena, &m->err);
         if (!st || !g->short_head) break;
+        n = n > f->size / 4 ? f->size : n * 4; /* short_head: n < f->size, so this grows */
         forge__file_unmap(f);
         forge__arena_free(&m->arena);
         memset(&m->tensors, 0, sizeof m->tensors);
