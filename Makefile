@@ -78,7 +78,7 @@ clean:
 
 # Fuzz targets (clang, libFuzzer + ASan/UBSan): each parser for FUZZ_SECONDS.
 FUZZ_SECONDS ?= 30
-FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state
+FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state discover
 FUZZ_CC ?= clang
 fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 	@for f in $(FUZZERS); do \

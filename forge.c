@@ -10,11 +10,12 @@
  *   6. Models        weights: naming conventions, validation, the upload plan
  *   7. Execution     sessions, the forward pass, prefill and the replayed decode step
  *   8. Public API    loading, sessions, eval: what ties the sections above together
- *   9. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
- *  10. Classify      many prompts in padded batches, one forward pass each, no decode loop
- *  11. Chat          the families' native chat templates
- *  12. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
- *  13. State         a session's tokens and KV cache to a file and back (save / restore)
+ *   9. Discovery     models in a directory tree, checked from their headers without loading
+ *  10. Generation    the sampler (device reduction + host draw), stop rules, prompt cache
+ *  11. Classify      many prompts in padded batches, one forward pass each, no decode loop
+ *  12. Chat          the families' native chat templates
+ *  13. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
+ *  14. State         a session's tokens and KV cache to a file and back (save / restore)
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -304,7 +305,8 @@ static uint64_t forge__mem_in_use(const forge__mem_counter *total) { return __at
 
 /* =======================================================================================
  * 2. Files
- * Checkpoints are mapped read-only, never copied. Every offset, size and shape read from a
+ * Checkpoints are mapped read-only, never copied (discovery reads only their headers, into the
+ * same parsers: forge__file_read_head). Every offset, size and shape read from a
  * file is checked against the file's size before it is used: a hostile file gets an error
  * naming the file and field, never a crash. The result of this section is a tensor table
  * (name -> dtype, shape, bytes in the mapping) and a forge__config, whatever the format.
@@ -313,7 +315,9 @@ static uint64_t forge__mem_in_use(const forge__mem_counter *total) { return __at
 typedef struct forge__file {
     char *path;
     const uint8_t *data;
-    uint64_t size;
+    uint64_t size;             /* the file's size */
+    uint64_t avail;            /* bytes of it at data: size when mapped, less when only a header was read */
+    bool heap;                 /* data is a malloc'd copy of the first avail bytes (forge__file_read_head) */
 } forge__file;
 
 static forge_status forge__file_map(forge__file *f, const char *path, forge__err *err) {
@@ -335,6 +339,7 @@ static forge_status forge__file_map(forge__file *f, const char *path, forge__err
         f->data = (const uint8_t *)p;
     }
     close(fd);
+    f->avail = f->size;
     f->path = strdup(path);
     if (!f->path) {
         if (f->data) munmap((void *)f->data, (size_t)f->size);
@@ -343,8 +348,51 @@ static forge_status forge__file_map(forge__file *f, const char *path, forge__err
     return FORGE_OK;
 }
 
+/* Reads the first `n` bytes of a file (all of it when shorter) without mapping the rest:
+ * discovery parses headers this way. The parsers check offsets against f->size as usual and
+ * give tensors no data pointer (NULL) when their bytes are not at hand. */
+static forge_status forge__file_read_head(forge__file *f, const char *path, uint64_t n, forge__err *err) {
+    memset(f, 0, sizeof *f);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return forge__fail(err, FORGE_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return forge__fail(err, FORGE_ERR_IO, "%s: not a regular file", path);
+    }
+    f->size = (uint64_t)st.st_size;
+    f->avail = FORGE__MIN(n, f->size);
+    f->heap = true;
+    uint8_t *buf = (uint8_t *)malloc((size_t)f->avail + 1);
+    f->path = strdup(path);
+    if (!buf || !f->path) {
+        free(buf);
+        free(f->path);
+        close(fd);
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    f->data = buf;
+    uint64_t got = 0;
+    while (got < f->avail) {
+        ssize_t r = pread(fd, buf + got, (size_t)(f->avail - got), (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            forge_status s = forge__fail(err, FORGE_ERR_IO, "%s: read failed: %s", path, r ? strerror(errno) : "unexpected end of file");
+            close(fd);
+            free(buf);
+            free(f->path);
+            memset(f, 0, sizeof *f);
+            return s;
+        }
+        got += (uint64_t)r;
+    }
+    close(fd);
+    return FORGE_OK;
+}
+
 static void forge__file_unmap(forge__file *f) {
-    if (f->data) munmap((void *)f->data, (size_t)f->size);
+    if (f->heap) free((void *)f->data);
+    else if (f->data) munmap((void *)f->data, (size_t)f->size);
     free(f->path);
     memset(f, 0, sizeof *f);
 }
@@ -547,6 +595,10 @@ static forge_status forge__tensor_add(forge__tensor_table *t, forge__arena *a, c
     return FORGE_OK;
 }
 
+/* `off` bytes into the tensor's data; NULL when its bytes are not in memory (a header read
+ * by discovery, which plans the model without reading weights). */
+static const uint8_t *forge__tensor_at(const forge__tensor *t, uint64_t off) { return t->data ? t->data + off : NULL; }
+
 static uint64_t forge__tensor_elements(const forge__tensor *t) {
     uint64_t n = 1;
     for (int i = 0; i < t->n_dims; i++) n *= (uint64_t)t->shape[i];
@@ -617,6 +669,9 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
     if (hlen > ((uint64_t)100 << 20))
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: header length %llu exceeds 100 MiB", path,
                            (unsigned long long)hlen);
+    if (8 + hlen > f->avail)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: only %llu bytes of the %llu-byte header were read", path,
+                           (unsigned long long)f->avail, (unsigned long long)(8 + hlen));
     const uint8_t *data = f->data + 8 + hlen;
     uint64_t data_size = f->size - 8 - hlen;
     cJSON *root = cJSON_ParseWithLength((const char *)f->data + 8, (size_t)hlen);
@@ -702,7 +757,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
                              (unsigned long long)(end - begin), jd->valuestring, (unsigned long long)expect);
             break;
         }
-        t.data = data + begin;
+        t.data = f->avail == f->size ? data + begin : NULL;
         t.nbytes = end - begin;
         char nbuf[512];
         const char *canon = forge__hf_canonical_name(key, nbuf, sizeof nbuf);
@@ -750,6 +805,7 @@ typedef struct forge__gguf {
     forge__gguf_kv *kv;
     int n_kv;
     uint64_t data_offset;
+    bool short_head;             /* parsing failed at the end of a partly read file: read more and parse again */
 } forge__gguf;
 
 /* A set of strings (open addressing over borrowed pointers), for duplicate detection. */
@@ -784,13 +840,14 @@ typedef struct forge__reader {
     const char *path;
     forge__err *err;
     bool failed;
+    bool at_end;               /* a read ran past `end` (for a header read in part: read more) */
 } forge__reader;
 
 static bool forge__rd(forge__reader *r, void *dst, uint64_t n, const char *what) {
     if (r->failed) return false;
     if ((uint64_t)(r->end - r->p) < n) {
         forge__fail(r->err, FORGE_ERR_FORMAT, "%s: truncated while reading %s", r->path, what);
-        r->failed = true;
+        r->failed = r->at_end = true;
         return false;
     }
     if (dst) memcpy(dst, r->p, (size_t)n);
@@ -804,7 +861,7 @@ static bool forge__rd_str(forge__reader *r, const char **s, uint64_t *len, const
     if ((uint64_t)(r->end - r->p) < n) {
         forge__fail(r->err, FORGE_ERR_FORMAT, "%s: %s of %llu bytes runs past the end of the file", r->path, what,
                     (unsigned long long)n);
-        r->failed = true;
+        r->failed = r->at_end = true;
         return false;
     }
     *s = (const char *)r->p;
@@ -885,18 +942,17 @@ static forge_status forge__gguf_read_kv(forge__reader *r, forge__gguf *g, forge_
     return FORGE_OK;
 }
 
-FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf *g, forge__tensor_table *table,
-                                               forge__arena *arena, forge__err *err) {
+static forge_status forge__gguf_read(forge__reader *r, const forge__file *f, forge__gguf *g, forge__tensor_table *table,
+                                     forge__arena *arena, forge__err *err) {
     memset(g, 0, sizeof *g);
-    forge__reader r = {f->data, f->data + f->size, f->path, err, false};
     char magic[4];
-    if (!forge__rd(&r, magic, 4, "magic")) return FORGE_ERR_FORMAT;
+    if (!forge__rd(r, magic, 4, "magic")) return FORGE_ERR_FORMAT;
     if (memcmp(magic, "GGUF", 4) != 0) return forge__fail(err, FORGE_ERR_FORMAT, "%s: not a GGUF file (bad magic)", f->path);
     uint64_t n_tensors, n_kv;
-    if (!forge__rd(&r, &g->version, 4, "version")) return FORGE_ERR_FORMAT;
+    if (!forge__rd(r, &g->version, 4, "version")) return FORGE_ERR_FORMAT;
     if (g->version != 2 && g->version != 3)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: GGUF version %u (forge reads 2 and 3)", f->path, g->version);
-    if (!forge__rd(&r, &n_tensors, 8, "tensor count") || !forge__rd(&r, &n_kv, 8, "metadata count"))
+    if (!forge__rd(r, &n_tensors, 8, "tensor count") || !forge__rd(r, &n_kv, 8, "metadata count"))
         return FORGE_ERR_FORMAT;
     /* Each kv needs at least 12 bytes, each tensor info at least 24: bounds before allocating. */
     if (n_kv > f->size / 12 || n_tensors > f->size / 24)
@@ -909,7 +965,7 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
     forge__strset keys = {0};
     if (!forge__strset_init(&keys, (size_t)n_kv)) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     forge_status kst = FORGE_OK;
-    for (uint64_t i = 0; i < n_kv && !kst; i++) kst = forge__gguf_read_kv(&r, g, arena, &keys, err);
+    for (uint64_t i = 0; i < n_kv && !kst; i++) kst = forge__gguf_read_kv(r, g, arena, &keys, err);
     forge__strset_free(&keys);
     if (kst) return kst;
     /* Tensor infos: offsets are validated after the data offset is known. */
@@ -919,7 +975,7 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
     forge_status st = FORGE_OK;
     for (uint64_t i = 0; i < n_tensors && !st; i++) {
         info_t *ti = &infos[i];
-        if (!forge__rd_str(&r, &ti->name, &ti->len, "tensor name") || !forge__rd(&r, &ti->nd, 4, "tensor n_dims")) {
+        if (!forge__rd_str(r, &ti->name, &ti->len, "tensor name") || !forge__rd(r, &ti->nd, 4, "tensor n_dims")) {
             st = FORGE_ERR_FORMAT;
             break;
         }
@@ -928,12 +984,12 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
                              ti->name, ti->nd);
             break;
         }
-        if (!forge__rd(&r, ti->ne, 8ull * ti->nd, "tensor shape") || !forge__rd(&r, &ti->type, 4, "tensor type") ||
-            !forge__rd(&r, &ti->off, 8, "tensor offset"))
+        if (!forge__rd(r, ti->ne, 8ull * ti->nd, "tensor shape") || !forge__rd(r, &ti->type, 4, "tensor type") ||
+            !forge__rd(r, &ti->off, 8, "tensor offset"))
             st = FORGE_ERR_FORMAT;
     }
     if (!st) {
-        uint64_t pos = (uint64_t)(r.p - f->data);
+        uint64_t pos = (uint64_t)(r->p - f->data);
         g->data_offset = forge__align_up(pos, g->alignment);
         if (g->data_offset > f->size && n_tensors > 0)
             st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor data would start at %llu, past the end of the file (%llu bytes)",
@@ -982,10 +1038,20 @@ FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf
                              (unsigned long long)data_size);
             break;
         }
-        t.data = f->data + g->data_offset + ti->off;
+        t.data = f->avail == f->size ? f->data + g->data_offset + ti->off : NULL;
         st = forge__tensor_add(table, arena, &t, err);
     }
     free(infos);
+    return st;
+}
+
+/* Parses a GGUF's metadata and tensor infos into *g and `table`. On a file read in part
+ * (f->avail < f->size) that ends inside the header, g->short_head says to read more. */
+FORGE__INTERNAL forge_status forge__gguf_parse(const forge__file *f, forge__gguf *g, forge__tensor_table *table,
+                                               forge__arena *arena, forge__err *err) {
+    forge__reader r = {f->data, f->data + f->avail, f->path, err, false, false};
+    forge_status st = forge__gguf_read(&r, f, g, table, arena, err);
+    g->short_head = st && r.at_end && f->avail < f->size;
     return st;
 }
 
@@ -5130,7 +5196,7 @@ typedef struct forge__layer {
  * An adapted projection computes y = x W^T + scale * (x A^T) B^T beside its frozen weight W.
  * The targets are named as HF names the projections; one pair of f32 matrices per (layer,
  * target). The model holds one set for inference (forge_model_params.adapter_path); a trainer
- * holds its own, with gradients and optimizer state at the same offsets (section 12). */
+ * holds its own, with gradients and optimizer state at the same offsets (section 13). */
 
 typedef enum forge__target {
     FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN, FORGE__T_COUNT
@@ -5157,11 +5223,11 @@ typedef struct forge__lora {
 } forge__lora;
 
 struct forge__loader;
-static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 12 */
-static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 12 */
+static forge_status forge__model_adapter(struct forge__loader *L, const char *dir); /* section 13 */
+static forge_status forge__model_merge_adapter(forge_model *m);                    /* section 13 */
 struct forge__adapter_host;
-static uint64_t forge__model_fingerprint(const forge_model *m);                    /* section 13 */
-static uint64_t forge__adapter_identity(const forge__config *c, const struct forge__adapter_host *ah); /* section 13 */
+static uint64_t forge__model_fingerprint(const forge_model *m);                    /* section 14 */
+static uint64_t forge__adapter_identity(const forge__config *c, const struct forge__adapter_host *ah); /* section 14 */
 
 static const forge__lora_pair *forge__lora_at(const forge__lora *lo, int layer, forge__target t) {
     if (!lo || !lo->pairs) return NULL;
@@ -5204,8 +5270,8 @@ struct forge_model {
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */
-    uint64_t fingerprint;         /* the config, tensor headers and a few weight bytes, hashed (section 13: state files) */
-    uint64_t adapter_id;          /* the adapter's identity, hashed; 0: none (section 13) */
+    uint64_t fingerprint;         /* the config, tensor headers and a few weight bytes, hashed (section 14: state files) */
+    uint64_t adapter_id;          /* the adapter's identity, hashed; 0: none (section 14) */
 };
 
 /* ---- Weight roles and their names under each convention ---- */
@@ -5465,17 +5531,21 @@ static forge_status forge__weight_plan_chunks(forge__loader *L, forge__weight *w
         c->rows = (uint32_t)FORGE__MIN(per_chunk, w->rows - c->row0);
         if (b) { /* source rows row0 / 2 .. of both tensors */
             uint64_t r0 = c->row0 / 2, n = c->rows / 2;
-            if ((st = forge__upload_interleaved(L, a->t->data + r0 * wrow, b->t->data + r0 * wrow, n, wrow, &c->w))) return st;
+            if ((st = forge__upload_interleaved(L, forge__tensor_at(a->t, r0 * wrow), forge__tensor_at(b->t, r0 * wrow), n, wrow, &c->w))) return st;
             if (w->fmt == FORGE__W_MLX) {
-                if ((st = forge__upload_interleaved(L, a->scales->data + r0 * arow, b->scales->data + r0 * arow, n, arow, &c->scales))) return st;
-                if ((st = forge__upload_interleaved(L, a->biases->data + r0 * arow, b->biases->data + r0 * arow, n, arow, &c->biases))) return st;
+                if ((st = forge__upload_interleaved(L, forge__tensor_at(a->scales, r0 * arow), forge__tensor_at(b->scales, r0 * arow), n, arow,
+                                                    &c->scales))) return st;
+                if ((st = forge__upload_interleaved(L, forge__tensor_at(a->biases, r0 * arow), forge__tensor_at(b->biases, r0 * arow), n, arow,
+                                                    &c->biases))) return st;
             }
             continue;
         }
-        if ((st = forge__upload_add(L, a->t->data + c->row0 * wrow, c->rows * wrow, a->t->dtype, false, 0, &c->w))) return st;
+        if ((st = forge__upload_add(L, forge__tensor_at(a->t, c->row0 * wrow), c->rows * wrow, a->t->dtype, false, 0, &c->w))) return st;
         if (w->fmt == FORGE__W_MLX) {
-            if ((st = forge__upload_add(L, a->scales->data + c->row0 * arow, c->rows * arow, a->scales->dtype, false, 0, &c->scales))) return st;
-            if ((st = forge__upload_add(L, a->biases->data + c->row0 * arow, c->rows * arow, a->biases->dtype, false, 0, &c->biases))) return st;
+            if ((st = forge__upload_add(L, forge__tensor_at(a->scales, c->row0 * arow), c->rows * arow, a->scales->dtype, false, 0, &c->scales)))
+                return st;
+            if ((st = forge__upload_add(L, forge__tensor_at(a->biases, c->row0 * arow), c->rows * arow, a->biases->dtype, false, 0, &c->biases)))
+                return st;
         }
     }
     const forge__wsrc *srcs[2] = {a, b};
@@ -5547,10 +5617,10 @@ static forge_status forge__plan_qkv(forge__loader *L, forge__layer *ly, int laye
         for (int i = 0; i < 3; i++) { /* rows of projection i inside this chunk */
             uint32_t a = FORGE__MAX(ch->row0, starts[i]), b = FORGE__MIN(ch->row0 + ch->rows, starts[i + 1]);
             uint32_t n = b > a ? b - a : 0, r0 = a - starts[i];
-            pw[i] = (forge__part){n ? t[i]->data + r0 * wrow : NULL, n * wrow};
+            pw[i] = (forge__part){n ? forge__tensor_at(t[i], r0 * wrow) : NULL, n * wrow};
             if (f->fmt == FORGE__W_MLX) {
-                ps[i] = (forge__part){n ? src[i].scales->data + r0 * arow : NULL, n * arow};
-                pb[i] = (forge__part){n ? src[i].biases->data + r0 * arow : NULL, n * arow};
+                ps[i] = (forge__part){n ? forge__tensor_at(src[i].scales, r0 * arow) : NULL, n * arow};
+                pb[i] = (forge__part){n ? forge__tensor_at(src[i].biases, r0 * arow) : NULL, n * arow};
             }
         }
         if ((st = forge__upload_parts(L, pw, 3, t[0]->dtype, false, 0, &ch->w))) return st;
@@ -5935,7 +6005,7 @@ typedef struct forge__step_params {
  * out_row0 tokens each, right-padded). */
 typedef enum forge__out_mode {
     FORGE__OUT_LOGITS = 0, FORGE__OUT_SAMPLE = 1, FORGE__OUT_CLASSIFY = 2,
-    /* batch generation (section 9b): one sequence's prompt tokens (PREFILL) or one token of each
+    /* batch generation (section 10b): one sequence's prompt tokens (PREFILL) or one token of each
      * of n sequences (DECODE); each out row reduced as OUT_SAMPLE's row (candidates and normalizer
      * per row, at the row's temperature), or its logits read back (_LOGITS: the host's penalty) */
     FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6
@@ -6125,7 +6195,7 @@ static uint64_t forge__session_host_visible_bytes(const forge_model *m, const fo
 
 /* ---- Recording the forward pass ----
  * One layer's forward pass is written once and serves inference (a session's scratch and KV
- * cache) and training (activations kept per layer for the backward pass, section 12): what
+ * cache) and training (activations kept per layer for the backward pass, section 13): what
  * differs is in forge__pass (the shape of the rows) and forge__acts (where each tensor goes). */
 
 /* What a recorded pass works with: the model, the recorder and the rows it runs. */
@@ -7136,37 +7206,37 @@ static void forge__names_free(forge__names *l) {
 
 /* The shard names of a safetensors directory: those model.safetensors.index.json maps to
  * (first appearance order), else every *.safetensors in name order. */
-static forge_status forge__safetensors_shards(forge_model *m, const char *dir, forge__names *names) {
+static forge_status forge__safetensors_shards(const char *dir, forge__names *names, forge__err *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (forge__file_exists(path)) {
         char *idx = NULL;
         size_t len;
-        forge_status st = forge__read_text(path, &idx, &len, &m->err);
+        forge_status st = forge__read_text(path, &idx, &len, err);
         if (st) return st;
         cJSON *root = cJSON_ParseWithLength(idx, len);
         free(idx);
         cJSON *wm = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
-        if (!cJSON_IsObject(wm)) st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: no 'weight_map' object", path);
+        if (!cJSON_IsObject(wm)) st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no 'weight_map' object", path);
         for (cJSON *it = wm ? wm->child : NULL; it && !st; it = it->next) {
             if (!cJSON_IsString(it) || strchr(it->valuestring, '/') || strstr(it->valuestring, ".."))
-                st = forge__fail(&m->err, FORGE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the directory", path,
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name in the directory", path,
                                  it->string ? it->string : "?");
             else if (!forge__names_has(names, it->valuestring) && !forge__names_add(names, it->valuestring))
-                st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+                st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         }
         cJSON_Delete(root);
         return st;
     }
     DIR *dp = opendir(dir);
-    if (!dp) return forge__fail(&m->err, FORGE_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    if (!dp) return forge__fail(err, FORGE_ERR_IO, "%s: cannot open directory: %s", dir, strerror(errno));
     forge_status st = FORGE_OK;
     struct dirent *de;
     while (!st && (de = readdir(dp)))
         if (forge__ends_with(de->d_name, ".safetensors") && de->d_name[0] != '.' && !forge__names_add(names, de->d_name))
-            st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     closedir(dp);
-    if (!st && names->n == 0) st = forge__fail(&m->err, FORGE_ERR_IO, "%s: no *.safetensors files", dir);
+    if (!st && names->n == 0) st = forge__fail(err, FORGE_ERR_IO, "%s: no *.safetensors files", dir);
     if (!st) qsort(names->v, (size_t)names->n, sizeof *names->v, forge__cmp_str);
     return st;
 }
@@ -7179,7 +7249,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
     if (single) {
         if (!forge__names_add(&names, single)) st = forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     } else {
-        st = forge__safetensors_shards(m, dir, &names);
+        st = forge__safetensors_shards(dir, &names, &m->err);
     }
     char path[4096];
     for (int i = 0; i < names.n && !st; i++) {
@@ -7193,7 +7263,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
     return st;
 }
 
-/* The checkpoint's chat template, kept to recognise its family (section 11): from
+/* The checkpoint's chat template, kept to recognise its family (section 12): from
  * tokenizer_config.json's "chat_template" (a string, or a list of {name, template} of which
  * "default" is taken) or chat_template.jinja in `dir`. Absent is fine. */
 static void forge__chat_template_from_dir(forge_model *m, const char *dir) {
@@ -7551,7 +7621,7 @@ FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_pas
 static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     const forge__config *c = &s->m->cfg;
     if (n_keep == 0 || n_keep >= s->n_past) return true;
-    if (s->kv_from > FORGE__MAX(0, n_keep - c->sliding_window + 1)) return false; /* not restored (section 13), or turned by a shift (forge__slide) */
+    if (s->kv_from > FORGE__MAX(0, n_keep - c->sliding_window + 1)) return false; /* not restored (section 14), or turned by a shift (forge__slide) */
     for (int l = 0; l < c->n_layers; l++) {
         if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
         int need_from = FORGE__MAX(0, n_keep - c->sliding_window + 1);
@@ -7632,7 +7702,338 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
 }
 
 /* =======================================================================================
- * 9. Generation
+ * 9. Discovery
+ * A directory tree searched for models without mapping a weight. The walk collects the
+ * candidates (a directory with config.json and safetensors, each .gguf); each is then read
+ * the way forge_model_load reads it, but with the headers read by pread (forge__file_read_head)
+ * into the same parsers, and (unless quick) the loader's own plan (forge__plan_model) made on
+ * a model that has no device, under nominal limits. Reports go out in path order.
+ * ===================================================================================== */
+
+FORGE_API forge_discover_params forge_discover_default_params(void) {
+    forge_discover_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.max_depth = 8;
+    return p;
+}
+
+typedef struct forge__candidate {
+    char *path;
+    bool gguf;
+} forge__candidate;
+
+typedef struct forge__discovery {
+    forge_discover_params p;
+    forge__logger log;
+    forge__candidate *found;
+    int n_found, cap_found;
+    struct { dev_t dev; ino_t ino; } *seen; /* directories searched: each once, so link loops end
+                                             * (a list searched linearly: fine for thousands) */
+    int n_seen, cap_seen;
+    forge__err err;
+} forge__discovery;
+
+static forge_status forge__discover_add(forge__discovery *d, const char *path, bool gguf) {
+    if (d->n_found == d->cap_found) {
+        int cap = d->cap_found ? d->cap_found * 2 : 16;
+        forge__candidate *f = (forge__candidate *)realloc(d->found, sizeof *f * (size_t)cap);
+        if (!f) return forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        d->found = f;
+        d->cap_found = cap;
+    }
+    if (!(d->found[d->n_found].path = strdup(path))) return forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    d->found[d->n_found++].gguf = gguf;
+    return FORGE_OK;
+}
+
+/* false when the directory was searched already; else remembers it */
+static bool forge__discover_first_visit(forge__discovery *d, const struct stat *sb, forge_status *st) {
+    for (int i = 0; i < d->n_seen; i++)
+        if (d->seen[i].dev == sb->st_dev && d->seen[i].ino == sb->st_ino) return false;
+    if (d->n_seen == d->cap_seen) {
+        int cap = d->cap_seen ? d->cap_seen * 2 : 64;
+        void *s = realloc(d->seen, sizeof *d->seen * (size_t)cap);
+        if (!s) {
+            *st = forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            return false;
+        }
+        d->seen = s;
+        d->cap_seen = cap;
+    }
+    d->seen[d->n_seen].dev = sb->st_dev;
+    d->seen[d->n_seen++].ino = sb->st_ino;
+    return true;
+}
+
+static void forge__path_join(char *buf, size_t size, const char *dir, const char *name) {
+    size_t n = strlen(dir);
+    snprintf(buf, size, "%s%s%s", dir, n && dir[n - 1] == '/' ? "" : "/", name);
+}
+
+/* Collects the candidates in `dir` (already marked seen) and below, to max_depth. */
+static forge_status forge__discover_walk(forge__discovery *d, const char *dir, int depth) {
+    DIR *dp = opendir(dir);
+    if (!dp) {
+        forge__log(&d->log, FORGE_LOG_WARN, "%s: skipped, cannot open directory: %s", dir, strerror(errno));
+        return FORGE_OK;
+    }
+    forge__names subdirs = {0};
+    bool config = false, weights = false;
+    forge_status st = FORGE_OK;
+    const size_t path_size = 4096;
+    char *path = (char *)malloc(path_size); /* on the heap: the recursion is as deep as the tree */
+    if (!path) st = forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    struct dirent *de;
+    while (!st && (de = readdir(dp))) {
+        const char *name = de->d_name;
+        if (name[0] == '.') continue; /* ., .., hidden entries (.git, .cache) */
+        if (strlen(dir) + strlen(name) + 2 > path_size) {
+            forge__log(&d->log, FORGE_LOG_WARN, "%s/%s: skipped, path too long", dir, name);
+            continue;
+        }
+        forge__path_join(path, path_size, dir, name);
+        struct stat ls, sb;
+        if (lstat(path, &ls) != 0) continue;
+        if (stat(path, &sb) != 0) {
+            forge__log(&d->log, FORGE_LOG_WARN, "%s: skipped: %s", path, strerror(errno));
+            continue;
+        }
+        if (S_ISDIR(sb.st_mode)) {
+            if (S_ISLNK(ls.st_mode) && !d->p.follow_symlinks)
+                forge__log(&d->log, FORGE_LOG_INFO, "%s: link to a directory not followed (follow_symlinks)", path);
+            else if (depth < d->p.max_depth && !forge__names_add(&subdirs, name))
+                st = forge__fail(&d->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        } else if (S_ISREG(sb.st_mode)) {
+            if (!strcmp(name, "config.json")) config = true;
+            else if (forge__ends_with(name, ".safetensors") || !strcmp(name, "model.safetensors.index.json")) weights = true;
+            else if (forge__ends_with(name, ".gguf")) st = forge__discover_add(d, path, true);
+        }
+    }
+    closedir(dp);
+    if (!st && config && weights) st = forge__discover_add(d, dir, false);
+    for (int i = 0; i < subdirs.n && !st; i++) {
+        forge__path_join(path, path_size, dir, subdirs.v[i]);
+        struct stat sb;
+        if (stat(path, &sb) != 0) continue;
+        if (forge__discover_first_visit(d, &sb, &st)) st = forge__discover_walk(d, path, depth + 1);
+        else if (!st) forge__log(&d->log, FORGE_LOG_INFO, "%s: skipped, directory already searched (a link loop?)", path);
+    }
+    forge__names_free(&subdirs);
+    free(path);
+    return st;
+}
+
+/* Bits per element of a storage type named as forge__main_format names them ("q4_k+" 4,
+ * "bf16" 16, "mlx4" 4): the first number in the name. */
+static int forge__format_bits(const char *name) {
+    const char *p = name;
+    while (*p && !isdigit((unsigned char)*p)) p++;
+    return *p ? atoi(p) : 0;
+}
+
+/* One candidate, checked as forge_model_load would check it. `m` is a model with no device
+ * that holds the tensors and config; `d->err` gets the first failure. */
+typedef struct forge__probe {
+    forge_discovered_model out;
+    char arch[64];
+    char dtype[16];
+    forge__err reason;
+} forge__probe;
+
+static void forge__probe_fail(forge__probe *r, forge_status st, const forge__err *err) {
+    if (r->out.status) return; /* the first failure is the one the loader reports */
+    r->out.status = st;
+    r->reason = *err;
+}
+
+/* Parameters in a tensor as the table tells them (quick mode; the plan counts otherwise): MLX
+ * codes (u32) unpacked at the config's bits, their scales and biases and RoPE factors none. */
+static uint64_t forge__table_params(const forge__tensor *t, int mlx_bits) {
+    if (mlx_bits > 0 && (forge__ends_with(t->name, ".scales") || forge__ends_with(t->name, ".biases"))) return 0;
+    if (!strcmp(t->name, "rope_freqs.weight")) return 0;
+    uint64_t n = forge__tensor_elements(t);
+    return mlx_bits > 0 && t->dtype == FORGE__U32 ? n * 32 / (uint64_t)mlx_bits : n;
+}
+
+/* The dominant matrix type in the tensor table (quick mode; the plan's forge__main_format
+ * otherwise): most parameters among 2-D tensors; MLX codes are "mlx" with the config's bits. */
+static void forge__table_format(const forge__tensor_table *tt, int mlx_bits, char *out, size_t size) {
+    uint64_t elems[FORGE__DTYPE_INVALID + 1] = {0};
+    for (int i = 0; i < tt->count; i++)
+        if (tt->items[i].n_dims == 2) elems[tt->items[i].dtype] += forge__table_params(&tt->items[i], mlx_bits);
+    int best = -1, kinds = 0;
+    for (int k = 0; k <= FORGE__DTYPE_INVALID; k++) {
+        if (elems[k] && (best < 0 || elems[k] > elems[best])) best = k;
+        kinds += elems[k] > 0;
+    }
+    if (best < 0) snprintf(out, size, "%s", "");
+    else if (best == FORGE__U32 && mlx_bits > 0) snprintf(out, size, "mlx%d%s", mlx_bits, kinds > 1 ? "+" : "");
+    else snprintf(out, size, "%s%s", forge__dtype_name((forge__dtype)best), kinds > 1 ? "+" : "");
+}
+
+/* The first read of a GGUF's header (metadata, the vocabulary included, and tensor infos),
+ * grown 4x until the header fits; tests make it small. */
+FORGE__INTERNAL uint64_t forge__gguf_head_bytes = (uint64_t)1 << 20;
+
+static void forge__probe_gguf(forge_model *m, const char *path, forge__probe *r, forge__file *f, forge__gguf *g) {
+    forge_status st;
+    for (uint64_t n = forge__gguf_head_bytes;;) {
+        if ((st = forge__file_read_head(f, path, n, &m->err))) {
+            forge__probe_fail(r, st, &m->err);
+            return;
+        }
+        st = forge__gguf_parse(f, g, &m->tensors, &m->arena, &m->err);
+        if (!st || !g->short_head) break;
+        n = n > f->size / 4 ? f->size : n * 4; /* short_head: n < f->size, so this grows */
+        forge__file_unmap(f);
+        forge__arena_free(&m->arena);
+        memset(&m->tensors, 0, sizeof m->tensors);
+    }
+    r->out.n_files = 1;
+    r->out.bytes = f->size;
+    if (st) {
+        forge__probe_fail(r, st, &m->err);
+        return;
+    }
+    const char *as;
+    uint64_t alen;
+    if (forge__gguf_get_str(g, "general.architecture", &as, &alen))
+        snprintf(r->arch, sizeof r->arch, "%.*s", (int)FORGE__MIN(alen, sizeof r->arch - 1), as);
+    if ((st = forge__config_from_gguf(g, &m->tensors, path, &m->cfg, &m->err))) forge__probe_fail(r, st, &m->err);
+}
+
+static void forge__probe_safetensors(forge_model *m, const char *dir, forge__probe *r, int *mlx_bits) {
+    forge_status st;
+    char path[4200], *text = NULL;
+    size_t len;
+    forge__path_join(path, sizeof path, dir, "config.json");
+    if ((st = forge__read_text(path, &text, &len, &m->err))) {
+        forge__probe_fail(r, st, &m->err);
+    } else {
+        cJSON *root = cJSON_ParseWithLength(text, len);
+        const char *mt = forge__json_str(root, "model_type");
+        if (mt) snprintf(r->arch, sizeof r->arch, "%s", mt);
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization");
+        *mlx_bits = forge__json_int(q, "bits", 0);
+        cJSON_Delete(root);
+        if ((st = forge__config_from_hf_json(text, len, path, &m->cfg, &m->err))) forge__probe_fail(r, st, &m->err);
+        free(text);
+    }
+    /* the shards, header by header, even when the config failed (sizes and parameters are still told) */
+    forge__names names = {0};
+    if ((st = forge__safetensors_shards(dir, &names, &m->err))) forge__probe_fail(r, st, &m->err);
+    r->out.n_files = names.n;
+    bool parse = true;
+    for (int i = 0; i < names.n; i++) {
+        forge__path_join(path, sizeof path, dir, names.v[i]);
+        forge__file f;
+        if ((st = forge__file_read_head(&f, path, 8, &m->err))) {
+            forge__probe_fail(r, st, &m->err);
+            parse = false;
+            continue;
+        }
+        r->out.bytes += f.size;
+        uint64_t hlen = 0;
+        for (int b = (int)f.avail - 1; b >= 0; b--) hlen = (hlen << 8) | f.data[b];
+        forge__file_unmap(&f);
+        if (!parse) continue;
+        /* the parser judges the length; a sane one is read whole */
+        uint64_t want = 8 + FORGE__MIN(hlen, (uint64_t)100 << 20);
+        if ((st = forge__file_read_head(&f, path, want, &m->err)) ||
+            (st = forge__safetensors_parse(&f, &m->tensors, &m->arena, &m->err))) {
+            forge__probe_fail(r, st, &m->err);
+            parse = false;
+        }
+        forge__file_unmap(&f);
+    }
+    forge__names_free(&names);
+}
+
+/* Fills r->out for the candidate. */
+static void forge__probe_candidate(const forge__discovery *d, const forge__candidate *c, forge__probe *r) {
+    memset(r, 0, sizeof *r);
+    r->out.path = c->path;
+    r->out.format = c->gguf ? FORGE_FORMAT_GGUF : FORGE_FORMAT_SAFETENSORS;
+    r->out.format_name = c->gguf ? "gguf" : "safetensors";
+    forge_model *m = (forge_model *)calloc(1, sizeof *m);
+    if (!m) {
+        r->out.status = FORGE_ERR_OUT_OF_MEMORY;
+        snprintf(r->reason.msg, sizeof r->reason.msg, "out of host memory");
+    } else {
+        forge__file f = {0};
+        forge__gguf g;
+        int mlx_bits = 0;
+        if (c->gguf) forge__probe_gguf(m, c->path, r, &f, &g);
+        else forge__probe_safetensors(m, c->path, r, &mlx_bits);
+        for (int i = 0; i < m->tensors.count; i++) r->out.n_params += forge__table_params(&m->tensors.items[i], mlx_bits);
+        forge__table_format(&m->tensors, mlx_bits, r->dtype, sizeof r->dtype);
+        if (!r->out.status && !d->p.quick) {
+            /* the loader's plan, under nominal limits: 1 GiB blocks and bindings, 16-byte alignment */
+            m->dev.caps.max_storage_range = m->dev.caps.max_alloc = (uint64_t)1 << 30;
+            m->dev.caps.storage_align = 16;
+            forge__loader L;
+            memset(&L, 0, sizeof L);
+            L.m = m;
+            L.gguf = c->gguf;
+            forge_status st = forge__plan_model(&L);
+            if (!st) st = forge__pack_plan(&L.pack, &m->arena, &m->dev.caps, &m->err);
+            if (st) {
+                forge__probe_fail(r, st, &m->err);
+            } else {
+                forge__main_format(m);
+                snprintf(r->dtype, sizeof r->dtype, "%s", m->main_format);
+                r->out.n_params = m->n_params;
+                r->out.device_bytes = forge__pack_total(&L.pack);
+            }
+        }
+        forge__file_unmap(&f);
+        forge__arena_free(&m->arena);
+        free(m);
+    }
+    r->out.loadable = r->out.status == FORGE_OK;
+    r->out.architecture = r->arch;
+    r->out.weight_dtype = r->dtype;
+    r->out.quant_bits = forge__format_bits(r->dtype);
+    r->out.reason = r->reason.msg;
+}
+
+static int forge__cmp_candidate(const void *a, const void *b) {
+    return strcmp(((const forge__candidate *)a)->path, ((const forge__candidate *)b)->path);
+}
+
+FORGE_API forge_status forge_discover(const char *dir, const forge_discover_params *params, forge_discover_fn fn, void *user_data,
+                                      char *errmsg, size_t errmsg_size) {
+    forge__discovery *d = (forge__discovery *)calloc(1, sizeof *d);
+    if (!d) return FORGE_ERR_OUT_OF_MEMORY;
+    FORGE__COPY_PARAMS(d->p, params, forge_discover_default_params);
+    d->log = (forge__logger){d->p.log, d->p.log_user_data};
+    forge_status st = FORGE_OK;
+    struct stat sb;
+    if (!dir || !fn) st = forge__fail(&d->err, FORGE_ERR_INVALID_ARGUMENT, "forge_discover: dir and fn must not be NULL");
+    else if (d->p.max_depth < 0) st = forge__fail(&d->err, FORGE_ERR_INVALID_ARGUMENT, "forge_discover: max_depth is %d; it must be >= 0", d->p.max_depth);
+    else if (stat(dir, &sb) != 0) st = forge__fail(&d->err, FORGE_ERR_IO, "%s: %s", dir, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode)) st = forge__fail(&d->err, FORGE_ERR_IO, "%s: not a directory", dir);
+    else if (access(dir, R_OK | X_OK) != 0) st = forge__fail(&d->err, FORGE_ERR_IO, "%s: cannot read the directory: %s", dir, strerror(errno));
+    if (!st && forge__discover_first_visit(d, &sb, &st)) st = forge__discover_walk(d, dir, 0);
+    if (!st) {
+        if (d->n_found) qsort(d->found, (size_t)d->n_found, sizeof *d->found, forge__cmp_candidate);
+        forge__probe r;
+        for (int i = 0; i < d->n_found; i++) {
+            forge__probe_candidate(d, &d->found[i], &r);
+            if (fn(user_data, &r.out)) break;
+        }
+    }
+    if (st && errmsg && errmsg_size) snprintf(errmsg, errmsg_size, "%s", d->err.msg);
+    for (int i = 0; i < d->n_found; i++) free(d->found[i].path);
+    free(d->found);
+    free(d->seen);
+    free(d);
+    return st;
+}
+
+/* =======================================================================================
+ * 10. Generation
  * A generate call: find the longest exact prefix of the prompt the cache already holds
  * (rotating sliding-window layers permitting), prefill the rest, then one replayed decode
  * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
@@ -8097,7 +8498,7 @@ FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metri
 }
 
 /* =======================================================================================
- * 9b. Batch generation
+ * 10b. Batch generation
  * Several sequences on one session, each in its own place of the KV cache (n_seq places of
  * slots[l] slots in every layer). A prompt is prefilled into its place alone; then every decode
  * step runs the current token of each live sequence as one row of the same products, and the
@@ -8516,9 +8917,7 @@ FORGE_API forge_status forge_batch_generate(forge_session *s, const forge_batch_
     return st;
 }
 
-/* =======================================================================================
- * 10. Classify
- * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
+/* ================================================================================ * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
  * to T tokens and run as B sequences at positions 0 .. T-1 (the pass's batch mode, as the
  * trainer runs it: keys of sequence b in cache rows b*T .., the session's cache used as
  * scratch); then each prompt's last real row is gathered, normed and put through the head
@@ -8722,7 +9121,7 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
 }
 
 /* =======================================================================================
- * 11. Chat
+ * 12. Chat
  * The native templates, in C: each follows its Jinja original line for line (trim is
  * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
  * handling). The test suite renders the same conversations with transformers and compares.
@@ -9081,7 +9480,7 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
 }
 
 /* =======================================================================================
- * 12. Training
+ * 13. Training
  * LoRA fine-tuning. First the adapter files (PEFT and mlx-lm, read and written, atomically),
  * then the trainer: its device plan (adapters, gradients and AdamW moments in a flat vector;
  * the activations the backward pass reads; scratch), the recorded step (the forward pass of
@@ -10704,7 +11103,7 @@ FORGE_API forge_status forge_trainer_profile(const forge_trainer *tr, char *out,
 }
 
 /* =======================================================================================
- * 13. State
+ * 14. State
  * A session's state to a file and back (go-mlx's state bundles): the tokens it holds and the
  * rows of every layer's KV cache that continuing needs, so that a new session of the same
  * model goes on where the old one stopped, with the same logits. The file is safetensors:

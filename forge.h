@@ -252,6 +252,72 @@ FORGE_API int forge_model_n_vocab(const forge_model *model);
 FORGE_API int forge_model_n_ctx_train(const forge_model *model);
 
 /* ---------------------------------------------------------------------------------------
+ * Discovery
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum forge_model_format {
+    FORGE_FORMAT_SAFETENSORS = 0,  /* a directory: config.json + *.safetensors (one file or shards) */
+    FORGE_FORMAT_GGUF = 1          /* one .gguf file */
+} forge_model_format;
+
+typedef struct forge_discover_params {
+    uint32_t struct_size;          /* sizeof(forge_discover_params), set by the default */
+    int max_depth;                 /* directory levels below `dir` to search; 0: `dir` only (default 8) */
+    int follow_symlinks;           /* 1: descend into symbolic links to directories (each directory is
+                                    * searched once, so loops end); 0 (default): don't. Links to files
+                                    * are always followed (the HuggingFace cache is made of them). */
+    int quick;                     /* 1: headers and config only: no tensor checks and no memory plan,
+                                    * so loadable means "config and architecture supported" and
+                                    * weight_dtype / quant_bits come from the tensor table */
+    forge_log_fn log;              /* optional: directories that cannot be read, links not followed */
+    void *log_user_data;
+} forge_discover_params;
+
+typedef struct forge_discovered_model {
+    const char *path;              /* the model directory or .gguf file: `dir` joined with the path below it */
+    forge_model_format format;
+    const char *format_name;       /* "safetensors" or "gguf" */
+    const char *architecture;      /* config.json model_type / general.architecture as written, supported
+                                    * or not ("mamba"); "" when the file cannot tell */
+    const char *weight_dtype;      /* dominant storage type of the matrices, as forge_model_info.weight_dtype
+                                    * ("f32", "bf16", "q4_k+", "mlx4"); "" when unknown */
+    int quant_bits;                /* that type's nominal bits (f32 32, bf16 16, q8_0 8, q6_k 6, q4_k 4,
+                                    * MLX its bits; block scales not counted); 0 when unknown */
+    uint64_t n_params;             /* parameters: those forge loads (forge_model_info.n_params) when the plan
+                                    * was made; else the elements of the text model's tensors in the headers
+                                    * (MLX codes unpacked at the config's bits; scales, biases, RoPE factors
+                                    * not counted); 0 when no header could be read */
+    int n_files;                   /* weight files: the .gguf, or the .safetensors shards */
+    uint64_t bytes;                /* their total size on disk */
+    uint64_t device_bytes;         /* device memory forge_model_load plans for the weights, on a device
+                                    * with 1 GiB allocations and 16-byte alignment (others differ by
+                                    * padding); 0 with quick or when not loadable */
+    int loadable;                  /* 1: forge_model_load should succeed, given a device with the memory
+                                    * and (not checked here) a readable tokenizer */
+    forge_status status;           /* FORGE_OK when loadable, else what forge_model_load would return */
+    const char *reason;            /* why not loadable (the message forge_model_load would give); "" when loadable */
+} forge_discovered_model;
+
+/* Called once per model found, in path order (byte-wise); `model` and its strings are valid
+ * during the call only. Return 0 to go on, non-zero to stop the search. */
+typedef int (*forge_discover_fn)(void *user_data, const forge_discovered_model *model);
+
+FORGE_API forge_discover_params forge_discover_default_params(void);
+
+/* Searches the directory tree under `dir` for models (go-mlx's Discover) and reports each to
+ * `fn`: a directory holding config.json and *.safetensors (or model.safetensors.index.json) is
+ * one model, each *.gguf file is one. Nothing is mapped or uploaded and no device is needed:
+ * headers are read with pread, the config parsed and (unless quick) the tensors checked and
+ * the weights' memory plan made exactly as forge_model_load does, so a model that cannot load
+ * is reported with the reason. The tokenizer is not checked. Hidden entries (".name") are
+ * skipped; directories that cannot be read are skipped and logged.
+ * Returns FORGE_OK when the search ran (whatever the models' own status, and also when `fn`
+ * stopped it), FORGE_ERR_INVALID_ARGUMENT for a NULL dir / fn or a negative max_depth,
+ * FORGE_ERR_IO when `dir` is not a readable directory; errmsg (if not NULL) receives the reason. */
+FORGE_API forge_status forge_discover(const char *dir, const forge_discover_params *params, forge_discover_fn fn,
+                                      void *user_data, char *errmsg, size_t errmsg_size);
+
+/* ---------------------------------------------------------------------------------------
  * Session
  * ------------------------------------------------------------------------------------- */
 

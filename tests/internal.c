@@ -404,10 +404,16 @@ forge_status ft_safetensors_mem(const uint8_t *data, size_t size) {
     forge__err e;
     forge__arena a = {0};
     forge__tensor_table t = {0};
-    forge__file f = {(char *)"fuzz", data, size};
+    forge__file f = {(char *)"fuzz", data, size, size, false};
     forge_status st = forge__safetensors_parse(&f, &t, &a, &e);
     forge__arena_free(&a);
     return st;
+}
+
+uint64_t ft_discover_gguf_head_bytes(uint64_t n) {
+    uint64_t old = forge__gguf_head_bytes;
+    forge__gguf_head_bytes = n;
+    return old;
 }
 
 forge_status ft_gguf_mem(const uint8_t *data, size_t size) {
@@ -415,7 +421,7 @@ forge_status ft_gguf_mem(const uint8_t *data, size_t size) {
     forge__arena a = {0};
     forge__tensor_table t = {0};
     forge__gguf g;
-    forge__file f = {(char *)"fuzz", data, size};
+    forge__file f = {(char *)"fuzz", data, size, size, false};
     forge_status st = forge__gguf_parse(&f, &g, &t, &a, &e);
     if (!st) { /* exercise the config reader and the vocabulary walk too */
         forge__config cfg;
@@ -868,7 +874,7 @@ static forge_model *ft_state_model(void) {
 }
 
 forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t err_size) {
-    forge__file f = {(char *)"fuzz.state", data, size};
+    forge__file f = {(char *)"fuzz.state", data, size, size, false};
     forge__arena a = {0};
     forge__state state;
     forge__err e = {{0}};
@@ -963,3 +969,53 @@ forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, u
     forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0);
     return ft_end(&j, 2, k, bytes, 0, NULL, 0);
 }
+static char ft_discover_dir[256];
+static void ft_discover_dir_remove(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ft_discover_dir);
+    if (system(cmd)) {}
+}
+
+static int ft_discover_count(void *user, const forge_discovered_model *d) {
+    (*(int *)user) += d->loadable;
+    return 0;
+}
+
+forge_status ft_discover_mem(const uint8_t *data, size_t size) {
+    if (!ft_discover_dir[0]) {
+        snprintf(ft_discover_dir, sizeof ft_discover_dir, "%s/forge_fuzz_discover.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+                 (long)getpid());
+        mkdir(ft_discover_dir, 0777);
+        atexit(ft_discover_dir_remove);
+        forge__gguf_head_bytes = 64;
+    }
+    char path[300];
+    snprintf(path, sizeof path, "%s/m", ft_discover_dir);
+    mkdir(path, 0777);
+    const char *names[3] = {"x.gguf", "m/config.json", "m/model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", ft_discover_dir, names[i]);
+        remove(path);
+    }
+    bool gguf = size >= 4 && !memcmp(data, "GGUF", 4);
+    size_t clen = 0;
+    if (!gguf) {
+        if (size < 2) return FORGE_ERR_FORMAT;
+        clen = FORGE__MIN((size_t)data[0] | (size_t)data[1] << 8, size - 2);
+        data += 2;
+        size -= 2;
+    }
+    const uint8_t *parts[2] = {data, data + clen};
+    size_t sizes[2] = {gguf ? size : clen, size - clen};
+    for (int i = 0; i < (gguf ? 1 : 2); i++) {
+        snprintf(path, sizeof path, "%s/%s", ft_discover_dir, names[gguf ? 0 : i + 1]);
+        FILE *f = fopen(path, "wb");
+        if (!f) return FORGE_ERR_IO;
+        fwrite(parts[i], 1, sizes[i], f);
+        fclose(f);
+    }
+    int loadable = 0;
+    char err[256];
+    return forge_discover(ft_discover_dir, NULL, ft_discover_count, &loadable, err, sizeof err);
+}
+

@@ -99,6 +99,13 @@ forge_status ft_gguf_file(const char *path, char *err, size_t err_size, int *n_t
 /* The same on a memory buffer (fuzz targets). */
 forge_status ft_safetensors_mem(const uint8_t *data, size_t size);
 forge_status ft_gguf_mem(const uint8_t *data, size_t size);
+/* Discovery reads a GGUF's header in pieces of this many bytes at first (growing 4x; default
+ * 1 MiB); returns the previous value. */
+uint64_t ft_discover_gguf_head_bytes(uint64_t n);
+/* forge_discover on fuzz bytes: bytes starting "GGUF" are written as a .gguf file, others as
+ * [u16 n][config.json: n bytes][model.safetensors: the rest] in a model directory; the search
+ * runs with the GGUF header read 64 bytes at first. */
+forge_status ft_discover_mem(const uint8_t *data, size_t size);
 forge_status ft_config_mem(const uint8_t *data, size_t size);
 /* tokenizer.json on a buffer; when it loads, also encodes and decodes a few texts with it. */
 forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);

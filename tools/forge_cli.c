@@ -7,6 +7,7 @@
  *   forge chat MODEL [--system S] [sampling options] [--ctx-overflow MODE] [--keep N]
  *   forge devices
  *   forge info MODEL
+ *   forge discover DIR [--json] [--depth N] [--follow-symlinks] [--quick] [-v]
  *   forge logits MODEL --tokens "1 2 3" [--all]
  *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
  *   forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]
@@ -18,7 +19,7 @@
  *
  * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits, classify and bench also take
  * --adapter DIR [--merge-adapter] (a LoRA adapter).
- * Output formats of `logits`, `bench` and `train --json` are JSON and stable. */
+ * Output formats of `logits`, `bench`, `discover --json` and `train --json` are JSON and stable. */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
@@ -50,6 +51,9 @@ static void usage(FILE *f) {
             "                                   (shift by default), so a chat runs indefinitely\n"
             "  devices                          list Vulkan devices, preferred first\n"
             "  info MODEL                       architecture, shapes, device and memory plan\n"
+            "  discover DIR [--json] [--depth N] [--follow-symlinks] [--quick]\n"
+            "                                   the models under DIR (safetensors directories, .gguf files)\n"
+            "                                   and whether forge can load each, read from their headers\n"
             "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
             "                                   logits of the last (or every) position as JSON\n"
             "  classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--top-k K] [--top-p P]\n"
@@ -178,6 +182,130 @@ static int cmd_info(int argc, char **argv) {
         printf("  session plan: %s\n", forge_model_errmsg(m));
     }
     forge_model_free(m);
+    return 0;
+}
+
+/* ---- forge discover ---- */
+
+/* 1234 -> "1234", 1.5e9 -> "1.50G" */
+static void human_count(uint64_t n, const char *const units[4], double base, char *out, size_t size) {
+    double v = (double)n;
+    int u = 0;
+    while (v >= base && u < 3) { v /= base; u++; }
+    if (u == 0) snprintf(out, size, "%llu%s", (unsigned long long)n, units[0]);
+    else snprintf(out, size, "%.*f%s", v < 10 ? 2 : v < 100 ? 1 : 0, v, units[u]);
+}
+
+typedef struct discover_row {
+    char *path, *cells[6], *status;
+} discover_row;
+
+typedef struct discover_out {
+    int json, n;
+    discover_row *rows;
+    int failed;                /* out of memory while collecting */
+} discover_out;
+
+static void discover_json(const forge_discovered_model *d, int first) {
+    printf("%s\n  {\"path\": ", first ? "" : ",");
+    forge_cli_json_cstr(d->path);
+    printf(", \"format\": \"%s\", \"architecture\": ", d->format_name);
+    forge_cli_json_cstr(d->architecture);
+    printf(", \"weight_dtype\": ");
+    forge_cli_json_cstr(d->weight_dtype);
+    printf(", \"quant_bits\": %d, \"n_params\": %llu, \"n_files\": %d, \"bytes\": %llu, \"device_bytes\": %llu,",
+           d->quant_bits, (unsigned long long)d->n_params, d->n_files, (unsigned long long)d->bytes, (unsigned long long)d->device_bytes);
+    printf(" \"loadable\": %s, \"status\": \"%s\", \"reason\": ", d->loadable ? "true" : "false", forge_status_name(d->status));
+    forge_cli_json_cstr(d->reason);
+    printf("}");
+}
+
+static int discover_found(void *user, const forge_discovered_model *d) {
+    discover_out *o = (discover_out *)user;
+    if (o->json) {
+        discover_json(d, o->n++ == 0);
+        fflush(stdout);
+        return 0;
+    }
+    discover_row *rows = (discover_row *)realloc(o->rows, sizeof *rows * (size_t)(o->n + 1));
+    if (!rows) { o->failed = 1; return 1; }
+    o->rows = rows;
+    static const char *const count_units[4] = {"", "K", "M", "G"}, *const byte_units[4] = {" B", " KiB", " MiB", " GiB"};
+    char params[32], size[32], files[64], bits[16], status[1100];
+    human_count(d->n_params, count_units, 1000.0, params, sizeof params);
+    human_count(d->bytes, byte_units, 1024.0, size, sizeof size);
+    snprintf(files, sizeof files, "%d (%s)", d->n_files, size);
+    snprintf(bits, sizeof bits, "%d", d->quant_bits);
+    snprintf(status, sizeof status, "%s%s", d->loadable ? "yes" : "no: ", d->reason);
+    discover_row *r = &rows[o->n++];
+    r->path = strdup(d->path);
+    const char *cells[6] = {d->format_name, *d->architecture ? d->architecture : "?", *d->weight_dtype ? d->weight_dtype : "?",
+                            d->quant_bits ? bits : "?", params, files};
+    for (int i = 0; i < 6; i++) r->cells[i] = strdup(cells[i]);
+    r->status = strdup(status);
+    return 0;
+}
+
+static void discover_log(void *user, forge_log_level level, const char *msg) {
+    (void)user;
+    (void)level;
+    fprintf(stderr, "forge discover: %s\n", msg);
+}
+
+static int cmd_discover(int argc, char **argv) {
+    forge_discover_params p = forge_discover_default_params();
+    discover_out o = {0};
+    const char *dir = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--json")) o.json = 1;
+        else if (!strcmp(a, "--quick")) p.quick = 1;
+        else if (!strcmp(a, "--follow-symlinks")) p.follow_symlinks = 1;
+        else if (!strcmp(a, "-v")) p.log = discover_log;
+        else if (!strcmp(a, "--depth") && i + 1 < argc) {
+            long long v;
+            if (forge_cli_parse_int("discover", "--depth", argv[++i], 0, 1000, &v)) return 2;
+            p.max_depth = (int)v;
+        } else if (a[0] != '-' && !dir) dir = a;
+        else { fprintf(stderr, "forge discover: unexpected argument '%s'\n", a); dir = NULL; break; }
+    }
+    if (!dir) { fprintf(stderr, "usage: forge discover DIR [--json] [--depth N] [--follow-symlinks] [--quick] [-v]\n"); return 2; }
+    if (o.json) printf("[");
+    char err[512];
+    forge_status st = forge_discover(dir, &p, discover_found, &o, err, sizeof err);
+    if (o.json) printf("%s]\n", o.n ? "\n" : "");
+    if (st) {
+        fprintf(stderr, "forge discover: %s\n", err);
+        return 1;
+    }
+    if (!o.json) {
+        static const char *const head[8] = {"PATH", "FORMAT", "ARCH", "DTYPE", "BITS", "PARAMS", "FILES", "LOADABLE"};
+        int w[7];
+        for (int c = 0; c < 7; c++) w[c] = (int)strlen(head[c]);
+        for (int i = 0; i < o.n; i++)
+            for (int c = 0; c < 7; c++) {
+                const char *cell = c ? o.rows[i].cells[c - 1] : o.rows[i].path;
+                int n = cell ? (int)strlen(cell) : 0;
+                if (n > w[c]) w[c] = n;
+            }
+        for (int c = 0; c < 7 && o.n; c++) printf("%-*s  ", w[c], head[c]);
+        if (o.n) printf("%s\n", head[7]);
+        for (int i = 0; i < o.n; i++) {
+            for (int c = 0; c < 7; c++) {
+                const char *cell = c ? o.rows[i].cells[c - 1] : o.rows[i].path;
+                printf("%-*s  ", w[c], cell ? cell : "");
+            }
+            printf("%s\n", o.rows[i].status ? o.rows[i].status : "");
+        }
+        if (!o.n) printf("no models under %s\n", dir);
+    }
+    for (int i = 0; i < o.n && !o.json; i++) {
+        free(o.rows[i].path);
+        for (int c = 0; c < 6; c++) free(o.rows[i].cells[c]);
+        free(o.rows[i].status);
+    }
+    free(o.rows);
+    if (o.failed) { fprintf(stderr, "forge discover: out of memory\n"); return 1; }
     return 0;
 }
 
@@ -882,6 +1010,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "devices")) return cmd_devices();
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(cmd, "discover")) return cmd_discover(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
     if (!strcmp(cmd, "classify")) return cmd_classify(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
