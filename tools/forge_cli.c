@@ -24,13 +24,15 @@
 #include "cli.h"
 
 #include <cjson/cJSON.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static void usage(FILE *f) {
-    fprintf(f,
+/* The whole usage text. A command's entry starts on a line indented by two spaces with the
+ * command's name; its continuation lines are indented further (forge help VERB prints them). */
+static const char usage_text[] =
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
@@ -90,7 +92,29 @@ static void usage(FILE *f) {
             "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n"
-            "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n");
+                        "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
+            "exit status: 0 done, 1 a runtime error (forge: ... on stderr), 2 a usage error\n";
+
+static void usage(FILE *f) { fputs(usage_text, f); }
+
+/* forge help VERB, forge VERB --help: the entries of that command and the options. 0 when the
+ * command exists. */
+static int verb_help(const char *verb, FILE *f) {
+    size_t vl = strlen(verb);
+    bool in = false, found = false;
+    for (const char *l = usage_text; *l;) {
+        size_t n = strcspn(l, "\n") + (strchr(l, '\n') ? 1 : 0);
+        if (l[0] != ' ') in = false; /* usage:, options: and the notes after them */
+        else if (l[1] == ' ' && l[2] != ' ') in = !strncmp(l + 2, verb, vl) && (l[2 + vl] == ' ' || l[2 + vl] == '\n');
+        if (in) {
+            fputs(l[2] != ' ' ? (found ? "       forge " : "usage: forge ") : "", f);
+            fwrite(l[2] != ' ' ? l + 2 : l, 1, l[2] != ' ' ? n - 2 : n, f);
+            found = true;
+        }
+        l += n;
+    }
+    if (found) fputs(strstr(usage_text, "options:"), f);
+    return found ? 0 : 2;
 }
 
 static const char *type_name(forge_device_type t) {
@@ -1006,6 +1030,19 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
+    if (!strcmp(cmd, "help")) {
+        if (argc < 3) { usage(stdout); return 0; }
+        if (!strcmp(argv[2], "train")) { char *h[] = {(char *)"--help", NULL}; return cmd_train(1, h); }
+        if (verb_help(argv[2], stdout)) { fprintf(stderr, "forge help: unknown command '%s'\n", argv[2]); return 2; }
+        return 0;
+    }
+    /* forge VERB --help (forge train --help lists its own options); an option's value is not one */
+    for (int i = 2; i < argc && strcmp(cmd, "train"); i++) {
+        if (strcmp(argv[i], "--help") && strcmp(argv[i], "-h")) continue;
+        if (i > 2 && argv[i - 1][0] == '-' && strcmp(argv[i - 1], "--metrics") && strcmp(argv[i - 1], "--json")) continue;
+        if (verb_help(cmd, stdout)) break; /* not a command: the unknown-command error below */
+        return 0;
+    }
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "devices")) return cmd_devices();
