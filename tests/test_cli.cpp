@@ -55,3 +55,21 @@ TEST(Cli, HelpForEachCommand) {
     EXPECT_EQ(forge_cli("nosuch --help").status, 2);
     EXPECT_EQ(forge_cli("help").status, 0);
 }
+
+/* -m MODEL / --model MODEL, as llama.cpp's tools spell it, is the same as the positional MODEL */
+TEST(Cli, ModelFlagIsThePositionalModel) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string model = ft::src("models/stories260K/stories260K.gguf");
+    Out plain = forge_cli("run " + model + " -p 'Once upon' -n 6");
+    ASSERT_EQ(plain.status, 0) << plain.text;
+    EXPECT_EQ(forge_cli("run -m " + model + " -p 'Once upon' -n 6").text, plain.text);
+    EXPECT_EQ(forge_cli("run -p 'Once upon' --model " + model + " -n 6").text, plain.text);
+    Out info = forge_cli("info " + model);
+    ASSERT_EQ(info.status, 0) << info.text;
+    EXPECT_EQ(forge_cli("info -m " + model).text, info.text);
+    /* a prompt that reads "-m" stays the prompt */
+    Out p = forge_cli("run " + model + " -p -m -n 2");
+    EXPECT_EQ(p.status, 0) << p.text;
+    EXPECT_EQ(p.text.rfind("-m", 0), 0u) << p.text;
+    EXPECT_EQ(forge_cli("info -m").status, 2);
+}

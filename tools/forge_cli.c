@@ -91,7 +91,8 @@ static const char usage_text[] =
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
             "         -v                    log to stderr\n"
-            "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file\n"
+            "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file;\n"
+            "       -m MODEL or --model MODEL may stand for it\n"
                         "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
             "exit status: 0 done, 1 a runtime error (forge: ... on stderr), 2 a usage error\n";
 
@@ -1043,6 +1044,17 @@ int main(int argc, char **argv) {
         if (verb_help(cmd, stdout)) break; /* not a command: the unknown-command error below */
         return 0;
     }
+    /* -m MODEL / --model MODEL (llama.cpp's spelling) is the positional MODEL: drop the flag */
+    int kept = 2;
+    for (int i = 2; i < argc; i++) {
+        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && (i == 2 || strcmp(argv[i - 1], "-p"))) {
+            if (i + 1 < argc) continue;
+            fprintf(stderr, "forge %s: %s needs a MODEL\n", cmd, argv[i]);
+            return 2;
+        }
+        argv[kept++] = argv[i];
+    }
+    argc = kept;
     if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
     if (!strcmp(cmd, "devices")) return cmd_devices();
