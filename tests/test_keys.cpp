@@ -5,7 +5,10 @@
  * per layer, for safetensors and GGUF checkpoints (GGUF `llama` keys rotate adjacent pairs in
  * the cache and come back in HF's order). Sliding-window layers report exactly the positions
  * their ring still holds; a truncation and more decode steps move what is reported with the
- * cache. The size query, a too-small buffer and a bad layer fail as documented. */
+ * cache. The size query, a too-small buffer and a bad layer fail as documented. `forge keys
+ * --json` prints the same keys. */
+#include <cjson/cJSON.h>
+
 #include "parity.h"
 #include "util.h"
 
@@ -235,4 +238,58 @@ TEST(Keys, FollowTruncateAndDecode) {
     for (int l = 0; l < ref.n_layers; l++) expect_layer(s, ref, l, 0, 12, "llama after truncate + prefill");
     forge_session_free(s);
     forge_model_free(m);
+}
+
+/* The CLI: `forge keys --json` after seq0 gives the reference keys of every layer; --layer
+ * picks one; a bad layer fails naming it; the text form names shapes and positions. */
+TEST(Keys, Cli) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string dir = parity_dir("gemma2_f32"), d = ft::tmpdir("keys_cli");
+    ft::Fixture fx = ft::read_fixture(dir);
+    std::string toks;
+    for (int32_t t : fx.seqs[0].tokens) toks += std::to_string(t) + " ";
+    KeysRef ref;
+    ref.n_layers = 4, ref.n_kv = 2, ref.head_dim = 16, ref.n_tokens = (int)fx.seqs[0].tokens.size();
+    ref.k = ft::read_f32(dir + "/keys_seq0.f32");
+    ASSERT_EQ(ref.k.size(), 4u * 2 * 12 * 16);
+    std::string cmd = "./forge keys " + dir + " --ctx 64 --tokens \"" + toks + "\" --json > " + d + "/all.json";
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::vector<uint8_t> out = ft::read_file(d + "/all.json");
+    cJSON *root = cJSON_ParseWithLength((const char *)out.data(), out.size());
+    ASSERT_NE(root, nullptr) << std::string(out.begin(), out.end()).substr(0, 400);
+    EXPECT_EQ(cJSON_GetObjectItem(root, "n_layers")->valueint, 4);
+    EXPECT_EQ(cJSON_GetObjectItem(root, "n_tokens")->valueint, 12);
+    cJSON *layers = cJSON_GetObjectItem(root, "layers");
+    ASSERT_EQ(cJSON_GetArraySize(layers), 4);
+    for (int l = 0; l < 4; l++) {
+        cJSON *o = cJSON_GetArrayItem(layers, l);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "layer")->valueint, l);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "window")->valueint, l % 2 ? 0 : 8);
+        EXPECT_EQ(cJSON_GetObjectItem(o, "first")->valueint, 0);
+        ASSERT_EQ(cJSON_GetObjectItem(o, "n_rows")->valueint, 12);
+        std::vector<float> got, want;
+        cJSON *heads = cJSON_GetObjectItem(o, "keys"), *h, *r, *x;
+        int hi = 0;
+        cJSON_ArrayForEach(h, heads) {
+            int p = 0;
+            cJSON_ArrayForEach(r, h) {
+                cJSON_ArrayForEach(x, r) got.push_back((float)x->valuedouble);
+                want.insert(want.end(), ref.at(l, hi, p), ref.at(l, hi, p) + 16);
+                p++;
+            }
+            hi++;
+        }
+        ASSERT_EQ(got.size(), want.size()) << "layer " << l;
+        EXPECT_LE(ft::rel_err(got.data(), want.data(), want.size()), 1e-4) << "layer " << l;
+    }
+    cJSON_Delete(root);
+    cmd = "./forge keys " + dir + " --tokens \"1 2 3\" --layer 2 > " + d + "/one.txt";
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::vector<uint8_t> one = ft::read_file(d + "/one.txt");
+    EXPECT_EQ(std::string(one.begin(), one.end()), "layer 2: keys [2, 3, 16] (kv heads, positions, head_dim), positions 0..2, sliding window 8\n");
+    cmd = "./forge keys " + dir + " --tokens \"1 2 3\" --layer 4 --json > " + d + "/bad.txt 2> " + d + "/err.txt";
+    EXPECT_EQ(WEXITSTATUS(system(cmd.c_str())), 1);
+    std::vector<uint8_t> err = ft::read_file(d + "/err.txt"), bad = ft::read_file(d + "/bad.txt");
+    EXPECT_NE(std::string(err.begin(), err.end()).find("layer 4 is outside"), std::string::npos) << std::string(err.begin(), err.end());
+    EXPECT_TRUE(bad.empty()); /* no half-written JSON */
 }
