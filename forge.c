@@ -15,7 +15,8 @@
  *  11. Classify      many prompts in padded batches, one forward pass each, no decode loop
  *  12. Chat          the families' native chat templates
  *  13. Training      LoRA adapters (PEFT and mlx-lm files), the trainer: backward pass, AdamW
- *  14. State         a session's tokens and KV cache to a file and back (save / restore)
+ *  14. State         a session's tokens and KV cache to a file and back (save / restore);
+ *                   a layer's keys to the caller (inspection)
  *
  * Conventions: every internal name is static and starts with forge__; tensors are row-major
  * and their shapes are written outermost first ([rows, cols]); activations are f32.
@@ -11114,7 +11115,8 @@ FORGE_API forge_status forge_trainer_profile(const forge_trainer *tr, char *out,
  * all n_past of them for full-attention layers, what the ring holds for sliding-window ones.
  * Reading goes through section 2's parser, and every field is checked against the model and
  * the session before anything is copied; writing goes to a temporary file beside the target,
- * renamed over it once complete and flushed.
+ * renamed over it once complete and flushed. The same readback hands one layer's keys to the
+ * caller (go-mlx's AttentionInspector), per KV head in HF's rotate-half convention.
  * ===================================================================================== */
 
 #define FORGE__STATE_FORMAT "forge-state"
@@ -11501,9 +11503,10 @@ static forge_status forge__state_copy(forge__state_io *io, forge__range r, uint6
 }
 
 /* Moves the K or V rows of positions [first, first + count) of one layer between its cache
- * (position p in slot p % slots) and the host: to `fp` when saving, from `src` when loading. */
+ * (position p in slot p % slots) and the host: to `fp` (or with fp NULL, to `dst`) when
+ * reading, from `src` when loading. */
 static forge_status forge__state_rows(forge__state_io *io, forge__range cache, uint32_t slots, int first, int count, FILE *fp,
-                                      const uint8_t *src, const char *path) {
+                                      uint8_t *dst, const uint8_t *src, const char *path) {
     while (count > 0) {
         uint32_t slot = (uint32_t)first % slots;
         uint32_t k = (uint32_t)FORGE__MIN((uint32_t)count, FORGE__MIN(slots - slot, io->rows_cap));
@@ -11515,8 +11518,12 @@ static forge_status forge__state_rows(forge__state_io *io, forge__range cache, u
             st = forge__state_copy(io, cache, slot * io->kv_row, bytes, true);
         } else {
             st = forge__state_copy(io, cache, slot * io->kv_row, bytes, false);
-            if (!st && !forge__write_all(fp, io->stage.mapped, (size_t)bytes))
+            if (!st && !fp) {
+                memcpy(dst, io->stage.mapped, (size_t)bytes);
+                dst += bytes;
+            } else if (!st && !forge__write_all(fp, io->stage.mapped, (size_t)bytes)) {
                 st = forge__fail(&io->s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
+            }
         }
         if (st) return st;
         first += (int)k;
@@ -11542,6 +11549,15 @@ static void forge__sync_dir(const char *path) {
     }
 }
 
+/* The first of the positions layer l's cache holds of the session's n_past: the ring's, after
+ * a load what it restored (positions first .. n_past - 1; first == n_past when none). */
+static int forge__kv_first(const forge_session *s, int l) {
+    const forge__config *c = &s->m->cfg;
+    int first = FORGE__MAX(0, s->kv_high - (int)s->slots[l]);
+    if (c->layer_sliding[l] && c->sliding_window > 0) first = FORGE__MAX(first, s->kv_from);
+    return FORGE__MIN(s->n_past, first);
+}
+
 static forge_status forge__session_save(forge_session *s, const char *path) {
     const forge__config *c = &s->m->cfg;
     const int n = s->n_past;
@@ -11549,11 +11565,7 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     if (strlen(path) > 4096) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "save: the path is longer than 4096 bytes");
     int *rows = (int *)malloc(sizeof(int) * (size_t)c->n_layers), most = 1;
     if (!rows) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int l = 0; l < c->n_layers; l++) { /* the positions the cache holds: the ring's, after a load what it restored */
-        int first = FORGE__MAX(0, s->kv_high - (int)s->slots[l]);
-        if (c->layer_sliding[l] && c->sliding_window > 0) first = FORGE__MAX(first, s->kv_from);
-        most = FORGE__MAX(most, rows[l] = n - FORGE__MIN(n, first));
-    }
+    for (int l = 0; l < c->n_layers; l++) most = FORGE__MAX(most, rows[l] = n - forge__kv_first(s, l));
     uint8_t *header = NULL;
     size_t header_size = 0;
     forge__state_io io = {0};
@@ -11575,7 +11587,7 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
         st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
     for (int l = 0; l < c->n_layers && !st; l++)
         for (int kv = 0; kv < 2 && !st; kv++)
-            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - rows[l], rows[l], fp, NULL, path);
+            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - rows[l], rows[l], fp, NULL, NULL, path);
     if (fp) {
         if (!st && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
             st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
@@ -11608,7 +11620,7 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
         int keep = FORGE__MIN(sl->rows, (int)s->slots[l]); /* a smaller ring than the saving session's keeps the latest */
         uint64_t skip = (uint64_t)(sl->rows - keep) * io.kv_row;
         for (int kv = 0; kv < 2 && !st; kv++)
-            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - keep, keep, NULL, (kv ? sl->v : sl->k) + skip, NULL);
+            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - keep, keep, NULL, NULL, (kv ? sl->v : sl->k) + skip, NULL);
         if (c->layer_sliding[l] && c->sliding_window > 0) kv_from = FORGE__MAX(kv_from, n - keep);
     }
     forge__state_io_close(&io);
@@ -11658,4 +11670,64 @@ FORGE_API forge_status forge_session_tokens(const forge_session *s, int32_t *tok
     if (capacity < (size_t)s->n_past) return FORGE_ERR_BUFFER_TOO_SMALL;
     if (s->n_past) memcpy(tokens, s->history, 4ull * (size_t)s->n_past);
     return FORGE_OK;
+}
+
+/* ---- Inspecting the keys ---- */
+
+/* Reads layer l's cached keys, positions first .. first + rows - 1, into out[kv head][row][d]:
+ * [rows, kv heads, head_dim] through the stage into `tmp`, then transposed per head. A GGUF
+ * `llama` checkpoint's keys rotate adjacent pairs (its q/k rows are permuted, section 2); they
+ * go back to HF's rotate-half order here: element k*half + i of a head is adjacent 2i + k. */
+static forge_status forge__session_keys(forge_session *s, int l, int first, int rows, float *out) {
+    const forge__config *c = &s->m->cfg;
+    const int H = c->n_kv_heads, D = c->head_dim, half = D / 2;
+    float *tmp = (float *)malloc(4ull * (size_t)rows * (size_t)H * (size_t)D);
+    if (!tmp) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__state_io io;
+    forge_status st = forge__state_io_open(&io, s, rows, false);
+    if (!st) st = forge__state_rows(&io, s->kc[l], s->slots[l], first, rows, NULL, (uint8_t *)tmp, NULL, NULL);
+    forge__state_io_close(&io);
+    for (int h = 0; h < H && !st; h++)
+        for (int r = 0; r < rows; r++) {
+            const float *src = tmp + ((size_t)r * H + h) * D;
+            float *dst = out + ((size_t)h * rows + r) * D;
+            if (!c->rope_adjacent_pairs) {
+                memcpy(dst, src, 4ull * (size_t)D);
+                continue;
+            }
+            for (int i = 0; i < half; i++) {
+                dst[i] = src[2 * i];
+                dst[half + i] = src[2 * i + 1];
+            }
+        }
+    free(tmp);
+    return st;
+}
+
+FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *out, size_t capacity, forge_keys_info *info) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    const forge__config *c = &s->m->cfg;
+    if (!info) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: no info");
+    if (layer < 0 || layer >= c->n_layers)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: layer %d is outside the model's layers 0..%d", layer,
+                           c->n_layers - 1);
+    const int first = forge__kv_first(s, layer), rows = s->n_past - first;
+    memset(info, 0, sizeof *info);
+    info->n_layers = c->n_layers;
+    info->n_kv_heads = c->n_kv_heads;
+    info->head_dim = c->head_dim;
+    info->first = first;
+    info->n_rows = rows;
+    info->window = c->layer_sliding[layer] ? c->sliding_window : 0;
+    info->n_floats = (size_t)c->n_kv_heads * (size_t)rows * (size_t)c->head_dim;
+    if (!out) return FORGE_OK;
+    if (capacity < info->n_floats)
+        return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "forge_session_keys: layer %d's keys need %zu floats; the buffer holds %zu", layer,
+                           info->n_floats, capacity);
+    if (!rows) return FORGE_OK;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__session_keys(s, layer, first, rows, out);
+    forge__slot_release(s->m);
+    return st;
 }

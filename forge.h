@@ -423,6 +423,32 @@ FORGE_API forge_status forge_session_tokens(const forge_session *session, int32_
 FORGE_API forge_status forge_session_save(forge_session *session, const char *path);
 FORGE_API forge_status forge_session_load(forge_session *session, const char *path);
 
+/* Attention-K inspection (go-mlx's AttentionInspector): the keys one layer's KV cache holds,
+ * after RoPE, for the positions it still holds of the session's sequence. */
+typedef struct forge_keys_info {
+    int n_layers;     /* the model's layers */
+    int n_kv_heads;   /* KV heads (fewer than query heads under GQA) */
+    int head_dim;
+    int window;       /* the layer's sliding window, 0 for full attention */
+    int first;        /* the position of row 0 */
+    int n_rows;       /* positions first .. first + n_rows - 1 (= n_past - 1): all n_past of a
+                       * full-attention layer, what the rotating cache of a sliding-window layer
+                       * still holds (at least min(n_past, window - 1) of the latest; more while
+                       * the ring has not wrapped) */
+    size_t n_floats;  /* n_kv_heads * n_rows * head_dim: what `out` needs */
+} forge_keys_info;
+
+/* Copies the keys of `layer` (0 .. n_layers - 1) into out[n_kv_heads][n_rows][head_dim]
+ * (capacity floats): per KV head one contiguous [n_rows, head_dim] block, rows in position
+ * order from info->first. With out NULL only *info is filled (the size query). The keys are
+ * those attention reads: after k_norm and RoPE, in HF's rotate-half order (a GGUF `llama`
+ * checkpoint's adjacent pairs are put back), so for a safetensors checkpoint they equal
+ * transformers' past_key_values keys. Errors: FORGE_ERR_INVALID_ARGUMENT (no info, a layer
+ * out of range: the message names it), FORGE_ERR_BUFFER_TOO_SMALL (*info still filled). An
+ * empty session gives n_rows 0. Reads the cache back through a staging buffer (as
+ * forge_session_save does); takes a parallel slot when it reads. */
+FORGE_API forge_status forge_session_keys(forge_session *session, int layer, float *out, size_t capacity, forge_keys_info *info);
+
 /* With forge_session_params.profile: device time per kernel since the session was created, as
  * JSON {"kernel": {"calls": N, "ms": T}, ...}, into `out` (capacity bytes, NUL-terminated);
  * *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not fit. Empty ("{}") when the

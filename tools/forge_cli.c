@@ -9,6 +9,7 @@
  *   forge info MODEL
  *   forge discover DIR [--json] [--depth N] [--follow-symlinks] [--quick] [-v]
  *   forge logits MODEL --tokens "1 2 3" [--all]
+ *   forge keys MODEL --tokens "1 2 3" [--layer L] [--json]
  *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
  *   forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]
  *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
@@ -19,7 +20,7 @@
  *
  * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits, classify and bench also take
  * --adapter DIR [--merge-adapter] (a LoRA adapter).
- * Output formats of `logits`, `bench`, `discover --json` and `train --json` are JSON and stable. */
+ * Output formats of `logits`, `keys --json`, `bench`, `discover --json` and `train --json` are JSON and stable. */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
@@ -58,6 +59,10 @@ static const char usage_text[] =
             "                                   and whether forge can load each, read from their headers\n"
             "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
             "                                   logits of the last (or every) position as JSON\n"
+            "  keys MODEL --tokens \"1 2 3\" [--layer L] [--json] [--adapter DIR]\n"
+            "                                   after the tokens, every layer's (or layer L's) attention keys\n"
+            "                                   (post-RoPE, per KV head): the shape and the positions its cache\n"
+            "                                   holds; --json: one JSON object with the values\n"
             "  classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--top-k K] [--top-p P]\n"
             "      [--min-p M] [--seed S] [--no-special]\n"
             "                                   the next token of each prompt, in batched forward passes:\n"
@@ -334,6 +339,34 @@ static int cmd_discover(int argc, char **argv) {
     return 0;
 }
 
+/* The ids of --tokens ("1 2 3" or "1,2,3"), malloc'd, *n of them; NULL (after a message) when
+ * the list is malformed or empty. */
+static int32_t *parse_tokens(const char *toks, int *n) {
+    int cap = 16;
+    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
+    *n = 0;
+    for (char *p = (char *)toks, *end; *p;) {
+        while (*p == ' ' || *p == ',' || *p == '\t') p++;
+        if (!*p) break;
+        long v = strtol(p, &end, 10);
+        if (end == p) { fprintf(stderr, "forge: --tokens: '%s' is not a list of integers\n", toks); free(ids); return NULL; }
+        if (*n == cap) ids = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+        ids[(*n)++] = (int32_t)v;
+        p = end;
+    }
+    if (*n == 0) { fprintf(stderr, "forge: --tokens is empty\n"); free(ids); return NULL; }
+    return ids;
+}
+
+/* A session on m long enough for n tokens (--ctx when given); NULL after a message. */
+static forge_session *tokens_session(forge_model *m, const forge_cli_opts *o, int n) {
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o->n_ctx ? o->n_ctx : (n > 4096 ? n : 0);
+    forge_session *s = NULL;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    return s;
+}
+
 static int cmd_logits(int argc, char **argv) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("logits", &argc, argv, &o, 1)) return 2;
@@ -346,27 +379,14 @@ static int cmd_logits(int argc, char **argv) {
         else { usage(stderr); return 2; }
     }
     if (!path || !toks) { usage(stderr); return 2; }
-    int cap = 16, n = 0;
-    int32_t *ids = malloc(sizeof *ids * (size_t)cap);
-    for (char *p = (char *)toks, *end; *p;) {
-        while (*p == ' ' || *p == ',' || *p == '\t') p++;
-        if (!*p) break;
-        long v = strtol(p, &end, 10);
-        if (end == p) { fprintf(stderr, "forge: --tokens: '%s' is not a list of integers\n", toks); free(ids); return 2; }
-        if (n == cap) ids = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    if (n == 0) { fprintf(stderr, "forge: --tokens is empty\n"); free(ids); return 2; }
+    int n;
+    int32_t *ids = parse_tokens(toks, &n);
+    if (!ids) return 2;
     forge_model *m = forge_cli_load(path, &o);
     if (!m) { free(ids); return 1; }
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = o.n_ctx ? o.n_ctx : (n > 4096 ? n : 0);
-    forge_session *s = NULL;
+    forge_session *s = tokens_session(m, &o, n);
     int rc = 1;
-    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
-        fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
-    } else {
+    if (s) {
         int V = forge_model_n_vocab(m);
         size_t rows = all ? (size_t)n : 1;
         float *lg = malloc(sizeof(float) * rows * (size_t)V);
@@ -386,6 +406,87 @@ static int cmd_logits(int argc, char **argv) {
         free(lg);
         forge_session_free(s);
     }
+    forge_model_free(m);
+    free(ids);
+    return rc;
+}
+
+/* Prints one layer's keys: a line of shape and positions, or with json its JSON object. */
+static int print_keys(forge_session *s, int layer, int json) {
+    forge_keys_info in;
+    forge_status st = forge_session_keys(s, layer, NULL, 0, &in);
+    float *k = st ? NULL : malloc(sizeof(float) * (in.n_floats ? in.n_floats : 1));
+    if (!st) st = forge_session_keys(s, layer, k, in.n_floats, &in);
+    if (st) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+        free(k);
+        return 1;
+    }
+    if (!json) {
+        printf("layer %d: keys [%d, %d, %d] (kv heads, positions, head_dim), positions %d..%d, %s", layer, in.n_kv_heads, in.n_rows,
+               in.head_dim, in.first, in.first + in.n_rows - 1, in.window ? "sliding window " : "full attention\n");
+        if (in.window) printf("%d\n", in.window);
+    } else {
+        printf("{\"layer\": %d, \"window\": %d, \"first\": %d, \"n_rows\": %d, \"keys\": [", layer, in.window, in.first, in.n_rows);
+        for (int h = 0; h < in.n_kv_heads; h++) {
+            printf(h ? ", [" : "[");
+            for (int r = 0; r < in.n_rows; r++) {
+                const float *row = k + ((size_t)h * (size_t)in.n_rows + (size_t)r) * (size_t)in.head_dim;
+                printf(r ? ", [" : "[");
+                for (int d = 0; d < in.head_dim; d++) printf(d ? ", %.9g" : "%.9g", row[d]);
+                printf("]");
+            }
+            printf("]");
+        }
+        printf("]}");
+    }
+    free(k);
+    return 0;
+}
+
+static int cmd_keys(int argc, char **argv) {
+    forge_cli_opts o = {0};
+    if (forge_cli_take_common("keys", &argc, argv, &o, 1)) return 2;
+    const char *path = NULL, *toks = NULL;
+    int json = 0, layer = -1;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) toks = argv[++i];
+        else if (!strcmp(argv[i], "--layer") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || end == argv[i] || v < 0 || v > 1000000) { fprintf(stderr, "forge: --layer: '%s' is not a layer number\n", argv[i]); return 2; }
+            layer = (int)v;
+        } else if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!path) path = argv[i];
+        else { usage(stderr); return 2; }
+    }
+    if (!path || !toks) { usage(stderr); return 2; }
+    int n;
+    int32_t *ids = parse_tokens(toks, &n);
+    if (!ids) return 2;
+    forge_model *m = forge_cli_load(path, &o);
+    if (!m) { free(ids); return 1; }
+    forge_session *s = tokens_session(m, &o, n);
+    int rc = 1;
+    forge_keys_info in;
+    forge_status st;
+    if (s && (st = forge_eval(s, ids, n, 0, NULL, 0)) != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+    } else if (s && layer >= 0 && (st = forge_session_keys(s, layer, NULL, 0, &in)) != FORGE_OK) {
+        fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+    } else if (s && !forge_session_keys(s, 0, NULL, 0, &in)) {
+        int from = layer < 0 ? 0 : layer, to = layer < 0 ? in.n_layers : layer + 1;
+        if (json)
+            printf("{\"n_tokens\": %d, \"n_layers\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"layout\": \"keys[kv_head][row][d], row r at "
+                   "position first + r\", \"layers\": [", n, in.n_layers, in.n_kv_heads, in.head_dim);
+        rc = 0;
+        for (int l = from; l < to && !rc; l++) {
+            if (json && l > from) printf(", ");
+            rc = print_keys(s, l, json);
+        }
+        if (json && !rc) printf("]}\n");
+    }
+    forge_session_free(s);
     forge_model_free(m);
     free(ids);
     return rc;
@@ -1061,6 +1162,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(cmd, "discover")) return cmd_discover(argc - 2, argv + 2);
     if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
+    if (!strcmp(cmd, "keys")) return cmd_keys(argc - 2, argv + 2);
     if (!strcmp(cmd, "classify")) return cmd_classify(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
