@@ -8315,6 +8315,21 @@ static forge_status forge__skip_dropped(forge_session *s, const int32_t *prompt,
     return FORGE_OK;
 }
 
+/* The first sampling parameter out of its range, named with its value and the range, into msg;
+ * false when all are in range. (Classify passes the ones it has no use for at their defaults.) */
+static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repeat_window, float temperature, float top_p,
+                                  float min_p, float repeat_penalty, int top_k) {
+    if (max_tokens < 0) snprintf(msg, n, "max_tokens %d (must be >= 0)", max_tokens);
+    else if (repeat_window < 0) snprintf(msg, n, "repeat_window %d (must be >= 0)", repeat_window);
+    else if (!(temperature >= 0)) snprintf(msg, n, "temperature %g (must be >= 0)", (double)temperature);
+    else if (!(top_p > 0 && top_p <= 1)) snprintf(msg, n, "top_p %g (must be in (0, 1])", (double)top_p);
+    else if (!(min_p >= 0 && min_p <= 1)) snprintf(msg, n, "min_p %g (must be in [0, 1])", (double)min_p);
+    else if (!(repeat_penalty > 0)) snprintf(msg, n, "repeat_penalty %g (must be > 0)", (double)repeat_penalty);
+    else if (top_k < 0) snprintf(msg, n, "top_k %d (must be >= 0)", top_k);
+    else return false;
+    return true;
+}
+
 static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
                                           const forge_generate_params *params, forge_metrics *metrics) {
     forge_generate_params p;
@@ -8327,10 +8342,9 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
     if (n_prompt > s->n_ctx && s->overflow == FORGE_OVERFLOW_FAIL)
         return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
-    if (p.max_tokens < 0 || p.repeat_window < 0 || !(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) ||
-        !(p.min_p >= 0 && p.min_p <= 1) || !(p.repeat_penalty > 0) || p.top_k < 0)
-        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT,
-                           "generate params out of range (max_tokens >= 0, temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, repeat_penalty > 0, top_k >= 0)");
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, p.max_tokens, p.repeat_window, p.temperature, p.top_p, p.min_p, p.repeat_penalty, p.top_k))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: %s", fault);
     forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
     if (bad) return bad;
     forge__rng_seed(s->rng, p.seed);
@@ -8762,9 +8776,9 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
     q->item = -1;
     FORGE__COPY_PARAMS(q->p, it->params, forge_generate_default_params);
     const forge_generate_params *p = &q->p;
-    if (p->max_tokens < 0 || p->repeat_window < 0 || !(p->temperature >= 0) || !(p->top_p > 0 && p->top_p <= 1) ||
-        !(p->min_p >= 0 && p->min_p <= 1) || !(p->repeat_penalty > 0) || p->top_k < 0) {
-        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: generate params out of range", idx);
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, p->max_tokens, p->repeat_window, p->temperature, p->top_p, p->min_p, p->repeat_penalty, p->top_k)) {
+        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: generate params: %s", idx, fault);
         return FORGE_OK;
     }
     if (it->text || it->text_len) {
@@ -8983,8 +8997,9 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
     forge_classify_params p;
     FORGE__COPY_PARAMS(p, params, forge_classify_default_params);
-    if (!(p.temperature >= 0) || !(p.top_p > 0 && p.top_p <= 1) || !(p.min_p >= 0 && p.min_p <= 1) || p.top_k < 0)
-        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params out of range (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, top_k >= 0)");
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, 0, 0, p.temperature, p.top_p, p.min_p, 1.0f, p.top_k))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params: %s", fault);
     forge_model *m = s->m;
     const int V = m->cfg.n_vocab;
     if (p.logits && p.logits_capacity < (size_t)n_prompts * (size_t)V)

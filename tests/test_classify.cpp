@@ -254,6 +254,7 @@ TEST(Classify, BadInputIsAnErrorNamingThePrompt) {
     cp = forge_classify_default_params();
     cp.top_p = 0;
     EXPECT_EQ(classify({good}, &cp), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(forge_session_errmsg(s)), "classify params: top_p 0 (must be in (0, 1])");
     EXPECT_EQ(forge_classify(s, nullptr, 2, nullptr, res.data()), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(forge_classify(s, &good, -1, nullptr, res.data()), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(forge_classify(nullptr, &good, 1, nullptr, res.data()), FORGE_ERR_INVALID_ARGUMENT);

@@ -25,7 +25,7 @@ Out forge_cli(const std::string &args) {
 
 TEST(Cli, HelpForEachCommand) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
-    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "classify", "bench", "tokenize", "bench-tokenize"}) {
+    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "bench", "tokenize", "bench-tokenize"}) {
         SCOPED_TRACE(verb);
         for (const std::string &args : {std::string("help ") + verb, std::string(verb) + " --help", std::string(verb) + " -h"}) {
             Out o = forge_cli(args);
@@ -72,4 +72,12 @@ TEST(Cli, ModelFlagIsThePositionalModel) {
     EXPECT_EQ(p.status, 0) << p.text;
     EXPECT_EQ(p.text.rfind("-m", 0), 0u) << p.text;
     EXPECT_EQ(forge_cli("info -m").status, 2);
+}
+
+/* a bad value names its parameter, alone (forge run -n -1 printed every range) */
+TEST(Cli, BadValueNamesItsParameter) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    Out o = forge_cli("run -n -1");
+    EXPECT_NE(o.text.find("max_tokens -1 (must be >= 0)"), std::string::npos) << o.text;
+    EXPECT_EQ(o.text.find("top_p"), std::string::npos) << o.text;
 }

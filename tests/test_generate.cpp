@@ -272,6 +272,33 @@ TEST(Generate, ContextLimits) {
     forge_session_free(s);
 }
 
+/* A parameter out of range is named with its value, alone (not every range at once). */
+TEST(Generate, ParamOutOfRangeIsNamed) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session(32);
+    std::vector<int32_t> prompt(4, 5);
+    struct Case {
+        void (*set)(forge_generate_params *);
+        const char *says;
+    } cases[] = {
+        {[](forge_generate_params *p) { p->max_tokens = -1; }, "generate params: max_tokens -1 (must be >= 0)"},
+        {[](forge_generate_params *p) { p->repeat_window = -2; }, "generate params: repeat_window -2 (must be >= 0)"},
+        {[](forge_generate_params *p) { p->temperature = -0.5f; }, "generate params: temperature -0.5 (must be >= 0)"},
+        {[](forge_generate_params *p) { p->top_p = 3; }, "generate params: top_p 3 (must be in (0, 1])"},
+        {[](forge_generate_params *p) { p->min_p = 1.5f; }, "generate params: min_p 1.5 (must be in [0, 1])"},
+        {[](forge_generate_params *p) { p->repeat_penalty = 0; }, "generate params: repeat_penalty 0 (must be > 0)"},
+        {[](forge_generate_params *p) { p->top_k = -1; }, "generate params: top_k -1 (must be >= 0)"},
+    };
+    for (const Case &c : cases) {
+        forge_generate_params p = forge_generate_default_params();
+        c.set(&p);
+        EXPECT_EQ(forge_generate_tokens(s, prompt.data(), 4, &p, nullptr), FORGE_ERR_INVALID_ARGUMENT) << c.says;
+        EXPECT_EQ(std::string(forge_session_errmsg(s)), c.says);
+    }
+    forge_session_free(s);
+}
+
 /* Sliding-window layers keep window + n_batch - 1 positions in a ring: a prefix whose keys
  * the ring has overwritten cannot be reused, and the metrics say so. */
 TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
