@@ -8932,7 +8932,9 @@ FORGE_API forge_status forge_batch_generate(forge_session *s, const forge_batch_
     return st;
 }
 
-/* ================================================================================ * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
+/* =======================================================================================
+ * 11. Classify
+ * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
  * to T tokens and run as B sequences at positions 0 .. T-1 (the pass's batch mode, as the
  * trainer runs it: keys of sequence b in cache rows b*T .., the session's cache used as
  * scratch); then each prompt's last real row is gathered, normed and put through the head
