@@ -1,7 +1,8 @@
 /* Attention-K inspection: forge_session_keys. After seq0 of a parity fixture, every layer's
  * post-RoPE keys equal the reference in keys_seq0.f32 (made by
- * tools/fixtures/make_key_fixtures.py: the float64 numpy forward of check_fixtures.py, which
- * matches HF's logits to <= 1.5e-6; see tests/fixtures/parity/README.md) to 1e-4 of max|ref|
+ * `tools/fixtures/make_key_fixtures.py --hf`: HF's own past_key_values, transformers 5.17 in
+ * float64, the model stepped one token at a time so that sliding-window layers give every
+ * position; see tests/fixtures/parity/README.md) to 1e-4 of max|ref|
  * per layer, for safetensors and GGUF checkpoints (GGUF `llama` keys rotate adjacent pairs in
  * the cache and come back in HF's order). Sliding-window layers report exactly the positions
  * their ring still holds; a truncation and more decode steps move what is reported with the
