@@ -4870,7 +4870,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_BIG = FORGE__OP_MATMUL + FORGE__W_COUNT,  /* 128 x 128 tiles, for products that fill the device */
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
-    FORGE__OP_RMSNORM = FORGE__OP_MATMUL_S + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
     FORGE__OP_ATTN_SPLIT,
@@ -4908,7 +4909,6 @@ typedef struct forge__op_desc {
 /* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, one output each at a time */
 #define FORGE__SG_PER_WG 8
 
-#define FORGE__USE_TENSOR_CORES 0   /* see forge__linear */
 #define FORGE__BIG_TILES_MIN 256    /* matmul_big once it has this many 128 x 128 tiles */
 
 #define FORGE__SPV(name) forge_spv_##name, sizeof forge_spv_##name
@@ -4942,7 +4942,10 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
 #if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
 #define FORGE__CM_OP(FMT, name) \
     [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}},
+#define FORGE__CM_S_OP \
+    [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}},
 #else
+#define FORGE__CM_S_OP
 #define FORGE__CM_OP(FMT, name)
 #endif
 /* the kernels of one weight format: embedding gather, matvec (two), matmul (two) */
@@ -4967,6 +4970,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q4_K, q4_k)
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
+    FORGE__CM_S_OP
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
@@ -6260,11 +6264,11 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
-    /* The tensor-core matmul is correct (tests) but not yet faster than the SIMT one on the
-     * H100: with 128 x 128 tiles, k steps of 64 and the next step fetched during the products,
-     * 512 x 16384 x 2048 takes 1.19 ms against 1.23 ms, 512 x 2048 x 8192 1.01 ms against 0.80
-     * (bench/RESULTS.md): off until it is. */
-    bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact && FORGE__USE_TENSOR_CORES;
+    /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
+     * device has them and the model is not exact: prefill, classify, training's forward and batch
+     * decode's rows (on the H100 even 32 rows beat the SIMT kernels: 32 x 2048 x 16384 in 0.10 ms
+     * against 0.17 for matmul_s; bench/RESULTS.md). */
+    bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact;
     bool gated = flags & FORGE__LINEAR_GATED;
     if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
@@ -6287,24 +6291,28 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
          * 512 x 16384 x 2048 in 1.23 ms against 1.69 ms with 64 x 64 tiles, while
          * 512 x 2048 x 8192, 64 big tiles, ran slower than with 256 small ones) */
         bool skinny = p->table == FORGE__TABLE_DECODE && M <= 32 && !cm; /* batch decode: 32 x 128 tiles */
-        uint32_t tn = skinny ? 128 : 64, tm = skinny ? 32 : 64;
-        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+        /* up to 32 rows of f16 weights: matmul_cm's 32 x 64 tiles that read W without staging it */
+        bool cm_s = cm && M <= 32 && w->fmt == FORGE__W_F16 && c->rows % 16 == 0 && w->cols % 64 == 0;
+        uint32_t tn = cm_s ? 64 : skinny || cm ? 128 : 64, tm = skinny || cm_s ? 32 : cm ? 128 : 64;
+        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt); /* also the splits' reduction */
+        forge__op cm_op = cm_s ? FORGE__OP_MATMUL_CM_S : (forge__op)(FORGE__OP_MATMUL_CM + w->fmt);
+        forge__op split_op = cm ? cm_op : plain;
         uint64_t tiles = (uint64_t)((c->rows + tn - 1) / tn) * ((M + tm - 1) / tm);
         uint32_t splits = 1;
         forge__range part = forge__apart(p->split_part, y) && forge__apart(p->split_part, x) ? p->split_part
                           : forge__apart(p->split_alt, y) && forge__apart(p->split_alt, x) ? p->split_alt : (forge__range){0};
-        if (part.buf && !cm && !gated && tiles < 256 && w->cols >= 128) { /* a few rows: split k to fill the device */
+        if (part.buf && !gated && tiles < 256 && w->cols >= 128) { /* a few rows: split k to fill the device */
             splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)8, (256 + tiles - 1) / tiles), w->cols / 64);
             while (splits > 1 && 4ull * splits * M * outs > part.size) splits--;
         }
         if (splits > 1) {
-            uint32_t k_chunk = (uint32_t)forge__align_up((w->cols + splits - 1) / splits, 32);
+            uint32_t k_chunk = (uint32_t)forge__align_up((w->cols + splits - 1) / splits, cm ? 64 : 32); /* matmul_cm: whole k steps */
             splits = (w->cols + k_chunk - 1) / k_chunk;
             forge__pc_linear pp = pc;
             pp.flags = FORGE__LINEAR_SPLIT_K;
             pp.k_split = k_chunk;
             forge__range bp[7] = {x, c->w, part, p->dummy, b[4], b[5], p->dummy};
-            forge__dispatch(p->r, plain, bp, &pp, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, splits);
+            forge__dispatch(p->r, split_op, bp, &pp, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, splits);
             forge__barrier(p->r);
             pc.flags |= FORGE__LINEAR_REDUCE;
             pc.k_split = splits;
@@ -6316,12 +6324,12 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         }
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
         bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN && !(p->table == FORGE__TABLE_DECODE && M <= 64); /* (a few rows: more, smaller tiles) */
-        uint32_t tile = big || cm ? 128 : 64; /* matmul_cm.comp: 128 x 128 too */
-        if (skinny) {
-            forge__dispatch(p->r, plain, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
+        uint32_t tile = big ? 128 : 64;
+        if (skinny || cm) {
+            forge__dispatch(p->r, skinny ? plain : cm_op, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
             continue;
         }
-        forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
+        forge__op op = (forge__op)((big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
         forge__dispatch(p->r, op, b, &pc, (c->rows + tile - 1) / tile, (M + tile - 1) / tile, 1);
     }
 }

@@ -169,11 +169,14 @@ typedef struct forge_model_params {
      * tokenizer metadata and no tensors. Only the tokenizer calls (and errmsg, free,
      * n_vocab) work on such a model; the others fail with FORGE_ERR_UNSUPPORTED. */
     int vocab_only;
-    int exact;                     /* 1: keep every product in f32 (no tensor-core prefill, whose
-                                    * activations round to f16 as llama.cpp's do): slower prefill
-                                    * on such GPUs, results bit-for-bit those of the f32 kernels.
-                                    * The tensor-core prefill is switched off in this version (it
-                                    * was slower), so every run is exact today. */
+    int exact;                     /* 1: keep every product in f32 (no tensor-core matmul, whose
+                                    * inputs round to f16 as llama.cpp's do): slower prefill on
+                                    * such GPUs, results bit-for-bit those of the f32 kernels.
+                                    * 0 (default): products of more than 8 rows (prefill, classify,
+                                    * batch decode) run on the tensor cores where the device has
+                                    * them (VK_NV_cooperative_matrix), so a batched sequence or a
+                                    * prompt's logits can differ from a one-row run by f16
+                                    * rounding; devices without them (lavapipe) are always exact. */
     /* A LoRA adapter to apply (go-mlx's WithAdapterPath): a directory holding a PEFT adapter
      * (adapter_config.json + adapter_model.safetensors) or an mlx-lm one (adapter_config.json +
      * adapters.safetensors), told apart by their files. The low-rank path runs beside the base

@@ -181,6 +181,46 @@ forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_
     return st;
 }
 
+/* The tensor-core matmul as forge__linear runs it: 128 x 128 tiles, or (skinny) the 32 x 64
+ * tiles of <= 32 rows of f16 weights; with splits > 1 split along k into partial sums and then
+ * matmul.comp's reduction. flags: FT_BIAS / FT_ACCUMULATE. */
+forge_status ft_matmul_cm_split(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
+                                int skinny, const float *bias, uint32_t flags, float *C) {
+    if (!c->dev.caps.coopmat_nv) return FORGE_ERR_UNSUPPORTED;
+    if (skinny && (w->fmt != FT_F16 || M > 32 || N % 16 || K % 64)) return FORGE_ERR_INVALID_ARGUMENT;
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range a = ft_buf(&j, A, 4ull * M * K);
+    forge__range cc = ft_buf(&j, C, 4ull * M * N);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    forge__range part = ft_buf(&j, NULL, 4ull * (splits ? splits : 1) * M * N);
+    forge__range b = bias ? ft_buf(&j, bias, 4ull * N) : dummy;
+    forge__range wb, sb, bb;
+    ft_weight_chunk(&j, w, 0, N, dummy, &wb, &sb, &bb);
+    forge__op op = skinny ? FORGE__OP_MATMUL_CM_S : (forge__op)(FORGE__OP_MATMUL_CM + w->fmt);
+    uint32_t tn = skinny ? 64 : 128, tm = skinny ? 32 : 128;
+    forge__pc_linear pc = {M, K, N, 0, N, 0, flags, 0, 0, w->bits, w->group, w->qflags, 0, 0, 0};
+    if (splits <= 1) {
+        forge__range bd[7] = {a, wb, cc, b, sb, bb, dummy};
+        forge__dispatch(&j.rec, op, bd, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, 1);
+        return ft_end(&j, 1, C, 4ull * M * N, 0, NULL, 0);
+    }
+    uint32_t k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 64);
+    splits = (K + k_chunk - 1) / k_chunk;
+    pc.flags = FORGE__LINEAR_SPLIT_K;
+    pc.k_split = k_chunk;
+    forge__range bp[7] = {a, wb, part, dummy, sb, bb, dummy};
+    forge__dispatch(&j.rec, op, bp, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, splits);
+    forge__barrier(&j.rec);
+    pc.flags = flags | FORGE__LINEAR_REDUCE;
+    pc.k_split = splits;
+    forge__range br[7] = {part, wb, cc, b, sb, bb, dummy};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)M * N + 255) / 256, &gx, &gy);
+    forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), br, &pc, gx, gy, 1);
+    return ft_end(&j, 1, C, 4ull * M * N, 0, NULL, 0);
+}
+
 int ft_has_subgroup_matvec(ft_ctx *c) { return c->dev.caps.subgroup_arith; }
 
 forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t outs, uint32_t flags,
@@ -1019,3 +1059,97 @@ forge_status ft_discover_mem(const uint8_t *data, size_t size) {
     return forge_discover(ft_discover_dir, NULL, ft_discover_count, &loadable, err, sizeof err);
 }
 
+
+/* ---- kernel timing (tests/test_kernel_bench.cpp, run by hand on a GPU) ----
+ * Device-local operands filled on the device: A [M, K] = 1.0f, W [N, K] with the 32-bit
+ * pattern 0x3C003C00 (f16 1.0; garbage-but-finite for the block formats), C [M, N]. */
+static uint64_t ft_fmt_row_bytes(int fmt, uint32_t K) {
+    switch (fmt) {
+    case FT_F32: return 4ull * K;
+    case FT_F16: case FT_BF16: return 2ull * K;
+    case FT_Q4_0: return K / 32 * 18ull;
+    case FT_Q8_0: return K / 32 * 34ull;
+    default: return 0;
+    }
+}
+
+forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, size_t spv_bytes, uint32_t tm, uint32_t tn,
+                            uint32_t M, uint32_t K, uint32_t N, int reps, double *ms, float *c00) {
+    forge__device *d = &c->dev;
+    uint64_t wrow = ft_fmt_row_bytes(fmt, K);
+    if (!wrow || !d->caps.timestamps) return FORGE_ERR_UNSUPPORTED;
+    forge__buffer a = {0}, w = {0}, cc = {0}, dummy = {0}, rb = {0};
+    forge_status st = forge__buffer_create(d, forge__align_up(4ull * M * K, 16), d->caps.mem_device, false, &c->mem, NULL, &a, &c->err);
+    if (!st) st = forge__buffer_create(d, forge__align_up(wrow * N, 16), d->caps.mem_device, false, &c->mem, NULL, &w, &c->err);
+    if (!st) st = forge__buffer_create(d, forge__align_up(4ull * M * N, 16), d->caps.mem_device, false, &c->mem, NULL, &cc, &c->err);
+    if (!st) st = forge__buffer_create(d, 4096, d->caps.mem_device, false, &c->mem, NULL, &dummy, &c->err);
+    if (!st) st = forge__buffer_create(d, 16, d->caps.mem_readback, true, &c->mem, NULL, &rb, &c->err);
+    forge__pipeline custom = {0};
+    forge__op op = FORGE__OP_COUNT;
+    if (!st && spv) {
+        forge__op_desc desc = {"custom", spv, spv_bytes, 6, sizeof(forge__pc_linear), 0, {0}, false, false};
+        st = forge__pipeline_create(d, &desc, 0, &custom, &c->err);
+    } else if (!st) {
+        op = (forge__op)((kind == 2 ? FORGE__OP_MATMUL_CM : kind == 3 ? FORGE__OP_MATMUL_BIG : kind == 4 ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + fmt);
+    }
+    VkQueryPool qp = VK_NULL_HANDLE;
+    VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP, .queryCount = 2};
+    if (!st && d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &qp) != VK_SUCCESS) st = FORGE_ERR_DEVICE;
+    ft_job j;
+    ft_begin(&j, c);
+    if (!st) {
+        VkCommandBuffer cb = j.rec.cb;
+        d->vk.vkCmdFillBuffer(cb, a.buf, 0, VK_WHOLE_SIZE, 0x3F800000u);
+        d->vk.vkCmdFillBuffer(cb, w.buf, 0, VK_WHOLE_SIZE, 0x3C003C00u);
+        d->vk.vkCmdFillBuffer(cb, cc.buf, 0, VK_WHOLE_SIZE, 0);
+        d->vk.vkCmdFillBuffer(cb, dummy.buf, 0, VK_WHOLE_SIZE, 0);
+        d->vk.vkCmdResetQueryPool(cb, qp, 0, 2);
+        forge__barrier(&j.rec);
+        forge__range binds[7] = {{a.buf, 0, a.size}, {w.buf, 0, w.size}, {cc.buf, 0, cc.size}, {dummy.buf, 0, 4096},
+                                 {dummy.buf, 0, 4096}, {dummy.buf, 0, 4096}, {dummy.buf, 0, 4096}};
+        forge__pc_linear pc = {M, K, N, 0, N, 0, 0, 0, 1.0f, 0, 0, 0, 0, 0, 0};
+        for (int i = 0; i < reps + 2 && !j.rec.st; i++) {
+            if (i == 2) d->vk.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, 0);
+            if (spv) { /* forge__dispatch's work for a pipeline outside the op table */
+                VkDescriptorSet set;
+                VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, .descriptorPool = j.dpool,
+                                                  .descriptorSetCount = 1, .pSetLayouts = &custom.dsl};
+                d->vk.vkAllocateDescriptorSets(d->dev, &ai, &set);
+                VkDescriptorBufferInfo bi[6];
+                VkWriteDescriptorSet wr[6];
+                for (int b = 0; b < 6; b++) {
+                    bi[b] = (VkDescriptorBufferInfo){binds[b].buf, 0, binds[b].size};
+                    wr[b] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = set, .dstBinding = (uint32_t)b,
+                                                   .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .pBufferInfo = &bi[b]};
+                }
+                d->vk.vkUpdateDescriptorSets(d->dev, 6, wr, 0, NULL);
+                d->vk.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, custom.pipe);
+                d->vk.vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, custom.layout, 0, 1, &set, 0, NULL);
+                d->vk.vkCmdPushConstants(cb, custom.layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, sizeof pc, &pc);
+                d->vk.vkCmdDispatch(cb, (N + tn - 1) / tn, (M + tm - 1) / tm, 1);
+            } else {
+                forge__dispatch(&j.rec, op, binds, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, 1);
+            }
+            forge__barrier(&j.rec);
+        }
+        d->vk.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, 1);
+        VkBufferCopy cp = {0, 0, 4};
+        d->vk.vkCmdCopyBuffer(cb, cc.buf, rb.buf, 1, &cp);
+    }
+    forge_status est = ft_end(&j, 0, NULL, 0, 0, NULL, 0);
+    if (!st) st = est;
+    if (!st) {
+        uint64_t ts[2];
+        if (d->vk.vkGetQueryPoolResults(d->dev, qp, 0, 2, sizeof ts, ts, 8, VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT) != VK_SUCCESS)
+            st = FORGE_ERR_DEVICE;
+        else
+            *ms = (double)(ts[1] - ts[0]) * d->caps.props.limits.timestampPeriod * 1e-6 / reps;
+        memcpy(c00, rb.mapped, 4);
+    }
+    if (qp) d->vk.vkDestroyQueryPool(d->dev, qp, NULL);
+    forge__pipeline_destroy(d, &custom);
+    forge__buffer *bufs[5] = {&a, &w, &cc, &dummy, &rb};
+    for (int i = 0; i < 5; i++)
+        if (bufs[i]->buf) forge__buffer_destroy(d, bufs[i], &c->mem, NULL);
+    return st;
+}

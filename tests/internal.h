@@ -71,6 +71,19 @@ forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32
 forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* The tensor-core matmul (f16 operands, f32 accumulation); FORGE_ERR_UNSUPPORTED without one. */
 forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
+/* Device time of one matmul dispatch (ms, mean of `reps` after two warm-ups, each followed by a
+ * barrier) on device-local operands: A = 1.0f, W filled with f16 1.0 pairs (so C = K for F16),
+ * kind 2 tensor-core, 3 128-tile, 4 32 x 128-tile, else 64-tile matmul of format fmt; or, with
+ * spv, that SPIR-V module (the matmul interface: 6 bindings, the linear push constants) over
+ * a grid of tm x tn tiles. c00 gets C[0, 0]. For tests/test_kernel_bench.cpp. */
+forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, size_t spv_bytes, uint32_t tm, uint32_t tn,
+                            uint32_t M, uint32_t K, uint32_t N, int reps, double *ms, float *c00);
+/* The tensor-core matmul as forge__linear runs it: 128 x 128 tiles, or (skinny: f16 weights,
+ * M <= 32, N % 16 == 0, K % 64 == 0) the 32 x 64 tiles of batch decode; with splits > 1 split
+ * along k into partial sums (whole k steps of 64) and then matmul.comp's reduction. flags:
+ * FT_BIAS / FT_ACCUMULATE. C [M, N] in/out. FORGE_ERR_UNSUPPORTED without tensor cores. */
+forge_status ft_matmul_cm_split(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
+                                int skinny, const float *bias, uint32_t flags, float *C);
 /* 1 when the device runs the subgroup matvec (matvec_sg) */
 int ft_has_subgroup_matvec(ft_ctx *c);
 /* The subgroup matvec with its fused paths: flags FT_* (bias, accumulate, soft-cap,

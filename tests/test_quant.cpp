@@ -153,6 +153,12 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
                 } else {
                     ASSERT_EQ(cst, FORGE_OK);
                     EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 3e-3) << what << " tensor cores M " << M;
+                    /* split along k into partial sums, reduced with bias and residual (batch decode's path) */
+                    std::vector<float> bias = ft::randn(N, 1.0f, 5), C0 = ft::randn(C.size(), 1.0f, 6), ref2(C.size());
+                    for (size_t i = 0; i < C.size(); i++) ref2[i] = ref[i] + bias[i % N] + C0[i];
+                    C = C0;
+                    ASSERT_EQ(ft_matmul_cm_split(device(), &w, A.data(), M, K, N, 3, 0, bias.data(), FT_BIAS | FT_ACCUMULATE, C.data()), FORGE_OK);
+                    EXPECT_LT(ft::rel_err(C.data(), ref2.data(), C.size()), 3e-3) << what << " tensor cores split along k, M " << M;
                 }
             }
             if (M <= 8 && chunk == 0) /* both matvec kernels: shared-memory reduction and subgroup */
@@ -272,3 +278,35 @@ TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, QuantFixture, ::testing::Values("f32", "q8_0", "q4_0", "q4_k_m", "q6_k"));
+
+namespace {
+
+/* Batch decode's tensor-core products of f16 weights (matmul_cm's 32 x 64 tiles, W's fragments
+ * read straight from memory), whole and split along k, with bias and residual, against a double
+ * reference on the same f16 weights: rows 9 and 32, a partial last tile (N = 80), 3 k steps. */
+TEST(TensorCores, BatchRowsOfF16Weights) {
+    const uint32_t K = 192, N = 80;
+    std::vector<float> wf = ft::randn((size_t)N * K, 0.5f, 11);
+    std::vector<uint16_t> wh(wf.size());
+    for (size_t i = 0; i < wf.size(); i++) wh[i] = ft_f32_to_f16(wf[i]);
+    ft_weight w = {FT_F16, wh.data(), 2ull * K, nullptr, nullptr, 0, 0, 0, 0};
+    std::vector<float> bias = ft::randn(N, 1.0f, 12);
+    for (uint32_t M : {9u, 32u}) {
+        std::vector<float> A = ft::randn((size_t)M * K, 1.0f, M), C0 = ft::randn((size_t)M * N, 1.0f, 13), ref(C0.size());
+        for (uint32_t m = 0; m < M; m++)
+            for (uint32_t n = 0; n < N; n++) {
+                double acc = C0[(size_t)m * N + n] + bias[n];
+                for (uint32_t k = 0; k < K; k++) acc += (double)A[(size_t)m * K + k] * ft_f16_to_f32(wh[(size_t)n * K + k]);
+                ref[(size_t)m * N + n] = (float)acc;
+            }
+        for (uint32_t splits : {1u, 3u}) {
+            std::vector<float> C = C0;
+            forge_status st = ft_matmul_cm_split(device(), &w, A.data(), M, K, N, splits, 1, bias.data(), FT_BIAS | FT_ACCUMULATE, C.data());
+            if (st == FORGE_ERR_UNSUPPORTED) GTEST_SKIP() << "no cooperative-matrix matmul on this device";
+            ASSERT_EQ(st, FORGE_OK) << ft_errmsg(device());
+            EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 3e-3) << "M " << M << " splits " << splits;
+        }
+    }
+}
+
+}  // namespace
