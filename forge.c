@@ -4795,7 +4795,10 @@ typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
 } forge__pc_combine;
 
-#define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention */
+#define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention (at most) */
+#ifndef FORGE__ATTN_SPLITS_CPU
+#define FORGE__ATTN_SPLITS_CPU 2    /* ... on CPU devices */
+#endif
 typedef struct forge__pc_act {      /* act_mul.comp, act_mul_back.comp */
     uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups) */
 } forge__pc_act;
@@ -6254,6 +6257,13 @@ typedef struct forge__acts {
 
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
  * RMSNorm of its input (forge__linear's `norm`). */
+/* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
+ * fill the device; FORGE__ATTN_SPLITS_CPU on CPU devices, where every workgroup is a serial
+ * loop over its invocations (lavapipe, stories260K decode: 2 splits 191 tok/s against 120 with 16,
+ * medians of 3 runs of `forge bench -p 32 -n 256 -r 3` on a shared 2-core machine). */
+static uint32_t forge__attn_splits(const forge_model *m) {
+    return m->dev.caps.type == FORGE_DEVICE_CPU ? FORGE__ATTN_SPLITS_CPU : FORGE__ATTN_SPLITS;
+}
 static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
 
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
@@ -6481,15 +6491,16 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
     forge__barrier(r);
     uint32_t seq = p->seq ? p->seq : n;
+    uint32_t splits = forge__attn_splits(m);
     forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
-                              (float)c->attn_scale, (float)c->attn_softcap, FORGE__ATTN_SPLITS, QKVD, p->seq * KVD,
+                              (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
                               (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};
     bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
-    if (decode && D % 4 == 0) { /* decode: the keys split over FORGE__ATTN_SPLITS workgroups per head (and row) */
+    if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
-        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, FORGE__ATTN_SPLITS, NH, n);
+        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
         forge__barrier(r);
-        forge__pc_combine pcm = {NH, D, FORGE__ATTN_SPLITS};
+        forge__pc_combine pcm = {NH, D, splits};
         forge__range bc[2] = {a->attn_part, a->att};
         forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
