@@ -6255,8 +6255,6 @@ typedef struct forge__acts {
     forge__range lse;          /* [2, n, NH] the attention's log-sum-exp per query and head (then delta) */
 } forge__acts;
 
-/* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
- * RMSNorm of its input (forge__linear's `norm`). */
 /* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
  * fill the device; FORGE__ATTN_SPLITS_CPU on CPU devices, where every workgroup is a serial
  * loop over its invocations (lavapipe, stories260K decode: 2 splits 191 tok/s against 120 with 16,
@@ -6264,6 +6262,8 @@ typedef struct forge__acts {
 static uint32_t forge__attn_splits(const forge_model *m) {
     return m->dev.caps.type == FORGE_DEVICE_CPU ? FORGE__ATTN_SPLITS_CPU : FORGE__ATTN_SPLITS;
 }
+/* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
+ * RMSNorm of its input (forge__linear's `norm`). */
 static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
 
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
