@@ -671,7 +671,7 @@ TEST(State, FuzzReaderAndSeed) {
     size_t size = ft_state_fake(33, &b);
     EXPECT_EQ(ft_state_mem(b, size, err, sizeof err), FORGE_ERR_LIMIT) << err;
     free(b);
-    std::vector<uint8_t> seed = ft::read_file(ft::src("tests/fuzz/seeds/state.safetensors"));
+    std::vector<uint8_t> seed = ft::read_file(ft::src("tests/fuzz/corpus/state/state.safetensors"));
     ASSERT_FALSE(seed.empty());
     EXPECT_EQ(ft_state_mem(seed.data(), seed.size(), err, sizeof err), FORGE_OK) << err;
 }

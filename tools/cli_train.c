@@ -148,6 +148,28 @@ typedef struct data_ctx {
     int seq;           /* --seq: examples are truncated to it */
 } data_ctx;
 
+/* What the data lines need from the model: its vocabulary, whether it has a tokenizer and a
+ * chat format, its end token. */
+static data_ctx data_ctx_for(forge_model *m, int mask_prompt, int seq) {
+    data_ctx c = {0};
+    c.m = m;
+    c.n_vocab = forge_model_n_vocab(m);
+    c.mask_prompt = mask_prompt;
+    c.seq = seq;
+    c.eos = -1;
+    int32_t probe[16];
+    size_t n_probe = 0;
+    forge_status st = forge_tokenize(m, "a", 1, 0, probe, 16, &n_probe);
+    c.has_tokenizer = st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL;
+    forge_special_tokens sp;
+    if (c.has_tokenizer && forge_model_special_tokens(m, &sp) == FORGE_OK) c.eos = sp.eos;
+    forge_chat_message hello = {"user", "hello"};
+    size_t need = 0;
+    st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
+    c.has_chat = c.has_tokenizer && st != FORGE_ERR_UNSUPPORTED; /* a template rejects a conversation later, by line */
+    return c;
+}
+
 /* Reports a problem with FILE:LINE; returns -1. */
 #if defined(__GNUC__)
 __attribute__((format(printf, 3, 4)))
@@ -853,25 +875,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (!a.seq_set && info.n_ctx_train >= 2 && info.n_ctx_train < a.seq) a.seq = info.n_ctx_train;
 
-    /* What the data lines need from the model. */
-    data_ctx c = {0};
-    c.m = m;
-    c.n_vocab = info.n_vocab;
-    c.mask_prompt = a.mask_prompt;
-    c.seq = a.seq;
-    c.eos = -1;
-    {
-        int32_t probe[16];
-        size_t n_probe = 0;
-        forge_status st = forge_tokenize(m, "a", 1, 0, probe, 16, &n_probe);
-        c.has_tokenizer = st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL;
-        forge_special_tokens sp;
-        if (c.has_tokenizer && forge_model_special_tokens(m, &sp) == FORGE_OK) c.eos = sp.eos;
-        forge_chat_message hello = {"user", "hello"};
-        size_t need = 0;
-        st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
-        c.has_chat = c.has_tokenizer && st != FORGE_ERR_UNSUPPORTED; /* a template rejects a conversation later, by line */
-    }
+    data_ctx c = data_ctx_for(m, a.mask_prompt, a.seq);
     if (load_dataset(&c, fdata, a.data, &train)) goto out;
     if (fvalid && load_dataset(&c, fvalid, a.valid, &valid)) goto out;
 
