@@ -5882,6 +5882,17 @@ static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
     }
 }
 
+/* Refuses, before anything is allocated, a plan of `need` device bytes that does not fit beside
+ * what the model and its sessions and trainers hold: the budget is the device's largest
+ * device-local heap, or forge_model_params.max_device_memory when lower. */
+static forge_status forge__memory_check(forge_model *m, uint64_t need, const char *what, const char *hint, forge__err *err) {
+    uint64_t have = m->dev.caps.device_local_bytes, used = forge__mem_in_use(&m->mem_total);
+    if (have && need > have - FORGE__MIN(used, have))
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "%s: %.2f MiB of device memory needed; the budget is %.2f MiB, of which %.2f MiB are in use (%s)",
+                           what, need / 1048576.0, have / 1048576.0, used / 1048576.0, hint);
+    return FORGE_OK;
+}
+
 /* Allocates the planned blocks and copies every upload into place. */
 static forge_status forge__upload_all(forge__loader *L, forge_model_params const *params) {
     forge_model *m = L->m;
@@ -5889,6 +5900,8 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
     forge_status st = forge__pack_plan(&L->pack, &m->arena, &d->caps, &m->err);
     if (st) return forge__wrap(&m->err, st, "planning weight memory");
     m->mem.planned = forge__pack_total(&L->pack);
+    if ((st = forge__memory_check(m, m->mem.planned, "the model's weights", "a device with more memory, a smaller or more quantized model, or a higher max_device_memory", &m->err)))
+        return st;
     m->n_blocks = L->pack.n_blocks;
     m->blocks = (forge__buffer *)forge__arena_alloc(&m->arena, sizeof *m->blocks * (size_t)(m->n_blocks + 1), 16);
     if (!m->blocks) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -7113,6 +7126,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     forge__session_kv_bytes(m, sp, &s->kv_bytes, &s->kv_sliding_bytes);
     if ((st = forge__session_pack(m, sp, &s->pack, &s->arena, &s->err))) return st;
     s->mem.planned = forge__pack_total(&s->pack) + forge__session_host_visible_bytes(m, sp);
+    if ((st = forge__memory_check(m, s->mem.planned, "the session", "lower n_ctx, n_batch, n_outputs_max or n_seq_max", &s->err))) return st;
     s->n_blocks = s->pack.n_blocks;
     s->blocks = (forge__buffer *)forge__arena_alloc(&s->arena, sizeof *s->blocks * (size_t)s->n_blocks, 16);
     if (!s->blocks) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -7417,6 +7431,8 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     }
     if ((st = forge__device_open(&m->dev, p->device_index, p->device_name, p->max_storage_buffer_range, p->max_allocation_size, &m->err)))
         return st;
+    if (p->max_device_memory && (!m->dev.caps.device_local_bytes || p->max_device_memory < m->dev.caps.device_local_bytes))
+        m->dev.caps.device_local_bytes = p->max_device_memory; /* the budget every plan is checked against */
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;
@@ -10378,13 +10394,7 @@ static uint64_t forge__train_readback_bytes(const forge__train_layout *L) { retu
 
 /* The device memory a trainer needs, and the model's own beside it. */
 static forge_status forge__train_memory_check(forge_model *m, uint64_t need, forge__err *err) {
-    uint64_t have = m->dev.caps.device_local_bytes, used = forge__mem_in_use(&m->mem_total);
-    if (have && need + used > have)
-        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY,
-                           "the trainer needs %.1f MiB of device memory; the device has %.1f MiB and the model and its sessions use %.1f MiB "
-                           "(lower max_batch or max_seq, use grad_checkpoint, or adapt fewer layers or targets)",
-                           need / 1048576.0, have / 1048576.0, used / 1048576.0);
-    return FORGE_OK;
+    return forge__memory_check(m, need, "the trainer", "lower max_batch or max_seq, use grad_checkpoint, or adapt fewer layers or targets", err);
 }
 
 FORGE_API forge_status forge_trainer_plan(forge_model *m, const forge_train_params *params, forge_memory_stats *plan) {

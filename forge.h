@@ -193,6 +193,13 @@ typedef struct forge_model_params {
     int parallel_slots;
     int parallel_fail;             /* 0 (default): a call beyond the cap waits for a free slot;
                                     * 1: it fails at once with FORGE_ERR_LIMIT */
+    /* The device memory this model, its sessions and trainers may use together, in bytes; 0: the
+     * device's largest device-local heap. Every plan is checked against it before anything is
+     * allocated: weights at load, the KV cache and activations at forge_session_create, a
+     * trainer's memory at forge_trainer_create. One that does not fit fails with
+     * FORGE_ERR_OUT_OF_MEMORY and a message giving what it needs, the budget and what is in use
+     * (never a Vulkan allocation error mid-run). Lower it to leave room for other work or to test. */
+    uint64_t max_device_memory;
 } forge_model_params;
 
 FORGE_API forge_model_params forge_model_default_params(void);
