@@ -604,9 +604,9 @@ class Session:
 
     The session keeps an exact-prefix prompt cache across calls: a prompt that continues what
     the cache holds (a chat's next turn) prefills only the new tokens. Only one stream runs on
-    a session at a time: a new call first closes the stream still open (as breaking out of it
-    would). Use it as a context manager, or call close().
-    """
+    a session at a time: any other use of the session (a call, n_past, metrics) first closes
+    the stream still open, as breaking out of it would. Use it as a context manager, or call
+    close()."""
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
                  n_keep: int = 0):
@@ -666,6 +666,7 @@ class Session:
     @property
     def n_past(self) -> int:
         """Tokens the session's cache holds (the next token is evaluated at this position)."""
+        self._settle()
         return int(self._lib.forge_session_n_past(self._h()))
 
     def truncate(self, n_keep: int = 0) -> None:
@@ -678,6 +679,7 @@ class Session:
     @property
     def metrics(self) -> Metrics:
         """The metrics of the session's last generate or chat call."""
+        self._settle()
         m = _ffi.Metrics()
         status = self._lib.forge_session_metrics(self._h(), ctypes.byref(m))
         if status != _ffi.OK:
@@ -686,6 +688,7 @@ class Session:
 
     @property
     def memory(self) -> MemoryStats:
+        self._settle()
         stats = _ffi.MemoryStats()
         status = self._lib.forge_session_memory(self._h(), ctypes.byref(stats))
         if status != _ffi.OK:

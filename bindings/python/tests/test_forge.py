@@ -138,6 +138,14 @@ def test_breaking_out_stops_generation_and_leaves_the_session_usable(model, sess
     stream = session.generate(ONCE, max_tokens=30)
     assert "".join(stream) == full_text and stream.tokens == full_ids
     assert stream.metrics.cached_tokens > 0
+    # a stream still referenced after the break is closed by the next use of the session
+    stream = session.generate(ONCE, max_tokens=30)
+    for i, token in enumerate(stream):
+        if i == 2:
+            break
+    assert not stream.done
+    assert session.metrics.stop_reason == forge.StopReason.CALLBACK and stream.done
+    assert stream.tokens == full_ids[:3] and session.n_past == 5 + 3 - 1
 
 
 def test_a_new_call_closes_the_stream_still_open(model, session):
@@ -378,3 +386,63 @@ def test_example_chats(chat_model_dir):
     run = run_example(str(chat_model_dir), "Hi")
     assert run.returncode == 0, run.stderr
     assert "user: What is a story?" in run.stdout and "assistant: " in run.stdout
+
+
+# --- installing and finding the library -----------------------------------------------------
+
+
+def library_path() -> Path:
+    return Path(_ffi.lib()._name).resolve()
+
+
+def python_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("FORGE_LIBRARY", "PYTHONPATH", "LD_LIBRARY_PATH")}
+    env.update(extra)
+    return env
+
+
+def test_the_library_is_found_on_the_system_path(tmp_path):
+    """Without $FORGE_LIBRARY or a copy in the package, libforge.so.0 comes from the linker's
+    search path (here LD_LIBRARY_PATH; after `make install`, the system's)."""
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libforge.so.0").write_bytes(library_path().read_bytes())
+    code = "import forge; print(forge.library_version(), forge._ffi.lib()._name)"
+    source = ROOT / "bindings" / "python"
+    if any((source / "forge" / n).exists() for n in ("libforge.so", "libforge.so.0")):
+        pytest.skip("a libforge.so copied into the source package would be found first")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=python_env(PYTHONPATH=str(source), LD_LIBRARY_PATH=str(tmp_path / "lib")))
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("0.1.0 ")
+    # a FORGE_LIBRARY that cannot be loaded is an error naming it, not a silent fallback
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env=python_env(PYTHONPATH=str(source), LD_LIBRARY_PATH=str(tmp_path / "lib"),
+                                        FORGE_LIBRARY=str(tmp_path / "nope.so")))
+    assert run.returncode != 0 and "FORGE_LIBRARY=" + str(tmp_path / "nope.so") in run.stderr
+
+
+def test_pip_installs_offline_into_a_venv_and_finds_the_packaged_copy(tmp_path):
+    """The README's commands: a venv seeing Debian's setuptools, pip without build isolation
+    and without an index; then a libforge.so copied into the installed package is found."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    src = tmp_path / "src"  # a copy, so that pip's build files stay out of the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        (src / name).write_bytes((ROOT / "bindings" / "python" / name).read_bytes())
+    (src / "forge").mkdir()
+    for f in (ROOT / "bindings" / "python" / "forge").iterdir():
+        if f.is_file() and not f.name.startswith("libforge"):
+            (src / "forge" / f.name).write_bytes(f.read_bytes())
+    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index", str(src)],
+                         capture_output=True, text=True, timeout=300, env=python_env())
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    where = subprocess.run([python, "-c", "import forge, os; print(os.path.dirname(forge.__file__))"],
+                           capture_output=True, text=True, cwd=tmp_path, env=python_env(), check=True).stdout.strip()
+    assert where.startswith(str(venv))
+    (Path(where) / "libforge.so").write_bytes(library_path().read_bytes())
+    code = f"import forge; m = forge.Model({str(MODEL)!r}, vocab_only=True); print(forge._ffi.lib()._name, m.tokenize('Lily'))"
+    run = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=python_env())
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0] == str(Path(where) / "libforge.so")
