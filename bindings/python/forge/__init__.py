@@ -23,7 +23,7 @@ import queue
 import threading
 import weakref
 from array import array
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
 
 from . import _ffi

@@ -60,8 +60,8 @@ def greedy(model, prompt, max_tokens):
 
 def test_struct_mirror_and_status_names_match_the_library():
     lib = _ffi.lib()  # loading checks sizeof against every struct_size the defaults report
-    for name, struct in _ffi._SIZED:
-        assert getattr(lib, name)().struct_size == ctypes.sizeof(struct)
+    for name, mirror in _ffi._SIZED:
+        assert getattr(lib, name)().struct_size == ctypes.sizeof(mirror)
     for status in forge.Status:
         assert forge.status_name(status) == status.c_name
     assert forge.library_version() == "0.1.0"
