@@ -1,11 +1,12 @@
 # forge: make builds build/libforge.a, build/libforge.so, build/forge (CLI) and build/forge_tests;
-# `make test` runs the test suite (the same GoogleTest binary CTest runs).
+# `make test` runs the test suite (the same GoogleTest binary CTest runs) and the Python package's tests.
 CC ?= cc
 CXX ?= c++
 BUILD ?= build
 GLSLANG ?= glslangValidator
 PREFIX ?= /usr/local
 OPT ?= -O2 -g
+PYTHON ?= python3
 
 WARN := -Wall -Wextra -Wno-format-truncation -Wno-unused-function
 CFLAGS_FORGE := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -I. -I$(BUILD)
@@ -13,7 +14,7 @@ LIBS := -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
-.PHONY: all lib cli tests test install clean fuzz examples sanitize
+.PHONY: all lib cli tests test test-python install clean fuzz examples sanitize
 all: lib cli tests examples
 lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
 cli: $(BUILD)/forge
@@ -50,8 +51,13 @@ $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 
-test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate
+test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate test-python
 	cd $(BUILD) && ./forge_tests
+
+# The Python package (bindings/python) against this build's library; the story it generates is
+# compared with the CLI's.
+test-python: $(BUILD)/libforge.so $(BUILD)/forge
+	FORGE_LIBRARY=$(BUILD)/libforge.so FORGE_CLI=$(BUILD)/forge $(PYTHON) -m pytest -q bindings/python/tests
 
 # The suite under ASan + UBSan + LSan, built in build-san/: any report fails the run (CI runs it).
 # Leaks inside system libraries (Mesa, the Vulkan loader) are suppressed in tests/lsan.supp.

@@ -16,7 +16,8 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     build-essential cmake pkg-config xz-utils \
     glslang-tools libvulkan-dev libvulkan1 \
     libcjson-dev libpcre2-dev libutf8proc-dev libgtest-dev \
-    clang libclang-rt-14-dev
+    clang libclang-rt-14-dev \
+    python3 python3-pytest python3-setuptools python3-pip python3-venv
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -qq --no-install-recommends $MESA_FROM mesa-vulkan-drivers
 # Node.js runs HuggingFace tokenizers as the tests' oracle; install it only where it is missing.

@@ -1,0 +1,1091 @@
+"""forge: Python bindings for the forge LLM runtime (libforge.so), in pure Python over ctypes.
+
+    import forge
+
+    with forge.Model("models/stories260K/stories260K.gguf") as model:
+        with model.session(n_ctx=512) as session:
+            for token in session.generate("Once upon a time", max_tokens=64):
+                print(token, end="", flush=True)
+
+The library is found through $FORGE_LIBRARY (a path to libforge.so), then a copy inside this
+package, then the system's (libforge.so.0, as `make install` puts it). Every failing call
+raises forge.Error (a subclass per status) carrying forge's own message. Like forge.h's
+objects, a Model may be shared between threads and a Session belongs to one thread at a time.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import enum
+import os
+import queue
+import threading
+import weakref
+from array import array
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+
+from . import _ffi
+from ._ffi import LibraryNotFoundError
+
+__version__ = "0.1.0"
+
+PathLike = Union[str, "os.PathLike[str]"]
+Prompt = Union[str, Sequence[int]]
+
+__all__ = [
+    "Model", "Session", "TokenStream", "Token", "Status", "StopReason", "Error",
+    "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError", "ModelError", "DeviceError",
+    "OutOfMemoryError", "LimitError", "BufferTooSmallError", "CancelledError", "LibraryNotFoundError",
+    "ModelInfo", "MemoryStats", "SpecialTokens", "Metrics", "Classification", "Completion", "Device",
+    "devices", "library_version",
+]
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class Status(enum.IntEnum):
+    """forge_status: what a call returned (FORGE_OK, FORGE_ERR_*)."""
+
+    OK = _ffi.OK
+    INVALID_ARGUMENT = _ffi.ERR_INVALID_ARGUMENT
+    IO = _ffi.ERR_IO
+    FORMAT = _ffi.ERR_FORMAT
+    UNSUPPORTED = _ffi.ERR_UNSUPPORTED
+    MODEL = _ffi.ERR_MODEL
+    DEVICE = _ffi.ERR_DEVICE
+    OUT_OF_MEMORY = _ffi.ERR_OUT_OF_MEMORY
+    LIMIT = _ffi.ERR_LIMIT
+    BUFFER_TOO_SMALL = _ffi.ERR_BUFFER_TOO_SMALL
+    CANCELLED = _ffi.ERR_CANCELLED
+
+    @property
+    def c_name(self) -> str:
+        """The name forge_status_name() gives: "FORGE_OK", "FORGE_ERR_IO", ..."""
+        return "FORGE_OK" if self is Status.OK else "FORGE_ERR_" + self.name
+
+
+class Error(Exception):
+    """A forge call failed. `status` is the forge_status (a Status), `status_name` its C name
+    ("FORGE_ERR_IO"), `message` the explanation forge left on the object (the model's or the
+    session's errmsg: it names the file, tensor, field or limit at fault)."""
+
+    def __init__(self, status: int, message: str):
+        try:
+            self.status: Union[Status, int] = Status(status)
+            self.status_name = self.status.c_name
+        except ValueError:
+            self.status, self.status_name = status, f"forge status {status}"
+        self.message = message
+        super().__init__(f"{message} ({self.status_name})" if message else self.status_name)
+
+
+class InvalidArgumentError(Error, ValueError):
+    """FORGE_ERR_INVALID_ARGUMENT: an out-of-range value or a misuse of the API (also: a closed object)."""
+
+
+class FileError(Error):
+    """FORGE_ERR_IO: a file is missing, unreadable or cannot be mapped."""
+
+
+class FormatError(Error):
+    """FORGE_ERR_FORMAT: a file is malformed."""
+
+
+class UnsupportedError(Error):
+    """FORGE_ERR_UNSUPPORTED: well-formed but not supported (architecture, dtype, no chat format)."""
+
+
+class ModelError(Error):
+    """FORGE_ERR_MODEL: tensors and config disagree, or state saved from another model."""
+
+
+class DeviceError(Error):
+    """FORGE_ERR_DEVICE: no usable Vulkan device, or a Vulkan call failed."""
+
+
+class OutOfMemoryError(Error, MemoryError):
+    """FORGE_ERR_OUT_OF_MEMORY: host or device memory could not be allocated."""
+
+
+class LimitError(Error):
+    """FORGE_ERR_LIMIT: a planned limit was exceeded (context length, batch)."""
+
+
+class BufferTooSmallError(Error):
+    """FORGE_ERR_BUFFER_TOO_SMALL: the bindings size their buffers, so this means a bug here."""
+
+
+class CancelledError(Error):
+    """FORGE_ERR_CANCELLED: the call was cancelled."""
+
+
+_ERRORS: dict[int, type[Error]] = {
+    Status.INVALID_ARGUMENT: InvalidArgumentError,
+    Status.IO: FileError,
+    Status.FORMAT: FormatError,
+    Status.UNSUPPORTED: UnsupportedError,
+    Status.MODEL: ModelError,
+    Status.DEVICE: DeviceError,
+    Status.OUT_OF_MEMORY: OutOfMemoryError,
+    Status.LIMIT: LimitError,
+    Status.BUFFER_TOO_SMALL: BufferTooSmallError,
+    Status.CANCELLED: CancelledError,
+}
+
+
+def _error(status: int, message: str) -> Error:
+    return _ERRORS.get(status, Error)(status, message)
+
+
+# Models still open at exit are closed by an atexit hook, while the worker threads of their
+# streams can still run (interpreter shutdown freezes daemon threads after the atexit hooks).
+_live_models: "weakref.WeakSet[Model]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_models_at_exit() -> None:
+    for model in list(_live_models):
+        model.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain data returned by the API
+# ---------------------------------------------------------------------------------------------
+
+
+class StopReason(enum.IntEnum):
+    """forge_stop_reason: why a generate or chat call stopped."""
+
+    NONE = 0
+    EOS = 1          # the model produced one of its end tokens
+    TOKEN = 2        # one of the caller's stop_tokens
+    STRING = 3       # one of the caller's stop strings
+    MAX_TOKENS = 4
+    CALLBACK = 5     # the consumer stopped (broke out of the stream, closed it)
+    CONTEXT = 6      # the session's context is full
+    CANCELLED = 7
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """forge_memory_stats: host and device memory of a model or session, in bytes."""
+
+    host_arena_bytes: int
+    device_planned_bytes: int
+    device_in_use_bytes: int
+    device_peak_bytes: int
+    device_buffers: int
+    device_allocations: int
+    kv_cache_bytes: int
+    kv_sliding_bytes: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """forge_model_info: the model's architecture, shapes, weights and device."""
+
+    architecture: str
+    source_format: str
+    weight_dtype: str
+    name: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    n_vocab: int
+    n_ctx_train: int
+    sliding_window: int
+    n_sliding_layers: int
+    tied_embeddings: bool
+    n_params: int
+    weight_bytes: int
+    device_name: str
+    device_driver: str
+    memory: MemoryStats
+
+
+@dataclass(frozen=True)
+class Device:
+    """forge_device_info: one Vulkan device; pass `index` or part of `name` as Model(device=...)."""
+
+    index: int
+    name: str
+    driver: str
+    type: int
+    vendor_id: int
+    api_version: int
+    device_local_bytes: int
+    max_storage_buffer_range: int
+    max_allocation_size: int
+    max_buffer_size: int
+    subgroup_size: int
+    fp16: bool
+    int8: bool
+    integer_dot_product: bool
+    cooperative_matrix: bool
+    usable: bool
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """forge_special_tokens: the tokenizer's special ids (-1 where the model has none)."""
+
+    bos: int
+    eos: int
+    eot: int
+    pad: int
+    unk: int
+    eos_ids: tuple[int, ...]  # every id that ends generation
+    sot: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """forge_metrics: the numbers of one generate, chat or batch item."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    cache_wrapped: bool
+    ttft_ms: float
+    prefill_ms: float
+    decode_ms: float
+    prefill_tok_s: float
+    decode_tok_s: float
+    peak_device_bytes: int
+    prompt_cache_hits: int
+    stop_reason: StopReason
+    context_slides: int
+
+
+@dataclass(frozen=True)
+class Classification:
+    """One prompt's result from Session.classify: the token drawn after its last token (the
+    argmax at temperature 0), that token's text as it continues the prompt, the prompt's token
+    count and, when asked for, the logits after its last token."""
+
+    token: int
+    text: str
+    n_tokens: int
+    logits: Optional[array] = None  # array('f') of n_vocab floats
+
+
+@dataclass
+class Completion:
+    """One prompt's result from Session.batch_generate. `error` is set (and the rest empty)
+    when this prompt failed on its own; the other prompts still ran."""
+
+    text: str
+    tokens: list[int]
+    metrics: Optional[Metrics]
+    error: Optional[Error] = None
+
+
+def _convert(struct: ctypes.Structure, cls: type) -> Any:
+    """A dataclass of the same field names from a ctypes struct (char arrays to str, nested
+    structs to their dataclass, int flags to bool where the dataclass says bool)."""
+    values = {}
+    for f in fields(cls):
+        v = getattr(struct, f.name)
+        if isinstance(v, bytes):
+            v = _ffi.text(v)
+        elif isinstance(v, ctypes.Structure):
+            v = _convert(v, MemoryStats)
+        elif f.type in ("bool", bool):
+            v = bool(v)
+        elif f.type in ("StopReason",):
+            v = StopReason(v)
+        values[f.name] = v
+    return cls(**values)
+
+
+def _metrics(m: _ffi.Metrics) -> Metrics:
+    return _convert(m, Metrics)
+
+
+class Token(str):
+    """One generated token: the str is the text it makes printable (may be "" while a
+    character or a possible stop string is incomplete), `id` is the token id. The text held
+    back at the end, when generation stops for another reason, comes as a Token with id -1."""
+
+    id: int
+
+    def __new__(cls, text: str, id: int) -> "Token":
+        token = super().__new__(cls, text)
+        token.id = id
+        return token
+
+    def __repr__(self) -> str:
+        return f"Token({str.__repr__(self)}, id={self.id})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Library-level calls
+# ---------------------------------------------------------------------------------------------
+
+
+def library_version() -> str:
+    """The loaded libforge's version, "MAJOR.MINOR.PATCH"."""
+    return _ffi.text(_ffi.lib().forge_version())
+
+
+def status_name(status: int) -> str:
+    """forge_status_name() of the loaded library: "FORGE_ERR_FORMAT"."""
+    return _ffi.text(_ffi.lib().forge_status_name(status))
+
+
+def devices() -> list[Device]:
+    """The Vulkan devices, in the order forge's default choice prefers them. Raises DeviceError
+    when there is no Vulkan loader or driver."""
+    lib = _ffi.lib()
+    count = ctypes.c_int(0)
+    err = ctypes.create_string_buffer(512)
+    status = lib.forge_list_devices(None, 0, ctypes.byref(count), err, len(err))
+    if status == _ffi.OK and count.value:
+        found = (_ffi.DeviceInfo * count.value)()
+        status = lib.forge_list_devices(found, count.value, ctypes.byref(count), err, len(err))
+    if status != _ffi.OK:
+        raise _error(status, _ffi.text(err.value))
+    return [_convert(found[i], Device) for i in range(count.value)] if count.value else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------
+
+
+class Model:
+    """A loaded model (forge_model): weights on the device, tokenizer, config.
+
+    Model(path) loads a .gguf file, a safetensors directory (config.json + *.safetensors) or
+    one .safetensors file beside its config.json. `device` picks the Vulkan device: its index
+    in devices() or part of its name (None: discrete, then integrated, then CPU). `adapter` is
+    a LoRA adapter directory (PEFT or mlx-lm) applied beside the base weights. `exact` keeps
+    every product in f32 on GPUs with tensor cores. `vocab_only` loads the tokenizer alone (no
+    device): only tokenize, detokenize and the token lookups work then.
+
+    Use it as a context manager, or call close(); closing frees the model's sessions first.
+    Raises forge.Error (FileError for a missing file, FormatError for a malformed one, ...).
+    """
+
+    def __init__(self, path: PathLike, device: Union[int, str, None] = None, adapter: Optional[PathLike] = None,
+                 exact: bool = False, vocab_only: bool = False):
+        self._lib = _ffi.lib()
+        self._handle: Optional[int] = None
+        self._session_handles: set[_SessionHandle] = set()
+        self.path = os.fspath(path)
+        params = self._lib.forge_model_default_params()
+        if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
+            raise TypeError(f"device must be an index (int) or part of a device name (str), not {device!r}")
+        if isinstance(device, int):
+            params.device_index = device
+        elif isinstance(device, str):
+            params.device_name = device.encode()
+        if adapter is not None:
+            params.adapter_path = os.fsencode(adapter)
+        params.exact = int(bool(exact))
+        params.vocab_only = int(bool(vocab_only))
+        handle = ctypes.c_void_p()
+        status = self._lib.forge_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle))
+        if status != _ffi.OK:
+            # A failed load still returns a model that holds the message (NULL only when the
+            # host ran out of memory): read it, then free it.
+            message = _ffi.text(self._lib.forge_model_errmsg(handle)) if handle.value else "out of host memory"
+            self._lib.forge_model_free(handle)
+            raise _error(status, message)
+        self._handle = handle.value
+        _live_models.add(self)
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Frees the model (device memory included), after closing its open sessions. Safe to
+        call twice."""
+        if self._handle is None:
+            return
+        for session in list(self._session_handles):
+            session.free()
+        self._session_handles.clear()
+        self._lib.forge_model_free(self._handle)
+        self._handle = None
+
+    @property
+    def closed(self) -> bool:
+        return self._handle is None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"<forge.Model {self.path!r}{' closed' if self.closed else ''}>"
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT, f"the model {self.path!r} is closed")
+        return self._handle
+
+    def _raise(self, status: int) -> None:
+        raise _error(status, _ffi.text(self._lib.forge_model_errmsg(self._h())))
+
+    # -- facts -----------------------------------------------------------------------------
+
+    @property
+    def info(self) -> ModelInfo:
+        """Architecture, shapes, parameter count, weight bytes, device and memory."""
+        info = _ffi.ModelInfo()
+        status = self._lib.forge_model_get_info(self._h(), ctypes.byref(info))
+        if status != _ffi.OK:
+            self._raise(status)
+        return _convert(info, ModelInfo)
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._lib.forge_model_n_vocab(self._h()))
+
+    @property
+    def special_tokens(self) -> SpecialTokens:
+        """The tokenizer's special ids: bos, eos, eot (end of turn), pad, unk, sot, eos_ids."""
+        sp = _ffi.SpecialTokens()
+        status = self._lib.forge_model_special_tokens(self._h(), ctypes.byref(sp))
+        if status != _ffi.OK:
+            self._raise(status)
+        return SpecialTokens(bos=sp.bos, eos=sp.eos, eot=sp.eot, pad=sp.pad, unk=sp.unk,
+                             eos_ids=tuple(sp.eos_ids[: sp.n_eos]), sot=sp.sot)
+
+    # -- tokenizer -------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_special: bool = False, parse_special: bool = True) -> list[int]:
+        """The token ids of `text`, as HuggingFace tokenizers' encode(text,
+        add_special_tokens=add_special) gives them. With parse_special (the default) special
+        tokens written in the text ("<|eot_id|>") become their ids; without, they are text."""
+        data = text.encode("utf-8", "surrogatepass")
+        flags = (_ffi.TOKENIZE_ADD_SPECIAL if add_special else 0) | (0 if parse_special else _ffi.TOKENIZE_NO_PARSE_SPECIAL)
+        n = ctypes.c_size_t(0)
+        capacity = len(data) + 8  # one id per byte and the added ones is always enough for BPE
+        while True:
+            ids = (ctypes.c_int32 * capacity)()
+            status = self._lib.forge_tokenize(self._h(), data, len(data), flags, ids, capacity, ctypes.byref(n))
+            if status == _ffi.ERR_BUFFER_TOO_SMALL:
+                capacity = n.value
+                continue
+            if status != _ffi.OK:
+                self._raise(status)
+            return list(ids[: n.value])
+
+    def detokenize(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """The text of `ids`, as HuggingFace's decode(ids, skip_special_tokens=skip_special)."""
+        ids = list(ids)
+        arr, n_ids = _ffi.int32_array(ids), len(ids)
+        flags = _ffi.DETOKENIZE_SKIP_SPECIAL if skip_special else 0
+        n = ctypes.c_size_t(0)
+        capacity = 16 * n_ids + 16
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = self._lib.forge_detokenize(self._h(), arr, n_ids, flags, buf, capacity, ctypes.byref(n))
+            if status == _ffi.ERR_BUFFER_TOO_SMALL:
+                capacity = n.value + 1
+                continue
+            if status != _ffi.OK:
+                self._raise(status)
+            return buf.raw[: n.value].decode("utf-8", "replace")
+
+    def token_piece(self, token: int) -> Optional[str]:
+        """The vocabulary entry of `token` as stored ("▁the", "<0x0A>"), or None when out of range."""
+        piece = self._lib.forge_token_piece(self._h(), token)
+        return None if piece is None else _ffi.text(piece)
+
+    def token_id(self, piece: str) -> Optional[int]:
+        """The id of a vocabulary entry or added token (exact text), or None."""
+        token = self._lib.forge_token_id(self._h(), piece.encode())
+        return None if token < 0 else int(token)
+
+    def is_special(self, token: int) -> bool:
+        return bool(self._lib.forge_token_is_special(self._h(), token))
+
+    # -- chat template ---------------------------------------------------------------------
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                    thinking: bool = True) -> str:
+        """The conversation as the model's chat template renders it (Llama 3, ChatML, Gemma).
+        Raises UnsupportedError for a model without a known chat format."""
+        msgs, keep = _chat_messages(messages)
+        flags = _chat_flags(add_generation_prompt, thinking)
+        n = ctypes.c_size_t(0)
+        capacity = sum(len(k) for k in keep) + 1024
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            status = self._lib.forge_chat_render(self._h(), msgs, len(messages), flags, buf, capacity, ctypes.byref(n))
+            if status == _ffi.ERR_BUFFER_TOO_SMALL:
+                capacity = n.value + 1
+                continue
+            if status != _ffi.OK:
+                self._raise(status)
+            return buf.raw[: n.value].decode("utf-8", "replace")
+
+    # -- sessions --------------------------------------------------------------------------
+
+    def session(self, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
+                n_keep: int = 0) -> "Session":
+        """A new Session (KV cache, scratch, sampler) on this model.
+
+        n_ctx: tokens the KV cache holds (0: min(the model's, 4096)); n_batch: most tokens per
+        prefill step (0: 512; also the most tokens classify runs at once); n_seq_max: sequences
+        batch_generate decodes at once (0: 1); overflow: what a full context does, "fail",
+        "shift" (llama.cpp's context shift) or "recompute"; n_keep: tokens a slide never drops.
+        """
+        return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep)
+
+
+def _chat_messages(messages: Sequence[Mapping[str, str]]) -> tuple[ctypes.Array, list[bytes]]:
+    keep: list[bytes] = []
+    msgs = (_ffi.ChatMessage * max(len(messages), 1))()
+    for i, m in enumerate(messages):
+        try:
+            role, content = m["role"], m["content"]
+        except (KeyError, TypeError) as e:
+            raise TypeError(f"message {i} is not a {{'role': ..., 'content': ...}} mapping: {m!r}") from e
+        keep += [role.encode(), content.encode("utf-8", "surrogatepass")]
+        msgs[i].role, msgs[i].content = keep[-2], keep[-1]
+    return msgs, keep
+
+
+def _chat_flags(add_generation_prompt: bool, thinking: bool) -> int:
+    return (0 if add_generation_prompt else _ffi.CHAT_NO_GENERATION_PROMPT) | (0 if thinking else _ffi.CHAT_THINKING_OFF)
+
+
+# ---------------------------------------------------------------------------------------------
+# Session
+# ---------------------------------------------------------------------------------------------
+
+_OVERFLOW = {"fail": 0, "shift": 1, "recompute": 2}
+
+
+class _SessionHandle:
+    """A C session and the stream running on it, shared by the Session and its Model: the model
+    frees its sessions before itself whatever order the garbage collector finalizes them in (a
+    Model and its Session that die in one collection have their __del__ run in any order, and
+    weak references to them are cleared before)."""
+
+    __slots__ = ("lib", "ptr", "stream", "__weakref__")
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self.ptr: Optional[int] = None
+        self.stream: Optional[_StreamState] = None
+
+    def close_stream(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+
+    def free(self) -> None:
+        self.close_stream()
+        if self.ptr is not None:
+            self.lib.forge_session_free(self.ptr)
+            self.ptr = None
+
+
+class Session:
+    """A session (forge_session) on a Model: its KV cache, scratch buffers and sampler. Made by
+    Model.session(). It belongs to one thread at a time; make one per concurrent stream.
+
+    The session keeps an exact-prefix prompt cache across calls: a prompt that continues what
+    the cache holds (a chat's next turn) prefills only the new tokens. Only one stream runs on
+    a session at a time: any other use of the session (a call, n_past, metrics) first closes
+    the stream still open, as breaking out of it would. Use it as a context manager, or call
+    close()."""
+
+    def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
+                 n_keep: int = 0):
+        self.model = model  # keeps the model alive as long as its session
+        self._lib = model._lib
+        self._box = _SessionHandle(self._lib)
+        if overflow not in _OVERFLOW:
+            raise ValueError(f"overflow must be one of {sorted(_OVERFLOW)}, not {overflow!r}")
+        params = self._lib.forge_session_default_params()
+        params.n_ctx, params.n_batch, params.n_seq_max = n_ctx, n_batch, n_seq_max
+        params.overflow, params.n_keep = _OVERFLOW[overflow], n_keep
+        handle = ctypes.c_void_p()
+        status = self._lib.forge_session_create(model._h(), ctypes.byref(params), ctypes.byref(handle))
+        if status != _ffi.OK:  # the message is on the model
+            model._raise(status)
+        self._box.ptr = handle.value
+        model._session_handles.add(self._box)
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops a stream still running on the session and frees the session. Safe to call twice."""
+        self._box.free()
+        self.model._session_handles.discard(self._box)
+
+    @property
+    def closed(self) -> bool:
+        return self._box.ptr is None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_box", None) is not None and hasattr(self, "model"):
+            self.close()
+
+    def _h(self) -> int:
+        if self._box.ptr is None:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT, "the session is closed")
+        return self._box.ptr
+
+    def _settle(self) -> None:
+        """Closes the stream still open on this session, so the next call has it to itself."""
+        self._box.close_stream()
+
+    def _message(self) -> str:
+        return _ffi.text(self._lib.forge_session_errmsg(self._h()))
+
+    def _raise(self, status: int) -> None:
+        raise _error(status, self._message())
+
+    # -- state -----------------------------------------------------------------------------
+
+    @property
+    def n_past(self) -> int:
+        """Tokens the session's cache holds (the next token is evaluated at this position)."""
+        self._settle()
+        return int(self._lib.forge_session_n_past(self._h()))
+
+    def truncate(self, n_keep: int = 0) -> None:
+        """Forgets all but the first n_keep cached tokens (0: a fresh sequence)."""
+        self._settle()
+        status = self._lib.forge_session_truncate(self._h(), n_keep)
+        if status != _ffi.OK:
+            self._raise(status)
+
+    @property
+    def metrics(self) -> Metrics:
+        """The metrics of the session's last generate or chat call."""
+        self._settle()
+        m = _ffi.Metrics()
+        status = self._lib.forge_session_metrics(self._h(), ctypes.byref(m))
+        if status != _ffi.OK:
+            self._raise(status)
+        return _metrics(m)
+
+    @property
+    def memory(self) -> MemoryStats:
+        self._settle()
+        stats = _ffi.MemoryStats()
+        status = self._lib.forge_session_memory(self._h(), ctypes.byref(stats))
+        if status != _ffi.OK:
+            self._raise(status)
+        return _convert(stats, MemoryStats)
+
+    def save(self, path: PathLike) -> None:
+        """Writes the session's tokens and KV cache to a state file (atomically)."""
+        self._settle()
+        status = self._lib.forge_session_save(self._h(), os.fsencode(path))
+        if status != _ffi.OK:
+            self._raise(status)
+
+    def load(self, path: PathLike) -> None:
+        """Replaces the session's state with a file that save() wrote for the same model."""
+        self._settle()
+        status = self._lib.forge_session_load(self._h(), os.fsencode(path))
+        if status != _ffi.OK:
+            self._raise(status)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate(self, prompt: Prompt = "", *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0, repeat_window: int = 64,
+                 seed: int = 0, stop: Union[str, Sequence[str], None] = None, stop_tokens: Sequence[int] = (),
+                 ignore_eos: bool = False, add_special: bool = True) -> "TokenStream":
+        """Generates from `prompt` (text, or a list of token ids) and returns a TokenStream:
+        iterate it for the tokens as they come (each a Token: its text, with .id). Breaking out
+        of the loop (or closing the stream) stops generation before the next token and leaves
+        the session usable, its cache holding the prompt and the tokens seen.
+
+        Sampling as forge's (HuggingFace's order): repeat_penalty over the last repeat_window
+        tokens, temperature (0: greedy), top_k (0: off), top_p (1: off), min_p (0: off), then
+        a draw seeded by `seed`. `stop`: text (or texts) that ends generation, not emitted;
+        `stop_tokens`: ids that do. add_special adds the tokenizer's BOS to a text prompt.
+        Errors (a prompt longer than the context, ...) are raised while iterating.
+        """
+        h = self._h()
+        self._settle()
+        params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special)
+        if isinstance(prompt, str):
+            data = prompt.encode("utf-8", "surrogatepass")
+
+            def call(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
+                return self._lib.forge_generate(h, data, len(data), ctypes.byref(p), ctypes.byref(m))
+        else:
+            ids = list(prompt)
+            arr = _ffi.int32_array(ids)
+
+            def call(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
+                return self._lib.forge_generate_tokens(h, arr, len(ids), ctypes.byref(p), ctypes.byref(m))
+        return self._start(call, params, keep)
+
+    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+             thinking: bool = True, **sampling: Any) -> "TokenStream":
+        """Generates the assistant's reply to `messages` ([{"role": "user", "content": ...}, ...]),
+        rendered with the model's own chat template, streamed like generate() (same sampling
+        keywords). Pass the whole conversation each turn: the prompt cache makes a multi-turn
+        chat prefill only the new turn. The family's end-of-turn token ends the reply.
+        `thinking=False` is Qwen 3's enable_thinking=False. A model without a known chat format
+        raises UnsupportedError while iterating."""
+        h = self._h()
+        self._settle()
+        sampling.setdefault("add_special", True)
+        params, keep = _generate_params(self._lib, **_sampling_args(sampling))
+        msgs, texts = _chat_messages(messages)
+        keep += [msgs, texts]
+        n, flags = len(messages), _chat_flags(add_generation_prompt, thinking)
+
+        def call(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
+            return self._lib.forge_chat(h, msgs, n, flags, ctypes.byref(p), ctypes.byref(m))
+        return self._start(call, params, keep)
+
+    def _start(self, call: Any, params: _ffi.GenerateParams, keep: list) -> "TokenStream":
+        state = _StreamState(self, call, params, keep)
+        self._box.stream = state
+        return TokenStream(state)
+
+    def classify(self, prompts: Sequence[Prompt], *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, seed: int = 0, add_special: bool = True, logits: bool = False) -> list[Classification]:
+        """One batched forward pass per batch over `prompts` (texts or token-id lists), no decode
+        loop: for each, the token drawn from the logits after its last token (temperature 0:
+        the argmax) and its text, and with logits=True those logits (array('f'), n_vocab).
+        Each result equals the prompt's own run, whatever the batching. The session's cache is
+        scratch here: afterwards it holds no tokens."""
+        h = self._h()
+        self._settle()
+        n = len(prompts)
+        if n == 0:
+            return []
+        c_prompts = (_ffi.ClassifyPrompt * n)()
+        keep: list = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, str):
+                data = prompt.encode("utf-8", "surrogatepass")
+                keep.append(data)
+                c_prompts[i].text, c_prompts[i].text_len = data, len(data)
+            else:
+                ids = list(prompt)
+                arr = _ffi.int32_array(ids)
+                keep.append(arr)
+                c_prompts[i].tokens, c_prompts[i].n_tokens = arr, len(ids)
+        params = self._lib.forge_classify_default_params()
+        params.temperature, params.top_k, params.top_p, params.min_p = temperature, top_k, top_p, min_p
+        params.seed, params.add_special = seed, int(bool(add_special))
+        n_vocab = self.model.n_vocab
+        out_logits = None
+        if logits:
+            out_logits = (ctypes.c_float * (n * n_vocab))()
+            params.logits, params.logits_capacity = out_logits, n * n_vocab
+        results = (_ffi.ClassifyResult * n)()
+        status = self._lib.forge_classify(h, c_prompts, n, ctypes.byref(params), results)
+        if status != _ffi.OK:
+            self._raise(status)
+        found = []
+        for i in range(n):
+            r = results[i]
+            text = ctypes.string_at(r.text, r.text_len).decode("utf-8", "replace") if r.text else ""
+            row = None
+            if out_logits is not None:
+                row = array("f", bytes(memoryview(out_logits).cast("B")[4 * i * n_vocab: 4 * (i + 1) * n_vocab]))
+            found.append(Classification(token=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row))
+        return found
+
+    def batch_generate(self, prompts: Sequence[Prompt], *, max_tokens: int = 256, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                       repeat_window: int = 64, seed: int = 0, stop: Union[str, Sequence[str], None] = None,
+                       stop_tokens: Sequence[int] = (), ignore_eos: bool = False,
+                       add_special: bool = True) -> list[Completion]:
+        """Generates for every prompt together (forge_batch_generate): the session decodes up to
+        its n_seq_max sequences in lockstep, a finished one's place taken by the next prompt.
+        Sampling as generate()'s, the same for every prompt (each draws from its own generator
+        seeded by `seed`, so each Completion equals generate() of its prompt alone on a fresh
+        session). A prompt that fails on its own (too long, empty) gets Completion.error and the
+        others still run; a device failure raises. The session's cache is scratch here."""
+        h = self._h()
+        self._settle()
+        n = len(prompts)
+        if n == 0:
+            return []
+        texts: list[list[str]] = [[] for _ in range(n)]
+        ids: list[list[int]] = [[] for _ in range(n)]
+        raised: list[BaseException] = []
+
+        def on_token(user: Optional[int], token: int, text: Any, text_len: int) -> int:
+            try:
+                i = (user or 0) - 1  # user_data carries the item's index + 1 (0 reads back as None)
+                texts[i].append(ctypes.string_at(text, text_len).decode("utf-8", "replace") if text_len else "")
+                if token >= 0:
+                    ids[i].append(token)
+                return 0
+            except BaseException as e:  # never let an exception cross into C
+                raised.append(e)
+                return 1
+
+        callback = _ffi.token_fn(on_token)
+        params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
+                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special)
+        per_item = (_ffi.GenerateParams * n)()
+        items = (_ffi.BatchItem * n)()
+        for i, prompt in enumerate(prompts):
+            per_item[i] = params  # a copy
+            per_item[i].on_token, per_item[i].user_data = callback, i + 1
+            items[i].params = ctypes.pointer(per_item[i])
+            if isinstance(prompt, str):
+                data = prompt.encode("utf-8", "surrogatepass")
+                keep.append(data)
+                items[i].text, items[i].text_len = data, len(data)
+            else:
+                toks = list(prompt)
+                arr = _ffi.int32_array(toks)
+                keep.append(arr)
+                items[i].tokens, items[i].n_tokens = arr, len(toks)
+        results = (_ffi.BatchResult * n)()
+        status = self._lib.forge_batch_generate(h, items, n, results)
+        if raised:
+            raise raised[0]
+        if status != _ffi.OK:
+            self._raise(status)
+        failed = [i for i in range(n) if results[i].status != _ffi.OK]
+        completions = []
+        for i in range(n):
+            r = results[i]
+            if r.status != _ffi.OK:
+                # forge keeps the message of the last failed item only, on the session.
+                message = self._message() if i == failed[-1] else f"prompt {i} failed"
+                completions.append(Completion(text="", tokens=[], metrics=None, error=_error(r.status, message)))
+            else:
+                completions.append(Completion(text="".join(texts[i]), tokens=ids[i], metrics=_metrics(r.metrics)))
+        return completions
+
+
+_SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_window", "seed", "stop",
+             "stop_tokens", "ignore_eos", "add_special")
+
+
+def _sampling_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(kwargs) - set(_SAMPLING)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}; sampling takes {list(_SAMPLING)}")
+    defaults = dict(max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
+                    repeat_window=64, seed=0, stop=None, stop_tokens=(), ignore_eos=False, add_special=True)
+    defaults.update(kwargs)
+    return defaults
+
+
+def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
+                     repeat_penalty: float, repeat_window: int, seed: int, stop: Union[str, Sequence[str], None],
+                     stop_tokens: Sequence[int], ignore_eos: bool, add_special: bool) -> tuple[_ffi.GenerateParams, list]:
+    """forge_generate_params from the keywords, and the objects its pointers point into (to be
+    kept alive as long as the params are used)."""
+    p = lib.forge_generate_default_params()
+    p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p = max_tokens, temperature, top_k, top_p, min_p
+    p.repeat_penalty, p.repeat_window, p.seed = repeat_penalty, repeat_window, seed
+    p.ignore_eos, p.add_special = int(bool(ignore_eos)), int(bool(add_special))
+    keep: list = []
+    strings = [stop] if isinstance(stop, str) else list(stop or [])
+    if strings:
+        encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
+        arr = (ctypes.c_char_p * len(encoded))(*encoded)
+        keep += [encoded, arr]
+        p.stop_strings, p.n_stop_strings = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), len(encoded)
+    ids = list(stop_tokens)
+    if ids:
+        arr = _ffi.int32_array(ids)
+        keep.append(arr)
+        p.stop_tokens, p.n_stop_tokens = arr, len(ids)
+    return p, keep
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: the C call runs on a worker thread; its token callback hands each token over and
+# waits until the consumer asks for the next one, so a consumer that stops (break, close) stops
+# generation before one more token is computed: the callback then returns non-zero, which
+# forge.h defines as "stop" (FORGE_STOP_CALLBACK, session usable).
+# ---------------------------------------------------------------------------------------------
+
+_END = object()
+
+
+class _StreamState:
+    """What the worker thread shares with the consumer. The TokenStream the user holds points
+    here, not the other way round, so dropping the TokenStream closes the stream even while the
+    worker waits in the callback."""
+
+    def __init__(self, session: Session, call: Any, params: _ffi.GenerateParams, keep: list):
+        self.session = session
+        self.call = call
+        self.params = params
+        self.keep = keep
+        self.metrics_c = _ffi.Metrics()
+        self.items: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.go = threading.Semaphore(0)
+        self.stop = False
+        self.owed = False  # the worker waits for a go: the consumer has the last token
+        self.thread: Optional[threading.Thread] = None
+        self.done = False
+        self.status = _ffi.OK
+        self.raised: Optional[BaseException] = None
+        self.callback = _ffi.token_fn(self._on_token)
+        self.params.on_token = self.callback
+        self.tokens: list[int] = []
+        self.text: list[str] = []
+
+    # worker side ----------------------------------------------------------------------------
+
+    def _on_token(self, user: Any, token: int, text: Any, text_len: int) -> int:
+        try:
+            self.items.put((token, ctypes.string_at(text, text_len).decode("utf-8", "replace") if text_len else ""))
+            if token < 0:  # the last call delivers held-back text; its return is not read
+                return 0
+            self.go.acquire()
+            return 1 if self.stop else 0
+        except BaseException as e:  # never let an exception cross into C: stop instead
+            self.raised = e
+            return 1
+
+    def _run(self) -> None:
+        try:
+            self.status = self.call(self.params, self.metrics_c)
+        except BaseException as e:
+            self.raised = e
+        finally:
+            self.items.put(_END)
+
+    # consumer side --------------------------------------------------------------------------
+
+    def next(self) -> Token:
+        if self.done:
+            raise StopIteration
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="forge-generate", daemon=True)
+            self.thread.start()
+        if self.owed:
+            self.owed = False
+            self.go.release()
+        while True:
+            item = self.items.get()
+            if item is _END:
+                self._finish()
+                if self.raised is not None:
+                    raise self.raised
+                if self.status != _ffi.OK:
+                    self.session._raise(self.status)
+                raise StopIteration
+            token, text = item
+            self.text.append(text)
+            if token >= 0:
+                self.owed = True
+                self.tokens.append(token)
+                return Token(text, token)
+            if text:
+                return Token(text, -1)
+
+    def close(self) -> None:
+        if self.done:
+            return
+        if self.thread is None:  # never started: nothing ran
+            self.done = True
+            self._detach()
+            return
+        self.stop = True
+        while True:
+            if self.owed:
+                self.owed = False
+                self.go.release()
+            item = self.items.get()
+            if item is _END:
+                break
+            if item[0] >= 0:
+                self.owed = True
+        self._finish()
+
+    def _finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        self.done = True
+        self._detach()
+
+    def _detach(self) -> None:
+        if self.session._box.stream is self:
+            self.session._box.stream = None
+
+
+class TokenStream:
+    """The tokens of one generate() or chat() call, as they come: iterate it (each item a
+    Token, a str with .id). Breaking out, close(), or leaving a `with` block stops generation
+    before the next token; the session stays usable. After the stream ends, `metrics` holds the
+    call's Metrics (stop_reason CALLBACK when the consumer stopped it), `tokens` the generated
+    ids and `text` the text so far. Errors of the call are raised from the iteration."""
+
+    def __init__(self, state: _StreamState):
+        self._state = state
+
+    def __iter__(self) -> Iterator[Token]:
+        return self
+
+    def __next__(self) -> Token:
+        return self._state.next()
+
+    def close(self) -> None:
+        """Stops generation (if running) and waits for the call to return."""
+        self._state.close()
+
+    def __enter__(self) -> "TokenStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        state = getattr(self, "_state", None)
+        if state is not None:
+            state.close()
+
+    @property
+    def done(self) -> bool:
+        return self._state.done
+
+    @property
+    def tokens(self) -> list[int]:
+        """The generated token ids so far."""
+        return list(self._state.tokens)
+
+    @property
+    def text(self) -> str:
+        """The generated text so far."""
+        return "".join(self._state.text)
+
+    @property
+    def metrics(self) -> Optional[Metrics]:
+        """The call's metrics once it has ended (None before)."""
+        return _metrics(self._state.metrics_c) if self._state.done and self._state.thread is not None else None
+
+    def read(self) -> str:
+        """Runs the stream to its end and returns the whole generated text."""
+        for _ in self:
+            pass
+        return self.text
