@@ -368,14 +368,16 @@ class Model:
     in devices() or part of its name (None: discrete, then integrated, then CPU). `adapter` is
     a LoRA adapter directory (PEFT or mlx-lm) applied beside the base weights. `exact` keeps
     every product in f32 on GPUs with tensor cores. `vocab_only` loads the tokenizer alone (no
-    device): only tokenize, detokenize and the token lookups work then.
+    device): only tokenize, detokenize and the token lookups work then. `max_device_memory`
+    (bytes; 0: the device's heap) caps what the model, its sessions and trainers may use
+    together: a plan over it raises OutOfMemoryError before anything is allocated.
 
     Use it as a context manager, or call close(); closing frees the model's sessions first.
     Raises forge.Error (FileError for a missing file, FormatError for a malformed one, ...).
     """
 
     def __init__(self, path: PathLike, device: Union[int, str, None] = None, adapter: Optional[PathLike] = None,
-                 exact: bool = False, vocab_only: bool = False):
+                 exact: bool = False, vocab_only: bool = False, max_device_memory: int = 0):
         self._lib = _ffi.lib()
         self._handle: Optional[int] = None
         self._session_handles: set[_SessionHandle] = set()
@@ -391,6 +393,9 @@ class Model:
             params.adapter_path = os.fsencode(adapter)
         params.exact = int(bool(exact))
         params.vocab_only = int(bool(vocab_only))
+        if max_device_memory < 0:
+            raise ValueError(f"max_device_memory must be >= 0, not {max_device_memory}")
+        params.max_device_memory = max_device_memory
         handle = ctypes.c_void_p()
         status = self._lib.forge_model_load(os.fsencode(path), ctypes.byref(params), ctypes.byref(handle))
         if status != _ffi.OK:

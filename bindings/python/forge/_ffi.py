@@ -97,6 +97,7 @@ class ModelParams(Structure):
         ("adapter_merge", c_int),
         ("parallel_slots", c_int),
         ("parallel_fail", c_int),
+        ("max_device_memory", c_uint64),
     ]
 
 

@@ -217,6 +217,13 @@ def test_a_missing_file_raises_file_error(tmp_path):
     assert str(missing) in err.message
 
 
+def test_a_device_memory_budget_too_small_raises_out_of_memory():
+    with pytest.raises(forge.OutOfMemoryError) as e:
+        forge.Model(MODEL, max_device_memory=4096)
+    assert e.value.status == forge.Status.OUT_OF_MEMORY
+    assert "budget" in e.value.message
+
+
 def test_a_malformed_file_raises_format_error(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40)
