@@ -12,6 +12,11 @@ WARN := -Wall -Wextra -Wno-format-truncation -Wno-unused-function
 CFLAGS_FORGE := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -I. -I$(BUILD)
 LIBS := -lcjson -lpcre2-8 -lutf8proc -lpthread -ldl -lm
 
+# The version lives in forge.h (FORGE_VERSION_MAJOR/MINOR/PATCH); the library's name, soname and forge.pc follow it.
+version_part = $(shell awk '$$2 == "FORGE_VERSION_$(1)" { print $$3 }' forge.h)
+VERSION_MAJOR := $(call version_part,MAJOR)
+VERSION := $(VERSION_MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
 .PHONY: all lib cli tests test test-python install clean fuzz examples sanitize
@@ -31,7 +36,7 @@ $(BUILD)/libforge.a: $(BUILD)/forge.o
 	ar rcs $@ $^
 
 $(BUILD)/libforge.so: $(BUILD)/forge.o
-	$(CC) -shared -Wl,-soname,libforge.so.0 -o $@ $^ $(LIBS)
+	$(CC) -shared -Wl,-soname,libforge.so.$(VERSION_MAJOR) -o $@ $^ $(LIBS)
 
 CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c tools/cli_batch.c bench/bench.c
 $(BUILD)/forge: $(CLI_SRCS) tools/cli.h forge.h $(BUILD)/libforge.a
@@ -72,12 +77,13 @@ install: lib cli
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 forge.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 $(BUILD)/libforge.a $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(BUILD)/libforge.so $(DESTDIR)$(PREFIX)/lib/libforge.so.0
-	ln -sf libforge.so.0 $(DESTDIR)$(PREFIX)/lib/libforge.so
+	install -m 755 $(BUILD)/libforge.so $(DESTDIR)$(PREFIX)/lib/libforge.so.$(VERSION)
+	ln -sf libforge.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libforge.so.$(VERSION_MAJOR)
+	ln -sf libforge.so.$(VERSION_MAJOR) $(DESTDIR)$(PREFIX)/lib/libforge.so
 	install -m 755 $(BUILD)/forge $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(PREFIX)/share/forge
 	install -m 644 models/stories260K/stories260K.gguf $(DESTDIR)$(PREFIX)/share/forge/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|0.1.0|' tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
 
 clean:
 	rm -rf $(BUILD)

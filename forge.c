@@ -84,7 +84,11 @@ FORGE_API const char *forge_status_name(forge_status status) {
     return "FORGE_ERR_UNKNOWN";
 }
 
-FORGE_API const char *forge_version(void) { return "0.1.0"; }
+#define FORGE__STR(x) #x
+#define FORGE__XSTR(x) FORGE__STR(x)
+FORGE_API const char *forge_version(void) {
+    return FORGE__XSTR(FORGE_VERSION_MAJOR) "." FORGE__XSTR(FORGE_VERSION_MINOR) "." FORGE__XSTR(FORGE_VERSION_PATCH);
+}
 
 /* An error slot: the message of the last failure on the object that owns it. */
 typedef struct forge__err {

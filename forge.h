@@ -65,6 +65,9 @@ extern "C" {
 #  endif
 #endif
 
+/* The version, in one place: forge_version() spells it, and the Makefile and CMakeLists.txt read
+ * these three lines for the shared library's name (libforge.so.MAJOR.MINOR.PATCH, soname
+ * libforge.so.MAJOR), forge.pc and the CMake package version. */
 #define FORGE_VERSION_MAJOR 0
 #define FORGE_VERSION_MINOR 1
 #define FORGE_VERSION_PATCH 0

@@ -263,6 +263,7 @@ int forge_bench_main(int argc, char **argv) {
         else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", a); bench_usage(); return 2; }
         if (bad) return 2;
     }
+    if (!path) path = forge_cli_env_model();
     if (!path) { bench_usage(); return 2; }
     if (train && pn_set) { fprintf(stderr, "forge bench: -p and -n do not apply to --train (use --batch and --seq)\n"); return 2; }
     if (!train && train_set) { fprintf(stderr, "forge bench: --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
@@ -374,6 +375,10 @@ int forge_bench_tokenize_main(int argc, char **argv) {
         else if (!path) path = argv[i];
         else if (!file) file = argv[i];
         else { fprintf(stderr, "forge bench-tokenize: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (path && !file && forge_cli_env_model()) { /* TEXTFILE alone: FORGE_MODEL is PATH */
+        file = path;
+        path = forge_cli_env_model();
     }
     if (!path || !file || R < 1) {
         fprintf(stderr, "usage: forge bench-tokenize PATH TEXTFILE [-r 3]\n");

@@ -1,8 +1,14 @@
 // The CLI's conventions: forge help VERB and forge VERB --help print that command's usage
 // (and the common options) on stdout with exit status 0; an unknown command is a usage error (2).
 // Run from the build tree, where the forge binary is.
+#include <cjson/cJSON.h>
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <pty.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include "util.h"
 
@@ -19,6 +25,79 @@ Out forge_cli(const std::string &args) {
     std::vector<uint8_t> t = ft::read_file(out);
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string(t.begin(), t.end())};
+}
+
+/* Runs ./forge with stdout and stderr kept apart; `env` ("NAME=value ...") goes before it. */
+struct Split {
+    int status;
+    std::string out, err;
+};
+
+Split forge_split(const std::string &args, const std::string &env = "") {
+    std::string d = ft::tmpdir("cli_split"), out = d + "/out.txt", err = d + "/err.txt";
+    int rc = system((env + " ./forge " + args + " > " + out + " 2> " + err + " < /dev/null").c_str());
+    std::vector<uint8_t> o = ft::read_file(out), e = ft::read_file(err);
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, std::string(o.begin(), o.end()), std::string(e.begin(), e.end())};
+}
+
+/* Parses stdout as one JSON value (cJSON_Delete it); fails the test when it is not. */
+cJSON *json_of(const Split &s) {
+    EXPECT_EQ(s.status, 0) << s.err;
+    cJSON *j = cJSON_Parse(s.out.c_str());
+    EXPECT_NE(j, nullptr) << "not JSON: " << s.out;
+    return j;
+}
+
+double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    EXPECT_TRUE(cJSON_IsNumber(v)) << key;
+    return cJSON_IsNumber(v) ? v->valuedouble : -1;
+}
+
+std::string str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    EXPECT_TRUE(cJSON_IsString(v)) << key;
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+bool flag(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    EXPECT_TRUE(cJSON_IsBool(v)) << key;
+    return cJSON_IsTrue(v);
+}
+
+std::string bundled() { return ft::src("models/stories260K/stories260K.gguf"); }
+
+/* Runs ./forge ARGS with stderr on a pseudo-terminal (stdout to /dev/null): what the terminal showed. */
+std::string forge_on_tty(const std::vector<std::string> &args) {
+    int master = -1;
+    pid_t pid = forkpty(&master, nullptr, nullptr, nullptr);
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        dup2(null, 0);
+        dup2(null, 1);
+        std::vector<char *> argv{(char *)"./forge"};
+        for (const std::string &a : args) argv.push_back((char *)a.c_str());
+        argv.push_back(nullptr);
+        execv("./forge", argv.data());
+        _exit(127);
+    }
+    EXPECT_GT(pid, 0) << "forkpty failed";
+    if (pid <= 0) return "";
+    std::string seen;
+    char buf[4096];
+    for (;;) {
+        ssize_t n = read(master, buf, sizeof buf);
+        if (n > 0) seen.append(buf, (size_t)n);
+        else if (n < 0 && errno == EINTR) continue;
+        else break; /* EIO: the child closed the terminal */
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    close(master);
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << seen;
+    return seen;
 }
 
 }  // namespace
@@ -80,4 +159,189 @@ TEST(Cli, BadValueNamesItsParameter) {
     Out o = forge_cli("run -n -1");
     EXPECT_NE(o.text.find("max_tokens -1 (must be >= 0)"), std::string::npos) << o.text;
     EXPECT_EQ(o.text.find("top_p"), std::string::npos) << o.text;
+}
+
+/* --json: each verb's output parses, and its values are the library's (README, "JSON output") */
+TEST(Cli, JsonOutputs) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    forge_model *m = nullptr;
+    ASSERT_EQ(forge_model_load(model.c_str(), nullptr, &m), FORGE_OK);
+    forge_model_info in;
+    forge_model_get_info(m, &in);
+
+    /* devices: an array, each entry's index its position; the model's device is among them */
+    cJSON *devs = json_of(forge_split("devices --json"));
+    ASSERT_TRUE(cJSON_IsArray(devs));
+    ASSERT_GE(cJSON_GetArraySize(devs), 1);
+    bool found = false;
+    for (int i = 0; i < cJSON_GetArraySize(devs); i++) {
+        const cJSON *d = cJSON_GetArrayItem(devs, i);
+        EXPECT_EQ(num(d, "index"), i);
+        EXPECT_GT(num(d, "max_buffer_size"), 0);
+        found |= str(d, "name") == in.device_name && str(d, "driver") == in.device_driver && flag(d, "usable");
+    }
+    EXPECT_TRUE(found) << "no usable device named " << in.device_name;
+    cJSON_Delete(devs);
+
+    /* info */
+    cJSON *info = json_of(forge_split("info --json " + model));
+    ASSERT_TRUE(cJSON_IsObject(info));
+    EXPECT_EQ(str(info, "architecture"), in.architecture);
+    EXPECT_EQ(str(info, "format"), "gguf");
+    EXPECT_EQ(str(info, "weight_dtype"), in.weight_dtype);
+    EXPECT_EQ(num(info, "n_layers"), in.n_layers);
+    EXPECT_EQ(num(info, "hidden"), in.hidden);
+    EXPECT_EQ(num(info, "n_kv_heads"), in.n_kv_heads);
+    EXPECT_EQ(num(info, "n_vocab"), in.n_vocab);
+    EXPECT_EQ(num(info, "n_params"), (double)in.n_params);
+    EXPECT_EQ(num(info, "weight_bytes"), (double)in.weight_bytes);
+    EXPECT_EQ(num(cJSON_GetObjectItem(info, "memory"), "device_planned_bytes"), (double)in.memory.device_planned_bytes);
+    const cJSON *sess = cJSON_GetObjectItem(info, "session");
+    EXPECT_EQ(num(sess, "n_ctx"), 2048); /* n_ctx_train, under the 4096 default cap */
+    EXPECT_GT(num(sess, "kv_cache_bytes"), 0);
+    cJSON_Delete(info);
+
+    /* run: the text is what the streaming run printed after the prompt */
+    Split plain = forge_split("run " + model + " -p 'Once upon' -n 12");
+    ASSERT_EQ(plain.status, 0) << plain.err;
+    cJSON *run = json_of(forge_split("run " + model + " -p 'Once upon' -n 12 --json"));
+    EXPECT_EQ(str(run, "prompt"), "Once upon");
+    EXPECT_EQ("Once upon" + str(run, "text") + "\n", plain.out);
+    EXPECT_EQ(str(run, "status"), "FORGE_OK");
+    EXPECT_EQ(str(run, "stop_reason"), "max_tokens");
+    EXPECT_EQ(num(run, "generated_tokens"), 12);
+    EXPECT_EQ(num(run, "prompt_tokens"), 3); /* BOS, "Once", " upon" */
+    EXPECT_GT(num(run, "decode_tok_s"), 0);
+    cJSON_Delete(run);
+
+    /* tokenize: the library's ids; --decode --json: the text as a JSON string */
+    int32_t ids[64];
+    size_t n_ids = 0;
+    const char *text = "Once upon a \"time\"\n";
+    ASSERT_EQ(forge_tokenize(m, text, strlen(text), 0, ids, 64, &n_ids), FORGE_OK);
+    cJSON *tok = json_of(forge_split("tokenize --json " + model + " 'Once upon a \"time\"\n'"));
+    ASSERT_TRUE(cJSON_IsArray(tok));
+    ASSERT_EQ((size_t)cJSON_GetArraySize(tok), n_ids);
+    std::string id_list;
+    for (size_t i = 0; i < n_ids; i++) {
+        EXPECT_EQ(cJSON_GetArrayItem(tok, (int)i)->valueint, ids[i]) << i;
+        id_list += (i ? " " : "") + std::to_string(ids[i]);
+    }
+    cJSON_Delete(tok);
+    cJSON *dec = json_of(forge_split("tokenize " + model + " --decode --json '" + id_list + "'"));
+    ASSERT_TRUE(cJSON_IsString(dec));
+    EXPECT_STREQ(dec->valuestring, text);
+    cJSON_Delete(dec);
+
+    /* classify: --json is the same array; the id is the greedy next token of a plain run */
+    Split cls = forge_split("classify " + model + " 'Once upon' --json");
+    EXPECT_EQ(cls.out, forge_split("classify " + model + " 'Once upon'").out);
+    cJSON *c = json_of(cls);
+    ASSERT_EQ(cJSON_GetArraySize(c), 1);
+    cJSON *run1 = json_of(forge_split("run " + model + " -p 'Once upon' -n 1 --json"));
+    EXPECT_EQ(str(cJSON_GetArrayItem(c, 0), "text"), str(run1, "text")); /* greedy: the token run generates first */
+    EXPECT_EQ(str(run1, "text"), " a");
+    cJSON_Delete(run1);
+    char piece[64];
+    size_t piece_len = 0;
+    int32_t id = (int32_t)num(cJSON_GetArrayItem(c, 0), "id");
+    ASSERT_EQ(forge_detokenize(m, &id, 1, 0, piece, sizeof piece, &piece_len), FORGE_OK);
+    EXPECT_EQ(std::string(piece, piece_len).find('a'), piece_len - 1) << std::string(piece, piece_len);
+    cJSON_Delete(c);
+
+    /* train: JSON lines, a step object each, then the done object */
+    std::string d = ft::tmpdir("cli_json_train");
+    Split tr = forge_split("train " + model + " --data " + ft::src("tests/fixtures/train/zora_train.jsonl") + " --out " + d +
+                           "/out --steps 3 --batch 2 --seq 32 --json");
+    ASSERT_EQ(tr.status, 0) << tr.err;
+    std::vector<cJSON *> lines;
+    for (size_t at = 0, nl; (nl = tr.out.find('\n', at)) != std::string::npos; at = nl + 1) {
+        lines.push_back(cJSON_Parse(tr.out.substr(at, nl - at).c_str()));
+        EXPECT_NE(lines.back(), nullptr) << tr.out.substr(at, nl - at);
+    }
+    ASSERT_EQ(lines.size(), 4u) << tr.out;
+    for (int k = 0; k < 3; k++) {
+        EXPECT_EQ(num(lines[k], "step"), k + 1);
+        EXPECT_GT(num(lines[k], "loss"), 0);
+        EXPECT_EQ(num(lines[k], "tokens"), 2 * 31); /* two sequences truncated to 32: 31 targets each */
+    }
+    EXPECT_TRUE(flag(lines[3], "done"));
+    EXPECT_EQ(num(lines[3], "steps"), 3);
+    EXPECT_EQ(str(lines[3], "out"), d + "/out");
+    EXPECT_TRUE(ft::exists(d + "/out/adapter_model.safetensors"));
+    for (cJSON *l : lines) cJSON_Delete(l);
+
+    /* discover: the bundled model, loadable, with info's parameter count */
+    cJSON *disc = json_of(forge_split("discover --json " + ft::src("models/stories260K")));
+    ASSERT_TRUE(cJSON_IsArray(disc));
+    ASSERT_EQ(cJSON_GetArraySize(disc), 1) << cJSON_Print(disc);
+    const cJSON *dm = cJSON_GetArrayItem(disc, 0);
+    EXPECT_EQ(str(dm, "path"), model);
+    EXPECT_TRUE(flag(dm, "loadable"));
+    EXPECT_EQ(num(dm, "n_params"), (double)in.n_params);
+    EXPECT_EQ(str(dm, "status"), "FORGE_OK");
+    cJSON_Delete(disc);
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+    forge_model_free(m);
+}
+
+/* FORGE_MODEL names the model when the command line does not; an explicit one wins */
+TEST(Cli, ForgeModelEnvironment) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled(), env = "FORGE_MODEL=" + model, missing = "FORGE_MODEL=/nonexistent/model.gguf";
+    Split info = forge_split("info " + model);
+    ASSERT_EQ(info.status, 0) << info.err;
+    EXPECT_EQ(forge_split("info", env).out, info.out);
+    /* the variable is used: a missing file fails, naming it (run would otherwise take the bundled model) */
+    for (const char *args : {"info", "run -n 2", "tokenize hello", "chat"}) {
+        Split s = forge_split(args, missing);
+        EXPECT_EQ(s.status, 1) << args << ": " << s.err;
+        EXPECT_NE(s.err.find("/nonexistent/model.gguf"), std::string::npos) << args << ": " << s.err;
+    }
+    /* an explicit model wins: positional or -m */
+    EXPECT_EQ(forge_split("info " + model, missing).out, info.out);
+    EXPECT_EQ(forge_split("info -m " + model, missing).out, info.out);
+    Split run = forge_split("run " + model + " -p 'Once upon' -n 6");
+    EXPECT_EQ(forge_split("run -p 'Once upon' -n 6", env).out, run.out);
+    EXPECT_EQ(forge_split("run -p 'Once upon' -n 6 " + model, missing).out, run.out);
+    /* tokenize: TEXT alone; classify: every argument a prompt, -m another model */
+    EXPECT_EQ(forge_split("tokenize 'Once upon'", env).out, forge_split("tokenize " + model + " 'Once upon'").out);
+    Split cls = forge_split("classify " + model + " 'Once upon' 'a little'");
+    ASSERT_EQ(cls.status, 0) << cls.err;
+    EXPECT_EQ(forge_split("classify 'Once upon' 'a little'", env).out, cls.out);
+    EXPECT_EQ(forge_split("classify 'Once upon' -m " + model + " 'a little'", missing).out, cls.out);
+    /* unset (or empty): no model is a usage error, as before */
+    Split none = forge_split("info", "FORGE_MODEL=");
+    EXPECT_EQ(none.status, 2);
+    EXPECT_NE(none.err.find("FORGE_MODEL"), std::string::npos) << none.err;
+}
+
+/* The load progress bar: drawn on a terminal and erased, nothing at all when stderr is a file */
+TEST(Cli, ProgressBarOnlyOnATerminal) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    Split quiet = forge_split("info " + model);
+    ASSERT_EQ(quiet.status, 0);
+    EXPECT_EQ(quiet.err, "");
+    std::string tty = forge_on_tty({"info", model});
+    EXPECT_NE(tty.find("\rloading ["), std::string::npos) << tty;
+    EXPECT_NE(tty.find("%"), std::string::npos) << tty;
+    /* the last thing on the terminal is the erased line: the output that follows starts clean */
+    size_t last = tty.rfind("\r");
+    ASSERT_NE(last, std::string::npos);
+    size_t erase = tty.rfind("\r", last - 1);
+    ASSERT_NE(erase, std::string::npos);
+    EXPECT_EQ(tty.substr(erase + 1, last - erase - 1).find_first_not_of(' '), std::string::npos) << tty;
+
+    /* forge train: the step bar on a terminal, the plain step lines in a file */
+    std::string d = ft::tmpdir("cli_progress_train"), data = ft::src("tests/fixtures/train/zora_train.jsonl");
+    std::string train = forge_on_tty({"train", model, "--data", data, "--out", d + "/a", "--steps", "2", "--batch", "2", "--seq", "32"});
+    EXPECT_NE(train.find("\rstep 2/2 [##############################] 100%  loss "), std::string::npos) << train;
+    Split file = forge_split("train " + model + " --data " + data + " --out " + d + "/b --steps 2 --batch 2 --seq 32");
+    ASSERT_EQ(file.status, 0) << file.err;
+    EXPECT_EQ(file.err.find('\r'), std::string::npos) << file.err;
+    EXPECT_EQ(file.err.find("step 2/2 ["), std::string::npos) << file.err;
+    EXPECT_NE(file.err.find("step 2/2: loss "), std::string::npos) << file.err;
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }

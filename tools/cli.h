@@ -43,6 +43,17 @@ int forge_cli_parse_double(const char *cmd, const char *flag, const char *s, dou
  * name is wrong. */
 int forge_cli_check_targets(const char *cmd, const char *flag, const char *s);
 
+/* The model a command uses when its command line names none: $FORGE_MODEL when set and not
+ * empty, else NULL. An explicit MODEL (positional, -m or --model) always wins. */
+const char *forge_cli_env_model(void);
+
+/* Writes "LABEL [#########.....]  45%" (fraction clamped to [0, 1]) into out; returns its
+ * length. The load progress and forge train draw it on stderr, only when stderr is a terminal. */
+int forge_cli_bar(char *out, size_t size, const char *label, double fraction);
+
+/* The JSON name of a stop reason ("eos", "max_tokens", ...), as run --json and --batch-file print it. */
+const char *forge_cli_stop_name(forge_stop_reason r);
+
 /* Writes s[0..n) to stdout as a JSON string (quoted, escaped). */
 void forge_cli_json_string(const char *s, size_t n);
 void forge_cli_json_cstr(const char *s);

@@ -57,11 +57,6 @@ static int read_lines(const char *path, char ***lines) {
     return l ? n : -1;
 }
 
-static const char *stop_name(forge_stop_reason r) {
-    static const char *why[] = {"none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"};
-    return (unsigned)r < sizeof why / sizeof *why ? why[r] : "none";
-}
-
 int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *file, const forge_generate_params *gp, int places,
                         int json, int show_metrics) {
     char **lines = NULL;
@@ -111,14 +106,14 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
                 forge_cli_json_string(outs[i].text ? outs[i].text : "", outs[i].len);
                 printf(", \"status\": \"%s\", \"stop_reason\": \"%s\", \"prompt_tokens\": %d, \"generated_tokens\": %d, "
                        "\"ttft_ms\": %.3f, \"decode_tok_s\": %.2f}",
-                       forge_status_name(res[i].status), stop_name(mt->stop_reason), mt->prompt_tokens, mt->generated_tokens,
+                       forge_status_name(res[i].status), forge_cli_stop_name(mt->stop_reason), mt->prompt_tokens, mt->generated_tokens,
                        mt->ttft_ms, mt->decode_tok_s);
             }
             printf("\n], \"places\": %d, \"generated_tokens\": %lld, \"ms\": %.3f, \"tok_s\": %.2f}\n", n_places, total, ms,
                    ms > 0 ? (double)total / (ms * 1e-3) : 0.0);
         } else {
             for (int i = 0; i < n; i++) {
-                printf("=== [%d] %s, %d tokens ===\n", i, res[i].status ? forge_status_name(res[i].status) : stop_name(res[i].metrics.stop_reason),
+                printf("=== [%d] %s, %d tokens ===\n", i, res[i].status ? forge_status_name(res[i].status) : forge_cli_stop_name(res[i].metrics.stop_reason),
                        res[i].metrics.generated_tokens);
                 if (res[i].status) {
                     printf("%s\n", lines[i]);

@@ -17,11 +17,30 @@ static void log_stderr(void *user, forge_log_level level, const char *msg) {
     fprintf(stderr, "forge %s: %s\n", names[(unsigned)level < 4 ? level : 3], msg);
 }
 
+int forge_cli_bar(char *out, size_t size, const char *label, double fraction) {
+    enum { WIDTH = 30 };
+    if (!(fraction >= 0)) fraction = 0; /* NaN too */
+    if (fraction > 1) fraction = 1;
+    int filled = (int)(fraction * WIDTH + 1e-9);
+    char bar[WIDTH + 1];
+    for (int i = 0; i < WIDTH; i++) bar[i] = i < filled ? '#' : '.';
+    bar[WIDTH] = 0;
+    int n = snprintf(out, size, "%s [%s] %3d%%", label, bar, (int)(fraction * 100 + 1e-9));
+    return n < 0 ? 0 : n >= (int)size ? (int)size - 1 : n;
+}
+
+/* forge_model_params.progress on a terminal: the bar, redrawn in place when the percentage
+ * moves, and erased once the weights are all on the device (the command's output follows). */
 static void progress_stderr(void *user, float fraction) {
-    (void)user;
-    fprintf(stderr, "\rloading %3d%%", (int)(fraction * 100.0f + 0.5f));
-    if (fraction >= 1.0f) fprintf(stderr, "\r            \r");
+    int *shown = (int *)user; /* the percentage on the screen, -1 before the first draw */
+    int percent = (int)(fraction * 100.0f + 1e-6f);
+    if (percent == *shown) return;
+    char line[128];
+    int len = forge_cli_bar(line, sizeof line, "loading", fraction);
+    if (fraction >= 1.0f) fprintf(stderr, "\r%*s\r", len, "");
+    else fprintf(stderr, "\r%s", line);
     fflush(stderr);
+    *shown = percent;
 }
 
 int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opts *o, int with_adapter) {
@@ -72,7 +91,11 @@ forge_model *forge_cli_load(const char *path, const forge_cli_opts *o) {
     mp.adapter_path = o->adapter;
     mp.adapter_merge = o->merge_adapter;
     mp.exact = o->exact;
-    if (isatty(2)) mp.progress = progress_stderr;
+    int shown = -1;
+    if (isatty(2)) { /* nothing when stderr is a file or a pipe: no carriage returns in logs */
+        mp.progress = progress_stderr;
+        mp.progress_user_data = &shown;
+    }
     return load_with(path, &mp, o->verbose);
 }
 
@@ -166,3 +189,13 @@ void forge_cli_json_string(const char *s, size_t n) {
 }
 
 void forge_cli_json_cstr(const char *s) { forge_cli_json_string(s, strlen(s)); }
+
+const char *forge_cli_stop_name(forge_stop_reason r) {
+    static const char *why[] = {"none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"};
+    return (unsigned)r < sizeof why / sizeof *why ? why[r] : "none";
+}
+
+const char *forge_cli_env_model(void) {
+    const char *m = getenv("FORGE_MODEL");
+    return m && *m ? m : NULL;
+}

@@ -32,6 +32,7 @@ static void train_usage(FILE *f) {
     fprintf(f,
             "usage: forge train MODEL --data FILE.jsonl --out DIR [options]\n"
             "LoRA fine-tuning: trains low-rank adapters on MODEL's projections and saves them to DIR.\n"
+            "MODEL (or -m MODEL) may be left out when the FORGE_MODEL environment variable names it.\n"
             "data:\n"
             "  --data FILE.jsonl        training examples, one JSON object a line: {\"text\"},\n"
             "                           {\"messages\": [{\"role\", \"content\"}, ...]}, {\"prompt\", \"completion\"},\n"
@@ -76,7 +77,8 @@ static void train_usage(FILE *f) {
             "  --save-every N           also save every N steps (default 0: at the end only)\n"
             "  --eval-every N           validate every N steps (default 0: at the end only)\n"
             "  --json                   stdout: one JSON object per step, per validation and at the end\n"
-            "                           (otherwise progress goes to stderr)\n"
+            "                           (README, \"JSON output\"); otherwise progress goes to stderr, a bar\n"
+            "                           redrawn in place when stderr is a terminal\n"
             "  --device INDEX|NAME      choose the Vulkan device\n"
             "  -v                       log to stderr\n"
             "Ctrl-C finishes the current step, saves to --out and exits with status 130.\n");
@@ -748,7 +750,8 @@ static int parse_args(int argc, char **argv, train_args *a) {
             a->format_name = s;
         }
     }
-    if (!a->model) return usage_error("no MODEL given");
+    if (!a->model) a->model = forge_cli_env_model();
+    if (!a->model) return usage_error("no MODEL given (and FORGE_MODEL is not set)");
     if (!a->data) return usage_error("--data FILE.jsonl is required");
     if (!a->out) return usage_error("--out DIR is required");
     if (!*a->out) return usage_error("--out: the directory name is empty");
@@ -959,10 +962,12 @@ int cmd_train(int argc, char **argv) {
             format_eta(train_s / step * (a.steps - step), eta, sizeof eta);
             double peak_mib = (double)stats.peak_device_bytes / (1 << 20);
             if (p.tty) {
-                char line[256];
-                int len = snprintf(line, sizeof line, "step %d/%d  loss %.4f  %.0f tok/s  peak %.0f MiB  ETA %s", step, a.steps,
-                                   loss, tok_s, peak_mib, eta);
-                if (len < 0) len = 0;
+                char label[64], line[256];
+                snprintf(label, sizeof label, "step %d/%d", step, a.steps);
+                int len = forge_cli_bar(line, sizeof line, label, (double)step / a.steps);
+                int more = snprintf(line + len, sizeof line - (size_t)len, "  loss %.4f  %.0f tok/s  peak %.0f MiB  ETA %s", loss,
+                                    tok_s, peak_mib, eta);
+                if (more > 0) len += more;
                 if (len >= (int)sizeof line) len = (int)sizeof line - 1;
                 fprintf(stderr, "\r%s%*s", line, p.last_len > len ? p.last_len - len : 0, "");
                 fflush(stderr);

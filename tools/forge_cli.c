@@ -1,26 +1,8 @@
-/* forge: the command-line tool.
- *
- *   forge run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]
- *             [--repeat-penalty R] [--seed S] [--stop STR]... [--ctx-overflow MODE] [--keep N]
- *             [--load-state FILE] [--save-state FILE]
- *   forge run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]
- *   forge chat MODEL [--system S] [sampling options] [--ctx-overflow MODE] [--keep N]
- *   forge devices
- *   forge info MODEL
- *   forge discover DIR [--json] [--depth N] [--follow-symlinks] [--quick] [-v]
- *   forge logits MODEL --tokens "1 2 3" [--all]
- *   forge keys MODEL --tokens "1 2 3" [--layer L] [--json]
- *   forge classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--seed S]
- *   forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]
- *   forge bench MODEL --train [--batch B] [--seq T] [--rank R] [--targets LIST] [-r 5]
- *   forge train MODEL --data FILE.jsonl --out DIR [options]   (tools/cli_train.c)
- *   forge tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)
- *   forge tokenize PATH [--skip-special] --decode (IDS | --stdin-json)
- *   forge bench-tokenize PATH TEXTFILE [-r 3]
- *
- * Common options: --device INDEX|NAME, -v (log to stderr); run, chat, logits, classify and bench also take
- * --adapter DIR [--merge-adapter] (a LoRA adapter).
- * Output formats of `logits`, `keys --json`, `bench`, `discover --json` and `train --json` are JSON and stable. */
+/* forge: the command-line tool. usage_text below is the reference for the commands and their
+ * options (`forge help`, `forge help COMMAND`); the README's "The CLI" and "JSON output" sections
+ * say the same at more length. `--json` output is stable: one schema per command. The verbs
+ * live here except train (tools/cli_train.c), run --batch-file (tools/cli_batch.c) and bench,
+ * bench-tokenize (bench/bench.c). */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
@@ -37,9 +19,10 @@ static const char usage_text[] =
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
-            "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE]\n"
-            "                                   generate text, streamed to stdout (default model:\n"
-            "                                   the bundled stories260K; greedy unless --temp > 0);\n"
+            "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE] [--json]\n"
+            "                                   generate text, streamed to stdout (default model: FORGE_MODEL,\n"
+            "                                   else the bundled stories260K; greedy unless --temp > 0);\n"
+            "                                   --json: the text and the metrics as one JSON object at the end;\n"
             "                                   stops at a full context unless --ctx-overflow slides it;\n"
             "                                   --load-state continues a saved session (the prompt\n"
             "                                   follows its tokens), --save-state saves the session\n"
@@ -52,8 +35,8 @@ static const char usage_text[] =
             "                                   interactive chat in the model's own template; Ctrl-C stops\n"
             "                                   a reply; /metrics, /reset, /quit; a full context slides\n"
             "                                   (shift by default), so a chat runs indefinitely\n"
-            "  devices                          list Vulkan devices, preferred first\n"
-            "  info MODEL                       architecture, shapes, device and memory plan\n"
+            "  devices [--json]                 list Vulkan devices, preferred first\n"
+            "  info MODEL [--json]              architecture, shapes, device and memory plan\n"
             "  discover DIR [--json] [--depth N] [--follow-symlinks] [--quick]\n"
             "                                   the models under DIR (safetensors directories, .gguf files)\n"
             "                                   and whether forge can load each, read from their headers\n"
@@ -64,7 +47,7 @@ static const char usage_text[] =
             "                                   (post-RoPE, per KV head): the shape and the positions its cache\n"
             "                                   holds; --json: one JSON object with the values\n"
             "  classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--top-k K] [--top-p P]\n"
-            "      [--min-p M] [--seed S] [--no-special]\n"
+            "      [--min-p M] [--seed S] [--no-special] [--json]\n"
             "                                   the next token of each prompt, in batched forward passes:\n"
             "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
             "                                   a JSON array of strings or token-id arrays\n"
@@ -76,14 +59,15 @@ static const char usage_text[] =
             "                                   LoRA training step time and tok/s as one JSON object\n"
             "  train MODEL --data FILE.jsonl --out DIR [--valid FILE.jsonl] [--rank R] [--steps N] ...\n"
             "                                   LoRA fine-tuning; `forge train --help` lists the options\n"
-            "  tokenize PATH [--special] [--no-parse-special] (TEXT | --stdin-json)\n"
+            "  tokenize PATH [--special] [--no-parse-special] [--json] (TEXT | --stdin-json)\n"
             "                                   token ids as a JSON array (--stdin-json: a JSON array of\n"
             "                                   strings in, a JSON array of id arrays out); --special adds\n"
             "                                   BOS etc. as the tokenizer declares; --no-parse-special reads\n"
             "                                   special-token text as plain text\n"
-            "  tokenize PATH [--skip-special] --decode (IDS | --stdin-json)\n"
-            "                                   text of the ids (\"1 2 3\" or \"[1,2,3]\"); --stdin-json: a JSON\n"
-            "                                   array of id arrays in, a JSON array of strings out\n"
+            "  tokenize PATH [--skip-special] [--json] --decode (IDS | --stdin-json)\n"
+            "                                   text of the ids (\"1 2 3\" or \"[1,2,3]\"), --json: as a JSON string;\n"
+            "                                   --stdin-json: a JSON array of id arrays in, a JSON array of\n"
+            "                                   strings out\n"
             "  bench-tokenize PATH TEXTFILE [-r 3]\n"
             "                                   tokenizer load time and encode speed as one JSON object\n"
             "options: --device INDEX|NAME   choose the Vulkan device\n"
@@ -95,10 +79,16 @@ static const char usage_text[] =
             "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
+            "         --json                run, devices, info, discover, keys, classify, tokenize, train: the\n"
+            "                               results as JSON on stdout, one schema per command (README,\n"
+            "                               \"JSON output\"); logits and bench always print JSON\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file;\n"
-            "       -m MODEL or --model MODEL may stand for it\n"
-                        "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
+            "       -m MODEL or --model MODEL may stand for it; when the command line names none, the\n"
+            "       FORGE_MODEL environment variable does (classify: then every argument is a PROMPT)\n"
+            "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
+            "progress: a bar on stderr while a model loads and while forge train steps, only when stderr\n"
+            "       is a terminal\n"
             "exit status: 0 done, 1 a runtime error (forge: ... on stderr), 2 a usage error\n";
 
 static void usage(FILE *f) { fputs(usage_text, f); }
@@ -133,7 +123,27 @@ static const char *type_name(forge_device_type t) {
     }
 }
 
-static int cmd_devices(void) {
+static void device_json(const forge_device_info *d) {
+    printf("{\"index\": %d, \"name\": ", d->index);
+    forge_cli_json_cstr(d->name);
+    printf(", \"type\": \"%s\", \"driver\": ", type_name(d->type));
+    forge_cli_json_cstr(d->driver);
+    printf(", \"vendor_id\": %u, \"vulkan\": \"%u.%u.%u\", \"device_local_bytes\": %llu, \"max_storage_buffer_range\": %llu, "
+           "\"max_allocation_size\": %llu, \"max_buffer_size\": %llu, \"subgroup_size\": %u, \"fp16\": %s, \"int8\": %s, "
+           "\"integer_dot_product\": %s, \"cooperative_matrix\": %s, \"usable\": %s}",
+           d->vendor_id, (d->api_version >> 22) & 0x7f, (d->api_version >> 12) & 0x3ff, d->api_version & 0xfff,
+           (unsigned long long)d->device_local_bytes, (unsigned long long)d->max_storage_buffer_range,
+           (unsigned long long)d->max_allocation_size, (unsigned long long)d->max_buffer_size, d->subgroup_size,
+           d->fp16 ? "true" : "false", d->int8 ? "true" : "false", d->integer_dot_product ? "true" : "false",
+           d->cooperative_matrix ? "true" : "false", d->usable ? "true" : "false");
+}
+
+static int cmd_devices(int argc, char **argv) {
+    int json = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else { fprintf(stderr, "forge devices: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
     forge_device_info devs[16];
     int n = 0;
     char err[512];
@@ -141,7 +151,17 @@ static int cmd_devices(void) {
         fprintf(stderr, "forge: %s\n", err);
         return 1;
     }
-    for (int i = 0; i < n && i < 16; i++) {
+    if (n > 16) n = 16;
+    if (json) {
+        putchar('[');
+        for (int i = 0; i < n; i++) {
+            fputs(i ? ",\n " : "", stdout);
+            device_json(&devs[i]);
+        }
+        puts("]");
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
         forge_device_info *d = &devs[i];
         printf("%d: %s [%s]%s\n", d->index, d->name, type_name(d->type), d->usable ? "" : " (not usable)");
         printf("   driver %s, Vulkan %u.%u.%u, %.1f GiB device-local\n", d->driver, (d->api_version >> 22) & 0x7f,
@@ -159,14 +179,68 @@ static void print_bytes(const char *label, unsigned long long b) {
     printf("  %-28s %llu bytes (%.2f MiB)\n", label, b, (double)b / (1 << 20));
 }
 
+/* forge info --json: one object (README, "JSON output"). */
+static void info_json(const forge_model_info *in, const forge_memory_stats *plan, int ctx, int slots) {
+    printf("{\"name\": ");
+    forge_cli_json_cstr(in->name);
+    printf(", \"format\": \"%s\", \"architecture\": ", in->source_format);
+    forge_cli_json_cstr(in->architecture);
+    printf(", \"n_layers\": %d, \"hidden\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, \"n_vocab\": %d, "
+           "\"n_ctx_train\": %d, \"sliding_window\": %d, \"n_sliding_layers\": %d, \"tied_embeddings\": %s, \"weight_dtype\": ",
+           in->n_layers, in->hidden, in->n_heads, in->n_kv_heads, in->head_dim, in->ffn, in->n_vocab, in->n_ctx_train, in->sliding_window,
+           in->n_sliding_layers, in->tied_embeddings ? "true" : "false");
+    forge_cli_json_cstr(in->weight_dtype);
+    printf(", \"n_params\": %llu, \"weight_bytes\": %llu, \"device\": ", (unsigned long long)in->n_params,
+           (unsigned long long)in->weight_bytes);
+    forge_cli_json_cstr(in->device_name);
+    printf(", \"driver\": ");
+    forge_cli_json_cstr(in->device_driver);
+    printf(",\n \"memory\": {\"host_arena_bytes\": %llu, \"device_planned_bytes\": %llu, \"device_in_use_bytes\": %llu, "
+           "\"device_buffers\": %llu}",
+           (unsigned long long)in->memory.host_arena_bytes, (unsigned long long)in->memory.device_planned_bytes,
+           (unsigned long long)in->memory.device_in_use_bytes, (unsigned long long)in->memory.device_buffers);
+    if (plan)
+        printf(",\n \"session\": {\"n_ctx\": %d, \"device_planned_bytes\": %llu, \"kv_cache_bytes\": %llu, \"kv_sliding_bytes\": %llu, "
+               "\"sliding_positions\": %d}",
+               ctx, (unsigned long long)plan->device_planned_bytes, (unsigned long long)plan->kv_cache_bytes,
+               (unsigned long long)plan->kv_sliding_bytes, slots);
+    else printf(",\n \"session\": null");
+    printf("}\n");
+}
+
 static int cmd_info(int argc, char **argv) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("info", &argc, argv, &o, 0)) return 2;
-    if (argc != 1) { usage(stderr); return 2; }
-    forge_model *m = forge_cli_load(argv[0], &o);
+    int json = 0;
+    const char *path = NULL;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json")) json = 1;
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else { fprintf(stderr, "forge info: unexpected argument '%s'\n", argv[i]); return 2; }
+    }
+    if (!path && !(path = forge_cli_env_model())) {
+        fprintf(stderr, "forge info: no MODEL given (and FORGE_MODEL is not set)\n");
+        return 2;
+    }
+    forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     forge_model_info in;
     forge_model_get_info(m, &in);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = o.n_ctx;
+    forge_memory_stats plan;
+    int planned = forge_session_plan(m, &sp, &plan) == FORGE_OK;
+    int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
+    int nb = sp.n_batch ? sp.n_batch : 512;
+    if (nb > ctx) nb = ctx;
+    /* a sliding layer's cache rotates through window + n_batch - 1 positions, not n_ctx */
+    int slots = !in.n_sliding_layers ? 0 : in.sliding_window + nb - 1 < ctx ? in.sliding_window + nb - 1 : ctx;
+    if (json) {
+        info_json(&in, planned ? &plan : NULL, ctx, slots);
+        if (!planned) fprintf(stderr, "forge info: session plan: %s\n", forge_model_errmsg(m));
+        forge_model_free(m);
+        return 0;
+    }
     printf("model            %s\n", in.name);
     printf("format           %s\n", in.source_format);
     printf("architecture     %s\n", in.architecture);
@@ -188,19 +262,12 @@ static int cmd_info(int argc, char **argv) {
     print_bytes("device weights planned", in.memory.device_planned_bytes);
     print_bytes("device weights in use", in.memory.device_in_use_bytes);
     printf("  %-28s %llu buffers\n", "device weight blocks", (unsigned long long)in.memory.device_buffers);
-    forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = o.n_ctx;
-    forge_memory_stats plan;
-    if (forge_session_plan(m, &sp, &plan) == FORGE_OK) {
-        int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
+    if (planned) {
         char label[64];
         snprintf(label, sizeof label, "session (n_ctx %d)", ctx);
         print_bytes(label, plan.device_planned_bytes);
         print_bytes("  of which KV cache", plan.kv_cache_bytes);
         if (in.n_sliding_layers) {
-            int nb = sp.n_batch ? sp.n_batch : 512;
-            if (nb > ctx) nb = ctx;
-            int slots = in.sliding_window + nb - 1 < ctx ? in.sliding_window + nb - 1 : ctx;
             char l2[96];
             snprintf(l2, sizeof l2, "  of which %d sliding layers", in.n_sliding_layers);
             print_bytes(l2, plan.kv_sliding_bytes);
@@ -378,6 +445,7 @@ static int cmd_logits(int argc, char **argv) {
         else if (!path) path = argv[i];
         else { usage(stderr); return 2; }
     }
+    if (!path) path = forge_cli_env_model();
     if (!path || !toks) { usage(stderr); return 2; }
     int n;
     int32_t *ids = parse_tokens(toks, &n);
@@ -460,6 +528,7 @@ static int cmd_keys(int argc, char **argv) {
         else if (!path) path = argv[i];
         else { usage(stderr); return 2; }
     }
+    if (!path) path = forge_cli_env_model();
     if (!path || !toks) { usage(stderr); return 2; }
     int n;
     int32_t *ids = parse_tokens(toks, &n);
@@ -559,7 +628,7 @@ static int32_t *json_ids(const cJSON *arr, size_t *n) {
 
 static int cmd_tokenize(int argc, char **argv) {
     const char *path = NULL, *arg = NULL;
-    int stdin_json = 0, decode = 0, verbose = 0, have_arg = 0;
+    int stdin_json = 0, decode = 0, verbose = 0, have_arg = 0, json = 0;
     uint32_t tflags = 0, dflags = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--special")) tflags |= FORGE_TOKENIZE_ADD_SPECIAL;
@@ -567,10 +636,18 @@ static int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--skip-special")) dflags |= FORGE_DETOKENIZE_SKIP_SPECIAL;
         else if (!strcmp(argv[i], "--stdin-json")) stdin_json = 1;
         else if (!strcmp(argv[i], "--decode")) decode = 1;
+        else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "-v")) verbose = 1;
         else if (!path) path = argv[i];
         else if (!have_arg) { arg = argv[i]; have_arg = 1; }
         else { usage(stderr); return 2; }
+    }
+    /* FORGE_MODEL stands for PATH when the arguments leave no room for it: TEXT alone, or nothing with --stdin-json */
+    const char *env = forge_cli_env_model();
+    if (env && !have_arg && (stdin_json ? !path : path != NULL)) {
+        arg = path;
+        have_arg = !stdin_json;
+        path = env;
     }
     if (!path || (stdin_json == have_arg)) { usage(stderr); return 2; }
     forge_model *m = forge_cli_load_vocab(path, verbose);
@@ -599,7 +676,7 @@ static int cmd_tokenize(int argc, char **argv) {
         }
         cJSON_Delete(arr);
         if (!ids) { fprintf(stderr, "forge: --decode: '%s' is not a list of ids\n", arg); rc = 2; }
-        else { rc = print_text(m, ids, n, dflags, 0); putchar('\n'); }
+        else { rc = print_text(m, ids, n, dflags, json); putchar('\n'); }
         free(ids);
     } else {
         size_t len;
@@ -667,6 +744,7 @@ static int cmd_classify(int argc, char **argv) {
         uint64_t u;
         if (!strcmp(a, "--stdin-json")) stdin_json = 1;
         else if (!strcmp(a, "--logits")) want_logits = 1;
+        else if (!strcmp(a, "--json")) continue; /* the output is JSON already; accepted as every verb's is */
         else if (!strcmp(a, "--no-special")) cp.add_special = 0;
         else if (!strcmp(a, "--temp") && has) {
             if (forge_cli_parse_double("classify", a, argv[++i], 0, 0, 1e9, 0, &d)) { free(args); return 2; }
@@ -687,6 +765,7 @@ static int cmd_classify(int argc, char **argv) {
         else if (path && a[0] != '-') args[n_args++] = argv[i];
         else { fprintf(stderr, "forge classify: unexpected argument '%s'\n", a); usage(stderr); free(args); return 2; }
     }
+    if (!path) path = forge_cli_env_model(); /* --stdin-json alone (with PROMPTs main put FORGE_MODEL first) */
     if (!path || stdin_json == (n_args > 0)) {
         fprintf(stderr, "forge classify: give MODEL and either --stdin-json or one or more PROMPTs\n");
         usage(stderr);
@@ -819,12 +898,46 @@ static const char *bundled_model(void) {
     return NULL;
 }
 
-/* Streams text to stdout; `user` (an int32_t, may be NULL) gets the last token generated. */
+/* What forge run generated: the last token, and with --json the text (printed at the end). */
+typedef struct run_output {
+    int32_t last;
+    int json;
+    char *text;
+    size_t len, cap;
+    int failed;                /* out of memory collecting the text */
+} run_output;
+
+/* Streams text to stdout, or with --json collects it; `user` is a run_output. */
 static int stream_stdout(void *user, int32_t token, const char *text, size_t len) {
-    if (user && token >= 0) *(int32_t *)user = token;
-    fwrite(text, 1, len, stdout);
-    fflush(stdout);
-    return 0; /* go on */
+    run_output *r = (run_output *)user;
+    if (token >= 0) r->last = token;
+    if (!r->json) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        return 0; /* go on */
+    }
+    if (r->len + len + 1 > r->cap) {
+        size_t cap = (r->len + len + 1) * 2;
+        char *t = realloc(r->text, cap);
+        if (!t) { r->failed = 1; return 1; } /* stop: the text could not be kept */
+        r->text = t;
+        r->cap = cap;
+    }
+    memcpy(r->text + r->len, text, len);
+    r->len += len;
+    return 0;
+}
+
+/* forge run --json: one object (README, "JSON output"). */
+static void run_json(const char *prompt, const run_output *r, forge_status st, const forge_metrics *m) {
+    printf("{\"prompt\": ");
+    forge_cli_json_cstr(prompt);
+    printf(", \"text\": ");
+    forge_cli_json_string(r->text ? r->text : "", r->len);
+    printf(", \"status\": \"%s\", \"stop_reason\": \"%s\", \"prompt_tokens\": %d, \"cached_tokens\": %d, \"generated_tokens\": %d, "
+           "\"ttft_ms\": %.3f, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"peak_device_bytes\": %llu, \"context_slides\": %d}\n",
+           forge_status_name(st), forge_cli_stop_name(m->stop_reason), m->prompt_tokens, m->cached_tokens, m->generated_tokens,
+           m->ttft_ms, m->prefill_tok_s, m->decode_tok_s, (unsigned long long)m->peak_device_bytes, m->context_slides);
 }
 
 static void print_metrics(const forge_metrics *m) {
@@ -950,8 +1063,9 @@ static int cmd_run(int argc, char **argv) {
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
     }
+    if (!path) path = forge_cli_env_model();
     if (!path && !(path = bundled_model())) {
-        fprintf(stderr, "forge run: no MODEL given and the bundled stories260K model was not found\n");
+        fprintf(stderr, "forge run: no MODEL given, FORGE_MODEL is not set and the bundled stories260K model was not found\n");
         return 2;
     }
     if (batch_file && (load_state || save_state || sp.overflow != FORGE_OVERFLOW_FAIL)) {
@@ -959,7 +1073,7 @@ static int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (batch_file) return forge_cli_run_batch(path, &o, batch_file, &gp, (int)places, json, show_metrics);
-    if (json || places) { fprintf(stderr, "forge run: --json and --parallel go with --batch-file\n"); return 2; }
+    if (places) { fprintf(stderr, "forge run: --parallel goes with --batch-file\n"); return 2; }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     sp.n_ctx = o.n_ctx;
@@ -970,15 +1084,21 @@ static int cmd_run(int argc, char **argv) {
     } else if (load_state && forge_session_load(s, load_state) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
     } else {
-        int32_t last = -1;
+        run_output out = {.last = -1, .json = json};
         gp.on_token = stream_stdout;
-        gp.user_data = &last;
+        gp.user_data = &out;
         forge_metrics mt;
-        fputs(prompt, stdout);
+        memset(&mt, 0, sizeof mt);
+        if (!json) fputs(prompt, stdout);
         forge_status st = load_state ? generate_continuing(s, m, prompt, &gp, &mt) : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
-        printf("\n");
+        if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
+        if (json) run_json(prompt, &out, st, &mt);
+        else printf("\n");
         fflush(stdout);
-        if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+        free(out.text);
+        int32_t last = out.last;
+        if (out.failed) fprintf(stderr, "forge: out of host memory keeping the generated text\n");
+        else if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
         else rc = 0;
         if (show_metrics || o.verbose) print_metrics(&mt);
         if (!rc && save_state) {
@@ -1051,6 +1171,7 @@ static int cmd_chat(int argc, char **argv) {
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
     }
+    if (!path) path = forge_cli_env_model();
     if (!path) {
         fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [--adapter DIR [--merge-adapter]] [--ctx-overflow MODE] [--keep N] [sampling options]\n");
         return 2;
@@ -1126,6 +1247,8 @@ static int cmd_chat(int argc, char **argv) {
     return rc;
 }
 
+static int run_command(const char *cmd, int argc, char **argv);
+
 int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
@@ -1145,29 +1268,53 @@ int main(int argc, char **argv) {
         if (verb_help(cmd, stdout)) break; /* not a command: the unknown-command error below */
         return 0;
     }
-    /* -m MODEL / --model MODEL (llama.cpp's spelling) is the positional MODEL: drop the flag */
+    /* -m MODEL / --model MODEL (llama.cpp's spelling) is the positional MODEL: the verbs take their
+     * first positional argument as MODEL, so it moves to the front */
     int kept = 2;
+    char *model_flag = NULL;
     for (int i = 2; i < argc; i++) {
         if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && (i == 2 || strcmp(argv[i - 1], "-p"))) {
-            if (i + 1 < argc) continue;
-            fprintf(stderr, "forge %s: %s needs a MODEL\n", cmd, argv[i]);
-            return 2;
+            if (i + 1 >= argc) {
+                fprintf(stderr, "forge %s: %s needs a MODEL\n", cmd, argv[i]);
+                return 2;
+            }
+            if (model_flag) {
+                fprintf(stderr, "forge %s: %s: a second MODEL ('%s' after '%s')\n", cmd, argv[i], argv[i + 1], model_flag);
+                return 2;
+            }
+            model_flag = argv[++i];
+            continue;
         }
         argv[kept++] = argv[i];
     }
     argc = kept;
-    if (!strcmp(cmd, "run")) return cmd_run(argc - 2, argv + 2);
-    if (!strcmp(cmd, "chat")) return cmd_chat(argc - 2, argv + 2);
-    if (!strcmp(cmd, "devices")) return cmd_devices();
-    if (!strcmp(cmd, "info")) return cmd_info(argc - 2, argv + 2);
-    if (!strcmp(cmd, "discover")) return cmd_discover(argc - 2, argv + 2);
-    if (!strcmp(cmd, "logits")) return cmd_logits(argc - 2, argv + 2);
-    if (!strcmp(cmd, "keys")) return cmd_keys(argc - 2, argv + 2);
-    if (!strcmp(cmd, "classify")) return cmd_classify(argc - 2, argv + 2);
-    if (!strcmp(cmd, "bench")) return forge_bench_main(argc - 2, argv + 2);
-    if (!strcmp(cmd, "train")) return cmd_train(argc - 2, argv + 2);
-    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 2, argv + 2);
-    if (!strcmp(cmd, "bench-tokenize")) return forge_bench_tokenize_main(argc - 2, argv + 2);
+    /* classify's PROMPTs are positional too, so with FORGE_MODEL set they are all prompts and
+     * only -m names another model */
+    if (!model_flag && !strcmp(cmd, "classify")) model_flag = (char *)forge_cli_env_model();
+    if (!model_flag) return run_command(cmd, argc - 2, argv + 2);
+    char **args = malloc(sizeof *args * (size_t)argc);
+    if (!args) { fprintf(stderr, "forge: out of host memory\n"); return 1; }
+    args[0] = model_flag;
+    memcpy(args + 1, argv + 2, sizeof *args * (size_t)(argc - 2));
+    int rc = run_command(cmd, argc - 1, args);
+    free(args);
+    return rc;
+}
+
+/* Runs the verb cmd on its arguments (MODEL, if named by -m, first). */
+static int run_command(const char *cmd, int argc, char **argv) {
+    if (!strcmp(cmd, "run")) return cmd_run(argc, argv);
+    if (!strcmp(cmd, "chat")) return cmd_chat(argc, argv);
+    if (!strcmp(cmd, "devices")) return cmd_devices(argc, argv);
+    if (!strcmp(cmd, "info")) return cmd_info(argc, argv);
+    if (!strcmp(cmd, "discover")) return cmd_discover(argc, argv);
+    if (!strcmp(cmd, "logits")) return cmd_logits(argc, argv);
+    if (!strcmp(cmd, "keys")) return cmd_keys(argc, argv);
+    if (!strcmp(cmd, "classify")) return cmd_classify(argc, argv);
+    if (!strcmp(cmd, "bench")) return forge_bench_main(argc, argv);
+    if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
+    if (!strcmp(cmd, "bench-tokenize")) return forge_bench_tokenize_main(argc, argv);
     if (!strcmp(cmd, "--version")) { printf("forge %s\n", forge_version()); return 0; }
     fprintf(stderr, "forge: unknown command '%s'\n", cmd);
     usage(stderr);
