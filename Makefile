@@ -42,10 +42,13 @@ CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c tools/cli_bat
 $(BUILD)/forge: $(CLI_SRCS) tools/cli.h forge.h $(BUILD)/libforge.a
 	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(CLI_SRCS) $(BUILD)/libforge.a $(LIBS) -o $@
 
-# The README's library example, built as a user would (forge.h and the static library); the tests run it.
-examples: $(BUILD)/example_generate
+# The examples (the README's library example in C, and C++), built as a user would (forge.h and
+# the static library); the tests run them. tools/check_install.sh builds them against an install.
+examples: $(BUILD)/example_generate $(BUILD)/example_chat
 $(BUILD)/example_generate: examples/generate.c forge.h $(BUILD)/libforge.a
 	$(CC) -std=c11 $(OPT) $(WARN) -I. examples/generate.c $(BUILD)/libforge.a $(LIBS) -o $@
+$(BUILD)/example_chat: examples/chat.cpp forge.h $(BUILD)/libforge.a
+	$(CXX) -std=c++17 $(OPT) $(WARN) -I. examples/chat.cpp $(BUILD)/libforge.a $(LIBS) -o $@
 
 # Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
 TEST_SRCS := $(wildcard tests/test_*.cpp)
@@ -56,7 +59,7 @@ $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 
-test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate test-python
+test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate $(BUILD)/example_chat test-python
 	cd $(BUILD) && ./forge_tests
 
 # The Python package (bindings/python) against this build's library; the story it generates is
@@ -68,11 +71,14 @@ test-python: $(BUILD)/libforge.so $(BUILD)/forge
 # Leaks inside system libraries (Mesa, the Vulkan loader) are suppressed in tests/lsan.supp.
 SAN_OPT := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 sanitize:
-	$(MAKE) BUILD=build-san OPT="$(SAN_OPT)" build-san/forge_tests build-san/forge build-san/example_generate
+	$(MAKE) BUILD=build-san OPT="$(SAN_OPT)" build-san/forge_tests build-san/forge build-san/example_generate build-san/example_chat
 	cd build-san && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0 \
 		LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp:print_suppressions=0 \
 		UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./forge_tests
 
+# The Python package goes where Debian's python3 looks for a prefix's packages
+# (/usr/local/lib/python3.X/dist-packages); set PYTHON_SITE to put it elsewhere.
+PYTHON_SITE = $(PREFIX)/lib/python$(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')/dist-packages
 install: lib cli
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 forge.h $(DESTDIR)$(PREFIX)/include/
@@ -83,7 +89,11 @@ install: lib cli
 	install -m 755 $(BUILD)/forge $(DESTDIR)$(PREFIX)/bin/
 	install -d $(DESTDIR)$(PREFIX)/share/forge
 	install -m 644 models/stories260K/stories260K.gguf $(DESTDIR)$(PREFIX)/share/forge/
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
+	sed -e 's|@PC_TO_PREFIX@|../..|' -e 's|@PC_LIBDIR@|lib|' -e 's|@PC_INCLUDEDIR@|include|' -e 's|@VERSION@|$(VERSION)|' \
+		tools/forge.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/forge.pc
+	install -d $(DESTDIR)$(PYTHON_SITE)/forge
+	install -m 644 bindings/python/forge/__init__.py bindings/python/forge/_ffi.py bindings/python/forge/py.typed \
+		$(DESTDIR)$(PYTHON_SITE)/forge/
 
 clean:
 	rm -rf $(BUILD)

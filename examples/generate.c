@@ -1,5 +1,6 @@
-/* generate.c: load a model, stream a story, print the metrics. The README shows this file;
- * `make` builds it (build/example_generate) and the tests run it on the bundled model. */
+/* generate.c: load a model, stream a story, print the metrics, then chat when the model has a
+ * chat template. The README shows this file; `make` builds it (build/example_generate), the
+ * tests run it on the bundled model, and CI builds it again against an installed forge. */
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +41,20 @@ int main(int argc, char **argv) {
         printf("\n%d tokens, %.1f tokens/s, first after %.1f ms\n", mt.generated_tokens, mt.decode_tok_s, mt.ttft_ms);
     else
         fprintf(stderr, "\n%s: %s\n", forge_status_name(st), forge_session_errmsg(session));
+
+    /* Chat: the whole conversation on every call, rendered in the model's own template; the
+     * session's prompt cache prefills only the new turn. The bundled story model has no template. */
+    forge_chat_message chat[] = {{"system", "You are a storyteller."}, {"user", "Tell me a story about a cat."}};
+    size_t need;
+    char probe[1];
+    if (st == FORGE_OK && forge_chat_render(model, chat, 2, 0, probe, sizeof probe, &need) == FORGE_ERR_UNSUPPORTED) {
+        printf("(no chat template: %s)\n", forge_model_errmsg(model));
+    } else if (st == FORGE_OK) {
+        printf("assistant: ");
+        st = forge_chat(session, chat, 2, 0, &gp, &mt);
+        printf("\n[%d prompt tokens, %d of them from the cache]\n", mt.prompt_tokens, mt.cached_tokens);
+        if (st != FORGE_OK) fprintf(stderr, "%s: %s\n", forge_status_name(st), forge_session_errmsg(session));
+    }
     forge_session_free(session);
     forge_model_free(model);
     return st == FORGE_OK ? 0 : 1;

@@ -249,3 +249,38 @@ TEST_P(ChatModel, MultiTurnReusesTheCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, ChatModel, ::testing::Values("llama3", "gemma3"));
+
+/* The examples (examples/generate.c, the README's, and examples/chat.cpp), built beside the
+ * tests, chat on a model that has a template: two turns in chat.cpp, the second prefilling only
+ * what is new. (On the bundled story model they stream and say it has no template:
+ * tests/test_generate.cpp.) */
+TEST(Examples, ChatOnAModelWithATemplate) {
+    if (!ft::exists("./example_generate") || !ft::exists("./example_chat"))
+        GTEST_SKIP() << "no ./example_generate and ./example_chat in the working directory (the build tree)";
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    std::string dir = chat_model("llama3", data);
+    ASSERT_FALSE(dir.empty());
+    for (std::string ex : {"example_generate", "example_chat"}) {
+        std::string out = dir + "/" + ex + ".txt";
+        std::string cmd = "./" + ex + " " + dir + " Hello > " + out;
+        ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+        std::vector<uint8_t> o = ft::read_file(out);
+        std::string text(o.begin(), o.end());
+        EXPECT_EQ(text.find("no chat template"), std::string::npos) << text;
+        size_t first = text.find("assistant: ");
+        ASSERT_NE(first, std::string::npos) << text;
+        if (ex == "example_generate") continue;
+        ASSERT_NE(text.find("user: Tell me another.\nassistant: "), std::string::npos) << text;
+        /* "[P prompt tokens, C of them from the cache]" per turn: none cached in the first, the
+         * whole first prompt at least in the second */
+        int p1 = 0, c1 = -1, p2 = 0, c2 = 0;
+        size_t a = text.find("\n["), b = text.find("\n[", a + 1);
+        ASSERT_TRUE(a != std::string::npos && b != std::string::npos) << text;
+        ASSERT_EQ(sscanf(text.c_str() + a, "\n[%d prompt tokens, %d", &p1, &c1), 2) << text;
+        ASSERT_EQ(sscanf(text.c_str() + b, "\n[%d prompt tokens, %d", &p2, &c2), 2) << text;
+        EXPECT_EQ(c1, 0);
+        EXPECT_GE(c2, p1);
+        EXPECT_GT(p2, c2);
+    }
+}
