@@ -7,6 +7,7 @@ package forge
 /*
 #include <stddef.h>
 #include <stdint.h>
+#include "forge.h"
 */
 import "C"
 
@@ -30,4 +31,14 @@ func goForgeToken(handle C.uintptr_t, token C.int32_t, text *C.char, textLen C.s
 		s = C.GoStringN(text, C.int(textLen))
 	}
 	return sink.onToken(int32(token), s)
+}
+
+//export goForgeDiscover
+func goForgeDiscover(handle C.uintptr_t, model *C.forge_discovered_model) C.int {
+	found, ok := cgo.Handle(handle).Value().(*[]DiscoveredModel)
+	if !ok {
+		return 1
+	}
+	*found = append(*found, discovered(model))
+	return 0
 }

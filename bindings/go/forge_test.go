@@ -680,3 +680,27 @@ func TestExampleStreamsTheStory(t *testing.T) {
 		t.Errorf("example printed %q", out)
 	}
 }
+
+func TestDiscover(t *testing.T) {
+	found, err := forge.Discover(filepath.Join(root, "models"), 8, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(found, func(d forge.DiscoveredModel) bool { return filepath.Base(d.Path) == "stories260K.gguf" })
+	if i < 0 {
+		t.Fatalf("stories260K not found: %+v", found)
+	}
+	d := found[i]
+	if d.Format != "gguf" || d.Architecture != "llama" || !d.Loadable || d.Err != nil || d.NumFiles != 1 || d.Bytes == 0 || d.NumParams == 0 {
+		t.Errorf("Discover = %+v", d)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "bad.gguf"), []byte("this is not a model file"), 0o644)
+	found, err = forge.Discover(dir, 0, false)
+	if err != nil || len(found) != 1 || found[0].Loadable || !errors.Is(found[0].Err, forge.StatusFormat) {
+		t.Errorf("Discover of a bad file: %+v, %v", found, err)
+	}
+	if _, err := forge.Discover(filepath.Join(dir, "none"), 0, false); !errors.Is(err, forge.StatusIO) {
+		t.Errorf("Discover of a missing directory: %v", err)
+	}
+}
