@@ -13,17 +13,17 @@ type Status int
 
 // The forge_status codes of forge.h.
 const (
-	StatusOK              Status = C.FORGE_OK                   // success
-	StatusInvalidArgument Status = C.FORGE_ERR_INVALID_ARGUMENT // a NULL pointer, an out-of-range value, a misuse of the API
-	StatusIO              Status = C.FORGE_ERR_IO               // a file is missing, unreadable or cannot be mapped
-	StatusFormat          Status = C.FORGE_ERR_FORMAT           // a file is malformed
-	StatusUnsupported     Status = C.FORGE_ERR_UNSUPPORTED      // well-formed but not supported (architecture, dtype, no chat format)
-	StatusModel           Status = C.FORGE_ERR_MODEL            // tensors and config disagree, or state saved from another model
-	StatusDevice          Status = C.FORGE_ERR_DEVICE           // no usable Vulkan device, or a Vulkan call failed
-	StatusOutOfMemory     Status = C.FORGE_ERR_OUT_OF_MEMORY    // host or device memory could not be allocated
-	StatusLimit           Status = C.FORGE_ERR_LIMIT            // a planned limit was exceeded (context length, batch)
-	StatusBufferTooSmall  Status = C.FORGE_ERR_BUFFER_TOO_SMALL // a caller buffer is too small (a bug in these bindings)
-	StatusCancelled       Status = C.FORGE_ERR_CANCELLED        // the call was cancelled
+	StatusOK              Status = 0  // success
+	StatusInvalidArgument Status = 1  // a NULL pointer, an out-of-range value, a misuse of the API
+	StatusIO              Status = 2  // a file is missing, unreadable or cannot be mapped
+	StatusFormat          Status = 3  // a file is malformed
+	StatusUnsupported     Status = 4  // well-formed but not supported (architecture, dtype, no chat format)
+	StatusModel           Status = 5  // tensors and config disagree, or state saved from another model
+	StatusDevice          Status = 6  // no usable Vulkan device, or a Vulkan call failed
+	StatusOutOfMemory     Status = 7  // host or device memory could not be allocated
+	StatusLimit           Status = 8  // a planned limit was exceeded (context length, batch)
+	StatusBufferTooSmall  Status = 9  // a caller buffer is too small (a bug in these bindings)
+	StatusCancelled       Status = 10 // the call was cancelled
 )
 
 // String returns the status's C name, as forge_status_name gives it ("FORGE_ERR_IO").

@@ -11,9 +11,9 @@ type Overflow int
 
 // The forge_overflow policies of forge.h.
 const (
-	OverflowFail      Overflow = C.FORGE_OVERFLOW_FAIL      // generation stops with StopContext
-	OverflowShift     Overflow = C.FORGE_OVERFLOW_SHIFT     // llama.cpp's context shift: cheap, approximate
-	OverflowRecompute Overflow = C.FORGE_OVERFLOW_RECOMPUTE // re-evaluate the kept tokens: exact
+	OverflowFail      Overflow = 0 // generation stops with StopContext
+	OverflowShift     Overflow = 1 // llama.cpp's context shift: cheap, approximate
+	OverflowRecompute Overflow = 2 // re-evaluate the kept tokens: exact
 )
 
 // LoadConfig holds what LoadModel's options set. The zero value of each field means forge's

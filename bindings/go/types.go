@@ -30,14 +30,14 @@ type StopReason int
 
 // The forge_stop_reason values of forge.h.
 const (
-	StopNone      StopReason = C.FORGE_STOP_NONE
-	StopEOS       StopReason = C.FORGE_STOP_EOS        // the model produced one of its end tokens
-	StopToken     StopReason = C.FORGE_STOP_TOKEN      // one of the WithStopTokens ids
-	StopString    StopReason = C.FORGE_STOP_STRING     // one of the WithStopStrings texts
-	StopMaxTokens StopReason = C.FORGE_STOP_MAX_TOKENS // WithMaxTokens tokens were generated
-	StopCallback  StopReason = C.FORGE_STOP_CALLBACK   // the consumer stopped (broke out of the range loop)
-	StopContext   StopReason = C.FORGE_STOP_CONTEXT    // the session's context is full
-	StopCancelled StopReason = C.FORGE_STOP_CANCELLED  // the context was cancelled, or the model closed
+	StopNone      StopReason = 0
+	StopEOS       StopReason = 1 // the model produced one of its end tokens
+	StopToken     StopReason = 2 // one of the WithStopTokens ids
+	StopString    StopReason = 3 // one of the WithStopStrings texts
+	StopMaxTokens StopReason = 4 // WithMaxTokens tokens were generated
+	StopCallback  StopReason = 5 // the consumer stopped (broke out of the range loop)
+	StopContext   StopReason = 6 // the session's context is full
+	StopCancelled StopReason = 7 // the context was cancelled, or the model closed
 )
 
 var stopNames = [...]string{"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled"}
@@ -202,11 +202,11 @@ type DeviceType int
 
 // The forge_device_type values of forge.h.
 const (
-	DeviceOther         DeviceType = C.FORGE_DEVICE_OTHER
-	DeviceIntegratedGPU DeviceType = C.FORGE_DEVICE_INTEGRATED_GPU
-	DeviceDiscreteGPU   DeviceType = C.FORGE_DEVICE_DISCRETE_GPU
-	DeviceVirtualGPU    DeviceType = C.FORGE_DEVICE_VIRTUAL_GPU
-	DeviceCPU           DeviceType = C.FORGE_DEVICE_CPU
+	DeviceOther         DeviceType = 0
+	DeviceIntegratedGPU DeviceType = 1
+	DeviceDiscreteGPU   DeviceType = 2
+	DeviceVirtualGPU    DeviceType = 3
+	DeviceCPU           DeviceType = 4
 )
 
 // Device is forge_device_info: one Vulkan device. Pass its Index to WithDeviceIndex or part
