@@ -704,3 +704,42 @@ func TestDiscover(t *testing.T) {
 		t.Errorf("Discover of a missing directory: %v", err)
 	}
 }
+
+func TestCloseWhileOtherGoroutinesGenerate(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started, done sync.WaitGroup
+	counts := make([]int, 4)
+	for i := range counts {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			first := true
+			for range m.Generate(context.Background(), once, forge.WithMaxTokens(400), forge.WithIgnoreEOS()) {
+				if counts[i]++; first {
+					first = false
+					started.Done()
+				}
+			}
+			if first {
+				started.Done()
+			}
+		}()
+	}
+	started.Wait() // every goroutine has its first token
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done.Wait()
+	for i, n := range counts {
+		if n == 0 || n >= 400 {
+			t.Errorf("goroutine %d: %d tokens", i, n)
+		}
+	}
+	if !errors.Is(m.Err(), forge.ErrClosed) {
+		t.Errorf("Err after Close = %v", m.Err())
+	}
+}
