@@ -1,5 +1,5 @@
 # forge: make builds build/libforge.a, build/libforge.so, build/forge (CLI) and build/forge_tests;
-# `make test` runs the test suite (the same GoogleTest binary CTest runs) and the Python package's tests.
+# `make test` runs the test suite (the same GoogleTest binary CTest runs) and the Python and Go packages' tests.
 CC ?= cc
 CXX ?= c++
 BUILD ?= build
@@ -7,6 +7,8 @@ GLSLANG ?= glslangValidator
 PREFIX ?= /usr/local
 OPT ?= -O2 -g
 PYTHON ?= python3
+# Go 1.23 from bookworm-backports (tools/install-deps.sh) where it is, else the `go` on PATH
+GO ?= $(firstword $(wildcard /usr/lib/go-1.23/bin/go) go)
 
 WARN := -Wall -Wextra -Wno-format-truncation -Wno-unused-function
 CFLAGS_FORGE := -std=c11 $(OPT) $(WARN) -fPIC -fvisibility=hidden -I. -I$(BUILD)
@@ -19,7 +21,7 @@ VERSION := $(VERSION_MAJOR).$(call version_part,MINOR).$(call version_part,PATCH
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
-.PHONY: all lib cli tests test test-python install clean fuzz examples sanitize
+.PHONY: all lib cli tests test test-python test-go install clean fuzz examples sanitize
 all: lib cli tests examples
 lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
 cli: $(BUILD)/forge
@@ -59,13 +61,28 @@ $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.
 	$(CXX) -std=c++17 $(OPT) -Wall -I. -Itests -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(TEST_SRCS) $(BUILD)/internal_test.o \
 		-lgtest -lgtest_main $(LIBS) -o $@
 
-test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate $(BUILD)/example_chat test-python
+test: $(BUILD)/forge_tests $(BUILD)/forge $(BUILD)/example_generate $(BUILD)/example_chat test-python test-go
 	cd $(BUILD) && ./forge_tests
 
 # The Python package (bindings/python) against this build's library; the story it generates is
 # compared with the CLI's.
 test-python: $(BUILD)/libforge.so $(BUILD)/forge
 	FORGE_LIBRARY=$(BUILD)/libforge.so FORGE_CLI=$(BUILD)/forge $(PYTHON) -m pytest -q bindings/python/tests
+
+# The Go package (bindings/go, cgo over the static library) with go vet and go test; the story
+# it generates is compared with the CLI's. The package links build/libforge.a (its #cgo flags
+# name that path), so with another BUILD this target says so and does nothing. Go's caches and
+# the tests' temporary files go under the build tree, and no toolchain or module is downloaded
+# (the package uses the standard library only).
+GO_ENV := GOCACHE=$(CURDIR)/$(BUILD)/go-cache GOPATH=$(CURDIR)/$(BUILD)/go-path GOTMPDIR=$(CURDIR)/$(BUILD)/go-tmp \
+	TMPDIR=$(CURDIR)/$(BUILD)/go-tmp GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOPROXY=off
+test-go: $(BUILD)/libforge.a $(BUILD)/forge
+ifeq ($(BUILD),build)
+	mkdir -p $(BUILD)/go-tmp
+	cd bindings/go && $(GO_ENV) $(GO) vet ./... && $(GO_ENV) FORGE_CLI=$(CURDIR)/$(BUILD)/forge $(GO) test -count=1 ./...
+else
+	@echo "test-go: skipped: the Go package links build/libforge.a, not $(BUILD)/libforge.a"
+endif
 
 # The suite under ASan + UBSan + LSan, built in build-san/: any report fails the run (CI runs it).
 # Leaks inside system libraries (Mesa, the Vulkan loader) are suppressed in tests/lsan.supp.

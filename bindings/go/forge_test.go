@@ -1,0 +1,745 @@
+package forge_test
+
+// Tests of the Go binding on the bundled stories260K model (lavapipe on machines without a
+// GPU). Run from bindings/go after `make lib cli` (`make test-go` does it):
+//
+//	go test ./...
+//
+// The story is compared with the CLI's: $FORGE_CLI, else build/forge.
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"math/rand"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	forge "forge.lthn.ai/core/forge/bindings/go"
+)
+
+const once = "Once upon a time"
+
+var (
+	root      = filepath.Join("..", "..")
+	modelPath = filepath.Join(root, "models", "stories260K", "stories260K.gguf")
+
+	sharedOnce  sync.Once
+	sharedModel *forge.Model
+	sharedErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if sharedModel != nil {
+		sharedModel.Close()
+	}
+	os.Exit(code)
+}
+
+// model returns the bundled model, loaded once for the tests that share it.
+func model(t *testing.T) *forge.Model {
+	t.Helper()
+	sharedOnce.Do(func() { sharedModel, sharedErr = forge.LoadModel(modelPath, forge.WithContextLen(512)) })
+	if sharedErr != nil {
+		t.Fatalf("LoadModel: %v", sharedErr)
+	}
+	return sharedModel
+}
+
+// greedy returns the text and token ids of a greedy run on a fresh session.
+func greedy(t *testing.T, m *forge.Model, prompt string, n int) (string, []int32) {
+	t.Helper()
+	s, err := m.NewSession(forge.SessionConfig{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var text strings.Builder
+	var ids []int32
+	for tok := range s.Generate(context.Background(), prompt, forge.WithMaxTokens(n)) {
+		text.WriteString(tok.Text)
+		if tok.ID >= 0 {
+			ids = append(ids, tok.ID)
+		}
+	}
+	if err := s.Err(); err != nil {
+		t.Fatalf("Generate: %v", err)
+	}
+	return text.String(), ids
+}
+
+func collect(seq func(func(forge.Token) bool)) (string, []forge.Token) {
+	var text strings.Builder
+	var toks []forge.Token
+	for tok := range seq {
+		text.WriteString(tok.Text)
+		toks = append(toks, tok)
+	}
+	return text.String(), toks
+}
+
+func cli() string {
+	if p := os.Getenv("FORGE_CLI"); p != "" {
+		return p
+	}
+	return filepath.Join(root, "build", "forge")
+}
+
+func TestGreedyStoryEqualsTheCLI(t *testing.T) {
+	m := model(t)
+	out, err := exec.Command(cli(), "run", modelPath, "-p", once, "-n", "32").Output()
+	if err != nil {
+		t.Fatalf("%s run: %v", cli(), err)
+	}
+	text, ids := greedy(t, m, once, 32)
+	if len(ids) != 32 {
+		t.Errorf("generated %d tokens, want 32", len(ids))
+	}
+	if string(out) != once+text+"\n" {
+		t.Errorf("CLI printed %q,\nGo generated %q", out, once+text)
+	}
+	// Deterministic: the same again, on the model's pooled sessions too.
+	again, ids2 := greedy(t, m, once, 32)
+	pooled, _ := collect(m.Generate(context.Background(), once, forge.WithMaxTokens(32)))
+	if again != text || !slices.Equal(ids, ids2) || pooled != text {
+		t.Errorf("greedy runs differ: %q / %q / %q", text, again, pooled)
+	}
+	// The empty prompt's 256-token story is what `forge run MODEL` prints.
+	out, err = exec.Command(cli(), "run", modelPath).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	story, _ := greedy(t, m, "", 256)
+	if !strings.HasPrefix(story, once) || string(out) != story+"\n" {
+		t.Errorf("CLI printed %q,\nGo generated %q", out, story)
+	}
+}
+
+func TestTokensAgreeWithTheTokenizer(t *testing.T) {
+	m := model(t)
+	text, ids := greedy(t, m, once, 40)
+	back, err := m.Detokenize(ids)
+	if err != nil || back != text {
+		t.Errorf("Detokenize = %q, %v; want %q", back, err, text)
+	}
+	prompt, err := m.Tokenize(once, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := m.SpecialTokens()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prompt[0] != sp.BOS || sp.BOS < 0 {
+		t.Errorf("Tokenize(%q, true)[0] = %d, BOS %d", once, prompt[0], sp.BOS)
+	}
+	if !slices.Contains(sp.EOSIDs, sp.EOS) {
+		t.Errorf("EOS %d not in EOSIDs %v", sp.EOS, sp.EOSIDs)
+	}
+	fromIDs, toks := collect(m.GenerateTokens(context.Background(), prompt, forge.WithMaxTokens(40)))
+	if fromIDs != text || len(toks) != 40 {
+		t.Errorf("GenerateTokens gave %q (%d tokens), Generate %q", fromIDs, len(toks), text)
+	}
+	if piece, ok := m.TokenPiece(sp.BOS); !ok || m.TokenID(piece) != sp.BOS {
+		t.Errorf("TokenPiece(BOS) = %q, %v", piece, ok)
+	}
+	if _, ok := m.TokenPiece(1 << 20); ok {
+		t.Error("TokenPiece out of range gave a piece")
+	}
+}
+
+func TestBreakingOutStopsGeneration(t *testing.T) {
+	m := model(t)
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n := 0
+	for range s.Generate(context.Background(), once, forge.WithMaxTokens(100)) {
+		n++
+		if n == 3 {
+			break
+		}
+	}
+	met := s.Metrics()
+	if n != 3 || met.StopReason != forge.StopCallback || met.GeneratedTokens != 3 || s.Err() != nil {
+		t.Errorf("after break: %d tokens, metrics %+v, err %v", n, met, s.Err())
+	}
+	// The session stays usable: it continues with what it holds, and a new run equals a fresh one.
+	want, _ := greedy(t, m, once, 20)
+	got, _ := collect(s.Generate(context.Background(), once, forge.WithMaxTokens(20)))
+	if got != want || s.Err() != nil {
+		t.Errorf("after break: %q, %v; want %q", got, s.Err(), want)
+	}
+	// The same through the model's pool.
+	n = 0
+	for range m.Generate(context.Background(), once, forge.WithMaxTokens(100)) {
+		if n++; n == 5 {
+			break
+		}
+	}
+	if m.Metrics().StopReason != forge.StopCallback || m.Metrics().GeneratedTokens != 5 || m.Err() != nil {
+		t.Errorf("model after break: %+v, %v", m.Metrics(), m.Err())
+	}
+}
+
+func TestContextCancellationStops(t *testing.T) {
+	m := model(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	n := 0
+	for range m.Generate(ctx, once, forge.WithMaxTokens(200), forge.WithIgnoreEOS()) {
+		if n++; n == 2 {
+			cancel()
+		}
+	}
+	met := m.Metrics()
+	if !errors.Is(m.Err(), context.Canceled) || met.StopReason != forge.StopCancelled || n >= 200 {
+		t.Errorf("after cancel: %d tokens, stop %v, err %v", n, met.StopReason, m.Err())
+	}
+	// A context already done generates nothing.
+	_, toks := collect(m.Generate(ctx, once))
+	if len(toks) != 0 || !errors.Is(m.Err(), context.Canceled) {
+		t.Errorf("cancelled context: %d tokens, err %v", len(toks), m.Err())
+	}
+	// A deadline: Err is context.DeadlineExceeded.
+	dctx, dcancel := context.WithTimeout(context.Background(), 0)
+	defer dcancel()
+	<-dctx.Done()
+	collect(m.Generate(dctx, once))
+	if !errors.Is(m.Err(), context.DeadlineExceeded) {
+		t.Errorf("deadline: err %v", m.Err())
+	}
+	// A normal run afterwards clears Err.
+	collect(m.Generate(context.Background(), once, forge.WithMaxTokens(4)))
+	if m.Err() != nil || m.Metrics().StopReason != forge.StopMaxTokens {
+		t.Errorf("after a normal run: %v, %v", m.Err(), m.Metrics().StopReason)
+	}
+	// Classify and BatchGenerate honour a done context too.
+	if _, err := m.Classify(ctx, []string{once}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Classify: %v", err)
+	}
+	if _, err := m.BatchGenerate(ctx, []string{once}); !errors.Is(err, context.Canceled) {
+		t.Errorf("BatchGenerate: %v", err)
+	}
+}
+
+func TestStopTokensAndStrings(t *testing.T) {
+	m := model(t)
+	text, ids := greedy(t, m, once, 32)
+	i := strings.Index(text, "Lily")
+	if i < 0 {
+		t.Fatalf("story without Lily: %q", text)
+	}
+	got, _ := collect(m.Generate(context.Background(), once, forge.WithMaxTokens(32), forge.WithStopStrings("Lily")))
+	if got != text[:i] || m.Metrics().StopReason != forge.StopString {
+		t.Errorf("stop string: %q (%v), want %q", got, m.Metrics().StopReason, text[:i])
+	}
+	_, toks := collect(m.Generate(context.Background(), once, forge.WithMaxTokens(32), forge.WithStopTokens(ids[3])))
+	if len(toks) != 3 || m.Metrics().StopReason != forge.StopToken {
+		t.Errorf("stop token: %d tokens (%v), want 3", len(toks), m.Metrics().StopReason)
+	}
+}
+
+func TestSamplingIsSeeded(t *testing.T) {
+	m := model(t)
+	opts := []forge.GenerateOption{forge.WithMaxTokens(24), forge.WithTemperature(0.9), forge.WithTopK(40),
+		forge.WithTopP(0.95), forge.WithMinP(0.01), forge.WithRepeatPenalty(1.1), forge.WithSeed(7)}
+	a, _ := collect(m.Generate(context.Background(), once, opts...))
+	b, _ := collect(m.Generate(context.Background(), once, opts...))
+	if a != b || m.Err() != nil {
+		t.Errorf("same seed, different text: %q / %q (%v)", a, b, m.Err())
+	}
+}
+
+func TestChatWithoutTemplateIsUnsupported(t *testing.T) {
+	m := model(t)
+	msgs := []forge.Message{{Role: "user", Content: "hi"}}
+	_, toks := collect(m.Chat(context.Background(), msgs))
+	var fe *forge.Error
+	if len(toks) != 0 || !errors.Is(m.Err(), forge.StatusUnsupported) || !errors.As(m.Err(), &fe) ||
+		!strings.Contains(fe.Message, "chat format") {
+		t.Errorf("Chat on stories260K: %d tokens, err %v", len(toks), m.Err())
+	}
+	if _, err := m.RenderChat(msgs); !errors.Is(err, forge.StatusUnsupported) {
+		t.Errorf("RenderChat: %v", err)
+	}
+}
+
+// makeChatModel writes a one-layer random f16 Llama with hidden 32 beside the real Llama 3
+// tokenizer (from ../shared/tokenizers): enough for forge to render Llama 3 chats and generate.
+func makeChatModel(t *testing.T) string {
+	t.Helper()
+	archive := filepath.Join(root, "..", "shared", "tokenizers", "llama3.tar.xz")
+	if _, err := os.Stat(archive); err != nil {
+		t.Skipf("no Llama 3 tokenizer: %v", err)
+	}
+	dir := t.TempDir()
+	if out, err := exec.Command("tar", "xJf", archive, "-C", dir, "llama3/tokenizer.json", "llama3/tokenizer_config.json").CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v\n%s", err, out)
+	}
+	out := filepath.Join(dir, "llama3")
+	const vocab, hidden, head, ffn = 128256, 32, 16, 64
+	config, _ := json.Marshal(map[string]any{
+		"model_type": "llama", "hidden_size": hidden, "num_hidden_layers": 1, "num_attention_heads": 2,
+		"num_key_value_heads": 1, "intermediate_size": ffn, "vocab_size": vocab, "max_position_embeddings": 512,
+		"rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "float16"})
+	if err := os.WriteFile(filepath.Join(out, "config.json"), config, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := "model.layers.0."
+	names := []string{"model.embed_tokens.weight", "model.norm.weight", p + "input_layernorm.weight",
+		p + "post_attention_layernorm.weight", p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+		p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight", p + "mlp.gate_proj.weight",
+		p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"}
+	shapes := [][]int{{vocab, hidden}, {hidden}, {hidden}, {hidden}, {2 * head, hidden}, {head, hidden},
+		{head, hidden}, {hidden, 2 * head}, {ffn, hidden}, {ffn, hidden}, {hidden, ffn}}
+	rng := rand.New(rand.NewSource(1))
+	header := map[string]any{}
+	var body []byte
+	for i, name := range names {
+		n := 1
+		for _, d := range shapes[i] {
+			n *= d
+		}
+		data := make([]byte, 2*n)
+		rng.Read(data)
+		// f16 values of magnitude 1/16 .. 1/8 with random signs: exponent bits 01011.
+		for j := 1; j < len(data); j += 2 {
+			data[j] = data[j]&0x83 | 0x2C
+		}
+		header[name] = map[string]any{"dtype": "F16", "shape": shapes[i], "data_offsets": []int{len(body), len(body) + len(data)}}
+		body = append(body, data...)
+	}
+	blob, _ := json.Marshal(header)
+	file := binary.LittleEndian.AppendUint64(nil, uint64(len(blob)))
+	file = append(append(file, blob...), body...)
+	if err := os.WriteFile(filepath.Join(out, "model.safetensors"), file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestChatStreamsAndReusesTheCache(t *testing.T) {
+	m, err := forge.LoadModel(makeChatModel(t), forge.WithContextLen(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	turn1 := []forge.Message{{Role: "user", Content: "Hello there!"}}
+	rendered, err := m.RenderChat(turn1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(rendered, "<|start_header_id|>user<|end_header_id|>\n\nHello there!<|eot_id|>") ||
+		!strings.HasSuffix(rendered, "<|start_header_id|>assistant<|end_header_id|>\n\n") {
+		t.Errorf("RenderChat = %q", rendered)
+	}
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	reply, _ := collect(s.Chat(context.Background(), turn1, forge.WithMaxTokens(6)))
+	m1 := s.Metrics()
+	ids, _ := m.Tokenize(rendered, false)
+	if s.Err() != nil || m1.PromptTokens != len(ids) || m1.CachedTokens != 0 || m1.GeneratedTokens < 1 || m1.GeneratedTokens > 6 {
+		t.Errorf("turn 1: %+v, %v (prompt %d tokens)", m1, s.Err(), len(ids))
+	}
+	turn2 := append(turn1, forge.Message{Role: "assistant", Content: reply}, forge.Message{Role: "user", Content: "Tell me more."})
+	collect(s.Chat(context.Background(), turn2, forge.WithMaxTokens(6)))
+	m2 := s.Metrics()
+	if s.Err() != nil || m2.CachedTokens < m1.PromptTokens || m2.PromptTokens <= m2.CachedTokens {
+		t.Errorf("turn 2: %+v, %v", m2, s.Err())
+	}
+	sp, _ := m.SpecialTokens()
+	if eot := m.TokenID("<|eot_id|>"); sp.EOT != eot || !slices.Contains(sp.EOSIDs, eot) {
+		t.Errorf("special tokens %+v, <|eot_id|> %d", sp, eot)
+	}
+	// Through the model: the pooled session's chat gives the same reply.
+	again, _ := collect(m.Chat(context.Background(), turn1, forge.WithMaxTokens(6)))
+	if again != reply || m.Err() != nil {
+		t.Errorf("Model.Chat = %q, %v; Session.Chat %q", again, m.Err(), reply)
+	}
+}
+
+func TestClassifyGivesGenerateFirstToken(t *testing.T) {
+	m := model(t)
+	prompts := []string{once, "Lily and Ben", "The cat sat on the", "One day"}
+	res, err := m.Classify(context.Background(), prompts, forge.WithLogits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(prompts) {
+		t.Fatalf("%d results for %d prompts", len(res), len(prompts))
+	}
+	for i, p := range prompts {
+		text, ids := greedy(t, m, p, 1)
+		ptoks, _ := m.Tokenize(p, true)
+		r := res[i]
+		if r.Token.ID != ids[0] || r.Token.Text != text || r.NumTokens != len(ptoks) {
+			t.Errorf("prompt %q: classify %+v (%d tokens), generate %d %q (%d tokens)", p, r.Token, r.NumTokens, ids[0], text, len(ptoks))
+		}
+		if len(r.Logits) != m.Info().VocabSize {
+			t.Fatalf("%d logits", len(r.Logits))
+		}
+		best := 0
+		for j, v := range r.Logits {
+			if v > r.Logits[best] {
+				best = j
+			}
+		}
+		if int32(best) != r.Token.ID {
+			t.Errorf("prompt %q: argmax %d, token %d", p, best, r.Token.ID)
+		}
+	}
+	if met := m.Metrics(); met.PromptTokens == 0 {
+		t.Errorf("metrics after Classify: %+v", met)
+	}
+	// A prompt longer than the batch (512 tokens) fails the call.
+	long := strings.Repeat("Once upon a time ", 200)
+	if _, err := m.Classify(context.Background(), []string{once, long}); !errors.Is(err, forge.StatusLimit) {
+		t.Errorf("a prompt over the batch: %v", err)
+	}
+}
+
+func TestBatchGenerateEqualsSerialGenerate(t *testing.T) {
+	m := model(t)
+	prompts := []string{once, "Lily and Ben", "The cat sat on the", "One day", "Tom had a big", "The sun"}
+	res, err := m.BatchGenerate(context.Background(), prompts, forge.WithMaxTokens(24))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(prompts) {
+		t.Fatalf("%d results for %d prompts", len(res), len(prompts))
+	}
+	total := 0
+	for i, p := range prompts {
+		text, ids := greedy(t, m, p, 24)
+		r := res[i]
+		var got []int32
+		for _, tok := range r.Tokens {
+			if tok.ID >= 0 {
+				got = append(got, tok.ID)
+			}
+		}
+		if r.Err != nil || r.Text != text || !slices.Equal(got, ids) || r.Metrics.GeneratedTokens != len(ids) {
+			t.Errorf("prompt %q: batch %q %v (%v), serial %q %v", p, r.Text, got, r.Err, text, ids)
+		}
+		total += r.Metrics.GeneratedTokens
+	}
+	if met := m.Metrics(); met.GeneratedTokens != total || met.DecodeTokensPerSec <= 0 {
+		t.Errorf("metrics after BatchGenerate: %+v (want %d tokens)", met, total)
+	}
+	// A prompt longer than the context (512) fails alone.
+	long := strings.Repeat("Once upon a time ", 200)
+	res, err = m.BatchGenerate(context.Background(), []string{once, long}, forge.WithMaxTokens(4))
+	if err != nil || res[0].Err != nil || len(res[0].Tokens) == 0 || !errors.Is(res[1].Err, forge.StatusLimit) {
+		t.Errorf("batch with a prompt over the context: %v, %+v", err, res)
+	}
+}
+
+func TestInfo(t *testing.T) {
+	m := model(t)
+	info := m.Info()
+	if info.VocabSize != 512 || info.NumLayers != 5 || info.Architecture != "llama" || m.ModelType() != "llama" ||
+		info.SourceFormat != "gguf" || info.HiddenSize <= 0 || info.NumParams == 0 || info.WeightBytes == 0 ||
+		info.DeviceName == "" || info.ContextLen <= 0 {
+		t.Errorf("Info = %+v", info)
+	}
+	if mem, err := m.Memory(); err != nil || mem.DeviceInUseBytes == 0 {
+		t.Errorf("Memory = %+v, %v", mem, err)
+	}
+	if forge.Version() != "0.1.0" {
+		t.Errorf("Version = %q", forge.Version())
+	}
+	devs, err := forge.Devices()
+	if err != nil || len(devs) == 0 || !slices.ContainsFunc(devs, func(d forge.Device) bool { return d.Usable }) {
+		t.Errorf("Devices = %+v, %v", devs, err)
+	}
+}
+
+func TestMetricsAfterGeneration(t *testing.T) {
+	m := model(t)
+	_, toks := collect(m.Generate(context.Background(), once, forge.WithMaxTokens(16)))
+	met := m.Metrics()
+	if met.PromptTokens != 5 || met.GeneratedTokens != len(toks) || met.GeneratedTokens != 16 ||
+		met.StopReason != forge.StopMaxTokens || met.DecodeTokensPerSec <= 0 || met.TimeToFirstToken <= 0 ||
+		met.DecodeDuration <= 0 || met.PeakMemoryBytes == 0 {
+		t.Errorf("Metrics = %+v", met)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	_, err := forge.LoadModel(filepath.Join(t.TempDir(), "missing.gguf"))
+	var fe *forge.Error
+	if !errors.As(err, &fe) || fe.Status != forge.StatusIO || !errors.Is(err, forge.StatusIO) ||
+		!strings.Contains(fe.Message, "missing.gguf") {
+		t.Errorf("missing file: %#v", err)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.gguf")
+	os.WriteFile(bad, []byte("this is not a model file"), 0o644)
+	if _, err := forge.LoadModel(bad); !errors.Is(err, forge.StatusFormat) {
+		t.Errorf("malformed file: %v", err)
+	}
+	if forge.StatusLimit.String() != "FORGE_ERR_LIMIT" {
+		t.Errorf("StatusLimit = %q", forge.StatusLimit)
+	}
+	// A prompt longer than the context.
+	m, err := forge.LoadModel(modelPath, forge.WithContextLen(16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	collect(m.Generate(context.Background(), strings.Repeat("Once upon a time ", 20)))
+	if !errors.Is(m.Err(), forge.StatusLimit) {
+		t.Errorf("prompt over the context: %v", m.Err())
+	}
+}
+
+func TestCloseIsSafe(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect(m.Generate(context.Background(), once, forge.WithMaxTokens(2)))
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Error(err)
+	}
+	if err := m.Close(); err != nil {
+		t.Error(err)
+	}
+	if _, toks := collect(m.Generate(context.Background(), once)); len(toks) != 0 || !errors.Is(m.Err(), forge.ErrClosed) {
+		t.Errorf("Generate after Close: %d tokens, %v", len(toks), m.Err())
+	}
+	if _, err := m.Tokenize(once, true); !errors.Is(err, forge.ErrClosed) {
+		t.Errorf("Tokenize after Close: %v", err)
+	}
+	if _, err := m.Classify(context.Background(), []string{once}); !errors.Is(err, forge.ErrClosed) {
+		t.Errorf("Classify after Close: %v", err)
+	}
+	if _, err := m.NewSession(forge.SessionConfig{}); !errors.Is(err, forge.ErrClosed) {
+		t.Errorf("NewSession after Close: %v", err)
+	}
+	collect(s.Generate(context.Background(), once))
+	if !errors.Is(s.Err(), forge.ErrClosed) {
+		t.Errorf("Session.Generate after Close: %v", s.Err())
+	}
+}
+
+func TestCloseDuringGenerationCancelsIt(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for range m.Generate(context.Background(), once, forge.WithMaxTokens(200), forge.WithIgnoreEOS()) {
+		if n++; n == 2 {
+			m.Close() // from inside the loop: the model is freed when the call returns
+		}
+	}
+	if n >= 200 || !errors.Is(m.Err(), forge.ErrClosed) || m.Metrics().StopReason != forge.StopCancelled {
+		t.Errorf("Close during generation: %d tokens, %v, %v", n, m.Err(), m.Metrics().StopReason)
+	}
+}
+
+func TestSessionRunsOneCallAtATime(t *testing.T) {
+	m := model(t)
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var inner error
+	for range s.Generate(context.Background(), once, forge.WithMaxTokens(4)) {
+		collect(s.Generate(context.Background(), once))
+		inner = s.Err()
+		break
+	}
+	if !errors.Is(inner, forge.ErrBusy) {
+		t.Errorf("nested call on one session: %v", inner)
+	}
+	// The model gives a nested call its own session.
+	want, _ := greedy(t, m, "Lily", 8)
+	var nested string
+	for range m.Generate(context.Background(), once, forge.WithMaxTokens(4)) {
+		nested, _ = collect(m.Generate(context.Background(), "Lily", forge.WithMaxTokens(8)))
+		break
+	}
+	if nested != want {
+		t.Errorf("nested Model.Generate = %q, want %q", nested, want)
+	}
+}
+
+func TestConcurrentGenerate(t *testing.T) {
+	m := model(t)
+	want, _ := greedy(t, m, once, 24)
+	var wg sync.WaitGroup
+	got := make([]string, 4)
+	for i := range got {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], _ = collect(m.Generate(context.Background(), once, forge.WithMaxTokens(24)))
+		}()
+	}
+	wg.Wait()
+	for i, g := range got {
+		if g != want {
+			t.Errorf("goroutine %d: %q, want %q", i, g, want)
+		}
+	}
+}
+
+func TestPanicInTheLoopLeavesTheModelUsable(t *testing.T) {
+	m := model(t)
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v", r)
+			}
+		}()
+		for range m.Generate(context.Background(), once) {
+			panic("boom")
+		}
+	}()
+	if m.Metrics().StopReason != forge.StopCallback {
+		t.Errorf("after a panic: %v", m.Metrics().StopReason)
+	}
+	want, _ := greedy(t, m, once, 8)
+	if got, _ := collect(m.Generate(context.Background(), once, forge.WithMaxTokens(8))); got != want {
+		t.Errorf("after a panic: %q, want %q", got, want)
+	}
+}
+
+func TestSessionStateRoundTrip(t *testing.T) {
+	m := model(t)
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	collect(s.Generate(context.Background(), once, forge.WithMaxTokens(8)))
+	path := filepath.Join(t.TempDir(), "state.safetensors")
+	if err := s.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if err := s2.Load(path); err != nil || s2.NPast() != s.NPast() || s.NPast() == 0 {
+		t.Errorf("Load: %v, n_past %d vs %d", err, s2.NPast(), s.NPast())
+	}
+	if err := s2.Truncate(0); err != nil || s2.NPast() != 0 {
+		t.Errorf("Truncate: %v, n_past %d", err, s2.NPast())
+	}
+	if mem, err := s.Memory(); err != nil || mem.KVCacheBytes == 0 {
+		t.Errorf("Memory = %+v, %v", mem, err)
+	}
+	if err := s2.Load(filepath.Join(t.TempDir(), "none")); !errors.Is(err, forge.StatusIO) {
+		t.Errorf("Load of a missing file: %v", err)
+	}
+}
+
+func TestExampleStreamsTheStory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the example")
+	}
+	m := model(t)
+	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(goTool, "run", "./bindings/go/examples/run")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go run: %v\n%s", err, out)
+	}
+	story, _ := greedy(t, m, once, 64)
+	if !strings.HasPrefix(string(out), once+story+"\n") || !strings.Contains(string(out), "tokens/s") ||
+		!strings.Contains(string(out), "no chat template") {
+		t.Errorf("example printed %q", out)
+	}
+}
+
+func TestDiscover(t *testing.T) {
+	found, err := forge.Discover(filepath.Join(root, "models"), 8, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(found, func(d forge.DiscoveredModel) bool { return filepath.Base(d.Path) == "stories260K.gguf" })
+	if i < 0 {
+		t.Fatalf("stories260K not found: %+v", found)
+	}
+	d := found[i]
+	if d.Format != "gguf" || d.Architecture != "llama" || !d.Loadable || d.Err != nil || d.NumFiles != 1 || d.Bytes == 0 || d.NumParams == 0 {
+		t.Errorf("Discover = %+v", d)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "bad.gguf"), []byte("this is not a model file"), 0o644)
+	found, err = forge.Discover(dir, 0, false)
+	if err != nil || len(found) != 1 || found[0].Loadable || !errors.Is(found[0].Err, forge.StatusFormat) {
+		t.Errorf("Discover of a bad file: %+v, %v", found, err)
+	}
+	if _, err := forge.Discover(filepath.Join(dir, "none"), 0, false); !errors.Is(err, forge.StatusIO) {
+		t.Errorf("Discover of a missing directory: %v", err)
+	}
+}
+
+func TestCloseWhileOtherGoroutinesGenerate(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started, done sync.WaitGroup
+	counts := make([]int, 4)
+	for i := range counts {
+		started.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			first := true
+			for range m.Generate(context.Background(), once, forge.WithMaxTokens(400), forge.WithIgnoreEOS()) {
+				if counts[i]++; first {
+					first = false
+					started.Done()
+				}
+			}
+			if first {
+				started.Done()
+			}
+		}()
+	}
+	started.Wait() // every goroutine has its first token
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	done.Wait()
+	for i, n := range counts {
+		if n == 0 || n >= 400 {
+			t.Errorf("goroutine %d: %d tokens", i, n)
+		}
+	}
+	if !errors.Is(m.Err(), forge.ErrClosed) {
+		t.Errorf("Err after Close = %v", m.Err())
+	}
+}

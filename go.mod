@@ -1,0 +1,3 @@
+module forge.lthn.ai/core/forge
+
+go 1.23
