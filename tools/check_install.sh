@@ -1,9 +1,10 @@
 #!/bin/sh
 # Installs forge into temporary prefixes and builds the examples against the installed trees as
 # a user would, then runs each on the installed bundled model:
-#   - `make install` (PREFIX, DESTDIR-free): examples/generate.c and examples/chat.cpp through
+#   - `make install` (PREFIX): examples/generate.c and examples/chat.cpp through
 #     pkg-config, against the shared library (soname libforge.so.MAJOR) and the static one;
-#     the Python package from the installed site directory (the system's library lookup);
+#     the Python package from the installed site directory (the system's library lookup); the
+#     Go example built with -tags forge_system (pkg-config);
 #   - with a CMake build directory as $1: `cmake --install` of it, and a CMake project that
 #     finds forge with find_package(forge) and links forge::forge and forge::forge_shared.
 # Usage: tools/check_install.sh [CMAKE_BUILD_DIR]   (run from the repository root; CI runs it)
@@ -41,7 +42,14 @@ readelf -d "$T/generate_static" | grep -q "libforge" && fail "the static example
 SITE=$(find "$P/lib" -type d -path "*-packages/forge" | head -n 1)
 [ -n "$SITE" ] || fail "the Python package is not installed under $P/lib"
 PYTHONPATH=$(dirname "$SITE") LD_LIBRARY_PATH=$P/lib ${PYTHON:-python3} examples/stream.py "$MODEL" > "$T/out4" && expect_story "$T/out4"
-echo "pkg-config (shared, static) and Python against the installed tree: ok"
+# Go: the package with -tags forge_system links the installed library through pkg-config
+GO=${GO:-$(command -v /usr/lib/go-1.23/bin/go || command -v go)}
+mkdir -p "$T/go-tmp"
+GOCACHE=$T/go-cache GOPATH=$T/go-path GOTMPDIR=$T/go-tmp GOTOOLCHAIN=local GOFLAGS=-mod=readonly GOPROXY=off \
+    "$GO" build -tags forge_system -o "$T/run_go" ./bindings/go/examples/run
+readelf -d "$T/run_go" | grep -q "NEEDED.*\[libforge.so.$MAJOR\]" || fail "the Go example does not need libforge.so.$MAJOR"
+LD_LIBRARY_PATH=$P/lib "$T/run_go" "$MODEL" > "$T/out7" && expect_story "$T/out7"
+echo "pkg-config (shared, static), Python and Go against the installed tree: ok"
 
 if [ $# -ge 1 ]; then
     echo "== cmake --install $1 --prefix $T/cmake"
