@@ -1211,6 +1211,12 @@ static int forge__json_int(const cJSON *o, const char *key, int def) {
     if (!(v >= INT_MIN && v <= INT_MAX) || v != floor(v)) return -1;
     return (int)v;
 }
+/* A token id: a JSON integer in [0, INT32_MAX]; -1 for anything else (callers reject it). */
+static int32_t forge__json_id(const cJSON *x) {
+    if (!cJSON_IsNumber(x)) return -1;
+    double v = x->valuedouble;
+    return v >= 0 && v <= INT32_MAX && v == floor(v) ? (int32_t)v : -1;
+}
 static double forge__json_num(const cJSON *o, const char *key, double def) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsNumber(x) ? x->valuedouble : def;
@@ -3336,9 +3342,13 @@ static int32_t forge__tk_lookup(const forge__tokenizer *tk, const char *s, size_
     return id >= 0 ? id : forge__strtab_get(&tk->vocab, s, n);
 }
 
-static forge_status forge__tk_tmpl_add(forge__tkload *L, int32_t *dst, int *n, int32_t id) {
+/* Appends the id in JSON number `idv` to a post-processor template. */
+static forge_status forge__tk_tmpl_add(forge__tkload *L, int32_t *dst, int *n, const cJSON *idv) {
     if (*n >= FORGE__TK_MAX_TEMPLATE) return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: post-processor adds more than %d tokens", L->path, FORGE__TK_MAX_TEMPLATE);
-    if (id < 0 || id >= L->tk->n_vocab) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: post-processor token id %d is outside the vocabulary", L->path, id);
+    int32_t id = forge__json_id(idv);
+    if (id < 0 || id >= L->tk->n_vocab)
+        return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: post-processor token id %.15g is not an id of the vocabulary (0..%d)", L->path,
+                           idv->valuedouble, L->tk->n_vocab - 1);
     dst[(*n)++] = id;
     return FORGE_OK;
 }
@@ -3367,8 +3377,8 @@ static forge_status forge__tk_post(forge__tkload *L, const cJSON *o, int depth) 
             if (!cJSON_IsArray(ids)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: TemplateProcessing special token '%s' has no ids", L->path, name);
             cJSON_ArrayForEach(idv, ids) {
                 if (!cJSON_IsNumber(idv)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: TemplateProcessing id is not a number", L->path);
-                if ((st = seen_a ? forge__tk_tmpl_add(L, tk->tmpl_post, &tk->n_tmpl_post, (int32_t)idv->valuedouble)
-                                 : forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, (int32_t)idv->valuedouble)))
+                if ((st = seen_a ? forge__tk_tmpl_add(L, tk->tmpl_post, &tk->n_tmpl_post, idv)
+                                 : forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, idv)))
                     return st;
             }
         }
@@ -3378,8 +3388,8 @@ static forge_status forge__tk_post(forge__tkload *L, const cJSON *o, int depth) 
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(o, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
         const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
         if (!cJSON_IsNumber(ci) || !cJSON_IsNumber(si)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: %s without cls/sep", L->path, t);
-        if ((st = forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, (int32_t)ci->valuedouble))) return st;
-        return forge__tk_tmpl_add(L, tk->tmpl_post, &tk->n_tmpl_post, (int32_t)si->valuedouble);
+        if ((st = forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, ci))) return st;
+        return forge__tk_tmpl_add(L, tk->tmpl_post, &tk->n_tmpl_post, si);
     }
     return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: post_processor '%s' is not supported", L->path, t);
 }
@@ -4010,8 +4020,8 @@ static void forge__tk_eos_from_config(forge__tokenizer *tk, const char *path) {
     forge__err e;
     if (!forge__file_exists(path) || forge__read_text(path, &text, &len, &e)) return;
     cJSON *o = cJSON_ParseWithLength(text, len), *ids = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id"), *it;
-    if (cJSON_IsNumber(ids)) forge__tk_add_eos(tk, (int32_t)ids->valuedouble);
-    else if (cJSON_IsArray(ids)) cJSON_ArrayForEach(it, ids) if (cJSON_IsNumber(it)) forge__tk_add_eos(tk, (int32_t)it->valuedouble);
+    if (cJSON_IsNumber(ids)) forge__tk_add_eos(tk, forge__json_id(ids)); /* an id out of range is ignored */
+    else if (cJSON_IsArray(ids)) cJSON_ArrayForEach(it, ids) forge__tk_add_eos(tk, forge__json_id(it));
     cJSON_Delete(o);
     free(text);
 }

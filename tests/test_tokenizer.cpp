@@ -406,3 +406,44 @@ TEST(TokApi, StreamingSkipSpecial) {
     EXPECT_EQ(out, ft::decode(m, ids, FORGE_DETOKENIZE_SKIP_SPECIAL));
     EXPECT_EQ(out, "Hello world again");
 }
+
+/* A post-processor's special-token ids must be ids of the vocabulary: huge (5e36, found by the
+ * tokenizer_json fuzzer: the cast to int32_t was undefined), negative and fractional ones are
+ * format errors naming the value, and an eos_token_id out of range in a config is ignored. */
+TEST(TokLoad, PostProcessorIdsOutsideTheVocabulary) {
+    std::vector<uint8_t> seed = ft::read_file(ft::src("tests/fuzz/corpus/tokenizer_json/crash-template-id-5e36"));
+    ASSERT_FALSE(seed.empty());
+    const std::string base(seed.begin(), seed.end()), huge = "5000000000000000000000000000000000000";
+    ASSERT_NE(base.find("[" + huge + "]"), std::string::npos);
+    forge_model_params p = forge_model_default_params();
+    p.vocab_only = 1;
+    struct Case { std::string ids, shown; } cases[] = {{huge, "5e+36"}, {"-1", "-1"}, {"2.5", "2.5"}, {"8", "8"}, {"2147483648", "2147483648"}};
+    for (const Case &c : cases) {
+        std::string dir = ft::tmpdir("tok_post_ids"), text = base;
+        text.replace(text.find(huge), huge.size(), c.ids);
+        ft::write_file(dir + "/tokenizer.json", text.data(), text.size());
+        forge_model *m = nullptr;
+        EXPECT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_ERR_FORMAT) << c.ids;
+        EXPECT_NE(std::string(forge_model_errmsg(m)).find("post-processor token id " + c.shown + " is not an id of the vocabulary (0..7)"),
+                  std::string::npos)
+            << forge_model_errmsg(m);
+        forge_model_free(m);
+    }
+    /* the same file with id 5: loads, and an eos_token_id of 1e30 beside it is ignored */
+    std::string dir = ft::tmpdir("tok_post_ids"), text = base;
+    text.replace(text.find(huge), huge.size(), "5");
+    ft::write_file(dir + "/tokenizer.json", text.data(), text.size());
+    const char *cfg = "{\"eos_token_id\": [1e30, 3, -4]}";
+    ft::write_file(dir + "/generation_config.json", cfg, strlen(cfg));
+    forge_model *m = nullptr;
+    ASSERT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_OK) << forge_model_errmsg(m);
+    forge_special_tokens sp;
+    ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
+    bool has3 = false;
+    for (int i = 0; i < sp.n_eos; i++) {
+        EXPECT_TRUE(sp.eos_ids[i] >= 0 && sp.eos_ids[i] < 8) << sp.eos_ids[i];
+        has3 |= sp.eos_ids[i] == 3;
+    }
+    EXPECT_TRUE(has3);
+    forge_model_free(m);
+}

@@ -619,7 +619,12 @@ static int32_t *json_ids(const cJSON *arr, size_t *n) {
     int32_t *ids = malloc(sizeof *ids * (cnt ? cnt : 1));
     const cJSON *it;
     cJSON_ArrayForEach(it, arr) {
-        if (!cJSON_IsNumber(it)) { free(ids); return NULL; }
+        /* an integer that fits int32_t (the library then checks it against the vocabulary) */
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= INT32_MIN && it->valuedouble <= INT32_MAX) ||
+            it->valuedouble != (double)(int32_t)it->valuedouble) {
+            free(ids);
+            return NULL;
+        }
         ids[k++] = (int32_t)it->valuedouble;
     }
     *n = k;
