@@ -430,26 +430,33 @@ def test_the_library_is_found_on_the_system_path(tmp_path):
 
 def test_pip_installs_offline_into_a_venv_and_finds_the_packaged_copy(tmp_path):
     """The README's commands: a venv seeing Debian's setuptools, pip without build isolation
-    and without an index; then a libforge.so copied into the installed package is found."""
+    and without an index; setup.py ships the library named by $FORGE_LIBRARY at build time
+    inside the package, where the installed package finds it with no environment variable."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")
     src = tmp_path / "src"  # a copy, so that pip's build files stay out of the checkout
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         (src / name).write_bytes((ROOT / "bindings" / "python" / name).read_bytes())
     (src / "forge").mkdir()
     for f in (ROOT / "bindings" / "python" / "forge").iterdir():
         if f.is_file() and not f.name.startswith("libforge"):
             (src / "forge" / f.name).write_bytes(f.read_bytes())
     pip = subprocess.run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index", str(src)],
-                         capture_output=True, text=True, timeout=300, env=python_env())
+                         capture_output=True, text=True, timeout=300, env=python_env(FORGE_LIBRARY=str(library_path())))
     assert pip.returncode == 0, pip.stdout + pip.stderr
     where = subprocess.run([python, "-c", "import forge, os; print(os.path.dirname(forge.__file__))"],
                            capture_output=True, text=True, cwd=tmp_path, env=python_env(), check=True).stdout.strip()
     assert where.startswith(str(venv))
-    (Path(where) / "libforge.so").write_bytes(library_path().read_bytes())
+    assert (Path(where) / "libforge.so").read_bytes() == library_path().read_bytes()
     code = f"import forge; m = forge.Model({str(MODEL)!r}, vocab_only=True); print(forge._ffi.lib()._name, m.tokenize('Lily'))"
     run = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=python_env())
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[0] == str(Path(where) / "libforge.so")
+
+
+def test_the_package_version_is_the_library_version():
+    """forge.h's FORGE_VERSION_* is the one version: the library's, the package's, pyproject's."""
+    assert forge.library_version() == forge.__version__
+    assert f'version = "{forge.__version__}"' in (ROOT / "bindings" / "python" / "pyproject.toml").read_text()
