@@ -6,7 +6,11 @@ BUILD ?= build
 GLSLANG ?= glslangValidator
 PREFIX ?= /usr/local
 OPT ?= -O2 -g
-PYTHON ?= python3
+# The first python3 that has pytest: a python3 ahead of Debian's on PATH (pyenv, a venv) may
+# lack the python3-pytest that tools/install-deps.sh installs for /usr/bin/python3.
+ifeq ($(origin PYTHON),undefined)
+PYTHON := $(firstword $(shell for p in python3 /usr/bin/python3; do "$$p" -c 'import pytest' 2>/dev/null && echo "$$p"; done) python3)
+endif
 # Go 1.23 from bookworm-backports (tools/install-deps.sh) where it is, else the `go` on PATH
 GO ?= $(firstword $(wildcard /usr/lib/go-1.23/bin/go) go)
 

@@ -20,13 +20,9 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     python3 python3-pytest python3-setuptools python3-pip python3-venv
 # shellcheck disable=SC2086
 $SUDO apt-get install -y -qq --no-install-recommends $MESA_FROM mesa-vulkan-drivers
-# Go 1.23 (the Go package's range-over-func iterators) is in bookworm-backports; elsewhere
-# (a newer Debian) the distribution's golang-go is recent enough.
-if [ -n "$MESA_FROM" ]; then
-    # shellcheck disable=SC2086
-    $SUDO apt-get install -y -qq --no-install-recommends $MESA_FROM golang-1.23-go
-else
-    $SUDO apt-get install -y -qq --no-install-recommends golang-go
-fi
+# Go 1.23 (the Go package's range-over-func iterators): bookworm-backports' golang-go is 1.23
+# and puts `go` on PATH; elsewhere (a newer Debian) the distribution's golang-go is recent enough.
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $MESA_FROM golang-go
 # Node.js runs HuggingFace tokenizers as the tests' oracle; install it only where it is missing.
 command -v node >/dev/null 2>&1 || $SUDO apt-get install -y -qq --no-install-recommends nodejs npm
