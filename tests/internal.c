@@ -540,6 +540,16 @@ forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t 
     return FORGE_OK;
 }
 
+void ft_reduce_row_host(const float *row, int V, int n, double inv_temp, float *cand_logit, int32_t *cand_id, double *M, double *S) {
+    forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);
+    forge__reduce_row_on_host(row, V, n, inv_temp, c, M, S);
+    for (int i = 0; i < n; i++) {
+        cand_logit[i] = c[i].logit;
+        cand_id[i] = c[i].id;
+    }
+    free(c);
+}
+
 int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
                   float top_p, float min_p, uint64_t state[4]) {
     forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);
@@ -822,6 +832,7 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
+void ft_model_set_sample_on_host(forge_model *m, bool on) { m->sample_on_host = on; }
 
 /* An adapter directory from fuzz bytes: [config length u16][format u8: bit 0 mlx-lm, bit 1 a
  * model whose q/k rows rotate adjacent pairs][config JSON][safetensors], read for a small Llama

@@ -180,6 +180,8 @@ void ft_train_grad_clear(forge_trainer *tr);
 int ft_train_checkpointing(const forge_trainer *tr);
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes);
+/* Where sessions created afterwards reduce the sampler's row: the host (CPU devices' default) or the device. */
+void ft_model_set_sample_on_host(forge_model *m, bool on);
 #ifdef __cplusplus
 }
 #endif
@@ -192,6 +194,9 @@ extern "C" {
  * candidates (value after the penalty, id) best first and the normalizer (M, S) at inv_temp. */
 forge_status ft_topk(ft_ctx *c, const float *logits, uint32_t V, const uint32_t *ids, uint32_t n_ids, float penalty, float inv_temp,
                      float *cand_logit, int32_t *cand_id, uint32_t *n_cand, float *M, float *S);
+/* The same reduction on the host (forge__reduce_row_on_host, what CPU devices use): the best
+ * n of row[V] into cand_*[n], and (M, S). */
+void ft_reduce_row_host(const float *row, int V, int n, double inv_temp, float *cand_logit, int32_t *cand_id, double *M, double *S);
 /* The host draw (forge__sample_candidates): -1 when the candidates do not decide it. */
 int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
                   float top_p, float min_p, uint64_t seed_state[4]);

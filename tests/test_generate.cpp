@@ -65,6 +65,19 @@ TEST(Sampler, DeviceTopKMatchesHostSort) {
         }
         EXPECT_EQ(gM, (float)M);
         EXPECT_NEAR(gS, S, S * 1e-5) << "V " << V;
+        /* the host's reduction (CPU devices) of the penalized row: the same candidates, exactly */
+        for (int take : {(int)n, 1, (int)std::min(V, 7u)}) {
+            std::vector<float> hl(take);
+            std::vector<int32_t> hi(take);
+            double hM, hS;
+            ft_reduce_row_host(pl.data(), (int)V, take, inv_temp, hl.data(), hi.data(), &hM, &hS);
+            for (int i = 0; i < take; i++) {
+                ASSERT_EQ(hi[i], ref[i].second) << "V " << V << " of " << take << " rank " << i;
+                ASSERT_EQ(hl[i], ref[i].first) << "V " << V << " rank " << i;
+            }
+            EXPECT_EQ(hM, M);
+            EXPECT_NEAR(hS, S, S * 1e-12) << "V " << V;
+        }
     }
 }
 
@@ -183,6 +196,40 @@ TEST(Generate, SameSeedSameOutput) {
     EXPECT_EQ(a, b);
     EXPECT_NE(a, c);
     forge_session_free(s);
+}
+
+/* CPU devices reduce the sampler's row on the host (forge__reduce_row_on_host), other devices
+ * with topk.comp + topk_merge.comp: the same model draws the same tokens either way, greedy and
+ * sampled (penalty, temperature, top-k, top-p, min-p; a wide top-k takes the full-row fallback). */
+TEST(Generate, HostAndDeviceSamplerReductionsDrawTheSameTokens) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    int32_t bos = 1;
+    auto run = [&](bool on_host, float temperature, int top_k, float top_p, float min_p) {
+        ft_model_set_sample_on_host(st.m, on_host);
+        forge_session *s = st.session(); /* recorded after the switch */
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 48;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.min_p = min_p;
+        p.repeat_penalty = 1.15f;
+        p.seed = 99;
+        Collect c;
+        p.on_token = Collect::cb;
+        p.user_data = &c;
+        EXPECT_EQ(forge_generate_tokens(s, &bos, 1, &p, nullptr), FORGE_OK);
+        forge_session_free(s);
+        return c.tokens;
+    };
+    struct { float t; int k; float p, mp; } cases[] = {{0.0f, 0, 1.0f, 0.0f}, {1.3f, 40, 0.95f, 0.0f}, {1.0f, 0, 1.0f, 0.05f},
+                                                     {2.0f, 400, 1.0f, 0.0f}};
+    for (auto &c : cases) {
+        std::vector<int32_t> host = run(true, c.t, c.k, c.p, c.mp), dev = run(false, c.t, c.k, c.p, c.mp);
+        EXPECT_EQ(host.size(), 48u);
+        EXPECT_EQ(host, dev) << "temperature " << c.t << " top_k " << c.k << " top_p " << c.p << " min_p " << c.mp;
+    }
 }
 
 TEST(Generate, StopStringAcrossTokensIsNotEmitted) {
