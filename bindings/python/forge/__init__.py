@@ -39,7 +39,7 @@ __all__ = [
     "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError", "ModelError", "DeviceError",
     "OutOfMemoryError", "LimitError", "BufferTooSmallError", "CancelledError", "LibraryNotFoundError",
     "ModelInfo", "MemoryStats", "SpecialTokens", "Metrics", "Classification", "Completion", "Device",
-    "devices", "library_version",
+    "devices", "library_version", "Trainer", "TrainStats",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -372,7 +372,8 @@ class Model:
     (bytes; 0: the device's heap) caps what the model, its sessions and trainers may use
     together: a plan over it raises OutOfMemoryError before anything is allocated.
 
-    Use it as a context manager, or call close(); closing frees the model's sessions first.
+    Use it as a context manager, or call close(); closing frees the model's sessions and
+    trainers first.
     Raises forge.Error (FileError for a missing file, FormatError for a malformed one, ...).
     """
 
@@ -380,7 +381,7 @@ class Model:
                  exact: bool = False, vocab_only: bool = False, max_device_memory: int = 0):
         self._lib = _ffi.lib()
         self._handle: Optional[int] = None
-        self._session_handles: set[_SessionHandle] = set()
+        self._session_handles: set[Union[_SessionHandle, _TrainerHandle]] = set()  # freed before the model
         self.path = os.fspath(path)
         params = self._lib.forge_model_default_params()
         if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
@@ -410,8 +411,8 @@ class Model:
     # -- lifetime --------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the model (device memory included), after closing its open sessions. Safe to
-        call twice."""
+        """Frees the model (device memory included), after closing its open sessions and
+        trainers. Safe to call twice."""
         if self._handle is None:
             return
         for session in list(self._session_handles):
@@ -552,6 +553,22 @@ class Model:
         "shift" (llama.cpp's context shift) or "recompute"; n_keep: tokens a slide never drops.
         """
         return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep)
+
+    # -- training --------------------------------------------------------------------------
+
+    def trainer(self, **options: Any) -> "Trainer":
+        """A new Trainer (LoRA fine-tuning) on this model; the options are Trainer's."""
+        return Trainer(self, **options)
+
+    def training_plan(self, **options: Any) -> MemoryStats:
+        """The device memory a Trainer with these options would need, without allocating it
+        (forge_trainer_plan): adapters, gradients, AdamW moments, activations, scratch."""
+        params, keep = _train_params(self._lib, **options)
+        plan = _ffi.MemoryStats()
+        status = self._lib.forge_trainer_plan(self._h(), ctypes.byref(params), ctypes.byref(plan))
+        if status != _ffi.OK:
+            self._raise(status)
+        return _convert(plan, MemoryStats)
 
 
 def _chat_messages(messages: Sequence[Mapping[str, str]]) -> tuple[ctypes.Array, list[bytes]]:
@@ -1094,3 +1111,243 @@ class TokenStream:
         for _ in self:
             pass
         return self.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+# ---------------------------------------------------------------------------------------------
+
+_SCHEDULES = {"constant": 0, "linear": 1, "cosine": 2}
+_LOSSES = {"cross_entropy": 0, "mse_hidden": 1, "mse_logits": 2}
+_ADAPTER_FORMATS = {"peft": 0, "mlx": 1}
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """forge_train_stats: one training step's numbers."""
+
+    loss: float               # the batch's mean loss before the update
+    tokens: int               # counted targets (cross-entropy) or positions (MSE)
+    grad_norm: float          # global gradient norm before clipping (0 unless applied)
+    lr: float                 # learning rate applied (0 unless applied)
+    applied: bool             # this step ended an accumulation and updated the adapters
+    step: int                 # optimizer steps done so far
+    ms: float                 # wall time of the call
+    peak_device_bytes: int
+
+
+def _choice(name: str, value: str, table: Mapping[str, int]) -> int:
+    if value not in table:
+        raise ValueError(f"{name} must be one of {sorted(table)}, not {value!r}")
+    return table[value]
+
+
+def _train_params(lib: ctypes.CDLL, *, rank: int = 8, alpha: float = 16.0, dropout: float = 0.0,
+                  targets: Union[str, Sequence[str]] = "q_proj,v_proj", n_layers: int = 0, seed: int = 0,
+                  adapter: Optional[PathLike] = None, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                  eps: float = 1e-8, weight_decay: float = 0.01, schedule: str = "constant", warmup_steps: int = 0,
+                  total_steps: int = 0, max_grad_norm: float = 0.0, accum_steps: int = 1, loss: str = "cross_entropy",
+                  max_batch: int = 4, max_seq: int = 512, grad_checkpoint: Optional[bool] = None,
+                  profile: bool = False) -> tuple[_ffi.TrainParams, list[bytes]]:
+    params = lib.forge_train_default_params()
+    keep: list[bytes] = []  # the strings the struct points to, alive as long as it is used
+    if not isinstance(targets, str):
+        targets = ",".join(targets)
+    keep.append(targets.encode())
+    params.targets = keep[-1]
+    if adapter is not None:
+        keep.append(os.fsencode(adapter))
+        params.adapter_path = keep[-1]
+    params.rank, params.alpha, params.dropout, params.n_layers, params.seed = rank, alpha, dropout, n_layers, seed
+    params.lr, (params.beta1, params.beta2), params.eps, params.weight_decay = lr, betas, eps, weight_decay
+    params.schedule = _choice("schedule", schedule, _SCHEDULES)
+    params.warmup_steps, params.total_steps, params.max_grad_norm = warmup_steps, total_steps, max_grad_norm
+    params.accum_steps, params.loss = accum_steps, _choice("loss", loss, _LOSSES)
+    params.max_batch, params.max_seq = max_batch, max_seq
+    params.grad_checkpoint = -1 if grad_checkpoint is None else int(bool(grad_checkpoint))
+    params.profile = int(bool(profile))
+    return params, keep
+
+
+class _TrainerHandle:
+    """A C trainer, freed by its Trainer or, first, by its Model's close (as _SessionHandle)."""
+
+    __slots__ = ("lib", "ptr", "__weakref__")
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self.ptr: Optional[int] = None
+
+    def free(self) -> None:
+        if self.ptr is not None:
+            self.lib.forge_trainer_free(self.ptr)
+            self.ptr = None
+
+
+class Trainer:
+    """LoRA fine-tuning of a Model (forge_trainer): low-rank adapters on chosen projections,
+    trained on the device with AdamW while the base weights stay frozen. Made by
+    Model.trainer(**options) or Trainer(model, **options).
+
+    Options (forge_train_params): rank (8), alpha (16.0; scale = alpha / rank), dropout (0.0),
+    targets ("q_proj,v_proj", a list of HF projection names, or "all"), n_layers (0: every
+    layer; else the last n), seed, adapter (start from a PEFT or mlx-lm adapter directory),
+    lr (1e-3), betas ((0.9, 0.999)), eps, weight_decay (0.01), schedule ("constant", "linear",
+    "cosine"), warmup_steps, total_steps (required by linear and cosine), max_grad_norm (0: no
+    clipping), accum_steps (1), loss ("cross_entropy", "mse_hidden", "mse_logits"), max_batch
+    (4) and max_seq (512) (the largest batch; the device plan), grad_checkpoint (None: forge
+    decides), profile.
+
+    A batch is a list of sequences, each a str (tokenized with the model's special tokens) or a
+    list of token ids; rows may differ in length. labels (same shape, -100 = not counted; None:
+    the tokens themselves, shifted inside as HF does) and mask (0/1 per position) are optional;
+    targets (MSE losses) is a float32 buffer or list of n_seqs x longest x (hidden or n_vocab).
+    Use it as a context manager, or call close(); a trainer belongs to one thread at a time.
+    """
+
+    def __init__(self, model: Model, **options: Any):
+        self.model = model  # keeps the model alive as long as its trainer
+        self._lib = model._lib
+        self._box = _TrainerHandle(self._lib)
+        params, keep = _train_params(self._lib, **options)
+        self._loss = params.loss
+        handle = ctypes.c_void_p()
+        status = self._lib.forge_trainer_create(model._h(), ctypes.byref(params), ctypes.byref(handle))
+        del keep
+        if status != _ffi.OK:  # the message is on the model
+            model._raise(status)
+        self._box.ptr = handle.value
+        model._session_handles.add(self._box)
+
+    def close(self) -> None:
+        """Frees the trainer (its adapters, gradients and optimizer state). Safe to call twice."""
+        self._box.free()
+        self.model._session_handles.discard(self._box)
+
+    @property
+    def closed(self) -> bool:
+        return self._box.ptr is None
+
+    def __enter__(self) -> "Trainer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_box", None) is not None and hasattr(self, "model"):
+            self.close()
+
+    def _h(self) -> int:
+        if self._box.ptr is None:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT, "the trainer is closed")
+        return self._box.ptr
+
+    def _raise(self, status: int) -> None:
+        raise _error(status, _ffi.text(self._lib.forge_trainer_errmsg(self._h())))
+
+    def _batch(self, sequences: Sequence[Union[str, Sequence[int]]], labels: Optional[Sequence[Sequence[int]]],
+               mask: Optional[Sequence[Sequence[int]]], targets: Any) -> tuple[_ffi.TrainBatch, list]:
+        if isinstance(sequences, (str, bytes)) or not len(sequences):
+            raise ValueError("a batch is a non-empty list of sequences (str or lists of token ids)")
+        rows = [self.model.tokenize(q, add_special=True) if isinstance(q, str) else [int(t) for t in q]
+                for q in sequences]
+        n, width = len(rows), max(len(r) for r in rows)
+        if width == 0:
+            raise ValueError("every sequence of the batch is empty")
+
+        def grid(values: Optional[Sequence[Sequence[int]]], what: str, pad: int, ctype: Any) -> Any:
+            if values is None:
+                return None
+            if len(values) != n:
+                raise ValueError(f"{what} has {len(values)} rows for {n} sequences")
+            out = (ctype * (n * width))(*([pad] * (n * width)))
+            for i, (row, vals) in enumerate(zip(rows, values)):
+                vals = list(vals)
+                if len(vals) != len(row):
+                    raise ValueError(f"{what} row {i} has {len(vals)} entries for {len(row)} tokens")
+                out[i * width:i * width + len(vals)] = vals
+            return out
+
+        tokens = grid(rows, "tokens", 0, ctypes.c_int32)
+        lengths = (ctypes.c_int32 * n)(*[len(r) for r in rows])
+        lab = grid(labels, "labels", -100, ctypes.c_int32)
+        msk = grid(mask, "mask", 0, ctypes.c_uint8)
+        tgt = None
+        if self._loss != _LOSSES["cross_entropy"]:
+            if targets is None:
+                raise ValueError("the MSE losses need targets")
+            info = self.model.info
+            dim = info.hidden if self._loss == _LOSSES["mse_hidden"] else info.n_vocab
+            want = n * width * dim
+            if isinstance(targets, (list, tuple)):
+                tgt = (ctypes.c_float * want)(*targets) if len(targets) == want else None
+                got = len(targets)
+            else:
+                view = memoryview(targets).cast("B")
+                got = view.nbytes // 4
+                tgt = (ctypes.c_float * want).from_buffer_copy(view) if view.nbytes == 4 * want else None
+            if tgt is None:
+                raise ValueError(f"targets has {got} floats, the batch needs {n} x {width} x {dim} = {want}")
+        elif targets is not None:
+            raise ValueError("targets go with the MSE losses (loss='mse_hidden' or 'mse_logits')")
+        batch = _ffi.TrainBatch(n, width, tokens, lengths, lab, msk, tgt)
+        return batch, [tokens, lengths, lab, msk, tgt]
+
+    def step(self, sequences: Sequence[Union[str, Sequence[int]]], labels: Optional[Sequence[Sequence[int]]] = None,
+             mask: Optional[Sequence[Sequence[int]]] = None, targets: Any = None) -> TrainStats:
+        """One forward and backward pass on the batch; every accum_steps-th call updates the
+        adapters (stats.applied). Raises LimitError past max_batch / max_seq,
+        InvalidArgumentError on an id outside the vocabulary or a batch with nothing counted."""
+        batch, keep = self._batch(sequences, labels, mask, targets)
+        stats = _ffi.TrainStats()
+        status = self._lib.forge_train_step(self._h(), ctypes.byref(batch), ctypes.byref(stats))
+        del keep
+        if status != _ffi.OK:
+            self._raise(status)
+        return _convert(stats, TrainStats)
+
+    def eval(self, sequences: Sequence[Union[str, Sequence[int]]], labels: Optional[Sequence[Sequence[int]]] = None,
+             mask: Optional[Sequence[Sequence[int]]] = None, targets: Any = None) -> tuple[float, int]:
+        """The batch's mean loss and counted targets, without updating anything (no dropout)."""
+        batch, keep = self._batch(sequences, labels, mask, targets)
+        loss, tokens = ctypes.c_double(0), ctypes.c_int64(0)
+        status = self._lib.forge_train_eval(self._h(), ctypes.byref(batch), ctypes.byref(loss), ctypes.byref(tokens))
+        del keep
+        if status != _ffi.OK:
+            self._raise(status)
+        return loss.value, tokens.value
+
+    def save(self, directory: PathLike, format: str = "peft") -> None:
+        """Writes the adapters to `directory` (created if missing), each file atomically:
+        "peft" (adapter_config.json + adapter_model.safetensors, loads in transformers + peft)
+        or "mlx" (adapters.safetensors, loads in mlx-lm). Model(path, adapter=directory) and
+        Trainer(adapter=directory) read both."""
+        status = self._lib.forge_trainer_save(self._h(), os.fsencode(directory),
+                                              _choice("format", format, _ADAPTER_FORMATS))
+        if status != _ffi.OK:
+            self._raise(status)
+
+    @property
+    def memory(self) -> MemoryStats:
+        stats = _ffi.MemoryStats()
+        status = self._lib.forge_trainer_memory(self._h(), ctypes.byref(stats))
+        if status != _ffi.OK:
+            self._raise(status)
+        return _convert(stats, MemoryStats)
+
+    @property
+    def profile(self) -> dict:
+        """With profile=True: device time per kernel, {"kernel": {"calls": N, "ms": T}, ...}."""
+        import json
+        capacity = 1 << 14
+        while True:
+            buf = ctypes.create_string_buffer(capacity)
+            n = ctypes.c_size_t(0)
+            status = self._lib.forge_trainer_profile(self._h(), buf, capacity, ctypes.byref(n))
+            if status == _ffi.ERR_BUFFER_TOO_SMALL and capacity < (1 << 26):
+                capacity *= 4
+                continue
+            if status != _ffi.OK:
+                self._raise(status)
+            return json.loads(buf.value.decode())

@@ -22,9 +22,11 @@ from ctypes import (
     c_float,
     c_int,
     c_int32,
+    c_int64,
     c_size_t,
     c_uint32,
     c_uint64,
+    c_uint8,
     c_void_p,
 )
 from pathlib import Path
@@ -257,6 +259,59 @@ class ClassifyResult(Structure):
     ]
 
 
+class TrainParams(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("rank", c_int),
+        ("alpha", c_float),
+        ("dropout", c_float),
+        ("targets", c_char_p),
+        ("n_layers", c_int),
+        ("seed", c_uint64),
+        ("adapter_path", c_char_p),
+        ("lr", c_double),
+        ("beta1", c_double),
+        ("beta2", c_double),
+        ("eps", c_double),
+        ("weight_decay", c_double),
+        ("schedule", c_int),
+        ("warmup_steps", c_int),
+        ("total_steps", c_int),
+        ("max_grad_norm", c_double),
+        ("accum_steps", c_int),
+        ("loss", c_int),
+        ("max_batch", c_int),
+        ("max_seq", c_int),
+        ("grad_checkpoint", c_int),
+        ("profile", c_int),
+    ]
+
+
+class TrainBatch(Structure):
+    _fields_ = [
+        ("n_seqs", c_int),
+        ("seq_len", c_int),
+        ("tokens", POINTER(c_int32)),
+        ("lengths", POINTER(c_int32)),
+        ("labels", POINTER(c_int32)),
+        ("mask", POINTER(c_uint8)),
+        ("targets", POINTER(c_float)),
+    ]
+
+
+class TrainStats(Structure):
+    _fields_ = [
+        ("loss", c_double),
+        ("tokens", c_int64),
+        ("grad_norm", c_double),
+        ("lr", c_double),
+        ("applied", c_int),
+        ("step", c_int),
+        ("ms", c_double),
+        ("peak_device_bytes", c_uint64),
+    ]
+
+
 _P = POINTER
 _PROTOTYPES = {
     "forge_status_name": (c_char_p, [forge_status]),
@@ -292,6 +347,16 @@ _PROTOTYPES = {
     "forge_chat": (forge_status, [c_void_p, _P(ChatMessage), c_int, c_uint32, _P(GenerateParams), _P(Metrics)]),
     "forge_classify_default_params": (ClassifyParams, []),
     "forge_classify": (forge_status, [c_void_p, _P(ClassifyPrompt), c_int, _P(ClassifyParams), _P(ClassifyResult)]),
+    "forge_train_default_params": (TrainParams, []),
+    "forge_trainer_plan": (forge_status, [c_void_p, _P(TrainParams), _P(MemoryStats)]),
+    "forge_trainer_create": (forge_status, [c_void_p, _P(TrainParams), _P(c_void_p)]),
+    "forge_trainer_free": (None, [c_void_p]),
+    "forge_trainer_errmsg": (c_char_p, [c_void_p]),
+    "forge_train_step": (forge_status, [c_void_p, _P(TrainBatch), _P(TrainStats)]),
+    "forge_train_eval": (forge_status, [c_void_p, _P(TrainBatch), _P(c_double), _P(c_int64)]),
+    "forge_trainer_save": (forge_status, [c_void_p, c_char_p, c_int]),
+    "forge_trainer_memory": (forge_status, [c_void_p, _P(MemoryStats)]),
+    "forge_trainer_profile": (forge_status, [c_void_p, _P(c_char), c_size_t, _P(c_size_t)]),
 }
 
 # (default-params function, struct): checked at load, sizeof against the struct_size it sets.
@@ -300,6 +365,7 @@ _SIZED = [
     ("forge_session_default_params", SessionParams),
     ("forge_generate_default_params", GenerateParams),
     ("forge_classify_default_params", ClassifyParams),
+    ("forge_train_default_params", TrainParams),
 ]
 
 

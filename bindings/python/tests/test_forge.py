@@ -13,12 +13,14 @@ import ctypes
 import gc
 import inspect
 import json
+import math
 import os
 import random
 import struct
 import subprocess
 import sys
 import tarfile
+from array import array
 from pathlib import Path
 
 import pytest
@@ -460,3 +462,103 @@ def test_the_package_version_is_the_library_version():
     """forge.h's FORGE_VERSION_* is the one version: the library's, the package's, pyproject's."""
     assert forge.library_version() == forge.__version__
     assert f'version = "{forge.__version__}"' in (ROOT / "bindings" / "python" / "pyproject.toml").read_text()
+
+
+# --- training -------------------------------------------------------------------------------
+
+ZORA = ROOT / "tests" / "fixtures" / "train" / "zora_train.jsonl"
+
+
+def zora_texts(n):
+    return [json.loads(line)["text"] for line in ZORA.read_text().splitlines()[:n]]
+
+
+def test_training_lowers_the_loss_and_saves_an_adapter_that_loads(tmp_path):
+    texts = zora_texts(8)
+    with forge.Model(MODEL) as m:
+        options = dict(rank=8, alpha=16.0, targets="all", lr=1e-2, max_batch=4, max_seq=128, seed=1)
+        plan = m.training_plan(**options)
+        with m.trainer(**options) as tr:
+            assert plan.device_planned_bytes > 0
+            assert tr.memory.device_planned_bytes == plan.device_planned_bytes
+            before, counted = tr.eval(texts[:4])
+            assert counted == sum(len(m.tokenize(t, add_special=True)) - 1 for t in texts[:4])
+            first = tr.step(texts[:4])
+            # the step reports the loss before its update: with fresh adapters (B = 0), the base's
+            assert first.applied and first.step == 1 and first.tokens == counted
+            assert first.loss == pytest.approx(before, rel=1e-6)
+            for i in range(1, 10):
+                stats = tr.step(texts[4 * (i % 2):4 * (i % 2) + 4])
+                assert math.isfinite(stats.loss) and stats.step == i + 1
+            after, _ = tr.eval(texts[:4])
+            assert after < 0.8 * before
+            tr.save(tmp_path / "peft")
+            tr.save(tmp_path / "mlx", format="mlx")
+        assert (tmp_path / "peft" / "adapter_model.safetensors").is_file()
+        assert (tmp_path / "mlx" / "adapters.safetensors").is_file()
+        # a trainer started from either file evaluates as the one that saved it
+        for saved in ("peft", "mlx"):
+            with m.trainer(adapter=tmp_path / saved, max_batch=4, max_seq=128) as again:
+                assert again.eval(texts[:4])[0] == pytest.approx(after, rel=1e-5)
+        base, _ = greedy(m, "Once upon a time, there was a little girl named", 6)
+    with forge.Model(MODEL, adapter=tmp_path / "peft") as tuned:
+        text, _ = greedy(tuned, "Once upon a time, there was a little girl named", 6)
+    assert text != base
+
+
+def test_labels_and_mask_choose_what_counts(model):
+    ids = model.tokenize(ONCE, add_special=True)
+    n = len(ids)
+    with model.trainer(max_batch=2, max_seq=64) as tr:
+        full, counted = tr.eval([ids])
+        assert counted == n - 1
+        # labels -100 on the first half and a mask zero there count the same targets
+        labels = [-100] * (n // 2) + ids[n // 2:]
+        mask = [0] * (n // 2) + [1] * (n - n // 2)
+        by_labels = tr.eval([ids], labels=[labels])
+        by_mask = tr.eval([ids], mask=[mask])
+        assert by_labels[1] == by_mask[1] == n - n // 2
+        assert by_labels[0] == pytest.approx(by_mask[0], rel=1e-6)
+        # rows of different lengths are padded: each row's loss is its own
+        short = model.tokenize("Once upon a time", add_special=True)
+        both, c2 = tr.eval([ids, short])
+        alone, c3 = tr.eval([short])
+        assert c2 == counted + c3
+        assert both == pytest.approx((full * counted + alone * c3) / c2, rel=1e-5)
+
+
+def test_training_errors_are_named(model):
+    with pytest.raises(ValueError, match="schedule"):
+        model.trainer(schedule="sometimes")
+    with pytest.raises(forge.InvalidArgumentError, match="total_steps"):
+        model.trainer(schedule="cosine")
+    with pytest.raises(forge.InvalidArgumentError):
+        model.trainer(targets="wq_proj")
+    with pytest.raises(forge.FileError):
+        model.trainer(adapter="/nonexistent/adapter")
+    with model.trainer(max_batch=2, max_seq=16) as tr:
+        with pytest.raises(forge.LimitError):
+            tr.step([[1, 2, 3]] * 3)
+        with pytest.raises(forge.LimitError):
+            tr.step([list(range(1, 40))])
+        with pytest.raises(forge.InvalidArgumentError, match="100000"):
+            tr.step([[1, 2, 100000]])
+        with pytest.raises(ValueError, match="labels row 0"):
+            tr.eval([[1, 2, 3]], labels=[[1, 2]])
+        with pytest.raises(ValueError, match="targets go with"):
+            tr.eval([[1, 2, 3]], targets=[0.0])
+        assert math.isfinite(tr.step([[1, 2, 3, 4]]).loss)  # still usable
+    with forge.Model(MODEL) as m:
+        tr = m.trainer(max_batch=1, max_seq=8)
+    assert tr.closed  # the model's close freed its trainer first
+    with pytest.raises(forge.InvalidArgumentError, match="closed"):
+        tr.eval([[1, 2]])
+
+
+def test_squared_error_targets_are_checked_against_the_batch(model):
+    info = model.info
+    with model.trainer(loss="mse_hidden", max_batch=1, max_seq=8) as tr:
+        with pytest.raises(ValueError, match=f"1 x 3 x {info.hidden}"):
+            tr.eval([[1, 2, 3]], targets=[0.0] * 5)
+        loss, positions = tr.eval([[1, 2, 3]], targets=array("f", [0.0] * (3 * info.hidden)))
+        assert positions == 3 and loss > 0
