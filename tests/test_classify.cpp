@@ -283,7 +283,8 @@ TEST(Classify, Cli) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
     std::string d = ft::tmpdir("classify_cli"), model = ft::src("models/stories260K/stories260K.gguf");
     ft::write_file(d + "/in.json", "[\"Once upon a time\", [1, 403, 407], \"Lily\"]", 43);
-    std::string cmd = "./forge classify " + model + " --stdin-json --logits < " + d + "/in.json > " + d + "/out.json";
+    /* --exact: the API side loads exact (ft::load), and on a GPU the default prefill rounds to f16 */
+    std::string cmd = "./forge classify " + model + " --exact --stdin-json --logits < " + d + "/in.json > " + d + "/out.json";
     ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
     std::vector<uint8_t> out = ft::read_file(d + "/out.json");
     cJSON *arr = cJSON_ParseWithLength((const char *)out.data(), out.size());
