@@ -36,4 +36,9 @@ func _() {
 	_ = x[OverflowFail-C.FORGE_OVERFLOW_FAIL]
 	_ = x[OverflowShift-C.FORGE_OVERFLOW_SHIFT]
 	_ = x[OverflowRecompute-C.FORGE_OVERFLOW_RECOMPUTE]
+	_ = x[ScheduleConstant-C.FORGE_LR_CONSTANT]
+	_ = x[ScheduleLinear-C.FORGE_LR_LINEAR]
+	_ = x[ScheduleCosine-C.FORGE_LR_COSINE]
+	_ = x[AdapterPEFT-C.FORGE_ADAPTER_PEFT]
+	_ = x[AdapterMLX-C.FORGE_ADAPTER_MLX]
 }

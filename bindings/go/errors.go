@@ -56,12 +56,12 @@ func (e *Error) Is(target error) bool {
 	return ok && s == e.Status
 }
 
-// ErrClosed is returned by calls on a Model or Session that has been closed.
-var ErrClosed = errors.New("forge: use of a closed model or session")
+// ErrClosed is returned by calls on a Model, Session or Trainer that has been closed.
+var ErrClosed = errors.New("forge: use of a closed model, session or trainer")
 
-// ErrBusy is returned when a Session is used while another call is running on it (a Session
-// belongs to one goroutine at a time; a Model hands each concurrent call its own session).
-var ErrBusy = errors.New("forge: session in use by another call")
+// ErrBusy is returned when a Session or Trainer is used while another call is running on it
+// (each belongs to one goroutine at a time; a Model hands each concurrent call its own session).
+var ErrBusy = errors.New("forge: session or trainer in use by another call")
 
 func newError(status C.forge_status, msg *C.char) error {
 	if status == C.FORGE_OK {

@@ -12,6 +12,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -742,4 +743,152 @@ func TestCloseWhileOtherGoroutinesGenerate(t *testing.T) {
 	if !errors.Is(m.Err(), forge.ErrClosed) {
 		t.Errorf("Err after Close = %v", m.Err())
 	}
+}
+
+// zoraBatch returns texts [from, from+n) of the training fixture, tokenized with BOS.
+func zoraBatch(t *testing.T, m *forge.Model, from, n int) forge.TrainBatch {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, "tests", "fixtures", "train", "zora_train.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var b forge.TrainBatch
+	for _, line := range lines[from : from+n] {
+		var rec struct{ Text string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		ids, err := m.Tokenize(rec.Text, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Tokens = append(b.Tokens, ids)
+	}
+	return b
+}
+
+func TestTrainingLowersTheLossAndSavesAnAdapterThatLoads(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	tr, err := m.NewTrainer(forge.WithRank(8, 16), forge.WithTargets("all"), forge.WithLearningRate(1e-2),
+		forge.WithTrainBatch(4, 128), forge.WithTrainSeed(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := zoraBatch(t, m, 0, 4), zoraBatch(t, m, 4, 4)
+	before, counted, err := tr.Eval(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want int64
+	for _, r := range first.Tokens {
+		want += int64(len(r) - 1)
+	}
+	if counted != want {
+		t.Errorf("Eval counted %d targets, want %d", counted, want)
+	}
+	st, err := tr.Step(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the step reports the loss before its update: with fresh adapters (B = 0), the base's
+	if !st.Applied || st.Step != 1 || st.Tokens != counted || math.Abs(st.Loss-before) > 1e-6*before {
+		t.Errorf("first step %+v, eval loss %v", st, before)
+	}
+	for i := 1; i < 10; i++ {
+		b := first
+		if i%2 == 1 {
+			b = second
+		}
+		if st, err = tr.Step(b); err != nil || st.Step != i+1 || math.IsNaN(st.Loss) {
+			t.Fatalf("step %d: %+v %v", i, st, err)
+		}
+	}
+	after, _, err := tr.Eval(first)
+	if err != nil || after > 0.8*before {
+		t.Errorf("loss %v -> %v (%v)", before, after, err)
+	}
+	dir := t.TempDir()
+	if err := tr.Save(dir, forge.AdapterPEFT); err != nil {
+		t.Fatal(err)
+	}
+	mlx := t.TempDir()
+	if err := tr.Save(mlx, forge.AdapterMLX); err != nil {
+		t.Fatal(err)
+	}
+	tr.Close()
+	for _, saved := range []string{dir, mlx} {
+		again, err := m.NewTrainer(forge.WithStartAdapter(saved), forge.WithTrainBatch(4, 128))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loss, _, err := again.Eval(first); err != nil || math.Abs(loss-after) > 1e-5*after {
+			t.Errorf("trainer from %s: loss %v, the saver's %v (%v)", saved, loss, after, err)
+		}
+		again.Close()
+	}
+	prompt := "Once upon a time, there was a little girl named"
+	base, _ := greedy(t, m, prompt, 6)
+	tuned, err := forge.LoadModel(modelPath, forge.WithAdapterPath(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tuned.Close()
+	if text, _ := greedy(t, tuned, prompt, 6); text == base {
+		t.Errorf("the adapter did not change the greedy text %q", text)
+	}
+}
+
+func TestTrainingErrors(t *testing.T) {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.NewTrainer(forge.WithSchedule(forge.ScheduleCosine, 0, 0)); !errors.Is(err, forge.StatusInvalidArgument) ||
+		!strings.Contains(err.Error(), "total_steps") {
+		t.Errorf("cosine without total steps: %v", err)
+	}
+	if _, err := m.NewTrainer(forge.WithStartAdapter(filepath.Join(t.TempDir(), "none"))); !errors.Is(err, forge.StatusIO) {
+		t.Errorf("missing adapter: %v", err)
+	}
+	tr, err := m.NewTrainer(forge.WithTrainBatch(2, 16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := []int32{1, 2, 3}
+	if _, err := tr.Step(forge.TrainBatch{Tokens: [][]int32{row, row, row}}); !errors.Is(err, forge.StatusLimit) {
+		t.Errorf("3 sequences on a 2-sequence plan: %v", err)
+	}
+	if _, err := tr.Step(forge.TrainBatch{Tokens: [][]int32{{1, 2, 100000}}}); !errors.Is(err, forge.StatusInvalidArgument) ||
+		!strings.Contains(err.Error(), "100000") {
+		t.Errorf("an id outside the vocabulary: %v", err)
+	}
+	if _, _, err := tr.Eval(forge.TrainBatch{Tokens: [][]int32{row}, Labels: [][]int32{{1, 2}}}); !errors.Is(err, forge.StatusInvalidArgument) {
+		t.Errorf("a short labels row: %v", err)
+	}
+	// labels -100 on the first tokens and a mask zero there count the same targets
+	ids, _ := m.Tokenize(once+" there was a girl", true)
+	n := len(ids)
+	labels, mask := slices.Clone(ids), make([]uint8, n)
+	for i := range labels {
+		if i < n/2 {
+			labels[i] = -100
+		} else {
+			mask[i] = 1
+		}
+	}
+	l1, c1, err1 := tr.Eval(forge.TrainBatch{Tokens: [][]int32{ids}, Labels: [][]int32{labels}})
+	l2, c2, err2 := tr.Eval(forge.TrainBatch{Tokens: [][]int32{ids}, Mask: [][]uint8{mask}})
+	if err1 != nil || err2 != nil || c1 != int64(n-n/2) || c1 != c2 || math.Abs(l1-l2) > 1e-6*l1 {
+		t.Errorf("labels %v %d %v, mask %v %d %v", l1, c1, err1, l2, c2, err2)
+	}
+	m.Close() // frees the trainer first
+	if _, err := tr.Step(forge.TrainBatch{Tokens: [][]int32{row}}); !errors.Is(err, forge.ErrClosed) {
+		t.Errorf("a step after the model's Close: %v", err)
+	}
+	tr.Close()
 }

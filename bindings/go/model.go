@@ -137,6 +137,7 @@ type Model struct {
 	closed    bool
 	inflight  int                   // model-level calls running
 	sessions  map[*Session]struct{} // live sessions (pooled and NewSession's)
+	trainers  map[*Trainer]struct{} // live trainers
 	idle      []*Session            // pooled sessions for Generate, Chat, Classify
 	idleBatch []*Session            // pooled sessions for BatchGenerate
 	lastErr   error
@@ -181,7 +182,7 @@ func LoadModel(path string, opts ...LoadOption) (*Model, error) {
 		C.forge_model_free(cm)
 		return nil, err
 	}
-	m := &Model{path: path, cfg: cfg, c: cm, sessions: map[*Session]struct{}{}}
+	m := &Model{path: path, cfg: cfg, c: cm, sessions: map[*Session]struct{}{}, trainers: map[*Trainer]struct{}{}}
 	var info C.forge_model_info
 	if st := C.forge_model_get_info(cm, &info); st == C.FORGE_OK {
 		m.info = modelInfo(&info)
@@ -198,7 +199,7 @@ func (m *Model) Info() ModelInfo { return m.info }
 // ModelType returns the architecture identifier ("llama", "qwen3", "gemma3").
 func (m *Model) ModelType() string { return m.info.Architecture }
 
-// Close frees the model and its sessions. Calls still running are cancelled (their Err is
+// Close frees the model, its sessions and its trainers. Calls still running are cancelled (their Err is
 // ErrClosed) and the memory is released when the last one returns. Closing twice is safe.
 func (m *Model) Close() error {
 	m.mu.Lock()
@@ -211,13 +212,16 @@ func (m *Model) Close() error {
 	for s := range m.sessions {
 		s.closeLocked()
 	}
+	for t := range m.trainers {
+		t.closeLocked()
+	}
 	m.maybeFreeLocked()
 	return nil
 }
 
 // maybeFreeLocked frees the C model once it is closed and nothing uses it.
 func (m *Model) maybeFreeLocked() {
-	if m.closed && m.c != nil && m.inflight == 0 && len(m.sessions) == 0 {
+	if m.closed && m.c != nil && m.inflight == 0 && len(m.sessions) == 0 && len(m.trainers) == 0 {
 		C.forge_model_free(m.c)
 		m.c = nil
 	}
