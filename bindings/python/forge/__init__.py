@@ -24,7 +24,7 @@ import threading
 import weakref
 from array import array
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _ffi
 from ._ffi import LibraryNotFoundError
@@ -381,7 +381,7 @@ class Model:
                  exact: bool = False, vocab_only: bool = False, max_device_memory: int = 0):
         self._lib = _ffi.lib()
         self._handle: Optional[int] = None
-        self._session_handles: set[Union[_SessionHandle, _TrainerHandle]] = set()  # freed before the model
+        self._children: set[Union[_SessionHandle, _TrainerHandle]] = set()  # freed before the model
         self.path = os.fspath(path)
         params = self._lib.forge_model_default_params()
         if isinstance(device, bool) or not isinstance(device, (int, str, type(None))):
@@ -415,9 +415,9 @@ class Model:
         trainers. Safe to call twice."""
         if self._handle is None:
             return
-        for session in list(self._session_handles):
-            session.free()
-        self._session_handles.clear()
+        for child in list(self._children):
+            child.free()
+        self._children.clear()
         self._lib.forge_model_free(self._handle)
         self._handle = None
 
@@ -620,7 +620,49 @@ class _SessionHandle:
             self.ptr = None
 
 
-class Session:
+_Child = TypeVar("_Child", bound="_ModelChild")
+
+
+class _ModelChild:
+    """What Session and Trainer share: a C object held in self._box (a handle with `ptr` and
+    `free()`) that self.model frees first when it closes, so it never outlives the model; freed
+    by close(), by leaving a `with` block, or by the garbage collector."""
+
+    _what = "object"  # the name in the message of a call on a closed one
+    model: "Model"
+    _box: Any
+
+    def _adopt(self, handle: Optional[int]) -> None:
+        self._box.ptr = handle
+        self.model._children.add(self._box)
+
+    def close(self) -> None:
+        """Frees the object (a session first stops the stream still running on it). Safe to
+        call twice."""
+        self._box.free()
+        self.model._children.discard(self._box)
+
+    @property
+    def closed(self) -> bool:
+        return self._box.ptr is None
+
+    def __enter__(self: _Child) -> _Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_box", None) is not None and hasattr(self, "model"):
+            self.close()
+
+    def _h(self) -> int:
+        if self._box.ptr is None:
+            raise InvalidArgumentError(Status.INVALID_ARGUMENT, f"the {self._what} is closed")
+        return self._box.ptr
+
+
+class Session(_ModelChild):
     """A session (forge_session) on a Model: its KV cache, scratch buffers and sampler. Made by
     Model.session(). It belongs to one thread at a time; make one per concurrent stream.
 
@@ -629,6 +671,8 @@ class Session:
     a session at a time: any other use of the session (a call, n_past, metrics) first closes
     the stream still open, as breaking out of it would. Use it as a context manager, or call
     close()."""
+
+    _what = "session"
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
                  n_keep: int = 0):
@@ -644,34 +688,7 @@ class Session:
         status = self._lib.forge_session_create(model._h(), ctypes.byref(params), ctypes.byref(handle))
         if status != _ffi.OK:  # the message is on the model
             model._raise(status)
-        self._box.ptr = handle.value
-        model._session_handles.add(self._box)
-
-    # -- lifetime --------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Stops a stream still running on the session and frees the session. Safe to call twice."""
-        self._box.free()
-        self.model._session_handles.discard(self._box)
-
-    @property
-    def closed(self) -> bool:
-        return self._box.ptr is None
-
-    def __enter__(self) -> "Session":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_box", None) is not None and hasattr(self, "model"):
-            self.close()
-
-    def _h(self) -> int:
-        if self._box.ptr is None:
-            raise InvalidArgumentError(Status.INVALID_ARGUMENT, "the session is closed")
-        return self._box.ptr
+        self._adopt(handle.value)
 
     def _settle(self) -> None:
         """Closes the stream still open on this session, so the next call has it to itself."""
@@ -1184,7 +1201,7 @@ class _TrainerHandle:
             self.ptr = None
 
 
-class Trainer:
+class Trainer(_ModelChild):
     """LoRA fine-tuning of a Model (forge_trainer): low-rank adapters on chosen projections,
     trained on the device with AdamW while the base weights stay frozen. Made by
     Model.trainer(**options) or Trainer(model, **options).
@@ -1205,6 +1222,8 @@ class Trainer:
     Use it as a context manager, or call close(); a trainer belongs to one thread at a time.
     """
 
+    _what = "trainer"
+
     def __init__(self, model: Model, **options: Any):
         self.model = model  # keeps the model alive as long as its trainer
         self._lib = model._lib
@@ -1216,32 +1235,7 @@ class Trainer:
         del keep
         if status != _ffi.OK:  # the message is on the model
             model._raise(status)
-        self._box.ptr = handle.value
-        model._session_handles.add(self._box)
-
-    def close(self) -> None:
-        """Frees the trainer (its adapters, gradients and optimizer state). Safe to call twice."""
-        self._box.free()
-        self.model._session_handles.discard(self._box)
-
-    @property
-    def closed(self) -> bool:
-        return self._box.ptr is None
-
-    def __enter__(self) -> "Trainer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if getattr(self, "_box", None) is not None and hasattr(self, "model"):
-            self.close()
-
-    def _h(self) -> int:
-        if self._box.ptr is None:
-            raise InvalidArgumentError(Status.INVALID_ARGUMENT, "the trainer is closed")
-        return self._box.ptr
+        self._adopt(handle.value)
 
     def _raise(self, status: int) -> None:
         raise _error(status, _ffi.text(self._lib.forge_trainer_errmsg(self._h())))
