@@ -5933,6 +5933,8 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
     }
     uint64_t total = 0, done = 0;
     for (int i = 0; i < L->n_ups; i++) total += L->ups[i].bytes;
+    /* 0 first, whatever the device: a model that uploads in one copy still shows it started */
+    if (params->progress) params->progress(params->progress_user_data, 0.0f);
     if (direct) {
         for (int i = 0; i < L->n_ups; i++) {
             const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];

@@ -107,7 +107,8 @@ typedef enum forge_log_level {
 /* Log callback: msg is one line without a trailing newline, valid only during the call. */
 typedef void (*forge_log_fn)(void *user_data, forge_log_level level, const char *msg);
 
-/* Load progress callback: fraction in [0, 1] of the weight bytes uploaded so far. */
+/* Load progress callback: fraction in [0, 1] of the weight bytes uploaded so far; called with 0
+ * when the upload starts, then after each piece, ending with 1. */
 typedef void (*forge_progress_fn)(void *user_data, float fraction);
 
 /* ---------------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ protected:
         bytes[mlx] = file_size(mlx + "/model.safetensors");
 
         mkdirs(root + "/gguf");
-        copy(ft::shared("models/stories260K/stories260K.gguf"), root + "/gguf/stories260K.gguf");
+        copy(ft::src("models/stories260K/stories260K.gguf"), root + "/gguf/stories260K.gguf");
         copy(G + "qwen2_f32_tied.gguf", root + "/gguf/qwen2_f32_tied.gguf");
         copy(ft::src("tests/fixtures/lora/llama_q4_0/model.gguf"), root + "/gguf/model_q4_0.gguf");
         for (const char *g : {"stories260K.gguf", "qwen2_f32_tied.gguf", "model_q4_0.gguf"}) {
@@ -443,7 +443,7 @@ TEST(DiscoverArgs, BadArgumentsAreClearErrors) {
     auto fn = [](void *, const forge_discovered_model *) { return 0; };
     EXPECT_EQ(forge_discover("/no/such/dir", nullptr, fn, nullptr, err, sizeof err), FORGE_ERR_IO);
     EXPECT_NE(std::string(err).find("/no/such/dir"), std::string::npos) << err;
-    std::string file = ft::shared("models/stories260K/stories260K.gguf");
+    std::string file = ft::src("models/stories260K/stories260K.gguf");
     EXPECT_EQ(forge_discover(file.c_str(), nullptr, fn, nullptr, err, sizeof err), FORGE_ERR_IO);
     EXPECT_NE(std::string(err).find("not a directory"), std::string::npos) << err;
     EXPECT_EQ(forge_discover(nullptr, nullptr, fn, nullptr, err, sizeof err), FORGE_ERR_INVALID_ARGUMENT);
@@ -457,7 +457,7 @@ TEST(DiscoverArgs, BadArgumentsAreClearErrors) {
     old.struct_size = offsetof(forge_discover_params, quick);
     old.max_depth = 0;
     int n = 0;
-    EXPECT_EQ(forge_discover(ft::shared("models/stories260K").c_str(), &old,
+    EXPECT_EQ(forge_discover(ft::src("models/stories260K").c_str(), &old,
                              [](void *u, const forge_discovered_model *d) { (*(int *)u)++; return d->device_bytes ? 0 : 1; }, &n,
                              err, sizeof err),
               FORGE_OK) << err;
@@ -468,8 +468,8 @@ TEST(DiscoverArgs, UnreadableDirectoriesAreSkipped) {
     if (geteuid() == 0) GTEST_SKIP() << "root reads every directory";
     std::string d = ft::tmpdir("discover_perm");
     mkdirs(d + "/locked");
-    copy(ft::shared("models/stories260K/stories260K.gguf"), d + "/locked/x.gguf");
-    copy(ft::shared("models/stories260K/stories260K.gguf"), d + "/y.gguf");
+    copy(ft::src("models/stories260K/stories260K.gguf"), d + "/locked/x.gguf");
+    copy(ft::src("models/stories260K/stories260K.gguf"), d + "/y.gguf");
     chmod((d + "/locked").c_str(), 0);
     Search r;
     forge_discover_params p = forge_discover_default_params();
@@ -497,21 +497,25 @@ TEST_F(Discover, CliPrintsTheSameAsTheApi) {
     ASSERT_EQ((size_t)cJSON_GetArraySize(arr), r.models.size());
     int i = 0;
     cJSON *o;
+    auto str = [](cJSON *obj, const char *key) { /* a missing or non-string field fails, not crashes */
+        const char *v = cJSON_GetStringValue(cJSON_GetObjectItem(obj, key));
+        return v ? std::string(v) : std::string("(no string '") + key + "')";
+    };
     cJSON_ArrayForEach(o, arr) {
         const Found &f = r.models[i++];
         SCOPED_TRACE(f.path);
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "path"))), f.path);
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "format"))), f.format);
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "architecture"))), f.arch);
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "weight_dtype"))), f.dtype);
+        EXPECT_EQ(str(o, "path"), f.path);
+        EXPECT_EQ(str(o, "format"), f.format);
+        EXPECT_EQ(str(o, "architecture"), f.arch);
+        EXPECT_EQ(str(o, "weight_dtype"), f.dtype);
         EXPECT_EQ(cJSON_GetObjectItem(o, "quant_bits")->valuedouble, f.bits);
         EXPECT_EQ(cJSON_GetObjectItem(o, "n_params")->valuedouble, (double)f.n_params);
         EXPECT_EQ(cJSON_GetObjectItem(o, "n_files")->valuedouble, f.n_files);
         EXPECT_EQ(cJSON_GetObjectItem(o, "bytes")->valuedouble, (double)f.bytes);
         EXPECT_EQ(cJSON_GetObjectItem(o, "device_bytes")->valuedouble, (double)f.device_bytes);
         EXPECT_EQ(cJSON_IsTrue(cJSON_GetObjectItem(o, "loadable")), f.loadable != 0);
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "status"))), forge_status_name(f.status));
-        EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(o, "reason"))), f.reason);
+        EXPECT_EQ(str(o, "status"), forge_status_name(f.status));
+        EXPECT_EQ(str(o, "reason"), f.reason);
     }
     cJSON_Delete(arr);
     /* the table: a header and one line per model, the reason after "no: " */

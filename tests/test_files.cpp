@@ -472,3 +472,20 @@ TEST(FileChangedAfterLoad, TruncatedModelFileIsNotReadAgain) {
 }
 
 }  // namespace
+
+/* The load progress: 0 before the first byte goes up (a model that uploads in one copy, as
+ * small ones do through a GPU's staging buffer, still shows that it started), never falling,
+ * ending at 1. */
+TEST(Load, ProgressStartsAtZeroAndEndsAtOne) {
+    std::vector<float> seen;
+    forge_model_params p = forge_model_default_params();
+    p.progress = [](void *u, float f) { ((std::vector<float> *)u)->push_back(f); };
+    p.progress_user_data = &seen;
+    forge_model *m = nullptr;
+    ASSERT_EQ(forge_model_load(ft::src("models/stories260K/stories260K.gguf").c_str(), &p, &m), FORGE_OK) << forge_model_errmsg(m);
+    ASSERT_GE(seen.size(), 2u);
+    EXPECT_EQ(seen.front(), 0.0f);
+    EXPECT_EQ(seen.back(), 1.0f);
+    for (size_t i = 1; i < seen.size(); i++) EXPECT_GE(seen[i], seen[i - 1]) << i;
+    forge_model_free(m);
+}

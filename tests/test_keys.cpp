@@ -253,7 +253,8 @@ TEST(Keys, Cli) {
     ref.n_layers = 4, ref.n_kv = 2, ref.head_dim = 16, ref.n_tokens = (int)fx.seqs[0].tokens.size();
     ref.k = ft::read_f32(dir + "/keys_seq0.f32");
     ASSERT_EQ(ref.k.size(), 4u * 2 * 12 * 16);
-    std::string cmd = "./forge keys " + dir + " --ctx 64 --tokens \"" + toks + "\" --json > " + d + "/all.json";
+    /* --exact: the reference is f32, and on a GPU the default prefill rounds to f16 */
+    std::string cmd = "./forge keys " + dir + " --exact --ctx 64 --tokens \"" + toks + "\" --json > " + d + "/all.json";
     ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
     std::vector<uint8_t> out = ft::read_file(d + "/all.json");
     cJSON *root = cJSON_ParseWithLength((const char *)out.data(), out.size());
