@@ -371,7 +371,11 @@ int forge_bench_tokenize_main(int argc, char **argv) {
     const char *path = NULL, *file = NULL;
     int R = 3;
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "-r") && i + 1 < argc) R = atoi(argv[++i]);
+        if (!strcmp(argv[i], "-r") && i + 1 < argc) {
+            long long r;
+            if (forge_cli_parse_int("bench-tokenize", "-r", argv[++i], 1, 1000000, &r)) return 2;
+            R = (int)r;
+        }
         else if (!path) path = argv[i];
         else if (!file) file = argv[i];
         else { fprintf(stderr, "forge bench-tokenize: unexpected argument '%s'\n", argv[i]); return 2; }

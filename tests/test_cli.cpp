@@ -153,12 +153,28 @@ TEST(Cli, ModelFlagIsThePositionalModel) {
     EXPECT_EQ(forge_cli("info -m").status, 2);
 }
 
-/* a bad value names its parameter, alone (forge run -n -1 printed every range) */
+/* a bad value is a usage error (exit 2) naming its flag alone (forge run -n -1 printed every
+ * range; -n abc and --seed x were read as 0 and generated nothing) */
 TEST(Cli, BadValueNamesItsParameter) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
-    Out o = forge_cli("run -n -1");
-    EXPECT_NE(o.text.find("max_tokens -1 (must be >= 0)"), std::string::npos) << o.text;
-    EXPECT_EQ(o.text.find("top_p"), std::string::npos) << o.text;
+    const char *bad[][2] = {{"run -n -1", "-n: '-1'"},
+                            {"run -n abc", "-n: 'abc'"},
+                            {"run --temp -2", "--temp: '-2'"},
+                            {"run --top-p 0", "--top-p: '0'"},
+                            {"run --min-p 1.5", "--min-p: '1.5'"},
+                            {"run --top-k 1.5", "--top-k: '1.5'"},
+                            {"run --repeat-penalty 0", "--repeat-penalty: '0'"},
+                            {"run --repeat-window -4", "--repeat-window: '-4'"},
+                            {"run --seed x", "--seed: 'x'"},
+                            {"run --keep -3", "--keep: '-3'"},
+                            {"chat --temp nan", "--temp: 'nan'"}};
+    for (auto &b : bad) {
+        Out o = forge_cli(b[0]);
+        EXPECT_EQ(o.status, 2) << b[0] << ": " << o.text;
+        EXPECT_NE(o.text.find(b[1]), std::string::npos) << b[0] << ": " << o.text;
+        EXPECT_EQ(o.text.find("top_p"), std::string::npos) << o.text;
+    }
+    EXPECT_EQ(forge_cli("run -n 3 --temp 0.7 --top-k 20 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.1 --repeat-window 8 --seed 5").status, 0);
 }
 
 /* --json: each verb's output parses, and its values are the library's (README, "JSON output") */

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -969,30 +970,52 @@ static int take_overflow(const char *cmd, int *argc, char **argv, forge_session_
             if (k == 3) { fprintf(stderr, "forge %s: --ctx-overflow takes fail, shift or recompute, not '%s'\n", cmd, v); return 2; }
             sp->overflow = k; /* FORGE_OVERFLOW_FAIL, _SHIFT, _RECOMPUTE */
         } else if (!strcmp(a, "--keep") && i + 1 < *argc) {
-            sp->n_keep = atoi(argv[++i]);
-            if (sp->n_keep < 0) { fprintf(stderr, "forge %s: --keep takes a count >= 0\n", cmd); return 2; }
+            long long k;
+            if (forge_cli_parse_int(cmd, "--keep", argv[++i], 0, INT_MAX, &k)) return 2;
+            sp->n_keep = (int)k;
         } else argv[w++] = argv[i];
     }
     *argc = w;
     return 0;
 }
 
-/* Parses the sampling options shared by run and chat; returns 0, or 2 on a bad value. */
-static int take_sampling(int *argc, char **argv, forge_generate_params *gp, const char **stops, int *n_stops, int max_stops) {
+/* Parses the sampling options shared by run and chat; returns 0, or 2 on a bad value (the
+ * message names the flag and the range: `-n abc` or `-n -1` is a usage error, not 0 tokens). */
+static int take_sampling(const char *cmd, int *argc, char **argv, forge_generate_params *gp, const char **stops, int *n_stops,
+                         int max_stops) {
     int w = 0;
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < *argc;
-        if (!strcmp(a, "-n") && has) gp->max_tokens = atoi(argv[++i]);
-        else if (!strcmp(a, "--temp") && has) gp->temperature = (float)atof(argv[++i]);
-        else if (!strcmp(a, "--top-k") && has) gp->top_k = atoi(argv[++i]);
-        else if (!strcmp(a, "--top-p") && has) gp->top_p = (float)atof(argv[++i]);
-        else if (!strcmp(a, "--min-p") && has) gp->min_p = (float)atof(argv[++i]);
-        else if (!strcmp(a, "--repeat-penalty") && has) gp->repeat_penalty = (float)atof(argv[++i]);
-        else if (!strcmp(a, "--repeat-window") && has) gp->repeat_window = atoi(argv[++i]);
-        else if (!strcmp(a, "--seed") && has) gp->seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(a, "--stop") && has) {
-            if (*n_stops == max_stops) { fprintf(stderr, "forge: at most %d --stop strings\n", max_stops); return 2; }
+        long long k;
+        double d;
+        if (!strcmp(a, "-n") && has) {
+            if (forge_cli_parse_int(cmd, a, argv[++i], 0, INT_MAX, &k)) return 2;
+            gp->max_tokens = (int)k;
+        } else if (!strcmp(a, "--top-k") && has) {
+            if (forge_cli_parse_int(cmd, a, argv[++i], 0, INT_MAX, &k)) return 2;
+            gp->top_k = (int)k;
+        } else if (!strcmp(a, "--repeat-window") && has) {
+            if (forge_cli_parse_int(cmd, a, argv[++i], 0, INT_MAX, &k)) return 2;
+            gp->repeat_window = (int)k;
+        } else if (!strcmp(a, "--temp") && has) {
+            if (forge_cli_parse_double(cmd, a, argv[++i], 0, 0, 1e9, 0, &d)) return 2;
+            gp->temperature = (float)d;
+        } else if (!strcmp(a, "--top-p") && has) {
+            if (forge_cli_parse_double(cmd, a, argv[++i], 0, 1, 1, 0, &d)) return 2;
+            gp->top_p = (float)d;
+        } else if (!strcmp(a, "--min-p") && has) {
+            if (forge_cli_parse_double(cmd, a, argv[++i], 0, 0, 1, 0, &d)) return 2;
+            gp->min_p = (float)d;
+        } else if (!strcmp(a, "--repeat-penalty") && has) {
+            if (forge_cli_parse_double(cmd, a, argv[++i], 0, 1, 1e9, 0, &d)) return 2;
+            gp->repeat_penalty = (float)d;
+        } else if (!strcmp(a, "--seed") && has) {
+            uint64_t u;
+            if (forge_cli_parse_u64(cmd, a, argv[++i], &u)) return 2;
+            gp->seed = u;
+        } else if (!strcmp(a, "--stop") && has) {
+            if (*n_stops == max_stops) { fprintf(stderr, "forge %s: at most %d --stop strings\n", cmd, max_stops); return 2; }
             stops[(*n_stops)++] = argv[++i];
         } else argv[w++] = argv[i];
     }
@@ -1049,7 +1072,7 @@ static int cmd_run(int argc, char **argv) {
     forge_generate_params gp = forge_generate_default_params();
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
-    if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    if (take_sampling("run", &argc, argv, &gp, stops, &n_stops, 16)) return 2;
     forge_session_params sp = forge_session_default_params(); /* a full context stops the run unless asked */
     if (take_overflow("run", &argc, argv, &sp)) return 2;
     const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL, *batch_file = NULL;
@@ -1164,7 +1187,7 @@ static int cmd_chat(int argc, char **argv) {
     gp.max_tokens = 1024;
     const char *stops[16];
     int n_stops = 0;
-    if (take_sampling(&argc, argv, &gp, stops, &n_stops, 16)) return 2;
+    if (take_sampling("chat", &argc, argv, &gp, stops, &n_stops, 16)) return 2;
     forge_session_params sp = forge_session_default_params();
     sp.overflow = FORGE_OVERFLOW_SHIFT; /* a chat runs indefinitely: a full context slides */
     if (take_overflow("chat", &argc, argv, &sp)) return 2;
