@@ -832,7 +832,7 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
-void ft_model_set_sample_on_host(forge_model *m, bool on) { m->sample_on_host = on; }
+void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
 
 /* An adapter directory from fuzz bytes: [config length u16][format u8: bit 0 mlx-lm, bit 1 a
  * model whose q/k rows rotate adjacent pairs][config JSON][safetensors], read for a small Llama

@@ -181,7 +181,7 @@ int ft_train_checkpointing(const forge_trainer *tr);
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes);
 /* Where sessions created afterwards reduce the sampler's row: the host (CPU devices' default) or the device. */
-void ft_model_set_sample_on_host(forge_model *m, bool on);
+void ft_model_set_sample_on_host(forge_model *m, int on);
 #ifdef __cplusplus
 }
 #endif
