@@ -5288,7 +5288,11 @@ struct forge_model {
     int slots_max, slots_busy;    /* slots_max 0: no cap */
     bool slots_fail;              /* forge_model_params.parallel_fail */
     uint64_t n_params, weight_bytes;
-    bool sample_on_host;          /* the sampler's reduction on the host (CPU devices: forge__host_reduces) */
+    /* A decode step's sampler reduction (the top candidates and the softmax normalizer) on the
+     * host over the read-back row instead of topk.comp + topk_merge.comp: on a CPU device
+     * (lavapipe) the two sorting dispatches cost more than the host's pass over the same memory
+     * (1.6 of 9 ms a token for stories260K's 512 logits). Set at load; tests may switch it. */
+    bool sample_on_host;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
@@ -6220,12 +6224,6 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
 #define FORGE__IO_PENALTY_OFFSET 64
 #define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
 #define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
-
-/* Whether a decode step's sampler reduction (the top candidates and the softmax normalizer)
- * runs on the host over the read-back row instead of topk.comp + topk_merge.comp. On a CPU
- * device (lavapipe) the two sorting dispatches cost more than the host's pass over the same
- * memory: 1.6 of 9 ms a token for stories260K's 512 logits. */
-static bool forge__host_reduces(const forge_model *m) { return m->sample_on_host; }
 static uint64_t forge__session_io_bytes(const forge__session_plan *sp) {
     return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq; /* then batch generation's 1 / temperature per row */
 }
@@ -6723,7 +6721,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
         forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
         forge__barrier(r);
-        if (forge__host_reduces(m)) { /* the penalized row itself; forge__sample reduces it */
+        if (m->sample_on_host) { /* the penalized row itself; forge__sample reduces it */
             forge__copy(r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
                         4ull * V);
         } else {
@@ -8245,7 +8243,7 @@ static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
     return FORGE_OK;
 }
 
-/* The device reduction's work on the host (forge__host_reduces): of row[V], the best n
+/* The device reduction's work on the host (forge_model.sample_on_host): of row[V], the best n
  * candidates in topk_merge.comp's order (value descending, id ascending; NaN as -inf) into
  * out[n], through a heap whose root is the worst kept, and the normalizer M = max,
  * S = sum exp((l - M) * inv_t) over the row. */
@@ -8293,7 +8291,7 @@ static forge_status forge__sample(forge_session *s, const forge_generate_params 
     int V = s->m->cfg.n_vocab, n = FORGE__MIN(FORGE__CANDIDATES, V);
     double M, S;
     const float *host_row = NULL;
-    if (forge__host_reduces(s->m)) {
+    if (s->m->sample_on_host) {
         forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * V);
         host_row = (const float *)((const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET);
         forge__reduce_row_on_host(host_row, V, n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, scratch, &M, &S);
