@@ -4290,7 +4290,8 @@ typedef struct forge__caps {
     uint32_t subgroup_size;
     uint32_t max_shared_bytes;
     uint32_t max_wg_invocations;
-    bool fp16, int8, int_dot, coopmat;
+    bool fp16, int8, coopmat;
+    bool int_dot;                 /* VK_KHR_shader_integer_dot_product offered and its feature on: matvec_q8a */
     bool has_nv_coopmat_ext;      /* VK_NV_cooperative_matrix is offered */
     bool coopmat_nv;              /* ... and enabled with fp16 16x16x16 -> fp32 on 32-wide subgroups: matmul_cm */
     bool subgroup_arith;          /* subgroupAdd in compute shaders: the barrier-free matvec */
@@ -4397,7 +4398,9 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     bool has_m4 = c->props.apiVersion >= VK_API_VERSION_1_3 || forge__has_ext(exts, n_ext, "VK_KHR_maintenance4");
     if (!has_m4) sg.pNext = &m3;
     if (c->props.apiVersion >= VK_API_VERSION_1_1) vk->vkGetPhysicalDeviceProperties2(pd, &p2);
-    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+    bool has_idp = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product");
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR};
+    VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES, .pNext = has_idp ? &idp : NULL};
     VkPhysicalDeviceVulkan11Features f11 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES, .pNext = &f12};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f11};
     if (c->props.apiVersion >= VK_API_VERSION_1_2) vk->vkGetPhysicalDeviceFeatures2(pd, &f2);
@@ -4421,7 +4424,7 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
                         c->subgroup_size >= 4 && c->subgroup_size <= 128;
     c->fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
     c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
-    c->int_dot = forge__has_ext(exts, n_ext, "VK_KHR_shader_integer_dot_product") || c->props.apiVersion >= VK_API_VERSION_1_3;
+    c->int_dot = has_idp && idp.shaderIntegerDotProduct;
     c->coopmat = forge__has_ext(exts, n_ext, "VK_KHR_cooperative_matrix") || forge__has_ext(exts, n_ext, "VK_NV_cooperative_matrix");
     c->has_nv_coopmat_ext = forge__has_ext(exts, n_ext, "VK_NV_cooperative_matrix") && f12.shaderFloat16;
     free(exts);
@@ -4582,10 +4585,13 @@ static forge_status forge__device_open(forge__device *d, int index, const char *
                                    .queueCount = 1, .pQueuePriorities = &prio};
     /* Tensor cores through VK_NV_cooperative_matrix when the kernels were built with it and the
      * device multiplies fp16 16x16x16 into fp32 on 32-wide subgroups (matmul_cm.comp's layout). */
-    const char *exts[1];
+    const char *exts[2];
     uint32_t n_exts = 0;
     VkPhysicalDeviceCooperativeMatrixFeaturesNV cmf = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV,
                                                        .cooperativeMatrix = VK_TRUE};
+    /* integer dot products (the extension: the instance asks for Vulkan 1.2, where it is not core) */
+    VkPhysicalDeviceShaderIntegerDotProductFeaturesKHR idp = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES_KHR,
+                                                              .shaderIntegerDotProduct = VK_TRUE};
     VkPhysicalDeviceVulkan12Features f12 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
     VkPhysicalDeviceFeatures2 f2 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2, .pNext = &f12};
 #if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
@@ -4609,6 +4615,11 @@ static forge_status forge__device_open(forge__device *d, int index, const char *
         exts[n_exts++] = "VK_NV_cooperative_matrix";
         f12.shaderFloat16 = VK_TRUE;
         f12.pNext = &cmf;
+    }
+    if (c->int_dot) {
+        exts[n_exts++] = "VK_KHR_shader_integer_dot_product";
+        idp.pNext = f12.pNext;
+        f12.pNext = &idp;
     }
     VkDeviceCreateInfo dci = {.sType = VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO, .pNext = &f2, .queueCreateInfoCount = 1, .pQueueCreateInfos = &qci,
                               .enabledExtensionCount = n_exts, .ppEnabledExtensionNames = exts};
@@ -4781,6 +4792,9 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
     uint32_t k_split;               /* matmul with FORGE__LINEAR_SPLIT_K: k per split; ..._REDUCE: splits */
 } forge__pc_linear;
+typedef struct forge__pc_act_q8 {   /* act_q8.comp */
+    uint32_t K, a_row0, flags;      /* flags: FORGE__LINEAR_PRENORM */
+} forge__pc_act_q8;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
     float scale;
@@ -4888,6 +4902,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    FORGE__OP_MATVEC_Q8A_Q4_0,    /* decode products of Q4_0 / Q8_0 weights on int8 activations (integer dot products) */
+    FORGE__OP_MATVEC_Q8A_Q8_0,
     FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
@@ -4897,6 +4913,7 @@ typedef enum forge__op {
     FORGE__OP_PENALTY,
     FORGE__OP_TOPK,
     FORGE__OP_TOPK_MERGE,
+    FORGE__OP_ACT_Q8,             /* one token's activations as int8 blocks, matvec_q8a's input */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -4988,6 +5005,9 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     FORGE__CM_S_OP
+    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
@@ -5070,6 +5090,7 @@ typedef struct forge__rec {
     VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
     uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
     uint64_t *shapes;              /* profiling: N << 32 | K of each matrix dispatch, else 0 */
+    bool fenced;                   /* a barrier and nothing after it yet: another one would be redundant */
     forge_status st;
     forge__err *err;
 } forge__rec;
@@ -5131,6 +5152,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdBindDescriptorSets(r->cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
     r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
+    r->fenced = false;
     if (r->qpool) {
         r->ops[r->n_dispatches - 1] = (uint16_t)op;
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
@@ -5146,7 +5168,8 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
 
 /* Makes every earlier shader write visible to later shader reads and writes. */
 static void forge__barrier(forge__rec *r) {
-    if (r->st || r->counting) return;
+    if (r->st || r->counting || r->fenced) return;
+    r->fenced = true;
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER,
                           .srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_READ_BIT};
@@ -5165,6 +5188,7 @@ static void forge__host_barrier(forge__rec *r) {
 
 static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint64_t bytes) {
     if (r->st || r->counting || !bytes) return;
+    r->fenced = false;
     VkBufferCopy c = {src.offset, dst.offset, bytes};
     r->dev->vk.vkCmdCopyBuffer(r->cb, src.buf, dst.buf, 1, &c);
 }
@@ -5293,6 +5317,11 @@ struct forge_model {
      * (lavapipe) the two sorting dispatches cost more than the host's pass over the same memory
      * (1.6 of 9 ms a token for stories260K's 512 logits). Set at load; tests may switch it. */
     bool sample_on_host;
+    /* Decode products of Q4_0 and Q8_0 weights on int8 activations (act_q8 + matvec_q8a):
+     * GPUs with integer dot products, unless `exact` (the activations are rounded to 8 bits a
+     * block, as llama.cpp's quantized products round them). Not on CPU devices, whose f32
+     * path is the one the parity tests hold at 1e-4. Set at load; tests may switch it. */
+    bool act_q8;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
@@ -6088,6 +6117,7 @@ struct forge_session {
     forge__range params_r, penalty_r, tokens_r, dummy;
     forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
+    forge__range act_q8;              /* one token's int8 activations (forge_model.act_q8; else 16 bytes) */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
@@ -6170,6 +6200,15 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     return FORGE_OK;
 }
 
+/* act_q8.comp's output for K activations: K int8 codes, then a vec4 per block of 32. */
+static uint64_t forge__act_q8_bytes(uint64_t K) { return K + K / 2; }
+/* The longest input row of a layer's products: the hidden size (q|k|v, gate|up, the head),
+ * the attention's output (o) or the MLP's middle (down). */
+static uint64_t forge__max_product_k(const forge__config *c) {
+    uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
+    return FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, qd), (uint64_t)c->ffn);
+}
+
 static uint32_t forge__topk_chunks(const forge_model *m) {
     return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
 }
@@ -6177,7 +6216,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_COUNT
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8, FORGE__SB_COUNT
 } forge__session_buf;
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
@@ -6199,6 +6238,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
         [FORGE__SB_ATTN_PART] = 4ull * (uint64_t)sp->n_seq * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
+        [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -6259,6 +6299,7 @@ typedef struct forge__pass {
                                 * one row per sequence); 0: one sequence at pos0 */
     forge__range split_part;   /* batch decode: scratch for the matmul's split-k partial sums (unset: no split), */
     forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
+    forge__range act_q8;       /* one token's int8 activations (act_q8.comp), where the model uses them; unset: never */
 } forge__pass;
 
 /* Whether two ranges share no byte. */
@@ -6304,9 +6345,40 @@ static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FO
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
  * weight) writes act(gate) * up, one output per row pair. */
+/* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
+ * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
+ * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's. */
+static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, forge__range y, uint32_t ldc,
+                              uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
+    forge_model *m = p->m;
+    uint32_t K = w->cols, gx, gy;
+    forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
+    forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
+    forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
+    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+    forge__barrier(p->r);
+    bool gated = flags & FORGE__LINEAR_GATED;
+    forge__op op = w->fmt == FORGE__W_Q4_0 ? FORGE__OP_MATVEC_Q8A_Q4_0 : FORGE__OP_MATVEC_Q8A_Q8_0;
+    for (int i = 0; i < w->n_chunks; i++) {
+        const forge__wchunk *c = &w->chunks[i];
+        uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
+        forge__range b[4] = {p->act_q8, c->w, y, bias && bias->present ? bias->r : p->dummy};
+        forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
+                               flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
+                               col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0};
+        forge__grid((outs + FORGE__SG_PER_WG - 1) / FORGE__SG_PER_WG, &gx, &gy);
+        forge__dispatch(p->r, op, b, &pc, gx, gy, 1);
+    }
+}
+
 static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
+    if (M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
+        forge__act_q8_bytes(w->cols) <= p->act_q8.size) {
+        forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap);
+        return;
+    }
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
      * device has them and the model is not exact: prefill, classify, training's forward and batch
@@ -6624,7 +6696,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    return (forge__pass){m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}};
+    if (m->act_q8) p.act_q8 = s->act_q8;
+    return p;
 }
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
@@ -7163,7 +7237,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_X] = &s->x, [FORGE__SB_XN] = &s->xn, [FORGE__SB_QKV] = &s->qkv, [FORGE__SB_ATT] = &s->att,
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
-        [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_LORA_U] = &s->lora_u,
+        [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {
@@ -7460,6 +7534,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     if (p->max_device_memory && (!m->dev.caps.device_local_bytes || p->max_device_memory < m->dev.caps.device_local_bytes))
         m->dev.caps.device_local_bytes = p->max_device_memory; /* the budget every plan is checked against */
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
+    m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;
@@ -10817,7 +10892,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}};
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);

@@ -47,11 +47,10 @@ layout(push_constant) uniform PC {
 #define QGROUP pc.qgroup
 #define QFLAGS pc.qflags
 #include "weights.glsl"
+#include "linear_out.glsl"
 
 layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
-layout(binding = 2) buffer C_ { float c[]; };
-layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 layout(binding = 6) readonly buffer G_ { float g[]; };
 layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
 
@@ -81,20 +80,6 @@ void a8(uint m, uint k, bool vec_a, bool prenorm, out vec4 lo, out vec4 hi, inou
         lo = vec4(v[0], v[1], v[2], v[3]);
         hi = vec4(v[4], v[5], v[6], v[7]);
     }
-}
-
-float act(float x) {
-    if ((pc.flags & 32u) == 0u) return x / (1.0 + exp(-x));
-    const float k = 0.7978845608028654; // sqrt(2 / pi)
-    return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
-}
-
-void store(uint out_row, uint m, float v) {
-    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
-    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-    uint ci = m * pc.ldc + pc.c_col0 + out_row;
-    if ((pc.flags & 2u) != 0u) v += c[ci];
-    c[ci] = v;
 }
 
 const uint MAX_R = 8, MAX_SG = 64;

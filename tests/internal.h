@@ -182,6 +182,10 @@ int ft_train_checkpointing(const forge_trainer *tr);
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes);
 /* Where sessions created afterwards reduce the sampler's row: the host (CPU devices' default) or the device. */
 void ft_model_set_sample_on_host(forge_model *m, int on);
+/* Decode products of Q4_0 / Q8_0 weights on int8 activations (forge_model.act_q8), for the
+ * sessions created after the call; returns 0 (and changes nothing) where the device has no
+ * integer dot products. */
+int ft_model_set_act_q8(forge_model *m, int on);
 #ifdef __cplusplus
 }
 #endif

@@ -279,6 +279,76 @@ TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, QuantFixture, ::testing::Values("f32", "q8_0", "q4_0", "q4_k_m", "q6_k"));
 
+class Int8Activations : public ::testing::TestWithParam<std::string> {};
+
+/* The decode products of Q8_0 and Q4_0 weights on int8 activations (act_q8.comp +
+ * matvec_q8a.comp, GPUs' default), switched on here so lavapipe runs them too: every token
+ * evaluated alone (the one-token path), logits against llama.cpp's own (which rounds its
+ * activations to 8 bits the same way) and the exact reference, at the fixture's llama.cpp
+ * tolerance and argmax positions. The error against the exact logits must not be zero: the
+ * rounded path really ran. */
+TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
+    std::string dir = ft::shared("quant-fixtures/"), name = GetParam();
+    std::vector<uint8_t> ej = ft::read_file(dir + "expect.json"), tj = ft::read_file(dir + "tokens.json");
+    ASSERT_FALSE(ej.empty()) << "missing " << dir << "expect.json (../shared beside the checkout)";
+    cJSON *expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
+    cJSON *tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
+    ASSERT_NE(expect, nullptr);
+    ASSERT_NE(tokens, nullptr);
+    cJSON *file = cJSON_GetObjectItem(cJSON_GetObjectItem(expect, "files"), name.c_str());
+    ASSERT_NE(file, nullptr);
+    forge_model *m = ft::load(dir + cJSON_GetStringValue(cJSON_GetObjectItem(file, "gguf")));
+    ASSERT_NE(m, nullptr);
+    if (!ft_model_set_act_q8(m, 1)) {
+        forge_model_free(m);
+        cJSON_Delete(expect);
+        cJSON_Delete(tokens);
+        GTEST_SKIP() << "the device has no integer dot products";
+    }
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    const int V = 512;
+    for (int seq = 0; seq < 2; seq++) {
+        std::vector<int32_t> toks;
+        cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
+        int n = (int)toks.size();
+        std::vector<float> got((size_t)n * V);
+        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        for (int i = 0; i < n; i++)
+            ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * V, V), FORGE_OK) << forge_session_errmsg(s);
+        cJSON *refs = cJSON_GetObjectItem(file, "refs");
+        double llama_tol = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(refs, "llamacpp"), seq), "tol_rel")->valuedouble;
+        for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
+            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(refs, kind), seq);
+            ASSERT_NE(ref, nullptr);
+            std::vector<float> r = ft::read_f32(dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
+            ASSERT_EQ(r.size(), got.size());
+            bool exact = strcmp(kind, "exact") == 0;
+            double tol = exact ? llama_tol : cJSON_GetObjectItem(ref, "tol_rel")->valuedouble;
+            double err = ft::rel_err(got.data(), r.data(), got.size());
+            printf("  %-8s seq%d int8 activations vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", name.c_str(), seq, kind, err, tol);
+            EXPECT_LE(err, tol) << name << " seq" << seq << " vs " << kind;
+            if (exact) { /* its argmax positions assume exact products */
+                EXPECT_GT(err, 1e-4) << "no rounding: the int8 path did not run";
+                continue;
+            }
+            cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
+            cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
+                int p = pos->valueint;
+                EXPECT_EQ(ft::argmax(got.data() + (size_t)p * V, V), cJSON_GetArrayItem(am, p)->valueint)
+                    << name << " seq" << seq << " vs " << kind << " position " << p;
+            }
+        }
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+    cJSON_Delete(expect);
+    cJSON_Delete(tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q4_0"));
+
 namespace {
 
 /* Batch decode's tensor-core products of f16 weights (matmul_cm's 32 x 64 tiles, W's fragments
