@@ -4907,7 +4907,8 @@ typedef enum forge__op {
     FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
-    FORGE__OP_ATTN_SPLIT,
+    FORGE__OP_ATTN_SPLIT,         /* decode: keys split over workgroups (devices without subgroup arithmetic) */
+    FORGE__OP_ATTN_DECODE,        /* ... the same on subgroups */
     FORGE__OP_ATTN_COMBINE,
     FORGE__OP_ACT_MUL,
     FORGE__OP_PENALTY,
@@ -4938,6 +4939,7 @@ typedef struct forge__op_desc {
     uint32_t spec[3];      /* constant_id 0, 1, 2: pinned, never left to GLSL defaults */
     bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
     bool per_head_dim;     /* attention kernels: spec[0] = DMAX, the model's head_dim rounded up to 8 */
+    bool sg_width;         /* spec[1] = the device's subgroup width */
 } forge__op_desc;
 
 /* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, one output each at a time */
@@ -5012,6 +5014,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
@@ -5058,6 +5061,7 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     uint32_t spec[3] = {op->spec[0], op->spec[1], op->spec[2]};
     if (op->per_subgroup) spec[0] = FORGE__SG_PER_WG * d->caps.subgroup_size;
     if (op->per_head_dim && dmax) spec[0] = dmax;
+    if (op->sg_width) spec[1] = d->caps.subgroup_size;
     VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -5322,6 +5326,9 @@ struct forge_model {
      * block, as llama.cpp's quantized products round them). Not on CPU devices, whose f32
      * path is the one the parity tests hold at 1e-4. Set at load; tests may switch it. */
     bool act_q8;
+    /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
+     * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
+    bool attn_subgroups;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
@@ -6604,7 +6611,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
     if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
-        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
+        forge__dispatch(r, m->attn_subgroups ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
         forge__barrier(r);
         forge__pc_combine pcm = {NH, D, splits};
         forge__range bc[2] = {a->attn_part, a->att};
@@ -7535,6 +7542,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         m->dev.caps.device_local_bytes = p->max_device_memory; /* the budget every plan is checked against */
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
+    m->attn_subgroups = m->dev.caps.subgroup_arith && m->dev.caps.subgroup_size <= 64;
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;

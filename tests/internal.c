@@ -833,6 +833,11 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
 void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
+int ft_model_set_attn_subgroups(forge_model *m, int on) {
+    if (on && !(m->dev.caps.subgroup_arith && m->dev.caps.subgroup_size <= 64)) return 0;
+    m->attn_subgroups = on != 0;
+    return 1;
+}
 int ft_model_set_act_q8(forge_model *m, int on) {
     if (on && !m->dev.caps.int_dot) return 0;
     m->act_q8 = on != 0;
@@ -1103,7 +1108,7 @@ forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, s
     forge__pipeline custom = {0};
     forge__op op = FORGE__OP_COUNT;
     if (!st && spv) {
-        forge__op_desc desc = {"custom", spv, spv_bytes, 6, sizeof(forge__pc_linear), 0, {0}, false, false};
+        forge__op_desc desc = {"custom", spv, spv_bytes, 6, sizeof(forge__pc_linear), 0, {0}, false, false, false};
         st = forge__pipeline_create(d, &desc, 0, &custom, &c->err);
     } else if (!st) {
         op = (forge__op)((kind == 2 ? FORGE__OP_MATMUL_CM : kind == 3 ? FORGE__OP_MATMUL_BIG : kind == 4 ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + fmt);

@@ -5,6 +5,7 @@
  * position; and prefill-then-decode must give the same logits as the full prefill. */
 #include <cjson/cJSON.h>
 
+#include "internal.h"
 #include "parity.h"
 #include "util.h"
 
@@ -93,7 +94,8 @@ TEST_P(Parity, AllPositionLogits) {
 
 /* The longest sequence: a prefill of 8 tokens, then one token per step (the recorded decode
  * step, replayed), compared with HF's rows at every later position; for the Gemma fixtures
- * (window 8) the decode runs well past the sliding window. */
+ * (window 8) the decode runs well past the sliding window. Both decode attention kernels:
+ * attention_decode.comp on subgroups (where the device has them) and attention_split.comp. */
 TEST_P(Parity, PrefillThenDecode) {
     Fixture fx = read_fixture(ref_dir());
     ASSERT_FALSE(fx.seqs.empty());
@@ -101,15 +103,19 @@ TEST_P(Parity, PrefillThenDecode) {
     const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
     forge_model *m = ft::load(model_path());
     ASSERT_NE(m, nullptr);
-    forge_session *s = ft::session(m, 64, 8); /* n_batch 8: sliding layers keep window + 7 slots, the cache rotates */
-    ASSERT_NE(s, nullptr);
-    int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
-    std::vector<float> got((size_t)n * V);
-    ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-    for (int p = k; p < n; p++)
-        ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
-    expect_close(GetParam() + " prefill+decode", got.data(), ref.data(), n, V, 1e-4, 0);
-    forge_session_free(s);
+    for (int subgroups : {1, 0}) {
+        if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
+        forge_session *s = ft::session(m, 64, 8); /* n_batch 8: sliding layers keep window + 7 slots, the cache rotates */
+        ASSERT_NE(s, nullptr);
+        int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
+        std::vector<float> got((size_t)n * V);
+        ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        for (int p = k; p < n; p++)
+            ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+        expect_close(GetParam() + (subgroups ? " prefill+decode" : " prefill+decode (attention_split)"), got.data(), ref.data(), n, V,
+                     1e-4, 0);
+        forge_session_free(s);
+    }
     forge_model_free(m);
 }
 
