@@ -4883,7 +4883,6 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
 #define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
-#define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (attention_decode wrote it) */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5015,7 +5014,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
-    [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 8, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
+    [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
@@ -5030,7 +5029,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
     [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
 };
-#define FORGE__MAX_BINDINGS 8
+#define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
 typedef struct forge__pipeline {
@@ -5189,12 +5188,6 @@ static void forge__host_barrier(forge__rec *r) {
     VkMemoryBarrier mb = {.sType = VK_STRUCTURE_TYPE_MEMORY_BARRIER, .srcAccessMask = VK_ACCESS_TRANSFER_WRITE_BIT,
                           .dstAccessMask = VK_ACCESS_HOST_READ_BIT};
     r->dev->vk.vkCmdPipelineBarrier(r->cb, VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_HOST_BIT, 0, 1, &mb, 0, NULL, 0, NULL);
-}
-
-static void forge__zero(forge__rec *r, forge__range dst) {
-    if (r->st || r->counting || !dst.size) return;
-    r->fenced = false;
-    r->dev->vk.vkCmdFillBuffer(r->cb, dst.buf, dst.offset, dst.size, 0);
 }
 
 static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint64_t bytes) {
@@ -6132,7 +6125,6 @@ struct forge_session {
     forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
     forge__range act_q8;              /* one token's int8 activations (forge_model.act_q8; else 16 bytes) */
-    forge__range attn_count;          /* attention_decode's counters [n_seq, heads] u32, zeroed by every forward recording */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
@@ -6231,8 +6223,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_COUNT, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
-    FORGE__SB_COUNT
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8, FORGE__SB_COUNT
 } forge__session_buf;
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
@@ -6253,7 +6244,6 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
         [FORGE__SB_ATTN_PART] = 4ull * (uint64_t)sp->n_seq * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
-        [FORGE__SB_ATTN_COUNT] = 4ull * (uint64_t)sp->n_seq * c->n_heads,
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
     };
@@ -6338,7 +6328,6 @@ typedef struct forge__acts {
     forge__range kc, vc;       /* K and V [slots, NKV, D]: the KV cache, or training's [n, NKV, D] */
     uint32_t slots;
     forge__range attn_part;    /* decode: the split attention's partials [NH, splits, D + 2] */
-    forge__range attn_count;   /* decode on subgroups: [rows, NH] u32 counters, zero between dispatches */
     forge__range u;            /* [n, FORGE__T_COUNT * max_rank] the adapters' x A^T, per target */
     forge__range o, d;         /* [n, H] sandwich norms' inputs: attention and MLP outputs (inference: xn) */
     /* training: kept for the backward pass (unset when not) */
@@ -6363,12 +6352,6 @@ static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FO
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
  * weight) writes act(gate) * up, one output per row pair. */
-/* Whether a product of M rows of x with w runs on int8 activations (forge__linear_q8a). */
-static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) {
-    return M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
-           forge__act_q8_bytes(w->cols) <= p->act_q8.size;
-}
-
 /* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
  * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's. */
@@ -6376,14 +6359,11 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
                               uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
     uint32_t K = w->cols, gx, gy;
-    if (!(flags & FORGE__LINEAR_QUANTIZED)) {
-        forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
-        forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
-        forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
-        forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
-        forge__barrier(p->r);
-    }
-    flags &= ~FORGE__LINEAR_QUANTIZED;
+    forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
+    forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
+    forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
+    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+    forge__barrier(p->r);
     bool gated = flags & FORGE__LINEAR_GATED;
     forge__op op = w->fmt == FORGE__W_Q4_0 ? FORGE__OP_MATVEC_Q8A_Q4_0 : FORGE__OP_MATVEC_Q8A_Q8_0;
     for (int i = 0; i < w->n_chunks; i++) {
@@ -6401,11 +6381,11 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
 static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
-    if (forge__uses_q8a(p, w, M)) {
+    if (M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
+        forge__act_q8_bytes(w->cols) <= p->act_q8.size) {
         forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap);
         return;
     }
-    flags &= ~FORGE__LINEAR_QUANTIZED;
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
      * device has them and the model is not exact: prefill, classify, training's forward and batch
@@ -6629,17 +6609,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                               (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
                               (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};
     bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
-    /* the o projection's input quantized by attention_decode (one act_q8 dispatch fewer) */
-    bool o_quantized = false;
-    if (decode && D % 4 == 0 && m->attn_subgroups) { /* decode: the keys split over `splits` workgroups per head (and row),
-                                                      * merged by the last of them */
-        o_quantized = forge__uses_q8a(p, &ly->wo, n) && D % 32 == 0;
-        if (o_quantized) pa.flags |= 4u;
-        forge__range ba[8] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, a->attn_count, a->att, o_quantized ? p->act_q8 : p->dummy};
-        forge__dispatch(r, FORGE__OP_ATTN_DECODE, ba, &pa, splits, NH, n);
-    } else if (decode && D % 4 == 0) {
+    if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
-        forge__dispatch(r, FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
+        forge__dispatch(r, m->attn_subgroups ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
         forge__barrier(r);
         forge__pc_combine pcm = {NH, D, splits};
         forge__range bc[2] = {a->attn_part, a->att};
@@ -6650,7 +6622,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     }
     forge__barrier(r);
     if (c->sandwich_norms) {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
+        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, 0, 0);
         if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
             forge__lora_down(p, a, l, FORGE__T_O, a->att);
             forge__barrier(r);
@@ -6659,8 +6631,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         forge__barrier(r);
         forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
     } else {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
-                      FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
+        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
             forge__lora_down(p, a, l, FORGE__T_O, a->att);
             forge__barrier(r);
@@ -6739,8 +6710,7 @@ static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
     return (forge__acts){.x = s->x, .xn = s->xn, .qkv = s->qkv, .att = s->att, .gu = s->gu, .h = s->h, .kc = s->kc[l], .vc = s->vc[l],
-                         .slots = s->slots[l], .attn_part = s->attn_part, .attn_count = s->attn_count, .u = s->lora_u, .o = s->xn,
-                         .d = s->xn};
+                         .slots = s->slots[l], .attn_part = s->attn_part, .u = s->lora_u, .o = s->xn, .d = s->xn};
 }
 
 /* The token embeddings of the n tokens in `tokens` (u32) into x [n, H], scaled (Gemma). */
@@ -6787,7 +6757,6 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.split_part = s->gu;
         p.split_alt = s->h;
     }
-    forge__zero(r, s->attn_count); /* attention_decode's counters; its last workgroups reset them */
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
     for (int l = 0; l < c->n_layers; l++) {
@@ -7275,8 +7244,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_X] = &s->x, [FORGE__SB_XN] = &s->xn, [FORGE__SB_QKV] = &s->qkv, [FORGE__SB_ATT] = &s->att,
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
-        [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_ATTN_COUNT] = &s->attn_count, [FORGE__SB_LORA_U] = &s->lora_u,
-        [FORGE__SB_ACT_Q8] = &s->act_q8,
+        [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {

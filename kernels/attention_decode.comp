@@ -12,19 +12,11 @@
 // Query t, head h (causal, GQA, window, soft-cap, rotating slots: as attention_tiled.comp):
 // the keys lo..p are cut into n_splits runs of equal length; workgroup (s, h, t) takes run s
 // and writes part[((t * H + h) * S + s)] = {m, l, acc[D]}: m = max score, l = sum exp(score -
-// m), acc = sum exp(score - m) V (m = -inf, l = 0, acc = 0: no keys).
-// The runs are merged here too, by the last of the S workgroups of (h, t) to finish (each
-// counts itself in count[t * H + h] after its partial state is written; the last resets the
-// counter to 0 for the next dispatch): out[t, h, :] = sum_s exp(m_s - M) acc_s / sum_s
-// exp(m_s - M) l_s, M = max_s m_s, as attention_combine.comp does after attention_split
-// (one dispatch and one barrier a layer fewer). With flags 4 it also writes row 0 of out as
-// int8 blocks for matvec_q8a (act_q8.comp's layout, K = H * D; D % 32 == 0), the o
-// projection's input, so that it needs no act_q8 dispatch.
+// m), acc = sum exp(score - m) V (m = -inf, l = 0, acc = 0: no keys). attention_combine.comp
+// merges the runs.
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
-// Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache
-//           4 part f32 | 5 count u32 [n, H] (zero before the first dispatch) | 6 out f32 [n, H, D]
-//           7 int8 output (flags 4)
+// Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
 // One workgroup of 64 per (split, head, token); D % 4 == 0, D <= DMAX.
 // Spec constants: 0 = DMAX (the model's head_dim rounded up to 8), 1 = W, the subgroup width (4..64).
 #extension GL_GOOGLE_include_directive : require
@@ -42,11 +34,7 @@ const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
 layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
 layout(binding = 3) readonly buffer V_ { vec4 vc4[]; };
-layout(binding = 4) coherent buffer Part_ { float part[]; };  // read back by the last workgroup
-layout(binding = 5) coherent buffer Count_ { uint count[]; };
-layout(binding = 6) writeonly buffer O_ { float o[]; };
-layout(binding = 7) writeonly buffer Q8_ { uvec4 q8[]; };
-layout(binding = 7) writeonly buffer Q8S_ { vec4 q8s[]; };
+layout(binding = 4) writeonly buffer O_ { float part[]; };
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
@@ -62,8 +50,6 @@ const uint U = 4u;                          // keys a subgroup takes at a time
 const float NEG_INF = -1.0 / 0.0;
 shared float sm_m[NSG], sm_l[NSG];
 shared vec4 sm_acc[NSG * (DMAX / 4u)];
-shared float sm_out[DMAX];
-shared bool sm_last;
 
 void main() {
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
@@ -142,44 +128,4 @@ void main() {
         part[pb + 4u + 4u * i] = a.z;
         part[pb + 5u + 4u * i] = a.w;
     }
-    // the last workgroup of (h, t) merges the S partial states
-    memoryBarrierBuffer();
-    barrier();
-    uint ci = t * pc.n_heads + h;
-    if (tid == 0u) sm_last = atomicAdd(count[ci], 1u) == pc.n_splits - 1u;
-    barrier();
-    if (!sm_last) return;
-    if (tid == 0u) count[ci] = 0u;
-    memoryBarrierBuffer();
-    uint base = ci * pc.n_splits * (D + 2u);
-    M = NEG_INF;
-    for (uint r = 0u; r < pc.n_splits; r++) M = max(M, part[base + r * (D + 2u)]);
-    L = 0.0;
-    for (uint r = 0u; r < pc.n_splits; r++) {
-        float mr = part[base + r * (D + 2u)];
-        if (mr != NEG_INF) L += part[base + r * (D + 2u) + 1u] * exp(mr - M);
-    }
-    for (uint d = tid; d < D; d += 64u) {
-        float a = 0.0;
-        for (uint r = 0u; r < pc.n_splits; r++) {
-            float mr = part[base + r * (D + 2u)];
-            if (mr != NEG_INF) a += part[base + r * (D + 2u) + 2u + d] * exp(mr - M);
-        }
-        a /= L;
-        o[ci * D + d] = a;
-        sm_out[d] = a;
-    }
-    if ((pc.flags & 4u) == 0u || t != 0u) return;
-    barrier();
-    uint b = tid, K = pc.n_heads * D; // this head's blocks of 32: b < D / 32
-    if (b >= D / 32u) return;
-    vec4 v[8];
-    for (uint i = 0u; i < 8u; i++) v[i] = vec4(sm_out[32u * b + 4u * i], sm_out[32u * b + 4u * i + 1u], sm_out[32u * b + 4u * i + 2u], sm_out[32u * b + 4u * i + 3u]);
-    uint w[8];
-    vec2 ds;
-    quantize_q8_block(v, w, ds);
-    uint gb = h * (D / 32u) + b; // the block's index in the row
-    q8[2u * gb] = uvec4(w[0], w[1], w[2], w[3]);
-    q8[2u * gb + 1u] = uvec4(w[4], w[5], w[6], w[7]);
-    q8s[(K >> 4) + gb] = vec4(ds, 0.0, 0.0);
 }

@@ -833,7 +833,6 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
 void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
-int ft_model_attn_subgroups(const forge_model *m) { return m->attn_subgroups; }
 int ft_model_set_attn_subgroups(forge_model *m, int on) {
     if (on && !(m->dev.caps.subgroup_arith && m->dev.caps.subgroup_size <= 64)) return 0;
     m->attn_subgroups = on != 0;

@@ -189,7 +189,6 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* The decode attention on subgroups (attention_decode.comp, 1) or attention_split.comp (0), for
  * the sessions created after the call; returns 0 where the device cannot run the first. */
 int ft_model_set_attn_subgroups(forge_model *m, int on);
-int ft_model_attn_subgroups(const forge_model *m);
 #ifdef __cplusplus
 }
 #endif
