@@ -4821,6 +4821,7 @@ typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.co
 } forge__pc_attention;
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
+    uint32_t flags;                 /* 1: row 0 also as int8 blocks (the o projection's act_q8) */
 } forge__pc_combine;
 
 #define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention (at most) */
@@ -4883,6 +4884,7 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
 #define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
+#define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (attention_combine wrote it) */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5015,7 +5017,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
-    [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 2, sizeof(forge__pc_combine), 0, {0}},
+    [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
@@ -6352,6 +6354,12 @@ static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FO
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
  * weight) writes act(gate) * up, one output per row pair. */
+/* Whether a product of M rows of x with w runs on int8 activations (forge__linear_q8a). */
+static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) {
+    return M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
+           forge__act_q8_bytes(w->cols) <= p->act_q8.size;
+}
+
 /* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
  * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's. */
@@ -6359,11 +6367,14 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
                               uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
     uint32_t K = w->cols, gx, gy;
-    forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
-    forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
-    forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
-    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
-    forge__barrier(p->r);
+    if (!(flags & FORGE__LINEAR_QUANTIZED)) {
+        forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
+        forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
+        forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
+        forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+        forge__barrier(p->r);
+    }
+    flags &= ~FORGE__LINEAR_QUANTIZED;
     bool gated = flags & FORGE__LINEAR_GATED;
     forge__op op = w->fmt == FORGE__W_Q4_0 ? FORGE__OP_MATVEC_Q8A_Q4_0 : FORGE__OP_MATVEC_Q8A_Q8_0;
     for (int i = 0; i < w->n_chunks; i++) {
@@ -6381,11 +6392,11 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
 static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
-    if (M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
-        forge__act_q8_bytes(w->cols) <= p->act_q8.size) {
+    if (forge__uses_q8a(p, w, M)) {
         forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap);
         return;
     }
+    flags &= ~FORGE__LINEAR_QUANTIZED;
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
      * device has them and the model is not exact: prefill, classify, training's forward and batch
@@ -6609,12 +6620,14 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                               (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
                               (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};
     bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+    /* the o projection's input quantized by attention_combine (one act_q8 dispatch fewer) */
+    bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n);
     if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
         forge__dispatch(r, m->attn_subgroups ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
         forge__barrier(r);
-        forge__pc_combine pcm = {NH, D, splits};
-        forge__range bc[2] = {a->attn_part, a->att};
+        forge__pc_combine pcm = {NH, D, splits, o_quantized ? 1u : 0u};
+        forge__range bc[3] = {a->attn_part, a->att, o_quantized ? p->act_q8 : p->dummy};
         forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
         forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
@@ -6622,7 +6635,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     }
     forge__barrier(r);
     if (c->sandwich_norms) {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, 0, 0);
+        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
         if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
             forge__lora_down(p, a, l, FORGE__T_O, a->att);
             forge__barrier(r);
@@ -6631,7 +6644,8 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         forge__barrier(r);
         forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
     } else {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
+                      FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
         if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
             forge__lora_down(p, a, l, FORGE__T_O, a->att);
             forge__barrier(r);

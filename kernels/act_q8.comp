@@ -11,8 +11,11 @@
 // third what PRENORM needs for the norm.
 // Bindings: 0 A f32 | 1 g f32 [K] (PRENORM) | 2 out
 // flags: 8 PRENORM (forge__pc_linear's bit)
+#extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
+
+#include "common.glsl"
 
 layout(push_constant) uniform PC {
     uint K, a_row0, flags;
@@ -23,33 +26,21 @@ layout(binding = 1) readonly buffer G4_ { vec4 g4[]; };
 layout(binding = 2) writeonly buffer Q_ { uvec4 q4[]; };
 layout(binding = 2) writeonly buffer S_ { vec4 s4[]; };
 
-uint pack4(ivec4 q) {
-    uvec4 u = uvec4(q) & 255u;
-    return u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
-}
-
 void main() {
     uint b = gl_GlobalInvocationID.x, row4 = pc.a_row0 * (pc.K >> 2);
     if (b >= (pc.K >> 5)) return;
     bool prenorm = (pc.flags & 8u) != 0u;
     vec4 v[8];
-    float amax = 0.0, ss = 0.0;
+    float ss = 0.0;
     [[unroll]] for (uint i = 0u; i < 8u; i++) {
         v[i] = a4[row4 + 8u * b + i];
         ss += dot(v[i], v[i]);
         if (prenorm) v[i] *= g4[8u * b + i];
-        vec4 av = abs(v[i]);
-        amax = max(amax, max(max(av.x, av.y), max(av.z, av.w)));
     }
-    float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
-    ivec4 sum = ivec4(0);
     uint w[8];
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        ivec4 q = ivec4(round(v[i] * id));
-        sum += q;
-        w[i] = pack4(q);
-    }
+    vec2 ds;
+    quantize_q8_block(v, w, ds);
     q4[2u * b] = uvec4(w[0], w[1], w[2], w[3]);
     q4[2u * b + 1u] = uvec4(w[4], w[5], w[6], w[7]);
-    s4[(pc.K >> 4) + b] = vec4(d, d * float(sum.x + sum.y + sum.z + sum.w), ss, 0.0);
+    s4[(pc.K >> 4) + b] = vec4(ds, ss, 0.0);
 }

@@ -48,3 +48,23 @@ uint lowbias_hash(uint x) {
     x ^= x >> 16;
     return x;
 }
+
+// One block of 32 activations as int8 codes for matvec_q8a (act_q8.comp says the layout):
+// q = round(v / d) in -127..127 with d = max |v| / 127; w gets the codes 4 to a word
+// (little-endian), ds = (d, d * sum of the codes).
+void quantize_q8_block(vec4 v[8], out uint w[8], out vec2 ds) {
+    float amax = 0.0;
+    for (uint i = 0u; i < 8u; i++) {
+        vec4 av = abs(v[i]);
+        amax = max(amax, max(max(av.x, av.y), max(av.z, av.w)));
+    }
+    float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 sum = ivec4(0);
+    for (uint i = 0u; i < 8u; i++) {
+        ivec4 q = ivec4(round(v[i] * id));
+        sum += q;
+        uvec4 u = uvec4(q) & 255u;
+        w[i] = u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+    }
+    ds = vec2(d, d * float(sum.x + sum.y + sum.z + sum.w));
+}

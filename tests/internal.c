@@ -22,6 +22,7 @@ static void ft_use_head_dim(ft_ctx *c, uint32_t D) {
     c->dev.vk.vkDeviceWaitIdle(c->dev.dev);
     forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTENTION]);
     forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTN_BACK]);
+    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTN_DECODE]);
     c->dmax = want;
 }
 
@@ -341,6 +342,7 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split) {
+    if (split == 2 && !(c->dev.caps.subgroup_arith && c->dev.caps.subgroup_size <= 64)) return FORGE_ERR_UNSUPPORTED;
     ft_use_head_dim(c, D);
     ft_job j;
     ft_begin(&j, c);
@@ -354,10 +356,10 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range binds[5] = {pb, qb, kb, vb, part};
-        forge__dispatch(&j.rec, FORGE__OP_ATTN_SPLIT, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+        forge__dispatch(&j.rec, split == 2 ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, binds, &pc, FORGE__ATTN_SPLITS, H, n);
         forge__barrier(&j.rec);
-        forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS};
-        forge__range bc[2] = {part, ob};
+        forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
+        forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
         forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
     } else {
         forge__range lse = ft_buf(&j, NULL, 16);

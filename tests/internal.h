@@ -61,7 +61,9 @@ forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D
 /* Rotates k [n, heads, D] into kc [slots, heads, D] at slot (pos0 + t) % slots; copies v to vc. */
 forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc);
-/* split: 0 the tiled prefill kernel, 1 the split-K decode kernels (split + combine). */
+/* split: 0 the tiled prefill kernel, 1 the split-K decode kernels (attention_split + combine),
+ * 2 the same on subgroups (attention_decode + combine; FORGE_ERR_UNSUPPORTED where the device
+ * has no subgroup arithmetic). */
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split);

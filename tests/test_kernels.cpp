@@ -316,12 +316,13 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
                     ref[((size_t)t * cs.H + h) * cs.D + e] = (float)(acc / sum);
                 }
             }
-        for (int split : {0, 1}) {
+        for (int split : {0, 1, 2}) {
             if (split && cs.D % 4) continue;
             std::fill(out.begin(), out.end(), NAN);
-            ASSERT_EQ(ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc.data(), vc.data(), cs.slots, cs.pos0, cs.window, scale,
-                                   cs.softcap, out.data(), split),
-                      FORGE_OK);
+            forge_status st = ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc.data(), vc.data(), cs.slots, cs.pos0, cs.window,
+                                           scale, cs.softcap, out.data(), split);
+            if (split == 2 && st == FORGE_ERR_UNSUPPORTED) continue;
+            ASSERT_EQ(st, FORGE_OK);
             EXPECT_LT(ft::rel_err(out.data(), ref.data(), out.size()), 2e-5)
                 << "n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
         }

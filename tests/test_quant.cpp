@@ -305,14 +305,18 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
         cJSON_Delete(tokens);
         GTEST_SKIP() << "the device has no integer dot products";
     }
+    forge_session_params sp = forge_session_default_params();
+    sp.profile = 1; /* to count the kernels that ran */
     forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
+    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
     const int V = 512;
+    int steps = 0;
     for (int seq = 0; seq < 2; seq++) {
         std::vector<int32_t> toks;
         cJSON *t;
         cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
         int n = (int)toks.size();
+        steps += n;
         std::vector<float> got((size_t)n * V);
         ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
         for (int i = 0; i < n; i++)
@@ -341,6 +345,18 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
             }
         }
     }
+    /* per token and layer: act_q8 before q|k|v, gate|up and down (the o projection's input
+     * comes quantized from attention_combine), and one before the head */
+    std::vector<char> prof(1 << 16);
+    size_t len = 0;
+    ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+    cJSON *pj = cJSON_Parse(prof.data());
+    ASSERT_NE(pj, nullptr);
+    const int layers = 2;
+    double act_calls = cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "act_q8"), "calls")->valuedouble;
+    EXPECT_EQ(act_calls, (double)steps * (layers * 3 + 1)) << prof.data();
+    EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
+    cJSON_Delete(pj);
     forge_session_free(s);
     forge_model_free(m);
     cJSON_Delete(expect);
