@@ -174,13 +174,18 @@ typedef struct forge_model_params {
      * n_vocab) work on such a model; the others fail with FORGE_ERR_UNSUPPORTED. */
     int vocab_only;
     int exact;                     /* 1: keep every product in f32 (no tensor-core matmul, whose
-                                    * inputs round to f16 as llama.cpp's do): slower prefill on
-                                    * such GPUs, results bit-for-bit those of the f32 kernels.
+                                    * inputs round to f16 as llama.cpp's do, and no int8
+                                    * activations): slower prefill and quantized decode on such
+                                    * GPUs, results bit-for-bit those of the f32 kernels.
                                     * 0 (default): products of more than 8 rows (prefill, classify,
                                     * batch decode) run on the tensor cores where the device has
                                     * them (VK_NV_cooperative_matrix), so a batched sequence or a
                                     * prompt's logits can differ from a one-row run by f16
-                                    * rounding; devices without them (lavapipe) are always exact. */
+                                    * rounding; and on GPUs with integer dot products a decode
+                                    * step's products of Q4_0 / Q8_0 weights take activations
+                                    * rounded to 8 bits a block of 32, as llama.cpp's quantized
+                                    * products do (logits within llama.cpp's own distance from the
+                                    * exact ones). CPU devices (lavapipe) are always exact. */
     /* A LoRA adapter to apply (go-mlx's WithAdapterPath): a directory holding a PEFT adapter
      * (adapter_config.json + adapter_model.safetensors) or an mlx-lm one (adapter_config.json +
      * adapters.safetensors), told apart by their files. The low-rank path runs beside the base

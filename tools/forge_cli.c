@@ -79,7 +79,7 @@ static const char usage_text[] =
             "                               (default 0: the BOS token) and drop the oldest half of the rest\n"
             "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
-            "         --exact               every product in f32 (no tensor cores: slower prefill, no f16 rounding)\n"
+            "         --exact               every product in f32 (no tensor cores, no int8 activations: slower, no rounding)\n"
             "         --json                run, devices, info, discover, keys, classify, tokenize, train: the\n"
             "                               results as JSON on stdout, one schema per command (README,\n"
             "                               \"JSON output\"); logits and bench always print JSON\n"

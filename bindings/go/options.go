@@ -69,8 +69,9 @@ func WithDeviceIndex(i int) LoadOption { return func(c *LoadConfig) { c.DeviceIn
 // WithDeviceName picks the first Vulkan device whose name contains name.
 func WithDeviceName(name string) LoadOption { return func(c *LoadConfig) { c.DeviceName = name } }
 
-// WithExact keeps every product in f32 on GPUs with tensor cores (results bit-for-bit those
-// of the f32 kernels; devices without them, lavapipe included, are always exact).
+// WithExact keeps every product in f32 on GPUs (no tensor cores, no int8 activations for
+// Q4_0 / Q8_0 decode: results bit-for-bit those of the f32 kernels; CPU devices, lavapipe
+// included, are always exact).
 func WithExact() LoadOption { return func(c *LoadConfig) { c.Exact = true } }
 
 // WithParallelSlots caps how many calls run at once on the model (others wait).
