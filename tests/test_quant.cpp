@@ -224,57 +224,99 @@ TEST(Quant, MlxAffineAllBitsAndGroups) {
  * Tolerances and the positions where argmax must match come from its expect.json. */
 #include <cjson/cJSON.h>
 
-class QuantFixture : public ::testing::TestWithParam<std::string> {};
+namespace {
 
-TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
-    std::string dir = ft::shared("quant-fixtures/"), name = GetParam();
-    std::vector<uint8_t> ej = ft::read_file(dir + "expect.json"), tj = ft::read_file(dir + "tokens.json");
-    ASSERT_FALSE(ej.empty()) << "missing " << dir << "expect.json (../shared beside the checkout)";
-    cJSON *expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
-    cJSON *tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
-    ASSERT_NE(expect, nullptr);
-    ASSERT_NE(tokens, nullptr);
-    cJSON *file = cJSON_GetObjectItem(cJSON_GetObjectItem(expect, "files"), name.c_str());
-    ASSERT_NE(file, nullptr);
-    forge_model *m = ft::load(dir + cJSON_GetStringValue(cJSON_GetObjectItem(file, "gguf")));
-    ASSERT_NE(m, nullptr);
-    forge_model_info info;
-    forge_model_get_info(m, &info);
-    /* packed on the device: weight bytes are the file's tensor bytes, not the dequantized size */
-    EXPECT_LE(info.weight_bytes, (uint64_t)cJSON_GetObjectItem(file, "bytes")->valuedouble);
-    EXPECT_GE(info.memory.device_in_use_bytes, info.weight_bytes);
-    EXPECT_LE(info.memory.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
-    forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, nullptr, &s), FORGE_OK);
-    const int V = 512;
-    for (int seq = 0; seq < 2; seq++) {
+/* One file of the fixtures: its expect.json entry, tokens.json and the model, freed together. */
+struct QuantFile {
+    std::string dir = ft::shared("quant-fixtures/");
+    cJSON *expect = nullptr, *tokens = nullptr, *file = nullptr;
+    forge_model *m = nullptr;
+    QuantFile() = default;
+    QuantFile(const QuantFile &) = delete;
+    QuantFile &operator=(const QuantFile &) = delete;
+    ~QuantFile() {
+        forge_model_free(m);
+        cJSON_Delete(expect);
+        cJSON_Delete(tokens);
+    }
+    std::vector<int32_t> sequence(int seq) const {
         std::vector<int32_t> toks;
         cJSON *t;
         cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
-        int n = (int)toks.size();
-        std::vector<float> got((size_t)n * V);
-        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
-        ASSERT_EQ(forge_eval(s, toks.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-        for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
-            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(file, "refs"), kind), seq);
-            ASSERT_NE(ref, nullptr);
-            std::vector<float> r = ft::read_f32(dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
-            ASSERT_EQ(r.size(), got.size());
-            double tol = cJSON_GetObjectItem(ref, "tol_rel")->valuedouble, err = ft::rel_err(got.data(), r.data(), got.size());
-            printf("  %-8s seq%d vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", name.c_str(), seq, kind, err, tol);
-            EXPECT_LE(err, tol) << name << " seq" << seq << " vs " << kind;
-            cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
-            cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
-                int p = pos->valueint;
-                EXPECT_EQ(ft::argmax(got.data() + (size_t)p * V, V), cJSON_GetArrayItem(am, p)->valueint)
-                    << name << " seq" << seq << " vs " << kind << " position " << p;
-            }
+        return toks;
+    }
+};
+
+/* Reads the fixtures' JSON and loads file `name` ("f32", "q8_0", ...) into q. */
+void open_quant_file(const std::string &name, QuantFile &q) {
+    std::vector<uint8_t> ej = ft::read_file(q.dir + "expect.json"), tj = ft::read_file(q.dir + "tokens.json");
+    ASSERT_FALSE(ej.empty()) << "missing " << q.dir << "expect.json (../shared beside the checkout)";
+    q.expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
+    q.tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
+    ASSERT_NE(q.expect, nullptr);
+    ASSERT_NE(q.tokens, nullptr);
+    q.file = cJSON_GetObjectItem(cJSON_GetObjectItem(q.expect, "files"), name.c_str());
+    ASSERT_NE(q.file, nullptr);
+    q.m = ft::load(q.dir + cJSON_GetStringValue(cJSON_GetObjectItem(q.file, "gguf")));
+    ASSERT_NE(q.m, nullptr);
+}
+
+const int QUANT_VOCAB = 512;
+
+/* got [n, 512]: the logits of sequence `seq` against the exact, llama.cpp and llama.cpp-f32kv
+ * references, at each one's tolerance and argmax positions. `rounded` (int8 activations): the
+ * exact reference is held to llama.cpp's tolerance instead, must differ from it (the rounding
+ * ran), and its argmax positions (which assume exact products) are not checked. */
+void check_against_refs(const QuantFile &q, const std::string &what, int seq, const std::vector<float> &got, bool rounded) {
+    cJSON *refs = cJSON_GetObjectItem(q.file, "refs");
+    double llama_tol = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(refs, "llamacpp"), seq), "tol_rel")->valuedouble;
+    for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
+        cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(refs, kind), seq);
+        ASSERT_NE(ref, nullptr);
+        std::vector<float> r = ft::read_f32(q.dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
+        ASSERT_EQ(r.size(), got.size());
+        bool exact = strcmp(kind, "exact") == 0;
+        double tol = rounded && exact ? llama_tol : cJSON_GetObjectItem(ref, "tol_rel")->valuedouble;
+        double err = ft::rel_err(got.data(), r.data(), got.size());
+        printf("  %-24s seq%d vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", what.c_str(), seq, kind, err, tol);
+        EXPECT_LE(err, tol) << what << " seq" << seq << " vs " << kind;
+        if (rounded && exact) {
+            EXPECT_GT(err, 1e-4) << "no rounding: the int8 path did not run";
+            continue;
+        }
+        cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
+        cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
+            int p = pos->valueint;
+            EXPECT_EQ(ft::argmax(got.data() + (size_t)p * QUANT_VOCAB, QUANT_VOCAB), cJSON_GetArrayItem(am, p)->valueint)
+                << what << " seq" << seq << " vs " << kind << " position " << p;
         }
     }
+}
+
+} // namespace
+
+class QuantFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
+    QuantFile q;
+    ASSERT_NO_FATAL_FAILURE(open_quant_file(GetParam(), q));
+    forge_model_info info;
+    forge_model_get_info(q.m, &info);
+    /* packed on the device: weight bytes are the file's tensor bytes, not the dequantized size */
+    EXPECT_LE(info.weight_bytes, (uint64_t)cJSON_GetObjectItem(q.file, "bytes")->valuedouble);
+    EXPECT_GE(info.memory.device_in_use_bytes, info.weight_bytes);
+    EXPECT_LE(info.memory.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(q.m, nullptr, &s), FORGE_OK);
+    for (int seq = 0; seq < 2; seq++) {
+        std::vector<int32_t> toks = q.sequence(seq);
+        int n = (int)toks.size();
+        std::vector<float> got((size_t)n * QUANT_VOCAB);
+        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        ASSERT_EQ(forge_eval(s, toks.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        check_against_refs(q, GetParam(), seq, got, false);
+    }
     forge_session_free(s);
-    forge_model_free(m);
-    cJSON_Delete(expect);
-    cJSON_Delete(tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, QuantFixture, ::testing::Values("f32", "q8_0", "q4_0", "q4_k_m", "q6_k"));
@@ -286,64 +328,26 @@ class Int8Activations : public ::testing::TestWithParam<std::string> {};
  * evaluated alone (the one-token path), logits against llama.cpp's own (which rounds its
  * activations to 8 bits the same way) and the exact reference, at the fixture's llama.cpp
  * tolerance and argmax positions. The error against the exact logits must not be zero: the
- * rounded path really ran. */
+ * rounded path really ran; and the kernels that ran are counted from the session's profile. */
 TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
-    std::string dir = ft::shared("quant-fixtures/"), name = GetParam();
-    std::vector<uint8_t> ej = ft::read_file(dir + "expect.json"), tj = ft::read_file(dir + "tokens.json");
-    ASSERT_FALSE(ej.empty()) << "missing " << dir << "expect.json (../shared beside the checkout)";
-    cJSON *expect = cJSON_ParseWithLength((const char *)ej.data(), ej.size());
-    cJSON *tokens = cJSON_ParseWithLength((const char *)tj.data(), tj.size());
-    ASSERT_NE(expect, nullptr);
-    ASSERT_NE(tokens, nullptr);
-    cJSON *file = cJSON_GetObjectItem(cJSON_GetObjectItem(expect, "files"), name.c_str());
-    ASSERT_NE(file, nullptr);
-    forge_model *m = ft::load(dir + cJSON_GetStringValue(cJSON_GetObjectItem(file, "gguf")));
-    ASSERT_NE(m, nullptr);
-    if (!ft_model_set_act_q8(m, 1)) {
-        forge_model_free(m);
-        cJSON_Delete(expect);
-        cJSON_Delete(tokens);
-        GTEST_SKIP() << "the device has no integer dot products";
-    }
+    std::string name = GetParam();
+    QuantFile q;
+    ASSERT_NO_FATAL_FAILURE(open_quant_file(name, q));
+    if (!ft_model_set_act_q8(q.m, 1)) GTEST_SKIP() << "the device has no integer dot products";
     forge_session_params sp = forge_session_default_params();
-    sp.profile = 1; /* to count the kernels that ran */
+    sp.profile = 1;
     forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
-    const int V = 512;
+    ASSERT_EQ(forge_session_create(q.m, &sp, &s), FORGE_OK);
     int steps = 0;
     for (int seq = 0; seq < 2; seq++) {
-        std::vector<int32_t> toks;
-        cJSON *t;
-        cJSON_ArrayForEach(t, cJSON_GetObjectItem(tokens, seq ? "seq1" : "seq0")) toks.push_back(t->valueint);
+        std::vector<int32_t> toks = q.sequence(seq);
         int n = (int)toks.size();
         steps += n;
-        std::vector<float> got((size_t)n * V);
+        std::vector<float> got((size_t)n * QUANT_VOCAB);
         ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
         for (int i = 0; i < n; i++)
-            ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * V, V), FORGE_OK) << forge_session_errmsg(s);
-        cJSON *refs = cJSON_GetObjectItem(file, "refs");
-        double llama_tol = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(refs, "llamacpp"), seq), "tol_rel")->valuedouble;
-        for (const char *kind : {"exact", "llamacpp", "llamacpp-f32kv"}) {
-            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(refs, kind), seq);
-            ASSERT_NE(ref, nullptr);
-            std::vector<float> r = ft::read_f32(dir + cJSON_GetStringValue(cJSON_GetObjectItem(ref, "file")));
-            ASSERT_EQ(r.size(), got.size());
-            bool exact = strcmp(kind, "exact") == 0;
-            double tol = exact ? llama_tol : cJSON_GetObjectItem(ref, "tol_rel")->valuedouble;
-            double err = ft::rel_err(got.data(), r.data(), got.size());
-            printf("  %-8s seq%d int8 activations vs %-15s max|d|/max|ref| = %.2e (tolerance %.1e)\n", name.c_str(), seq, kind, err, tol);
-            EXPECT_LE(err, tol) << name << " seq" << seq << " vs " << kind;
-            if (exact) { /* its argmax positions assume exact products */
-                EXPECT_GT(err, 1e-4) << "no rounding: the int8 path did not run";
-                continue;
-            }
-            cJSON *am = cJSON_GetObjectItem(ref, "argmax"), *pos;
-            cJSON_ArrayForEach(pos, cJSON_GetObjectItem(ref, "argmax_positions")) {
-                int p = pos->valueint;
-                EXPECT_EQ(ft::argmax(got.data() + (size_t)p * V, V), cJSON_GetArrayItem(am, p)->valueint)
-                    << name << " seq" << seq << " vs " << kind << " position " << p;
-            }
-        }
+            ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
+        check_against_refs(q, name + " int8 activations", seq, got, true);
     }
     /* per token and layer: act_q8 before q|k|v, gate|up and down (the o projection's input
      * comes quantized from attention_combine), and one before the head */
@@ -358,9 +362,6 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
     EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
     cJSON_Delete(pj);
     forge_session_free(s);
-    forge_model_free(m);
-    cJSON_Delete(expect);
-    cJSON_Delete(tokens);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q4_0"));
