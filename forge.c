@@ -4380,6 +4380,10 @@ static int forge__type_rank(forge_device_type t) {
     }
 }
 
+/* Whether the device can run attention_decode.comp: subgroup arithmetic at a width of 4 to 64
+ * (its workgroup of 64 holds 64 / width subgroups). */
+static bool forge__runs_attn_decode(const forge__caps *c) { return c->subgroup_arith && c->subgroup_size <= 64; }
+
 /* Reads everything forge needs to know about one physical device. */
 static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forge__caps *c, forge_device_info *info) {
     memset(c, 0, sizeof *c);
@@ -4939,7 +4943,7 @@ typedef struct forge__op_desc {
     uint32_t push_bytes;
     uint32_t n_spec;
     uint32_t spec[3];      /* constant_id 0, 1, 2: pinned, never left to GLSL defaults */
-    bool per_subgroup;     /* matvec_sg: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
+    bool per_subgroup;     /* matvec_sg, matvec_q8a: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
     bool per_head_dim;     /* attention kernels: spec[0] = DMAX, the model's head_dim rounded up to 8 */
     bool sg_width;         /* spec[1] = the device's subgroup width */
 } forge__op_desc;
@@ -6350,10 +6354,6 @@ static uint32_t forge__attn_splits(const forge_model *m) {
  * RMSNorm of its input (forge__linear's `norm`). */
 static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
 
-/* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
- * that column too), one dispatch per row-chunk of W. With `norm` (only where
- * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
- * weight) writes act(gate) * up, one output per row pair. */
 /* Whether a product of M rows of x with w runs on int8 activations (forge__linear_q8a). */
 static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) {
     return M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
@@ -6389,6 +6389,11 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     }
 }
 
+/* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
+ * that column too), one dispatch per row-chunk of W. With `norm` (only where
+ * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
+ * weight) writes act(gate) * up, one output per row pair. One token of Q4_0 / Q8_0 weights
+ * goes to forge__linear_q8a where the pass has int8 activations. */
 static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
@@ -7556,7 +7561,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         m->dev.caps.device_local_bytes = p->max_device_memory; /* the budget every plan is checked against */
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
-    m->attn_subgroups = m->dev.caps.subgroup_arith && m->dev.caps.subgroup_size <= 64;
+    m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;

@@ -342,7 +342,7 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split) {
-    if (split == 2 && !(c->dev.caps.subgroup_arith && c->dev.caps.subgroup_size <= 64)) return FORGE_ERR_UNSUPPORTED;
+    if (split == 2 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
     ft_use_head_dim(c, D);
     ft_job j;
     ft_begin(&j, c);
@@ -836,7 +836,7 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
 void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
 int ft_model_set_attn_subgroups(forge_model *m, int on) {
-    if (on && !(m->dev.caps.subgroup_arith && m->dev.caps.subgroup_size <= 64)) return 0;
+    if (on && !forge__runs_attn_decode(&m->dev.caps)) return 0;
     m->attn_subgroups = on != 0;
     return 1;
 }
