@@ -4921,6 +4921,11 @@ typedef enum forge__op {
     FORGE__OP_TOPK,
     FORGE__OP_TOPK_MERGE,
     FORGE__OP_ACT_Q8,             /* one token's activations as int8 blocks, matvec_q8a's input */
+    FORGE__OP_ROPE_KV16,          /* rope and the attention kernels on an f16 KV cache (forge_session_params.kv_type) */
+    FORGE__OP_ATTENTION_KV16,
+    FORGE__OP_ATTN_SPLIT_KV16,
+    FORGE__OP_ATTN_DECODE_KV16,
+    FORGE__OP_ROPE_SHIFT_KV16,    /* the context shift's re-rotation of an f16 K cache (rope_back.comp) */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -5021,6 +5026,12 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
     [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
+    [FORGE__OP_ROPE_KV16] = {"rope_kv16", FORGE__SPV(rope_kv16), 5, sizeof(forge__pc_rope), 0, {0}},
+    [FORGE__OP_ATTENTION_KV16] = {"attention_tiled_kv16", FORGE__SPV(attention_tiled_kv16), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
+    [FORGE__OP_ATTN_SPLIT_KV16] = {"attention_split_kv16", FORGE__SPV(attention_split_kv16), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_DECODE_KV16] = {"attention_decode_kv16", FORGE__SPV(attention_decode_kv16), 5, sizeof(forge__pc_attention), 2, {256, 32},
+                                    false, true, true},
+    [FORGE__OP_ROPE_SHIFT_KV16] = {"rope_shift_kv16", FORGE__SPV(rope_shift_kv16), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
@@ -6138,7 +6149,8 @@ struct forge_session {
     forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate and up [n_batch, 2 ffn] */
     forge__range lora_u;                /* the adapter's x A^T [n_batch, FORGE__T_COUNT * max_rank] (16 bytes without one) */
     forge__range logits;                /* [n_out_max, vocab] */
-    forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim] f32 */
+    forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim], f32 or (kv_f16) f16 */
+    bool kv_f16;                      /* forge_session_params.kv_type resolved (forge__session_sizes) */
     uint64_t kv_bytes, kv_sliding_bytes;
     uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
     VkCommandPool cmd_pool;
@@ -6167,8 +6179,12 @@ struct forge_session {
 typedef struct forge__session_plan {
     int n_ctx, n_batch, n_out_max;
     int n_seq;                        /* sequences of batch generation, each with its own slots */
+    bool kv_f16;                      /* the KV cache in f16 (forge_kv_type) */
     uint32_t slots[FORGE__MAX_LAYERS];
 } forge__session_plan;
+
+/* Bytes of one position of one layer's K (or V) cache. */
+static uint64_t forge__kv_row_bytes(const forge__config *c, bool f16) { return (f16 ? 2ull : 4ull) * c->n_kv_heads * c->head_dim; }
 
 static forge_status forge__session_sizes(forge_model *m, const forge_session_params *p, forge__session_plan *sp, forge__err *err) {
     const forge__config *c = &m->cfg;
@@ -6198,7 +6214,14 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_seq > sp->n_out_max) /* a batched decode step reads one logits row per sequence */
         return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d needs as many logit rows per step; n_batch and "
                            "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
-    uint64_t kv_row = 4ull * c->n_kv_heads * c->head_dim;
+    if (p->kv_type < FORGE_KV_DEFAULT || p->kv_type > FORGE_KV_F16)
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: kv_type %d is not a forge_kv_type (0 default, 1 f32, 2 f16)", p->kv_type);
+    if (p->kv_type == FORGE_KV_F16 && c->head_dim % 4)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "session params: an f16 KV cache needs head_dim a multiple of 4; this model's is %d",
+                           c->head_dim);
+    sp->kv_f16 = p->kv_type == FORGE_KV_F16 ||
+                 (p->kv_type == FORGE_KV_DEFAULT && c->head_dim % 4 == 0 && !m->exact && caps->type != FORGE_DEVICE_CPU);
+    uint64_t kv_row = forge__kv_row_bytes(c, sp->kv_f16);
     for (int l = 0; l < c->n_layers; l++) {
         uint64_t s = (uint64_t)sp->n_ctx;
         if (c->layer_sliding[l] && c->sliding_window > 0)
@@ -6257,7 +6280,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++)
         for (int kv = 0; kv < 2; kv++)
-            if (forge__pack_add(pack, a, (uint64_t)sp->n_seq * sp->slots[l] * c->n_kv_heads * c->head_dim * 4) < 0)
+            if (forge__pack_add(pack, a, (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, sp->kv_f16)) < 0)
                 return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return forge__pack_plan(pack, a, &m->dev.caps, err);
 }
@@ -6266,7 +6289,7 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     const forge__config *c = &m->cfg;
     *all = *sliding = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * c->n_kv_heads * c->head_dim * 4;
+        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, sp->kv_f16);
         *all += b;
         if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;
     }
@@ -6313,6 +6336,7 @@ typedef struct forge__pass {
     forge__range split_part;   /* batch decode: scratch for the matmul's split-k partial sums (unset: no split), */
     forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
     forge__range act_q8;       /* one token's int8 activations (act_q8.comp), where the model uses them; unset: never */
+    bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
 } forge__pass;
 
 /* Whether two ranges share no byte. */
@@ -6616,8 +6640,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
     forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
     forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
-    forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ROPE, br, &pr, gx, gy, 1);
+    uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
+    forge__grid(((uint64_t)n * (NH * (D / 2) + NKV * key_pairs) + 63) / 64, &gx, &gy);
+    forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
     forge__barrier(r);
     uint32_t seq = p->seq ? p->seq : n;
     uint32_t splits = forge__attn_splits(m);
@@ -6629,14 +6654,16 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n);
     if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
         forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
-        forge__dispatch(r, m->attn_subgroups ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
+        forge__op op = m->attn_subgroups ? (p->kv_f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE)
+                                         : (p->kv_f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
+        forge__dispatch(r, op, ba, &pa, splits, NH, n);
         forge__barrier(r);
         forge__pc_combine pcm = {NH, D, splits, o_quantized ? 1u : 0u};
         forge__range bc[3] = {a->attn_part, a->att, o_quantized ? p->act_q8 : p->dummy};
         forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
         forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-        forge__dispatch(r, FORGE__OP_ATTENTION, ba, &pa, (seq + 7) / 8, NH, p->batch);
+        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + 7) / 8, NH, p->batch);
     }
     forge__barrier(r);
     if (c->sandwich_norms) {
@@ -6722,7 +6749,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, s->kv_f16};
     if (m->act_q8) p.act_q8 = s->act_q8;
     return p;
 }
@@ -7062,14 +7089,15 @@ static int forge__slide_keep(const forge_session *s) {
 }
 
 /* Rotates the keys of cache rows [row0, row0 + n) back by params.pos0 positions: rope_back
- * over the rows as n "tokens" of n_kv_heads key heads, every one at position pos0 (seq_len 1). */
+ * over the rows as n "tokens" of n_kv_heads key heads, every one at position pos0 (seq_len 1);
+ * its -DKV_F16 build on an f16 cache. */
 static void forge__rope_shift(forge__rec *r, forge__range params, forge__range inv_freq, forge__range kc, uint32_t row0, uint32_t n,
-                              uint32_t NKV, uint32_t D, bool adjacent) {
+                              uint32_t NKV, uint32_t D, bool adjacent, bool f16) {
     forge__pc_rope_back pc = {n, 0, NKV, D, adjacent, NKV * D, row0 * NKV * D, 1};
     forge__range b[3] = {params, inv_freq, kc};
     uint32_t gx, gy;
-    forge__grid(((uint64_t)n * NKV * (D / 2) + 63) / 64, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ROPE_BACK, b, &pc, gx, gy, 1);
+    forge__grid(((uint64_t)n * NKV * (f16 ? D / 4 : D / 2) + 63) / 64, &gx, &gy); /* f16: two pairs an invocation */
+    forge__dispatch(r, f16 ? FORGE__OP_ROPE_SHIFT_KV16 : FORGE__OP_ROPE_BACK, b, &pc, gx, gy, 1);
 }
 
 typedef struct forge__shift_args {
@@ -7098,7 +7126,7 @@ static forge__range forge__shift_scratch(const forge_session *s) { return s->gu.
 /* Can SHIFT slide this cache (keep, drop d)? Only wrapped rings can say no (see above). */
 static bool forge__shift_possible(const forge_session *s, int keep, int d) {
     const forge__config *c = &s->m->cfg;
-    uint64_t row = 4ull * c->n_kv_heads * c->head_dim;
+    uint64_t row = forge__kv_row_bytes(c, s->kv_f16);
     for (int l = 0; l < c->n_layers; l++) {
         int S = (int)s->slots[l];
         if (s->n_past <= S) continue;
@@ -7113,7 +7141,7 @@ static void forge__record_shift_fn(void *ctx, forge__rec *r) {
     forge_session *s = a->s;
     const forge__config *c = &s->m->cfg;
     uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, n_past = (uint32_t)s->n_past;
-    uint64_t row = 4ull * NKV * D;
+    uint64_t row = forge__kv_row_bytes(c, s->kv_f16);
     forge__range scratch = forge__shift_scratch(s);
     for (int l = 0; l < c->n_layers; l++) {
         uint32_t S = s->slots[l], row0 = a->keep, rows = n_past - a->keep - a->d; /* the rows to rotate back */
@@ -7136,7 +7164,7 @@ static void forge__record_shift_fn(void *ctx, forge__rec *r) {
             rows = S;
         }
         const forge__vec *rope = s->m->layers[l].sliding ? &s->m->rope_sliding : &s->m->rope_full;
-        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs);
+        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs, s->kv_f16);
     }
     forge__barrier(r);
 }
@@ -7243,6 +7271,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->n_batch = sp->n_batch;
     s->n_out_max = sp->n_out_max;
     s->n_seq = sp->n_seq;
+    s->kv_f16 = sp->kv_f16;
     s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);
     s->kc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
     s->vc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
@@ -7785,6 +7814,7 @@ FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_
 FORGE_API void forge_session_free(forge_session *s) { forge__session_destroy(s); }
 FORGE_API const char *forge_session_errmsg(const forge_session *s) { return s ? s->err.msg : "no session"; }
 FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_past : 0; }
+FORGE_API forge_kv_type forge_session_kv_type(const forge_session *s) { return s && s->kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32; }
 
 /* Can the cache go back to n_keep tokens? Sliding-window layers keep `slots` positions in a
  * ring: continuing at n_keep needs the keys of positions [n_keep - window + 1, n_keep), which
@@ -10919,7 +10949,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, false};
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);
@@ -11440,13 +11470,14 @@ static int forge__state_rows_needed(const forge__config *c, int layer, int n_pas
     return FORGE__MIN(n_past, c->sliding_window - 1);
 }
 
-/* The file's first bytes for a state of n_past tokens whose layer l holds rows[l] rows: the
- * header length (u64, little-endian), the JSON header padded with spaces to a multiple of 8.
+/* The file's first bytes for a state of n_past tokens whose layer l holds rows[l] rows of K
+ * and V in the session's type (f32, or F16 for kv_f16): the header length (u64,
+ * little-endian), the JSON header padded with spaces to a multiple of 8.
  * malloc'd into *out (*size bytes). */
-FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx, int n_past, const int *rows, uint8_t **out, size_t *size,
-                                                 forge__err *err) {
+FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx, int n_past, const int *rows, bool kv_f16, uint8_t **out,
+                                                 size_t *size, forge__err *err) {
     const forge__config *c = &m->cfg;
-    const uint64_t kv_row = 4ull * c->n_kv_heads * c->head_dim;
+    const uint64_t kv_row = forge__kv_row_bytes(c, kv_f16);
     char num[64], *windows = (char *)malloc(12ull * (size_t)c->n_layers + 1), *rowlist = (char *)malloc(12ull * (size_t)c->n_layers + 1);
     cJSON *h = cJSON_CreateObject(), *md = cJSON_CreateObject();
     *out = NULL;
@@ -11493,7 +11524,7 @@ FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx
         } else {
             int l = i / 2;
             snprintf(name, sizeof name, "layers.%d.%c", l, i % 2 ? 'v' : 'k');
-            cJSON_AddStringToObject(t, "dtype", "F32");
+            cJSON_AddStringToObject(t, "dtype", kv_f16 ? "F16" : "F32");
             double shape[3] = {rows[l], c->n_kv_heads, c->head_dim};
             cJSON_AddItemToObject(t, "shape", cJSON_CreateDoubleArray(shape, 3));
             bytes = (uint64_t)rows[l] * kv_row;
@@ -11525,11 +11556,12 @@ FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx
 /* A state file read and checked: pointers into its mapping (not aligned). */
 typedef struct forge__state_layer {
     int rows;                   /* positions n_past - rows .. n_past - 1 */
-    const uint8_t *k, *v;       /* [rows, kv heads, head_dim] f32 */
+    const uint8_t *k, *v;       /* [rows, kv heads, head_dim] f32, or f16 (forge__state.kv_f16) */
 } forge__state_layer;
 
 typedef struct forge__state {
     int n_past;
+    bool kv_f16;                /* the file's K and V are f16 (every layer's: the reader checks) */
     const uint8_t *tokens;      /* [n_past] i32 */
     forge__state_layer *layers; /* [n_layers], in the arena */
 } forge__state;
@@ -11622,7 +11654,11 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
         out->layers = (forge__state_layer *)forge__arena_alloc(arena, sizeof *out->layers * (size_t)c->n_layers, 16);
         if (!out->layers) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    const uint64_t kv_row = 4ull * c->n_kv_heads * c->head_dim;
+    /* the keys and values are all f32 or all f16, as the first layer's keys say */
+    forge__tensor *k0 = st ? NULL : forge__tensor_find(&table, "layers.0.k");
+    if (k0 && k0->dtype == FORGE__F16) out->kv_f16 = true;
+    const forge__dtype kv_dtype = out->kv_f16 ? FORGE__F16 : FORGE__F32;
+    const uint64_t kv_row = forge__kv_row_bytes(c, out->kv_f16);
     for (int l = 0; !st && l < c->n_layers; l++) {
         int window = c->layer_sliding[l] ? c->sliding_window : 0;
         if (!forge__list_int(windows, l, &v) || v != window) {
@@ -11636,11 +11672,12 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
             forge__tensor *t = kv[i] = forge__tensor_find(&table, tn);
             if (!t) {
                 st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no tensor '%s'", path, tn);
-            } else if (t->dtype != FORGE__F32 || t->n_dims != 3 || t->shape[0] > n_past || t->shape[1] != c->n_kv_heads ||
+            } else if (t->dtype != kv_dtype || t->n_dims != 3 || t->shape[0] > n_past || t->shape[1] != c->n_kv_heads ||
                        t->shape[2] != c->head_dim || (i && t->shape[0] != kv[0]->shape[0])) {
                 forge__shape_str(t, shape, sizeof shape);
-                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' is %s %s; this model needs f32 [rows <= n_past %lld, %d, %d]%s", path, tn,
-                                 forge__dtype_name(t->dtype), shape, n_past, c->n_kv_heads, c->head_dim, i ? ", as many rows as the keys" : "");
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' is %s %s; this model needs %s [rows <= n_past %lld, %d, %d]%s%s", path, tn,
+                                 forge__dtype_name(t->dtype), shape, forge__dtype_name(kv_dtype), n_past, c->n_kv_heads, c->head_dim,
+                                 i ? ", as many rows as the keys" : "", l || i ? " (the type of layers.0.k)" : "");
             }
             if (t) t->used = true;
         }
@@ -11689,7 +11726,7 @@ static bool forge__write_all(FILE *fp, const void *data, size_t n) {
 typedef struct forge__state_io {
     forge_session *s;
     forge__buffer stage;        /* host-visible: readback memory to save, upload memory to load */
-    uint64_t kv_row;            /* bytes of one position of K or V */
+    uint64_t kv_row;            /* bytes of one position of K or V in the session's cache */
     uint32_t rows_cap;          /* rows the stage holds */
     VkCommandBuffer cb;
 } forge__state_io;
@@ -11698,7 +11735,7 @@ static forge_status forge__state_io_open(forge__state_io *io, forge_session *s, 
     forge__device *d = &s->m->dev;
     memset(io, 0, sizeof *io);
     io->s = s;
-    io->kv_row = 4ull * s->m->cfg.n_kv_heads * s->m->cfg.head_dim;
+    io->kv_row = forge__kv_row_bytes(&s->m->cfg, s->kv_f16);
     io->rows_cap = (uint32_t)FORGE__MAX(1, FORGE__MIN((uint64_t)most_rows, FORGE__STATE_STAGE_BYTES / io->kv_row));
     forge_status st = forge__buffer_create(d, io->rows_cap * io->kv_row, to_device ? d->caps.mem_upload : d->caps.mem_readback, true, &s->mem,
                                            &s->m->mem_total, &io->stage, &s->err);
@@ -11806,7 +11843,7 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     uint8_t *header = NULL;
     size_t header_size = 0;
     forge__state_io io = {0};
-    forge_status st = forge__state_header(s->m, s->n_ctx, n, rows, &header, &header_size, &s->err);
+    forge_status st = forge__state_header(s->m, s->n_ctx, n, rows, s->kv_f16, &header, &header_size, &s->err);
     if (!st) st = forge__state_io_open(&io, s, most, false);
     FILE *fp = NULL;
     if (!st) {
@@ -11841,8 +11878,27 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
 
 /* ---- Loading ---- */
 
-/* Replaces the session's state with a checked one. The session holds no tokens while its
- * cache is being overwritten, so a device failure midway leaves it empty, not inconsistent. */
+/* n keys or values from f16 (src_f16) to f32 or the other way, on the host; src may be
+ * unaligned (a state file's mapping). */
+static void forge__kv_convert(const uint8_t *src, bool src_f16, uint8_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (src_f16) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            float f = forge__f16_to_f32(h);
+            memcpy(dst + 4 * i, &f, 4);
+        } else {
+            float f;
+            memcpy(&f, src + 4 * i, 4);
+            uint16_t h = forge__f32_to_f16(f);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+    }
+}
+
+/* Replaces the session's state with a checked one (its keys and values converted to the
+ * session's type where the file's differs). The session holds no tokens while its cache is
+ * being overwritten, so a device failure midway leaves it empty, not inconsistent. */
 static forge_status forge__state_apply(forge_session *s, const forge__state *state) {
     const forge__config *c = &s->m->cfg;
     const int n = state->n_past;
@@ -11852,14 +11908,26 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
     s->kv_from = 0;
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, most, true);
+    const size_t per_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    const uint64_t file_row = forge__kv_row_bytes(c, state->kv_f16);
+    uint8_t *converted = NULL; /* a layer's rows in the session's type, where the file's differs */
+    if (!st && state->kv_f16 != s->kv_f16 && !(converted = (uint8_t *)malloc((size_t)most * per_row * 4)))
+        st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers && !st; l++) {
         const forge__state_layer *sl = &state->layers[l];
         int keep = FORGE__MIN(sl->rows, (int)s->slots[l]); /* a smaller ring than the saving session's keeps the latest */
-        uint64_t skip = (uint64_t)(sl->rows - keep) * io.kv_row;
-        for (int kv = 0; kv < 2 && !st; kv++)
-            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - keep, keep, NULL, NULL, (kv ? sl->v : sl->k) + skip, NULL);
+        uint64_t skip = (uint64_t)(sl->rows - keep) * file_row;
+        for (int kv = 0; kv < 2 && !st; kv++) {
+            const uint8_t *rows = (kv ? sl->v : sl->k) + skip;
+            if (converted) {
+                forge__kv_convert(rows, state->kv_f16, converted, (size_t)keep * per_row);
+                rows = converted;
+            }
+            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - keep, keep, NULL, NULL, rows, NULL);
+        }
         if (c->layer_sliding[l] && c->sliding_window > 0) kv_from = FORGE__MAX(kv_from, n - keep);
     }
+    free(converted);
     forge__state_io_close(&io);
     if (st) return st;
     if (n) memcpy(s->history, state->tokens, 4ull * (size_t)n);
@@ -11918,12 +11986,15 @@ FORGE_API forge_status forge_session_tokens(const forge_session *s, int32_t *tok
 static forge_status forge__session_keys(forge_session *s, int l, int first, int rows, float *out) {
     const forge__config *c = &s->m->cfg;
     const int H = c->n_kv_heads, D = c->head_dim, half = D / 2;
-    float *tmp = (float *)malloc(4ull * (size_t)rows * (size_t)H * (size_t)D);
+    const size_t n = (size_t)rows * (size_t)H * (size_t)D;
+    float *tmp = (float *)malloc(4 * n + (s->kv_f16 ? 2 * n : 0)); /* an f16 cache's rows land after the floats */
     if (!tmp) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    uint8_t *raw = s->kv_f16 ? (uint8_t *)(tmp + n) : (uint8_t *)tmp;
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, rows, false);
-    if (!st) st = forge__state_rows(&io, s->kc[l], s->slots[l], first, rows, NULL, (uint8_t *)tmp, NULL, NULL);
+    if (!st) st = forge__state_rows(&io, s->kc[l], s->slots[l], first, rows, NULL, raw, NULL, NULL);
     forge__state_io_close(&io);
+    if (!st && s->kv_f16) forge__kv_convert(raw, true, (uint8_t *)tmp, n);
     for (int h = 0; h < H && !st; h++)
         for (int r = 0; r < rows; r++) {
             const float *src = tmp + ((size_t)r * H + h) * D;

@@ -374,6 +374,20 @@ typedef enum forge_overflow {
     FORGE_OVERFLOW_RECOMPUTE = 2,
 } forge_overflow;
 
+/* How a session's KV cache stores keys and values (forge_session_params.kv_type).
+ *   DEFAULT: f16 on GPUs, f32 on CPU devices (lavapipe) and for models loaded with exact = 1.
+ *   F32:     every key and value as computed: the logits equal the f32 kernels' bit for bit.
+ *   F16:     rounded to f16 (to nearest, as llama.cpp's default cache): half the cache's
+ *            memory and half the bytes decode attention reads; logits move by the rounding
+ *            (about 1e-3 of their spread). Needs head_dim a multiple of 4, else
+ *            FORGE_ERR_UNSUPPORTED. State files keep the session's type; either type loads
+ *            into either session (converted on the host). */
+typedef enum forge_kv_type {
+    FORGE_KV_DEFAULT = 0,
+    FORGE_KV_F32 = 1,
+    FORGE_KV_F16 = 2,
+} forge_kv_type;
+
 typedef struct forge_session_params {
     uint32_t struct_size;          /* sizeof(forge_session_params) */
     int n_ctx;                     /* context length (tokens the KV cache holds); 0: min(model, 4096) */
@@ -387,6 +401,7 @@ typedef struct forge_session_params {
     int n_seq_max;                 /* sequences forge_batch_generate decodes at once, each with its own
                                     * n_ctx of KV cache (the cache is n_seq_max times larger); 0: 1; at
                                     * most 512, n_batch and n_outputs_max */
+    int kv_type;                   /* forge_kv_type; 0: FORGE_KV_DEFAULT */
 } forge_session_params;
 
 FORGE_API forge_session_params forge_session_default_params(void);
@@ -404,6 +419,9 @@ FORGE_API const char *forge_session_errmsg(const forge_session *session);
 
 /* Tokens the session's KV cache holds (the next token is evaluated at this position). */
 FORGE_API int forge_session_n_past(const forge_session *session);
+
+/* The type the session's KV cache holds (FORGE_KV_F32 or FORGE_KV_F16: DEFAULT resolved). */
+FORGE_API forge_kv_type forge_session_kv_type(const forge_session *session);
 
 /* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). */
 FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);

@@ -7,7 +7,8 @@
  * After a warm-up run, each is repeated R times and the median reported. Prints one JSON
  * object on stdout:
  *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
- *    "n_prompt", "n_gen", "reps", "prefill_tok_s", "decode_tok_s", "ttft_ms",
+ *    "n_prompt", "n_gen", "reps", "kv_type" (the session's KV cache, "f16" or "f32"; --kv
+ *    chooses), "prefill_tok_s", "decode_tok_s", "ttft_ms",
  *    "classify_prompts_s", "peak_device_bytes", "load_s"}, and with --profile "profile": device
  *    ms per kernel over all runs (warm-up and classify included; timestamps after every
  *    dispatch slow the run a little).
@@ -175,12 +176,13 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
 /* Aggregate decode tok/s of forge_batch_generate with B sequences of P prompt tokens and N
  * generated ones (see the top of the file); 0 on failure (message on stderr). With `profile`
  * the batch session's kernel times go to *profile_json (malloc'd). */
-static double bench_batch(forge_model *m, int B, int P, int N, int R, int profile, char **profile_json) {
+static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_type, int profile, char **profile_json) {
     int V = forge_model_n_vocab(m);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = P + N + 1;
     sp.n_batch = P > B ? P : B;
     sp.n_seq_max = B;
+    sp.kv_type = kv_type;
     sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
@@ -227,7 +229,8 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int profil
 }
 
 static void bench_usage(void) {
-    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile] [--adapter DIR [--merge-adapter]] [--device D]\n"
+    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile] [--kv f16|f32] [--adapter DIR [--merge-adapter]]\n"
+                    "                         [--device D]\n"
                     "       forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
                     "                         [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile] [--device D]\n");
 }
@@ -285,6 +288,7 @@ int forge_bench_main(int argc, char **argv) {
     enum { CLASSIFY_PROMPTS = 64, CLASSIFY_LEN = 32 };
     sp.n_batch = P > CLASSIFY_LEN ? P : CLASSIFY_LEN;
     sp.n_ctx = P + N + 1 > sp.n_batch ? P + N + 1 : sp.n_batch;
+    sp.kv_type = o.kv_type;
     sp.profile = profile;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
@@ -331,8 +335,8 @@ int forge_bench_main(int argc, char **argv) {
     double batch_tok_s = 0, batch1_tok_s = 0;
     char *batch_profile = NULL;
     if (!rc && batch_set) {
-        batch_tok_s = bench_batch(m, tb.batch, P, N, R, profile, &batch_profile);
-        batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R, 0, NULL) : 0;
+        batch_tok_s = bench_batch(m, tb.batch, P, N, R, o.kv_type, profile, &batch_profile);
+        batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R, o.kv_type, 0, NULL) : 0;
         if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
     }
     if (rc == 2) {
@@ -342,7 +346,8 @@ int forge_bench_main(int argc, char **argv) {
     } else {
         forge_model_get_info(m, &info);
         print_model_fields(&info, path);
-        printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d", P, N, R);
+        printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, \"kv_type\": \"%s\"", P, N, R,
+               forge_session_kv_type(s) == FORGE_KV_F16 ? "f16" : "f32");
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"classify_prompts_s\": %.2f", median(cls, R));
         if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);

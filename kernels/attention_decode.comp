@@ -18,6 +18,7 @@
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
+// The cache is f32, or f16 built with -DKV_F16 (the loads stay as they are, half the bytes).
 // One workgroup of 64 per (split, head, token); D % 4 == 0, D <= DMAX.
 // Spec constants: 0 = DMAX (the model's head_dim rounded up to 8), 1 = W, the subgroup width (4..64).
 #extension GL_GOOGLE_include_directive : require
@@ -33,8 +34,17 @@ layout(constant_id = 1) const uint W = 32;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
+#ifdef KV_F16 // an f16 cache (common.glsl): a piece of 4 values is 2 words
+layout(binding = 2) readonly buffer K_ { uvec2 kc4[]; };
+layout(binding = 3) readonly buffer V_ { uvec2 vc4[]; };
+#define KV_PIECE(w) unpack_f16x4(w)
+#define KV_PIECE_T uvec2
+#else
 layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
 layout(binding = 3) readonly buffer V_ { vec4 vc4[]; };
+#define KV_PIECE(v) (v)
+#define KV_PIECE_T vec4
+#endif
 layout(binding = 4) writeonly buffer O_ { float part[]; };
 
 layout(push_constant) uniform PC {
@@ -75,22 +85,22 @@ void main() {
     float m = NEG_INF, l = 0.0;
     for (uint j0 = k_begin + sg; j0 < k_end; j0 += NSG * U) {
         // keys j0 + NSG u, u < U: every K and V piece loaded first
-        vec4 kk[U][NC], vv[U][NC];
+        KV_PIECE_T kk[U][NC], vv[U][NC];
         [[unroll]] for (uint u = 0u; u < U; u++) {
             uint j = j0 + NSG * u;
             uint rb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
             [[unroll]] for (uint c = 0u; c < NC; c++) {
                 uint i = lane + c * W;
                 bool ok = j < k_end && i < D4;
-                kk[u][c] = ok ? kc4[rb + i] : vec4(0.0);
-                vv[u][c] = ok ? vc4[rb + i] : vec4(0.0);
+                kk[u][c] = ok ? kc4[rb + i] : KV_PIECE_T(0);
+                vv[u][c] = ok ? vc4[rb + i] : KV_PIECE_T(0);
             }
         }
         float sc[U];
         float m_new = m;
         [[unroll]] for (uint u = 0u; u < U; u++) {
             float d = 0.0;
-            [[unroll]] for (uint c = 0u; c < NC; c++) d += dot(q[c], kk[u][c]);
+            [[unroll]] for (uint c = 0u; c < NC; c++) d += dot(q[c], KV_PIECE(kk[u][c]));
             float v = subgroupAdd(d) * pc.scale;
             if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
             sc[u] = j0 + NSG * u < k_end ? v : NEG_INF;
@@ -102,7 +112,7 @@ void main() {
         [[unroll]] for (uint u = 0u; u < U; u++) {
             float e = exp(sc[u] - m_new); // 0 for keys out of range
             l += e;
-            [[unroll]] for (uint c = 0u; c < NC; c++) acc[c] += e * vv[u][c];
+            [[unroll]] for (uint c = 0u; c < NC; c++) acc[c] += e * KV_PIECE(vv[u][c]);
         }
         m = m_new;
     }

@@ -15,6 +15,7 @@
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
 // One workgroup of 64 per (block of 8 queries, head, sequence); D <= DMAX <= 256.
+// The cache is f32, or f16 built with -DKV_F16 (session caches only; training's stay f32).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
@@ -24,8 +25,13 @@ layout(local_size_x = 64) in;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { float q[]; };
+#ifdef KV_F16 // an f16 cache (common.glsl): rows are read a word (2 values) at a time
+layout(binding = 2) readonly buffer K_ { uint kc[]; };
+layout(binding = 3) readonly buffer V_ { uint vc[]; };
+#else
 layout(binding = 2) readonly buffer K_ { float kc[]; };
 layout(binding = 3) readonly buffer V_ { float vc[]; };
+#endif
 layout(binding = 4) writeonly buffer O_ { float o[]; };
 layout(binding = 5) writeonly buffer L_ { float lse[]; };
 
@@ -43,6 +49,23 @@ const uint DS = DMAX + 1;    // padded row stride: rows start in different banks
 shared float qs[BQ * DS];
 shared float kv[BK * DS];    // the K tile, then the V tile
 shared float sc[BQ][BK];
+
+// The key (or value) row starting at element `src` of the cache into row kj of the tile (zeros
+// when it is not live_row: past the block's last query); 4 threads per row, `part` a quarter each.
+void stage_row(bool values, uint kj, uint part, uint src, bool live_row) {
+    uint D = pc.head_dim;
+#ifdef KV_F16
+    uint W = D / 2u, w4 = (W + 3u) / 4u;
+    for (uint w = part * w4; w < min(W, (part + 1u) * w4); w++) {
+        vec2 v = live_row ? unpackHalf2x16(values ? vc[src / 2u + w] : kc[src / 2u + w]) : vec2(0.0);
+        kv[kj * DS + 2u * w] = v.x;
+        kv[kj * DS + 2u * w + 1u] = v.y;
+    }
+#else
+    uint q4 = (D + 3u) / 4u;
+    for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = live_row ? (values ? vc[src + d] : kc[src + d]) : 0.0;
+#endif
+}
 
 void main() {
     uint tid = gl_LocalInvocationID.x;
@@ -73,9 +96,8 @@ void main() {
     for (uint j0 = lo_first; j0 <= p_last; j0 += BK) {
         barrier(); // the previous tile's V reads are done
         { // 4 threads per key: one slot computation each, then a quarter of the row
-            uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
-            uint src = kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
-            for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? kc[src + d] : 0.0;
+            uint kj = tid / 4u, j = j0 + kj;
+            stage_row(false, kj, tid % 4u, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
         }
         barrier();
         float s[2] = float[2](0.0, 0.0);
@@ -92,9 +114,8 @@ void main() {
         }
         barrier();
         { // V replaces K
-            uint kj = tid / 4u, part = tid % 4u, j = j0 + kj, q4 = (D + 3u) / 4u;
-            uint src = kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D;
-            for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = j <= p_last ? vc[src + d] : 0.0;
+            uint kj = tid / 4u, j = j0 + kj;
+            stage_row(true, kj, tid % 4u, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
         }
         float tmax = -1.0 / 0.0;
         [[unroll]] for (uint kj = 0; kj < BK; kj++) tmax = max(tmax, sc[my_q][kj]);

@@ -68,3 +68,31 @@ void quantize_q8_block(vec4 v[8], out uint w[8], out vec2 ds) {
     }
     ds = vec2(d, d * float(sum.x + sum.y + sum.z + sum.w));
 }
+
+// The KV cache in f16 (forge_session_params.kv_type; kernels built with -DKV_F16): element e
+// of a row is the half (e & 1) of word e / 2, low half first, rounded to nearest (round_f16:
+// packHalf2x16 alone may truncate). rope.comp and the context shift (rope_back.comp) write a
+// head two RoPE pairs at a time, so that each invocation owns whole words: pairs 2j and
+// 2j + 1 are, for rotate-half (pair i = (i, i + D/2)), words j (their first elements) and
+// D/4 + j (their second), and for adjacent pairs (pair i = (2i, 2i + 1)) words 2j and 2j + 1.
+// Needs D % 4 == 0 (forge.c keeps f32 otherwise).
+uint pack_f16(vec2 v) { return packHalf2x16(vec2(round_f16(v.x), round_f16(v.y))); }
+vec4 unpack_f16x4(uvec2 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
+// Element e of a row from its word (a select, not a dynamic index: that can go through local memory).
+float f16_at(uint w, uint e) {
+    vec2 v = unpackHalf2x16(w);
+    return (e & 1u) != 0u ? v.y : v.x;
+}
+// The two words of pairs 2j and 2j + 1 of a head starting at word `head`.
+uvec2 kv16_words(uint head, uint j, uint half_d, bool adjacent) {
+    return adjacent ? uvec2(head + 2u * j, head + 2u * j + 1u) : uvec2(head + j, head + half_d / 2u + j);
+}
+// Pairs a = 2j and b = 2j + 1 (each (first, second)) into their two words, and back.
+uvec2 kv16_pack(vec2 a, vec2 b, bool adjacent) {
+    return adjacent ? uvec2(pack_f16(a), pack_f16(b)) : uvec2(pack_f16(vec2(a.x, b.x)), pack_f16(vec2(a.y, b.y)));
+}
+void kv16_unpack(uvec2 w, bool adjacent, out vec2 a, out vec2 b) {
+    vec2 w0 = unpackHalf2x16(w.x), w1 = unpackHalf2x16(w.y);
+    a = adjacent ? w0 : vec2(w0.x, w1.x);
+    b = adjacent ? w1 : vec2(w0.y, w1.y);
+}

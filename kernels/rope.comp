@@ -14,7 +14,9 @@
 // from the params buffer after the step params (byte 64).
 // Bindings: 0 params {pos0, n} | 1 inv_freq f32 [D/2] | 2 qkv f32 [n, stride] (q rotated in place)
 //           3 K cache [slots, n_kv_heads, D] | 4 V cache [slots, n_kv_heads, D]
-// One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
+// One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key
+// pairs; with -DKV_F16 (an f16 cache, common.glsl's kv16_ helpers) one per two key pairs, the
+// n * n_kv_heads * D/4 of them, so that an invocation writes whole words of the cache.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
@@ -24,12 +26,31 @@ layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } pa
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer F_ { float inv_freq[]; };
 layout(binding = 2) buffer X_ { float x[]; };
+#ifdef KV_F16
+layout(binding = 3) writeonly buffer KC_ { uint kc[]; };
+layout(binding = 4) writeonly buffer VC_ { uint vc[]; };
+#else
 layout(binding = 3) writeonly buffer KC_ { float kc[]; };
 layout(binding = 4) writeonly buffer VC_ { float vc[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off, seq_len, table;
 } pc;
+
+// Pair i of the head whose row starts at x[src], rotated for position pos: (first, second).
+vec2 rotated(uint src, uint i, uint half_d, uint pos) {
+    uint i0 = pc.adjacent != 0u ? 2u * i : i;
+    uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
+    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
+    float x0 = x[src + i0], x1 = x[src + i1];
+    return vec2(x0 * cs.x - x1 * cs.y, x1 * cs.x + x0 * cs.y);
+}
+
+// Pair i of the head whose row starts at x[src], as it is.
+vec2 pair_at(uint src, uint i, uint half_d) {
+    return pc.adjacent != 0u ? vec2(x[src + 2u * i], x[src + 2u * i + 1u]) : vec2(x[src + i], x[src + i + half_d]);
+}
 
 void main() {
     uint half_d = pc.head_dim / 2u;
@@ -38,9 +59,14 @@ void main() {
     bool is_k = idx >= n_q;
     if (is_k) idx -= n_q;
     uint heads = is_k ? pc.n_kv_heads : pc.n_heads;
-    if (idx >= pc.n_tokens * heads * half_d) return;
-    uint i = idx % half_d;
-    uint th = idx / half_d;
+#ifdef KV_F16
+    uint per_head = is_k ? half_d / 2u : half_d; // invocations per head
+#else
+    uint per_head = half_d;
+#endif
+    if (idx >= pc.n_tokens * heads * per_head) return;
+    uint i = idx % per_head;
+    uint th = idx / per_head;
     uint h = th % heads, t = th / heads;
     uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
     uint slot = (params.pos0 + t) % pc.cache_slots;
@@ -48,22 +74,31 @@ void main() {
         pos = params.tab[TAB + 2u * t];
         slot = params.tab[TAB + 2u * t + 1u] * pc.cache_slots + pos % pc.cache_slots;
     }
+    uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
+    if (!is_k) {
+        vec2 y = rotated(src, i, half_d, pos);
+        x[src + (pc.adjacent != 0u ? 2u * i : i)] = y.x;
+        x[src + (pc.adjacent != 0u ? 2u * i + 1u : i + half_d)] = y.y;
+        return;
+    }
+    uint dst = (slot * pc.n_kv_heads + h) * pc.head_dim;
+    uint vs = t * pc.stride + pc.v_off + h * pc.head_dim;
+#ifdef KV_F16
+    bool adj = pc.adjacent != 0u;
+    uvec2 w = kv16_words(dst / 2u, i, half_d, adj);
+    uvec2 kw = kv16_pack(rotated(src, 2u * i, half_d, pos), rotated(src, 2u * i + 1u, half_d, pos), adj);
+    uvec2 vw = kv16_pack(pair_at(vs, 2u * i, half_d), pair_at(vs, 2u * i + 1u, half_d), adj);
+    kc[w.x] = kw.x;
+    kc[w.y] = kw.y;
+    vc[w.x] = vw.x;
+    vc[w.y] = vw.y;
+#else
+    vec2 y = rotated(src, i, half_d, pos), v = pair_at(vs, i, half_d);
     uint i0 = pc.adjacent != 0u ? 2u * i : i;
     uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
-    uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
-    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
-    float x0 = x[src + i0], x1 = x[src + i1];
-    float y0 = x0 * cs.x - x1 * cs.y;
-    float y1 = x1 * cs.x + x0 * cs.y;
-    if (is_k) {
-        uint dst = (slot * pc.n_kv_heads + h) * pc.head_dim;
-        uint vs = t * pc.stride + pc.v_off + h * pc.head_dim;
-        kc[dst + i0] = y0;
-        kc[dst + i1] = y1;
-        vc[dst + i0] = x[vs + i0];
-        vc[dst + i1] = x[vs + i1];
-    } else {
-        x[src + i0] = y0;
-        x[src + i1] = y1;
-    }
+    kc[dst + i0] = y.x;
+    kc[dst + i1] = y.y;
+    vc[dst + i0] = v.x;
+    vc[dst + i1] = v.y;
+#endif
 }

@@ -10,7 +10,9 @@
 // One invocation per pair: the n * n_heads * D/2 query pairs, then the n * n_kv_heads * D/2 key pairs.
 // Also the context shift's re-rotation (forge.c, forge__rope_shift): over K cache rows as n
 // "tokens" of key heads only (n_heads 0, k_off the first row), seq_len 1 and pos0 = d, it
-// turns keys rotated for position p into keys rotated for p - d, in place.
+// turns keys rotated for position p into keys rotated for p - d, in place. Built with -DKV_F16
+// it is only that, on an f16 cache: one invocation per two pairs of a key head (common.glsl's
+// kv16_ helpers), the n * n_kv_heads * D/4 of them; stride and k_off count elements.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
@@ -18,15 +20,39 @@ layout(local_size_x = 64) in;
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
 layout(binding = 1) readonly buffer F_ { float inv_freq[]; };
+#ifdef KV_F16
+layout(binding = 2) buffer X_ { uint xw[]; };
+#else
 layout(binding = 2) buffer X_ { float x[]; };
+#endif
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, stride, k_off, seq_len;
 } pc;
 
+// A pair (first, second) rotated by -(pos * inv_freq[i]).
+vec2 unrotated(vec2 g, uint i, uint pos) {
+    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
+    return vec2(g.x * cs.x + g.y * cs.y, g.y * cs.x - g.x * cs.y);
+}
+
 void main() {
     uint half_d = pc.head_dim / 2u;
     uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 64u;
+#ifdef KV_F16
+    uint per_head = half_d / 2u;
+    if (idx >= pc.n_tokens * pc.n_kv_heads * per_head) return;
+    uint j = idx % per_head, th = idx / per_head;
+    uint h = th % pc.n_kv_heads, t = th / pc.n_kv_heads;
+    uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
+    bool adj = pc.adjacent != 0u;
+    uvec2 w = kv16_words((t * pc.stride + pc.k_off + h * pc.head_dim) / 2u, j, half_d, adj);
+    vec2 a, b;
+    kv16_unpack(uvec2(xw[w.x], xw[w.y]), adj, a, b);
+    uvec2 r = kv16_pack(unrotated(a, 2u * j, pos), unrotated(b, 2u * j + 1u, pos), adj);
+    xw[w.x] = r.x;
+    xw[w.y] = r.y;
+#else
     uint n_q = pc.n_tokens * pc.n_heads * half_d;
     bool is_k = idx >= n_q;
     if (is_k) idx -= n_q;
@@ -39,8 +65,8 @@ void main() {
     uint i0 = pc.adjacent != 0u ? 2u * i : i;
     uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
     uint src = t * pc.stride + (is_k ? pc.k_off : 0u) + h * pc.head_dim;
-    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
-    float g0 = x[src + i0], g1 = x[src + i1];
-    x[src + i0] = g0 * cs.x + g1 * cs.y;
-    x[src + i1] = g1 * cs.x - g0 * cs.y;
+    vec2 g = unrotated(vec2(x[src + i0], x[src + i1]), i, pos);
+    x[src + i0] = g.x;
+    x[src + i1] = g.y;
+#endif
 }

@@ -20,9 +20,8 @@ static void ft_use_head_dim(ft_ctx *c, uint32_t D) {
     uint32_t want = (uint32_t)forge__align_up(D, 8);
     if (c->dmax == want) return;
     c->dev.vk.vkDeviceWaitIdle(c->dev.dev);
-    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTENTION]);
-    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTN_BACK]);
-    forge__pipeline_destroy(&c->dev, &c->pipes[FORGE__OP_ATTN_DECODE]);
+    for (int op = 0; op < FORGE__OP_COUNT; op++) /* the kernels specialized for a head_dim */
+        if (forge__ops[op].per_head_dim) forge__pipeline_destroy(&c->dev, &c->pipes[op]);
     c->dmax = want;
 }
 
@@ -302,7 +301,7 @@ forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_r
 /* The fused rope kernel on q only (kc == NULL: x rotated in place), or on k and v only (x = k,
  * v separate: they are laid out as k | v rows, as in the fused qkv rows). */
 static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n, uint32_t heads, uint32_t D,
-                                 const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
+                                 const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, void *kc, void *vc, bool f16) {
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
@@ -316,32 +315,38 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
         if (store) memcpy(rows + (size_t)t * stride + HD, v + (size_t)t * HD, 4ull * HD);
     }
     forge__range xb = ft_buf(&j, rows, 4ull * n * stride);
-    forge__range kb = store ? ft_buf(&j, kc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
-    forge__range vb = store ? ft_buf(&j, vc, 4ull * slots * HD) : ft_buf(&j, NULL, 16);
+    uint64_t cache_bytes = (f16 ? 2ull : 4ull) * slots * HD;
+    forge__range kb = store ? ft_buf(&j, kc, cache_bytes) : ft_buf(&j, NULL, 16);
+    forge__range vb = store ? ft_buf(&j, vc, cache_bytes) : ft_buf(&j, NULL, 16);
     forge__range binds[5] = {pb, fb, xb, kb, vb};
     forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0, 0};
     uint32_t gx, gy;
-    forge__grid(((uint64_t)n * heads * (D / 2) + 63) / 64, &gx, &gy);
-    forge__dispatch(&j.rec, FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
+    forge__grid(((uint64_t)n * heads * (f16 ? D / 4 : D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
     forge_status st;
-    if (store) st = ft_end(&j, 3, kc, 4ull * slots * HD, 4, vc, 4ull * slots * HD);
+    if (store) st = ft_end(&j, 3, kc, cache_bytes, 4, vc, cache_bytes);
     else st = ft_end(&j, 2, x, 4ull * n * HD, 0, NULL, 0);
     free(rows);
     return st;
 }
 
 forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D, const float *inv_freq, uint32_t pos0, int adjacent) {
-    return ft_rope_impl(c, x, NULL, n, heads, D, inv_freq, pos0, adjacent, 1, NULL, NULL);
+    return ft_rope_impl(c, x, NULL, n, heads, D, inv_freq, pos0, adjacent, 1, NULL, NULL, false);
 }
 
 forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
-    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc);
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, false);
 }
 
-forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
-                          const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
-                          float *out, int split) {
+forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                             const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint16_t *kc, uint16_t *vc) {
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, true);
+}
+
+static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const void *kc,
+                                      const void *vc, bool f16, uint32_t slots, uint32_t pos0, uint32_t window, float scale,
+                                      float softcap, float *out, int split) {
     if (split == 2 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
     ft_use_head_dim(c, D);
     ft_job j;
@@ -349,14 +354,15 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
     forge__range pb = ft_buf(&j, &sp, sizeof sp);
     forge__range qb = ft_buf(&j, q, 4ull * n * H * D);
-    forge__range kb = ft_buf(&j, kc, 4ull * slots * Hkv * D);
-    forge__range vb = ft_buf(&j, vc, 4ull * slots * Hkv * D);
+    forge__range kb = ft_buf(&j, kc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
+    forge__range vb = ft_buf(&j, vc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
     forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0};
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range binds[5] = {pb, qb, kb, vb, part};
-        forge__dispatch(&j.rec, split == 2 ? FORGE__OP_ATTN_DECODE : FORGE__OP_ATTN_SPLIT, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+        forge__op op = split == 2 ? (f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE) : (f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
+        forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
         forge__barrier(&j.rec);
         forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
         forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
@@ -364,9 +370,21 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
     } else {
         forge__range lse = ft_buf(&j, NULL, 16);
         forge__range binds[6] = {pb, qb, kb, vb, ob, lse};
-        forge__dispatch(&j.rec, FORGE__OP_ATTENTION, binds, &pc, (n + 7) / 8, H, 1);
+        forge__dispatch(&j.rec, f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, binds, &pc, (n + 7) / 8, H, 1);
     }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
+}
+
+forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
+                          const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
+                          float *out, int split) {
+    return ft_attention_impl(c, q, n, H, Hkv, D, kc, vc, false, slots, pos0, window, scale, softcap, out, split);
+}
+
+forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const uint16_t *kc,
+                            const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
+                            float *out, int split) {
+    return ft_attention_impl(c, q, n, H, Hkv, D, kc, vc, true, slots, pos0, window, scale, softcap, out, split);
 }
 
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act) {
@@ -702,7 +720,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, false};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
@@ -835,6 +853,7 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
 void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
+int ft_model_on_cpu(const forge_model *m) { return m->dev.caps.type == FORGE_DEVICE_CPU; }
 int ft_model_set_attn_subgroups(forge_model *m, int on) {
     if (on && !forge__runs_attn_decode(&m->dev.caps)) return 0;
     m->attn_subgroups = on != 0;
@@ -962,7 +981,7 @@ size_t ft_state_fake(int n_past, uint8_t **out) {
     size_t hs;
     forge__err e;
     *out = NULL;
-    if (forge__state_header(m, 32, n_past, rows, &header, &hs, &e)) return 0;
+    if (forge__state_header(m, 32, n_past, rows, false, &header, &hs, &e)) return 0;
     size_t size = hs + 4ull * n_past + 2ull * 32 * (rows[0] + rows[1] + rows[2]);
     uint8_t *b = (uint8_t *)malloc(size);
     memcpy(b, header, hs);
@@ -1003,7 +1022,7 @@ static void ft_kv_copy_fn(void *ctx, forge__rec *r) {
 
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out) {
     forge__device *d = &s->m->dev;
-    uint64_t row = 4ull * s->m->cfg.n_kv_heads * s->m->cfg.head_dim;
+    uint64_t row = forge__kv_row_bytes(&s->m->cfg, s->kv_f16);
     forge__buffer b;
     forge_status st = forge__buffer_create(d, row * (uint64_t)n, d->caps.mem_upload, true, &s->mem, NULL, &b, &s->err);
     if (st) return st;
@@ -1013,7 +1032,8 @@ forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, 
     st = forge__record(s->m, s->cmd_pool, false, ft_kv_copy_fn, &a, &rc, &s->err);
     if (!st) st = forge__submit_wait(d, rc.cb, s->fence, &s->err);
     forge__recording_free(d, s->cmd_pool, &rc);
-    if (!st) memcpy(out, b.mapped, (size_t)a.bytes);
+    if (!st && s->kv_f16) forge__kv_convert((const uint8_t *)b.mapped, true, (uint8_t *)out, (size_t)n * s->m->cfg.n_kv_heads * s->m->cfg.head_dim);
+    else if (!st) memcpy(out, b.mapped, (size_t)a.bytes);
     forge__buffer_destroy(d, &b, &s->mem, NULL);
     return st;
 }
@@ -1023,14 +1043,24 @@ void ft_rope_inv_freq(double theta, int scaling, double factor, double low, doub
     forge__rope_inv_freq(&r, D, NULL, out);
 }
 
-forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent) {
+static forge_status ft_rope_shift_impl(ft_ctx *c, void *k, bool f16, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq,
+                                       uint32_t d, int adjacent) {
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {d, 0, 0, 1.0f, 1.0f, 0, {0, 0}};
-    uint64_t bytes = 4ull * n * kv_heads * D;
+    uint64_t bytes = (f16 ? 2ull : 4ull) * n * kv_heads * D;
     forge__range pb = ft_buf(&j, &sp, sizeof sp), fb = ft_buf(&j, inv_freq, 4ull * D / 2), kb = ft_buf(&j, k, bytes);
-    forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0);
+    forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0, f16);
     return ft_end(&j, 2, k, bytes, 0, NULL, 0);
+}
+
+forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent) {
+    return ft_rope_shift_impl(c, k, false, n, kv_heads, D, inv_freq, d, adjacent);
+}
+
+forge_status ft_rope_shift16(ft_ctx *c, uint16_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d,
+                             int adjacent) {
+    return ft_rope_shift_impl(c, k, true, n, kv_heads, D, inv_freq, d, adjacent);
 }
 static char ft_discover_dir[256];
 static void ft_discover_dir_remove(void) {

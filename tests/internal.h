@@ -61,12 +61,19 @@ forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D
 /* Rotates k [n, heads, D] into kc [slots, heads, D] at slot (pos0 + t) % slots; copies v to vc. */
 forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc);
+/* The same into an f16 cache (rope_kv16: D % 4 == 0). */
+forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                             const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint16_t *kc, uint16_t *vc);
 /* split: 0 the tiled prefill kernel, 1 the split-K decode kernels (attention_split + combine),
  * 2 the same on subgroups (attention_decode + combine; FORGE_ERR_UNSUPPORTED where the device
  * has no subgroup arithmetic). */
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split);
+/* The same on an f16 cache (the _kv16 kernels). */
+forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const uint16_t *kc,
+                            const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
+                            float *out, int split);
 /* The 128 x 128-tile matmul (matmul_big.comp), whatever the size. */
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* The 32 x 128-tile matmul of batch decode's few rows (matmul_s). */
@@ -191,6 +198,8 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* The decode attention on subgroups (attention_decode.comp, 1) or attention_split.comp (0), for
  * the sessions created after the call; returns 0 where the device cannot run the first. */
 int ft_model_set_attn_subgroups(forge_model *m, int on);
+/* 1 when the model runs on a CPU device (lavapipe). */
+int ft_model_on_cpu(const forge_model *m);
 #ifdef __cplusplus
 }
 #endif
@@ -221,7 +230,8 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
 /* ---- sessions (context overflow) ---- */
 /* The tokens the session's cache holds, in cache order (n_past of them) into out[0..cap). */
 int ft_session_history(const forge_session *s, int32_t *out, int cap);
-/* Rows [row0, row0 + n) of layer l's K (v = 0) or V (v = 1) cache, [n, n_kv_heads * head_dim]. */
+/* Rows [row0, row0 + n) of layer l's K (v = 0) or V (v = 1) cache, [n, n_kv_heads * head_dim]
+ * (an f16 cache's values widened to f32). */
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out);
 /* RoPE inverse frequencies [D/2] as forge computes them for a model: scaling 0 none, 1 linear
  * (factor), 2 llama3 (factor, low and high freq factors, original max positions). */
@@ -229,6 +239,9 @@ void ft_rope_inv_freq(double theta, int scaling, double factor, double low, doub
 /* The re-rotation a context shift runs on cached keys: rows [n, kv_heads * D] rotated back by d
  * positions (rope_back with seq_len 1 and pos0 = d), in place. */
 forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent);
+/* The same on f16 rows (rope_shift_kv16: D % 4 == 0). */
+forge_status ft_rope_shift16(ft_ctx *c, uint16_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d,
+                             int adjacent);
 
 #ifdef __cplusplus
 }

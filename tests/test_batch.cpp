@@ -39,10 +39,14 @@ struct Gen {
     forge_status st = FORGE_OK;
 };
 
-/* Each item alone: forge_generate on an empty session. */
-std::vector<Gen> run_single(forge_model *m, std::vector<Item> items, int n_ctx) {
+/* Each item alone: forge_generate on an empty session (its KV cache of kv_type). */
+std::vector<Gen> run_single(forge_model *m, std::vector<Item> items, int n_ctx, int kv_type = FORGE_KV_DEFAULT) {
     std::vector<Gen> runs(items.size());
-    forge_session *s = ft::session(m, n_ctx);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.kv_type = kv_type;
+    forge_session *s = nullptr;
+    EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
     if (!s) return runs;
     for (size_t i = 0; i < items.size(); i++) {
         Item &it = items[i];
@@ -58,11 +62,12 @@ std::vector<Gen> run_single(forge_model *m, std::vector<Item> items, int n_ctx) 
 }
 
 /* All items in one forge_batch_generate on a session of n_seq places. */
-std::vector<Gen> run_batch(forge_model *m, std::vector<Item> items, int n_ctx, int n_seq) {
+std::vector<Gen> run_batch(forge_model *m, std::vector<Item> items, int n_ctx, int n_seq, int kv_type = FORGE_KV_DEFAULT) {
     std::vector<Gen> runs(items.size());
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_seq_max = n_seq;
+    sp.kv_type = kv_type;
     forge_session *s = nullptr;
     EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
     if (!s) return runs;
@@ -135,6 +140,14 @@ TEST(Batch, StoriesGreedyEqualsEachPromptAlone) {
     EXPECT_EQ(one[3].out.tokens.size(), 5u);
     for (int n_seq : {4, 6, 1}) /* fewer places than items, as many, one */
         expect_same(one, run_batch(st.m, items, 256, n_seq), "n_seq_max " + std::to_string(n_seq));
+}
+
+/* On an f16 KV cache (the _kv16 kernels with the row table) as on an f32 one. */
+TEST(Batch, StoriesOnAnF16CacheEqualsEachPromptAlone) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    std::vector<Item> items = story_items();
+    expect_same(run_single(st.m, items, 256, FORGE_KV_F16), run_batch(st.m, items, 256, 4, FORGE_KV_F16), "f16 cache, n_seq_max 4");
 }
 
 /* More rows than the one-row products take (FORGE__MATVEC_MAX_M): the step runs on the matmul. */

@@ -282,14 +282,43 @@ TEST(Kernel, RopeStoreWritesRotatingSlots) {
     }
 }
 
+/* The f16 cache's store (rope_kv16, two pairs an invocation) writes exactly the f32 store's
+ * values rounded to nearest f16, in both pair layouts, wrapping the ring; other slots untouched. */
+TEST(Kernel, RopeStoreIntoAnF16CacheRoundsTheF32Store) {
+    NEED_DEVICE();
+    uint32_t n = 4, heads = 2, D = 16, slots = 6, pos0 = 9;
+    std::vector<float> inv(D / 2);
+    for (uint32_t i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / std::pow(500000.0, 2.0 * i / D));
+    std::vector<float> k = ft::randn((size_t)n * heads * D, 3.0f, 8), v = ft::randn((size_t)n * heads * D, 3.0f, 9);
+    for (int adjacent : {0, 1}) {
+        SCOPED_TRACE(adjacent ? "adjacent pairs" : "rotate-half");
+        std::vector<float> kc((size_t)slots * heads * D, 0.0f), vc = kc;
+        const uint16_t unwritten = 0x7e00; /* a NaN pattern the store must overwrite or leave */
+        std::vector<uint16_t> kc16(kc.size(), unwritten), vc16 = kc16;
+        ASSERT_EQ(ft_rope_store(ctx().c, k.data(), v.data(), n, heads, D, inv.data(), pos0, adjacent, slots, kc.data(), vc.data()), FORGE_OK);
+        ASSERT_EQ(ft_rope_store16(ctx().c, k.data(), v.data(), n, heads, D, inv.data(), pos0, adjacent, slots, kc16.data(), vc16.data()),
+                  FORGE_OK);
+        for (uint32_t slot = 0; slot < slots; slot++) {
+            bool written = false;
+            for (uint32_t t = 0; t < n; t++) written |= (pos0 + t) % slots == slot;
+            for (uint32_t e = 0; e < heads * D; e++) {
+                size_t i = (size_t)slot * heads * D + e;
+                EXPECT_EQ(kc16[i], written ? ft_f32_to_f16(kc[i]) : unwritten) << "slot " << slot << " element " << e;
+                EXPECT_EQ(vc16[i], written ? ft_f32_to_f16(vc[i]) : unwritten) << "slot " << slot << " element " << e;
+            }
+        }
+    }
+}
+
 TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
     NEED_DEVICE();
     struct Case { uint32_t n, H, Hkv, D, pos0, slots, window; float softcap; };
-    for (Case cs : {Case{1, 4, 2, 16, 0, 32, 0, 0}, Case{7, 4, 1, 8, 0, 16, 0, 0}, Case{5, 8, 4, 64, 90, 128, 0, 0},
-                    Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{1, 2, 1, 128, 1100, 1200, 1024, 0},
-                    Case{37, 4, 2, 64, 5, 64, 0, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f}, Case{9, 3, 3, 24, 0, 9, 4, 0},
-                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, Case{12, 4, 2, 16, 20, 19, 8, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
-                    Case{1, 4, 2, 16, 200, 16, 8, 30.0f}}) {
+    /* in order of D: the kernels are specialized per head_dim, so each change rebuilds them */
+    for (Case cs : {Case{7, 4, 1, 8, 0, 16, 0, 0}, Case{1, 4, 2, 16, 0, 32, 0, 0}, Case{12, 4, 2, 16, 20, 19, 8, 0},
+                    Case{1, 4, 2, 16, 200, 16, 8, 30.0f}, Case{9, 3, 3, 24, 0, 9, 4, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
+                    Case{5, 8, 4, 64, 90, 128, 0, 0}, Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{37, 4, 2, 64, 5, 64, 0, 0},
+                    Case{1, 2, 1, 128, 1100, 1200, 1024, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f},
+                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}}) {
         std::vector<float> q = ft::randn((size_t)cs.n * cs.H * cs.D, 1.0f, 11);
         std::vector<float> kc = ft::randn((size_t)cs.slots * cs.Hkv * cs.D, 1.0f, 12), vc = ft::randn(kc.size(), 1.0f, 13);
         float scale = 1.0f / std::sqrt((float)cs.D);
@@ -325,6 +354,27 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
             ASSERT_EQ(st, FORGE_OK);
             EXPECT_LT(ft::rel_err(out.data(), ref.data(), out.size()), 2e-5)
                 << "n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
+        }
+        /* the same on an f16 cache (the _kv16 kernels, D % 4 == 0) equals the f32 kernels on
+         * the cache's values rounded to f16 */
+        if (cs.D % 4) continue;
+        std::vector<uint16_t> kc16(kc.size()), vc16(vc.size());
+        std::vector<float> kcr(kc.size()), vcr(vc.size()), want(q.size());
+        for (size_t i = 0; i < kc.size(); i++) {
+            kcr[i] = ft_f16_to_f32(kc16[i] = ft_f32_to_f16(kc[i]));
+            vcr[i] = ft_f16_to_f32(vc16[i] = ft_f32_to_f16(vc[i]));
+        }
+        for (int split : {0, 1, 2}) {
+            forge_status st = ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kcr.data(), vcr.data(), cs.slots, cs.pos0, cs.window,
+                                           scale, cs.softcap, want.data(), split);
+            if (split == 2 && st == FORGE_ERR_UNSUPPORTED) continue;
+            ASSERT_EQ(st, FORGE_OK);
+            std::fill(out.begin(), out.end(), NAN);
+            ASSERT_EQ(ft_attention16(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc16.data(), vc16.data(), cs.slots, cs.pos0, cs.window, scale,
+                                     cs.softcap, out.data(), split),
+                      FORGE_OK);
+            EXPECT_LT(ft::rel_err(out.data(), want.data(), out.size()), 1e-6)
+                << "f16 cache: n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
         }
     }
 }

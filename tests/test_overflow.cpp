@@ -306,6 +306,34 @@ TEST(Overflow, ReRotationComposesWithRope) {
         }
 }
 
+/* On an f16 cache (rope_shift_kv16, two pairs an invocation) the re-rotation is the f32 one
+ * on the same f16 keys, rounded back to f16 (within one f16 rounding: the two builds may
+ * contract the products differently), and still lands on the keys rotated directly. */
+TEST(Overflow, ReRotationOfF16KeysIsTheF32OneRounded) {
+    ft_ctx *c = ft_device();
+    if (!c) GTEST_SKIP() << "no device";
+    const uint32_t D = 64, heads = 2, n = 24, d = 700;
+    std::vector<float> inv(D / 2);
+    ft_rope_inv_freq(500000, 2, 8, 1.0, 4.0, 8192, D, inv.data());
+    for (int adjacent = 0; adjacent < 2; adjacent++) {
+        SCOPED_TRACE(adjacent ? "adjacent" : "rotate-half");
+        std::vector<float> x = ft::randn((size_t)n * heads * D, 1.0f, 7), direct = x;
+        ASSERT_EQ(ft_rope(c, x.data(), n, heads, D, inv.data(), d + 5, adjacent), FORGE_OK);
+        ASSERT_EQ(ft_rope(c, direct.data(), n, heads, D, inv.data(), 5, adjacent), FORGE_OK);
+        std::vector<uint16_t> k16(x.size());
+        std::vector<float> k32(x.size()), got(x.size()), want(x.size());
+        for (size_t i = 0; i < x.size(); i++) k32[i] = ft_f16_to_f32(k16[i] = ft_f32_to_f16(x[i]));
+        ASSERT_EQ(ft_rope_shift16(c, k16.data(), n, heads, D, inv.data(), d, adjacent), FORGE_OK);
+        ASSERT_EQ(ft_rope_shift(c, k32.data(), n, heads, D, inv.data(), d, adjacent), FORGE_OK);
+        for (size_t i = 0; i < x.size(); i++) {
+            got[i] = ft_f16_to_f32(k16[i]);
+            want[i] = ft_f16_to_f32(ft_f32_to_f16(k32[i]));
+            EXPECT_LE(std::fabs(got[i] - want[i]), std::ldexp(std::fabs(want[i]), -10) + 1e-7f) << "element " << i;
+        }
+        EXPECT_LT(ft::rel_err(got.data(), direct.data(), x.size()), 2e-3);
+    }
+}
+
 /* Sliding-window models (Gemma 2 and 3, rotating caches of window 8 + n_batch 8 - 1 slots)
  * slide in both modes: RECOMPUTE exactly; SHIFT rotates the wrapped rings (their first layer's
  * rows of the positions the window still reaches equal a recompute's), and afterwards the ring

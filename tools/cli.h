@@ -17,9 +17,10 @@ typedef struct forge_cli_opts {
     const char *adapter;      /* --adapter DIR: forge_model_params.adapter_path */
     int merge_adapter;        /* --merge-adapter: forge_model_params.adapter_merge */
     int exact;                /* --exact: forge_model_params.exact (every product in f32, no tensor cores) */
+    int kv_type;              /* --kv f16|f32: forge_session_params.kv_type (0: the default) */
 } forge_cli_opts;
 
-/* Takes --device, --ctx, --exact and -v (and, when with_adapter, --adapter and --merge-adapter) out of
+/* Takes --device, --ctx, --exact, --kv and -v (and, when with_adapter, --adapter and --merge-adapter) out of
  * argv, leaving the other arguments in order. Returns 0, or 2 after printing what is wrong
  * ("forge CMD: --ctx: ..."). */
 int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opts *o, int with_adapter);

@@ -73,6 +73,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
     if (m && items && res && ps && outs) {
         forge_session_params sp = forge_session_default_params();
         sp.n_ctx = o->n_ctx;
+        sp.kv_type = o->kv_type;
         sp.n_seq_max = n_places;
         if (forge_session_create(m, &sp, &s) != FORGE_OK) fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
     }

@@ -53,6 +53,14 @@ int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opt
             long long v;
             if (forge_cli_parse_int(cmd, "--ctx", argv[++i], 0, INT_MAX, &v)) return 2;
             o->n_ctx = (int)v;
+        } else if (!strcmp(a, "--kv") && has) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "f16")) o->kv_type = FORGE_KV_F16;
+            else if (!strcmp(v, "f32")) o->kv_type = FORGE_KV_F32;
+            else {
+                fprintf(stderr, "forge %s: --kv takes f16 or f32, not '%s'\n", cmd, v);
+                return 2;
+            }
         } else if (!strcmp(a, "-v")) o->verbose = 1;
         else if (!strcmp(a, "--exact")) o->exact = 1;
         else if (with_adapter && !strcmp(a, "--adapter") && has) o->adapter = argv[++i];

@@ -80,6 +80,7 @@ static const char usage_text[] =
             "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores, no int8 activations: slower, no rounding)\n"
+            "         --kv f16|f32          the KV cache's type (default: f16 on GPUs, f32 on CPUs and with --exact)\n"
             "         --json                run, devices, info, discover, keys, classify, tokenize, train: the\n"
             "                               results as JSON on stdout, one schema per command (README,\n"
             "                               \"JSON output\"); logits and bench always print JSON\n"
@@ -229,6 +230,7 @@ static int cmd_info(int argc, char **argv) {
     forge_model_get_info(m, &in);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
+    sp.kv_type = o.kv_type;
     forge_memory_stats plan;
     int planned = forge_session_plan(m, &sp, &plan) == FORGE_OK;
     int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
@@ -430,6 +432,7 @@ static int32_t *parse_tokens(const char *toks, int *n) {
 static forge_session *tokens_session(forge_model *m, const forge_cli_opts *o, int n) {
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o->n_ctx ? o->n_ctx : (n > 4096 ? n : 0);
+    sp.kv_type = o->kv_type;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
     return s;
@@ -830,6 +833,7 @@ static int cmd_classify(int argc, char **argv) {
         forge_session_params sp = forge_session_default_params();
         sp.n_batch = longest > 512 ? (longest + 7) / 8 * 8 : 512;
         sp.n_ctx = o.n_ctx ? o.n_ctx : sp.n_batch;
+        sp.kv_type = o.kv_type;
         forge_session *s = NULL;
         int V = forge_model_n_vocab(m);
         forge_classify_result *res = calloc((size_t)n + 1, sizeof *res);
@@ -1105,6 +1109,7 @@ static int cmd_run(int argc, char **argv) {
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     sp.n_ctx = o.n_ctx;
+    sp.kv_type = o.kv_type;
     forge_session *s = NULL;
     int rc = 1;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
@@ -1207,6 +1212,7 @@ static int cmd_chat(int argc, char **argv) {
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     sp.n_ctx = o.n_ctx;
+    sp.kv_type = o.kv_type;
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
