@@ -4828,7 +4828,9 @@ typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t flags;                 /* 1: row 0 also as int8 blocks (the o projection's act_q8) */
 } forge__pc_combine;
 
-#define FORGE__ATTN_SPLITS 16       /* workgroups per head of the decode attention (at most) */
+#define FORGE__ATTN_SPLITS 64       /* workgroups per head of the decode attention (at most; forge__attn_splits) */
+#define FORGE__ATTN_SPLITS_BATCH 16 /* ... per head and sequence of a batched decode step */
+_Static_assert(FORGE__ATTN_SPLITS <= 64 && FORGE__ATTN_SPLITS_BATCH <= FORGE__ATTN_SPLITS, "attention_combine.comp merges at most 64 splits");
 #ifndef FORGE__ATTN_SPLITS_CPU
 #define FORGE__ATTN_SPLITS_CPU 2    /* ... on CPU devices */
 #endif
@@ -6272,7 +6274,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
         [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
-        [FORGE__SB_ATTN_PART] = 4ull * (uint64_t)sp->n_seq * c->n_heads * FORGE__ATTN_SPLITS * (c->head_dim + 2),
+        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim + 2) *
+                                FORGE__MAX((uint64_t)sp->n_seq * FORGE__ATTN_SPLITS_BATCH, (uint64_t)FORGE__ATTN_SPLITS),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
     };
@@ -6368,11 +6371,16 @@ typedef struct forge__acts {
 } forge__acts;
 
 /* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
- * fill the device; FORGE__ATTN_SPLITS_CPU on CPU devices, where every workgroup is a serial
- * loop over its invocations (lavapipe, stories260K decode: 2 splits 191 tok/s against 120 with 16,
- * medians of 3 runs of `forge bench -p 32 -n 256 -r 3` on a shared 2-core machine). */
-static uint32_t forge__attn_splits(const forge_model *m) {
-    return m->dev.caps.type == FORGE_DEVICE_CPU ? FORGE__ATTN_SPLITS_CPU : FORGE__ATTN_SPLITS;
+ * fill the device (attention_decode.comp gives each at least one round of keys, so at a short
+ * context most exit at once; at 4096 positions of the Llama-3.1-8B shape 16 splits kept the
+ * H100's bandwidth under a third busy); FORGE__ATTN_SPLITS_BATCH per sequence of a batched
+ * step, whose sequences fill the device themselves; FORGE__ATTN_SPLITS_CPU on CPU devices,
+ * where every workgroup is a serial loop over its invocations (lavapipe, stories260K decode:
+ * 2 splits 191 tok/s against 120 with 16, medians of 3 runs of `forge bench -p 32 -n 256 -r 3`
+ * on a shared 2-core machine). */
+static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
+    if (m->dev.caps.type == FORGE_DEVICE_CPU) return FORGE__ATTN_SPLITS_CPU;
+    return batched ? FORGE__ATTN_SPLITS_BATCH : FORGE__ATTN_SPLITS;
 }
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
  * RMSNorm of its input (forge__linear's `norm`). */
@@ -6645,7 +6653,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
     forge__barrier(r);
     uint32_t seq = p->seq ? p->seq : n;
-    uint32_t splits = forge__attn_splits(m);
+    uint32_t splits = forge__attn_splits(m, p->table != 0);
     forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
                               (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
                               (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};

@@ -11,7 +11,8 @@
 // 512-576 on the H100, 8: 11.74), with the online softmax state (m, l, acc) per subgroup. The
 // workgroup's subgroups take its keys in turn and merge their states through shared memory.
 // Query t, head h (causal, GQA, window, soft-cap, rotating slots: as attention_tiled.comp):
-// the keys lo..p are cut into n_splits runs of equal length; workgroup (s, h, t) takes run s
+// the keys lo..p are cut into n_splits runs of equal length, at least NSG * U keys each (one
+// round of the workgroup; a short context leaves the last splits empty); workgroup (s, h, t) takes run s
 // and writes part[((t * H + h) * S + s)] = {m, l, acc[D]}: m = max score, l = sum exp(score -
 // m), acc = sum exp(score - m) V (m = -inf, l = 0, acc = 0: no keys). attention_combine.comp
 // merges the runs.
@@ -72,7 +73,8 @@ void main() {
         kv0 = params.tab[TAB + 2u * t + 1u] * pc.cache_slots;
     }
     uint lo = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
-    uint run = (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits;
+    // at least one round of keys (NSG * U) a workgroup: splits past the keys exit at once
+    uint run = max(NSG * U, (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits);
     uint k_begin = lo + s * run, k_end = min(p + 1u, k_begin + run);
     uint kvh = h / (pc.n_heads / pc.n_kv_heads);
     uint qb = (t * pc.q_stride + h * D) / 4u;
