@@ -185,7 +185,9 @@ typedef struct forge_model_params {
                                     * step's products of Q4_0 / Q8_0 weights take activations
                                     * rounded to 8 bits a block of 32, as llama.cpp's quantized
                                     * products do (logits within llama.cpp's own distance from the
-                                    * exact ones). CPU devices (lavapipe) are always exact. */
+                                    * exact ones). CPU devices (lavapipe) are always exact.
+                                    * Sessions of an exact model keep an f32 KV cache unless
+                                    * asked otherwise (forge_session_params.kv_type). */
     /* A LoRA adapter to apply (go-mlx's WithAdapterPath): a directory holding a PEFT adapter
      * (adapter_config.json + adapter_model.safetensors) or an mlx-lm one (adapter_config.json +
      * adapters.safetensors), told apart by their files. The low-rank path runs beside the base
@@ -379,7 +381,7 @@ typedef enum forge_overflow {
  *   F32:     every key and value as computed: the logits equal the f32 kernels' bit for bit.
  *   F16:     rounded to f16 (to nearest, as llama.cpp's default cache): half the cache's
  *            memory and half the bytes decode attention reads; logits move by the rounding
- *            (about 1e-3 of their spread). Needs head_dim a multiple of 4, else
+ *            (on the parity fixtures 4.6e-4 to 6.1e-4 of the largest logit, against 1e-4). Needs head_dim a multiple of 4, else
  *            FORGE_ERR_UNSUPPORTED. State files keep the session's type; either type loads
  *            into either session (converted on the host). */
 typedef enum forge_kv_type {
@@ -438,16 +440,18 @@ FORGE_API forge_status forge_session_tokens(const forge_session *session, int32_
  * reads (every position of full-attention layers; what the rotating cache of a sliding-window
  * layer holds), as a safetensors file whose __metadata__ names the format ("forge-state"), its
  * version, the model (a fingerprint of its config, tensor headers and weight bytes, and of the
- * adapter if one is loaded), n_past and the cache layout. Size: 4 n_past bytes plus
- * 8 kv_heads head_dim bytes per layer and position held. The file is written to
+ * adapter if one is loaded), n_past and the cache layout. Keys and values are in the session's
+ * KV type (F32, or F16 for an f16 cache). Size: 4 n_past bytes plus 8 kv_heads head_dim bytes
+ * (4 for f16) per layer and position held. The file is written to
  * `path`.tmp-XXXXXX (mode 0600) in the same directory, synced and renamed over `path`: a failed
  * or interrupted save leaves `path` as it was and no partial file. The cache is read back a
  * layer at a time through a staging buffer of at most 16 MiB.
  *
- * forge_session_load replaces the state of `session` (fresh or used, with its own n_ctx and
- * n_batch) with the file's: forge_session_n_past and the prompt cache are the saved ones, and
- * evaluating or generating from there gives the logits the saving session would give (bit for
- * bit on the same device; with another n_batch a long prompt is cut into other prefill steps,
+ * forge_session_load replaces the state of `session` (fresh or used, with its own n_ctx, n_batch
+ * and KV type: an f32 file's keys and values round to nearest f16 into an f16 session, an f16
+ * file's widen exactly into an f32 one) with the file's: forge_session_n_past and the prompt
+ * cache are the saved ones, and evaluating or generating from there gives the logits the
+ * saving session would give (bit for bit on the same device and KV type; with another n_batch a long prompt is cut into other prefill steps,
  * which round differently). Errors, with the message naming the file and the cause:
  * FORGE_ERR_IO (missing, unreadable), FORGE_ERR_FORMAT (not a state file, truncated, a
  * malformed header, a missing tensor or one of the wrong dtype or shape, a token outside the

@@ -167,7 +167,8 @@ TEST(Cli, BadValueNamesItsParameter) {
                             {"run --repeat-window -4", "--repeat-window: '-4'"},
                             {"run --seed x", "--seed: 'x'"},
                             {"run --keep -3", "--keep: '-3'"},
-                            {"chat --temp nan", "--temp: 'nan'"}};
+                            {"chat --temp nan", "--temp: 'nan'"},
+                            {"run --kv f8", "--kv takes f16 or f32, not 'f8'"}};
     for (auto &b : bad) {
         Out o = forge_cli(b[0]);
         EXPECT_EQ(o.status, 2) << b[0] << ": " << o.text;
@@ -175,6 +176,7 @@ TEST(Cli, BadValueNamesItsParameter) {
         EXPECT_EQ(o.text.find("top_p"), std::string::npos) << o.text;
     }
     EXPECT_EQ(forge_cli("run -n 3 --temp 0.7 --top-k 20 --top-p 0.9 --min-p 0.05 --repeat-penalty 1.1 --repeat-window 8 --seed 5").status, 0);
+    EXPECT_EQ(forge_cli("run -n 3 --kv f16").status, 0);
 }
 
 /* --json: each verb's output parses, and its values are the library's (README, "JSON output") */

@@ -663,6 +663,42 @@ func TestSessionStateRoundTrip(t *testing.T) {
 	}
 }
 
+// KVF16 halves the KV cache and generates; a state file of one type loads into the other.
+func TestSessionKVType(t *testing.T) {
+	m := model(t)
+	s32, err := m.NewSession(forge.SessionConfig{KVType: forge.KVF32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s32.Close()
+	s16, err := m.NewSession(forge.SessionConfig{KVType: forge.KVF16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s16.Close()
+	if s32.KVType() != forge.KVF32 || s16.KVType() != forge.KVF16 {
+		t.Errorf("KVType = %v, %v", s32.KVType(), s16.KVType())
+	}
+	m32, err1 := s32.Memory()
+	m16, err2 := s16.Memory()
+	if err1 != nil || err2 != nil || m16.KVCacheBytes == 0 || 2*m16.KVCacheBytes != m32.KVCacheBytes {
+		t.Errorf("KV cache bytes f16 %d, f32 %d (%v, %v)", m16.KVCacheBytes, m32.KVCacheBytes, err1, err2)
+	}
+	if text, _ := collect(s16.Generate(context.Background(), once, forge.WithMaxTokens(8))); text == "" {
+		t.Error("no text from the f16 cache")
+	}
+	path := filepath.Join(t.TempDir(), "f16.state")
+	if err := s16.Save(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := s32.Load(path); err != nil || s32.NPast() != s16.NPast() {
+		t.Errorf("Load of an f16 state into an f32 session: %v, n_past %d vs %d", err, s32.NPast(), s16.NPast())
+	}
+	if _, err := m.NewSession(forge.SessionConfig{KVType: 7}); !errors.Is(err, forge.StatusInvalidArgument) {
+		t.Errorf("KVType 7: %v", err)
+	}
+}
+
 func TestExampleStreamsTheStory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the example")

@@ -16,6 +16,16 @@ const (
 	OverflowRecompute Overflow = 2 // re-evaluate the kept tokens: exact
 )
 
+// KVType is forge_kv_type: what a session's KV cache holds.
+type KVType int
+
+// The forge_kv_type values of forge.h.
+const (
+	KVDefault KVType = 0 // f16 on GPUs, f32 on CPU devices and with WithExact
+	KVF32     KVType = 1 // every key and value as computed
+	KVF16     KVType = 2 // rounded to f16: half the cache (head_dim a multiple of 4)
+)
+
 // LoadConfig holds what LoadModel's options set. The zero value of each field means forge's
 // default.
 type LoadConfig struct {
@@ -24,6 +34,7 @@ type LoadConfig struct {
 	BatchSequences  int      // sequences BatchGenerate decodes at once; 0: 4
 	Overflow        Overflow // what a full context does
 	Keep            int      // tokens a context slide never drops; 0: the BOS token
+	KVType          KVType   // the sessions' KV cache type; KVDefault: f16 on GPUs
 	AdapterPath     string   // a LoRA adapter directory (PEFT or mlx-lm); "": none
 	AdapterMerge    bool     // add the adapter into the base weights at load
 	DeviceIndex     int      // the Vulkan device's index (Devices); -1: forge's choice
@@ -62,6 +73,11 @@ func WithBatchSequences(n int) LoadOption { return func(c *LoadConfig) { c.Batch
 func WithOverflow(policy Overflow, keep int) LoadOption {
 	return func(c *LoadConfig) { c.Overflow, c.Keep = policy, keep }
 }
+
+// WithKVType sets the KV cache type of the model's sessions: KVF16 halves the cache (the
+// default on GPUs), KVF32 keeps keys and values exact (the default on CPU devices and with
+// WithExact).
+func WithKVType(t KVType) LoadOption { return func(c *LoadConfig) { c.KVType = t } }
 
 // WithDeviceIndex picks the Vulkan device by its index in Devices().
 func WithDeviceIndex(i int) LoadOption { return func(c *LoadConfig) { c.DeviceIndex = i } }

@@ -38,6 +38,7 @@ type SessionConfig struct {
 	Sequences  int      // sequences BatchGenerate decodes at once
 	Overflow   Overflow // what a full context does
 	Keep       int      // tokens a context slide never drops
+	KVType     KVType   // the KV cache's type
 }
 
 // Session is one forge_session on a Model: a KV cache, scratch buffers and sampler, with an
@@ -69,6 +70,7 @@ func (m *Model) NewSession(cfg SessionConfig) (*Session, error) {
 	p.n_seq_max = C.int(pick(cfg.Sequences, 0))
 	p.overflow = C.int(pick(int(cfg.Overflow), int(m.cfg.Overflow)))
 	p.n_keep = C.int(pick(cfg.Keep, m.cfg.Keep))
+	p.kv_type = C.int(pick(int(cfg.KVType), int(m.cfg.KVType)))
 	cm, err := m.acquire()
 	if err != nil {
 		return nil, err
@@ -522,6 +524,17 @@ func (s *Session) NPast() int {
 	}
 	defer s.end()
 	return int(C.forge_session_n_past(cs))
+}
+
+// KVType returns the type the session's KV cache holds, KVF32 or KVF16 (KVDefault resolved;
+// KVDefault when closed or busy).
+func (s *Session) KVType() KVType {
+	cs, err := s.begin()
+	if err != nil {
+		return KVDefault
+	}
+	defer s.end()
+	return KVType(C.forge_session_kv_type(cs))
 }
 
 // Truncate forgets all but the first keep cached tokens (0: a fresh sequence).

@@ -544,15 +544,18 @@ class Model:
     # -- sessions --------------------------------------------------------------------------
 
     def session(self, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
-                n_keep: int = 0) -> "Session":
+                n_keep: int = 0, kv_type: str = "default") -> "Session":
         """A new Session (KV cache, scratch, sampler) on this model.
 
         n_ctx: tokens the KV cache holds (0: min(the model's, 4096)); n_batch: most tokens per
         prefill step (0: 512; also the most tokens classify runs at once); n_seq_max: sequences
         batch_generate decodes at once (0: 1); overflow: what a full context does, "fail",
-        "shift" (llama.cpp's context shift) or "recompute"; n_keep: tokens a slide never drops.
+        "shift" (llama.cpp's context shift) or "recompute"; n_keep: tokens a slide never drops;
+        kv_type: the KV cache's type, "f16" (half the memory; the default on GPUs), "f32" (the
+        default on CPU devices and for exact models) or "default".
         """
-        return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep)
+        return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep,
+                       kv_type=kv_type)
 
     # -- training --------------------------------------------------------------------------
 
@@ -593,6 +596,7 @@ def _chat_flags(add_generation_prompt: bool, thinking: bool) -> int:
 # ---------------------------------------------------------------------------------------------
 
 _OVERFLOW = {"fail": 0, "shift": 1, "recompute": 2}
+_KV_TYPE = {"default": 0, "f32": 1, "f16": 2}
 
 
 class _SessionHandle:
@@ -675,15 +679,17 @@ class Session(_ModelChild):
     _what = "session"
 
     def __init__(self, model: Model, n_ctx: int = 0, n_batch: int = 0, n_seq_max: int = 0, overflow: str = "fail",
-                 n_keep: int = 0):
+                 n_keep: int = 0, kv_type: str = "default"):
         self.model = model  # keeps the model alive as long as its session
         self._lib = model._lib
         self._box = _SessionHandle(self._lib)
         if overflow not in _OVERFLOW:
             raise ValueError(f"overflow must be one of {sorted(_OVERFLOW)}, not {overflow!r}")
+        if kv_type not in _KV_TYPE:
+            raise ValueError(f"kv_type must be one of {sorted(_KV_TYPE)}, not {kv_type!r}")
         params = self._lib.forge_session_default_params()
         params.n_ctx, params.n_batch, params.n_seq_max = n_ctx, n_batch, n_seq_max
-        params.overflow, params.n_keep = _OVERFLOW[overflow], n_keep
+        params.overflow, params.n_keep, params.kv_type = _OVERFLOW[overflow], n_keep, _KV_TYPE[kv_type]
         handle = ctypes.c_void_p()
         status = self._lib.forge_session_create(model._h(), ctypes.byref(params), ctypes.byref(handle))
         if status != _ffi.OK:  # the message is on the model
@@ -707,6 +713,11 @@ class Session(_ModelChild):
         """Tokens the session's cache holds (the next token is evaluated at this position)."""
         self._settle()
         return int(self._lib.forge_session_n_past(self._h()))
+
+    @property
+    def kv_type(self) -> str:
+        """The KV cache's type: "f16" or "f32" (the session's kv_type, "default" resolved)."""
+        return "f16" if self._lib.forge_session_kv_type(self._h()) == 2 else "f32"
 
     def truncate(self, n_keep: int = 0) -> None:
         """Forgets all but the first n_keep cached tokens (0: a fresh sequence)."""

@@ -151,6 +151,7 @@ class SessionParams(Structure):
         ("overflow", c_int),
         ("n_keep", c_int),
         ("n_seq_max", c_int),
+        ("kv_type", c_int),
     ]
 
 
@@ -329,6 +330,7 @@ _PROTOTYPES = {
     "forge_session_free": (None, [c_void_p]),
     "forge_session_errmsg": (c_char_p, [c_void_p]),
     "forge_session_n_past": (c_int, [c_void_p]),
+    "forge_session_kv_type": (c_int, [c_void_p]),
     "forge_session_truncate": (forge_status, [c_void_p, c_int]),
     "forge_session_memory": (forge_status, [c_void_p, _P(MemoryStats)]),
     "forge_session_save": (forge_status, [c_void_p, c_char_p]),

@@ -263,6 +263,18 @@ def test_an_exception_in_the_token_callback_does_not_cross_into_c(session, monke
 # --- lifetime -------------------------------------------------------------------------------
 
 
+def test_kv_type_f16_halves_the_cache_and_states_cross_types(model, tmp_path):
+    with model.session(n_ctx=128, kv_type="f32") as s32, model.session(n_ctx=128, kv_type="f16") as s16:
+        assert (s32.kv_type, s16.kv_type) == ("f32", "f16")
+        assert 2 * s16.memory.kv_cache_bytes == s32.memory.kv_cache_bytes > 0
+        assert len(list(s16.generate("Once upon a time", max_tokens=8))) == 8
+        s16.save(str(tmp_path / "f16.state"))
+        s32.load(str(tmp_path / "f16.state"))
+        assert s32.n_past == s16.n_past > 0
+    with pytest.raises(ValueError, match="kv_type"):
+        model.session(kv_type="f8")
+
+
 def test_context_managers_free_models_and_sessions():
     with forge.Model(MODEL) as m:
         with m.session(n_ctx=64) as s:
