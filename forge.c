@@ -5051,6 +5051,26 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
 #define FORGE__MAX_BINDINGS 7
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
+/* Bits per weight of a format, times 16 (Q4_0: 18 bytes a block of 32 = 4.5 bits, 72); MLX
+ * affine: `bits` plus an f16 scale and bias per group. For the profile's GB/s. */
+static uint32_t forge__bits16(forge__wfmt f, uint32_t mlx_bits, uint32_t mlx_group) {
+    switch (f) {
+    case FORGE__W_F32: return 512;
+    case FORGE__W_F16: case FORGE__W_BF16: return 256;
+    case FORGE__W_Q4_0: return 72;
+    case FORGE__W_Q8_0: return 136;
+    case FORGE__W_Q4_K: return 72;  /* 144 bytes a block of 256 */
+    case FORGE__W_Q6_K: return 105; /* 210 bytes a block of 256 */
+    default: return mlx_group ? 16 * mlx_bits + 512 / mlx_group : 16 * mlx_bits;
+    }
+}
+
+/* One matrix product dispatch, for the profile: C [M, N] from A [M, K] and weights [N, K] of
+ * bits16 / 16 bits each. */
+typedef struct forge__mat_work {
+    uint32_t N, K, M, bits16;
+} forge__mat_work;
+
 typedef struct forge__pipeline {
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
@@ -5112,7 +5132,7 @@ typedef struct forge__rec {
     uint32_t n_descriptors, n_dispatches;   /* one descriptor set per dispatch */
     VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
     uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
-    uint64_t *shapes;              /* profiling: N << 32 | K of each matrix dispatch, else 0 */
+    forge__mat_work *shapes;       /* profiling: each dispatch's matrix product (N 0: none) */
     bool fenced;                   /* a barrier and nothing after it yet: another one would be redundant */
     forge_status st;
     forge__err *err;
@@ -5178,12 +5198,17 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->fenced = false;
     if (r->qpool) {
         r->ops[r->n_dispatches - 1] = (uint16_t)op;
+        forge__mat_work *w = &r->shapes[r->n_dispatches - 1];
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
-            r->shapes[r->n_dispatches - 1] = (uint64_t)pl->N << 32 | pl->K;
+            forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A_Q4_0 ? (op == FORGE__OP_MATVEC_Q8A_Q4_0 ? FORGE__W_Q4_0 : FORGE__W_Q8_0)
+                                                            : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
+            /* a split-K product's reduce pass reads partial sums, not the weights: no work */
+            *w = (forge__mat_work){pl->N, pl->K, pl->flags & FORGE__LINEAR_REDUCE ? 0 : pl->M, forge__bits16(f, pl->qbits, pl->qgroup)};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
-            r->shapes[r->n_dispatches - 1] = (uint64_t)pb->N << 32 | pb->K;
+            *w = (forge__mat_work){pb->N, pb->K, pb->M,
+                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup)};
         }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }
@@ -6082,7 +6107,7 @@ typedef struct forge__recording {
     VkDescriptorPool pool;
     VkQueryPool qpool;                         /* profiling sessions only */
     uint16_t *ops;                             /* profiling: op per dispatch (malloc'd) */
-    uint64_t *shapes;                          /* profiling: matrix shape per dispatch (malloc'd) */
+    forge__mat_work *shapes;                   /* profiling: matrix product per dispatch (malloc'd) */
     uint32_t n_dispatches;
 } forge__recording;
 
@@ -6119,9 +6144,9 @@ typedef struct forge__profile {
     uint64_t calls[FORGE__OP_COUNT];
     struct forge__prof_shape {
         uint16_t op;
-        uint64_t shape;                   /* N << 32 | K of a matrix kernel */
+        uint32_t N, K, bits16;            /* a matrix kernel's shape and weight format (forge__mat_work) */
         double ms;
-        uint64_t calls;
+        uint64_t calls, rows;             /* rows: the products' M summed over the calls */
     } shape[64];
     int n_shapes;
 } forge__profile;
@@ -6912,7 +6937,7 @@ static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool p
         VkQueryPoolCreateInfo qi = {.sType = VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO, .queryType = VK_QUERY_TYPE_TIMESTAMP,
                                     .queryCount = r.n_dispatches + 1};
         slot->ops = (uint16_t *)calloc(r.n_dispatches + 1, sizeof *slot->ops);
-        slot->shapes = (uint64_t *)calloc(r.n_dispatches + 1, sizeof *slot->shapes);
+        slot->shapes = (forge__mat_work *)calloc(r.n_dispatches + 1, sizeof *slot->shapes);
         if (!slot->ops || !slot->shapes || d->vk.vkCreateQueryPool(d->dev, &qi, NULL, &slot->qpool) != VK_SUCCESS) {
             forge__recording_free(d, cmd_pool, slot);
             return forge__fail(err, FORGE_ERR_DEVICE, "creating the profiling query pool failed");
@@ -6995,20 +7020,25 @@ static void forge__profile_collect(forge__device *d, forge__profile *pf, const f
         double ms = (double)(ts[i + 1] - ts[i]) * period_ms;
         pf->ms[rc->ops[i]] += ms;
         pf->calls[rc->ops[i]]++;
-        if (!rc->shapes[i]) continue;
+        const forge__mat_work *w = &rc->shapes[i];
+        if (!w->N) continue;
         int k = 0; /* per matrix shape too: where the time of the products goes */
-        while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].shape != rc->shapes[i])) k++;
+        while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].N != w->N || pf->shape[k].K != w->K)) k++;
         if (k == pf->n_shapes) {
             if (k == (int)FORGE__ARRAY_LEN(pf->shape)) continue;
-            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], rc->shapes[i], 0, 0};
+            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], w->N, w->K, w->bits16, 0, 0, 0};
             pf->n_shapes++;
         }
         pf->shape[k].ms += ms;
         pf->shape[k].calls++;
+        pf->shape[k].rows += w->M;
     }
 }
 
-/* The profile as JSON {"kernel": {"calls": N, "ms": T}, "kernel NxK": {...}, ...} into out. */
+/* The profile as JSON {"kernel": {"calls": N, "ms": T}, ..., "kernel NxK": {"calls", "ms", "rows",
+ * "gb_s", "tflop_s"}, ...} into out: per matrix shape also the rows multiplied (M summed over
+ * the calls), the weights' read rate (N K bits / 8 bytes a call) and the products' rate
+ * (2 N K rows flops). */
 static forge_status forge__profile_json(const forge__profile *pf, char *out, size_t capacity, size_t *len) {
     size_t o = 0;
     int first = 1;
@@ -7021,9 +7051,11 @@ static forge_status forge__profile_json(const forge__profile *pf, char *out, siz
         first = 0;
     }
     for (int i = 0; i < pf->n_shapes; i++) {
-        FORGE__PJ("%s\"%s %llux%llu\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[pf->shape[i].op].name,
-                  (unsigned long long)(pf->shape[i].shape >> 32), (unsigned long long)(pf->shape[i].shape & 0xffffffffu),
-                  (unsigned long long)pf->shape[i].calls, pf->shape[i].ms);
+        const struct forge__prof_shape *sh = &pf->shape[i];
+        double sec = sh->ms > 0 ? sh->ms * 1e-3 : 1e-30, nk = (double)sh->N * (double)sh->K;
+        FORGE__PJ("%s\"%s %ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"rows\": %llu, \"gb_s\": %.1f, \"tflop_s\": %.2f}", first ? "" : ", ",
+                  forge__ops[sh->op].name, sh->N, sh->K, (unsigned long long)sh->calls, sh->ms, (unsigned long long)sh->rows,
+                  nk * sh->bits16 / 128.0 * (double)sh->calls / sec * 1e-9, 2.0 * nk * (double)sh->rows / sec * 1e-12);
         first = 0;
     }
     FORGE__PJ("}");

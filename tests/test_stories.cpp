@@ -1,4 +1,6 @@
 /* The real pretrained model: greedy decoding from BOS reproduces llama2.c's published story. */
+#include <cjson/cJSON.h>
+
 #include "util.h"
 
 static std::string piece_text(const char *p) {
@@ -57,5 +59,47 @@ TEST(Stories, PrefillEqualsTokenByToken) {
     }
     forge_session_free(a);
     forge_session_free(b);
+    forge_model_free(m);
+}
+
+/* forge_session_profile's per-shape entries: a prefill of 10 tokens multiplies 10 rows a call
+ * (the matmul kernels), a decode step one (the matvecs); the rates are the entry's own numbers:
+ * gb_s = N K 4 bytes (f32 weights) a call, tflop_s = 2 N K rows, over its time. */
+TEST(Stories, ProfileShapesCountRowsAndRates) {
+    forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(m, nullptr);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 64;
+    sp.profile = 1;
+    forge_session *s = nullptr;
+    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
+    std::vector<int32_t> prompt = {1, 400, 29, 77, 300, 12, 9, 41, 250, 18};
+    ASSERT_EQ(forge_eval(s, prompt.data(), 10, 0, nullptr, 0), FORGE_OK);
+    for (int i = 0; i < 3; i++) ASSERT_EQ(forge_eval(s, &prompt[i], 1, 0, nullptr, 0), FORGE_OK);
+    std::vector<char> prof(1 << 16);
+    size_t len = 0;
+    ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+    cJSON *pj = cJSON_Parse(prof.data());
+    ASSERT_NE(pj, nullptr) << prof.data();
+    int shapes = 0;
+    for (cJSON *e = pj->child; e; e = e->next) {
+        std::string name = e->string;
+        size_t sp_at = name.find(' ');
+        if (sp_at == std::string::npos) continue;
+        shapes++;
+        unsigned N = 0, K = 0;
+        ASSERT_EQ(sscanf(name.c_str() + sp_at + 1, "%ux%u", &N, &K), 2) << name;
+        double calls = cJSON_GetObjectItem(e, "calls")->valuedouble, ms = cJSON_GetObjectItem(e, "ms")->valuedouble;
+        double rows = cJSON_GetObjectItem(e, "rows")->valuedouble;
+        bool prefill = name.rfind("matmul", 0) == 0;
+        EXPECT_EQ(rows, calls * (prefill ? 10 : 1)) << name;
+        if (ms <= 0) continue;
+        double gb_s = (double)N * K * 4 * calls / (ms * 1e-3) * 1e-9, tflop_s = 2.0 * N * K * rows / (ms * 1e-3) * 1e-12;
+        EXPECT_NEAR(cJSON_GetObjectItem(e, "gb_s")->valuedouble, gb_s, 0.05 + 1e-3 * gb_s) << name;
+        EXPECT_NEAR(cJSON_GetObjectItem(e, "tflop_s")->valuedouble, tflop_s, 0.005 + 1e-3 * tflop_s) << name;
+    }
+    EXPECT_GE(shapes, 8) << prof.data(); /* q|k|v, o, gate|up, down and the head, prefill and decode */
+    cJSON_Delete(pj);
+    forge_session_free(s);
     forge_model_free(m);
 }
