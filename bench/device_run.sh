@@ -1,37 +1,51 @@
 #!/bin/bash
-# device_run.sh: one call on the GPU machine (see the device tool's README): checks forge's
-# test suite on the real GPU, writes the benchmark models (tools/make_bench_model.py) and runs
-# `forge bench` on each. Binaries come prebuilt in .devbin (this machine has no glslang);
-# the Vulkan loader comes as a .deb in .gl. Results go to $OUT.
-#   usage: bash bench/device_run.sh [tests] [PRESET...]
+# device_run.sh: the bench matrix in one call on the GPU machine (see the device tool's README):
+# optionally forge's test suite on the real GPU, then every preset of tools/make_bench_model.py
+# written and measured with `forge bench -p 512 -n 128 -r 3`, the 1B and 8B Q4_0 files also
+# profiled, and bench/RESULTS.md rewritten (bench/results.py) into $OUT/RESULTS.md: copy it over
+# bench/RESULTS.md after the call. Binaries come prebuilt in .devbin (the GPU machine has no
+# glslang), with the libraries of cJSON, PCRE2 and utf8proc beside them; the Vulkan loader and
+# the GL dispatch libraries as .debs in .gl; the commit in .devbin/COMMIT (the machine has no
+# .git). ../shared/quant-fixtures, for the suite, from .fx/shared when it is carried.
+#   usage: bash bench/device_run.sh [tests] [PRESET...]   (no PRESET: all of them)
 set -u
 REPO=$(pwd)
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
 BIN=$REPO/.devbin
+export LD_LIBRARY_PATH=$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/models
+MODELS=${MODELS:-/tmp/models}
+mkdir -p "$OUT" "$MODELS"
 if ! "$BIN/forge" devices > "$OUT/devices.txt" 2>&1; then  # the NVIDIA ICD may need its manifest named
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
     "$BIN/forge" devices > "$OUT/devices.txt" 2>&1
 fi
-cat "$OUT/devices.txt"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null
 RUN_TESTS=0
 if [ "${1:-}" = tests ]; then RUN_TESTS=1; shift; fi
 PRESETS=("$@")
-# write the models in the background while the tests run
+[ ${#PRESETS[@]} -eq 0 ] && PRESETS=(llama8b-q4_0 llama1b-f16 llama1b-q4_0 llama1b-q8_0 qwen3-0.6b-f16 gemma3-1b-bf16)
+# the models are written in the background while the tests run (a preset already there is kept)
 for p in "${PRESETS[@]}"; do
-    python3 tools/make_bench_model.py "$p" "/tmp/models/$p" > "$OUT/make_$p.log" 2>&1 &
+    [ -e "$MODELS/$p/config.json" ] || [ -e "$MODELS/$p/model.gguf" ] ||
+        python3 tools/make_bench_model.py "$p" "$MODELS/$p" > "$OUT/make_$p.log" 2>&1 &
 done
 if [ $RUN_TESTS = 1 ]; then
-    (mkdir -p /tmp/t && cd /tmp/t && FORGE_SOURCE_DIR=$REPO "$BIN/forge_tests" --gtest_filter='-*QuantFixture*:Tok*:*Tokenizer*:*Chat*' > "$OUT/tests.txt" 2>&1)
-    echo "tests exit $?"; grep -E "PASSED|FAILED|tests ran" "$OUT/tests.txt" | tail -12
+    [ -d .fx/shared/quant-fixtures ] && mkdir -p ../shared && cp -r .fx/shared/quant-fixtures ../shared/
+    (mkdir -p /tmp/t && cd /tmp/t && FORGE_SOURCE_DIR=$REPO timeout "${TEST_TIMEOUT:-400}" "$BIN/forge_tests" \
+        --gtest_filter="${TESTS:--*QuantFixture*:Tok*:*Tokenizer*:*Chat*:*Cli*}" > "$OUT/tests.txt" 2>&1)
+    echo "tests exit $?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.txt" | tail -12
 fi
 wait
 for p in "${PRESETS[@]}"; do
-    M=/tmp/models/$p
+    M=$MODELS/$p
     [ -f "$M/model.gguf" ] && M=$M/model.gguf
     "$BIN/forge" bench "$M" -p 512 -n 128 -r 3 ${BENCH_ARGS:-} > "$OUT/bench_$p.json" 2> "$OUT/bench_$p.err"
     echo "$p: $(cat "$OUT/bench_$p.json") $(tail -c 300 "$OUT/bench_$p.err")"
+    case $p in llama1b-q4_0 | llama8b-q4_0)
+        "$BIN/forge" bench "$M" -p 512 -n 128 -r 1 --profile ${BENCH_ARGS:-} > "$OUT/profile_$p.json" 2>> "$OUT/bench_$p.err" ;;
+    esac
 done
+python3 bench/results.py "$OUT" bench/RESULTS.md "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUT/RESULTS.md" &&
+    echo "wrote $OUT/RESULTS.md"

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""results.py: bench/RESULTS.md's generated section from one bench/device_run.sh call.
+
+    python3 bench/results.py OUT_DIR RESULTS.md COMMIT > NEW_RESULTS.md
+
+OUT_DIR holds what device_run.sh wrote: bench_PRESET.json (`forge bench MODEL -p 512 -n 128
+-r 3`), profile_PRESET.json (the same with --profile, -r 1) and tests.txt when the suite ran.
+The section (between the two MARK lines) replaces the one RESULTS.md has, or goes after its
+title; the hand-written history below it stays. Targets and llama.cpp's figures are issue
+10's (llama.cpp 3f545be, Vulkan with NV_coopmat2, the same machine kind and shapes)."""
+import json
+import os
+import sys
+import time
+
+BEGIN = "<!-- bench/results.py: generated section, begin -->"
+END = "<!-- bench/results.py: generated section, end -->"
+
+# preset: (what it is, target pp512, target tg128, llama.cpp pp512, llama.cpp tg128)
+ROWS = [
+    ("llama8b-q4_0", "Llama-3.1-8B shape Q4_0", 10000, 500, 5000, 250),
+    ("llama1b-f16", "Llama-3.2-1B shape F16", 27000, 900, 18055, 576),
+    ("llama1b-q4_0", "Llama-3.2-1B shape Q4_0", 21000, 1200, 13860, 677),
+    ("llama1b-q8_0", "Llama-3.2-1B shape Q8_0", None, None, 14837, 665),
+    ("qwen3-0.6b-f16", "Qwen3-0.6B shape F16", 21000, 900, 14400, 512),
+    ("gemma3-1b-bf16", "Gemma3-1B shape BF16", 20000, 700, None, None),
+]
+PROFILED = ["llama1b-q4_0", "llama8b-q4_0"]
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            lines = [l for l in f.read().splitlines() if l.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def num(v, digits=0):
+    return "n/a" if v is None else f"{v:,.{digits}f}"
+
+
+def verdict(got, target, ref):
+    if got is None:
+        return "not run"
+    bar = max(x for x in (target, ref) if x is not None) if (target or ref) else None
+    if bar is None:
+        return ""
+    return "met" if got >= bar else f"{got / bar:.2f} of it"
+
+
+def section(out_dir, commit):
+    runs = {p: load(os.path.join(out_dir, f"bench_{p}.json")) for p, *_ in ROWS}
+    any_run = next((r for r in runs.values() if r), None)
+    device = any_run["device"] if any_run else "unknown device"
+    driver = any_run["driver"] if any_run else "unknown driver"
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    o = [BEGIN, f"## Now: the bench matrix ({day}, commit {commit})", ""]
+    o.append(f"Written by `bench/results.py` from one `bash bench/device_run.sh` call on {device} ({driver}):")
+    o.append("`tools/make_bench_model.py PRESET` writes each model, `forge bench MODEL -p 512 -n 128 -r 3`")
+    o.append("measures it (median of 3 after a warm-up; default settings, so f16 KV cache, tensor cores")
+    o.append("and int8 activations where the device has them). The bar of each column is the larger of")
+    o.append("issue 10's target and llama.cpp's figure.")
+    o.append("")
+    o.append("| model (preset) | prefill tok/s | target | llama.cpp pp512 | | decode tok/s | target | llama.cpp tg128 | |")
+    o.append("|---|---|---|---|---|---|---|---|---|")
+    for p, what, tpp, ttg, lpp, ltg in ROWS:
+        r = runs[p] or {}
+        pp, tg = r.get("prefill_tok_s"), r.get("decode_tok_s")
+        o.append(f"| {what} (`{p}`) | {num(pp)} | {num(tpp)} | {num(lpp)} | {verdict(pp, tpp, lpp)} "
+                 f"| {num(tg, 1)} | {num(ttg)} | {num(ltg)} | {verdict(tg, ttg, ltg)} |")
+    tests = os.path.join(out_dir, "tests.txt")
+    if os.path.exists(tests):
+        with open(tests) as f:
+            summary = [l.strip() for l in f if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "listed" not in l]
+        if summary:
+            o += ["", "The suite on the same GPU: " + "; ".join(summary[:8]) + "."]
+    for p in PROFILED:
+        prof = load(os.path.join(out_dir, f"profile_{p}.json"))
+        if not prof or "profile" not in prof:
+            continue
+        pr = prof["profile"]
+        o += ["", f"### Where the time goes: `{p}` (`forge bench -p 512 -n 128 -r 1 --profile`: warm-up, one run and"
+              " classify, timestamps after every dispatch)", ""]
+        o.append("| kernel | calls | ms | us a call |")
+        o.append("|---|---|---|---|")
+        kernels = sorted(((k, v) for k, v in pr.items() if " " not in k), key=lambda kv: -kv[1]["ms"])
+        for k, v in kernels[:12]:
+            o.append(f"| {k} | {v['calls']} | {v['ms']:.1f} | {1000 * v['ms'] / max(v['calls'], 1):.1f} |")
+        o += ["", "| product (kernel N x K) | calls | rows a call | us a call | GB/s | TFLOP/s |", "|---|---|---|---|---|---|"]
+        shapes = sorted(((k, v) for k, v in pr.items() if " " in k), key=lambda kv: -kv[1]["ms"])
+        for k, v in shapes[:14]:
+            calls = max(v["calls"], 1)
+            o.append(f"| {k} | {v['calls']} | {v.get('rows', 0) / calls:.1f} | {1000 * v['ms'] / calls:.1f} "
+                     f"| {v.get('gb_s', 0):.0f} | {v.get('tflop_s', 0):.1f} |")
+    o.append(END)
+    return "\n".join(o)
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit("usage: results.py OUT_DIR RESULTS.md COMMIT")
+    out_dir, results, commit = sys.argv[1:]
+    with open(results) as f:
+        text = f.read()
+    new = section(out_dir, commit)
+    if BEGIN in text and END in text:
+        text = text[: text.index(BEGIN)] + new + text[text.index(END) + len(END):]
+    else:
+        first, _, rest = text.partition("\n")
+        text = first + "\n\n" + new + "\n\n" + rest.lstrip("\n")
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()
