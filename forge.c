@@ -5203,8 +5203,9 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A_Q4_0 ? (op == FORGE__OP_MATVEC_Q8A_Q4_0 ? FORGE__W_Q4_0 : FORGE__W_Q8_0)
                                                             : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
-            /* a split-K product's reduce pass reads partial sums, not the weights: no work */
-            *w = (forge__mat_work){pl->N, pl->K, pl->flags & FORGE__LINEAR_REDUCE ? 0 : pl->M, forge__bits16(f, pl->qbits, pl->qgroup)};
+            /* a split-K product's reduce pass reads partial sums, not the weights: no rows, no weight bytes */
+            bool reduce = pl->flags & FORGE__LINEAR_REDUCE;
+            *w = (forge__mat_work){pl->N, pl->K, reduce ? 0 : pl->M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup)};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,

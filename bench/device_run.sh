@@ -7,6 +7,9 @@
 # glslang), with the libraries of cJSON, PCRE2 and utf8proc beside them; the Vulkan loader and
 # the GL dispatch libraries as .debs in .gl; the commit in .devbin/COMMIT (the machine has no
 # .git). ../shared/quant-fixtures, for the suite, from .fx/shared when it is carried.
+# $OUT gets few files (the device tool returns 8): RESULTS.md, bench.jsonl (one forge bench
+# object a line), profile_PRESET.json of the two profiled files, tests.txt and log.txt (model
+# writing and bench messages); the rest stays in $WORK.
 #   usage: bash bench/device_run.sh [tests] [PRESET...]   (no PRESET: all of them)
 set -u
 REPO=$(pwd)
@@ -16,10 +19,13 @@ BIN=$REPO/.devbin
 export LD_LIBRARY_PATH=$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 OUT=${OUT:-/tmp/out}
 MODELS=${MODELS:-/tmp/models}
-mkdir -p "$OUT" "$MODELS"
-if ! "$BIN/forge" devices > "$OUT/devices.txt" 2>&1; then  # the NVIDIA ICD may need its manifest named
+WORK=${WORK:-/tmp/bench-work}
+rm -rf "$WORK"
+mkdir -p "$OUT" "$MODELS" "$WORK"
+rm -f "$OUT/bench.jsonl"
+if ! "$BIN/forge" devices > "$WORK/devices.txt" 2>&1; then  # the NVIDIA ICD may need its manifest named
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    "$BIN/forge" devices > "$OUT/devices.txt" 2>&1
+    "$BIN/forge" devices > "$WORK/devices.txt" 2>&1
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv 2>/dev/null
 RUN_TESTS=0
@@ -29,7 +35,7 @@ PRESETS=("$@")
 # the models are written in the background while the tests run (a preset already there is kept)
 for p in "${PRESETS[@]}"; do
     [ -e "$MODELS/$p/config.json" ] || [ -e "$MODELS/$p/model.gguf" ] ||
-        python3 tools/make_bench_model.py "$p" "$MODELS/$p" > "$OUT/make_$p.log" 2>&1 &
+        python3 tools/make_bench_model.py "$p" "$MODELS/$p" > "$WORK/make_$p.log" 2>&1 &
 done
 if [ $RUN_TESTS = 1 ]; then
     [ -d .fx/shared/quant-fixtures ] && mkdir -p ../shared && cp -r .fx/shared/quant-fixtures ../shared/
@@ -41,11 +47,15 @@ wait
 for p in "${PRESETS[@]}"; do
     M=$MODELS/$p
     [ -f "$M/model.gguf" ] && M=$M/model.gguf
-    "$BIN/forge" bench "$M" -p 512 -n 128 -r 3 ${BENCH_ARGS:-} > "$OUT/bench_$p.json" 2> "$OUT/bench_$p.err"
-    echo "$p: $(cat "$OUT/bench_$p.json") $(tail -c 300 "$OUT/bench_$p.err")"
+    "$BIN/forge" bench "$M" -p 512 -n 128 -r 3 ${BENCH_ARGS:-} > "$WORK/bench_$p.json" 2> "$WORK/bench_$p.err"
+    echo "$p: $(cat "$WORK/bench_$p.json") $(tail -c 300 "$WORK/bench_$p.err")"
+    cat "$WORK/bench_$p.json" >> "$OUT/bench.jsonl"
     case $p in llama1b-q4_0 | llama8b-q4_0)
-        "$BIN/forge" bench "$M" -p 512 -n 128 -r 1 --profile ${BENCH_ARGS:-} > "$OUT/profile_$p.json" 2>> "$OUT/bench_$p.err" ;;
+        "$BIN/forge" bench "$M" -p 512 -n 128 -r 1 --profile ${BENCH_ARGS:-} > "$WORK/profile_$p.json" 2>> "$WORK/bench_$p.err"
+        cp "$WORK/profile_$p.json" "$OUT/" ;;
     esac
 done
-python3 bench/results.py "$OUT" bench/RESULTS.md "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUT/RESULTS.md" &&
+[ -f "$OUT/tests.txt" ] && cp "$OUT/tests.txt" "$WORK/"
+tail -n 5 "$WORK"/*.log "$WORK"/*.err "$WORK/devices.txt" > "$OUT/log.txt" 2>/dev/null
+python3 bench/results.py "$WORK" bench/RESULTS.md "$(cat "$BIN/COMMIT" 2>/dev/null || echo unknown)" > "$OUT/RESULTS.md" &&
     echo "wrote $OUT/RESULTS.md"
