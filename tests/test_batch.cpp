@@ -45,8 +45,7 @@ std::vector<Gen> run_single(forge_model *m, std::vector<Item> items, int n_ctx, 
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = n_ctx;
     sp.kv_type = kv_type;
-    forge_session *s = nullptr;
-    EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+    forge_session *s = ft::session(m, sp);
     if (!s) return runs;
     for (size_t i = 0; i < items.size(); i++) {
         Item &it = items[i];

@@ -20,9 +20,7 @@ forge_session *kv_session(forge_model *m, int kv_type, int n_ctx, int n_batch = 
     sp.n_batch = n_batch;
     sp.kv_type = kv_type;
     sp.overflow = overflow;
-    forge_session *s = nullptr;
-    if (forge_session_create(m, &sp, &s) != FORGE_OK) ADD_FAILURE() << "session (kv_type " << kv_type << "): " << forge_model_errmsg(m);
-    return s;
+    return ft::session(m, sp);
 }
 
 std::vector<int32_t> tokens(int n, int V, int seed) {

@@ -21,9 +21,7 @@ forge_session *overflow_session(forge_model *m, int n_ctx, int n_batch, forge_ov
     sp.n_batch = n_batch;
     sp.overflow = mode;
     sp.n_keep = n_keep;
-    forge_session *s = nullptr;
-    if (forge_session_create(m, &sp, &s) != FORGE_OK) ADD_FAILURE() << forge_model_errmsg(m);
-    return s;
+    return ft::session(m, sp);
 }
 
 std::vector<int32_t> history(forge_session *s) {

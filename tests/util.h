@@ -103,18 +103,22 @@ inline forge_model *load(const std::string &path, uint64_t max_range = 0, uint64
     return m;
 }
 
-/* A session on m with n_ctx positions (and n_batch, 0: the default); the test fails with
- * forge's message when it cannot be made. */
+/* A session on m with these params; the test fails with forge's message when it cannot be made. */
+inline forge_session *session(forge_model *m, const forge_session_params &sp) {
+    forge_session *s = nullptr;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
+        ADD_FAILURE() << "session (n_ctx " << sp.n_ctx << ", kv_type " << sp.kv_type << "): " << forge_model_errmsg(m);
+        return nullptr;
+    }
+    return s;
+}
+
+/* A session on m with n_ctx positions (and n_batch, 0: the default). */
 inline forge_session *session(forge_model *m, int n_ctx, int n_batch = 0) {
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = n_ctx;
     sp.n_batch = n_batch;
-    forge_session *s = nullptr;
-    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
-        ADD_FAILURE() << "session (n_ctx " << n_ctx << "): " << forge_model_errmsg(m);
-        return nullptr;
-    }
-    return s;
+    return session(m, sp);
 }
 
 } // namespace ft
