@@ -963,7 +963,7 @@ forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t er
     forge_status st = forge__state_read(ft_state_model(), 32, &f, &a, &state, &e);
     if (!st) { /* touch what a load would copy */
         volatile uint8_t sink = 0;
-        const uint64_t row = 4ull * 2 * 4;
+        const uint64_t row = forge__kv_row_bytes(&ft_state_model()->cfg, state.kv_f16);
         for (int l = 0; l < 3; l++)
             for (uint64_t i = 0; i < (uint64_t)state.layers[l].rows * row; i++) sink ^= state.layers[l].k[i] ^ state.layers[l].v[i];
         for (int i = 0; i < 4 * state.n_past; i++) sink ^= state.tokens[i];
