@@ -6273,6 +6273,18 @@ static uint64_t forge__max_product_k(const forge__config *c) {
     return FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, qd), (uint64_t)c->ffn);
 }
 
+/* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
+ * fill the device (attention_decode.comp gives each at least one round of keys, so at a short
+ * context most exit at once; at 4096 positions of the Llama-3.1-8B shape 16 splits kept the
+ * H100's bandwidth under a third busy); FORGE__ATTN_SPLITS_BATCH per sequence of a batched
+ * step, whose sequences fill the device themselves; FORGE__ATTN_SPLITS_CPU on CPU devices,
+ * where every workgroup is a serial loop over its invocations (lavapipe, stories260K decode:
+ * 2 splits 191 tok/s against 120 with 16, medians of 3 runs of `forge bench -p 32 -n 256 -r 3`
+ * on a shared 2-core machine). */
+static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
+    if (m->dev.caps.type == FORGE_DEVICE_CPU) return FORGE__ATTN_SPLITS_CPU;
+    return batched ? FORGE__ATTN_SPLITS_BATCH : FORGE__ATTN_SPLITS;
+}
 static uint32_t forge__topk_chunks(const forge_model *m) {
     return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
 }
@@ -6300,8 +6312,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
         [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
-        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim + 2) *
-                                FORGE__MAX((uint64_t)sp->n_seq * FORGE__ATTN_SPLITS_BATCH, (uint64_t)FORGE__ATTN_SPLITS),
+        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim + 2) * /* a batched step's splits or one sequence's */
+                                FORGE__MAX((uint64_t)sp->n_seq * forge__attn_splits(m, true), (uint64_t)forge__attn_splits(m, false)),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
     };
@@ -6396,18 +6408,6 @@ typedef struct forge__acts {
     forge__range lse;          /* [2, n, NH] the attention's log-sum-exp per query and head (then delta) */
 } forge__acts;
 
-/* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
- * fill the device (attention_decode.comp gives each at least one round of keys, so at a short
- * context most exit at once; at 4096 positions of the Llama-3.1-8B shape 16 splits kept the
- * H100's bandwidth under a third busy); FORGE__ATTN_SPLITS_BATCH per sequence of a batched
- * step, whose sequences fill the device themselves; FORGE__ATTN_SPLITS_CPU on CPU devices,
- * where every workgroup is a serial loop over its invocations (lavapipe, stories260K decode:
- * 2 splits 191 tok/s against 120 with 16, medians of 3 runs of `forge bench -p 32 -n 256 -r 3`
- * on a shared 2-core machine). */
-static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
-    if (m->dev.caps.type == FORGE_DEVICE_CPU) return FORGE__ATTN_SPLITS_CPU;
-    return batched ? FORGE__ATTN_SPLITS_BATCH : FORGE__ATTN_SPLITS;
-}
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
  * RMSNorm of its input (forge__linear's `norm`). */
 static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
