@@ -5,7 +5,12 @@
 // Tiles of BM (m) x BN (n), k in steps of BK = 64: A rounded to f16 (clamped to its range) and
 // W dequantized to f16 go through shared memory; each subgroup multiplies a (BM / WARPS_M) x
 // (BN / WARPS_N) part as FM x FN fragments of 16 x 16 with f32 accumulators; the next step's
-// values are read from memory into registers while the tensor cores work on the current one.
+// values are read from memory into registers while the tensor cores work on the current one,
+// as they are stored (Q4_0 a whole block a thread, f16 as is), and converted only when they go
+// to shared memory: registers hold the raw bytes, not eight floats for every eight weights. On
+// the H100 that took the 8B shape's Q4_0 products from 72-75 to 94-100 TFLOP/s and the 1B
+// shape's F16 ones from 50-65 to 70-105 (bench/RESULTS.md). Two shared-memory stages of
+// BK = 32 (one barrier a step, what fits 48 KB) ran at 82-85: not kept.
 //   default: 128 x 128 tiles, 8 subgroups of 64 x 32 (4 x 2 fragments)
 //   SKINNY (batch decode's <= 32 rows, f16 weights only): 32 x 64 tiles, 4 subgroups of 32 x 16
 //     (2 x 1 fragments), W's fragments loaded straight from memory (f16 needs no conversion, and
@@ -67,11 +72,16 @@ layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 const uint LDS = BK + 8;             // padded row stride (halves): 144 bytes
 const uint LDS4 = LDS / 4u;          // the same in units of 4 halves
-shared uvec2 As[BM * LDS4];          // A tile, row-major [m][k], 4 halves per element
-#ifndef W_DIRECT
-shared uvec2 Ws[BN * LDS4];          // W tile, row-major [n][k] = B column-major
+// One shared array, 4 halves an element: the A tile, row-major [m][k], at AS; the W tile,
+// row-major [n][k] = B column-major, at WS; after the k loop the epilogue's scratch (each
+// subgroup's 16 x 16 f32 fragment, two floats an element) over the A tile at CS.
+const uint AS = 0u, CS = 0u;
+#ifdef W_DIRECT
+const uint WS = 0u, SMEM = max(BM * LDS4, WARPS_M * WARPS_N * 128u);
+#else
+const uint WS = BM * LDS4, SMEM = max(BM * LDS4 + BN * LDS4, WARPS_M * WARPS_N * 128u);
 #endif
-shared uvec2 Cs[WARPS_M * WARPS_N * 128]; // the epilogue: each subgroup's 16 x 16 f32 fragment, two floats per element
+shared uvec2 smem[SMEM];
 
 // four values rounded to f16 (clamped to its range), packed in two words
 uvec2 to_f16(vec4 x) {
@@ -82,17 +92,33 @@ uvec2 to_f16(vec4 x) {
 uint tid_() { return gl_LocalInvocationID.x; }
 
 // this thread's share of the next k step, brought to registers while the tensor cores work
-// on the current one: A_PER x 4 values of A (rows idx / 16, columns 4 (idx % 16), idx = tid +
-// r THREADS) and W_PER x 8 of W (rows idx / 8, columns 8 (idx % 8))
+// on the current one, as loaded (the conversions to f16 wait for stash, so that the loads of
+// the next step are in flight during the products and hold as few registers as they can):
+// A_PER x 4 values of A (rows idx / 16, columns 4 (idx % 16), idx = tid + r THREADS), and of W
+//   Q4_0: one whole block a thread (row tid / 2, block tid % 2 of the step): its 18 bytes
+//         in the 5 aligned words that hold them
+//   F16:  W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), copied as they are
+//   else: W_PER x 8 values dequantized to f32 (weights.glsl)
 const uint A_PER = BM * BK / 4u / THREADS, W_PER = BN * BK / 8u / THREADS;
 vec4 ra[A_PER];
-#ifndef W_DIRECT
+#if defined(W_DIRECT)
+#elif defined(W_Q4_0)
+#define W_RAW_Q4_0 1
+#if BN * BK / 32 != THREADS
+#error "Q4_0 fetch: one block a thread"
+#endif
+uint rq[5];           // the block's words
+bool rq_odd, rq_in;   // its f16 scale in the high half of rq[0]; the block lies in the matrix
+#elif defined(W_F16)
+#define W_RAW_F16 1
+uvec4 rh[W_PER];
+#else
 vec4 rw[2u * W_PER];
 #endif
 
 void fetch(uint m0, uint n0, uint k0, uint ke, bool vec_a) { // k < ke
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
-        uint idx = tid_() + r * THREADS, m = m0 + idx / 16u, k = k0 + (idx % 16u) * 4u;
+        uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 4u), k = k0 + (idx % (BK / 4u)) * 4u;
         vec4 v = vec4(0.0);
         if (m < pc.M && k < ke) {
             uint ab = (pc.a_row0 + m) * pc.K + k;
@@ -101,9 +127,32 @@ void fetch(uint m0, uint n0, uint k0, uint ke, bool vec_a) { // k < ke
         }
         ra[r] = v;
     }
-#ifndef W_DIRECT
+#if defined(W_RAW_Q4_0)
+    {
+        uint n = n0 + tid_() / (BK / 32u), kb = (k0 >> 5) + tid_() % (BK / 32u);
+        rq_in = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of 64, K a multiple of 32
+        uint bo = rq_in ? (n * (pc.K >> 5) + kb) * 18u : 0u, w = bo >> 2;
+        rq_odd = (bo & 2u) != 0u;
+        // the 5 words from w hold bytes bo .. bo + 17 (the binding's size is a multiple of 4)
+        [[unroll]] for (uint i = 0; i < 5u; i++) rq[i] = rq_in ? w_u32[w + i] : 0u;
+    }
+#elif defined(W_RAW_F16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, n = n0 + idx / 8u, k = k0 + (idx % 8u) * 8u;
+        uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
+        uvec4 h = uvec4(0u);
+        if (n < pc.N && k < ke) {
+            if ((pc.K & 7u) == 0u) h = w_u4[(n * pc.K + k) >> 3];
+            else { // rows that are not 16-byte aligned (rare): a value at a time
+                vec4 lo, hi;
+                w_get8_any(n, k, pc.K, lo, hi);
+                h = uvec4(to_f16(lo), to_f16(hi));
+            }
+        }
+        rh[r] = h;
+    }
+#elif !defined(W_DIRECT)
+    [[unroll]] for (uint r = 0; r < W_PER; r++) {
+        uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
         if (n < pc.N && k < ke) w_get8_any(n, k, pc.K, lo, hi); // ke: K or a multiple of 64
         rw[2u * r] = lo;
@@ -115,13 +164,32 @@ void fetch(uint m0, uint n0, uint k0, uint ke, bool vec_a) { // k < ke
 void stash() {
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
         uint idx = tid_() + r * THREADS;
-        As[(idx / 16u) * LDS4 + idx % 16u] = to_f16(ra[r]);
+        smem[AS + (idx / (BK / 4u)) * LDS4 + idx % (BK / 4u)] = to_f16(ra[r]);
     }
-#ifndef W_DIRECT
+#if defined(W_RAW_Q4_0)
+    {
+        // d, then the 16 bytes of nibbles as 4 words: element j < 16 is the low nibble of byte
+        // j, 16 + j its high nibble
+        float d = unpackHalf2x16(rq_odd ? rq[0] >> 16 : rq[0] & 0xffffu).x;
+        uint q[4];
+        [[unroll]] for (uint i = 0; i < 4u; i++) q[i] = rq_odd ? rq[i + 1u] : (rq[i] >> 16) | (rq[i + 1u] << 16);
+        uint row = WS + (tid_() / (BK / 32u)) * LDS4 + (tid_() % (BK / 32u)) * 8u;
+        [[unroll]] for (uint i = 0; i < 4u; i++) {
+            smem[row + i] = to_f16(d * bytes_f(q[i] & 0x0F0F0F0Fu, 8.0));
+            smem[row + 4u + i] = to_f16(d * bytes_f((q[i] >> 4) & 0x0F0F0F0Fu, 8.0));
+        }
+    }
+#elif defined(W_RAW_F16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = (idx / 8u) * LDS4 + (idx % 8u) * 2u;
-        Ws[row] = to_f16(rw[2u * r]);
-        Ws[row + 1u] = to_f16(rw[2u * r + 1u]);
+        uint idx = tid_() + r * THREADS, row = WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        smem[row] = rh[r].xy;
+        smem[row + 1u] = rh[r].zw;
+    }
+#elif !defined(W_DIRECT)
+    [[unroll]] for (uint r = 0; r < W_PER; r++) {
+        uint idx = tid_() + r * THREADS, row = WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        smem[row] = to_f16(rw[2u * r]);
+        smem[row + 1u] = to_f16(rw[2u * r + 1u]);
     }
 #endif
 }
@@ -150,14 +218,14 @@ void main() {
         if (more) fetch(m0, n0, k0 + BK, ke, vec_a); /* in flight during the products below */
         [[unroll]] for (uint ks = 0; ks < BK; ks += 16u) {
             fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN];
-            [[unroll]] for (uint i = 0; i < FM; i++) coopMatLoadNV(fa[i], As, (wm + 16u * i) * LDS4 + ks / 4u, LDS4, false);
+            [[unroll]] for (uint i = 0; i < FM; i++) coopMatLoadNV(fa[i], smem, AS + (wm + 16u * i) * LDS4 + ks / 4u, LDS4, false);
 #ifdef W_DIRECT
             if (w_in && k0 + ks < ke) { // (ke is K or a multiple of 64: whole 16-steps)
                 coopMatLoadNV(fb[0], w_u4, (n0 + wn) * (pc.K / 8u) + (k0 + ks) / 8u, pc.K / 8u, true);
                 [[unroll]] for (uint i = 0; i < FM; i++) acc[i][0] = coopMatMulAddNV(fa[i], fb[0], acc[i][0]);
             }
 #else
-            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], Ws, (wn + 16u * j) * LDS4 + ks / 4u, LDS4, true);
+            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, WS + (wn + 16u * j) * LDS4 + ks / 4u, LDS4, true);
             [[unroll]] for (uint i = 0; i < FM; i++)
                 [[unroll]] for (uint j = 0; j < FN; j++) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
 #endif
@@ -177,13 +245,13 @@ void main() {
     bool direct = flags == 0u && m0 + BM <= pc.M && n0 + BN <= pc.N && (ldc & 3u) == 0u && (col0 & 3u) == 0u;
 #define STORE_DIRECT(i, j) coopMatStoreNV(acc[i][j], c, (row0 + m0 + wm + 16u * i) * ldc + col0 + n0 + wn + 16u * j, ldc, false);
 #define STORE_EPILOGUE(i, j) {                                                                  \
-        coopMatStoreNV(acc[i][j], Cs, warp * 128u, 8u, false);                                  \
+        coopMatStoreNV(acc[i][j], smem, CS + warp * 128u, 8u, false);                           \
         subgroupMemoryBarrierShared();                                                          \
         subgroupBarrier();                                                                      \
         for (uint e = lane; e < 256u; e += 32u) {                                               \
             uint m = m0 + wm + 16u * i + e / 16u, n = n0 + wn + 16u * j + e % 16u;             \
             if (m >= pc.M || n >= pc.N) continue;                                               \
-            uvec2 pair = Cs[warp * 128u + e / 2u];                                              \
+            uvec2 pair = smem[CS + warp * 128u + e / 2u];                                       \
             float v = uintBitsToFloat((e & 1u) != 0u ? pair.y : pair.x);                        \
             if ((flags & 1u) != 0u) v += bias[pc.bias_off + n];                                 \
             if ((flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;                 \
