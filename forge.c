@@ -4965,15 +4965,18 @@ typedef struct forge__op_desc {
 #define FORGE__MATVEC_ROWS 1
 
 /* matvec_sg with one token on a GPU (kernels/matvec_sg.comp says how each mapping works):
- * the K split for long rows (K >= 8192, or K >= 4096 with more outputs than K); one output per
- * subgroup otherwise, and always on CPU devices (lavapipe: 60 tok/s on stories260K against 42
- * split). Measured per product on the H100 (bench/RESULTS.md, one output per subgroup ->
- * split, us, before Q4_0's paired reads): Q4_0 4096 x 14336 51.4 -> 45.3, 6144 x 4096 39.0 ->
- * 27.4, 128256 x 4096 373 -> 321, but 4096 x 4096 18.0 -> 20.2, F16 8192 x 2048 33.5 -> 42.8
- * and the F16 128256 x 2048 head 223 -> 292. With K = 2048 Q4_0's paired reads (16 weights a
- * lane) leave half of a split workgroup idle: its 128256 x 2048 head took 243 us split. */
-static bool forge__matvec_use_split(bool cpu, uint32_t M, uint32_t outs, uint32_t K) {
-    if (M != 1 || cpu) return false;
+ * the K split for long rows (K >= 8192, or K >= 4096 with more outputs than K) of block
+ * formats; one output per subgroup otherwise, and always for plain formats (F32, F16, BF16)
+ * and on CPU devices (lavapipe: 60 tok/s on stories260K against 42 split). Measured per
+ * product on the H100 (bench/RESULTS.md, one output per subgroup -> split, us, before Q4_0's
+ * paired reads): Q4_0 4096 x 14336 51.4 -> 45.3, 6144 x 4096 39.0 -> 27.4, 128256 x 4096 373
+ * -> 321, but 4096 x 4096 18.0 -> 20.2, F16 8192 x 2048 33.5 -> 42.8 and the F16 128256 x 2048
+ * head 223 -> 292. With K = 2048 Q4_0's paired reads (16 weights a lane) leave half of a split
+ * workgroup idle: its 128256 x 2048 head took 243 us split. Once one output per subgroup kept
+ * four steps of k in flight (MV_STEPS) the F16 2048 x 8192 product took 21.2 us against 27.7
+ * split (and the Llama-3.2-1B F16 decode 527 tok/s against 493). */
+static bool forge__matvec_use_split(bool cpu, forge__wfmt fmt, uint32_t M, uint32_t outs, uint32_t K) {
+    if (M != 1 || cpu || fmt == FORGE__W_F32 || fmt == FORGE__W_F16 || fmt == FORGE__W_BF16) return false;
     return K >= 8192 || (K >= 4096 && outs > K);
 }
 /* Outputs per workgroup in the split: up to 8, fewer where that leaves under 1024 workgroups

@@ -13,9 +13,11 @@
 //    subgroups' sums meet in shared memory. Long rows (K >= 8192, or 4096 with more
 //    outputs than K) gain: on the H100 a 4096 x 14336 Q4_0 product went from 51.4 to 45.3 us.
 //  - one output per subgroup (rows_per_wg = 0): the subgroups take ROWS outputs in turn, each
-//    over the whole K, two steps of k per iteration (two, gated four, loads in flight per lane);
-//    no shared memory, no barrier. Faster for K = 2048 (F16 gate|up 33.5 us against 42.8 split)
-//    and on CPU devices (lavapipe ran stories260K's decode at 42 tok/s split, 60 this way).
+//    over the whole K, MV_STEPS = 4 steps of k per iteration (four, gated eight, loads in flight
+//    per lane; Q4_0 two steps of 16 weights); no shared memory, no barrier. Faster for K = 2048
+//    (F16 gate|up 33.5 us against 42.8 split), for plain formats at K = 8192 (F16 2048 x 8192
+//    21.2 us against 27.7 split) and on CPU devices (lavapipe ran stories260K's decode at 42
+//    tok/s split, 60 this way).
 // Q4_0 (W_PAIRED, weights.glsl): in both mappings a lane takes 16 weights of a row at a time,
 // the low and high nibbles of the same 8 bytes, loading them and the block's scale once.
 // Several tokens (M <= 8, short prefill tails): the subgroups take ROWS outputs in turn.
@@ -55,6 +57,9 @@ layout(binding = 6) readonly buffer G_ { float g[]; };
 layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
 
 const uint MAX_M = 8;
+#ifndef MV_STEPS
+#define MV_STEPS 4u   /* one_token, plain formats: steps of k a lane has in flight */
+#endif
 
 // 8 elements of A' row m at k (zero past K); ss += their squares before the norm weight
 void a8(uint m, uint k, bool vec_a, bool prenorm, out vec4 lo, out vec4 hi, inout float ss) {
@@ -173,26 +178,32 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
         u1 += dot(ub0, alo) + dot(ub1, ahi);
     }
 #else
-    uint stride = width * 8u;
-    for (uint k = lane * 8u; k < pc.K; k += 2u * stride) {
-        uint k1 = k + stride;
-        bool has1 = k1 < pc.K;
-        vec4 wa0, wa1, wb0 = vec4(0.0), wb1 = vec4(0.0), ua0 = vec4(0.0), ua1 = vec4(0.0), ub0 = vec4(0.0), ub1 = vec4(0.0);
-        w_get8_any(w0, k, pc.K, wa0, wa1);
-        if (has1) w_get8_any(w0, k1, pc.K, wb0, wb1);
-        if (gated) {
-            w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
-            if (has1) w_get8_any(w0 + 1u, k1, pc.K, ub0, ub1);
+    // MV_STEPS steps of k a lane (gated: twice as many rows' loads) in flight: the loads of a
+    // whole round first, then their products
+    uint stride = width * 8u, k = lane * 8u;
+    if (vec_a) {
+        for (; k + (MV_STEPS - 1u) * stride < pc.K; k += MV_STEPS * stride) {
+            vec4 wl[MV_STEPS], wh[MV_STEPS], ul[MV_STEPS], uh[MV_STEPS];
+            [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
+                w_get8(w0, k + i * stride, pc.K, wl[i], wh[i]);
+                if (gated) w_get8(w0 + 1u, k + i * stride, pc.K, ul[i], uh[i]);
+            }
+            [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
+                vec4 alo, ahi;
+                a8(0u, k + i * stride, vec_a, prenorm, alo, ahi, ss);
+                s0 += dot(wl[i], alo) + dot(wh[i], ahi);
+                if (gated) u0 += dot(ul[i], alo) + dot(uh[i], ahi);
+            }
         }
+    }
+    for (; k < pc.K; k += stride) { // the rest a step at a time (and rows of K % 8 != 0)
+        vec4 wa0, wa1, ua0 = vec4(0.0), ua1 = vec4(0.0);
+        w_get8_any(w0, k, pc.K, wa0, wa1);
+        if (gated) w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
         vec4 alo, ahi;
         a8(0u, k, vec_a, prenorm, alo, ahi, ss);
-        s0 += dot(wa0, alo) + dot(wa1, ahi);
-        u0 += dot(ua0, alo) + dot(ua1, ahi);
-        if (has1) {
-            a8(0u, k1, vec_a, prenorm, alo, ahi, ss);
-            s1 += dot(wb0, alo) + dot(wb1, ahi);
-            u1 += dot(ub0, alo) + dot(ub1, ahi);
-        }
+        s1 += dot(wa0, alo) + dot(wa1, ahi);
+        u1 += dot(ua0, alo) + dot(ua1, ahi);
     }
 #endif
     float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;

@@ -141,7 +141,7 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         if (vec && j.c->force_kind == 1) sg = true;
         bool cm = !vec && j.c->force_kind == 2;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
-        uint32_t split = forge__matvec_use_split(c->dev.caps.type == FORGE_DEVICE_CPU, M, rows, K) ? forge__matvec_split_rows(rows) : 0;
+        uint32_t split = forge__matvec_use_split(c->dev.caps.type == FORGE_DEVICE_CPU, w->fmt, M, rows, K) ? forge__matvec_split_rows(rows) : 0;
         uint32_t per = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split, 0};
         uint32_t gx, gy;
