@@ -4,9 +4,11 @@
 // ascending), and combines the chunks' (max, sum) into the softmax normalizer of the row:
 // out[0] = (M, S) (as float bits) with S = sum_i exp((l_i - M) * inv_temp) over the whole vocabulary,
 // out[1 + r] = (value, index) of the r-th best logit.
-// Method: binary search on the orderable bits of the value for the C-th largest value t
-// (each chunk list is sorted, so counting is a binary search per chunk), then the values
-// above t, then ties at t in index order, then a bitonic sort of the C winners.
+// Method: radix select on the orderable bits of the values, 8 bits a pass from the top, for
+// the C-th largest value t over all chunks' lists; then the values above t and the ties at t
+// in list (= index) order, each thread compacting a contiguous run of the lists; then a
+// bitonic sort of the C winners. (A binary search over the 32 bits, counting by a binary
+// search in every list, was 256 dependent loads: 78 us a token on the H100; bench/RESULTS.md.)
 // Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
 // stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
@@ -26,22 +28,14 @@ shared float red[256];
 shared float wv[MAXC];
 shared uint wi[MAXC];
 shared uint base_gt;
+shared uint hist[256];
+shared uint sel_prefix, sel_need;
 uint cb; // the row's first chunk
 
 // float -> uint preserving order (-inf smallest)
 uint key(float v) {
     uint b = floatBitsToUint(v);
     return (b & 0x80000000u) != 0u ? ~b : b | 0x80000000u;
-}
-
-// entries of chunk c whose key is >= t (its list is sorted, best first)
-uint count_ge(uint c, uint t) {
-    uint lo = 0u, hi = pc.C; // first index whose key < t
-    while (lo < hi) {
-        uint mid = (lo + hi) >> 1;
-        if (key(uintBitsToFloat(cand[(cb + c) * pc.C + mid].x)) >= t) lo = mid + 1u; else hi = mid;
-    }
-    return lo;
 }
 
 void main() {
@@ -69,30 +63,38 @@ void main() {
         barrier();
     }
     if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
-    // largest t with count(key >= t) >= C
-    uint lo = 0u, hi = 0xffffffffu;
-    while (lo < hi) {
-        uint d = hi - lo, mid = lo + (d >> 1) + (d & 1u); // upper middle, no overflow
-        uint n = 0u;
-        for (uint c = tid; c < pc.n_chunks; c += 256u) n += count_ge(c, mid);
+    // t = the C-th largest key of the row's n_chunks * C candidates: keys agreeing with
+    // `prefix` on the digits chosen so far, of which the best `need` are still to be found
+    uint total = pc.n_chunks * pc.C, first = cb * pc.C;
+    uint prefix = 0u, need = pc.C;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        uint above = shift == 24 ? 0u : ~0u << uint(shift + 8); // the digits chosen so far
+        hist[tid] = 0u;
         barrier();
-        cnt[tid] = n;
-        barrier();
-        for (uint s = 128u; s > 0u; s >>= 1) {
-            if (tid < s) cnt[tid] += cnt[tid + s];
-            barrier();
+        for (uint e = tid; e < total; e += 256u) {
+            uint k = key(uintBitsToFloat(cand[first + e].x));
+            if ((k & above) == prefix) atomicAdd(hist[(k >> uint(shift)) & 255u], 1u);
         }
-        if (cnt[0] >= pc.C) lo = mid; else hi = mid - 1u;
+        barrier();
+        if (tid == 0u) { // the digit where the count from the top reaches need
+            uint acc = 0u, d = 255u;
+            while (d > 0u && acc + hist[d] < need) acc += hist[d--];
+            sel_prefix = prefix | (d << uint(shift));
+            sel_need = need - acc;
+        }
+        barrier();
+        prefix = sel_prefix;
+        need = sel_need;
     }
-    uint t = lo;
-    // winners: every key > t, then keys == t in chunk (= index) order until C. Each thread
-    // owns a contiguous range of chunks; offsets come from a scan of the per-thread counts.
-    uint per = (pc.n_chunks + 255u) / 256u, c0 = min(pc.n_chunks, tid * per), c1 = min(pc.n_chunks, c0 + per);
+    uint t = prefix;
+    // winners: every key > t, then keys == t in list order until C. Each thread owns a
+    // contiguous run of the lists; offsets come from a scan of the per-thread counts.
+    uint per = (total + 255u) / 256u, e0 = min(total, tid * per), e1 = min(total, e0 + per);
     uint my_gt = 0u, my_eq = 0u;
-    for (uint c = c0; c < c1; c++) {
-        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u);
-        my_gt += gt;
-        my_eq += count_ge(c, t) - gt;
+    for (uint e = e0; e < e1; e++) {
+        uint k = key(uintBitsToFloat(cand[first + e].x));
+        my_gt += k > t ? 1u : 0u;
+        my_eq += k == t ? 1u : 0u;
     }
     barrier();
     cnt[tid] = my_gt;
@@ -112,15 +114,14 @@ void main() {
     for (uint e = tid; e < MAXC; e += 256u) { wv[e] = -1.0 / 0.0; wi[e] = 0xffffffffu; }
     barrier();
     uint og = cnt[tid], oe = base_gt + eqc[tid];
-    for (uint c = c0; c < c1; c++) {
-        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u), ge = count_ge(c, t);
-        for (uint e = 0u; e < ge; e++) {
-            uint at = e < gt ? og++ : oe++;
-            if (at < pc.C) {
-                uvec2 x = cand[(cb + c) * pc.C + e];
-                wv[at] = uintBitsToFloat(x.x);
-                wi[at] = x.y;
-            }
+    for (uint e = e0; e < e1; e++) {
+        uvec2 x = cand[first + e];
+        uint k = key(uintBitsToFloat(x.x));
+        if (k < t) continue;
+        uint at = k > t ? og++ : oe++;
+        if (at < pc.C) {
+            wv[at] = uintBitsToFloat(x.x);
+            wi[at] = x.y;
         }
     }
     // bitonic sort of the MAXC winners
