@@ -5057,15 +5057,13 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
 /* Bits per weight of a format, times 16 (Q4_0: 18 bytes a block of 32 = 4.5 bits, 72); MLX
  * affine: `bits` plus an f16 scale and bias per group. For the profile's GB/s. */
 static uint32_t forge__bits16(forge__wfmt f, uint32_t mlx_bits, uint32_t mlx_group) {
-    switch (f) {
-    case FORGE__W_F32: return 512;
-    case FORGE__W_F16: case FORGE__W_BF16: return 256;
-    case FORGE__W_Q4_0: return 72;
-    case FORGE__W_Q8_0: return 136;
-    case FORGE__W_Q4_K: return 72;  /* 144 bytes a block of 256 */
-    case FORGE__W_Q6_K: return 105; /* 210 bytes a block of 256 */
-    default: return mlx_group ? 16 * mlx_bits + 512 / mlx_group : 16 * mlx_bits;
-    }
+    static const forge__dtype stored[] = {[FORGE__W_F32] = FORGE__F32, [FORGE__W_F16] = FORGE__F16, [FORGE__W_BF16] = FORGE__BF16,
+                                          [FORGE__W_Q4_0] = FORGE__Q4_0, [FORGE__W_Q8_0] = FORGE__Q8_0, [FORGE__W_Q4_K] = FORGE__Q4_K,
+                                          [FORGE__W_Q6_K] = FORGE__Q6_K};
+    if (f == FORGE__W_MLX) /* the codes, and an f16 scale and bias per group */
+        return mlx_group ? 16 * mlx_bits + 512 / mlx_group : 16 * mlx_bits;
+    forge__dtype_traits t = forge__dtype_info(stored[f]);
+    return 128 * t.block_bytes / t.block;
 }
 
 /* One matrix product dispatch, for the profile: C [M, N] from A [M, K] and weights [N, K] of
@@ -5208,7 +5206,9 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
                                                             : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
             /* a split-K product's reduce pass reads partial sums, not the weights: no rows, no weight bytes */
             bool reduce = pl->flags & FORGE__LINEAR_REDUCE;
-            *w = (forge__mat_work){pl->N, pl->K, reduce ? 0 : pl->M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup)};
+            /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
+            uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
+            *w = (forge__mat_work){rows, pl->K, reduce ? 0 : pl->M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup)};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
@@ -6477,7 +6477,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
         forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
                              mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
-        uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
+        uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, w->fmt, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
         uint32_t rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
                                col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0};

@@ -491,8 +491,8 @@ typedef struct forge_keys_info {
 FORGE_API forge_status forge_session_keys(forge_session *session, int layer, float *out, size_t capacity, forge_keys_info *info);
 
 /* With forge_session_params.profile: device time per kernel since the session was created, as
- * JSON {"kernel": {"calls": N, "ms": T}, ...}, and per matrix product shape {"kernel NxK":
- * {"calls", "ms", "rows" (the rows of activations multiplied, summed over the calls), "gb_s"
+ * JSON {"kernel": {"calls": N, "ms": T}, ...}, and per matrix product shape {"kernel NxK" (the
+ * weight's rows and columns: a fused gate|up product counts both halves), {"calls", "ms", "rows" (the rows of activations multiplied, summed over the calls), "gb_s"
  * (the weights' bytes read per second), "tflop_s" (2 N K rows per second, in 1e12)}, ...}, into
  * `out` (capacity bytes, NUL-terminated);
  * *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not fit. Empty ("{}") when the
