@@ -5,10 +5,11 @@
 // out[0] = (M, S) (as float bits) with S = sum_i exp((l_i - M) * inv_temp) over the whole vocabulary,
 // out[1 + r] = (value, index) of the r-th best logit.
 // Method: radix select on the orderable bits of the values, 8 bits a pass from the top, for
-// the C-th largest value t over all chunks' lists; then the values above t and the ties at t
-// in list (= index) order, each thread compacting a contiguous run of the lists; then a
-// bitonic sort of the C winners. (A binary search over the 32 bits, counting by a binary
-// search in every list, was 256 dependent loads: 78 us a token on the H100; bench/RESULTS.md.)
+// the C-th largest value t over all chunks' lists, each thread counting a contiguous run of
+// the lists; then the values above t and the ties at t in list (= index) order, each thread
+// compacting its run; then a bitonic sort of the C winners. (A binary search over the 32
+// bits, counting by a binary search in every list, was 256 dependent loads: 78 us a token on
+// the H100; bench/RESULTS.md.)
 // Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
 // stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
@@ -65,16 +66,29 @@ void main() {
     if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
     // t = the C-th largest key of the row's n_chunks * C candidates: keys agreeing with
     // `prefix` on the digits chosen so far, of which the best `need` are still to be found
+    // Each thread counts a contiguous run of the lists: a list is sorted, so the digits of its
+    // keys that agree with the prefix come in runs, each one atomic add (an add per key piled
+    // every thread onto the one or two bins that hold the top digits of most values: 153 us).
     uint total = pc.n_chunks * pc.C, first = cb * pc.C;
+    uint per = (total + 255u) / 256u, e0 = min(total, tid * per), e1 = min(total, e0 + per);
     uint prefix = 0u, need = pc.C;
     for (int shift = 24; shift >= 0; shift -= 8) {
         uint above = shift == 24 ? 0u : ~0u << uint(shift + 8); // the digits chosen so far
         hist[tid] = 0u;
         barrier();
-        for (uint e = tid; e < total; e += 256u) {
+        uint run_d = 0u, run_n = 0u;
+        for (uint e = e0; e < e1; e++) {
             uint k = key(uintBitsToFloat(cand[first + e].x));
-            if ((k & above) == prefix) atomicAdd(hist[(k >> uint(shift)) & 255u], 1u);
+            if ((k & above) != prefix) continue;
+            uint d = (k >> uint(shift)) & 255u;
+            if (d != run_d && run_n != 0u) {
+                atomicAdd(hist[run_d], run_n);
+                run_n = 0u;
+            }
+            run_d = d;
+            run_n++;
         }
+        if (run_n != 0u) atomicAdd(hist[run_d], run_n);
         barrier();
         if (tid == 0u) { // the digit where the count from the top reaches need
             uint acc = 0u, d = 255u;
@@ -87,9 +101,8 @@ void main() {
         need = sel_need;
     }
     uint t = prefix;
-    // winners: every key > t, then keys == t in list order until C. Each thread owns a
-    // contiguous run of the lists; offsets come from a scan of the per-thread counts.
-    uint per = (total + 255u) / 256u, e0 = min(total, tid * per), e1 = min(total, e0 + per);
+    // winners: every key > t, then keys == t in list order until C, each thread from its run;
+    // offsets come from a scan of the per-thread counts.
     uint my_gt = 0u, my_eq = 0u;
     for (uint e = e0; e < e1; e++) {
         uint k = key(uintBitsToFloat(cand[first + e].x));
