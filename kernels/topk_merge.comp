@@ -13,8 +13,10 @@
 // Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
 // stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 const uint MAXC = 256;
+const uint BATCH = 16;   // loads of candidates a thread has in flight
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; uint words[]; } params;
 layout(binding = 1) readonly buffer C_ { uvec2 cand[]; };  // (value bits, index)
@@ -28,7 +30,6 @@ shared uint eqc[256];
 shared float red[256];
 shared float wv[MAXC];
 shared uint wi[MAXC];
-shared uint base_gt;
 shared uint hist[256];
 shared uint sel_prefix, sel_need;
 uint cb; // the row's first chunk
@@ -65,10 +66,11 @@ void main() {
     }
     if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
     // t = the C-th largest key of the row's n_chunks * C candidates: keys agreeing with
-    // `prefix` on the digits chosen so far, of which the best `need` are still to be found
-    // Each thread counts a contiguous run of the lists: a list is sorted, so the digits of its
-    // keys that agree with the prefix come in runs, each one atomic add (an add per key piled
-    // every thread onto the one or two bins that hold the top digits of most values: 153 us).
+    // `prefix` on the digits chosen so far, of which the best `need` are still to be found.
+    // Each thread reads a contiguous run of the lists, BATCH loads in flight at a time (a load
+    // per iteration left each thread waiting on one load after another: 140 us a token); a list
+    // is sorted, so the digits of its keys that agree with the prefix come in runs, each one
+    // atomic add (an add per key piles every thread onto the bins of the top digits).
     uint total = pc.n_chunks * pc.C, first = cb * pc.C;
     uint per = (total + 255u) / 256u, e0 = min(total, tid * per), e1 = min(total, e0 + per);
     uint prefix = 0u, need = pc.C;
@@ -77,64 +79,82 @@ void main() {
         hist[tid] = 0u;
         barrier();
         uint run_d = 0u, run_n = 0u;
-        for (uint e = e0; e < e1; e++) {
-            uint k = key(uintBitsToFloat(cand[first + e].x));
-            if ((k & above) != prefix) continue;
-            uint d = (k >> uint(shift)) & 255u;
-            if (d != run_d && run_n != 0u) {
-                atomicAdd(hist[run_d], run_n);
-                run_n = 0u;
+        for (uint b = e0; b < e1; b += BATCH) {
+            uint kk[BATCH];
+            [[unroll]] for (uint i = 0; i < BATCH; i++) kk[i] = cand[first + min(b + i, e1 - 1u)].x;
+            [[unroll]] for (uint i = 0; i < BATCH; i++) {
+                uint k = key(uintBitsToFloat(kk[i]));
+                if (b + i < e1 && (k & above) == prefix) {
+                    uint d = (k >> uint(shift)) & 255u;
+                    if (d != run_d && run_n != 0u) {
+                        atomicAdd(hist[run_d], run_n);
+                        run_n = 0u;
+                    }
+                    run_d = d;
+                    run_n++;
+                }
             }
-            run_d = d;
-            run_n++;
         }
         if (run_n != 0u) atomicAdd(hist[run_d], run_n);
         barrier();
-        if (tid == 0u) { // the digit where the count from the top reaches need
-            uint acc = 0u, d = 255u;
-            while (d > 0u && acc + hist[d] < need) acc += hist[d--];
-            sel_prefix = prefix | (d << uint(shift));
-            sel_need = need - acc;
+        for (uint s = 1u; s < 256u; s <<= 1) { // suffix sums: hist[d] = the keys whose digit is >= d
+            uint v = hist[tid] + (tid + s < 256u ? hist[tid + s] : 0u);
+            barrier();
+            hist[tid] = v;
+            barrier();
+        }
+        // the digit where the count from the top reaches need (exactly one: the sums fall from
+        // the prefix's keys, at least need, to 0)
+        uint from_above = tid < 255u ? hist[tid + 1u] : 0u;
+        if (hist[tid] >= need && from_above < need) {
+            sel_prefix = prefix | (tid << uint(shift));
+            sel_need = need - from_above;
         }
         barrier();
         prefix = sel_prefix;
         need = sel_need;
+        barrier();
     }
     uint t = prefix;
-    // winners: every key > t, then keys == t in list order until C, each thread from its run;
-    // offsets come from a scan of the per-thread counts.
+    // winners: every key > t, then keys == t in list order until C, each thread from its run
+    // at offsets from scans of the per-thread counts
     uint my_gt = 0u, my_eq = 0u;
-    for (uint e = e0; e < e1; e++) {
-        uint k = key(uintBitsToFloat(cand[first + e].x));
-        my_gt += k > t ? 1u : 0u;
-        my_eq += k == t ? 1u : 0u;
+    for (uint b = e0; b < e1; b += BATCH) {
+        uint kk[BATCH];
+        [[unroll]] for (uint i = 0; i < BATCH; i++) kk[i] = cand[first + min(b + i, e1 - 1u)].x;
+        [[unroll]] for (uint i = 0; i < BATCH; i++) {
+            uint k = key(uintBitsToFloat(kk[i]));
+            if (b + i < e1) {
+                my_gt += k > t ? 1u : 0u;
+                my_eq += k == t ? 1u : 0u;
+            }
+        }
     }
-    barrier();
     cnt[tid] = my_gt;
     eqc[tid] = my_eq;
     barrier();
-    if (tid == 0u) { // exclusive scans; the total of the first is the number above t
-        uint a0 = 0u, a1 = 0u;
-        for (uint i = 0u; i < 256u; i++) {
-            uint x = cnt[i], y = eqc[i];
-            cnt[i] = a0;
-            eqc[i] = a1;
-            a0 += x;
-            a1 += y;
-        }
-        base_gt = a0;
+    for (uint s = 1u; s < 256u; s <<= 1) { // inclusive prefix sums
+        uint g = cnt[tid] + (tid >= s ? cnt[tid - s] : 0u), q = eqc[tid] + (tid >= s ? eqc[tid - s] : 0u);
+        barrier();
+        cnt[tid] = g;
+        eqc[tid] = q;
+        barrier();
     }
+    uint og = cnt[tid] - my_gt, oe = cnt[255] + eqc[tid] - my_eq; // cnt[255]: all the keys above t
     for (uint e = tid; e < MAXC; e += 256u) { wv[e] = -1.0 / 0.0; wi[e] = 0xffffffffu; }
     barrier();
-    uint og = cnt[tid], oe = base_gt + eqc[tid];
-    for (uint e = e0; e < e1; e++) {
-        uvec2 x = cand[first + e];
-        uint k = key(uintBitsToFloat(x.x));
-        if (k < t) continue;
-        uint at = k > t ? og++ : oe++;
-        if (at < pc.C) {
-            wv[at] = uintBitsToFloat(x.x);
-            wi[at] = x.y;
+    for (uint b = e0; b < e1; b += BATCH) {
+        uvec2 xx[BATCH];
+        [[unroll]] for (uint i = 0; i < BATCH; i++) xx[i] = cand[first + min(b + i, e1 - 1u)];
+        [[unroll]] for (uint i = 0; i < BATCH; i++) {
+            uint k = key(uintBitsToFloat(xx[i].x));
+            if (b + i < e1 && k >= t) {
+                uint at = k > t ? og++ : oe++;
+                if (at < pc.C) {
+                    wv[at] = uintBitsToFloat(xx[i].x);
+                    wi[at] = xx[i].y;
+                }
+            }
         }
     }
     // bitonic sort of the MAXC winners
