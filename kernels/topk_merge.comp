@@ -4,19 +4,14 @@
 // ascending), and combines the chunks' (max, sum) into the softmax normalizer of the row:
 // out[0] = (M, S) (as float bits) with S = sum_i exp((l_i - M) * inv_temp) over the whole vocabulary,
 // out[1 + r] = (value, index) of the r-th best logit.
-// Method: radix select on the orderable bits of the values, 8 bits a pass from the top, for
-// the C-th largest value t over all chunks' lists, each thread counting a contiguous run of
-// the lists; then the values above t and the ties at t in list (= index) order, each thread
-// compacting its run; then a bitonic sort of the C winners. (A binary search over the 32
-// bits, counting by a binary search in every list, was 256 dependent loads: 78 us a token on
-// the H100; bench/RESULTS.md.)
+// Method: binary search on the orderable bits of the value for the C-th largest value t
+// (each chunk list is sorted, so counting is a binary search per chunk), then the values
+// above t, then ties at t in index order, then a bitonic sort of the C winners.
 // Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
 // stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
-#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 const uint MAXC = 256;
-const uint BATCH = 16;   // loads of candidates a thread has in flight
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; float penalty; float inv_temp; uint words[]; } params;
 layout(binding = 1) readonly buffer C_ { uvec2 cand[]; };  // (value bits, index)
@@ -30,14 +25,23 @@ shared uint eqc[256];
 shared float red[256];
 shared float wv[MAXC];
 shared uint wi[MAXC];
-shared uint hist[256];
-shared uint sel_prefix, sel_need;
+shared uint base_gt;
 uint cb; // the row's first chunk
 
 // float -> uint preserving order (-inf smallest)
 uint key(float v) {
     uint b = floatBitsToUint(v);
     return (b & 0x80000000u) != 0u ? ~b : b | 0x80000000u;
+}
+
+// entries of chunk c whose key is >= t (its list is sorted, best first)
+uint count_ge(uint c, uint t) {
+    uint lo = 0u, hi = pc.C; // first index whose key < t
+    while (lo < hi) {
+        uint mid = (lo + hi) >> 1;
+        if (key(uintBitsToFloat(cand[(cb + c) * pc.C + mid].x)) >= t) lo = mid + 1u; else hi = mid;
+    }
+    return lo;
 }
 
 void main() {
@@ -65,95 +69,57 @@ void main() {
         barrier();
     }
     if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
-    // t = the C-th largest key of the row's n_chunks * C candidates: keys agreeing with
-    // `prefix` on the digits chosen so far, of which the best `need` are still to be found.
-    // Each thread reads a contiguous run of the lists, BATCH loads in flight at a time (a load
-    // per iteration left each thread waiting on one load after another: 140 us a token); a list
-    // is sorted, so the digits of its keys that agree with the prefix come in runs, each one
-    // atomic add (an add per key piles every thread onto the bins of the top digits).
-    uint total = pc.n_chunks * pc.C, first = cb * pc.C;
-    uint per = (total + 255u) / 256u, e0 = min(total, tid * per), e1 = min(total, e0 + per);
-    uint prefix = 0u, need = pc.C;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        uint above = shift == 24 ? 0u : ~0u << uint(shift + 8); // the digits chosen so far
-        hist[tid] = 0u;
+    // largest t with count(key >= t) >= C
+    uint lo = 0u, hi = 0xffffffffu;
+    while (lo < hi) {
+        uint d = hi - lo, mid = lo + (d >> 1) + (d & 1u); // upper middle, no overflow
+        uint n = 0u;
+        for (uint c = tid; c < pc.n_chunks; c += 256u) n += count_ge(c, mid);
         barrier();
-        uint run_d = 0u, run_n = 0u;
-        for (uint b = e0; b < e1; b += BATCH) {
-            uint kk[BATCH];
-            [[unroll]] for (uint i = 0; i < BATCH; i++) kk[i] = cand[first + min(b + i, e1 - 1u)].x;
-            [[unroll]] for (uint i = 0; i < BATCH; i++) {
-                uint k = key(uintBitsToFloat(kk[i]));
-                if (b + i < e1 && (k & above) == prefix) {
-                    uint d = (k >> uint(shift)) & 255u;
-                    if (d != run_d && run_n != 0u) {
-                        atomicAdd(hist[run_d], run_n);
-                        run_n = 0u;
-                    }
-                    run_d = d;
-                    run_n++;
-                }
-            }
-        }
-        if (run_n != 0u) atomicAdd(hist[run_d], run_n);
+        cnt[tid] = n;
         barrier();
-        for (uint s = 1u; s < 256u; s <<= 1) { // suffix sums: hist[d] = the keys whose digit is >= d
-            uint v = hist[tid] + (tid + s < 256u ? hist[tid + s] : 0u);
-            barrier();
-            hist[tid] = v;
+        for (uint s = 128u; s > 0u; s >>= 1) {
+            if (tid < s) cnt[tid] += cnt[tid + s];
             barrier();
         }
-        // the digit where the count from the top reaches need (exactly one: the sums fall from
-        // the prefix's keys, at least need, to 0)
-        uint from_above = tid < 255u ? hist[tid + 1u] : 0u;
-        if (hist[tid] >= need && from_above < need) {
-            sel_prefix = prefix | (tid << uint(shift));
-            sel_need = need - from_above;
-        }
-        barrier();
-        prefix = sel_prefix;
-        need = sel_need;
-        barrier();
+        if (cnt[0] >= pc.C) lo = mid; else hi = mid - 1u;
     }
-    uint t = prefix;
-    // winners: every key > t, then keys == t in list order until C, each thread from its run
-    // at offsets from scans of the per-thread counts
+    uint t = lo;
+    // winners: every key > t, then keys == t in chunk (= index) order until C. Each thread
+    // owns a contiguous range of chunks; offsets come from a scan of the per-thread counts.
+    uint per = (pc.n_chunks + 255u) / 256u, c0 = min(pc.n_chunks, tid * per), c1 = min(pc.n_chunks, c0 + per);
     uint my_gt = 0u, my_eq = 0u;
-    for (uint b = e0; b < e1; b += BATCH) {
-        uint kk[BATCH];
-        [[unroll]] for (uint i = 0; i < BATCH; i++) kk[i] = cand[first + min(b + i, e1 - 1u)].x;
-        [[unroll]] for (uint i = 0; i < BATCH; i++) {
-            uint k = key(uintBitsToFloat(kk[i]));
-            if (b + i < e1) {
-                my_gt += k > t ? 1u : 0u;
-                my_eq += k == t ? 1u : 0u;
-            }
-        }
+    for (uint c = c0; c < c1; c++) {
+        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u);
+        my_gt += gt;
+        my_eq += count_ge(c, t) - gt;
     }
+    barrier();
     cnt[tid] = my_gt;
     eqc[tid] = my_eq;
     barrier();
-    for (uint s = 1u; s < 256u; s <<= 1) { // inclusive prefix sums
-        uint g = cnt[tid] + (tid >= s ? cnt[tid - s] : 0u), q = eqc[tid] + (tid >= s ? eqc[tid - s] : 0u);
-        barrier();
-        cnt[tid] = g;
-        eqc[tid] = q;
-        barrier();
+    if (tid == 0u) { // exclusive scans; the total of the first is the number above t
+        uint a0 = 0u, a1 = 0u;
+        for (uint i = 0u; i < 256u; i++) {
+            uint x = cnt[i], y = eqc[i];
+            cnt[i] = a0;
+            eqc[i] = a1;
+            a0 += x;
+            a1 += y;
+        }
+        base_gt = a0;
     }
-    uint og = cnt[tid] - my_gt, oe = cnt[255] + eqc[tid] - my_eq; // cnt[255]: all the keys above t
     for (uint e = tid; e < MAXC; e += 256u) { wv[e] = -1.0 / 0.0; wi[e] = 0xffffffffu; }
     barrier();
-    for (uint b = e0; b < e1; b += BATCH) {
-        uvec2 xx[BATCH];
-        [[unroll]] for (uint i = 0; i < BATCH; i++) xx[i] = cand[first + min(b + i, e1 - 1u)];
-        [[unroll]] for (uint i = 0; i < BATCH; i++) {
-            uint k = key(uintBitsToFloat(xx[i].x));
-            if (b + i < e1 && k >= t) {
-                uint at = k > t ? og++ : oe++;
-                if (at < pc.C) {
-                    wv[at] = uintBitsToFloat(xx[i].x);
-                    wi[at] = xx[i].y;
-                }
+    uint og = cnt[tid], oe = base_gt + eqc[tid];
+    for (uint c = c0; c < c1; c++) {
+        uint gt = t == 0xffffffffu ? 0u : count_ge(c, t + 1u), ge = count_ge(c, t);
+        for (uint e = 0u; e < ge; e++) {
+            uint at = e < gt ? og++ : oe++;
+            if (at < pc.C) {
+                uvec2 x = cand[(cb + c) * pc.C + e];
+                wv[at] = uintBitsToFloat(x.x);
+                wi[at] = x.y;
             }
         }
     }
