@@ -75,7 +75,7 @@ def section(out_dir, commit):
         with open(tests) as f:
             summary = [l.strip() for l in f if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "listed" not in l]
         if summary:
-            o += ["", "The suite on the same GPU: " + "; ".join(summary[:8]) + "."]
+            o += ["", "The suite on the same GPU: " + "; ".join(s.rstrip(".") for s in summary[:8]) + "."]
     for p in PROFILED:
         prof = load(os.path.join(out_dir, f"profile_{p}.json"))
         if not prof or "profile" not in prof:
