@@ -58,7 +58,7 @@ layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
 
 const uint MAX_M = 8;
 #ifndef MV_STEPS
-#define MV_STEPS 4u   /* one_token, plain formats: steps of k a lane has in flight */
+#define MV_STEPS 4u   /* one_token, formats read 8 weights at a time: steps of k a lane has in flight */
 #endif
 
 // 8 elements of A' row m at k (zero past K); ss += their squares before the norm weight
