@@ -4900,6 +4900,11 @@ typedef enum forge__wfmt {
     FORGE__W_MLX,                                                 /* MLX affine, bits and group per weight */
     FORGE__W_COUNT
 } forge__wfmt;
+/* The tensor type each format stores as it is in the file (MLX affine: codes with separate
+ * scales and biases, no one type) */
+static const forge__dtype forge__wfmt_dtype[FORGE__W_COUNT] = {
+    [FORGE__W_F32] = FORGE__F32,   [FORGE__W_F16] = FORGE__F16,   [FORGE__W_BF16] = FORGE__BF16, [FORGE__W_Q4_0] = FORGE__Q4_0,
+    [FORGE__W_Q8_0] = FORGE__Q8_0, [FORGE__W_Q4_K] = FORGE__Q4_K, [FORGE__W_Q6_K] = FORGE__Q6_K, [FORGE__W_MLX] = FORGE__DTYPE_INVALID};
 
 typedef enum forge__op {
     FORGE__OP_EMBED,                                   /* + forge__wfmt */
@@ -5057,12 +5062,9 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
 /* Bits per weight of a format, times 16 (Q4_0: 18 bytes a block of 32 = 4.5 bits, 72); MLX
  * affine: `bits` plus an f16 scale and bias per group. For the profile's GB/s. */
 static uint32_t forge__bits16(forge__wfmt f, uint32_t mlx_bits, uint32_t mlx_group) {
-    static const forge__dtype stored[] = {[FORGE__W_F32] = FORGE__F32, [FORGE__W_F16] = FORGE__F16, [FORGE__W_BF16] = FORGE__BF16,
-                                          [FORGE__W_Q4_0] = FORGE__Q4_0, [FORGE__W_Q8_0] = FORGE__Q8_0, [FORGE__W_Q4_K] = FORGE__Q4_K,
-                                          [FORGE__W_Q6_K] = FORGE__Q6_K};
     if (f == FORGE__W_MLX) /* the codes, and an f16 scale and bias per group */
         return mlx_group ? 16 * mlx_bits + 512 / mlx_group : 16 * mlx_bits;
-    forge__dtype_traits t = forge__dtype_info(stored[f]);
+    forge__dtype_traits t = forge__dtype_info(forge__wfmt_dtype[f]);
     return 128 * t.block_bytes / t.block;
 }
 
@@ -5597,21 +5599,15 @@ static forge_status forge__weight_describe(forge__loader *L, forge__weight *w, f
     }
     forge_status st = forge__expect_shape(m, t, 2, rows, cols, why);
     if (st) return st;
-    switch (t->dtype) {
-    case FORGE__F32: w->fmt = FORGE__W_F32; break;
-    case FORGE__F16: w->fmt = FORGE__W_F16; break;
-    case FORGE__BF16: w->fmt = FORGE__W_BF16; break;
-    case FORGE__Q4_0: w->fmt = FORGE__W_Q4_0; break;
-    case FORGE__Q8_0: w->fmt = FORGE__W_Q8_0; break;
-    case FORGE__Q4_K: w->fmt = FORGE__W_Q4_K; break;
-    case FORGE__Q6_K: w->fmt = FORGE__W_Q6_K; break;
-    default:
-        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED,
-                           "%s: tensor '%s' has type %s; forge reads weight matrices in f32, f16, bf16, q4_0, q8_0, q4_k, q6_k "
-                           "and MLX affine",
-                           t->file, t->name, forge__dtype_name(t->dtype));
-    }
-    return FORGE_OK;
+    for (int f = 0; f < FORGE__W_COUNT; f++)
+        if (f != FORGE__W_MLX && forge__wfmt_dtype[f] == t->dtype) {
+            w->fmt = (forge__wfmt)f;
+            return FORGE_OK;
+        }
+    return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED,
+                       "%s: tensor '%s' has type %s; forge reads weight matrices in f32, f16, bf16, q4_0, q8_0, q4_k, q6_k "
+                       "and MLX affine",
+                       t->file, t->name, forge__dtype_name(t->dtype));
 }
 
 /* Splits a described weight into row-chunks that fit one binding (and, for interleaved
