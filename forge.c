@@ -1121,15 +1121,20 @@ typedef enum forge__arch {
     FORGE__ARCH_QWEN3,
     FORGE__ARCH_GEMMA2,
     FORGE__ARCH_GEMMA3,
+    FORGE__ARCH_QWEN3MOE,
+    FORGE__ARCH_GEMMA4,
     FORGE__ARCH_COUNT
 } forge__arch;
 
-static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3"};
+/* As GGUF's general.architecture names them (and forge_model_info reports them). */
+static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gemma4"};
+#define FORGE__ARCH_LIST "llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gemma4"
 
 typedef enum forge__rope_scaling {
     FORGE__ROPE_NONE = 0,
     FORGE__ROPE_LINEAR,   /* positions divided by factor */
     FORGE__ROPE_LLAMA3,   /* Llama 3.1 frequency-dependent scaling */
+    FORGE__ROPE_PROPORTIONAL, /* Gemma 4: the first partial * head_dim / 2 pairs rotate at 1 / theta^(2i / head_dim), the rest not at all */
 } forge__rope_scaling;
 
 typedef struct forge__rope {
@@ -1137,9 +1142,18 @@ typedef struct forge__rope {
     forge__rope_scaling scaling;
     double factor, low_freq_factor, high_freq_factor;
     int original_max_pos;
+    double partial;               /* PROPORTIONAL: partial_rotary_factor */
 } forge__rope;
 
 typedef enum forge__act { FORGE__ACT_SILU = 0, FORGE__ACT_GELU_TANH = 1 } forge__act;
+
+/* How a mixture-of-experts layer weighs its experts (moe_route.comp). */
+typedef enum forge__router {
+    FORGE__ROUTER_NONE = 0,
+    FORGE__ROUTER_SOFTMAX,   /* Qwen3-MoE: softmax(x_n W_r^T) over all experts, the top k, renormalized if moe_norm_topk */
+    FORGE__ROUTER_GEMMA4,    /* Gemma 4: the router reads rmsnorm(x) * scale * hidden^-0.5 (no norm weight), softmax, top k
+                              * renormalized, times per_expert_scale; the layer's dense MLP runs beside the experts */
+} forge__router;
 
 typedef struct forge__config {
     forge__arch arch;
@@ -1162,7 +1176,46 @@ typedef struct forge__config {
     double embed_scale;           /* multiplies the embedding rows (Gemma: sqrt(hidden) in the model dtype) */
     forge__dtype dtype;           /* the checkpoint's compute dtype (torch_dtype) */
     bool multimodal;              /* model_type gemma3: the text model sits under language_model (adapter names) */
+    /* Per-layer shapes. Gemma 4's full-attention layers have their own head_dim and kv heads
+     * (global_head_dim, num_global_key_value_heads) and its KV-shared layers a double-wide MLP;
+     * every other family repeats head_dim, n_kv_heads and ffn (forge__config_finish fills them). */
+    uint16_t layer_head_dim[FORGE__MAX_LAYERS];
+    uint16_t layer_kv_heads[FORGE__MAX_LAYERS];
+    int32_t layer_ffn[FORGE__MAX_LAYERS];     /* the dense MLP's width */
+    int16_t kv_source[FORGE__MAX_LAYERS];     /* the layer whose K/V cache layer l attends to: l itself, or for Gemma 4's
+                                               * KV-shared tail the last earlier layer of the same type */
+    uint8_t layer_k_eq_v[FORGE__MAX_LAYERS];  /* Gemma 4 attention_k_eq_v: no v_proj, the values are the keys' projection */
+    uint8_t layer_moe[FORGE__MAX_LAYERS];     /* a mixture-of-experts MLP */
+    int head_dim_max;             /* the largest layer_head_dim (the attention kernels' specialization) */
+    bool v_norm;                  /* Gemma 4: RMSNorm without weight on each value head before caching */
+    /* Mixture of experts (layer_moe layers) */
+    forge__router router;
+    int n_experts, n_experts_used, moe_ffn;
+    bool moe_norm_topk;           /* the chosen experts' weights renormalized to sum 1 */
+    /* Gemma 4 */
+    int ple_dim;                  /* hidden_size_per_layer_input: per-layer input embeddings of this width (0: none) */
+    int ple_vocab;                /* rows of the per-layer embedding table */
 } forge__config;
+
+/* Layer l's attention shape. A KV-shared layer (kv_source != l) projects only queries. */
+static uint32_t forge__hd(const forge__config *c, int l) { return c->layer_head_dim[l]; }
+static uint32_t forge__nkv(const forge__config *c, int l) { return c->layer_kv_heads[l]; }
+static bool forge__kv_shared(const forge__config *c, int l) { return c->kv_source[l] != l; }
+static uint32_t forge__q_dim(const forge__config *c, int l) { return (uint32_t)c->n_heads * forge__hd(c, l); }
+static uint32_t forge__kv_dim(const forge__config *c, int l) { return forge__nkv(c, l) * forge__hd(c, l); }
+/* The fused q|k|v row of layer l (q only on a KV-shared layer). */
+static uint32_t forge__qkv_dim(const forge__config *c, int l) {
+    return forge__q_dim(c, l) + (forge__kv_shared(c, l) ? 0 : 2 * forge__kv_dim(c, l));
+}
+/* Whether every layer has the same attention and MLP shape (what training and adapters assume). */
+static bool forge__uniform_layers(const forge__config *c) {
+    if (c->n_experts || c->ple_dim || c->v_norm) return false;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_head_dim[l] != c->head_dim || c->layer_kv_heads[l] != c->n_kv_heads || c->layer_ffn[l] != c->ffn ||
+            c->kv_source[l] != l || c->layer_k_eq_v[l])
+            return false;
+    return true;
+}
 
 static double forge__round_to_dtype(double x, forge__dtype t) {
     if (t == FORGE__BF16) return forge__bf16_to_f32(forge__f32_to_bf16((float)x));
@@ -1170,31 +1223,70 @@ static double forge__round_to_dtype(double x, forge__dtype t) {
     return (float)x;
 }
 
-/* Limits of the kernels and of 32-bit indexing, checked for every config whatever its source. */
+/* The attention kernels' largest DMAX: Gemma 4's full-attention heads (global_head_dim 512).
+ * attention_tiled.comp takes smaller blocks above 256 to stay within 32 KiB of shared memory;
+ * training's attention_back.comp stops at 256 (forge__train_layout_make). */
+#define FORGE__MAX_HEAD_DIM 512
+#define FORGE__MAX_TRAIN_HEAD_DIM 256
+#define FORGE__MAX_EXPERTS 1024     /* moe_route.comp: one router row in shared memory */
+#define FORGE__MAX_EXPERTS_USED 32  /* moe_route.comp MAXK */
+
+/* Limits of the kernels and of 32-bit indexing, checked for every config whatever its source
+ * (after forge__config_finish has filled the per-layer shapes). */
 static forge_status forge__config_validate(const forge__config *c, const char *path, forge__err *err) {
     struct { const char *name; int v, lo, hi; } f[] = {
         {"hidden size", c->hidden, 1, 1 << 16}, {"layers", c->n_layers, 1, FORGE__MAX_LAYERS},
         {"attention heads", c->n_heads, 1, 1024}, {"kv heads", c->n_kv_heads, 1, 1024},
-        {"head_dim", c->head_dim, 2, 256}, {"intermediate size", c->ffn, 1, 1 << 20},
+        {"head_dim", c->head_dim, 2, FORGE__MAX_HEAD_DIM}, {"intermediate size", c->ffn, 1, 1 << 20},
         {"vocab size", c->n_vocab, 1, 1 << 24}, {"context length", c->n_ctx_train, 1, 1 << 24},
+        {"per-layer input width", c->ple_dim, 0, 1 << 12}, {"experts", c->n_experts, 0, FORGE__MAX_EXPERTS},
     };
     for (size_t i = 0; i < FORGE__ARRAY_LEN(f); i++)
         if (f[i].v < f[i].lo || f[i].v > f[i].hi)
             return forge__fail(err, f[i].v > f[i].hi && f[i].v > 0 ? FORGE_ERR_UNSUPPORTED : FORGE_ERR_FORMAT,
                                "%s: %s %d is outside what forge supports [%d, %d]", path, f[i].name, f[i].v, f[i].lo, f[i].hi);
-    if (c->head_dim % 2 || c->n_heads % c->n_kv_heads)
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: head_dim %d must be even and the heads (%d) a multiple of the kv heads (%d)",
-                           path, c->head_dim, c->n_heads, c->n_kv_heads);
+    for (int l = 0; l < c->n_layers; l++) {
+        int d = c->layer_head_dim[l], kv = c->layer_kv_heads[l], src = c->kv_source[l];
+        if (d < 2 || d > FORGE__MAX_HEAD_DIM || d % 2)
+            return forge__fail(err, d > FORGE__MAX_HEAD_DIM ? FORGE_ERR_UNSUPPORTED : FORGE_ERR_FORMAT,
+                               "%s: layer %d's head_dim %d must be even and in [2, %d]", path, l, d, FORGE__MAX_HEAD_DIM);
+        if (kv < 1 || c->n_heads % kv)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: layer %d: the heads (%d) must be a multiple of the kv heads (%d)", path, l,
+                               c->n_heads, kv);
+        if (c->layer_ffn[l] < 1 || c->layer_ffn[l] > (1 << 20))
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: layer %d's intermediate size %d is outside [1, %d]", path, l, c->layer_ffn[l], 1 << 20);
+        if (src < 0 || src > l || (src != l && (c->layer_head_dim[src] != d || c->layer_kv_heads[src] != kv ||
+                                                c->layer_sliding[src] != c->layer_sliding[l] || forge__kv_shared(c, src))))
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: layer %d cannot share the KV cache of layer %d (another shape, type, or itself shared)",
+                               path, l, src);
+        if (c->layer_moe[l] && !c->n_experts)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: layer %d is a mixture of experts but the config has no experts", path, l);
+    }
+    if (c->n_experts && (c->n_experts_used < 1 || c->n_experts_used > FORGE__MIN(c->n_experts, FORGE__MAX_EXPERTS_USED) ||
+                         c->moe_ffn < 1 || c->moe_ffn > (1 << 20)))
+        return forge__fail(err, c->n_experts_used > FORGE__MAX_EXPERTS_USED ? FORGE_ERR_UNSUPPORTED : FORGE_ERR_FORMAT,
+                           "%s: %d experts used of %d (forge supports 1 to %d) with expert intermediate size %d", path, c->n_experts_used,
+                           c->n_experts, FORGE__MAX_EXPERTS_USED, c->moe_ffn);
     if (!(c->norm_eps > 0 && c->norm_eps < 1)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: rms norm epsilon %g out of range", path, c->norm_eps);
     if (!(c->rope_full.theta > 1) || !(c->rope_sliding.theta > 1))
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: rope theta must be > 1", path);
     return FORGE_OK;
 }
 
-/* Fills what is derived from the rest of the config (scales, defaults). */
+/* Fills what is derived from the rest of the config: scales, and the per-layer shapes where
+ * the parser left them 0 (every family but Gemma 4 repeats head_dim, n_kv_heads and ffn). */
 static void forge__config_finish(forge__config *c, double query_pre_attn_scalar) {
-    if (c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3) {
-        c->attn_scale = 1.0 / sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : (double)c->head_dim);
+    c->head_dim_max = 0;
+    for (int l = 0; l < c->n_layers && l < FORGE__MAX_LAYERS; l++) {
+        if (!c->layer_head_dim[l]) c->layer_head_dim[l] = (uint16_t)FORGE__MIN(FORGE__MAX(c->head_dim, 0), 65535);
+        if (!c->layer_kv_heads[l]) c->layer_kv_heads[l] = (uint16_t)FORGE__MIN(FORGE__MAX(c->n_kv_heads, 0), 65535);
+        if (!c->layer_ffn[l]) c->layer_ffn[l] = c->ffn;
+        c->head_dim_max = FORGE__MAX(c->head_dim_max, (int)c->layer_head_dim[l]);
+    }
+    if (c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3 || c->arch == FORGE__ARCH_GEMMA4) {
+        /* Gemma 4 normalizes q and k per head and scales the scores by 1 */
+        c->attn_scale = c->arch == FORGE__ARCH_GEMMA4 ? 1.0
+                                                      : 1.0 / sqrt(query_pre_attn_scalar > 0 ? query_pre_attn_scalar : (double)c->head_dim);
         /* HF: hidden * torch.tensor(hidden**0.5, dtype=hidden.dtype) */
         c->embed_scale = forge__round_to_dtype(sqrt((double)c->hidden), c->dtype);
     } else {
@@ -1247,6 +1339,11 @@ static forge_status forge__rope_from_json(const cJSON *params, double theta_defa
     r->factor = forge__json_num(params, "factor", 1.0);
     if (strcmp(type, "linear") == 0) {
         r->scaling = FORGE__ROPE_LINEAR;
+    } else if (strcmp(type, "proportional") == 0) {
+        r->scaling = FORGE__ROPE_PROPORTIONAL;
+        r->partial = forge__json_num(params, "partial_rotary_factor", 1.0);
+        if (!(r->partial > 0 && r->partial <= 1))
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: partial_rotary_factor %g must be in (0, 1]", where, r->partial);
     } else if (strcmp(type, "llama3") == 0) {
         r->scaling = FORGE__ROPE_LLAMA3;
         r->low_freq_factor = forge__json_num(params, "low_freq_factor", 1.0);
@@ -1255,7 +1352,7 @@ static forge_status forge__rope_from_json(const cJSON *params, double theta_defa
         if (r->high_freq_factor <= r->low_freq_factor || r->original_max_pos <= 0)
             return forge__fail(err, FORGE_ERR_FORMAT, "%s: llama3 rope scaling needs high_freq_factor > low_freq_factor and original_max_position_embeddings > 0", where);
     } else {
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: rope type '%s' is not supported (default, linear, llama3)",
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: rope type '%s' is not supported (default, linear, llama3, proportional)",
                            where, type);
     }
     if (!(r->factor > 0)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: rope factor must be > 0", where);
@@ -1268,6 +1365,91 @@ static forge__dtype forge__dtype_from_torch(const char *s) {
     if (!strcmp(s, "bfloat16")) return FORGE__BF16;
     if (!strcmp(s, "float16")) return FORGE__F16;
     return FORGE__DTYPE_INVALID;
+}
+
+/* Gemma 4's per-layer shapes and extras from its text config `o` (transformers'
+ * Gemma4TextConfig): full-attention layers take global_head_dim (default 512) and, with
+ * attention_k_eq_v, num_global_key_value_heads, unless config.json spells the overrides out in
+ * per_layer_config (what transformers 5.17 writes: {"<layer index>" or "<layer type>":
+ * {"head_dim", "num_key_value_heads", "intermediate_size"}}); the last num_kv_shared_layers
+ * layers attend to the cache of the last earlier layer of their type and, with
+ * use_double_wide_mlp, have twice the MLP; per-layer input embeddings; mixture of experts. */
+static forge_status forge__config_gemma4_json(const cJSON *o, const char *path, forge__config *c, forge__err *err) {
+    const char *bidi = forge__json_str(o, "use_bidirectional_attention");
+    if (bidi && !strcmp(bidi, "all"))
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: use_bidirectional_attention 'all' (an encoder) is not supported", path);
+    bool k_eq_v = forge__json_bool(o, "attention_k_eq_v", false);
+    const cJSON *plc = cJSON_GetObjectItemCaseSensitive(o, "per_layer_config");
+    int global_hd = forge__json_int(o, "global_head_dim", 512), global_kv = forge__json_int(o, "num_global_key_value_heads", 0);
+    for (int l = 0; l < c->n_layers; l++) {
+        bool full = !c->layer_sliding[l];
+        c->layer_k_eq_v[l] = k_eq_v && full;
+        if (!cJSON_IsObject(plc) && full) { /* the defaults transformers applies without per_layer_config */
+            c->layer_head_dim[l] = (uint16_t)FORGE__MIN(FORGE__MAX(global_hd, 0), 65535);
+            if (k_eq_v && global_kv > 0) c->layer_kv_heads[l] = (uint16_t)FORGE__MIN(global_kv, 65535);
+        }
+    }
+    if (cJSON_IsObject(plc)) {
+        for (const cJSON *e = plc->child; e; e = e->next) {
+            const char *key = e->string ? e->string : "";
+            char *end = NULL;
+            long idx = strtol(key, &end, 10);
+            bool by_index = *key && end && !*end;
+            bool full_type = !strcmp(key, "full_attention"), slide_type = !strcmp(key, "sliding_attention");
+            if (!cJSON_IsObject(e) || (!by_index && !full_type && !slide_type) || (by_index && (idx < 0 || idx >= c->n_layers)))
+                return forge__fail(err, FORGE_ERR_FORMAT, "%s: per_layer_config entry '%s' is not a layer index or layer type with an object",
+                                   path, key);
+            for (const cJSON *f = e->child; f; f = f->next) {
+                int v = forge__json_int(e, f->string, -1);
+                bool hd = !strcmp(f->string, "head_dim"), kv = !strcmp(f->string, "num_key_value_heads"),
+                     ff = !strcmp(f->string, "intermediate_size");
+                if (!hd && !kv && !ff)
+                    return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: per_layer_config '%s' overrides '%s', which forge does not support "
+                                       "(head_dim, num_key_value_heads, intermediate_size)", path, key, f->string);
+                if (v <= 0 || v > 65535)
+                    return forge__fail(err, FORGE_ERR_FORMAT, "%s: per_layer_config '%s'.%s must be a positive integer", path, key, f->string);
+                for (int l = 0; l < c->n_layers; l++) {
+                    if (by_index ? l != idx : (c->layer_sliding[l] != slide_type)) continue;
+                    if (hd) c->layer_head_dim[l] = (uint16_t)v;
+                    if (kv) c->layer_kv_heads[l] = (uint16_t)v;
+                    if (ff) c->layer_ffn[l] = v;
+                }
+            }
+        }
+    }
+    int shared = forge__json_int(o, "num_kv_shared_layers", 0);
+    if (shared < 0 || shared >= c->n_layers)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: num_kv_shared_layers %d must be in [0, %d)", path, shared, c->n_layers);
+    int first = c->n_layers - shared;
+    bool wide = forge__json_bool(o, "use_double_wide_mlp", false);
+    for (int l = first; l < c->n_layers && shared; l++) {
+        int src = -1;
+        for (int j = first - 1; j >= 0 && src < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
+        if (src < 0)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: KV-shared layer %d has no earlier %s layer to share", path, l,
+                               c->layer_sliding[l] ? "sliding" : "full-attention");
+        c->kv_source[l] = (int16_t)src;
+        c->layer_head_dim[l] = c->layer_head_dim[src] ? c->layer_head_dim[src] : (uint16_t)c->head_dim;
+        c->layer_kv_heads[l] = c->layer_kv_heads[src] ? c->layer_kv_heads[src] : (uint16_t)c->n_kv_heads;
+        if (wide) c->layer_ffn[l] = 2 * (c->layer_ffn[l] ? c->layer_ffn[l] : c->ffn);
+    }
+    c->v_norm = true;
+    c->ple_dim = forge__json_int(o, "hidden_size_per_layer_input", 0);
+    c->ple_vocab = forge__json_int(o, "vocab_size_per_layer_input", c->n_vocab);
+    if (c->ple_dim < 0 || (c->ple_dim && c->ple_vocab <= 0))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: hidden_size_per_layer_input %d / vocab_size_per_layer_input %d out of range", path,
+                           c->ple_dim, c->ple_vocab);
+    if (forge__json_bool(o, "enable_moe_block", false)) {
+        c->n_experts = forge__json_int(o, "num_experts", 0);
+        c->n_experts_used = forge__json_int(o, "top_k_experts", 0);
+        c->moe_ffn = forge__json_int(o, "moe_intermediate_size", 0);
+        c->moe_norm_topk = true;
+        c->router = FORGE__ROUTER_GEMMA4;
+        if (c->n_experts <= 0) return forge__fail(err, FORGE_ERR_FORMAT, "%s: enable_moe_block needs num_experts > 0", path);
+        memset(c->layer_moe, 1, (size_t)c->n_layers);
+    }
+    return FORGE_OK;
 }
 
 /* Parses an HF config.json (text) into *c. `path` names the file in messages. */
@@ -1286,25 +1468,28 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         st = forge__fail(err, FORGE_ERR_FORMAT, "%s: field 'model_type' is missing", path);
         goto done;
     }
-    if (!strcmp(mt, "gemma3")) { /* multimodal wrapper: the text model's config is nested */
+    if (!strcmp(mt, "gemma3") || !strcmp(mt, "gemma4")) { /* multimodal wrapper: the text model's config is nested */
         o = cJSON_GetObjectItemCaseSensitive(root, "text_config");
         if (!cJSON_IsObject(o)) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: model_type 'gemma3' needs a 'text_config' object", path);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: model_type '%s' needs a 'text_config' object", path, mt);
             goto done;
         }
-        c->arch = FORGE__ARCH_GEMMA3;
+        c->arch = !strcmp(mt, "gemma3") ? FORGE__ARCH_GEMMA3 : FORGE__ARCH_GEMMA4;
         c->multimodal = true;
     } else if (!strcmp(mt, "llama")) c->arch = FORGE__ARCH_LLAMA;
     else if (!strcmp(mt, "qwen2")) c->arch = FORGE__ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = FORGE__ARCH_QWEN3;
+    else if (!strcmp(mt, "qwen3_moe")) c->arch = FORGE__ARCH_QWEN3MOE;
     else if (!strcmp(mt, "gemma2")) c->arch = FORGE__ARCH_GEMMA2;
     else if (!strcmp(mt, "gemma3_text")) c->arch = FORGE__ARCH_GEMMA3;
+    else if (!strcmp(mt, "gemma4_text")) c->arch = FORGE__ARCH_GEMMA4;
     else {
         st = forge__fail(err, FORGE_ERR_UNSUPPORTED,
-                         "%s: model_type '%s' is not supported (llama, qwen2, qwen3, gemma2, gemma3, gemma3_text)", path, mt);
+                         "%s: model_type '%s' is not supported (llama, qwen2, qwen3, qwen3_moe, gemma2, gemma3, gemma3_text, gemma4, "
+                         "gemma4_text)", path, mt);
         goto done;
     }
-    bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3;
+    bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3 || c->arch == FORGE__ARCH_GEMMA4;
     c->hidden = forge__json_int(o, "hidden_size", 0);
     c->n_layers = forge__json_int(o, "num_hidden_layers", 0);
     c->n_heads = forge__json_int(o, "num_attention_heads", 0);
@@ -1326,6 +1511,7 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
         goto done;
     }
+    for (int l = 0; l < c->n_layers; l++) c->kv_source[l] = (int16_t)l;
     c->head_dim = forge__json_int(o, "head_dim", c->n_heads ? c->hidden / c->n_heads : 0);
     const char *dt = forge__json_str(o, "torch_dtype");
     if (!dt) dt = forge__json_str(o, "dtype");
@@ -1339,8 +1525,9 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
     c->tied = forge__json_bool(o, "tie_word_embeddings", forge__json_bool(root, "tie_word_embeddings", gemma));
     c->qkv_bias = c->arch == FORGE__ARCH_QWEN2 || forge__json_bool(o, "attention_bias", false);
     c->o_bias = c->arch == FORGE__ARCH_LLAMA && forge__json_bool(o, "attention_bias", false);
-    c->qk_norm = c->arch == FORGE__ARCH_QWEN3 || c->arch == FORGE__ARCH_GEMMA3;
-    c->norm_plus_one = gemma;
+    c->qk_norm = c->arch == FORGE__ARCH_QWEN3 || c->arch == FORGE__ARCH_QWEN3MOE || c->arch == FORGE__ARCH_GEMMA3 ||
+                 c->arch == FORGE__ARCH_GEMMA4;
+    c->norm_plus_one = gemma && c->arch != FORGE__ARCH_GEMMA4; /* Gemma 4's RMSNorm multiplies by w itself */
     c->sandwich_norms = gemma;
     c->act = FORGE__ACT_SILU;
     if (gemma) {
@@ -1363,7 +1550,12 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
     double theta = forge__json_num(o, "rope_theta", 10000.0);
     const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
-    if (cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "full_attention")) {
+    if (c->arch == FORGE__ARCH_GEMMA4 && !cJSON_IsObject(rp)) {
+        /* transformers' Gemma4TextConfig defaults: sliding layers plain RoPE at 1e4, full layers
+         * proportional RoPE at 1e6 rotating a quarter of each head */
+        c->rope_sliding = (forge__rope){.theta = 10000.0};
+        c->rope_full = (forge__rope){.theta = 1000000.0, .scaling = FORGE__ROPE_PROPORTIONAL, .factor = 1.0, .partial = 0.25};
+    } else if (cJSON_IsObject(rp) && cJSON_GetObjectItemCaseSensitive(rp, "full_attention")) {
         st = forge__rope_from_json(cJSON_GetObjectItemCaseSensitive(rp, "full_attention"), theta, &c->rope_full,
                                    "rope_parameters.full_attention", err);
         if (!st) {
@@ -1411,7 +1603,33 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
             if (pattern <= 0) pattern = 6;
             for (int i = 0; i < c->n_layers; i++) c->layer_sliding[i] = ((i + 1) % pattern) != 0;
         }
+        if (c->arch == FORGE__ARCH_GEMMA4) c->layer_sliding[c->n_layers - 1] = 0; /* as transformers forces it */
         if (c->sliding_window <= 0) memset(c->layer_sliding, 0, sizeof c->layer_sliding);
+    }
+    if (c->arch == FORGE__ARCH_GEMMA4 && (st = forge__config_gemma4_json(o, path, c, err))) goto done;
+    if (c->arch == FORGE__ARCH_QWEN3MOE) {
+        c->n_experts = forge__json_int(o, "num_experts", forge__json_int(o, "num_local_experts", 0));
+        c->n_experts_used = forge__json_int(o, "num_experts_per_tok", 0);
+        c->moe_ffn = forge__json_int(o, "moe_intermediate_size", 0);
+        c->moe_norm_topk = forge__json_bool(o, "norm_topk_prob", false);
+        c->router = FORGE__ROUTER_SOFTMAX;
+        int step = forge__json_int(o, "decoder_sparse_step", 1);
+        if (c->n_experts <= 0 || step <= 0) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: qwen3_moe needs num_experts > 0 and decoder_sparse_step > 0 (%d, %d)", path,
+                             c->n_experts, step);
+            goto done;
+        }
+        for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
+        const cJSON *only = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers"), *x;
+        if (!cJSON_IsArray(only)) only = NULL;
+        cJSON_ArrayForEach(x, only) {
+            int l = forge__json_id(x);
+            if (l < 0 || l >= c->n_layers) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: mlp_only_layers holds %s, not a layer index", path, cJSON_IsNumber(x) ? "a number out of range" : "a non-integer");
+                goto done;
+            }
+            c->layer_moe[l] = 0;
+        }
     }
     /* MLX affine quantization */
     const cJSON *q = cJSON_GetObjectItemCaseSensitive(root, "quantization");
@@ -1426,8 +1644,8 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         }
         /* bits and group size (also per module) are read from each weight's shapes at load */
     }
-    if ((st = forge__config_validate(c, path, err))) goto done;
     forge__config_finish(c, forge__json_num(o, "query_pre_attn_scalar", 0.0));
+    if ((st = forge__config_validate(c, path, err))) goto done;
 done:
     cJSON_Delete(root);
     return st;
@@ -1446,9 +1664,9 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     int a = -1;
     for (int i = 0; i < FORGE__ARCH_COUNT; i++)
         if (!strcmp(arch, forge__arch_names[i])) a = i;
-    if (a < 0)
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED,
-                           "%s: architecture '%s' is not supported (llama, qwen2, qwen3, gemma2, gemma3)", path, arch);
+    if (a < 0 || a == FORGE__ARCH_GEMMA4)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported in GGUF files (llama, qwen2, qwen3, qwen3moe, "
+                           "gemma2, gemma3; gemma4 from safetensors checkpoints)", path, arch);
     c->arch = (forge__arch)a;
     char key[160];
     int64_t v;
@@ -1468,9 +1686,28 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     c->head_dim = c->hidden / c->n_heads;
     FORGE__GGUF_INT(head_dim, "attention.key_length", false)
     FORGE__GGUF_INT(n_vocab, "vocab_size", false)
+    if (c->arch == FORGE__ARCH_QWEN3MOE) {
+        /* llama.cpp's qwen3moe graph: softmax over all experts, the top expert_used_count
+         * renormalized (norm_topk_prob is not stored; expert_weights_norm where a file has it) */
+        FORGE__GGUF_INT(n_experts, "expert_count", true)
+        FORGE__GGUF_INT(n_experts_used, "expert_used_count", true)
+        FORGE__GGUF_INT(moe_ffn, "expert_feed_forward_length", false)
+        if (!c->moe_ffn) c->moe_ffn = c->ffn / c->n_experts_used; /* llama.cpp's fallback */
+        c->router = FORGE__ROUTER_SOFTMAX;
+        snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+        c->moe_norm_topk = !forge__gguf_get_int(g, key, &v) || v != 0;
+    }
 #undef FORGE__GGUF_INT
     if (c->n_layers > FORGE__MAX_LAYERS)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
+    for (int l = 0; l < c->n_layers; l++) {
+        c->kv_source[l] = (int16_t)l;
+        if (c->n_experts) { /* a sparse layer has a router (llama.cpp's have one everywhere; dense layers as forge's converter writes them) */
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+            c->layer_moe[l] = forge__tensor_find(tt, name) != NULL;
+        }
+    }
     if (!c->n_ctx_train) c->n_ctx_train = 2048;
     const forge__tensor *emb = forge__tensor_find(tt, "token_embd.weight");
     if (!c->n_vocab) {
@@ -1536,14 +1773,14 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
             c->rope_sliding.theta = forge__gguf_get_float(g, key, &d) ? d : 10000.0;
         }
     }
-    forge_status st = forge__config_validate(c, path, err);
-    if (st) return st;
     /* llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) for the
      * 27B models (46 and 62 layers), unless the file says otherwise in attention.scale */
     double qpas = 0.0;
     if (gemma && ((c->arch == FORGE__ARCH_GEMMA2 && c->n_layers == 46) || (c->arch == FORGE__ARCH_GEMMA3 && c->n_layers == 62)))
         qpas = (double)c->hidden / c->n_heads;
     forge__config_finish(c, qpas);
+    forge_status st = forge__config_validate(c, path, err);
+    if (st) return st;
     snprintf(key, sizeof key, "%s.attention.scale", arch);
     if (forge__gguf_get_float(g, key, &d)) {
         if (!(d > 0 && d < 10)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %g is out of range", path, key, d);
@@ -4795,6 +5032,10 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     float eps;                      /* matvec_sg PRENORM */
     uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
     uint32_t k_split;               /* matmul with FORGE__LINEAR_SPLIT_K: k per split; ..._REDUCE: splits */
+    /* mixture of experts (matvec_sg EXPERTS / EXPERT_SUM, matmul_moe): the chunk's experts e0 ..
+     * e0 + n_exp - 1, choices per token, the divisor from a pair to its A row, and (matmul_moe)
+     * where the sorted pairs start in the group table */
+    uint32_t e0, n_exp, top_k, a_div, order_off;
 } forge__pc_linear;
 typedef struct forge__pc_act_q8 {   /* act_q8.comp */
     uint32_t K, a_row0, flags;      /* flags: FORGE__LINEAR_PRENORM */
@@ -4806,10 +5047,13 @@ typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t qbits, qgroup, qflags; /* MLX affine */
 } forge__pc_embed;
 typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
-    uint32_t dim, x_row0, out_row0, flags;
+    uint32_t dim, x_row0, out_row0, flags;   /* flags: 1 add to out, 2 then times scale */
     float eps;
     uint32_t heads, row_stride, col0;   /* per-head norms over the fused qkv rows */
+    float scale;
 } forge__pc_rmsnorm;
+#define FORGE__NORM_ADD 1u
+#define FORGE__NORM_SCALE 2u
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
     uint32_t seq_len;               /* training batches: tokens per sequence (0: one sequence) */
@@ -4835,10 +5079,22 @@ _Static_assert(FORGE__ATTN_SPLITS <= 64 && FORGE__ATTN_SPLITS_BATCH <= FORGE__AT
 #define FORGE__ATTN_SPLITS_CPU 2    /* ... on CPU devices */
 #endif
 typedef struct forge__pc_act {      /* act_mul.comp, act_mul_back.comp */
-    uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups) */
+    uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups), 3 apart */
+    uint32_t up_stride, up_col0;        /* layout 3: the ups' rows in binding 2 */
 } forge__pc_act;
 #define FORGE__GU_PAIRS 1u
 #define FORGE__GU_HALVES 2u
+#define FORGE__GU_APART 3u
+typedef struct forge__pc_moe_route { /* moe_route.comp */
+    uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */
+    uint32_t n_tokens;
+} forge__pc_moe_route;
+typedef struct forge__pc_moe_group { /* moe_group.comp */
+    uint32_t n_pairs, n_experts, bm, order_off;
+} forge__pc_moe_group;
+typedef struct forge__pc_moe_combine { /* moe_combine.comp */
+    uint32_t n_tokens, dim, top_k, flags; /* flags: 1 add to out */
+} forge__pc_moe_combine;
 
 /* The backward kernels (training) */
 typedef struct forge__pc_back {     /* matmul_back.comp: C (+)= dY . W */
@@ -4891,6 +5147,8 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
 #define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
 #define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (attention_combine wrote it) */
+#define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
+#define FORGE__LINEAR_EXPERT_SUM 1024u /* matvec_sg: each token's chosen experts' products, weighted and summed */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -4914,7 +5172,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_BIG = FORGE__OP_MATMUL + FORGE__W_COUNT,  /* 128 x 128 tiles, for products that fill the device */
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
-    FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    FORGE__OP_MATMUL_MOE = FORGE__OP_MATMUL_S + FORGE__W_COUNT,  /* experts' products grouped by expert (moe_group.comp's tiles) */
+    FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
     FORGE__OP_MATVEC_Q8A_Q4_0,    /* decode products of Q4_0 / Q8_0 weights on int8 activations (integer dot products) */
     FORGE__OP_MATVEC_Q8A_Q8_0,
     FORGE__OP_RMSNORM,
@@ -4933,6 +5192,9 @@ typedef enum forge__op {
     FORGE__OP_ATTN_SPLIT_KV16,
     FORGE__OP_ATTN_DECODE_KV16,
     FORGE__OP_ROPE_SHIFT_KV16,    /* the context shift's re-rotation of an f16 K cache (rope_back.comp) */
+    FORGE__OP_MOE_ROUTE,          /* mixture of experts: each token's experts and weights, */
+    FORGE__OP_MOE_GROUP,          /* the prefill's pairs grouped by expert, */
+    FORGE__OP_MOE_COMBINE,        /* and the experts' outputs weighted and summed */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -5010,8 +5272,9 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
-    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 7, sizeof(forge__pc_linear), 2,       \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 8, sizeof(forge__pc_linear), 2,       \
                                    {0, FORGE__SG_PER_WG}, true},                                                        \
+    [FORGE__OP_MATMUL_MOE + FMT] = {"matmul_moe_" #name, FORGE__SPV(matmul_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_S + FMT] = {"matmul_s_" #name, FORGE__SPV(matmul_s_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
@@ -5034,16 +5297,20 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
-    [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
     [FORGE__OP_ROPE_KV16] = {"rope_kv16", FORGE__SPV(rope_kv16), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION_KV16] = {"attention_tiled_kv16", FORGE__SPV(attention_tiled_kv16), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
-    [FORGE__OP_ATTN_SPLIT_KV16] = {"attention_split_kv16", FORGE__SPV(attention_split_kv16), 5, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_SPLIT_KV16] = {"attention_split_kv16", FORGE__SPV(attention_split_kv16), 5, sizeof(forge__pc_attention), 1, {256}, false,
+                                   true},
     [FORGE__OP_ATTN_DECODE_KV16] = {"attention_decode_kv16", FORGE__SPV(attention_decode_kv16), 5, sizeof(forge__pc_attention), 2, {256, 32},
                                     false, true, true},
     [FORGE__OP_ROPE_SHIFT_KV16] = {"rope_shift_kv16", FORGE__SPV(rope_shift_kv16), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
-    [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 2, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 3, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_MOE_ROUTE] = {"moe_route", FORGE__SPV(moe_route), 3, sizeof(forge__pc_moe_route), 0, {0}},
+    [FORGE__OP_MOE_GROUP] = {"moe_group", FORGE__SPV(moe_group), 2, sizeof(forge__pc_moe_group), 0, {0}},
+    [FORGE__OP_MOE_COMBINE] = {"moe_combine", FORGE__SPV(moe_combine), 3, sizeof(forge__pc_moe_combine), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
@@ -5056,7 +5323,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
     [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
 };
-#define FORGE__MAX_BINDINGS 7
+#define FORGE__MAX_BINDINGS 8
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
 /* Bits per weight of a format, times 16 (Q4_0: 18 bytes a block of 32 = 4.5 bits, 72); MLX
@@ -5080,7 +5347,10 @@ typedef struct forge__pipeline {
     VkPipeline pipe;
 } forge__pipeline;
 
-/* dmax: the head_dim the attention kernels are specialized for (0: the largest, 256). */
+/* Queries per workgroup of attention_tiled.comp, as its DMAX specialization picks them. */
+static uint32_t forge__attn_block_queries(uint32_t dmax) { return dmax > 256 ? 4 : 8; }
+
+/* dmax: the head_dim the attention kernels are specialized for (0: 256). */
 static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, uint32_t dmax, forge__pipeline *p, forge__err *err) {
     VkDescriptorSetLayoutBinding b[FORGE__MAX_BINDINGS];
     for (uint32_t i = 0; i < op->n_bindings; i++)
@@ -5286,10 +5556,25 @@ typedef struct forge__layer {
     forge__weight wq, wk, wv, wo, gate, up, down;
     forge__weight gate_up;   /* gate and up rows interleaved [2 * ffn, hidden], when fused_gate_up */
     bool fused_gate_up;
-    forge__weight wqkv;      /* q, k and v rows concatenated [q_dim + 2 kv_dim, hidden], when fused_qkv */
+    forge__weight wqkv;      /* q, k and v rows concatenated [q_dim + 2 kv_dim, hidden], when fused_qkv (Gemma 4's
+                              * k = v layers: the k rows twice); a KV-shared layer has wq only */
     forge__vec bqkv;         /* their biases, concatenated likewise (Qwen 2) */
     bool fused_qkv;
     bool sliding;
+    bool dense_mlp;          /* gate, up, down (all layers but Qwen3-MoE's sparse ones) */
+    /* Gemma 4 */
+    float out_scale;         /* layer_scalar: the layer's output (residual included) times this (1: none) */
+    forge__weight ple_gate;  /* per-layer input: gate [ple_dim, hidden] and projection [hidden, ple_dim] */
+    forge__weight ple_proj;
+    forge__vec ple_norm;     /* [hidden] after the projection */
+    /* Mixture of experts (cfg.layer_moe) */
+    forge__weight router;    /* [n_experts, hidden] */
+    forge__vec router_norm;  /* Gemma 4: the router input's norm weight, router.scale * hidden^-0.5 [hidden] */
+    forge__vec expert_scale; /* Gemma 4: per_expert_scale [n_experts] */
+    forge__vec pre_ffn_norm_2, post_ffn_norm_1, post_ffn_norm_2; /* Gemma 4: the experts' own norms beside the dense MLP's */
+    forge__weight exp_gate_up; /* [n_experts * 2 moe_ffn, hidden]: expert e's rows from 2 e moe_ffn, its gate and up rows
+                                * interleaved as in gate_up; row-chunks hold whole experts */
+    forge__weight exp_down;  /* [n_experts * hidden, moe_ffn]: expert e's rows from e hidden */
 } forge__layer;
 
 /* ---- LoRA adapters ----
@@ -5356,6 +5641,10 @@ struct forge_model {
     int n_blocks;
     forge__weight tok_embd, output;
     forge__vec output_norm, rope_full, rope_sliding;
+    forge__vec ones;              /* [head_dim_max] 1.0: the weight of Gemma 4's scale-free value norm */
+    forge__weight ple_embd;       /* Gemma 4 per-layer inputs: the table [ple_vocab, n_layers * ple_dim], */
+    forge__weight ple_model_proj; /* the projection of the embeddings [n_layers * ple_dim, hidden] */
+    forge__vec ple_proj_norm;     /* and its norm [ple_dim] */
     forge__layer *layers;
     forge__pipeline pipes[FORGE__OP_COUNT];
     pthread_mutex_t pipe_lock;
@@ -5394,7 +5683,12 @@ typedef enum forge__role {
     FORGE__R_ATTN_NORM, FORGE__R_WQ, FORGE__R_WK, FORGE__R_WV, FORGE__R_WO,
     FORGE__R_BQ, FORGE__R_BK, FORGE__R_BV, FORGE__R_BO, FORGE__R_Q_NORM, FORGE__R_K_NORM,
     FORGE__R_POST_ATTN_NORM, FORGE__R_FFN_NORM, FORGE__R_POST_FFN_NORM,
-    FORGE__R_GATE, FORGE__R_UP, FORGE__R_DOWN, FORGE__R_COUNT
+    FORGE__R_GATE, FORGE__R_UP, FORGE__R_DOWN,
+    /* Gemma 4 */
+    FORGE__R_LAYER_SCALAR, FORGE__R_PLE_EMBED, FORGE__R_PLE_MODEL_PROJ, FORGE__R_PLE_PROJ_NORM,
+    FORGE__R_PLE_GATE, FORGE__R_PLE_PROJ, FORGE__R_PLE_NORM,
+    FORGE__R_PRE_FFN_NORM_2, FORGE__R_POST_FFN_NORM_1, FORGE__R_POST_FFN_NORM_2,
+    FORGE__R_COUNT
 } forge__role;
 
 static const char *const forge__names_hf[FORGE__R_COUNT] = {
@@ -5409,6 +5703,11 @@ static const char *const forge__names_hf[FORGE__R_COUNT] = {
     "model.layers.%d.post_attention_layernorm.weight", /* Llama/Qwen: before the MLP (see forge__name) */
     "model.layers.%d.post_feedforward_layernorm.weight",
     "model.layers.%d.mlp.gate_proj.weight", "model.layers.%d.mlp.up_proj.weight", "model.layers.%d.mlp.down_proj.weight",
+    "model.layers.%d.layer_scalar", "model.embed_tokens_per_layer.weight", "model.per_layer_model_projection.weight",
+    "model.per_layer_projection_norm.weight", "model.layers.%d.per_layer_input_gate.weight",
+    "model.layers.%d.per_layer_projection.weight", "model.layers.%d.post_per_layer_input_norm.weight",
+    "model.layers.%d.pre_feedforward_layernorm_2.weight", "model.layers.%d.post_feedforward_layernorm_1.weight",
+    "model.layers.%d.post_feedforward_layernorm_2.weight",
 };
 
 static const char *const forge__names_gguf[FORGE__R_COUNT] = {
@@ -5419,6 +5718,9 @@ static const char *const forge__names_gguf[FORGE__R_COUNT] = {
     "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
     "blk.%d.post_attention_norm.weight", "blk.%d.ffn_norm.weight", "blk.%d.post_ffw_norm.weight",
     "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
+    "blk.%d.layer_output_scale.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
+    "per_layer_proj_norm.weight", "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight",
+    "blk.%d.pre_ffw_norm_2.weight", "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
 };
 
 typedef struct forge__loader {
@@ -5438,7 +5740,8 @@ typedef struct forge__upload {
     uint64_t bytes;          /* device bytes */
     forge__dtype src_dtype;  /* for conversion to f32 */
     bool to_f32;
-    float add;               /* added after conversion (Gemma's 1 + w norms) */
+    float add;               /* added after conversion (Gemma's 1 + w norms), */
+    float scale;             /* then multiplied (constants folded into a norm weight) */
     int pack_item;
     uint64_t item_offset;    /* where in the pack item (several uploads may fill one: fused q|k|v) */
     forge__range *dst;       /* filled once the blocks exist (NULL for the later parts of an item) */
@@ -5470,7 +5773,7 @@ static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint
     if (st) return st;
     int item = forge__pack_add(&L->pack, &m->arena, bytes);
     if (item < 0) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, item, 0, dst};
+    L->ups[L->n_ups++] = (forge__upload){src, NULL, 0, bytes, src_dtype, to_f32, add, 1.0f, item, 0, dst};
     return FORGE_OK;
 }
 
@@ -5479,6 +5782,8 @@ static forge_status forge__upload_add(forge__loader *L, const uint8_t *src, uint
 typedef struct forge__part {
     const uint8_t *src;
     uint64_t bytes;          /* device bytes of this part */
+    const uint8_t *src2;     /* with row_bytes: the rows of src and src2 interleaved (an expert's gate and up) */
+    uint64_t row_bytes;
 } forge__part;
 
 static forge_status forge__upload_parts(forge__loader *L, const forge__part *parts, int n_parts, forge__dtype src_dtype, bool to_f32,
@@ -5504,6 +5809,8 @@ static forge_status forge__upload_parts(forge__loader *L, const forge__part *par
             if ((st = forge__upload_reserve(L))) break;
             L->ups[L->n_ups++] = u;
         }
+        L->ups[L->n_ups - 1].src2 = parts[i].src2;
+        L->ups[L->n_ups - 1].row_bytes = parts[i].row_bytes;
         off += parts[i].bytes;
     }
     return st;
@@ -5681,7 +5988,10 @@ static forge_status forge__plan_qkv(forge__loader *L, forge__layer *ly, int laye
     forge__weight *w[3] = {&ly->wq, &ly->wk, &ly->wv};
     forge__wsrc src[3];
     uint32_t rows[3] = {q_dim, kv_dim, kv_dim};
-    const forge__role roles[3] = {FORGE__R_WQ, FORGE__R_WK, FORGE__R_WV};
+    /* Gemma 4's k = v layers have no v_proj: the values are the keys' projection, so the v rows
+     * repeat the k rows (the value norm, unlike the key norm, then applies to them) */
+    bool k_eq_v = m->cfg.layer_k_eq_v[layer];
+    const forge__role roles[3] = {FORGE__R_WQ, FORGE__R_WK, k_eq_v ? FORGE__R_WK : FORGE__R_WV};
     for (int i = 0; i < 3; i++) {
         t[i] = forge__lookup(L, roles[i], layer, true, &st);
         if (st) return st;
@@ -5724,10 +6034,10 @@ static forge_status forge__plan_qkv(forge__loader *L, forge__layer *ly, int laye
         for (int i = 0; i < 3; i++) { /* rows of projection i inside this chunk */
             uint32_t a = FORGE__MAX(ch->row0, starts[i]), b = FORGE__MIN(ch->row0 + ch->rows, starts[i + 1]);
             uint32_t n = b > a ? b - a : 0, r0 = a - starts[i];
-            pw[i] = (forge__part){n ? forge__tensor_at(t[i], r0 * wrow) : NULL, n * wrow};
+            pw[i] = (forge__part){n ? forge__tensor_at(t[i], r0 * wrow) : NULL, n * wrow, NULL, 0};
             if (f->fmt == FORGE__W_MLX) {
-                ps[i] = (forge__part){n ? forge__tensor_at(src[i].scales, r0 * arow) : NULL, n * arow};
-                pb[i] = (forge__part){n ? forge__tensor_at(src[i].biases, r0 * arow) : NULL, n * arow};
+                ps[i] = (forge__part){n ? forge__tensor_at(src[i].scales, r0 * arow) : NULL, n * arow, NULL, 0};
+                pb[i] = (forge__part){n ? forge__tensor_at(src[i].biases, r0 * arow) : NULL, n * arow, NULL, 0};
             }
         }
         if ((st = forge__upload_parts(L, pw, 3, t[0]->dtype, false, 0, &ch->w))) return st;
@@ -5736,7 +6046,7 @@ static forge_status forge__plan_qkv(forge__loader *L, forge__layer *ly, int laye
             if ((st = forge__upload_parts(L, pb, 3, src[0].biases->dtype, false, 0, &ch->biases))) return st;
         }
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (k_eq_v ? 2 : 3); i++) {
         m->n_params += (uint64_t)rows[i] * hidden;
         m->weight_bytes += t[i]->nbytes + (src[i].scales ? src[i].scales->nbytes + src[i].biases->nbytes : 0);
     }
@@ -5762,7 +6072,7 @@ static forge_status forge__plan_qkv_bias(forge__loader *L, forge__layer *ly, int
             return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: the q, k and v biases must share one dtype ('%s' is %s)", t->file, t->name,
                                forge__dtype_name(t->dtype));
         dt = t->dtype;
-        parts[i] = (forge__part){t->data, 4ull * n[i]};
+        parts[i] = (forge__part){t->data, 4ull * n[i], NULL, 0};
         m->n_params += n[i];
         m->weight_bytes += 4ull * n[i];
     }
@@ -5808,6 +6118,31 @@ static forge_status forge__plan_vec(forge__loader *L, forge__vec *v, forge__tens
     return forge__upload_add(L, t->data, 4ull * n, t->dtype, true, add, &v->r);
 }
 
+/* The same, each element times `scale` (a constant of the forward pass folded into a weight). */
+static forge_status forge__plan_vec_scaled(forge__loader *L, forge__vec *v, forge__tensor *t, uint32_t n, float scale, const char *why) {
+    forge_status st = forge__plan_vec(L, v, t, n, 0, why);
+    if (!st) L->ups[L->n_ups - 1].scale = scale;
+    return st;
+}
+
+/* A one-element f32/f16/bf16 tensor's value, read on the host (Gemma 4's layer_scalar); 1 when
+ * its bytes are not mapped (discovery reads headers only). */
+static forge_status forge__read_scalar(forge_model *m, const forge__tensor *t, float *out) {
+    if (forge__tensor_elements(t) != 1 || (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16))
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor '%s' must be one f32, f16 or bf16 value", t->file, t->name);
+    *out = 1.0f;
+    if (!t->data) return FORGE_OK;
+    if (t->dtype == FORGE__F32) {
+        memcpy(out, t->data, 4);
+    } else {
+        uint16_t h;
+        memcpy(&h, t->data, 2);
+        *out = t->dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+    }
+    if (!isfinite(*out)) return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor '%s' is not finite", t->file, t->name);
+    return FORGE_OK;
+}
+
 static forge_status forge__plan_vec_role(forge__loader *L, forge__vec *v, forge__role role, int layer, uint32_t n,
                                          bool required, float add, const char *why) {
     forge_status st = FORGE_OK;
@@ -5824,13 +6159,283 @@ static forge_status forge__plan_weight_role(forge__loader *L, forge__weight *w, 
     return forge__plan_weight(L, w, t, rows, cols, why);
 }
 
+/* ---- Mixture-of-experts weights ----
+ * A layer's experts become two weights whose rows hold one expert after another: gate|up
+ * [E * 2 moe_ffn, hidden] (each expert's gate and up rows interleaved, as gate_up) and down
+ * [E * hidden, moe_ffn]. Row-chunks hold whole experts, so a kernel bound to one chunk finds
+ * expert e at row (e - e0) * rows_per_expert (e0 the chunk's first). Checkpoints store them
+ * as fused 3-D tensors (transformers 5's `experts.gate_up_proj` [E, 2I, H] and
+ * `experts.down_proj` [E, H, I], llama.cpp's `ffn_gate_up_exps`), separate 3-D tensors
+ * (mlx-lm's `switch_mlp.gate_proj` [E, I, H], llama.cpp's `ffn_gate_exps`), or one 2-D tensor
+ * per expert (`experts.<e>.gate_proj`, the published Qwen3-MoE checkpoints); all are read in
+ * place from the mapping. */
+
+/* Rows from row0 of one expert's projection in a described tensor. */
+typedef struct forge__xpart {
+    forge__wsrc src;
+    uint64_t row0;
+} forge__xpart;
+
+/* A 3-D tensor [E, R, C] seen as the 2-D [E * R, C] of the same bytes (the weight planner's
+ * view); false when it is not 3-D with E outer rows. */
+static bool forge__flatten_experts(forge__tensor *t, int64_t E) {
+    if (!t || t->n_dims != 3 || t->shape[0] != E) return false;
+    t->shape[0] = E * t->shape[1];
+    t->shape[1] = t->shape[2];
+    t->shape[2] = 0;
+    t->n_dims = 2;
+    return true;
+}
+
+/* Finds and describes the expert tensor `name` as [E * R, C] (flattening it and, for MLX
+ * affine, its scales and biases); NULL with *st untouched when there is no such tensor. */
+static forge__tensor *forge__expert_tensor(forge__loader *L, const char *name, int E, uint32_t R, uint32_t C, const char *why,
+                                           forge__weight *desc, forge__wsrc *src, forge_status *st) {
+    forge_model *m = L->m;
+    forge__tensor *t = forge__tensor_find(&m->tensors, name);
+    if (!t) return NULL;
+    t->used = true;
+    if (t->n_dims == 3 && !forge__flatten_experts(t, E)) {
+        *st = forge__fail(&m->err, FORGE_ERR_MODEL, "%s: expert tensor '%s' has %lld experts; the config has %d", t->file, t->name,
+                          (long long)t->shape[0], E);
+        return NULL;
+    }
+    if (forge__ends_with(name, ".weight")) { /* MLX affine: the scales and biases are [E, R, C / group] too */
+        char aux[512];
+        size_t plen = strlen(name) - 7;
+        for (int k = 0; k < 2; k++) {
+            snprintf(aux, sizeof aux, "%.*s.%s", (int)plen, name, k ? "biases" : "scales");
+            forge__tensor *a = forge__tensor_find(&m->tensors, aux);
+            if (a && a->n_dims == 3) forge__flatten_experts(a, E);
+        }
+    }
+    *st = forge__weight_describe(L, desc, t, (uint32_t)E * R, C, why, src);
+    return *st ? NULL : t;
+}
+
+/* Plans the uploads of an expert weight of E experts of R rows each: rows R from a[e] (or,
+ * with b, R / 2 rows each of a[e] and b[e] interleaved). desc: the format they share. */
+static forge_status forge__plan_expert_weight(forge__loader *L, forge__weight *w, const forge__weight *desc, int E, uint32_t R,
+                                              const forge__xpart *a, const forge__xpart *b) {
+    forge_model *m = L->m;
+    forge_status st;
+    *w = *desc;
+    w->rows = (uint32_t)E * R;
+    uint64_t wrow = 0, arow = 0;
+    bool mlx = w->fmt == FORGE__W_MLX;
+    if (mlx) {
+        wrow = (uint64_t)w->cols * w->bits / 8;
+        arow = (uint64_t)(w->cols / w->group) * 2;
+    } else {
+        forge__row_bytes(a[0].src.t->dtype, w->cols, &wrow);
+    }
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
+    uint64_t per_chunk = limit / (R * wrow); /* experts per chunk (each binding: the codes are the widest) */
+    if (per_chunk == 0)
+        return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one expert's %u rows of %llu bytes exceed the device binding limit of %llu bytes",
+                           w->name, R, (unsigned long long)wrow, (unsigned long long)limit);
+    w->n_chunks = (int)((E + per_chunk - 1) / per_chunk);
+    w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
+    forge__part *pw = (forge__part *)malloc(sizeof *pw * 3 * (size_t)E);
+    if (!w->chunks || !pw) {
+        free(pw);
+        return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    forge__part *ps = pw + E, *pb = pw + 2 * E;
+    st = FORGE_OK;
+    for (int c = 0; c < w->n_chunks && !st; c++) {
+        int e0 = (int)(c * per_chunk), e1 = (int)FORGE__MIN((uint64_t)E, (c + 1) * per_chunk);
+        forge__wchunk *ch = &w->chunks[c];
+        ch->row0 = (uint32_t)e0 * R;
+        ch->rows = (uint32_t)(e1 - e0) * R;
+        for (int e = e0; e < e1; e++) {
+            const forge__xpart *x = &a[e], *y = b ? &b[e] : NULL;
+            uint64_t n = b ? R / 2 : R;
+            pw[e - e0] = (forge__part){forge__tensor_at(x->src.t, x->row0 * wrow), n * wrow * (b ? 2 : 1),
+                                       y ? forge__tensor_at(y->src.t, y->row0 * wrow) : NULL, y ? wrow : 0};
+            if (mlx) {
+                ps[e - e0] = (forge__part){forge__tensor_at(x->src.scales, x->row0 * arow), n * arow * (b ? 2 : 1),
+                                           y ? forge__tensor_at(y->src.scales, y->row0 * arow) : NULL, y ? arow : 0};
+                pb[e - e0] = (forge__part){forge__tensor_at(x->src.biases, x->row0 * arow), n * arow * (b ? 2 : 1),
+                                           y ? forge__tensor_at(y->src.biases, y->row0 * arow) : NULL, y ? arow : 0};
+            }
+        }
+        st = forge__upload_parts(L, pw, e1 - e0, a[0].src.t->dtype, false, 0, &ch->w);
+        if (!st && mlx) st = forge__upload_parts(L, ps, e1 - e0, a[0].src.scales->dtype, false, 0, &ch->scales);
+        if (!st && mlx) st = forge__upload_parts(L, pb, e1 - e0, a[0].src.biases->dtype, false, 0, &ch->biases);
+    }
+    free(pw);
+    m->n_params += (uint64_t)E * R * w->cols;
+    m->weight_bytes += (uint64_t)E * R * (wrow + 2 * arow);
+    return st;
+}
+
+/* Layer l's experts: gate|up and down from whichever layout the checkpoint has (above). */
+static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int l) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    const int E = c->n_experts;
+    const uint32_t I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden;
+    forge_status st = FORGE_OK;
+    char base[96], name[256], why_gu[128], why_d[128];
+    /* where the experts sit: Qwen3-MoE under mlp., Gemma 4 beside the dense mlp */
+    snprintf(base, sizeof base, c->arch == FORGE__ARCH_QWEN3MOE ? "model.layers.%d.mlp." : "model.layers.%d.", l);
+    snprintf(why_gu, sizeof why_gu, "%d experts x expert intermediate %u, hidden %u", E, I, H);
+    snprintf(why_d, sizeof why_d, "%d experts x hidden %u, expert intermediate %u", E, H, I);
+    forge__xpart *parts = (forge__xpart *)calloc(3 * (size_t)E, sizeof *parts);
+    if (!parts) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__xpart *gate = parts, *up = parts + E, *down = parts + 2 * E;
+    forge__weight dg, du, dd;
+    forge__wsrc sg, su, sd;
+    const char *mlx_dir = c->arch == FORGE__ARCH_QWEN3MOE ? "switch_mlp" : "experts.switch_glu";
+    /* gate and up: fused 3-D, separate 3-D, or per expert */
+    if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", l);
+    else snprintf(name, sizeof name, "%sexperts.gate_up_proj", base);
+    forge__tensor *t = forge__expert_tensor(L, name, E, 2 * I, H, why_gu, &dg, &sg, &st);
+    if (t) {
+        du = dg;
+        for (int e = 0; e < E; e++) {
+            gate[e] = (forge__xpart){sg, (uint64_t)e * 2 * I};
+            up[e] = (forge__xpart){sg, (uint64_t)e * 2 * I + I};
+        }
+    } else if (!st) {
+        char nu[256];
+        if (L->gguf) {
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_exps.weight", l);
+            snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", l);
+        } else {
+            snprintf(name, sizeof name, "%s%s.gate_proj.weight", base, mlx_dir);
+            snprintf(nu, sizeof nu, "%s%s.up_proj.weight", base, mlx_dir);
+        }
+        t = forge__expert_tensor(L, name, E, I, H, why_gu, &dg, &sg, &st);
+        forge__tensor *tu = t ? forge__expert_tensor(L, nu, E, I, H, why_gu, &du, &su, &st) : NULL;
+        if (t && tu) {
+            for (int e = 0; e < E; e++) {
+                gate[e] = (forge__xpart){sg, (uint64_t)e * I};
+                up[e] = (forge__xpart){su, (uint64_t)e * I};
+            }
+        } else if (!st && t) {
+            st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing beside '%s'", nu, name);
+        } else if (!st && !L->gguf) { /* one tensor per expert */
+            for (int e = 0; e < E && !st; e++) {
+                for (int k = 0; k < 2 && !st; k++) {
+                    snprintf(name, sizeof name, "%sexperts.%d.%s_proj.weight", base, e, k ? "up" : "gate");
+                    forge__tensor *te = forge__tensor_find(&m->tensors, name);
+                    if (!te) {
+                        st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: the experts of layer %d)", name,
+                                         forge__arch_names[c->arch], l);
+                        break;
+                    }
+                    te->used = true;
+                    forge__weight dw;
+                    forge__wsrc sw;
+                    if ((st = forge__weight_describe(L, &dw, te, I, H, why_gu, &sw))) break;
+                    if (e == 0 && k == 0) dg = dw;
+                    if (e == 0 && k == 1) du = dw;
+                    (k ? up : gate)[e] = (forge__xpart){sw, 0};
+                    if (dw.fmt != dg.fmt || dw.bits != dg.bits || dw.group != dg.group || dw.qflags != dg.qflags || te->dtype != gate[0].src.t->dtype)
+                        st = forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: expert tensor '%s' is stored unlike expert 0's gate projection",
+                                         te->file, te->name);
+                }
+            }
+        } else if (!st) {
+            st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' (or blk.%d.ffn_gate_up_exps.weight) is missing (architecture %s)", name, l,
+                             forge__arch_names[c->arch]);
+        }
+    }
+    if (!st && (dg.fmt != du.fmt || dg.bits != du.bits || dg.group != du.group || dg.qflags != du.qflags ||
+                gate[0].src.t->dtype != up[0].src.t->dtype))
+        st = forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "layer %d: the experts' gate and up projections are stored in different formats", l);
+    if (!st) {
+        dg.name = gate[0].src.t->name;
+        st = forge__plan_expert_weight(L, &ly->exp_gate_up, &dg, E, 2 * I, gate, up);
+    }
+    /* down: 3-D or per expert */
+    if (!st) {
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_down_exps.weight", l);
+        else snprintf(name, sizeof name, "%sexperts.down_proj", base);
+        t = forge__expert_tensor(L, name, E, H, I, why_d, &dd, &sd, &st);
+        if (!t && !st && !L->gguf) {
+            snprintf(name, sizeof name, "%s%s.down_proj.weight", base, mlx_dir);
+            t = forge__expert_tensor(L, name, E, H, I, why_d, &dd, &sd, &st);
+        }
+        if (t) {
+            for (int e = 0; e < E; e++) down[e] = (forge__xpart){sd, (uint64_t)e * H};
+        } else if (!st && !L->gguf) {
+            for (int e = 0; e < E && !st; e++) {
+                snprintf(name, sizeof name, "%sexperts.%d.down_proj.weight", base, e);
+                forge__tensor *te = forge__tensor_find(&m->tensors, name);
+                if (!te) {
+                    st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: the experts of layer %d)", name,
+                                     forge__arch_names[c->arch], l);
+                    break;
+                }
+                te->used = true;
+                forge__weight dw;
+                forge__wsrc sw;
+                if ((st = forge__weight_describe(L, &dw, te, H, I, why_d, &sw))) break;
+                if (e == 0) dd = dw;
+                down[e] = (forge__xpart){sw, 0};
+                if (dw.fmt != dd.fmt || dw.bits != dd.bits || dw.group != dd.group || dw.qflags != dd.qflags || te->dtype != down[0].src.t->dtype)
+                    st = forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: expert tensor '%s' is stored unlike expert 0's down projection", te->file,
+                                     te->name);
+            }
+        } else if (!st) {
+            st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
+        }
+        if (!st) {
+            dd.name = down[0].src.t->name;
+            st = forge__plan_expert_weight(L, &ly->exp_down, &dd, E, H, down, NULL);
+        }
+    }
+    free(parts);
+    if (st) return st;
+    /* the router */
+    if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+    else snprintf(name, sizeof name, c->router == FORGE__ROUTER_GEMMA4 ? "%srouter.proj.weight" : "%sgate.weight", base);
+    forge__tensor *tr = forge__tensor_find(&m->tensors, name);
+    if (!tr) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: layer %d's router)", name,
+                                forge__arch_names[c->arch], l);
+    tr->used = true;
+    char why_r[96];
+    snprintf(why_r, sizeof why_r, "%d experts, hidden %u", E, H);
+    if ((st = forge__plan_weight(L, &ly->router, tr, (uint32_t)E, H, why_r))) return st;
+    if (c->router == FORGE__ROUTER_GEMMA4) {
+        /* the router reads rmsnorm(x) * scale * hidden^-0.5: one norm weight; per_expert_scale scales the chosen weights */
+        char why_h[64], why_e[64];
+        snprintf(why_h, sizeof why_h, "hidden %u", H);
+        snprintf(why_e, sizeof why_e, "%d experts", E);
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.scale", l);
+        else snprintf(name, sizeof name, "%srouter.scale", base);
+        forge__tensor *ts = forge__tensor_find(&m->tensors, name);
+        if (!ts) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
+        ts->used = true;
+        if ((st = forge__plan_vec_scaled(L, &ly->router_norm, ts, H, (float)(1.0 / sqrt((double)H)), why_h))) return st;
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_down_exps.scale", l);
+        else snprintf(name, sizeof name, "%srouter.per_expert_scale", base);
+        forge__tensor *te = forge__tensor_find(&m->tensors, name);
+        if (!te) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
+        te->used = true;
+        if ((st = forge__plan_vec(L, &ly->expert_scale, te, (uint32_t)E, 0, why_e))) return st;
+        if ((st = forge__plan_vec_role(L, &ly->pre_ffn_norm_2, FORGE__R_PRE_FFN_NORM_2, l, H, true, 0, why_h))) return st;
+        if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm_1, FORGE__R_POST_FFN_NORM_1, l, H, true, 0, why_h))) return st;
+        if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm_2, FORGE__R_POST_FFN_NORM_2, l, H, true, 0, why_h))) return st;
+    }
+    return FORGE_OK;
+}
+
 /* RoPE inverse frequencies [D/2] for one rope description, as HF computes them in float32:
  * inv_freq[i] = 1 / theta^(2i/D), then the scaling rule. `factors` (GGUF rope_freqs) divide. */
 static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float *factors, float *out) {
     int half = head_dim / 2;
+    /* proportional (transformers _compute_proportional_rope_parameters): rope_angles =
+     * int(partial * head_dim // 2) pairs rotate, the exponent over the whole head_dim */
+    int rotating = r->scaling == FORGE__ROPE_PROPORTIONAL ? (int)floor(r->partial * head_dim / 2.0) : half;
     for (int i = 0; i < half; i++) {
-        float inv = (float)(1.0 / pow(r->theta, (double)(2 * i) / (double)head_dim));
-        if (r->scaling == FORGE__ROPE_LINEAR) {
+        float inv = i < rotating ? (float)(1.0 / pow(r->theta, (double)(2 * i) / (double)head_dim)) : 0.0f;
+        if (r->scaling == FORGE__ROPE_PROPORTIONAL) {
+            inv = (float)(inv / r->factor);
+        } else if (r->scaling == FORGE__ROPE_LINEAR) {
             inv = (float)(inv / r->factor);
         } else if (r->scaling == FORGE__ROPE_LLAMA3) {
             /* transformers _compute_llama3_parameters */
@@ -5854,14 +6459,19 @@ static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float
 static void forge__main_format(forge_model *m) {
     static const char *const names[FORGE__W_COUNT] = {"f32", "f16", "bf16", "q4_0", "q8_0", "q4_k", "q6_k", "mlx"};
     uint64_t elems[FORGE__W_COUNT] = {0}, mlx_bits[9] = {0};
-    forge__weight *all[2 + 7 * FORGE__MAX_LAYERS];
+    enum { PER_LAYER = 12 };
+    forge__weight *all[4 + PER_LAYER * FORGE__MAX_LAYERS];
     int n = 0;
     all[n++] = &m->tok_embd;
     if (m->output.n_chunks) all[n++] = &m->output;
+    if (m->ple_embd.n_chunks) all[n++] = &m->ple_embd;
+    if (m->ple_model_proj.n_chunks) all[n++] = &m->ple_model_proj;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         forge__layer *ly = &m->layers[l];
-        forge__weight *lw[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down};
-        for (int i = 0; i < 7; i++) all[n++] = lw[i]; /* gate and up are described even when fused */
+        forge__weight *lw[PER_LAYER] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo, &ly->gate, &ly->up, &ly->down, /* gate, up: described even when fused */
+                                        &ly->router, &ly->exp_gate_up, &ly->exp_down, &ly->ple_gate, &ly->ple_proj};
+        for (int i = 0; i < PER_LAYER; i++)
+            if (lw[i]->rows) all[n++] = lw[i];
     }
     for (int i = 0; i < n; i++) {
         uint64_t e = (uint64_t)all[i]->rows * all[i]->cols;
@@ -5883,69 +6493,126 @@ static void forge__main_format(forge_model *m) {
     }
 }
 
+/* The RoPE table [head_dim / 2] of one layer type into the model's vectors: HF's inverse
+ * frequencies; GGUF's rope_freqs factors divide them where the file has a table of that size
+ * (llama3 scaling; Gemma 4's full layers, whose 1e30 factors stop the pairs that do not rotate). */
+static forge_status forge__plan_rope(forge__loader *L, const forge__rope *r, int head_dim, forge__vec *v) {
+    forge_model *m = L->m;
+    forge_status st = FORGE_OK;
+    int half = head_dim / 2;
+    const float *factors = NULL;
+    if (L->gguf) {
+        forge__tensor *rf = forge__lookup(L, FORGE__R_ROPE_FREQS, 0, false, &st);
+        if (rf && (rf->dtype != FORGE__F32 || forge__tensor_elements(rf) != (uint64_t)half))
+            return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor 'rope_freqs.weight' must be f32 [%d]", rf->file, half);
+        if (rf) factors = (const float *)rf->data; /* (NULL in discovery, which reads headers only) */
+    }
+    float *inv = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)half, 16);
+    if (!inv) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__rope_inv_freq(r, head_dim, factors, inv);
+    *v = (forge__vec){.n = (uint32_t)half, .present = true};
+    return forge__upload_add(L, (const uint8_t *)inv, 4ull * half, FORGE__F32, true, 0, &v->r);
+}
+
+/* Gemma 4's per-layer inputs: the model-level table, projection and norm (the per-layer
+ * gate, projection and norm are planned with each layer). */
+static forge_status forge__plan_ple(forge__loader *L) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    uint32_t LP = (uint32_t)(c->n_layers * c->ple_dim);
+    char why[128];
+    snprintf(why, sizeof why, "per-layer vocab %d, %d layers x per-layer width %d", c->ple_vocab, c->n_layers, c->ple_dim);
+    forge_status st = forge__plan_weight_role(L, &m->ple_embd, FORGE__R_PLE_EMBED, 0, (uint32_t)c->ple_vocab, LP, why);
+    if (st) return st;
+    snprintf(why, sizeof why, "%d layers x per-layer width %d, hidden %d", c->n_layers, c->ple_dim, c->hidden);
+    if ((st = forge__plan_weight_role(L, &m->ple_model_proj, FORGE__R_PLE_MODEL_PROJ, 0, LP, (uint32_t)c->hidden, why))) return st;
+    snprintf(why, sizeof why, "per-layer width %d", c->ple_dim);
+    if (c->ple_vocab < c->n_vocab)
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "the per-layer embedding table has %d rows for a vocabulary of %d", c->ple_vocab, c->n_vocab);
+    return forge__plan_vec_role(L, &m->ple_proj_norm, FORGE__R_PLE_PROJ_NORM, 0, (uint32_t)c->ple_dim, true, 0, why);
+}
+
 static forge_status forge__plan_model(forge__loader *L) {
     forge_model *m = L->m;
     const forge__config *c = &m->cfg;
     forge_status st = FORGE_OK;
     char why[160];
-    int q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
     snprintf(why, sizeof why, "vocab %d, hidden %d", c->n_vocab, c->hidden);
     if ((st = forge__plan_weight_role(L, &m->tok_embd, FORGE__R_EMBED, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
     if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
     float norm_add = c->norm_plus_one ? 1.0f : 0.0f;
     snprintf(why, sizeof why, "hidden %d", c->hidden);
     if ((st = forge__plan_vec_role(L, &m->output_norm, FORGE__R_OUT_NORM, 0, (uint32_t)c->hidden, true, norm_add, why))) return st;
+    if (c->ple_dim && (st = forge__plan_ple(L))) return st;
     m->layers = (forge__layer *)forge__arena_alloc(&m->arena, sizeof *m->layers * (size_t)c->n_layers, 16);
     if (!m->layers) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    char why_q[160], why_kv[160], why_o[160], why_ffn[160], why_down[160], why_hd[64];
-    snprintf(why_q, sizeof why_q, "%d heads x head_dim %d, hidden %d", c->n_heads, c->head_dim, c->hidden);
-    snprintf(why_kv, sizeof why_kv, "%d kv heads x head_dim %d, hidden %d", c->n_kv_heads, c->head_dim, c->hidden);
-    snprintf(why_o, sizeof why_o, "hidden %d, %d heads x head_dim %d", c->hidden, c->n_heads, c->head_dim);
-    snprintf(why_ffn, sizeof why_ffn, "intermediate %d, hidden %d", c->ffn, c->hidden);
-    snprintf(why_down, sizeof why_down, "hidden %d, intermediate %d", c->hidden, c->ffn);
-    snprintf(why_hd, sizeof why_hd, "head_dim %d", c->head_dim);
     for (int i = 0; i < c->n_layers && !st; i++) {
         forge__layer *ly = &m->layers[i];
+        uint32_t H = (uint32_t)c->hidden, D = forge__hd(c, i), NKV = forge__nkv(c, i), F = (uint32_t)c->layer_ffn[i];
+        uint32_t q_dim = forge__q_dim(c, i), kv_dim = forge__kv_dim(c, i);
+        char why_q[160], why_kv[160], why_o[160], why_ffn[160], why_down[160], why_hd[64];
+        snprintf(why_q, sizeof why_q, "%d heads x head_dim %u, hidden %u", c->n_heads, D, H);
+        snprintf(why_kv, sizeof why_kv, "%u kv heads x head_dim %u, hidden %u", NKV, D, H);
+        snprintf(why_o, sizeof why_o, "hidden %u, %d heads x head_dim %u", H, c->n_heads, D);
+        snprintf(why_ffn, sizeof why_ffn, "intermediate %u, hidden %u", F, H);
+        snprintf(why_down, sizeof why_down, "hidden %u, intermediate %u", H, F);
+        snprintf(why_hd, sizeof why_hd, "head_dim %u", D);
         ly->sliding = c->layer_sliding[i];
-        uint32_t H = (uint32_t)c->hidden;
+        ly->out_scale = 1.0f;
+        bool shared = forge__kv_shared(c, i);
         if ((st = forge__plan_vec_role(L, &ly->attn_norm, FORGE__R_ATTN_NORM, i, H, true, norm_add, why))) break;
-        if ((st = forge__plan_qkv(L, ly, i, (uint32_t)q_dim, (uint32_t)kv_dim, H, why_q, why_kv))) break;
-        if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, (uint32_t)q_dim, why_o))) break;
-        if (c->qkv_bias && (st = forge__plan_qkv_bias(L, ly, i, (uint32_t)q_dim, (uint32_t)kv_dim))) break;
+        if (shared) { /* queries only: the keys and values are layer kv_source's */
+            if ((st = forge__plan_weight_role(L, &ly->wq, FORGE__R_WQ, i, q_dim, H, why_q))) break;
+        } else if ((st = forge__plan_qkv(L, ly, i, q_dim, kv_dim, H, why_q, why_kv))) {
+            break;
+        }
+        if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, q_dim, why_o))) break;
+        if (c->qkv_bias && (st = forge__plan_qkv_bias(L, ly, i, q_dim, kv_dim))) break;
         if (c->o_bias && (st = forge__plan_vec_role(L, &ly->bo, FORGE__R_BO, i, H, true, 0, why))) break;
         if (c->qk_norm) {
-            if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, (uint32_t)c->head_dim, true, norm_add, why_hd))) break;
-            if ((st = forge__plan_vec_role(L, &ly->k_norm, FORGE__R_K_NORM, i, (uint32_t)c->head_dim, true, norm_add, why_hd))) break;
+            if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, D, true, norm_add, why_hd))) break;
+            if (!shared && (st = forge__plan_vec_role(L, &ly->k_norm, FORGE__R_K_NORM, i, D, true, norm_add, why_hd))) break;
         }
         if (c->sandwich_norms) {
             if ((st = forge__plan_vec_role(L, &ly->post_attn_norm, FORGE__R_POST_ATTN_NORM, i, H, true, norm_add, why))) break;
             if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm, FORGE__R_POST_FFN_NORM, i, H, true, norm_add, why))) break;
         }
         if ((st = forge__plan_vec_role(L, &ly->ffn_norm, FORGE__R_FFN_NORM, i, H, true, norm_add, why))) break;
-        if ((st = forge__plan_gate_up(L, ly, i, (uint32_t)c->ffn, H, why_ffn))) break;
-        if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, (uint32_t)c->ffn, why_down))) break;
-    }
-    if (st) return st;
-    /* RoPE tables: host arrays in the arena, uploaded like any f32 vector. */
-    int half = c->head_dim / 2;
-    const float *factors = NULL;
-    if (L->gguf) {
-        forge__tensor *rf = forge__lookup(L, FORGE__R_ROPE_FREQS, 0, false, &st);
-        if (rf) {
-            if (rf->dtype != FORGE__F32 || forge__tensor_elements(rf) != (uint64_t)half)
-                return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor 'rope_freqs.weight' must be f32 [%d]", rf->file, half);
-            factors = (const float *)rf->data;
+        /* the dense MLP: every layer but Qwen3-MoE's sparse ones (Gemma 4 runs it beside the experts) */
+        ly->dense_mlp = !c->layer_moe[i] || c->router == FORGE__ROUTER_GEMMA4;
+        if (ly->dense_mlp) {
+            if ((st = forge__plan_gate_up(L, ly, i, F, H, why_ffn))) break;
+            if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, F, why_down))) break;
+        }
+        if (c->layer_moe[i] && (st = forge__plan_experts(L, ly, i))) break;
+        if (c->arch == FORGE__ARCH_GEMMA4) {
+            forge__tensor *ts = forge__lookup(L, FORGE__R_LAYER_SCALAR, i, false, &st);
+            if (ts && (st = forge__read_scalar(m, ts, &ly->out_scale))) break;
+        }
+        if (c->ple_dim) {
+            uint32_t P = (uint32_t)c->ple_dim;
+            char why_p[96];
+            snprintf(why_p, sizeof why_p, "per-layer width %u, hidden %u", P, H);
+            if ((st = forge__plan_weight_role(L, &ly->ple_gate, FORGE__R_PLE_GATE, i, P, H, why_p))) break;
+            snprintf(why_p, sizeof why_p, "hidden %u, per-layer width %u", H, P);
+            if ((st = forge__plan_weight_role(L, &ly->ple_proj, FORGE__R_PLE_PROJ, i, H, P, why_p))) break;
+            if ((st = forge__plan_vec_role(L, &ly->ple_norm, FORGE__R_PLE_NORM, i, H, true, 0, why))) break;
         }
     }
-    float *inv_full = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)half, 16);
-    float *inv_slide = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)half, 16);
-    if (!inv_full || !inv_slide) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge__rope_inv_freq(&c->rope_full, c->head_dim, factors, inv_full);
-    forge__rope_inv_freq(&c->rope_sliding, c->head_dim, factors, inv_slide);
-    m->rope_full = (forge__vec){.n = (uint32_t)half, .present = true};
-    m->rope_sliding = (forge__vec){.n = (uint32_t)half, .present = true};
-    if ((st = forge__upload_add(L, (const uint8_t *)inv_full, 4ull * half, FORGE__F32, true, 0, &m->rope_full.r))) return st;
-    return forge__upload_add(L, (const uint8_t *)inv_slide, 4ull * half, FORGE__F32, true, 0, &m->rope_sliding.r);
+    if (st) return st;
+    /* RoPE tables, one per layer type, each over that type's head_dim */
+    int d_full = c->head_dim, d_slide = c->head_dim;
+    for (int l = 0; l < c->n_layers; l++) *(c->layer_sliding[l] ? &d_slide : &d_full) = forge__hd(c, l);
+    if ((st = forge__plan_rope(L, &c->rope_full, d_full, &m->rope_full))) return st;
+    if ((st = forge__plan_rope(L, &c->rope_sliding, d_slide, &m->rope_sliding))) return st;
+    if (c->v_norm) { /* the value norm has no weight: ones */
+        float *one = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)c->head_dim_max, 16);
+        if (!one) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int i = 0; i < c->head_dim_max; i++) one[i] = 1.0f;
+        m->ones = (forge__vec){.n = (uint32_t)c->head_dim_max, .present = true};
+        if ((st = forge__upload_add(L, (const uint8_t *)one, 4ull * c->head_dim_max, FORGE__F32, true, 0, &m->ones.r))) return st;
+    }
+    return FORGE_OK;
 }
 
 /* Writes one upload's bytes to `dst` (host memory: staging or mapped device memory). */
@@ -5977,7 +6644,7 @@ static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
             memcpy(&h, u->src + 2 * i, 2);
             v = u->src_dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
         }
-        o[i] = v + u->add;
+        o[i] = (v + u->add) * u->scale;
     }
 }
 
@@ -6176,6 +6843,8 @@ struct forge_session {
     forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate and up [n_batch, 2 ffn] */
     forge__range lora_u;                /* the adapter's x A^T [n_batch, FORGE__T_COUNT * max_rank] (16 bytes without one) */
     forge__range logits;                /* [n_out_max, vocab] */
+    forge__range router, route, moe, moe_y, moe_out, mlp_sum; /* mixture of experts (forge__session_pack) */
+    forge__range ple, ple_tmp, ple_g;   /* Gemma 4's per-layer inputs [n_batch, layers * ple_dim], their scratch, one layer's gate */
     forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim], f32 or (kv_f16) f16 */
     bool kv_f16;                      /* forge_session_params.kv_type resolved (forge__session_sizes) */
     uint64_t kv_bytes, kv_sliding_bytes;
@@ -6210,8 +6879,37 @@ typedef struct forge__session_plan {
     uint32_t slots[FORGE__MAX_LAYERS];
 } forge__session_plan;
 
-/* Bytes of one position of one layer's K (or V) cache. */
-static uint64_t forge__kv_row_bytes(const forge__config *c, bool f16) { return (f16 ? 2ull : 4ull) * c->n_kv_heads * c->head_dim; }
+/* Bytes of one position of layer l's K (or V) cache. */
+static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { return (f16 ? 2ull : 4ull) * forge__kv_dim(c, l); }
+
+/* Whether every layer caches its own keys and values in rows of one shape (every family but
+ * Gemma 4): what the context shift, state files and key inspection read and write. */
+static bool forge__uniform_kv(const forge__config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads) return false;
+    return true;
+}
+
+/* The widest rows of the per-layer activations over all layers: the fused q|k|v row, the
+ * attention's output, and the MLP's middle (a mixture-of-experts layer's middle holds
+ * n_experts_used experts' rows per token). */
+static uint64_t forge__max_qkv(const forge__config *c) {
+    uint64_t w = 0;
+    for (int l = 0; l < c->n_layers; l++) w = FORGE__MAX(w, (uint64_t)forge__qkv_dim(c, l));
+    return w;
+}
+static uint64_t forge__max_q(const forge__config *c) { return (uint64_t)c->n_heads * c->head_dim_max; }
+static uint64_t forge__max_ffn(const forge__config *c) {
+    uint64_t f = (uint64_t)c->n_experts_used * c->moe_ffn;
+    for (int l = 0; l < c->n_layers; l++) f = FORGE__MAX(f, (uint64_t)c->layer_ffn[l]);
+    return f;
+}
+/* Whether any layer's head_dim is not a multiple of 4 (what an f16 cache's kernels need). */
+static bool forge__head_dims_by4(const forge__config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (forge__hd(c, l) % 4) return false;
+    return true;
+}
 
 static forge_status forge__session_sizes(forge_model *m, const forge_session_params *p, forge__session_plan *sp, forge__err *err) {
     const forge__config *c = &m->cfg;
@@ -6227,7 +6925,9 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_ctx <= 0) sp->n_ctx = 4096;
     sp->n_batch = FORGE__MIN(p->n_batch ? p->n_batch : 512, sp->n_ctx);
     uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
-    uint64_t widest = (uint64_t)FORGE__MAX(FORGE__MAX(c->hidden, 2 * c->ffn), (c->n_heads + 2 * c->n_kv_heads) * c->head_dim) * 4;
+    uint64_t widest = FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, 2 * forge__max_ffn(c)), forge__max_qkv(c)) * 4;
+    if (c->ple_dim) widest = FORGE__MAX(widest, 4ull * c->n_layers * c->ple_dim);
+    if (c->n_experts) widest = FORGE__MAX(widest, FORGE__MAX(4ull * c->n_experts, 4ull * c->n_experts_used * c->hidden));
     if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
     if (sp->n_batch < 1)
         return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
@@ -6243,13 +6943,13 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
                            "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
     if (p->kv_type < FORGE_KV_DEFAULT || p->kv_type > FORGE_KV_F16)
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: kv_type %d is not a forge_kv_type (0 default, 1 f32, 2 f16)", p->kv_type);
-    if (p->kv_type == FORGE_KV_F16 && c->head_dim % 4)
+    if (p->kv_type == FORGE_KV_F16 && !forge__head_dims_by4(c))
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "session params: an f16 KV cache needs head_dim a multiple of 4; this model's is %d",
                            c->head_dim);
     sp->kv_f16 = p->kv_type == FORGE_KV_F16 ||
-                 (p->kv_type == FORGE_KV_DEFAULT && c->head_dim % 4 == 0 && !m->exact && caps->type != FORGE_DEVICE_CPU);
-    uint64_t kv_row = forge__kv_row_bytes(c, sp->kv_f16);
+                 (p->kv_type == FORGE_KV_DEFAULT && forge__head_dims_by4(c) && !m->exact && caps->type != FORGE_DEVICE_CPU);
     for (int l = 0; l < c->n_layers; l++) {
+        uint64_t kv_row = forge__kv_row_bytes(c, l, sp->kv_f16);
         uint64_t s = (uint64_t)sp->n_ctx;
         if (c->layer_sliding[l] && c->sliding_window > 0)
             s = FORGE__MIN(s, (uint64_t)c->sliding_window + (uint64_t)sp->n_batch - 1);
@@ -6268,8 +6968,7 @@ static uint64_t forge__act_q8_bytes(uint64_t K) { return K + K / 2; }
 /* The longest input row of a layer's products: the hidden size (q|k|v, gate|up, the head),
  * the attention's output (o) or the MLP's middle (down). */
 static uint64_t forge__max_product_k(const forge__config *c) {
-    uint64_t qd = (uint64_t)c->n_heads * c->head_dim;
-    return FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, qd), (uint64_t)c->ffn);
+    return FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, forge__max_q(c)), forge__max_ffn(c));
 }
 
 /* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
@@ -6291,8 +6990,15 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8, FORGE__SB_COUNT
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
+    FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
+    FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_COUNT
 } forge__session_buf;
+
+#define FORGE__MOE_BM 64 /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
+/* moe_group.comp's table for n pairs: a count, a tile per 64 pairs and per expert at most, the sorted pairs. */
+static uint64_t forge__moe_max_tiles(const forge__config *c, uint64_t pairs) { return (pairs + FORGE__MOE_BM - 1) / FORGE__MOE_BM + (uint64_t)c->n_experts; }
+static uint32_t forge__moe_order_off(const forge__config *c, uint64_t pairs) { return (uint32_t)(4 + 4 * forge__moe_max_tiles(c, pairs)); }
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
  * then K and V of each layer. */
@@ -6302,25 +7008,38 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
     uint64_t sizes[FORGE__SB_COUNT] = {
         [FORGE__SB_X] = nb * c->hidden * 4,
         [FORGE__SB_XN] = nb * c->hidden * 4,
-        [FORGE__SB_QKV] = nb * (c->n_heads + 2ull * c->n_kv_heads) * c->head_dim * 4,
-        [FORGE__SB_ATT] = nb * c->n_heads * c->head_dim * 4,
-        [FORGE__SB_H] = nb * c->ffn * 4,
-        [FORGE__SB_GU] = nb * c->ffn * 8,
+        [FORGE__SB_QKV] = nb * forge__max_qkv(c) * 4,
+        [FORGE__SB_ATT] = nb * forge__max_q(c) * 4,
+        [FORGE__SB_H] = nb * forge__max_ffn(c) * 4,
+        [FORGE__SB_GU] = nb * forge__max_ffn(c) * 8,
         [FORGE__SB_LOGITS] = (uint64_t)sp->n_out_max * c->n_vocab * 4,
         [FORGE__SB_DUMMY] = 256,
         [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
         [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
-        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim + 2) * /* a batched step's splits or one sequence's */
+        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim_max + 2) * /* a batched step's splits or one sequence's */
                                 FORGE__MAX((uint64_t)sp->n_seq * forge__attn_splits(m, true), (uint64_t)forge__attn_splits(m, false)),
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
+        /* mixture of experts: router logits [nb, E], the choices (expert, weight) [nb * k], the
+         * prefill's group table and its experts' outputs [nb * k, H]; Gemma 4 also keeps the
+         * experts' sum and the dense MLP's normed output [nb, H] apart */
+        [FORGE__SB_ROUTER] = c->n_experts ? nb * c->n_experts * 4 : 16,
+        [FORGE__SB_ROUTE] = c->n_experts ? nb * c->n_experts_used * 8 : 16,
+        [FORGE__SB_MOE] = c->n_experts ? 4ull * (forge__moe_order_off(c, nb * c->n_experts_used) + nb * c->n_experts_used) : 16,
+        [FORGE__SB_MOE_Y] = c->n_experts ? nb * c->n_experts_used * c->hidden * 4 : 16,
+        [FORGE__SB_MOE_OUT] = c->router == FORGE__ROUTER_GEMMA4 ? nb * c->hidden * 4 : 16,
+        [FORGE__SB_MLP_SUM] = c->router == FORGE__ROUTER_GEMMA4 ? nb * c->hidden * 4 : 16,
+        /* Gemma 4's per-layer inputs [nb, layers * ple_dim], and scratch for their projection, then each layer's gate */
+        [FORGE__SB_PLE] = c->ple_dim ? nb * c->n_layers * c->ple_dim * 4 : 16,
+        [FORGE__SB_PLE_TMP] = c->ple_dim ? nb * c->n_layers * c->ple_dim * 4 : 16,
+        [FORGE__SB_PLE_G] = c->ple_dim ? nb * c->ple_dim * 4 : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers; l++) /* a KV-shared layer's cache is its source's (16 bytes held in its place) */
         for (int kv = 0; kv < 2; kv++)
-            if (forge__pack_add(pack, a, (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, sp->kv_f16)) < 0)
+            if (forge__pack_add(pack, a, forge__kv_shared(c, l) ? 16 : (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16)) < 0)
                 return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return forge__pack_plan(pack, a, &m->dev.caps, err);
 }
@@ -6329,7 +7048,8 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     const forge__config *c = &m->cfg;
     *all = *sliding = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, sp->kv_f16);
+        if (forge__kv_shared(c, l)) continue;
+        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16);
         *all += b;
         if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;
     }
@@ -6405,6 +7125,17 @@ typedef struct forge__acts {
     forge__range x_mid;        /* [n, H] the residual after the attention block */
     forge__range qkv_raw;      /* [n, QKVD] q | k | v before the q/k norms (qk_norm models) */
     forge__range lse;          /* [2, n, NH] the attention's log-sum-exp per query and head (then delta) */
+    /* mixture of experts (forge__record_moe) */
+    forge__range router;       /* [n, E] the router's logits */
+    forge__range route;        /* [n * top_k] (expert, weight bits) per (token, choice) pair */
+    forge__range moe;          /* moe_group.comp's tiles and sorted pairs (prefill) */
+    forge__range moe_y;        /* [n * top_k, H] each pair's expert output (prefill) */
+    forge__range moe_out;      /* [n, H] Gemma 4: the experts' weighted sum */
+    forge__range mlp_sum;      /* [n, H] Gemma 4: the dense MLP's and the experts' normed outputs added */
+    /* Gemma 4's per-layer inputs */
+    forge__range ple;          /* [n, layers * P] every layer's input (forge__record_ple) */
+    forge__range ple_tmp;      /* [n, layers * P] scratch */
+    forge__range ple_g;        /* [n, P] the layer's gate */
 } forge__acts;
 
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
@@ -6440,7 +7171,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
         forge__range b[4] = {p->act_q8, c->w, y, bias && bias->present ? bias->r : p->dummy};
         forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
                                flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
-                               col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0};
+                               col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0, 0, 0, 0, 0, 0};
         forge__grid((outs + FORGE__SG_PER_WG - 1) / FORGE__SG_PER_WG, &gx, &gy);
         forge__dispatch(p->r, op, b, &pc, gx, gy, 1);
     }
@@ -6471,12 +7202,12 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
-        forge__range b[7] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
-                             mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy};
+        forge__range b[8] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
+                             mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy, p->dummy};
         uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, w->fmt, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
         uint32_t rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
-                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0};
+                               col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0, 0, 0, 0, 0, 0};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
@@ -6530,22 +7261,31 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
     }
 }
 
-/* out[out_row0 + r] (+)= rmsnorm(x[x_row0 + r]) * w for r < rows (flags 1: add). */
-static void forge__rmsnorm(const forge__pass *p, forge__range x, uint32_t x_row0, const forge__vec *w, forge__range out, uint32_t out_row0,
-                           uint32_t rows, uint32_t dim, uint32_t flags) {
+/* out[out_row0 + r] = (rmsnorm(x[x_row0 + r]) * w (+ out)) (* scale) for r < rows: flags
+ * FORGE__NORM_ADD, FORGE__NORM_SCALE. eps: the model's, or eps / a^2 where x stands for a * x
+ * (rmsnorm(a x) = x / sqrt(mean(x^2) + eps / a^2): a constant factor folded in exactly). */
+static void forge__rmsnorm_ex(const forge__pass *p, forge__range x, uint32_t x_row0, const forge__vec *w, forge__range out, uint32_t out_row0,
+                              uint32_t rows, uint32_t dim, uint32_t flags, float scale, double eps) {
     forge__range b[3] = {x, w->r, out};
-    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)p->m->cfg.norm_eps, 0, 0, 0};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)eps, 0, 0, 0, scale};
     uint32_t gx, gy;
     forge__grid(rows, &gx, &gy);
     forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, gx, gy, 1);
 }
 
-/* Per-head RMSNorm in place over `heads` heads starting at column col0 of each fused qkv row. */
-static void forge__head_norm(const forge__pass *p, forge__range qkv, const forge__vec *w, uint32_t heads, uint32_t col0) {
-    const forge__config *c = &p->m->cfg;
-    uint32_t stride = (uint32_t)((c->n_heads + 2 * c->n_kv_heads) * c->head_dim), gx, gy;
+/* out[out_row0 + r] (+)= rmsnorm(x[x_row0 + r]) * w for r < rows (flags 1: add). */
+static void forge__rmsnorm(const forge__pass *p, forge__range x, uint32_t x_row0, const forge__vec *w, forge__range out, uint32_t out_row0,
+                           uint32_t rows, uint32_t dim, uint32_t flags) {
+    forge__rmsnorm_ex(p, x, x_row0, w, out, out_row0, rows, dim, flags, 1.0f, p->m->cfg.norm_eps);
+}
+
+/* Per-head RMSNorm in place over `heads` heads of `dim` starting at column col0 of each fused
+ * qkv row of `stride` columns. */
+static void forge__head_norm(const forge__pass *p, forge__range qkv, const forge__vec *w, uint32_t heads, uint32_t col0, uint32_t dim,
+                             uint32_t stride) {
+    uint32_t gx, gy;
     forge__range b[3] = {qkv, w->r, qkv};
-    forge__pc_rmsnorm pc = {(uint32_t)c->head_dim, 0, 0, 0, (float)c->norm_eps, heads, stride, col0};
+    forge__pc_rmsnorm pc = {dim, 0, 0, 0, (float)p->m->cfg.norm_eps, heads, stride, col0, 1.0f};
     forge__grid((uint64_t)p->n * heads, &gx, &gy);
     forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, gx, gy, 1);
 }
@@ -6626,14 +7366,111 @@ static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
 #define FORGE__T_QKV (1u << FORGE__T_Q | 1u << FORGE__T_K | 1u << FORGE__T_V)
 #define FORGE__T_GU (1u << FORGE__T_GATE | 1u << FORGE__T_UP)
 
+/* ---- Mixture of experts ----
+ * A mixture-of-experts layer's router picks each token's top_k experts: moe_route.comp writes
+ * (expert, weight) per (token, choice) pair p = t * top_k + j into acts.route. The experts'
+ * gated MLPs then run on the chosen pairs only. A few tokens on a subgroup device (decode):
+ * matvec_sg reads just the chosen experts' rows, a workgroup layer per pair for gate|up and
+ * per token for down, which also sums the token's choices by weight. Otherwise (prefill):
+ * moe_group.comp sorts the pairs by expert into tiles of at most FORGE__MOE_BM pairs,
+ * matmul.comp's MOE build multiplies each tile with its expert's rows, and moe_combine.comp
+ * sums each token's outputs by weight. Expert weights are row-chunked by whole experts
+ * (forge__plan_expert_weight); every dispatch runs per chunk and skips the others' experts. */
+
+/* The router: acts.route from the normed input xin [n, H]. */
+static void forge__record_route(const forge__pass *p, int l, const forge__acts *a, forge__range xin) {
+    const forge__config *c = &p->m->cfg;
+    const forge__layer *ly = &p->m->layers[l];
+    uint32_t E = (uint32_t)c->n_experts;
+    forge__linear(p, &ly->router, xin, 0, p->n, a->router, E, 0, NULL, NULL, 0, 0);
+    forge__barrier(p->r);
+    bool scaled = c->router == FORGE__ROUTER_GEMMA4;
+    forge__pc_moe_route pc = {E, (uint32_t)c->n_experts_used, (c->moe_norm_topk ? 1u : 0u) | (scaled ? 2u : 0u), p->n};
+    forge__range b[3] = {a->router, a->route, scaled ? ly->expert_scale.r : p->dummy};
+    uint32_t gx, gy;
+    forge__grid(p->n, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_MOE_ROUTE, b, &pc, gx, gy, 1);
+    forge__barrier(p->r);
+}
+
+/* out [n, H] (+)= sum over each token's choices of weight * expert(xin row) (acts.route set). */
+static void forge__record_experts(const forge__pass *p, int l, const forge__acts *a, forge__range xin, forge__range out, bool accumulate) {
+    forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    const forge__weight *gu = &ly->exp_gate_up, *dn = &ly->exp_down;
+    uint32_t n = p->n, K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden, pairs = n * K;
+    uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0, gx, gy;
+    forge__rec *r = p->r;
+    if (n <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) {
+        uint32_t rows = forge__matvec_rows_per_wg(true, 0);
+        for (int i = 0; i < gu->n_chunks; i++) { /* h [pairs, I] = act(gate) * up of each pair's expert */
+            const forge__wchunk *ch = &gu->chunks[i];
+            bool mlx = gu->fmt == FORGE__W_MLX;
+            forge__range b[8] = {xin, ch->w, a->h, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
+            forge__pc_linear pc = {1, H, I, 0, I, 0, FORGE__LINEAR_GATED | FORGE__LINEAR_EXPERTS | act_flag, 0, 0, gu->bits, gu->group,
+                                   gu->qflags, 0, 0, 0, ch->row0 / (2 * I), ch->rows / (2 * I), K, K, 0};
+            forge__grid((I + rows - 1) / rows, &gx, &gy);
+            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + gu->fmt), b, &pc, gx, gy, pairs);
+        }
+        forge__barrier(r);
+        for (int i = 0; i < dn->n_chunks; i++) { /* out[t] (+)= sum_j weight * down(h[t k + j]) */
+            const forge__wchunk *ch = &dn->chunks[i];
+            bool mlx = dn->fmt == FORGE__W_MLX;
+            forge__range b[8] = {a->h, ch->w, out, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
+            uint32_t flags = FORGE__LINEAR_EXPERT_SUM | (accumulate || i ? FORGE__LINEAR_ACCUMULATE : 0);
+            forge__pc_linear pc = {1, I, H, 0, H, 0, flags, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0,
+                                   ch->row0 / H, ch->rows / H, K, 1, 0};
+            forge__grid((H + rows - 1) / rows, &gx, &gy);
+            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, n);
+            if (i + 1 < dn->n_chunks) forge__barrier(r); /* the next chunk adds to the same rows */
+        }
+        return;
+    }
+    /* the pairs grouped by expert */
+    uint32_t order_off = forge__moe_order_off(c, pairs), tiles = (uint32_t)forge__moe_max_tiles(c, pairs);
+    forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, FORGE__MOE_BM, order_off};
+    forge__range bg[2] = {a->route, a->moe};
+    forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
+    forge__barrier(r);
+    for (int i = 0; i < gu->n_chunks; i++) { /* gu [pairs, 2I]: each pair's gate and up, interleaved */
+        const forge__wchunk *ch = &gu->chunks[i];
+        bool mlx = gu->fmt == FORGE__W_MLX;
+        forge__range b[7] = {xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+        forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
+                               ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
+        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + gu->fmt), b, &pc, (2 * I + 63) / 64, tiles, 1);
+    }
+    forge__barrier(r);
+    forge__pc_act pact = {pairs * I, (uint32_t)c->act, FORGE__GU_PAIRS, I, 0, 0};
+    forge__range bact[3] = {a->h, a->gu, p->dummy};
+    forge__grid(((uint64_t)pairs * I + 255) / 256, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+    forge__barrier(r);
+    for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
+        const forge__wchunk *ch = &dn->chunks[i];
+        bool mlx = dn->fmt == FORGE__W_MLX;
+        forge__range b[7] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+        forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
+                               order_off};
+        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + dn->fmt), b, &pc, (H + 63) / 64, tiles, 1);
+    }
+    forge__barrier(r);
+    forge__pc_moe_combine pcm = {n, H, K, accumulate ? 1u : 0u};
+    forge__range bc[3] = {a->route, a->moe_y, out};
+    forge__grid(n, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
+}
+
 /* One layer: attention block, then the MLP, each added to the residual stream a->x. */
 static void forge__record_layer(const forge__pass *p, int l, const forge__acts *a) {
     forge_model *m = p->m;
     forge__rec *r = p->r;
     const forge__config *c = &m->cfg;
     const forge__layer *ly = &m->layers[l];
-    uint32_t n = p->n, H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
-    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn;
+    bool shared = forge__kv_shared(c, l); /* Gemma 4's tail: queries only, attending to an earlier layer's cache */
+    uint32_t n = p->n, H = (uint32_t)c->hidden, D = forge__hd(c, l), NH = (uint32_t)c->n_heads, NKV = forge__nkv(c, l);
+    uint32_t QD = NH * D, KVD = NKV * D, QKVD = forge__qkv_dim(c, l), F = (uint32_t)c->layer_ffn[l];
     uint32_t gx, gy;
     if (a->x_in.buf) forge__copy(r, a->x, a->x_in, 4ull * n * H);
     forge__range qkv_in = a->x;
@@ -6649,8 +7486,10 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
     } else {
         forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
-        forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
-        forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
+        if (!shared) {
+            forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
+            forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
+        }
     }
     if (forge__lora_any(p, l, FORGE__T_QKV)) {
         for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, a->xn);
@@ -6665,16 +7504,20 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);
             forge__barrier(r);
         }
-        forge__head_norm(p, a->qkv, &ly->q_norm, NH, 0);
-        forge__head_norm(p, a->qkv, &ly->k_norm, NKV, QD);
+        forge__head_norm(p, a->qkv, &ly->q_norm, NH, 0, D, QKVD);
+        if (!shared) forge__head_norm(p, a->qkv, &ly->k_norm, NKV, QD, D, QKVD);
+        /* Gemma 4's values: RMSNorm without weight (k = v layers: of the keys' raw projection) */
+        if (c->v_norm && !shared) forge__head_norm(p, a->qkv, &m->ones, NKV, QD + KVD, D, QKVD);
         forge__barrier(r);
     }
-    /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch */
+    /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch (a KV-shared
+     * layer: the queries only) */
     const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-    forge__pc_rope pr = {n, NH, NKV, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
+    uint32_t rope_kv = shared ? 0 : NKV;
+    forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
     forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
     uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
-    forge__grid(((uint64_t)n * (NH * (D / 2) + NKV * key_pairs) + 63) / 64, &gx, &gy);
+    forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
     forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
     forge__barrier(r);
     uint32_t seq = p->seq ? p->seq : n;
@@ -6696,7 +7539,8 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
         forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + 7) / 8, NH, p->batch);
+        uint32_t bq = forge__attn_block_queries(r->dmax);
+        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH, p->batch);
     }
     forge__barrier(r);
     if (c->sandwich_norms) {
@@ -6719,10 +7563,16 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     }
     forge__barrier(r);
     if (a->x_mid.buf) forge__copy(r, a->x, a->x_mid, 4ull * n * H);
+    /* Gemma 4 multiplies the residual stream by layer_scalar at the layer's end: in the last
+     * norm that adds to it (the per-layer input's, or the MLP's) */
+    bool ple = c->ple_dim > 0, gemma4_moe = c->layer_moe[l] && c->router == FORGE__ROUTER_GEMMA4;
+    uint32_t end_flags = ly->out_scale != 1.0f ? FORGE__NORM_ADD | FORGE__NORM_SCALE : FORGE__NORM_ADD;
     /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
     uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
     bool lora_gu = forge__lora_any(p, l, FORGE__T_GU);
-    if (p->fuse && ly->fused_gate_up && !lora_gu) {
+    if (!ly->dense_mlp) {
+        /* Qwen3-MoE's sparse layers: the experts alone, added to the residual */
+    } else if (p->fuse && ly->fused_gate_up && !lora_gu) {
         forge__linear(p, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
     } else {
         forge__range mlp_in = a->x;
@@ -6751,14 +7601,19 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__lora_up(p, a, l, FORGE__T_UP, a->gu, 2 * F, pairs ? 1 : F, pairs ? 2 : 1);
         }
         forge__barrier(r);
-        forge__pc_act pact = {n * F, (uint32_t)c->act, layout, F};
-        forge__range bact[2] = {a->h, a->gu};
+        forge__pc_act pact = {n * F, (uint32_t)c->act, layout, F, 0, 0};
+        forge__range bact[3] = {a->h, a->gu, p->dummy};
         forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
         forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
     }
     forge__barrier(r);
     bool lora_down = forge__lora_any(p, l, 1u << FORGE__T_DOWN);
-    if (c->sandwich_norms) {
+    if (!ly->dense_mlp) {
+        forge__rmsnorm(p, a->x, 0, &ly->ffn_norm, a->xn, 0, n, H, 0);
+        forge__barrier(r);
+        forge__record_route(p, l, a, a->xn);
+        forge__record_experts(p, l, a, a->xn, a->x, true);
+    } else if (c->sandwich_norms) {
         forge__linear(p, &ly->down, a->h, 0, n, a->d, H, 0, NULL, NULL, 0, 0);
         if (lora_down) {
             forge__lora_down(p, a, l, FORGE__T_DOWN, a->h);
@@ -6766,7 +7621,25 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__lora_up(p, a, l, FORGE__T_DOWN, a->d, H, 0, 1);
         }
         forge__barrier(r);
-        forge__rmsnorm(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, 1);
+        if (gemma4_moe) {
+            /* Gemma 4: post_ffn_norm(post_ffn_norm_1(mlp) + post_ffn_norm_2(experts)); the
+             * router reads the residual itself, the experts its pre_ffn_norm_2 */
+            forge__rmsnorm(p, a->d, 0, &ly->post_ffn_norm_1, a->mlp_sum, 0, n, H, 0);
+            forge__barrier(r); /* (d is xn) */
+            forge__rmsnorm(p, a->x, 0, &ly->router_norm, a->xn, 0, n, H, 0);
+            forge__barrier(r);
+            forge__record_route(p, l, a, a->xn);
+            forge__rmsnorm(p, a->x, 0, &ly->pre_ffn_norm_2, a->xn, 0, n, H, 0);
+            forge__barrier(r);
+            forge__record_experts(p, l, a, a->xn, a->moe_out, false);
+            forge__barrier(r);
+            forge__rmsnorm(p, a->moe_out, 0, &ly->post_ffn_norm_2, a->mlp_sum, 0, n, H, FORGE__NORM_ADD);
+            forge__barrier(r);
+            forge__rmsnorm_ex(p, a->mlp_sum, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale,
+                              c->norm_eps);
+        } else {
+            forge__rmsnorm_ex(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale, c->norm_eps);
+        }
     } else {
         forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         if (lora_down) {
@@ -6776,6 +7649,20 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         }
     }
     forge__barrier(r);
+    if (ple) { /* Gemma 4: x += norm(proj(act(gate(x)) * the layer's per-layer input)), times layer_scalar */
+        uint32_t P = (uint32_t)c->ple_dim;
+        forge__linear(p, &ly->ple_gate, a->x, 0, n, a->ple_g, P, 0, NULL, NULL, 0, 0);
+        forge__barrier(r);
+        forge__pc_act pact = {n * P, (uint32_t)c->act, FORGE__GU_APART, P, (uint32_t)c->n_layers * P, (uint32_t)l * P};
+        forge__range bact[3] = {a->ple_tmp, a->ple_g, a->ple};
+        forge__grid(((uint64_t)n * P + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        forge__barrier(r);
+        forge__linear(p, &ly->ple_proj, a->ple_tmp, 0, n, a->d, H, 0, NULL, NULL, 0, 0);
+        forge__barrier(r);
+        forge__rmsnorm_ex(p, a->d, 0, &ly->ple_norm, a->x, 0, n, H, end_flags, ly->out_scale, c->norm_eps);
+        forge__barrier(r);
+    }
 }
 
 /* The pass of a session: its scratch buffers and KV cache, the model's adapter if it has one. */
@@ -6789,16 +7676,18 @@ static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t
 
 static forge__acts forge__session_acts(forge_session *s, int l) {
     return (forge__acts){.x = s->x, .xn = s->xn, .qkv = s->qkv, .att = s->att, .gu = s->gu, .h = s->h, .kc = s->kc[l], .vc = s->vc[l],
-                         .slots = s->slots[l], .attn_part = s->attn_part, .u = s->lora_u, .o = s->xn, .d = s->xn};
+                         .slots = s->slots[l], .attn_part = s->attn_part, .u = s->lora_u, .o = s->xn, .d = s->xn,
+                         .router = s->router, .route = s->route, .moe = s->moe, .moe_y = s->moe_y, .moe_out = s->moe_out,
+                         .mlp_sum = s->mlp_sum, .ple = s->ple, .ple_tmp = s->ple_tmp, .ple_g = s->ple_g};
 }
 
-/* The token embeddings of the n tokens in `tokens` (u32) into x [n, H], scaled (Gemma). */
-static void forge__record_embed(const forge__pass *p, forge__range tokens, forge__range x) {
-    forge_model *m = p->m;
-    const forge__config *c = &m->cfg;
-    const forge__weight *emb = &m->tok_embd;
-    forge__pc_embed pe = {p->n, (uint32_t)c->hidden, 0, 0, (float)c->embed_scale,
-                          c->embed_scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
+/* Rows `tokens` (u32) of the table emb into x [n, dim], times scale (rounded as the model's
+ * dtype rounds its products, Gemma). */
+static void forge__record_embed_rows(const forge__pass *p, const forge__weight *emb, forge__range tokens, forge__range x, uint32_t dim,
+                                     double scale) {
+    const forge__config *c = &p->m->cfg;
+    forge__pc_embed pe = {p->n, dim, 0, 0, (float)scale,
+                          scale != 1.0 ? (c->dtype == FORGE__BF16 ? 1u : c->dtype == FORGE__F16 ? 2u : 0u) : 0u,
                           emb->bits, emb->group, emb->qflags};
     for (int i = 0; i < emb->n_chunks; i++) {
         const forge__wchunk *ch = &emb->chunks[i];
@@ -6808,6 +7697,28 @@ static void forge__record_embed(const forge__pass *p, forge__range tokens, forge
         pe.row_count = ch->rows;
         forge__dispatch(p->r, (forge__op)(FORGE__OP_EMBED + emb->fmt), b, &pe, p->n, 1, 1);
     }
+}
+
+/* The token embeddings of the pass's tokens into x [n, H], scaled (Gemma). */
+static void forge__record_embed(const forge__pass *p, forge__range tokens, forge__range x) {
+    const forge__config *c = &p->m->cfg;
+    forge__record_embed_rows(p, &p->m->tok_embd, tokens, x, (uint32_t)c->hidden, c->embed_scale);
+}
+
+/* Gemma 4's per-layer inputs of the pass's tokens (before the layers), every layer's [P]
+ * slice side by side in acts.ple [n, layers * P]: (rmsnorm_P(x W_proj^T * H^-0.5) * w +
+ * E_ple[token] * sqrt(P)) * 2^-0.5, x the scaled token embeddings. */
+static void forge__record_ple(const forge__pass *p, const forge__acts *a, forge__range tokens) {
+    forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    uint32_t LP = (uint32_t)(c->n_layers * c->ple_dim);
+    forge__record_embed_rows(p, &m->ple_embd, tokens, a->ple, LP, forge__round_to_dtype(sqrt((double)c->ple_dim), c->dtype));
+    forge__linear(p, &m->ple_model_proj, a->x, 0, p->n, a->ple_tmp, LP, 0, NULL, NULL, 0, 0);
+    forge__barrier(p->r);
+    /* the projection's H^-0.5 folded into eps (forge__rmsnorm_ex) */
+    forge__rmsnorm_ex(p, a->ple_tmp, 0, &m->ple_proj_norm, a->ple, 0, p->n * (uint32_t)c->n_layers, (uint32_t)c->ple_dim,
+                      FORGE__NORM_ADD | FORGE__NORM_SCALE, (float)sqrt(0.5), c->norm_eps * c->hidden);
+    forge__barrier(p->r);
 }
 
 static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, uint32_t out_row0, uint32_t n_out,
@@ -6838,6 +7749,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     }
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
+    if (c->ple_dim) {
+        forge__acts a0 = forge__session_acts(s, 0);
+        forge__record_ple(&p, &a0, s->tokens_r);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         forge__acts a = forge__session_acts(s, l);
         forge__record_layer(&p, l, &a);
@@ -6919,7 +7834,7 @@ static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool p
                                   forge__err *err) {
     forge__device *d = &m->dev;
     forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err,
-                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim, 8)};
+                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim_max, 8)};
     fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
@@ -7166,7 +8081,8 @@ static forge__range forge__shift_scratch(const forge_session *s) { return s->gu.
 /* Can SHIFT slide this cache (keep, drop d)? Only wrapped rings can say no (see above). */
 static bool forge__shift_possible(const forge_session *s, int keep, int d) {
     const forge__config *c = &s->m->cfg;
-    uint64_t row = forge__kv_row_bytes(c, s->kv_f16);
+    if (!forge__uniform_kv(c)) return false; /* Gemma 4's layers differ in shape: the context is recomputed instead */
+    uint64_t row = forge__kv_row_bytes(c, 0, s->kv_f16);
     for (int l = 0; l < c->n_layers; l++) {
         int S = (int)s->slots[l];
         if (s->n_past <= S) continue;
@@ -7181,7 +8097,7 @@ static void forge__record_shift_fn(void *ctx, forge__rec *r) {
     forge_session *s = a->s;
     const forge__config *c = &s->m->cfg;
     uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, n_past = (uint32_t)s->n_past;
-    uint64_t row = forge__kv_row_bytes(c, s->kv_f16);
+    uint64_t row = forge__kv_row_bytes(c, 0, s->kv_f16);
     forge__range scratch = forge__shift_scratch(s);
     for (int l = 0; l < c->n_layers; l++) {
         uint32_t S = s->slots[l], row0 = a->keep, rows = n_past - a->keep - a->d; /* the rows to rotate back */
@@ -7333,6 +8249,9 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
         [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
+        [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
+        [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
+        [FORGE__SB_PLE_G] = &s->ple_g,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {
@@ -7343,6 +8262,11 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         for (int kv = 0; kv < 2; kv++, it++) {
             const forge__pack_item *pi = &s->pack.items[it];
             (kv ? s->vc : s->kc)[l] = (forge__range){s->blocks[pi->block].buf, pi->offset, pi->size};
+        }
+    for (int l = 0; l < c->n_layers; l++) /* a KV-shared layer attends to its source's cache (an earlier layer: assigned) */
+        if (forge__kv_shared(c, l)) {
+            s->kc[l] = s->kc[c->kv_source[l]];
+            s->vc[l] = s->vc[c->kv_source[l]];
         }
     if ((st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
         return st;
@@ -9151,7 +10075,7 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
     const int V = m->cfg.n_vocab, NS = s->n_seq;
     if (n_items < 0 || (n_items > 0 && (!items || !results)))
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch generate: items and results are needed for n_items > 0");
-    if (m->cfg.head_dim % 4)
+    if (!forge__head_dims_by4(&m->cfg))
         return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "batch generate needs head_dim a multiple of 4; this model's is %d", m->cfg.head_dim);
     memset(results, 0, sizeof *results * (size_t)n_items);
     forge__bwork w = {0};
@@ -9911,6 +10835,9 @@ static const char *forge__json_type_name(const cJSON *x) { return cJSON_IsNull(x
 static forge_status forge__adapter_read(const forge_model *m, const char *dir, forge__arena *arena, forge__adapter_host *ah, forge__err *err) {
     const forge__config *c = &m->cfg;
     memset(ah, 0, sizeof *ah);
+    if (!forge__uniform_layers(c))
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: adapters are not supported for architecture %s (layers of different shapes, "
+                           "shared caches or experts)", dir, forge__arch_names[c->arch]);
     char st_path[4200], cfg_path[4200];
     snprintf(cfg_path, sizeof cfg_path, "%s/adapter_config.json", dir);
     snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
@@ -10500,6 +11427,12 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     L->p = *pp;
     forge_train_params *p = &L->p;
     forge_status st;
+    if (!forge__uniform_layers(c))
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "training is not supported for architecture %s (layers of different shapes, "
+                           "shared caches or experts)", forge__arch_names[c->arch]);
+    if (c->head_dim > FORGE__MAX_TRAIN_HEAD_DIM)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "training supports head_dim up to %d (attention_back.comp); this model's is %d",
+                           FORGE__MAX_TRAIN_HEAD_DIM, c->head_dim);
     if (p->adapter_path) {
         if ((st = forge__adapter_read(m, p->adapter_path, arena, &L->ah, err))) return forge__wrap(err, st, "adapter %s", p->adapter_path);
         L->from_adapter = true;
@@ -10855,7 +11788,7 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
         if (forge__lora_at(p->lora, l, FORGE__T_DOWN)) forge__lora_back_group(tr, p, l, ts, 1, a->h, a->u, dh, &dd, ldy, col0, step);
     }
     bool pairs = ly->fused_gate_up;
-    forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F};
+    forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F, 0, 0};
     forge__range bact[3] = {dh, a->gu, dgu};
     forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
     forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
@@ -11517,7 +12450,7 @@ static int forge__state_rows_needed(const forge__config *c, int layer, int n_pas
 FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx, int n_past, const int *rows, bool kv_f16, uint8_t **out,
                                                  size_t *size, forge__err *err) {
     const forge__config *c = &m->cfg;
-    const uint64_t kv_row = forge__kv_row_bytes(c, kv_f16);
+    const uint64_t kv_row = forge__kv_row_bytes(c, 0, kv_f16);
     char num[64], *windows = (char *)malloc(12ull * (size_t)c->n_layers + 1), *rowlist = (char *)malloc(12ull * (size_t)c->n_layers + 1);
     cJSON *h = cJSON_CreateObject(), *md = cJSON_CreateObject();
     *out = NULL;
@@ -11698,7 +12631,7 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
     forge__tensor *k0 = st ? NULL : forge__tensor_find(&table, "layers.0.k");
     if (k0 && k0->dtype == FORGE__F16) out->kv_f16 = true;
     const forge__dtype kv_dtype = out->kv_f16 ? FORGE__F16 : FORGE__F32;
-    const uint64_t kv_row = forge__kv_row_bytes(c, out->kv_f16);
+    const uint64_t kv_row = forge__kv_row_bytes(c, 0, out->kv_f16);
     for (int l = 0; !st && l < c->n_layers; l++) {
         int window = c->layer_sliding[l] ? c->sliding_window : 0;
         if (!forge__list_int(windows, l, &v) || v != window) {
@@ -11775,7 +12708,7 @@ static forge_status forge__state_io_open(forge__state_io *io, forge_session *s, 
     forge__device *d = &s->m->dev;
     memset(io, 0, sizeof *io);
     io->s = s;
-    io->kv_row = forge__kv_row_bytes(&s->m->cfg, s->kv_f16);
+    io->kv_row = forge__kv_row_bytes(&s->m->cfg, 0, s->kv_f16);
     io->rows_cap = (uint32_t)FORGE__MAX(1, FORGE__MIN((uint64_t)most_rows, FORGE__STATE_STAGE_BYTES / io->kv_row));
     forge_status st = forge__buffer_create(d, io->rows_cap * io->kv_row, to_device ? d->caps.mem_upload : d->caps.mem_readback, true, &s->mem,
                                            &s->m->mem_total, &io->stage, &s->err);
@@ -11872,9 +12805,17 @@ static int forge__kv_first(const forge_session *s, int l) {
     return FORGE__MIN(s->n_past, first);
 }
 
+/* State files hold one row shape for every layer's keys and values (see forge.h). */
+static forge_status forge__state_supported(forge_session *s) {
+    if (forge__uniform_kv(&s->m->cfg)) return FORGE_OK;
+    return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "state files and key inspection are not supported for architecture %s: its layers "
+                       "cache keys of different shapes or share caches", forge__arch_names[s->m->cfg.arch]);
+}
+
 static forge_status forge__session_save(forge_session *s, const char *path) {
     const forge__config *c = &s->m->cfg;
     const int n = s->n_past;
+    if (forge__state_supported(s)) return FORGE_ERR_UNSUPPORTED;
     char tmp[4200];
     if (strlen(path) > 4096) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "save: the path is longer than 4096 bytes");
     int *rows = (int *)malloc(sizeof(int) * (size_t)c->n_layers), most = 1;
@@ -11949,7 +12890,7 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, most, true);
     const size_t per_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    const uint64_t file_row = forge__kv_row_bytes(c, state->kv_f16);
+    const uint64_t file_row = forge__kv_row_bytes(c, 0, state->kv_f16);
     uint8_t *converted = NULL; /* a layer's rows in the session's type, where the file's differs */
     if (!st && state->kv_f16 != s->kv_f16 && !(converted = (uint8_t *)malloc((size_t)most * per_row * 4)))
         st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -11978,6 +12919,7 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
 
 static forge_status forge__session_load(forge_session *s, const char *path) {
     forge__file f;
+    if (forge__state_supported(s)) return FORGE_ERR_UNSUPPORTED;
     forge_status st = forge__file_map(&f, path, &s->err);
     if (st) return st;
     forge__arena a = {0};
@@ -12059,6 +13001,7 @@ FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *ou
     if (layer < 0 || layer >= c->n_layers)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: layer %d is outside the model's layers 0..%d", layer,
                            c->n_layers - 1);
+    if (forge__state_supported(s)) return FORGE_ERR_UNSUPPORTED;
     const int first = forge__kv_first(s, layer), rows = s->n_past - first;
     memset(info, 0, sizeof *info);
     info->n_layers = c->n_layers;

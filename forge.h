@@ -245,7 +245,7 @@ typedef struct forge_memory_stats {
 } forge_memory_stats;
 
 typedef struct forge_model_info {
-    char architecture[32];         /* "llama", "qwen2", "qwen3", "gemma2", "gemma3" */
+    char architecture[32];         /* "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4" */
     char source_format[16];        /* "safetensors" or "gguf" */
     char weight_dtype[16];         /* dominant storage type of the matrices: "f32", "bf16", "q4_k", ... */
     char name[128];                /* general.name / directory name */

@@ -2,8 +2,10 @@
 // act_mul: the gated MLP's middle, h[i] = act(gate[i]) * up[i]. act: 0 SiLU, 1 GELU (tanh
 // approximation, Gemma's gelu_pytorch_tanh). Two layouts of gate and up: pairs (1: gate i at
 // 2i and up i at 2i + 1 of each row, as the fused gate_up weight produces them) or halves (2:
-// rows of 2 ffn, the gates then the ups, as two separate weights write them side by side).
-// Bindings: 0 h f32 [count] (out) | 1 gate and up f32 [count / ffn, 2 ffn]
+// rows of 2 ffn, the gates then the ups, as two separate weights write them side by side), or
+// apart (3: gates [count / ffn, ffn] in binding 1, ups in binding 2 at column up_col0 of rows of
+// up_stride: Gemma 4's per-layer input gate times the layer's slice of the per-layer inputs).
+// Bindings: 0 h f32 [count] (out) | 1 gate and up f32 [count / ffn, 2 ffn] | 2 up f32 (layout 3)
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
@@ -11,8 +13,9 @@ layout(local_size_x = 256) in;
 
 layout(binding = 0) writeonly buffer H_ { float h[]; };
 layout(binding = 1) readonly buffer U_ { float u[]; };
+layout(binding = 2) readonly buffer U2_ { float u2[]; };
 
-layout(push_constant) uniform PC { uint count, act, layout_, ffn; } pc;
+layout(push_constant) uniform PC { uint count, act, layout_, ffn, up_stride, up_col0; } pc;
 
 void main() {
     uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;
@@ -21,6 +24,9 @@ void main() {
     if (pc.layout_ == 1u) {
         x = u[2u * i];
         up = u[2u * i + 1u];
+    } else if (pc.layout_ == 3u) {
+        x = u[i];
+        up = u2[(i / pc.ffn) * pc.up_stride + pc.up_col0 + i % pc.ffn];
     } else {
         uint gi = (i / pc.ffn) * 2u * pc.ffn + i % pc.ffn;
         x = u[gi];

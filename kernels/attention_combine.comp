@@ -6,7 +6,7 @@
 // layout, K = H * D, D % 32 == 0: a head's blocks are its own), the o projection's input, so
 // that product needs no act_q8 dispatch.
 // Bindings: 0 part f32 | 1 out f32 [n, H, D] | 2 int8 output (flags 1)
-// One workgroup of 128 per (head, token); D <= 256, n_splits <= 64.
+// One workgroup of 128 per (head, token); D <= 512, n_splits <= 64.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 128) in;
@@ -21,7 +21,7 @@ layout(binding = 2) writeonly buffer Q8S_ { vec4 q8s[]; };
 layout(push_constant) uniform PC { uint n_heads, head_dim, n_splits, flags; } pc;
 
 const uint MAX_SPLITS = 64u; // forge.c's FORGE__ATTN_SPLITS
-shared float sm_out[256];
+shared float sm_out[512]; // forge.c FORGE__MAX_HEAD_DIM
 shared float sm_m[MAX_SPLITS], sm_w[MAX_SPLITS];
 
 void main() {

@@ -8,8 +8,10 @@
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
-// One workgroup of 64 per (split, head, token); D <= 256. The cache is f32, or f16 with -DKV_F16.
+// One workgroup of 64 per (split, head, token); D <= DMAX <= 512. The cache is f32, or f16 with -DKV_F16.
+// Spec constant 0 = DMAX (the model's head_dim rounded up to 8).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
 
 #include "common.glsl"
@@ -38,8 +40,10 @@ layout(push_constant) uniform PC {
     uint kv_batch_stride, flags;
 } pc;
 
+layout(constant_id = 0) const uint DMAX = 256;
 const uint T = 64;
-shared vec4 qs[64];
+const uint NACC = (DMAX + T - 1u) / T; // output dimensions a thread owns
+shared vec4 qs[DMAX / 4u];
 shared float ps[T];
 shared float red[T];
 
@@ -58,7 +62,8 @@ void main() {
     for (uint d = tid; d < D4; d += T) qs[d] = q4[qb + d];
     barrier();
     float m = -1.0 / 0.0, l = 0.0;
-    float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    float acc[NACC];
+    [[unroll]] for (uint k = 0; k < NACC; k++) acc[k] = 0.0;
     for (uint j0 = lo + s * T; j0 <= p; j0 += pc.n_splits * T) {
         uint j = j0 + tid;
         float sc = -1.0 / 0.0;
@@ -89,7 +94,7 @@ void main() {
         l = l * corr + red[0];
         m = m_new;
         uint nk = min(T, p + 1u - j0);
-        for (uint k = 0; k < 4u; k++) {
+        for (uint k = 0; k < NACC; k++) {
             uint d = tid + k * T;
             if (d >= D) break;
             float a = acc[k] * corr;
@@ -99,7 +104,7 @@ void main() {
         barrier();
     }
     uint pb = ((t * pc.n_heads + h) * pc.n_splits + s) * (D + 2u);
-    for (uint k = 0; k < 4u; k++) {
+    for (uint k = 0; k < NACC; k++) {
         uint d = tid + k * T;
         if (d < D) part[pb + 2u + d] = acc[k];
     }

@@ -6,7 +6,10 @@
 //   Scores: thread t computes query t / 8 against keys 2 (t % 8) and 2 (t % 8) + 1 of the tile.
 //   Output: thread t owns query t / 8, dimensions t % 8 + 8 i.
 // Shared memory: 8 + 16 rows of 257 floats (padded against bank conflicts): 25 KiB, within
-// every device's 32 KiB.
+// every device's 32 KiB. Heads wider than 256 (DMAX up to 512, Gemma 4's full layers) take
+// blocks of BQ = 4 queries and tiles of BK = 8 keys (12 rows of 513 floats: 24 KiB); thread t
+// < 32 then scores query t / 8 against key t % 8, and owns query t / 16, dimensions t % 16 + 16 i
+// (forge.c's forge__attn_block_queries gives the host the block size).
 // Training runs a batch of sequences at once (workgroup z = sequence b): its queries and
 // outputs are rows b * n_tokens + t, its keys and values start at b * kv_batch_stride, and with
 // flags 1 each query's softmax log-sum-exp (m + log l) goes to lse, for the backward pass.
@@ -14,7 +17,7 @@
 // tab[TAB + 2t] (consecutive) of sequence tab[TAB + 1], whose keys fill slots from seq * cache_slots.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
-// One workgroup of 64 per (block of 8 queries, head, sequence); D <= DMAX <= 256.
+// One workgroup of 64 per (block of BQ queries, head, sequence); D <= DMAX <= 512.
 // The cache is f32, or f16 built with -DKV_F16 (session caches only; training's stay f32).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -44,25 +47,28 @@ layout(push_constant) uniform PC {
 } pc;
 
 layout(constant_id = 0) const uint DMAX = 256; // head_dim rounded up to a multiple of 8 (the model's, pinned at pipeline creation)
-const uint BQ = 8, BK = 16, TPQ = 64 / BQ; // threads per query
+const bool WIDE = DMAX > 256u;
+const uint BQ = WIDE ? 4u : 8u, BK = WIDE ? 8u : 16u;
+const uint TPQ = 64u / BQ; // threads per query (the output's)
+const uint TPK = 64u / BK; // threads staging one key or value row
 const uint DS = DMAX + 1;    // padded row stride: rows start in different banks
 shared float qs[BQ * DS];
 shared float kv[BK * DS];    // the K tile, then the V tile
 shared float sc[BQ][BK];
 
 // The key (or value) row starting at element `src` of the cache into row kj of the tile (zeros
-// when it is not live_row: past the block's last query); 4 threads per row, `part` a quarter each.
+// when it is not live_row: past the block's last query); TPK threads per row, `part` a share each.
 void stage_row(bool values, uint kj, uint part, uint src, bool live_row) {
     uint D = pc.head_dim;
 #ifdef KV_F16
-    uint W = D / 2u, w4 = (W + 3u) / 4u;
+    uint W = D / 2u, w4 = (W + TPK - 1u) / TPK;
     for (uint w = part * w4; w < min(W, (part + 1u) * w4); w++) {
         vec2 v = live_row ? unpackHalf2x16(values ? vc[src / 2u + w] : kc[src / 2u + w]) : vec2(0.0);
         kv[kj * DS + 2u * w] = v.x;
         kv[kj * DS + 2u * w + 1u] = v.y;
     }
 #else
-    uint q4 = (D + 3u) / 4u;
+    uint q4 = (D + TPK - 1u) / TPK;
     for (uint d = part * q4; d < min(D, (part + 1u) * q4); d++) kv[kj * DS + d] = live_row ? (values ? vc[src + d] : kc[src + d]) : 0.0;
 #endif
 }
@@ -95,27 +101,37 @@ void main() {
     [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) acc[i] = 0.0;
     for (uint j0 = lo_first; j0 <= p_last; j0 += BK) {
         barrier(); // the previous tile's V reads are done
-        { // 4 threads per key: one slot computation each, then a quarter of the row
-            uint kj = tid / 4u, j = j0 + kj;
-            stage_row(false, kj, tid % 4u, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
+        { // TPK threads per key: one slot computation each, then a share of the row
+            uint kj = tid / TPK, j = j0 + kj;
+            stage_row(false, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
         }
         barrier();
-        float s[2] = float[2](0.0, 0.0);
-        for (uint d = 0; d < D; d++) {
-            float qd = qs[my_q * DS + d];
-            s[0] += qd * kv[(2u * my_l) * DS + d];
-            s[1] += qd * kv[(2u * my_l + 1u) * DS + d];
-        }
-        [[unroll]] for (uint c = 0; c < 2u; c++) {
-            uint kj = 2u * my_l + c, j = j0 + kj;
-            float v = s[c] * pc.scale;
+        if (!WIDE) {
+            float s[2] = float[2](0.0, 0.0);
+            for (uint d = 0; d < D; d++) {
+                float qd = qs[my_q * DS + d];
+                s[0] += qd * kv[(2u * my_l) * DS + d];
+                s[1] += qd * kv[(2u * my_l + 1u) * DS + d];
+            }
+            [[unroll]] for (uint c = 0; c < 2u; c++) {
+                uint kj = 2u * my_l + c, j = j0 + kj;
+                float v = s[c] * pc.scale;
+                if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
+                sc[my_q][kj] = (live && j >= my_lo && j <= my_p) ? v : -1.0 / 0.0;
+            }
+        } else if (tid < BQ * BK) { // one score a thread
+            uint sq = tid / BK, kj = tid % BK, j = j0 + kj, sp = p_first + sq;
+            uint s_lo = (pc.window != 0u && sp + 1u > pc.window) ? sp + 1u - pc.window : 0u;
+            float s = 0.0;
+            for (uint d = 0; d < D; d++) s += qs[sq * DS + d] * kv[kj * DS + d];
+            float v = s * pc.scale;
             if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            sc[my_q][kj] = (live && j >= my_lo && j <= my_p) ? v : -1.0 / 0.0;
+            sc[sq][kj] = (sq < nq && j >= s_lo && j <= sp) ? v : -1.0 / 0.0;
         }
         barrier();
         { // V replaces K
-            uint kj = tid / 4u, j = j0 + kj;
-            stage_row(true, kj, tid % 4u, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
+            uint kj = tid / TPK, j = j0 + kj;
+            stage_row(true, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
         }
         float tmax = -1.0 / 0.0;
         [[unroll]] for (uint kj = 0; kj < BK; kj++) tmax = max(tmax, sc[my_q][kj]);

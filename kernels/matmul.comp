@@ -10,6 +10,12 @@
 // split z = workgroup z takes k in [z k_split, (z + 1) k_split) and writes its raw sums to
 // C = partials [z, M, N]; then flags 128 (one invocation per output, A = the partials, k_split
 // = the number of splits) adds them up in order and applies the epilogue above.
+// Built with MOE: a mixture-of-experts product grouped by expert (the prefill): W is a chunk of
+// an expert weight (experts e0 .. e0 + n_exp - 1 of N rows each) and workgroup y is a tile of
+// moe_group.comp's table (binding 6: the tile count, then (expert, first, rows) per tile, and
+// from word order_off the (token, choice) pairs sorted by expert). Tile row m is pair
+// p = order[first + m]: A row a_row0 + p / a_div (a_div = top_k: the token's activations; 1:
+// the pair's own row) times the expert's rows, into C row p. Tiles of other chunks' experts exit.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
@@ -20,6 +26,8 @@ layout(push_constant) uniform PC {
     float eps;                    // (matvec_sg only)
     uint rows_per_wg;             // (matvec_sg only)
     uint k_split;                 // flags 64: k per split; flags 128: splits
+    uint e0, n_exp, top_k, a_div; // MOE: the chunk's experts, (top_k unused), the A row divisor
+    uint order_off;               // MOE: where the sorted pairs start in binding 6 (words)
 } pc;
 
 #include "common.glsl"
@@ -34,6 +42,9 @@ layout(push_constant) uniform PC {
 layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
+#ifdef MOE
+layout(binding = 6) readonly buffer Moe_ { uint moe[]; };
+#endif
 
 
 #ifdef SKINNY
@@ -69,6 +80,16 @@ void main() {
     uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
     uint tx = tid % TX, ty = tid / TX;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+#ifdef MOE
+    uint tile = gl_WorkGroupID.y;
+    if (tile >= moe[0]) return;
+    uint expert = moe[4u + 4u * tile], first = moe[5u + 4u * tile], tile_rows = moe[6u + 4u * tile];
+    if (expert < pc.e0 || expert >= pc.e0 + pc.n_exp) return; // another chunk's expert
+    uint wbase = (expert - pc.e0) * pc.N;
+    m0 = 0u;
+#else
+    const uint wbase = 0u;
+#endif
     vec4 acc[4];
     for (uint i = 0; i < 4u; i++) acc[i] = vec4(0.0);
 
@@ -80,14 +101,20 @@ void main() {
         for (uint u = 0; u < WU; u++) {
             uint wr = wn + 64u * u;
             vec4 lo = vec4(0.0), hi = vec4(0.0);
-            if (n0 + wr < pc.N) w_get8_any(n0 + wr, k0 + wk, pc.K, lo, hi);
+            if (n0 + wr < pc.N) w_get8_any(wbase + n0 + wr, k0 + wk, pc.K, lo, hi);
             float wv[8] = float[8](lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
             for (uint i = 0; i < 8u; i++) Ws[wk + i][wr / 4u][wr % 4u] = wv[i];
         }
+#ifdef MOE
+        bool arow_ok = am < tile_rows;
+        uint arow = pc.a_row0 + (arow_ok ? moe[pc.order_off + first + am] / pc.a_div : 0u);
+#else
+        bool arow_ok = m0 + am < pc.M;
         uint arow = pc.a_row0 + m0 + am;
+#endif
         for (uint i = 0; i < AE; i++) {
             uint k = k0 + ak + i;
-            As[ak + i][am / 4u][am % 4u] = (m0 + am < pc.M && k < ke) ? a[arow * pc.K + k] : 0.0;
+            As[ak + i][am / 4u][am % 4u] = (arow_ok && k < ke) ? a[arow * pc.K + k] : 0.0;
         }
         barrier();
         for (uint k = 0; k < BK; k++) {
@@ -102,7 +129,12 @@ void main() {
     }
     for (uint i = 0; i < 4u; i++) {
         uint m = m0 + ty * 4u + i;
+#ifdef MOE
+        if (m >= tile_rows) break;
+        m = moe[pc.order_off + first + m]; // the pair's own row of C
+#else
         if (m >= pc.M) break;
+#endif
         for (uint j = 0; j < 4u; j++) {
             uint n = n0 + tx * 4u + j;
             if (n >= pc.N) break;

@@ -21,10 +21,17 @@
 // Q4_0 (W_PAIRED, weights.glsl): in both mappings a lane takes 16 weights of a row at a time,
 // the low and high nibbles of the same 8 bytes, loading them and the block's scale once.
 // Several tokens (M <= 8, short prefill tails): the subgroups take ROWS outputs in turn.
+// Mixture of experts (decode, flags EXPERTS or EXPERT_SUM): W is a chunk of an expert weight,
+// experts e0 .. e0 + n_exp - 1 of N (GATED: 2N) rows each; route holds (expert, weight bits)
+// per (token, choice) pair p = t * top_k + j. EXPERTS: workgroup z is the pair p, the product
+// of its expert with A row p / a_div into C row p (a_div = top_k: the token's activations;
+// 1: the pair's own row); EXPERT_SUM: workgroup z is the token t, C row t (+)= the sum over its
+// top_k pairs of weight * (its expert's product with A row p), in order of j.
 // Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM)
-// flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh)
+//           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM) | 7 route uvec2 [pairs]
+// flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh),
+//        512 EXPERTS, 1024 EXPERT_SUM
 // Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -39,6 +46,8 @@ layout(push_constant) uniform PC {
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
     float eps;                    // PRENORM
     uint rows_per_wg;             // M = 1: outputs per workgroup (<= MAX_R), K split; 0: as M > 1
+    uint k_split;                 // (matmul only)
+    uint e0, n_exp, top_k, a_div; // EXPERTS, EXPERT_SUM: the chunk's experts, choices per token, A row divisor
 } pc;
 
 #include "common.glsl"
@@ -55,6 +64,7 @@ layout(binding = 0) readonly buffer A_ { float a[]; };
 layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
 layout(binding = 6) readonly buffer G_ { float g[]; };
 layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
+layout(binding = 7) readonly buffer R_ { uvec2 route[]; }; // (expert, floatBitsToUint(weight)) per pair
 
 const uint MAX_M = 8;
 #ifndef MV_STEPS
@@ -159,9 +169,10 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
     }
 }
 
-// One token, one output per subgroup, in scalars so that nothing spills to local memory.
-void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
-    uint w0 = gated ? 2u * out_row : out_row;   // the weight row (gated: and the up row after it)
+// One token, one output per subgroup: weight row w0 (gated: and the up row after it) times
+// A' row a_m, normalized and activated as the flags say; every lane returns it. In scalars so
+// that nothing spills to local memory.
+float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
     float s0 = 0.0, s1 = 0.0, u0 = 0.0, u1 = 0.0, ss = 0.0;
 #ifdef W_PAIRED
     for (uint t = lane; t < (pc.K >> 4); t += width) {
@@ -170,10 +181,10 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
         w_get8x2(w0, k, pc.K, wa0, wa1, wb0, wb1);
         if (gated) w_get8x2(w0 + 1u, k, pc.K, ua0, ua1, ub0, ub1);
         vec4 alo, ahi;
-        a8(0u, k, vec_a, prenorm, alo, ahi, ss);
+        a8(a_m, k, vec_a, prenorm, alo, ahi, ss);
         s0 += dot(wa0, alo) + dot(wa1, ahi);
         u0 += dot(ua0, alo) + dot(ua1, ahi);
-        a8(0u, k + 16u, vec_a, prenorm, alo, ahi, ss);
+        a8(a_m, k + 16u, vec_a, prenorm, alo, ahi, ss);
         s1 += dot(wb0, alo) + dot(wb1, ahi);
         u1 += dot(ub0, alo) + dot(ub1, ahi);
     }
@@ -190,7 +201,7 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
             }
             [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
                 vec4 alo, ahi;
-                a8(0u, k + i * stride, vec_a, prenorm, alo, ahi, ss);
+                a8(a_m, k + i * stride, vec_a, prenorm, alo, ahi, ss);
                 s0 += dot(wl[i], alo) + dot(wh[i], ahi);
                 if (gated) u0 += dot(ul[i], alo) + dot(uh[i], ahi);
             }
@@ -201,7 +212,7 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
         w_get8_any(w0, k, pc.K, wa0, wa1);
         if (gated) w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
         vec4 alo, ahi;
-        a8(0u, k, vec_a, prenorm, alo, ahi, ss);
+        a8(a_m, k, vec_a, prenorm, alo, ahi, ss);
         s1 += dot(wa0, alo) + dot(wa1, ahi);
         u1 += dot(ua0, alo) + dot(ua1, ahi);
     }
@@ -210,7 +221,35 @@ void one_token(uint out_row, uint lane, uint width, bool vec_a, bool prenorm, bo
     float v = subgroupAdd(s0 + s1) * inv;
     float u = subgroupAdd(u0 + u1) * inv;
     if (gated) v = act(v) * u;
-    if (lane == 0u) store(out_row, 0u, v);
+    return v;
+}
+
+// Mixture of experts, one output per subgroup (the header's EXPERTS and EXPERT_SUM).
+void experts(uint lane, uint width, bool vec_a, bool gated) {
+    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, z = gl_WorkGroupID.z;
+    uint per_expert = gated ? 2u * pc.N : pc.N;
+    bool sum = (pc.flags & 1024u) != 0u;
+    if (!sum) {
+        uint e = route[z].x;
+        if (e < pc.e0 || e >= pc.e0 + pc.n_exp) return; // another chunk's expert (uniform: z is the workgroup's)
+    }
+    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+        uint out_row = wg * ROWS + r;
+        if (out_row >= pc.N) break; // uniform across the subgroup
+        uint w_off = gated ? 2u * out_row : out_row;
+        if (!sum) {
+            float v = one_token((route[z].x - pc.e0) * per_expert + w_off, z / pc.a_div, lane, width, vec_a, false, gated);
+            if (lane == 0u) store(out_row, z, v);
+            continue;
+        }
+        float acc = 0.0;
+        for (uint j = 0; j < pc.top_k; j++) {
+            uvec2 ew = route[z * pc.top_k + j];
+            if (ew.x < pc.e0 || ew.x >= pc.e0 + pc.n_exp) continue; // uniform: one token per workgroup
+            acc += uintBitsToFloat(ew.y) * one_token((ew.x - pc.e0) * per_expert + w_off, z * pc.top_k + j, lane, width, vec_a, false, gated);
+        }
+        if (lane == 0u) store(out_row, z, acc);
+    }
 }
 
 // Several tokens (M <= 8, rare: short prefill tails): one output at a time.
@@ -244,6 +283,10 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
+    if ((pc.flags & (512u | 1024u)) != 0u) {
+        experts(lane, width, vec_a, gated);
+        return;
+    }
     if (pc.rows_per_wg != 0u) {
         uint row0 = wg * pc.rows_per_wg;
         if (row0 < pc.N) one_token_split(row0, min(pc.rows_per_wg, pc.N - row0), lane, width, vec_a, prenorm, gated); // uniform
@@ -252,7 +295,11 @@ void main() {
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-        if (pc.M == 1u) one_token(out_row, lane, width, vec_a, prenorm, gated);
-        else few_tokens(out_row, lane, width, vec_a, prenorm, gated);
+        if (pc.M == 1u) {
+            float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated);
+            if (lane == 0u) store(out_row, 0u, v);
+        } else {
+            few_tokens(out_row, lane, width, vec_a, prenorm, gated);
+        }
     }
 }

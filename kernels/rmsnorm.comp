@@ -3,7 +3,8 @@
 // Block norms (heads = 0): rows x_row0 + gid and out_row0 + gid of dim contiguous elements.
 // Per-head q/k norms (heads > 0, in place): row gid is head gid % heads of token gid / heads,
 // at (token * row_stride + col0 + head * dim) in the fused qkv rows. flags: 1 add to out
-// (Gemma's post-norms feed the residual stream).
+// (Gemma's post-norms feed the residual stream), 2 then multiply the row by `scale` (Gemma 4's
+// layer_scalar; its per-layer inputs' 2^-0.5).
 // Bindings: 0 x f32 | 1 w f32 [dim] | 2 out f32
 layout(local_size_x = 128) in;
 
@@ -15,6 +16,7 @@ layout(push_constant) uniform PC {
     uint dim, x_row0, out_row0, flags;
     float eps;
     uint heads, row_stride, col0;
+    float scale;
 } pc;
 
 shared float red[128];
@@ -36,6 +38,7 @@ void main() {
     for (uint i = tid; i < pc.dim; i += 128u) {
         float v = x[xb + i] * inv * w[i];
         if ((pc.flags & 1u) != 0u) v += o[ob + i];
+        if ((pc.flags & 2u) != 0u) v *= pc.scale;
         o[ob + i] = v;
     }
 }

@@ -136,14 +136,14 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
         forge__range wb, sb, bb;
         ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
-        forge__range binds[7] = {a, wb, cc, b, sb, bb, dummy};
+        forge__range binds[8] = {a, wb, cc, b, sb, bb, dummy, dummy};
         bool vec = !use_matmul && M <= FORGE__MATVEC_MAX_M, sg = vec && c->dev.caps.subgroup_arith && j.c->force_kind != 0;
         if (vec && j.c->force_kind == 1) sg = true;
         bool cm = !vec && j.c->force_kind == 2;
         /* chunk rows start at row r0 of the output, as the loader's chunks do */
         uint32_t split = forge__matvec_use_split(c->dev.caps.type == FORGE_DEVICE_CPU, w->fmt, M, rows, K) ? forge__matvec_split_rows(rows) : 0;
         uint32_t per = forge__matvec_rows_per_wg(sg, split);
-        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split, 0};
+        forge__pc_linear pc = {M, K, rows, a_row0, ldc, c_col0 + r0, flags, c_col0 + r0, softcap, w->bits, w->group, w->qflags, 0, split, 0, 0, 0, 0, 0, 0};
         uint32_t gx, gy;
         if (vec) {
             forge__grid((rows + per - 1) / per, &gx, &gy);
@@ -199,7 +199,7 @@ forge_status ft_matmul_cm_split(ft_ctx *c, const ft_weight *w, const float *A, u
     ft_weight_chunk(&j, w, 0, N, dummy, &wb, &sb, &bb);
     forge__op op = skinny ? FORGE__OP_MATMUL_CM_S : (forge__op)(FORGE__OP_MATMUL_CM + w->fmt);
     uint32_t tn = skinny ? 64 : 128, tm = skinny ? 32 : 128;
-    forge__pc_linear pc = {M, K, N, 0, N, 0, flags, 0, 0, w->bits, w->group, w->qflags, 0, 0, 0};
+    forge__pc_linear pc = {M, K, N, 0, N, 0, flags, 0, 0, w->bits, w->group, w->qflags, 0, 0, 0, 0, 0, 0, 0, 0};
     if (splits <= 1) {
         forge__range bd[7] = {a, wb, cc, b, sb, bb, dummy};
         forge__dispatch(&j.rec, op, bd, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, 1);
@@ -236,10 +236,10 @@ forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_
     forge__range gb = g ? ft_buf(&j, g, 4ull * K) : dummy;
     forge__range wb, sb, bb;
     ft_weight_chunk(&j, w, 0, rows, dummy, &wb, &sb, &bb);
-    forge__range binds[7] = {a, wb, cc, b, sb, bb, gb};
+    forge__range binds[8] = {a, wb, cc, b, sb, bb, gb, dummy};
     /* split: the K-split mapping forge uses for one token on GPUs, here on any device */
     uint32_t rows_per_wg = split && M == 1 ? forge__matvec_split_rows(outs) : 0;
-    forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg, 0};
+    forge__pc_linear pc = {M, K, outs, 0, outs, 0, flags, 0, softcap, w->bits, w->group, w->qflags, eps, rows_per_wg, 0, 0, 0, 0, 0, 0};
     uint32_t gx, gy;
     forge__grid((outs + forge__matvec_rows_per_wg(true, rows_per_wg) - 1) / forge__matvec_rows_per_wg(true, rows_per_wg), &gx, &gy);
     forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC_SG + w->fmt), binds, &pc, gx, gy, 1);
@@ -293,7 +293,7 @@ forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_r
     forge__range wb = ft_buf(&j, w, 4ull * dim);
     forge__range ob = ft_buf(&j, out, 4ull * out_rows * dim);
     forge__range binds[3] = {xb, wb, ob};
-    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps, 0, 0, 0};
+    forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps, 0, 0, 0, 1.0f};
     forge__dispatch(&j.rec, FORGE__OP_RMSNORM, binds, &pc, rows, 1, 1);
     return ft_end(&j, 2, out, 4ull * out_rows * dim, 0, NULL, 0);
 }
@@ -370,7 +370,8 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
     } else {
         forge__range lse = ft_buf(&j, NULL, 16);
         forge__range binds[6] = {pb, qb, kb, vb, ob, lse};
-        forge__dispatch(&j.rec, f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, binds, &pc, (n + 7) / 8, H, 1);
+        uint32_t bq = forge__attn_block_queries(j.rec.dmax);
+        forge__dispatch(&j.rec, f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, binds, &pc, (n + bq - 1) / bq, H, 1);
     }
     return ft_end(&j, 4, out, 4ull * n * H * D, 0, NULL, 0);
 }
@@ -395,7 +396,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     memcpy(j.bufs[1].mapped, g, 4ull * count);
     memcpy((float *)j.bufs[1].mapped + count, u, 4ull * count);
     forge__range binds[2] = {hb, gu};
-    forge__pc_act pc = {count, act, FORGE__GU_HALVES, count};
+    forge__pc_act pc = {count, act, FORGE__GU_HALVES, count, 0, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL, binds, &pc, gx, gy, 1);
@@ -805,7 +806,7 @@ forge_status ft_act_mul_back(ft_ctx *c, const float *dh, const float *gu, float 
     uint32_t count = rows * ffn;
     forge__range hb = ft_buf(&j, dh, 4ull * count), gb = ft_buf(&j, gu, 8ull * count), ob = ft_buf(&j, NULL, 8ull * count);
     forge__range b[3] = {hb, gb, ob};
-    forge__pc_act pc = {count, act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, ffn};
+    forge__pc_act pc = {count, act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, ffn, 0, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL_BACK, b, &pc, gx, gy, 1);
@@ -949,6 +950,13 @@ static forge_model *ft_state_model(void) {
         c->n_ctx_train = 128;
         c->sliding_window = 4;
         c->layer_sliding[1] = 1;
+        for (int l = 0; l < c->n_layers; l++) { /* the per-layer shapes forge__config_finish would fill */
+            c->kv_source[l] = (int16_t)l;
+            c->layer_head_dim[l] = (uint16_t)c->head_dim;
+            c->layer_kv_heads[l] = (uint16_t)c->n_kv_heads;
+            c->layer_ffn[l] = c->ffn;
+        }
+        c->head_dim_max = c->head_dim;
         snprintf(m.name, sizeof m.name, "state-fuzz");
         m.fingerprint = forge__model_fingerprint(&m);
     }
@@ -963,7 +971,7 @@ forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t er
     forge_status st = forge__state_read(ft_state_model(), 32, &f, &a, &state, &e);
     if (!st) { /* touch what a load would copy */
         volatile uint8_t sink = 0;
-        const uint64_t row = forge__kv_row_bytes(&ft_state_model()->cfg, state.kv_f16);
+        const uint64_t row = forge__kv_row_bytes(&ft_state_model()->cfg, 0, state.kv_f16);
         for (int l = 0; l < 3; l++)
             for (uint64_t i = 0; i < (uint64_t)state.layers[l].rows * row; i++) sink ^= state.layers[l].k[i] ^ state.layers[l].v[i];
         for (int i = 0; i < 4 * state.n_past; i++) sink ^= state.tokens[i];
@@ -1022,7 +1030,7 @@ static void ft_kv_copy_fn(void *ctx, forge__rec *r) {
 
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out) {
     forge__device *d = &s->m->dev;
-    uint64_t row = forge__kv_row_bytes(&s->m->cfg, s->kv_f16);
+    uint64_t row = forge__kv_row_bytes(&s->m->cfg, layer, s->kv_f16);
     forge__buffer b;
     forge_status st = forge__buffer_create(d, row * (uint64_t)n, d->caps.mem_upload, true, &s->mem, NULL, &b, &s->err);
     if (st) return st;
@@ -1039,7 +1047,7 @@ forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, 
 }
 
 void ft_rope_inv_freq(double theta, int scaling, double factor, double low, double high, int orig_max, int D, float *out) {
-    forge__rope r = {theta, (forge__rope_scaling)scaling, factor, low, high, orig_max};
+    forge__rope r = {theta, (forge__rope_scaling)scaling, factor, low, high, orig_max, 1.0};
     forge__rope_inv_freq(&r, D, NULL, out);
 }
 
@@ -1160,7 +1168,7 @@ forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, s
         forge__barrier(&j.rec);
         forge__range binds[7] = {{a.buf, 0, a.size}, {w.buf, 0, w.size}, {cc.buf, 0, cc.size}, {dummy.buf, 0, 4096},
                                  {dummy.buf, 0, 4096}, {dummy.buf, 0, 4096}, {dummy.buf, 0, 4096}};
-        forge__pc_linear pc = {M, K, N, 0, N, 0, 0, 0, 1.0f, 0, 0, 0, 0, 0, 0};
+        forge__pc_linear pc = {M, K, N, 0, N, 0, 0, 0, 1.0f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
         for (int i = 0; i < reps + 2 && !j.rec.st; i++) {
             if (i == 2) d->vk.vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, qp, 0);
             if (spv) { /* forge__dispatch's work for a pipeline outside the op table */

@@ -150,6 +150,21 @@ TEST(Config, ErrorsNameTheField) {
         {"{\"model_type\":\"llama\"," + base + ",\"hidden_act\":\"relu\"}", FORGE_ERR_UNSUPPORTED, "hidden_act 'relu'"},
         {"{\"model_type\":\"llama\"," + base + ",\"quantization_config\":{\"quant_method\":\"gptq\"}}", FORGE_ERR_UNSUPPORTED, "'gptq'"},
         {"[]", FORGE_ERR_FORMAT, "not a JSON object"},
+        /* mixture of experts and Gemma 4 */
+        {"{\"model_type\":\"qwen3_moe\"," + base + "}", FORGE_ERR_FORMAT, "qwen3_moe needs num_experts > 0"},
+        {"{\"model_type\":\"qwen3_moe\"," + base + ",\"num_experts\":8,\"num_experts_per_tok\":9,\"moe_intermediate_size\":32}", FORGE_ERR_FORMAT,
+         "9 experts used of 8"},
+        {"{\"model_type\":\"qwen3_moe\"," + base + ",\"num_experts\":64,\"num_experts_per_tok\":40,\"moe_intermediate_size\":32}",
+         FORGE_ERR_UNSUPPORTED, "40 experts used of 64 (forge supports 1 to 32)"},
+        {"{\"model_type\":\"qwen3_moe\"," + base + ",\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"mlp_only_layers\":[5]}",
+         FORGE_ERR_FORMAT, "mlp_only_layers holds a number out of range"},
+        {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"sliding_window\":8}", FORGE_ERR_UNSUPPORTED,
+         "layer 1's head_dim 512"}, /* the default global_head_dim */
+        {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"global_head_dim\":32,\"num_kv_shared_layers\":2}", FORGE_ERR_FORMAT,
+         "num_kv_shared_layers 2 must be in [0, 2)"},
+        {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"global_head_dim\":32,\"per_layer_config\":{\"0\":{\"rope_theta\":5}}}",
+         FORGE_ERR_UNSUPPORTED, "overrides 'rope_theta'"},
+        {"{\"model_type\":\"gemma4\"," + base + "}", FORGE_ERR_FORMAT, "model_type 'gemma4' needs a 'text_config' object"},
     };
     for (auto &c : cases) {
         char err[1024] = {0};

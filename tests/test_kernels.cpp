@@ -318,7 +318,8 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
                     Case{1, 4, 2, 16, 200, 16, 8, 30.0f}, Case{9, 3, 3, 24, 0, 9, 4, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
                     Case{5, 8, 4, 64, 90, 128, 0, 0}, Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{37, 4, 2, 64, 5, 64, 0, 0},
                     Case{1, 2, 1, 128, 1100, 1200, 1024, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f},
-                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}}) {
+                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, /* Gemma 4's full layers: wider tiles */
+                    Case{11, 4, 1, 512, 0, 16, 0, 0}, Case{6, 2, 2, 512, 40, 48, 9, 30.0f}, Case{1, 2, 1, 512, 700, 800, 0, 0}}) {
         std::vector<float> q = ft::randn((size_t)cs.n * cs.H * cs.D, 1.0f, 11);
         std::vector<float> kc = ft::randn((size_t)cs.slots * cs.Hkv * cs.D, 1.0f, 12), vc = ft::randn(kc.size(), 1.0f, 13);
         float scale = 1.0f / std::sqrt((float)cs.D);

@@ -121,7 +121,8 @@ TEST_P(Parity, PrefillThenDecode) {
 
 INSTANTIATE_TEST_SUITE_P(HF, Parity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
-                                           "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32"),
+                                           "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32",
+                                           "qwen3_moe_f32", "gemma4_text_f32", "gemma4_moe_f32"),
                          case_name);
 
 /* MLX affine checkpoints (tools/fixtures/mlx_quant.py follows mlx.core.quantize); references are
@@ -132,7 +133,7 @@ INSTANTIATE_TEST_SUITE_P(MLX, Parity,
 /* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */
 INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
                          ::testing::Values("gguf/llama3_f32_untied", "gguf/qwen2_f32_tied", "gguf/qwen3_f32_sharded", "gguf/gemma2_f32",
-                                           "gguf/gemma3_text_f32"),
+                                           "gguf/gemma3_text_f32", "gguf/qwen3_moe_f32"),
                          case_name);
 
 /* The default (fast) settings: on devices with tensor cores the prefill rounds activations to
@@ -168,5 +169,50 @@ TEST(ParityShards, WithoutIndex) {
     ASSERT_EQ(forge_eval(s, q.tokens.data(), (int)q.tokens.size(), FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
     expect_close("shards without index", got.data(), q.logits.data(), (int)q.tokens.size(), fx.n_vocab, 1e-4, 0);
     forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Gemma 4's layers cache keys of two shapes and share caches: state files and key inspection
+ * (one row shape per file) and training refuse it by name; a full context with SHIFT slides by
+ * recomputing instead of re-rotating, and its logits are then a fresh session's on the kept
+ * tokens. */
+TEST(ParityGemma4, WhatMixedLayerShapesRefuseOrRecompute) {
+    Fixture fx = read_fixture(fixture_path("gemma4_text_f32"));
+    forge_model *m = ft::load(fixture_path("gemma4_text_f32"));
+    ASSERT_NE(m, nullptr);
+    const std::vector<int32_t> &toks = fx.seqs.back().tokens;
+    int V = fx.n_vocab;
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 16;
+    sp.n_batch = 8;
+    sp.overflow = FORGE_OVERFLOW_SHIFT;
+    sp.n_keep = 4;
+    forge_session *s = ft::session(m, sp);
+    ASSERT_NE(s, nullptr);
+    std::vector<float> got(V);
+    for (int i = 0; i < 24; i++) ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data(), V), FORGE_OK) << forge_session_errmsg(s);
+    std::vector<int32_t> kept(forge_session_n_past(s));
+    size_t nk = 0;
+    ASSERT_EQ(forge_session_tokens(s, kept.data(), kept.size(), &nk), FORGE_OK);
+    ASSERT_LT((int)nk, 24);
+    EXPECT_TRUE(std::equal(kept.begin(), kept.begin() + 4, toks.begin()));
+    forge_session *f = ft::session(m, 16, 8);
+    ASSERT_NE(f, nullptr);
+    std::vector<float> fresh(V);
+    ASSERT_EQ(forge_eval(f, kept.data(), (int)nk, 0, fresh.data(), V), FORGE_OK) << forge_session_errmsg(f);
+    EXPECT_LE(ft::rel_err(got.data(), fresh.data(), (size_t)V), 1e-5);
+    forge_session_free(f);
+
+    std::string dir = ft::tmpdir("gemma4_state");
+    EXPECT_EQ(forge_session_save(s, (dir + "/s.safetensors").c_str()), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_session_errmsg(s)).find("architecture gemma4"), std::string::npos) << forge_session_errmsg(s);
+    forge_keys_info info;
+    EXPECT_EQ(forge_session_keys(s, 0, nullptr, 0, &info), FORGE_ERR_UNSUPPORTED);
+    forge_session_free(s);
+    forge_train_params tp = forge_train_default_params();
+    forge_memory_stats plan;
+    EXPECT_EQ(forge_trainer_plan(m, &tp, &plan), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("training is not supported for architecture gemma4"), std::string::npos)
+        << forge_model_errmsg(m);
     forge_model_free(m);
 }
