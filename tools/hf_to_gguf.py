@@ -5,7 +5,7 @@
     python3 tools/hf_to_gguf.py --verify OUT.gguf PARITY_DIR [--tol 1e-4]  # float64 forward vs HF logits
     python3 tools/hf_to_gguf.py --make-fixtures tests/fixtures   # the committed GGUF fixtures
 
-Architectures: llama, qwen2, qwen3, gemma2, gemma3 (text). This is a numpy re-statement of
+Architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 (text). This is a numpy re-statement of
 what llama.cpp's `convert_hf_to_gguf.py` (now the `conversion/` package: base.py TextModel,
 llama.py LlamaModel, qwen.py Qwen2Model/Qwen3Model, gemma.py Gemma2Model/Gemma3Model) and
 gguf-py (constants.py, tensor_mapping.py, gguf_writer.py) do; see tests/fixtures/gguf/README.md
@@ -25,6 +25,13 @@ for the keys written per architecture and where each convention comes from.
     1/sqrt(hidden/heads) for the 27B layer counts); llama.cpp itself does not read it for these
     architectures. `gemma3.attention.sliding_window_pattern` (bool per layer) likewise only when the
     layer types differ from llama.cpp's fixed pattern of 6.
+  * qwen3moe (Qwen3MoeModel / Qwen2MoeModel): {arch}.expert_count, expert_used_count,
+    expert_feed_forward_length; the router mlp.gate -> blk.N.ffn_gate_inp; the experts stacked
+    into blk.N.ffn_{gate,up,down}_exps [E, rows, cols] (per-expert tensors, or transformers 5's
+    fused experts.gate_up_proj split into its gate and up halves). Extensions: a dense layer
+    (mlp_only_layers, which llama.cpp cannot load) keeps blk.N.ffn_{gate,up,down}, and
+    `{arch}.expert_weights_norm` = false is written where norm_topk_prob is false (llama.cpp's
+    graph always renormalizes the chosen experts' weights).
 
 The module also holds the GGUF writer (streaming, tensor by tensor), a validating reader, and
 llama.cpp's reference Q4_0 / Q8_0 quantizers (ggml-quants.c quantize_row_q4_0_ref /
@@ -34,6 +41,7 @@ quantize_row_q8_0_ref, float32 arithmetic) used by tools/make_bench_model.py.
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -369,7 +377,7 @@ class GGUFFile:
 # ---------------------------------------------------------------------------
 # HF config -> conversion plan (what convert_hf_to_gguf.py would do)
 
-ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2",
+ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2",
          "gemma3_text": "gemma3", "gemma3": "gemma3"}
 
 
@@ -393,6 +401,11 @@ def hparams_of(config):
         if "rope_type" not in rp and rp.get("type") is not None:
             rp["rope_type"] = rp["type"]
     return hp, rp
+
+
+def n_experts_of(hp):
+    """Qwen3-MoE's expert count: num_experts, which transformers 5 writes as num_local_experts."""
+    return hp["num_experts"] if "num_experts" in hp else hp["num_local_experts"]
 
 
 def layer_types_of(hp, arch):
@@ -477,8 +490,14 @@ def gguf_metadata(w, config, outtype, name):
             w.add(a + "attention.value_length", U32, head_dim)
         w.add("general.file_type", U32, ftype)
 
-    if arch in ("llama", "qwen2", "qwen3"):
+    if arch in ("llama", "qwen2", "qwen3", "qwen3moe"):
         text_model_params()
+        if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
+            w.add(a + "expert_count", U32, n_experts_of(hp))
+            w.add(a + "expert_used_count", U32, hp["num_experts_per_tok"])
+            w.add(a + "expert_feed_forward_length", U32, hp["moe_intermediate_size"])
+            if not hp.get("norm_topk_prob", False):
+                w.add(a + "expert_weights_norm", BOOL, False)
         if arch == "llama":  # LlamaModel.set_gguf_parameters
             w.add(a + "vocab_size", U32, hp["vocab_size"])
             w.add(a + "rope.dimension_count", U32, head_dim or hp["hidden_size"] // hp["num_attention_heads"])
@@ -557,6 +576,7 @@ def gguf_tensor_name(hf, arch):
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "mlp.gate": "ffn_gate_inp",
     }
     mod, _, leaf = rest.rpartition(".")
     if mod not in table:
@@ -591,8 +611,8 @@ def transform(hf_name, data, src_dtype, arch, hp):
 
 
 def out_type(gguf_name, ndim, outtype):
-    """prepare_tensors: 1-D tensors and norms stay F32."""
-    if ndim <= 1 or gguf_name.endswith("_norm.weight") or outtype == "f32":
+    """prepare_tensors: 1-D tensors, norms and MoE routers (ffn_gate_inp) stay F32."""
+    if ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp." in gguf_name or outtype == "f32":
         return GGML_F32
     return OUT_GGML[outtype]
 
@@ -642,7 +662,30 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
     for gname, arr in extra_tensors(config, arch):
         data[gname] = arr
         w.add_tensor(gname, arr.shape, GGML_F32)
+    experts = {}  # (layer, "gate" | "up" | "down") -> {expert: array}
     for hf_name in tensors:  # file order, like the converter
+        m = re.match(r"(?:language_model\.)?model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate|up|down)_proj\.weight|(gate_up|down)_proj)$", hf_name)
+        if m:
+            dt, a = tensors[hf_name]
+            f32 = mq.bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
+            bid = int(m.group(1))
+            if m.group(2) is not None:
+                experts.setdefault((bid, m.group(3)), {})[int(m.group(2))] = f32
+            elif m.group(4) == "gate_up":  # [E, 2I, H]: gate rows first
+                half = f32.shape[1] // 2
+                experts[(bid, "gate")] = dict(enumerate(f32[:, :half]))
+                experts[(bid, "up")] = dict(enumerate(f32[:, half:]))
+            else:
+                experts[(bid, "down")] = dict(enumerate(f32))
+            if (bid, "gate") in experts and (bid, "up") in experts and (bid, "down") in experts \
+                    and all(len(experts[(bid, k)]) == n_experts_of(hp) for k in ("gate", "up", "down")):
+                for k in ("gate", "up", "down"):
+                    gname = f"blk.{bid}.ffn_{k}_exps.weight"
+                    x = np.ascontiguousarray(np.stack([experts[(bid, k)][e] for e in range(n_experts_of(hp))]), dtype=np.float32)
+                    data[gname] = x
+                    w.add_tensor(gname, x.shape, out_type(gname, x.ndim, outtype))
+                    del experts[(bid, k)]
+            continue
         gname = gguf_tensor_name(hf_name, arch)
         if gname is None:
             continue
@@ -651,6 +694,8 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
         x = transform(hf_name, f32, dt, arch, hp)
         data[gname] = x
         w.add_tensor(gname, x.shape, out_type(gname, x.ndim, outtype))
+    if experts:
+        raise ValueError(f"incomplete experts: {sorted(experts)}")
     w.write(out_path, lambda n, shape, gt: [encode(data[n], gt)])
     return w
 
@@ -779,7 +824,27 @@ def gguf_forward(path, tokens, mutate=None):
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
         o = lin(p + "attn_output", np.einsum("hqk,khd->qhd", s, v).reshape(T, H * D))
-        if gemma:
+        if p + "ffn_gate_inp.weight" in W:  # qwen3moe: llama.cpp's build_moe_ffn (softmax gating)
+            x = x + o
+            h2 = norm(x, W[p + "ffn_norm.weight"])
+            lg_r = h2 @ W[p + "ffn_gate_inp.weight"].T
+            pr = np.exp(lg_r - lg_r.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            k = int(_kv(g, "{arch}.expert_used_count"))
+            if "top1" in mutate:
+                k = 1
+            out = np.zeros_like(x)
+            for t in range(T):
+                sel = np.argsort(-pr[t], kind="stable")[:k]
+                wsel = pr[t, sel]
+                if bool(_kv(g, "{arch}.expert_weights_norm", True)) and "moe_renorm" not in mutate:
+                    wsel = wsel / wsel.sum()
+                for e, we in zip(sel, wsel):
+                    gt = h2[t] @ W[p + "ffn_gate_exps.weight"][e].T
+                    up = h2[t] @ W[p + "ffn_up_exps.weight"][e].T
+                    out[t] += we * ((gt / (1.0 + np.exp(-gt)) * up) @ W[p + "ffn_down_exps.weight"][e].T)
+            x = x + out
+        elif gemma:
             x = x + norm(o, W[p + "post_attention_norm.weight"])
             h2 = norm(x, W[p + "ffn_norm.weight"])
             m = lin(p + "ffn_down", gelu(lin(p + "ffn_gate", h2)) * lin(p + "ffn_up", h2))
@@ -825,6 +890,8 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
                 names.append("attention_scale")
         if arch == "gemma3":
             names.append("local_rope")
+        if arch == "qwen3moe":
+            names += ["top1", "moe_renorm"]
         if "%s.rope.scaling.factor" % arch in GGUFFile(gguf_path).kv:
             names.append("rope_scale")
         tokens, r = max(refs, key=lambda t: len(t[0]))
@@ -840,7 +907,7 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
     return ok, results, negative
 
 
-FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32"]
+FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32", "qwen3_moe_f32"]
 
 
 def make_fixtures(root):
