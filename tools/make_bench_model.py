@@ -13,6 +13,8 @@ Presets (see PRESETS):
                    GGUF, Q4_0 (4.7 GB)
   gemma3-1b-bf16   Gemma3-1B shape (gemma3_text), HF layout, BF16
   qwen3-0.6b-f16   Qwen3-0.6B shape, HF layout, F16
+  qwen3moe-30b-a3b-q4_0  Qwen3-30B-A3B shape (hidden 2048, 48 layers, 128 experts of 768, 8 per
+                   token) as ONE GGUF `qwen3moe`, Q4_0 (16.5 GB; a token reads ~3.3B weights)
 
 Weights: N(0, 0.02); RMSNorm weights 1 + N(0, 0.02) for Llama/Qwen and N(0, 0.1) for Gemma
 (Gemma applies 1 + w). Every tensor has its own random stream, seeded from (--seed, tensor name),
@@ -132,7 +134,27 @@ def qwen3_config(tiny):
     return c
 
 
-MODELS = {"llama": llama_config, "llama8b": llama8b_config, "gemma3": gemma3_config, "qwen3": qwen3_config}
+def qwen3moe_config(tiny):
+    """Qwen3-30B-A3B's config.json (every layer sparse, norm_topk_prob)."""
+    c = {
+        "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768, "norm_topk_prob": True, "num_attention_heads": 32, "num_experts": 128,
+        "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936,
+    }
+    if tiny:
+        c.update(head_dim=32, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_attention_heads=4,
+                 num_hidden_layers=2, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, vocab_size=512,
+                 bos_token_id=1, eos_token_id=2)
+    return c
+
+
+MODELS = {"llama": llama_config, "llama8b": llama8b_config, "gemma3": gemma3_config, "qwen3": qwen3_config,
+          "qwen3moe": qwen3moe_config}
 # preset -> (model, format, type)
 PRESETS = {
     "llama1b-f16": ("llama", "hf", "float16"),
@@ -142,17 +164,21 @@ PRESETS = {
     "llama8b-q4_0": ("llama8b", "gguf", "q4_0"),
     "gemma3-1b-bf16": ("gemma3", "hf", "bfloat16"),
     "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
+    "qwen3moe-30b-a3b-q4_0": ("qwen3moe", "gguf", "q4_0"),
 }
 MLX_GROUP, MLX_BITS = 64, 4
 
 
 def tensor_specs(cfg):
-    """[(HF name, shape, kind)], kind in {embed, linear, norm}; lm_head only when untied."""
+    """[(HF name, shape, kind)], kind in {embed, linear, norm}; lm_head only when untied. A
+    mixture-of-experts layer's experts are one 3-D tensor per projection [E, rows, cols] (named
+    as transformers 5 names its fused parameters; the GGUF writer maps them to ffn_*_exps)."""
     E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim") or E // H
     gemma = cfg["model_type"].startswith("gemma")
-    qk_norm = cfg["model_type"] in ("qwen3", "gemma3_text")
+    qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
+    moe = cfg["model_type"] == "qwen3_moe"
     out = [("model.embed_tokens.weight", (V, E), "embed")]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
@@ -167,6 +193,11 @@ def tensor_specs(cfg):
         if gemma:
             out += [(p + "pre_feedforward_layernorm.weight", (E,), "norm"),
                     (p + "post_feedforward_layernorm.weight", (E,), "norm")]
+        if moe:
+            X, I = cfg["num_experts"], cfg["moe_intermediate_size"]
+            out += [(p + "mlp.gate.weight", (X, E), "linear"), (p + "mlp.experts.gate_proj", (X, I, E), "linear"),
+                    (p + "mlp.experts.up_proj", (X, I, E), "linear"), (p + "mlp.experts.down_proj", (X, E, I), "linear")]
+            continue
         out += [(p + "mlp.gate_proj.weight", (F, E), "linear"), (p + "mlp.up_proj.weight", (F, E), "linear"),
                 (p + "mlp.down_proj.weight", (E, F), "linear")]
     out.append(("model.norm.weight", (E,), "norm"))
@@ -192,8 +223,8 @@ def gen_chunks(seed, name, shape, kind, gemma, dtype):
         x = x * np.float32(0.1) if gemma else np.float32(1) + x * np.float32(STD)
         yield 0, mq.round_to(x, dtype)
         return
-    rows, cols = shape
-    step = chunk_rows(shape)
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]  # (a 3-D expert tensor: its rows one after another)
+    step = chunk_rows((rows, cols))
     for r0 in range(0, rows, step):
         r = min(step, rows - r0)
         x = rng.standard_normal((r, cols), dtype=np.float32)
@@ -203,7 +234,7 @@ def gen_chunks(seed, name, shape, kind, gemma, dtype):
 
 def full_tensor(seed, name, shape, kind, gemma, dtype):
     parts = [c for _, c in gen_chunks(seed, name, shape, kind, gemma, dtype)]
-    return np.concatenate(parts, axis=0) if len(shape) > 1 else parts[0]
+    return np.concatenate(parts, axis=0).reshape(shape) if len(shape) > 1 else parts[0]
 
 
 # ---------------------------------------------------------------------------
@@ -342,7 +373,11 @@ def gguf_plan(cfg, outtype, specs):
     for gname, arr in gg.extra_tensors(cfg, arch):
         plan.append((gname, None, arr.shape, gg.GGML_F32, arr))
     for name, shape, kind in specs:
-        gname = gg.gguf_tensor_name(name, arch)
+        if ".mlp.experts." in name:  # blk.N.ffn_{gate,up,down}_exps
+            bid, proj = name.split(".")[2], name.rsplit(".", 1)[1].split("_")[0]
+            gname = f"blk.{bid}.ffn_{proj}_exps.weight"
+        else:
+            gname = gg.gguf_tensor_name(name, arch)
         plan.append((gname, name, shape, gg.out_type(gname, len(shape), outtype), None))
     return arch, hp, plan
 
