@@ -13,6 +13,9 @@ Presets (see PRESETS):
                    GGUF, Q4_0 (4.7 GB)
   gemma3-1b-bf16   Gemma3-1B shape (gemma3_text), HF layout, BF16
   qwen3-0.6b-f16   Qwen3-0.6B shape, HF layout, F16
+  gemma4-e2b-bf16  Gemma-4-E2B shape (gemma4_text: 35 layers 4 sliding : 1 full, head_dim 256 / 512, the
+                   last 20 layers sharing the KV cache with a double-wide MLP, per-layer inputs of
+                   256 from a 262144 x 8960 table), HF layout, BF16
   qwen3moe-30b-a3b-q4_0  Qwen3-30B-A3B shape (hidden 2048, 48 layers, 128 experts of 768, 8 per
                    token) as ONE GGUF `qwen3moe`, Q4_0 (16.5 GB; a token reads ~3.3B weights)
 
@@ -153,8 +156,36 @@ def qwen3moe_config(tiny):
     return c
 
 
+def gemma4_config(tiny):
+    """Gemma-4-E2B's text config (as google/gemma-4-E2B's config.json has it)."""
+    n = 35
+    c = {
+        "architectures": ["Gemma4ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "attention_k_eq_v": False, "bos_token_id": 2, "enable_moe_block": False, "eos_token_id": 1,
+        "final_logit_softcapping": 30.0, "global_head_dim": 512, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1536, "hidden_size_per_layer_input": 256, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 131072, "model_type": "gemma4_text", "num_attention_heads": 8, "num_hidden_layers": n,
+        "num_key_value_heads": 1, "num_kv_shared_layers": 20, "pad_token_id": 0, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+                            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "sliding_window": 512, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+        "use_double_wide_mlp": True, "vocab_size": 262144, "vocab_size_per_layer_input": 262144,
+    }
+    if tiny:
+        c.update(head_dim=16, global_head_dim=32, hidden_size=64, hidden_size_per_layer_input=8, intermediate_size=128,
+                 num_attention_heads=4, num_hidden_layers=10, num_kv_shared_layers=4, vocab_size=512,
+                 vocab_size_per_layer_input=512, sliding_window=8, max_position_embeddings=4096)
+    c["layer_types"] = ["full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(c["num_hidden_layers"])]
+    return dict(sorted(c.items()))
+
+
+def norms_offset(cfg):
+    """Gemma 2/3 multiply by 1 + w (their norm weights are drawn small); every other family by w."""
+    return cfg["model_type"] in ("gemma2", "gemma3_text")
+
+
 MODELS = {"llama": llama_config, "llama8b": llama8b_config, "gemma3": gemma3_config, "qwen3": qwen3_config,
-          "qwen3moe": qwen3moe_config}
+          "qwen3moe": qwen3moe_config, "gemma4": gemma4_config}
 # preset -> (model, format, type)
 PRESETS = {
     "llama1b-f16": ("llama", "hf", "float16"),
@@ -165,6 +196,7 @@ PRESETS = {
     "gemma3-1b-bf16": ("gemma3", "hf", "bfloat16"),
     "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
     "qwen3moe-30b-a3b-q4_0": ("qwen3moe", "gguf", "q4_0"),
+    "gemma4-e2b-bf16": ("gemma4", "hf", "bfloat16"),
 }
 MLX_GROUP, MLX_BITS = 64, 4
 
@@ -177,6 +209,8 @@ def tensor_specs(cfg):
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim") or E // H
     gemma = cfg["model_type"].startswith("gemma")
+    if cfg["model_type"] == "gemma4_text":
+        return gemma4_specs(cfg)
     qk_norm = cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
     moe = cfg["model_type"] == "qwen3_moe"
     out = [("model.embed_tokens.weight", (V, E), "embed")]
@@ -203,6 +237,43 @@ def tensor_specs(cfg):
     out.append(("model.norm.weight", (E,), "norm"))
     if not cfg.get("tie_word_embeddings", True):
         out.append(("lm_head.weight", (V, E), "linear"))
+    return out
+
+
+def gemma4_specs(cfg):
+    """Gemma 4's tensors: per-layer head sizes (full layers global_head_dim), no k/v projections
+    on the KV-shared tail (nor v_proj on k = v layers), the double-wide MLP there, per-layer
+    inputs, layer_scalar."""
+    E, V, H, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    P, shared = cfg["hidden_size_per_layer_input"], cfg["num_kv_shared_layers"]
+    out = [("model.embed_tokens.weight", (V, E), "embed")]
+    if P:
+        out += [("model.embed_tokens_per_layer.weight", (cfg["vocab_size_per_layer_input"], L * P), "embed"),
+                ("model.per_layer_model_projection.weight", (L * P, E), "linear"),
+                ("model.per_layer_projection_norm.weight", (P,), "norm")]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        full = cfg["layer_types"][i] == "full_attention"
+        D = cfg["global_head_dim"] if full else cfg["head_dim"]
+        KV = cfg.get("num_global_key_value_heads") or cfg["num_key_value_heads"] if full and cfg["attention_k_eq_v"] \
+            else cfg["num_key_value_heads"]
+        is_shared = i >= L - shared
+        F = cfg["intermediate_size"] * (2 if is_shared and cfg["use_double_wide_mlp"] else 1)
+        out += [(p + "input_layernorm.weight", (E,), "norm"), (p + "self_attn.q_proj.weight", (H * D, E), "linear"),
+                (p + "self_attn.q_norm.weight", (D,), "norm")]
+        if not is_shared:
+            out += [(p + "self_attn.k_proj.weight", (KV * D, E), "linear"), (p + "self_attn.k_norm.weight", (D,), "norm")]
+            if not (full and cfg["attention_k_eq_v"]):
+                out.append((p + "self_attn.v_proj.weight", (KV * D, E), "linear"))
+        out += [(p + "self_attn.o_proj.weight", (E, H * D), "linear"),
+                (p + "post_attention_layernorm.weight", (E,), "norm"), (p + "pre_feedforward_layernorm.weight", (E,), "norm"),
+                (p + "post_feedforward_layernorm.weight", (E,), "norm"),
+                (p + "mlp.gate_proj.weight", (F, E), "linear"), (p + "mlp.up_proj.weight", (F, E), "linear"),
+                (p + "mlp.down_proj.weight", (E, F), "linear"), (p + "layer_scalar", (1,), "norm")]
+        if P:
+            out += [(p + "per_layer_input_gate.weight", (P, E), "linear"), (p + "per_layer_projection.weight", (E, P), "linear"),
+                    (p + "post_per_layer_input_norm.weight", (E,), "norm")]
+    out.append(("model.norm.weight", (E,), "norm"))
     return out
 
 
@@ -285,7 +356,7 @@ def st_dtype(dtype):
 
 
 def write_hf(out, cfg, dtype, seed, specs, progress):
-    gemma = cfg["model_type"].startswith("gemma")
+    gemma = norms_offset(cfg)
     sd = st_dtype(dtype)
     entries = [(n, sd, s) for n, s, _ in specs]
     f, offs, total = st_open(os.path.join(out, "model.safetensors"), entries, {"format": "pt"})
@@ -437,8 +508,8 @@ def write_gguf(out, cfg, outtype, seed, specs, progress, preset):
 def check(out, preset, cfg, seed, specs):
     """Re-read the output; compare tensors with the regenerated source weights."""
     model, fmt, typ = PRESETS[preset]
-    gemma = cfg["model_type"].startswith("gemma")
-    dtype = "bfloat16" if gemma else "float16"
+    gemma = norms_offset(cfg)
+    dtype = "bfloat16" if cfg["model_type"].startswith("gemma") else "float16"
     n_full = len(specs) if cfg["vocab_size"] <= 4096 else 0  # tiny: every tensor
     picks = specs if n_full else [s for s in specs if s[0] in (
         "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
