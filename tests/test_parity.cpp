@@ -122,7 +122,7 @@ TEST_P(Parity, PrefillThenDecode) {
 INSTANTIATE_TEST_SUITE_P(HF, Parity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
                                            "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32",
-                                           "qwen3_moe_f32", "gemma4_text_f32", "gemma4_moe_f32"),
+                                           "qwen3_moe_f32", "gemma4_text_f32", "gemma4_moe_f32", "gemma4_wide_f32"),
                          case_name);
 
 /* MLX affine checkpoints (tools/fixtures/mlx_quant.py follows mlx.core.quantize); references are
