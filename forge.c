@@ -5032,7 +5032,7 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
     float eps;                      /* matvec_sg PRENORM */
     uint32_t rows_per_wg;           /* matvec_sg, one token: outputs per workgroup */
     uint32_t k_split;               /* matmul with FORGE__LINEAR_SPLIT_K: k per split; ..._REDUCE: splits */
-    /* mixture of experts (matvec_sg EXPERTS / EXPERT_SUM, matmul_moe): the chunk's experts e0 ..
+    /* mixture of experts (matvec_sg EXPERTS, matmul_moe): the chunk's experts e0 ..
      * e0 + n_exp - 1, choices per token, the divisor from a pair to its A row, and (matmul_moe)
      * where the sorted pairs start in the group table */
     uint32_t e0, n_exp, top_k, a_div, order_off;
@@ -5148,7 +5148,6 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
 #define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (attention_combine wrote it) */
 #define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
-#define FORGE__LINEAR_EXPERT_SUM 1024u /* matvec_sg: each token's chosen experts' products, weighted and summed */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5339,6 +5338,7 @@ static uint32_t forge__bits16(forge__wfmt f, uint32_t mlx_bits, uint32_t mlx_gro
  * bits16 / 16 bits each. */
 typedef struct forge__mat_work {
     uint32_t N, K, M, bits16;
+    uint32_t mats;           /* weight matrices of N x K read (an expert product: one per chosen expert) */
 } forge__mat_work;
 
 typedef struct forge__pipeline {
@@ -5480,11 +5480,17 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             bool reduce = pl->flags & FORGE__LINEAR_REDUCE;
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
             uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
-            *w = (forge__mat_work){rows, pl->K, reduce ? 0 : pl->M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup)};
+            /* expert products (the shape is one expert's): decode reads the expert of each pair
+             * (workgroup z); prefill's grouped product every expert of the chunk that has pairs
+             * (at most the pairs) */
+            uint32_t M = pl->M, mats = 1;
+            if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
+            else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
+            *w = (forge__mat_work){rows, pl->K, reduce ? 0 : M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup), reduce ? 0 : mats};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
-                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup)};
+                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), 1};
         }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }
@@ -6814,6 +6820,7 @@ typedef struct forge__profile {
         uint32_t N, K, bits16;            /* a matrix kernel's shape and weight format (forge__mat_work) */
         double ms;
         uint64_t calls, rows;             /* rows: the products' M summed over the calls */
+        uint64_t mats;                    /* weight matrices read, summed over the calls (forge__mat_work) */
     } shape[64];
     int n_shapes;
 } forge__profile;
@@ -7371,10 +7378,11 @@ static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
  * (expert, weight) per (token, choice) pair p = t * top_k + j into acts.route. The experts'
  * gated MLPs then run on the chosen pairs only. A few tokens on a subgroup device (decode):
  * matvec_sg reads just the chosen experts' rows, a workgroup layer per pair for gate|up and
- * per token for down, which also sums the token's choices by weight. Otherwise (prefill):
- * moe_group.comp sorts the pairs by expert into tiles of at most FORGE__MOE_BM pairs,
- * matmul.comp's MOE build multiplies each tile with its expert's rows, and moe_combine.comp
- * sums each token's outputs by weight. Expert weights are row-chunked by whole experts
+ * each for down too (a token's choices in parallel, not in turn: the H200 read the 30B-A3B
+ * shape's down experts at 0.31 TB/s summing in the kernel). Otherwise (prefill): moe_group.comp
+ * sorts the pairs by expert into tiles of at most FORGE__MOE_BM pairs, and matmul.comp's MOE
+ * build multiplies each tile with its expert's rows. Either way moe_combine.comp then sums each
+ * token's outputs by weight. Expert weights are row-chunked by whole experts
  * (forge__plan_expert_weight); every dispatch runs per chunk and skips the others' experts. */
 
 /* The router: acts.route from the normed input xin [n, H]. */
@@ -7414,46 +7422,44 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
             forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + gu->fmt), b, &pc, gx, gy, pairs);
         }
         forge__barrier(r);
-        for (int i = 0; i < dn->n_chunks; i++) { /* out[t] (+)= sum_j weight * down(h[t k + j]) */
+        for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] = down(h) of each pair's expert */
             const forge__wchunk *ch = &dn->chunks[i];
             bool mlx = dn->fmt == FORGE__W_MLX;
-            forge__range b[8] = {a->h, ch->w, out, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
-            uint32_t flags = FORGE__LINEAR_EXPERT_SUM | (accumulate || i ? FORGE__LINEAR_ACCUMULATE : 0);
-            forge__pc_linear pc = {1, I, H, 0, H, 0, flags, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0,
+            forge__range b[8] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
+            forge__pc_linear pc = {1, I, H, 0, H, 0, FORGE__LINEAR_EXPERTS, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0,
                                    ch->row0 / H, ch->rows / H, K, 1, 0};
             forge__grid((H + rows - 1) / rows, &gx, &gy);
-            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, n);
-            if (i + 1 < dn->n_chunks) forge__barrier(r); /* the next chunk adds to the same rows */
+            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, pairs);
         }
-        return;
-    }
-    /* the pairs grouped by expert */
-    uint32_t order_off = forge__moe_order_off(c, pairs), tiles = (uint32_t)forge__moe_max_tiles(c, pairs);
-    forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, FORGE__MOE_BM, order_off};
-    forge__range bg[2] = {a->route, a->moe};
-    forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
-    forge__barrier(r);
-    for (int i = 0; i < gu->n_chunks; i++) { /* gu [pairs, 2I]: each pair's gate and up, interleaved */
-        const forge__wchunk *ch = &gu->chunks[i];
-        bool mlx = gu->fmt == FORGE__W_MLX;
-        forge__range b[7] = {xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
-        forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
-                               ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
-        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + gu->fmt), b, &pc, (2 * I + 63) / 64, tiles, 1);
-    }
-    forge__barrier(r);
-    forge__pc_act pact = {pairs * I, (uint32_t)c->act, FORGE__GU_PAIRS, I, 0, 0};
-    forge__range bact[3] = {a->h, a->gu, p->dummy};
-    forge__grid(((uint64_t)pairs * I + 255) / 256, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
-    forge__barrier(r);
-    for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
-        const forge__wchunk *ch = &dn->chunks[i];
-        bool mlx = dn->fmt == FORGE__W_MLX;
-        forge__range b[7] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
-        forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
-                               order_off};
-        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + dn->fmt), b, &pc, (H + 63) / 64, tiles, 1);
+    } else {
+        /* the pairs grouped by expert */
+        uint32_t order_off = forge__moe_order_off(c, pairs), tiles = (uint32_t)forge__moe_max_tiles(c, pairs);
+        forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, FORGE__MOE_BM, order_off};
+        forge__range bg[2] = {a->route, a->moe};
+        forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
+        forge__barrier(r);
+        for (int i = 0; i < gu->n_chunks; i++) { /* gu [pairs, 2I]: each pair's gate and up, interleaved */
+            const forge__wchunk *ch = &gu->chunks[i];
+            bool mlx = gu->fmt == FORGE__W_MLX;
+            forge__range b[7] = {xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
+                                   ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
+            forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + gu->fmt), b, &pc, (2 * I + 63) / 64, tiles, 1);
+        }
+        forge__barrier(r);
+        forge__pc_act pact = {pairs * I, (uint32_t)c->act, FORGE__GU_PAIRS, I, 0, 0};
+        forge__range bact[3] = {a->h, a->gu, p->dummy};
+        forge__grid(((uint64_t)pairs * I + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        forge__barrier(r);
+        for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
+            const forge__wchunk *ch = &dn->chunks[i];
+            bool mlx = dn->fmt == FORGE__W_MLX;
+            forge__range b[7] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
+                                   order_off};
+            forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + dn->fmt), b, &pc, (H + 63) / 64, tiles, 1);
+        }
     }
     forge__barrier(r);
     forge__pc_moe_combine pcm = {n, H, K, accumulate ? 1u : 0u};
@@ -7941,19 +7947,20 @@ static void forge__profile_collect(forge__device *d, forge__profile *pf, const f
         while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].N != w->N || pf->shape[k].K != w->K)) k++;
         if (k == pf->n_shapes) {
             if (k == (int)FORGE__ARRAY_LEN(pf->shape)) continue;
-            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], w->N, w->K, w->bits16, 0, 0, 0};
+            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], w->N, w->K, w->bits16, 0, 0, 0, 0};
             pf->n_shapes++;
         }
         pf->shape[k].ms += ms;
         pf->shape[k].calls++;
         pf->shape[k].rows += w->M;
+        pf->shape[k].mats += w->mats;
     }
 }
 
 /* The profile as JSON {"kernel": {"calls": N, "ms": T}, ..., "kernel NxK": {"calls", "ms", "rows",
  * "gb_s", "tflop_s"}, ...} into out: per matrix shape also the rows multiplied (M summed over
- * the calls), the weights' read rate (N K bits / 8 bytes a call) and the products' rate
- * (2 N K rows flops). */
+ * the calls), the weights' read rate (N K bits / 8 bytes a matrix read: once a call, an expert
+ * product's once per chosen expert) and the products' rate (2 N K rows flops). */
 static forge_status forge__profile_json(const forge__profile *pf, char *out, size_t capacity, size_t *len) {
     size_t o = 0;
     int first = 1;
@@ -7970,7 +7977,7 @@ static forge_status forge__profile_json(const forge__profile *pf, char *out, siz
         double sec = sh->ms > 0 ? sh->ms * 1e-3 : 1e-30, nk = (double)sh->N * (double)sh->K;
         FORGE__PJ("%s\"%s %ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"rows\": %llu, \"gb_s\": %.1f, \"tflop_s\": %.2f}", first ? "" : ", ",
                   forge__ops[sh->op].name, sh->N, sh->K, (unsigned long long)sh->calls, sh->ms, (unsigned long long)sh->rows,
-                  nk * sh->bits16 / 128.0 * (double)sh->calls / sec * 1e-9, 2.0 * nk * (double)sh->rows / sec * 1e-12);
+                  nk * sh->bits16 / 128.0 * (double)sh->mats / sec * 1e-9, 2.0 * nk * (double)sh->rows / sec * 1e-12);
         first = 0;
     }
     FORGE__PJ("}");

@@ -492,9 +492,11 @@ FORGE_API forge_status forge_session_keys(forge_session *session, int layer, flo
 
 /* With forge_session_params.profile: device time per kernel since the session was created, as
  * JSON {"kernel": {"calls": N, "ms": T}, ...}, and per matrix product shape {"kernel NxK" (the
- * weight's rows and columns: a fused gate|up product counts both halves), {"calls", "ms",
- * "rows" (the rows of activations multiplied, summed over the calls), "gb_s" (the weights' bytes
- * read per second), "tflop_s" (2 N K rows per second, in 1e12)}, ...}, into `out` (capacity
+ * weight's rows and columns: a fused gate|up product counts both halves; a mixture of experts'
+ * product, one expert's), {"calls", "ms", "rows" (the rows of activations multiplied, summed
+ * over the calls), "gb_s" (the weights' bytes read per second: an expert product reads one
+ * expert per chosen (token, expert) pair in decode, every expert with tokens in prefill),
+ * "tflop_s" (2 N K rows per second, in 1e12)}, ...}, into `out` (capacity
  * bytes, NUL-terminated); *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not
  * fit. Empty ("{}") when the device has no timestamps or profiling is off. */
 FORGE_API forge_status forge_session_profile(const forge_session *session, char *out, size_t capacity, size_t *len);

@@ -21,17 +21,16 @@
 // Q4_0 (W_PAIRED, weights.glsl): in both mappings a lane takes 16 weights of a row at a time,
 // the low and high nibbles of the same 8 bytes, loading them and the block's scale once.
 // Several tokens (M <= 8, short prefill tails): the subgroups take ROWS outputs in turn.
-// Mixture of experts (decode, flags EXPERTS or EXPERT_SUM): W is a chunk of an expert weight,
-// experts e0 .. e0 + n_exp - 1 of N (GATED: 2N) rows each; route holds (expert, weight bits)
-// per (token, choice) pair p = t * top_k + j. EXPERTS: workgroup z is the pair p, the product
-// of its expert with A row p / a_div into C row p (a_div = top_k: the token's activations;
-// 1: the pair's own row); EXPERT_SUM: workgroup z is the token t, C row t (+)= the sum over its
-// top_k pairs of weight * (its expert's product with A row p), in order of j.
+// Mixture of experts (decode, flags EXPERTS): W is a chunk of an expert weight, experts e0 ..
+// e0 + n_exp - 1 of N (GATED: 2N) rows each; route holds (expert, weight bits) per (token,
+// choice) pair p = t * top_k + j. Workgroup z is the pair p: the product of its expert with
+// A row p / a_div (a_div = top_k: the token's activations; 1: the pair's own row) into C row p;
+// pairs of another chunk's experts are left alone.
 // Correct for any subgroup size.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM) | 7 route uvec2 [pairs]
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh),
-//        512 EXPERTS, 1024 EXPERT_SUM
+//        512 EXPERTS
 // Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -47,7 +46,7 @@ layout(push_constant) uniform PC {
     float eps;                    // PRENORM
     uint rows_per_wg;             // M = 1: outputs per workgroup (<= MAX_R), K split; 0: as M > 1
     uint k_split;                 // (matmul only)
-    uint e0, n_exp, top_k, a_div; // EXPERTS, EXPERT_SUM: the chunk's experts, choices per token, A row divisor
+    uint e0, n_exp, top_k, a_div; // EXPERTS: the chunk's experts, (choices per token), A row divisor
 } pc;
 
 #include "common.glsl"
@@ -224,31 +223,17 @@ float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool preno
     return v;
 }
 
-// Mixture of experts, one output per subgroup (the header's EXPERTS and EXPERT_SUM).
+// Mixture of experts, one output per subgroup (the header's EXPERTS).
 void experts(uint lane, uint width, bool vec_a, bool gated) {
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, z = gl_WorkGroupID.z;
-    uint per_expert = gated ? 2u * pc.N : pc.N;
-    bool sum = (pc.flags & 1024u) != 0u;
-    if (!sum) {
-        uint e = route[z].x;
-        if (e < pc.e0 || e >= pc.e0 + pc.n_exp) return; // another chunk's expert (uniform: z is the workgroup's)
-    }
+    uint e = route[z].x;
+    if (e < pc.e0 || e >= pc.e0 + pc.n_exp) return; // another chunk's expert (uniform: z is the workgroup's)
+    uint w_expert = (e - pc.e0) * (gated ? 2u * pc.N : pc.N);
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-        uint w_off = gated ? 2u * out_row : out_row;
-        if (!sum) {
-            float v = one_token((route[z].x - pc.e0) * per_expert + w_off, z / pc.a_div, lane, width, vec_a, false, gated);
-            if (lane == 0u) store(out_row, z, v);
-            continue;
-        }
-        float acc = 0.0;
-        for (uint j = 0; j < pc.top_k; j++) {
-            uvec2 ew = route[z * pc.top_k + j];
-            if (ew.x < pc.e0 || ew.x >= pc.e0 + pc.n_exp) continue; // uniform: one token per workgroup
-            acc += uintBitsToFloat(ew.y) * one_token((ew.x - pc.e0) * per_expert + w_off, z * pc.top_k + j, lane, width, vec_a, false, gated);
-        }
-        if (lane == 0u) store(out_row, z, acc);
+        float v = one_token(w_expert + (gated ? 2u * out_row : out_row), z / pc.a_div, lane, width, vec_a, false, gated);
+        if (lane == 0u) store(out_row, z, v);
     }
 }
 
@@ -283,7 +268,7 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
-    if ((pc.flags & (512u | 1024u)) != 0u) {
+    if ((pc.flags & 512u) != 0u) {
         experts(lane, width, vec_a, gated);
         return;
     }
