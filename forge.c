@@ -6276,6 +6276,34 @@ static forge_status forge__plan_expert_weight(forge__loader *L, forge__weight *w
     return st;
 }
 
+/* Expert e's own 2-D tensor `<base>experts.<e>.<proj>_proj.weight` [rows, cols] (the published
+ * Qwen3-MoE checkpoints' layout) into *x. *first: expert 0's description (set when e = 0), which
+ * every other expert's must equal, as its tensor type must x0's. */
+static forge_status forge__expert_own_tensor(forge__loader *L, const char *base, int l, int e, const char *proj, uint32_t rows, uint32_t cols,
+                                             const char *why, forge__weight *first, const forge__xpart *x0, forge__xpart *x) {
+    forge_model *m = L->m;
+    char name[256];
+    snprintf(name, sizeof name, "%sexperts.%d.%s_proj.weight", base, e, proj);
+    forge__tensor *t = forge__tensor_find(&m->tensors, name);
+    if (!t)
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: the experts of layer %d)", name,
+                           forge__arch_names[m->cfg.arch], l);
+    t->used = true;
+    forge__weight w;
+    forge__wsrc src;
+    forge_status st = forge__weight_describe(L, &w, t, rows, cols, why, &src);
+    if (st) return st;
+    *x = (forge__xpart){src, 0};
+    if (e == 0) {
+        *first = w;
+        return FORGE_OK;
+    }
+    if (w.fmt != first->fmt || w.bits != first->bits || w.group != first->group || w.qflags != first->qflags || t->dtype != x0->src.t->dtype)
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: expert tensor '%s' is stored unlike expert 0's %s projection", t->file, t->name,
+                           proj);
+    return FORGE_OK;
+}
+
 /* Layer l's experts: gate|up and down from whichever layout the checkpoint has (above). */
 static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int l) {
     forge_model *m = L->m;
@@ -6324,25 +6352,8 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
             st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing beside '%s'", nu, name);
         } else if (!st && !L->gguf) { /* one tensor per expert */
             for (int e = 0; e < E && !st; e++) {
-                for (int k = 0; k < 2 && !st; k++) {
-                    snprintf(name, sizeof name, "%sexperts.%d.%s_proj.weight", base, e, k ? "up" : "gate");
-                    forge__tensor *te = forge__tensor_find(&m->tensors, name);
-                    if (!te) {
-                        st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: the experts of layer %d)", name,
-                                         forge__arch_names[c->arch], l);
-                        break;
-                    }
-                    te->used = true;
-                    forge__weight dw;
-                    forge__wsrc sw;
-                    if ((st = forge__weight_describe(L, &dw, te, I, H, why_gu, &sw))) break;
-                    if (e == 0 && k == 0) dg = dw;
-                    if (e == 0 && k == 1) du = dw;
-                    (k ? up : gate)[e] = (forge__xpart){sw, 0};
-                    if (dw.fmt != dg.fmt || dw.bits != dg.bits || dw.group != dg.group || dw.qflags != dg.qflags || te->dtype != gate[0].src.t->dtype)
-                        st = forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: expert tensor '%s' is stored unlike expert 0's gate projection",
-                                         te->file, te->name);
-                }
+                st = forge__expert_own_tensor(L, base, l, e, "gate", I, H, why_gu, &dg, &gate[0], &gate[e]);
+                if (!st) st = forge__expert_own_tensor(L, base, l, e, "up", I, H, why_gu, &du, &up[0], &up[e]);
             }
         } else if (!st) {
             st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' (or blk.%d.ffn_gate_up_exps.weight) is missing (architecture %s)", name, l,
@@ -6367,25 +6378,8 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
         }
         if (t) {
             for (int e = 0; e < E; e++) down[e] = (forge__xpart){sd, (uint64_t)e * H};
-        } else if (!st && !L->gguf) {
-            for (int e = 0; e < E && !st; e++) {
-                snprintf(name, sizeof name, "%sexperts.%d.down_proj.weight", base, e);
-                forge__tensor *te = forge__tensor_find(&m->tensors, name);
-                if (!te) {
-                    st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s: the experts of layer %d)", name,
-                                     forge__arch_names[c->arch], l);
-                    break;
-                }
-                te->used = true;
-                forge__weight dw;
-                forge__wsrc sw;
-                if ((st = forge__weight_describe(L, &dw, te, H, I, why_d, &sw))) break;
-                if (e == 0) dd = dw;
-                down[e] = (forge__xpart){sw, 0};
-                if (dw.fmt != dd.fmt || dw.bits != dd.bits || dw.group != dd.group || dw.qflags != dd.qflags || te->dtype != down[0].src.t->dtype)
-                    st = forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: expert tensor '%s' is stored unlike expert 0's down projection", te->file,
-                                     te->name);
-            }
+        } else if (!st && !L->gguf) { /* one tensor per expert */
+            for (int e = 0; e < E && !st; e++) st = forge__expert_own_tensor(L, base, l, e, "down", H, I, why_d, &dd, &down[0], &down[e]);
         } else if (!st) {
             st = forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
         }
@@ -7373,6 +7367,16 @@ static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
 #define FORGE__T_QKV (1u << FORGE__T_Q | 1u << FORGE__T_K | 1u << FORGE__T_V)
 #define FORGE__T_GU (1u << FORGE__T_GATE | 1u << FORGE__T_UP)
 
+/* h = act(gate) * up over `count` elements of rows of `ffn`, the gates and ups in gu as `layout`
+ * (FORGE__GU_PAIRS, FORGE__GU_HALVES) places them (act_mul.comp). */
+static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__range gu, uint32_t count, uint32_t ffn, uint32_t layout) {
+    uint32_t gx, gy;
+    forge__pc_act pc = {count, (uint32_t)p->m->cfg.act, layout, ffn, 0, 0};
+    forge__range b[3] = {h, gu, p->dummy};
+    forge__grid(((uint64_t)count + 255) / 256, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_ACT_MUL, b, &pc, gx, gy, 1);
+}
+
 /* ---- Mixture of experts ----
  * A mixture-of-experts layer's router picks each token's top_k experts: moe_route.comp writes
  * (expert, weight) per (token, choice) pair p = t * top_k + j into acts.route. The experts'
@@ -7447,10 +7451,7 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
             forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + gu->fmt), b, &pc, (2 * I + 63) / 64, tiles, 1);
         }
         forge__barrier(r);
-        forge__pc_act pact = {pairs * I, (uint32_t)c->act, FORGE__GU_PAIRS, I, 0, 0};
-        forge__range bact[3] = {a->h, a->gu, p->dummy};
-        forge__grid(((uint64_t)pairs * I + 255) / 256, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        forge__record_act_mul(p, a->h, a->gu, pairs * I, I, FORGE__GU_PAIRS);
         forge__barrier(r);
         for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
             const forge__wchunk *ch = &dn->chunks[i];
@@ -7607,10 +7608,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__lora_up(p, a, l, FORGE__T_UP, a->gu, 2 * F, pairs ? 1 : F, pairs ? 2 : 1);
         }
         forge__barrier(r);
-        forge__pc_act pact = {n * F, (uint32_t)c->act, layout, F, 0, 0};
-        forge__range bact[3] = {a->h, a->gu, p->dummy};
-        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
-        forge__dispatch(r, FORGE__OP_ACT_MUL, bact, &pact, gx, gy, 1);
+        forge__record_act_mul(p, a->h, a->gu, n * F, F, layout);
     }
     forge__barrier(r);
     bool lora_down = forge__lora_any(p, l, 1u << FORGE__T_DOWN);
