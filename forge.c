@@ -6998,8 +6998,8 @@ typedef enum forge__session_buf {
 
 #define FORGE__MOE_BM 64 /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
 /* moe_group.comp's table for n pairs: a count, a tile per 64 pairs and per expert at most, the sorted pairs. */
-static uint64_t forge__moe_max_tiles(const forge__config *c, uint64_t pairs) { return (pairs + FORGE__MOE_BM - 1) / FORGE__MOE_BM + (uint64_t)c->n_experts; }
-static uint32_t forge__moe_order_off(const forge__config *c, uint64_t pairs) { return (uint32_t)(4 + 4 * forge__moe_max_tiles(c, pairs)); }
+static uint64_t forge__moe_max_tiles(uint32_t n_experts, uint64_t pairs) { return (pairs + FORGE__MOE_BM - 1) / FORGE__MOE_BM + n_experts; }
+static uint32_t forge__moe_order_off(uint32_t n_experts, uint64_t pairs) { return (uint32_t)(4 + 4 * forge__moe_max_tiles(n_experts, pairs)); }
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
  * then K and V of each layer. */
@@ -7027,7 +7027,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
          * experts' sum and the dense MLP's normed output [nb, H] apart */
         [FORGE__SB_ROUTER] = c->n_experts ? nb * c->n_experts * 4 : 16,
         [FORGE__SB_ROUTE] = c->n_experts ? nb * c->n_experts_used * 8 : 16,
-        [FORGE__SB_MOE] = c->n_experts ? 4ull * (forge__moe_order_off(c, nb * c->n_experts_used) + nb * c->n_experts_used) : 16,
+        [FORGE__SB_MOE] = c->n_experts ? 4ull * (forge__moe_order_off((uint32_t)c->n_experts, nb * c->n_experts_used) + nb * c->n_experts_used) : 16,
         [FORGE__SB_MOE_Y] = c->n_experts ? nb * c->n_experts_used * c->hidden * 4 : 16,
         [FORGE__SB_MOE_OUT] = c->router == FORGE__ROUTER_GEMMA4 ? nb * c->hidden * 4 : 16,
         [FORGE__SB_MLP_SUM] = c->router == FORGE__ROUTER_GEMMA4 ? nb * c->hidden * 4 : 16,
@@ -7437,7 +7437,7 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         }
     } else {
         /* the pairs grouped by expert */
-        uint32_t order_off = forge__moe_order_off(c, pairs), tiles = (uint32_t)forge__moe_max_tiles(c, pairs);
+        uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs), tiles = (uint32_t)forge__moe_max_tiles(E, pairs);
         forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, FORGE__MOE_BM, order_off};
         forge__range bg[2] = {a->route, a->moe};
         forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);

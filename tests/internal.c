@@ -159,6 +159,53 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
 }
 
+forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
+                        uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C) {
+    if (!grouped && !c->dev.caps.subgroup_arith) return FORGE_ERR_UNSUPPORTED;
+    uint32_t pairs = n_tokens * top_k;
+    if (!chunk_experts) chunk_experts = E;
+    uint32_t *route = (uint32_t *)malloc(8ull * pairs);
+    if (!route) return FORGE_ERR_OUT_OF_MEMORY;
+    ft_job j;
+    ft_begin(&j, c);
+    for (uint32_t p = 0; p < pairs; p++) {
+        float one = 1.0f;
+        route[2 * p] = experts[p];
+        memcpy(&route[2 * p + 1], &one, 4);
+    }
+    forge__range a = ft_buf(&j, A, 4ull * n_tokens * K);
+    forge__range rb = ft_buf(&j, route, 8ull * pairs);
+    free(route);
+    forge__range cc = ft_buf(&j, NULL, 4ull * pairs * R);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    uint32_t order_off = forge__moe_order_off(E, pairs), tiles = (uint32_t)forge__moe_max_tiles(E, pairs);
+    forge__range moe = dummy;
+    if (grouped) {
+        moe = ft_buf(&j, NULL, 4ull * (order_off + pairs));
+        forge__pc_moe_group pg = {pairs, E, FORGE__MOE_BM, order_off};
+        forge__range bg[2] = {rb, moe};
+        forge__dispatch(&j.rec, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
+        forge__barrier(&j.rec);
+    }
+    for (uint32_t e0 = 0; e0 < E; e0 += chunk_experts) { /* row-chunks of whole experts, as the loader makes them */
+        uint32_t n_exp = FORGE__MIN(chunk_experts, E - e0);
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, e0 * R, n_exp * R, dummy, &wb, &sb, &bb);
+        forge__pc_linear pc = {grouped ? pairs : 1, K, R, 0, R, 0, grouped ? 0 : FORGE__LINEAR_EXPERTS, 0, 0, w->bits, w->group, w->qflags,
+                               0, 0, 0, e0, n_exp, top_k, top_k, order_off};
+        if (grouped) {
+            forge__range binds[7] = {a, wb, cc, dummy, sb, bb, moe};
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL_MOE + w->fmt), binds, &pc, (R + 63) / 64, tiles, 1);
+        } else {
+            forge__range binds[8] = {a, wb, cc, dummy, sb, bb, dummy, rb};
+            uint32_t per = forge__matvec_rows_per_wg(true, 0), gx, gy;
+            forge__grid((R + per - 1) / per, &gx, &gy);
+            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATVEC_SG + w->fmt), binds, &pc, gx, gy, pairs);
+        }
+    }
+    return ft_end(&j, 2, C, 4ull * pairs * R, 0, NULL, 0);
+}
+
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
     c->force_kind = 3;
     forge_status st = ft_linear_w(c, w, A, M, 0, M, K, N, 0, NULL, 0, 0, C, N, 0, 1);

@@ -75,6 +75,13 @@ forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, u
                             const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                             float *out, int split);
 /* The 128 x 128-tile matmul (matmul_big.comp), whatever the size. */
+/* Mixture-of-experts products: W [E * R, K] holds E experts of R rows; token t's choice j is
+ * expert experts[t * top_k + j] (weight 1), and C [n_tokens * top_k, R] gets each (token,
+ * choice) pair's product with the token's row of A [n_tokens, K]. grouped 0: decode's matvec_sg
+ * EXPERTS (FORGE_ERR_UNSUPPORTED without subgroup arithmetic); 1: prefill's moe_group +
+ * matmul_moe. chunk_experts: experts per weight chunk (0: one chunk). */
+forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
+                        uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C);
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* The 32 x 128-tile matmul of batch decode's few rows (matmul_s). */
 forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);

@@ -186,6 +186,29 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
             EXPECT_LT(ft::rel_err(dX.data(), ref.data(), dX.size()), 2e-6) << what << " backward, chunk " << chunk << " big " << big;
         }
     }
+    /* mixture of experts: the weight's first 3 R rows as 3 experts of R rows; 5 tokens choose 2
+     * each (one token twice the same); decode's per-pair matvec and prefill's grouped matmul, the
+     * experts in one chunk and one a chunk */
+    {
+        const uint32_t E = 3, R = N / E, T = 5, top_k = 2;
+        const std::vector<uint32_t> ex = {2, 0, 1, 2, 0, 0, 2, 1, 1, 0};
+        std::vector<float> A = ft::randn((size_t)T * K, 1.0f, 31), C((size_t)T * top_k * R), ref(C.size());
+        for (uint32_t p = 0; p < T * top_k; p++)
+            for (uint32_t r = 0; r < R; r++) {
+                double acc = 0;
+                for (uint32_t k = 0; k < K; k++) acc += (double)A[(size_t)(p / top_k) * K + k] * q.deq[(size_t)(ex[p] * R + r) * K + k];
+                ref[(size_t)p * R + r] = (float)acc;
+            }
+        ft_weight w = q.weight(fmt);
+        for (int grouped : {0, 1})
+            for (uint32_t chunk : {0u, 1u}) {
+                std::fill(C.begin(), C.end(), NAN);
+                forge_status st = ft_experts(device(), &w, A.data(), T, K, E, R, top_k, ex.data(), chunk, grouped, C.data());
+                if (st == FORGE_ERR_UNSUPPORTED) continue; /* (no subgroup arithmetic: decode takes another path) */
+                ASSERT_EQ(st, FORGE_OK) << ft_errmsg(device());
+                EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 2e-6) << what << " experts, grouped " << grouped << " chunk " << chunk;
+            }
+    }
     std::vector<uint32_t> toks = {0, N - 1, N / 2, 1};
     std::vector<float> out(toks.size() * K);
     ft_weight w = q.weight(fmt);
