@@ -145,7 +145,7 @@ TEST(Config, ErrorsNameTheField) {
         {"{\"model_type\":\"llama\"," + base + ",\"head_dim\":15}", FORGE_ERR_FORMAT, "head_dim 15 must be even"},
         {"{\"model_type\":\"llama\"," + base + ",\"num_key_value_heads\":3}", FORGE_ERR_FORMAT, "multiple of the kv heads"},
         {"{\"model_type\":\"llama\"," + base + ",\"torch_dtype\":\"float8\"}", FORGE_ERR_UNSUPPORTED, "dtype 'float8'"},
-        {"{\"model_type\":\"llama\"," + base + ",\"head_dim\":512}", FORGE_ERR_UNSUPPORTED, "head_dim 512"},
+        {"{\"model_type\":\"llama\"," + base + ",\"head_dim\":1024}", FORGE_ERR_UNSUPPORTED, "head_dim 1024"},
         {"{\"model_type\":\"gemma3_text\"," + base + ",\"layer_types\":[\"full_attention\"]}", FORGE_ERR_FORMAT, "layer_types has 1 entries for 2 layers"},
         {"{\"model_type\":\"llama\"," + base + ",\"hidden_act\":\"relu\"}", FORGE_ERR_UNSUPPORTED, "hidden_act 'relu'"},
         {"{\"model_type\":\"llama\"," + base + ",\"quantization_config\":{\"quant_method\":\"gptq\"}}", FORGE_ERR_UNSUPPORTED, "'gptq'"},
@@ -158,8 +158,8 @@ TEST(Config, ErrorsNameTheField) {
          FORGE_ERR_UNSUPPORTED, "40 experts used of 64 (forge supports 1 to 32)"},
         {"{\"model_type\":\"qwen3_moe\"," + base + ",\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"mlp_only_layers\":[5]}",
          FORGE_ERR_FORMAT, "mlp_only_layers holds a number out of range"},
-        {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"sliding_window\":8}", FORGE_ERR_UNSUPPORTED,
-         "layer 1's head_dim 512"}, /* the default global_head_dim */
+        {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"global_head_dim\":1024,\"sliding_window\":8}", FORGE_ERR_UNSUPPORTED,
+         "layer 1's head_dim 1024"}, /* (the last layer is full) */
         {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"global_head_dim\":32,\"num_kv_shared_layers\":2}", FORGE_ERR_FORMAT,
          "num_kv_shared_layers 2 must be in [0, 2)"},
         {"{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"global_head_dim\":32,\"per_layer_config\":{\"0\":{\"rope_theta\":5}}}",
@@ -186,6 +186,13 @@ TEST(Config, BothKeyStylesAndDerivedFields) {
     EXPECT_EQ(hd, 32);
     EXPECT_EQ(tied, 0);
     EXPECT_NEAR(scale, 1.0 / std::sqrt(32.0), 1e-12);
+    /* Gemma 4 with transformers' defaults: full layers of global_head_dim 512, attention scale 1 */
+    ASSERT_EQ(ft_config_parse(("{\"model_type\":\"gemma4_text\"," + base + ",\"head_dim\":16,\"sliding_window\":8}").c_str(), err, sizeof err, &nl, &h,
+                              &hd, &tied, &sl, &scale),
+              FORGE_OK) << err;
+    EXPECT_EQ(hd, 16);
+    EXPECT_EQ(scale, 1.0);
+    EXPECT_EQ(tied, 1);
     /* Gemma 3 without layer_types: the pattern decides (every 6th layer is full). */
     ASSERT_EQ(ft_config_parse(("{\"model_type\":\"gemma3_text\"," + base + ",\"sliding_window\":512,\"query_pre_attn_scalar\":256}").c_str(),
                               err, sizeof err, &nl, &h, &hd, &tied, &sl, &scale), FORGE_OK) << err;
