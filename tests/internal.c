@@ -442,7 +442,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     forge__range gu = ft_buf(&j, NULL, 8ull * count); /* one row in the halves layout: gates, then ups */
     memcpy(j.bufs[1].mapped, g, 4ull * count);
     memcpy((float *)j.bufs[1].mapped + count, u, 4ull * count);
-    forge__range binds[2] = {hb, gu};
+    forge__range binds[3] = {hb, gu, ft_buf(&j, NULL, 16)}; /* (binding 2: the apart layout's ups) */
     forge__pc_act pc = {count, act, FORGE__GU_HALVES, count, 0, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
