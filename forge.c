@@ -1128,7 +1128,6 @@ typedef enum forge__arch {
 
 /* As GGUF's general.architecture names them (and forge_model_info reports them). */
 static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gemma4"};
-#define FORGE__ARCH_LIST "llama, qwen2, qwen3, gemma2, gemma3, qwen3moe, gemma4"
 
 typedef enum forge__rope_scaling {
     FORGE__ROPE_NONE = 0,
@@ -1207,13 +1206,18 @@ static uint32_t forge__kv_dim(const forge__config *c, int l) { return forge__nkv
 static uint32_t forge__qkv_dim(const forge__config *c, int l) {
     return forge__q_dim(c, l) + (forge__kv_shared(c, l) ? 0 : 2 * forge__kv_dim(c, l));
 }
-/* Whether every layer has the same attention and MLP shape (what training and adapters assume). */
-static bool forge__uniform_layers(const forge__config *c) {
-    if (c->n_experts || c->ple_dim || c->v_norm) return false;
+/* Whether every layer caches its own keys and values in rows of one shape (every family but
+ * Gemma 4): what the context shift, state files and key inspection read and write. */
+static bool forge__uniform_kv(const forge__config *c) {
     for (int l = 0; l < c->n_layers; l++)
-        if (c->layer_head_dim[l] != c->head_dim || c->layer_kv_heads[l] != c->n_kv_heads || c->layer_ffn[l] != c->ffn ||
-            c->kv_source[l] != l || c->layer_k_eq_v[l])
-            return false;
+        if (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads) return false;
+    return true;
+}
+/* ... and the same MLP, no experts, no Gemma 4 extras (what training and adapters assume). */
+static bool forge__uniform_layers(const forge__config *c) {
+    if (c->n_experts || c->ple_dim || c->v_norm || !forge__uniform_kv(c)) return false;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_ffn[l] != c->ffn || c->layer_k_eq_v[l]) return false;
     return true;
 }
 
@@ -5724,9 +5728,7 @@ static const char *const forge__names_gguf[FORGE__R_COUNT] = {
     "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
     "blk.%d.post_attention_norm.weight", "blk.%d.ffn_norm.weight", "blk.%d.post_ffw_norm.weight",
     "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
-    "blk.%d.layer_output_scale.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
-    "per_layer_proj_norm.weight", "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight",
-    "blk.%d.pre_ffw_norm_2.weight", "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
+    /* Gemma 4's roles: none, its GGUF files are refused (forge__config_from_gguf) */
 };
 
 typedef struct forge__loader {
@@ -6405,14 +6407,12 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
         char why_h[64], why_e[64];
         snprintf(why_h, sizeof why_h, "hidden %u", H);
         snprintf(why_e, sizeof why_e, "%d experts", E);
-        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.scale", l);
-        else snprintf(name, sizeof name, "%srouter.scale", base);
+        snprintf(name, sizeof name, "%srouter.scale", base);
         forge__tensor *ts = forge__tensor_find(&m->tensors, name);
         if (!ts) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
         ts->used = true;
         if ((st = forge__plan_vec_scaled(L, &ly->router_norm, ts, H, (float)(1.0 / sqrt((double)H)), why_h))) return st;
-        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_down_exps.scale", l);
-        else snprintf(name, sizeof name, "%srouter.per_expert_scale", base);
+        snprintf(name, sizeof name, "%srouter.per_expert_scale", base);
         forge__tensor *te = forge__tensor_find(&m->tensors, name);
         if (!te) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
         te->used = true;
@@ -6882,14 +6882,6 @@ typedef struct forge__session_plan {
 
 /* Bytes of one position of layer l's K (or V) cache. */
 static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { return (f16 ? 2ull : 4ull) * forge__kv_dim(c, l); }
-
-/* Whether every layer caches its own keys and values in rows of one shape (every family but
- * Gemma 4): what the context shift, state files and key inspection read and write. */
-static bool forge__uniform_kv(const forge__config *c) {
-    for (int l = 0; l < c->n_layers; l++)
-        if (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads) return false;
-    return true;
-}
 
 /* The widest rows of the per-layer activations over all layers: the fused q|k|v row, the
  * attention's output, and the MLP's middle (a mixture-of-experts layer's middle holds
