@@ -3818,9 +3818,9 @@ static void forge__tk_add_eos(forge__tokenizer *tk, int32_t id) {
 }
 
 /* End-of-turn and start-of-turn markers of the chat formats forge knows, by their text. */
-static const char *const forge__eot_names[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<|end|>", "<|eot|>", "<EOT>",
+static const char *const forge__eot_names[] = {"<|eot_id|>", "<|im_end|>", "<end_of_turn>", "<turn|>", "<|end|>", "<|eot|>", "<EOT>",
                                                "<|END_OF_TURN_TOKEN|>", "<|end_of_turn|>"};
-static const char *const forge__sot_names[] = {"<|start_header_id|>", "<|im_start|>", "<start_of_turn>", "<|START_OF_TURN_TOKEN|>"};
+static const char *const forge__sot_names[] = {"<|start_header_id|>", "<|im_start|>", "<start_of_turn>", "<|turn>", "<|START_OF_TURN_TOKEN|>"};
 
 static int32_t forge__tk_first_of(const forge__tokenizer *tk, const char *const *names, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -10362,10 +10362,17 @@ FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_pro
  * handling). The test suite renders the same conversations with transformers and compares.
  * ===================================================================================== */
 
-typedef enum forge__chat_family { FORGE__CHAT_NONE = 0, FORGE__CHAT_LLAMA3, FORGE__CHAT_CHATML, FORGE__CHAT_GEMMA } forge__chat_family;
+typedef enum forge__chat_family {
+    FORGE__CHAT_NONE = 0,
+    FORGE__CHAT_LLAMA3,
+    FORGE__CHAT_CHATML,
+    FORGE__CHAT_GEMMA,  /* Gemma 2 and 3: <start_of_turn> */
+    FORGE__CHAT_GEMMA4, /* Gemma 4: <|turn> ... <turn|>, a system turn, the thinking switch */
+} forge__chat_family;
 
 typedef struct forge__chat_style {
     forge__chat_family family;
+    bool gemma4_empty_thought;    /* Gemma 4's 12B / 26B-A4B / 31B template: an empty thought block opens the reply when thinking is off */
     bool qwen3;                   /* Qwen 3's template: <think> handling, the enable_thinking switch */
     bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
     const char *default_system;   /* ChatML templates that add one when the first message is not system */
@@ -10484,6 +10491,8 @@ static void forge__llama3_turn(forge__sb *b, const char *role, const char *conte
 FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
                                                 forge__sb *b, forge__err *err) {
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
+    if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_THINKING_ON and FORGE_CHAT_THINKING_OFF together");
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
@@ -10547,6 +10556,65 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             forge__sb_puts(b, "<end_of_turn>\n");
         }
         if (gen) forge__sb_puts(b, "<start_of_turn>model\n");
+    } else if (st->family == FORGE__CHAT_GEMMA4) {
+        /* Gemma 4's chat_template.jinja (2026-07-09) for messages of text: a system turn first
+         * when thinking is on or the first message is a system or developer message; then one
+         * turn per message (assistant as model; consecutive assistant messages share one turn,
+         * their thought channels stripped); the reply opens with <|turn>model. */
+        bool think = (flags & FORGE_CHAT_THINKING_ON) != 0;
+        int first = n > 0 && (forge__role_is(&msgs[0], "system") || forge__role_is(&msgs[0], "developer")) ? 1 : 0;
+        for (int i = first; i < n; i++)
+            if (forge__role_is(&msgs[i], "tool"))
+                return forge__fail(err, FORGE_ERR_UNSUPPORTED,
+                                   "message %d: Gemma 4's template places a tool result after the assistant's tool call, which forge's messages do not carry", i);
+        forge__sb_puts(b, st->bos);
+        if (think || first) {
+            forge__sb_puts(b, "<|turn>system\n");
+            if (think) forge__sb_puts(b, "<|think|>\n");
+            if (first) {
+                const char *c = msgs[0].content;
+                size_t cn = strlen(c);
+                forge__py_strip(&c, &cn);
+                forge__sb_put(b, c, cn);
+            }
+            forge__sb_puts(b, "<turn|>\n");
+        }
+        for (int i = first; i < n; i++) {
+            bool model = forge__role_is(&msgs[i], "assistant");
+            if (!(model && i > first && forge__role_is(&msgs[i - 1], "assistant"))) {
+                forge__sb_puts(b, "<|turn>");
+                forge__sb_puts(b, model ? "model" : msgs[i].role);
+                forge__sb_puts(b, "\n");
+            }
+            if (model) { /* strip_thinking: every <|channel>...<channel|> span out, then trim */
+                forge__sb kept = {0};
+                const char *p = msgs[i].content;
+                for (;;) {
+                    const char *close = strstr(p, "<channel|>");
+                    size_t len = close ? (size_t)(close - p) : strlen(p);
+                    const char *open = forge__memmem(p, len, "<|channel>");
+                    forge__sb_put(&kept, p, open ? (size_t)(open - p) : len);
+                    if (!close) break;
+                    p = close + strlen("<channel|>");
+                }
+                const char *c = kept.buf ? kept.buf : "";
+                size_t cn = kept.len;
+                forge__py_strip(&c, &cn);
+                forge__sb_put(b, c, cn);
+                b->oom |= kept.oom;
+                free(kept.buf);
+            } else {
+                const char *c = msgs[i].content;
+                size_t cn = strlen(c);
+                forge__py_strip(&c, &cn);
+                forge__sb_put(b, c, cn);
+            }
+            if (!(model && i + 1 < n && forge__role_is(&msgs[i + 1], "assistant"))) forge__sb_puts(b, "<turn|>\n");
+        }
+        if (gen) {
+            forge__sb_puts(b, "<|turn>model\n");
+            if (st->gemma4_empty_thought && !think) forge__sb_puts(b, "<|channel>thought\n<channel|>");
+        }
     } else if (st->family == FORGE__CHAT_CHATML) {
         if (n > 0 && forge__role_is(&msgs[0], "system")) {
             forge__sb_puts(b, "<|im_start|>system\n");
@@ -10615,7 +10683,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             if (st->qwen3 && (flags & FORGE_CHAT_THINKING_OFF)) forge__sb_puts(b, "<think>\n\n</think>\n\n");
         }
     } else {
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma)");
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
     }
     if (b->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return FORGE_OK;
@@ -10649,7 +10717,12 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
     forge_special_tokens sp;
     forge_model_special_tokens(m, &sp);
     const char *bos = sp.bos >= 0 ? forge_token_piece(m, sp.bos) : NULL;
-    if (forge_token_id(m, "<start_of_turn>") >= 0) {
+    if (forge_token_id(m, "<|turn>") >= 0) {
+        st->family = FORGE__CHAT_GEMMA4;
+        st->bos = bos ? bos : "<bos>";
+        /* the larger models' template, which alone writes this block after the reply's opening */
+        st->gemma4_empty_thought = strstr(tmpl, "'<|channel>thought\\n<channel|>'") != NULL;
+    } else if (forge_token_id(m, "<start_of_turn>") >= 0) {
         st->family = FORGE__CHAT_GEMMA;
         st->gemma_no_system = strstr(tmpl, "System role not supported") != NULL ||
                               (!m->chat_template && m->cfg.arch == FORGE__ARCH_GEMMA2);
@@ -10669,7 +10742,7 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
         st->llama3_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
         if (st->llama3_dated) forge__template_date(tmpl, st->date);
     } else {
-        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma)");
+        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
     }
     return FORGE_OK;
 }

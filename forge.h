@@ -768,18 +768,22 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * the template sets; a "tool" message becomes the ipython turn; tool definitions are not
  * supported), ChatML for Qwen 2 / 3 (with Qwen 3's thinking switch),
  * Gemma turns (Gemma 3 folds a system message into the first user turn; Gemma 2's template
- * rejects one). The family is recognised from the tokenizer's special tokens and the
- * checkpoint's chat_template (tokenizer_config.json, or tokenizer.chat_template in GGUF).
+ * rejects one), Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
+ * 31B template's empty thought block when thinking is off; tools and tool results are not
+ * supported). The family is recognised from the tokenizer's special tokens and the
+ * checkpoint's chat_template (tokenizer_config.json, chat_template.jinja, or
+ * tokenizer.chat_template in GGUF).
  * ------------------------------------------------------------------------------------- */
 
 typedef struct forge_chat_message {
-    const char *role;      /* "system", "user", "assistant" (Qwen: also "tool") */
+    const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool"; Gemma 4: also "developer") */
     const char *content;   /* UTF-8 */
 } forge_chat_message;
 
 /* chat flags */
 #define FORGE_CHAT_NO_GENERATION_PROMPT 1u  /* do not append the assistant's opening (add_generation_prompt=False) */
-#define FORGE_CHAT_THINKING_OFF 2u          /* Qwen 3: enable_thinking=False */
+#define FORGE_CHAT_THINKING_OFF 2u          /* Qwen 3: enable_thinking=False (its default is on) */
+#define FORGE_CHAT_THINKING_ON 4u           /* Gemma 4: enable_thinking=True (its default is off) */
 
 /* Renders `messages` as the model's chat template does, into `out` (capacity bytes,
  * NUL-terminated), the length to *len; FORGE_ERR_BUFFER_TOO_SMALL with *len = bytes needed.

@@ -19,6 +19,25 @@ forge_model *vocab(const std::string &dir) {
     return m;
 }
 
+/* Gemma 4's vocabulary as far as chat needs it: Gemma 3's tokenizer (the same 262144 entries)
+ * with ids 105 / 106 under Gemma 4's names <|turn> / <turn|>; no Gemma 4 tokenizer is here. */
+forge_model *gemma4_vocab(const std::string &data) {
+    std::string dir = ft::tmpdir("gemma4_vocab");
+    for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) {
+        std::vector<uint8_t> b = ft::read_file(data + "/gemma3/" + f);
+        std::string t(b.begin(), b.end());
+        for (auto [from, to] : {std::pair<std::string, std::string>{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}})
+            for (size_t at = t.find(from); at != std::string::npos; at = t.find(from, at + to.size())) t.replace(at, from.size(), to);
+        ft::write_file(dir + "/" + f, t.data(), t.size());
+    }
+    return vocab(dir);
+}
+
+/* What tells forge the 12B / 26B-A4B / 31B template from the E2B / E4B one: the line that writes
+ * an empty thought block after the reply's opening (the chat fixtures name both files by sha256). */
+const char *const kGemma4LargeTemplateLine = "{{- '<|turn>model\\n' -}}\n        {%- if not enable_thinking -%}\n"
+                                             "            {{- '<|channel>thought\\n<channel|>' -}}\n        {%- endif -%}";
+
 } // namespace
 
 /* Llama 3.2 Instruct's chat template, as published (tests/fixtures/chat/README.md). */
@@ -44,8 +63,10 @@ TEST(Chat, TemplatesMatchTransformers) {
         /* llama3.2: the Llama 3 tokenizer with Llama 3.2's template, rendered on the date the fixture records */
         const char *date = cJSON_GetStringValue(cJSON_GetObjectItem(c, "date"));
         if (!models.count(fam)) {
-            models[fam] = vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
+            /* gemma4, gemma4-large: rendered from Gemma 4's two published templates */
+            models[fam] = fam.rfind("gemma4", 0) == 0 ? gemma4_vocab(data) : vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
             if (fam == "llama3.2" && models[fam]) ft_model_set_chat_template(models[fam], llama32_template().c_str());
+            if (fam == "gemma4-large" && models[fam]) ft_model_set_chat_template(models[fam], kGemma4LargeTemplateLine);
         }
         forge_model *m = models[fam];
         ASSERT_NE(m, nullptr);
@@ -56,6 +77,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
         cJSON *think = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking");
         if (cJSON_IsFalse(think)) flags |= FORGE_CHAT_THINKING_OFF;
+        if (cJSON_IsTrue(think) && fam.rfind("gemma4", 0) == 0) flags |= FORGE_CHAT_THINKING_ON;
         size_t len = 0;
         std::vector<char> out(1 << 16);
         forge_status st;
@@ -78,7 +100,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 62);
+    EXPECT_EQ(checked, 104);
     for (auto &kv : models) forge_model_free(kv.second);
     cJSON_Delete(root);
 }
@@ -114,6 +136,39 @@ TEST(Chat, BufferTooSmallAndNoFormat) {
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(forge_chat_render(s, &msg, 1, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
     forge_model_free(s);
+}
+
+/* Gemma 4: <turn|> ends a reply; what its template would drop without a word is refused by
+ * name (a tool result with no tool call to follow: forge's messages carry no tool calls), and
+ * the two thinking flags together are a contradiction. */
+TEST(Chat, Gemma4EndOfTurnAndRefusals) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *m = gemma4_vocab(data);
+    ASSERT_NE(m, nullptr);
+    forge_special_tokens sp;
+    ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
+    bool ends = false;
+    for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == forge_token_id(m, "<turn|>");
+    EXPECT_TRUE(ends);
+    EXPECT_EQ(forge_token_id(m, "<turn|>"), 106);
+    std::vector<char> out(512);
+    size_t len = 0;
+    forge_chat_message tool[3] = {{"user", "Weather?"}, {"assistant", "Let me check."}, {"tool", "sunny"}};
+    EXPECT_EQ(forge_chat_render(m, tool, 3, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("message 2"), std::string::npos) << forge_model_errmsg(m);
+    forge_chat_message hi = {"user", "Hi"};
+    EXPECT_EQ(forge_chat_render(m, &hi, 1, FORGE_CHAT_THINKING_ON | FORGE_CHAT_THINKING_OFF, out.data(), out.size(), &len),
+              FORGE_ERR_INVALID_ARGUMENT);
+    ASSERT_EQ(forge_chat_render(m, &hi, 1, FORGE_CHAT_THINKING_OFF, out.data(), out.size(), &len), FORGE_OK); /* its default */
+    EXPECT_EQ(std::string(out.data(), len), "<bos><|turn>user\nHi<turn|>\n<|turn>model\n");
+    forge_model_free(m);
+    /* and Qwen 3 takes THINKING_ON as its default */
+    forge_model *q = vocab(data + "/qwen3");
+    ASSERT_NE(q, nullptr);
+    ASSERT_EQ(forge_chat_render(q, &hi, 1, FORGE_CHAT_THINKING_ON, out.data(), out.size(), &len), FORGE_OK);
+    EXPECT_EQ(std::string(out.data(), len), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    forge_model_free(q);
 }
 
 /* Llama 3.1+ templates write "Today Date": today (local time, "%d %b %Y" in English) when the

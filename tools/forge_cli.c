@@ -1200,13 +1200,14 @@ static int cmd_chat(int argc, char **argv) {
     uint32_t flags = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--system") && i + 1 < argc) system_prompt = argv[++i];
-        else if (!strcmp(argv[i], "--no-think")) flags |= FORGE_CHAT_THINKING_OFF;
+        else if (!strcmp(argv[i], "--no-think")) flags |= FORGE_CHAT_THINKING_OFF; /* Qwen 3 */
+        else if (!strcmp(argv[i], "--think")) flags |= FORGE_CHAT_THINKING_ON;     /* Gemma 4 */
         else if (!path && argv[i][0] != '-') path = argv[i];
         else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
     }
     if (!path) path = forge_cli_env_model();
     if (!path) {
-        fprintf(stderr, "usage: forge chat MODEL [--system S] [--no-think] [--adapter DIR [--merge-adapter]] [--ctx-overflow MODE] [--keep N] [sampling options]\n");
+        fprintf(stderr, "usage: forge chat MODEL [--system S] [--think | --no-think] [--adapter DIR [--merge-adapter]] [--ctx-overflow MODE] [--keep N] [sampling options]\n");
         return 2;
     }
     forge_model *m = forge_cli_load(path, &o);

@@ -115,7 +115,8 @@ type GenerateConfig struct {
 	AddSpecial         bool     // add the tokens the tokenizer declares (BOS) to a text prompt
 	Logits             bool     // Classify: return each prompt's logits
 	NoGenerationPrompt bool     // Chat: do not append the assistant's opening
-	ThinkingOff        bool     // Chat on Qwen 3: enable_thinking=False
+	ThinkingOff        bool     // Chat: enable_thinking=False (Qwen 3; Gemma 4's default)
+	ThinkingOn         bool     // Chat: enable_thinking=True (Gemma 4; Qwen 3's default)
 }
 
 // NewGenerateConfig returns forge's defaults (forge_generate_default_params) with opts
@@ -196,8 +197,11 @@ func WithoutGenerationPrompt() GenerateOption {
 	return func(c *GenerateConfig) { c.NoGenerationPrompt = true }
 }
 
-// WithThinking turns Qwen 3's thinking on (the default) or off (enable_thinking=False).
-func WithThinking(on bool) GenerateOption { return func(c *GenerateConfig) { c.ThinkingOff = !on } }
+// WithThinking sets the template's enable_thinking: Qwen 3 thinks unless it is off, Gemma 4
+// only when it is on. Without it each template keeps its default.
+func WithThinking(on bool) GenerateOption {
+	return func(c *GenerateConfig) { c.ThinkingOn, c.ThinkingOff = on, !on }
+}
 
 func (c *GenerateConfig) chatFlags() C.uint32_t {
 	var f C.uint32_t
@@ -206,6 +210,9 @@ func (c *GenerateConfig) chatFlags() C.uint32_t {
 	}
 	if c.ThinkingOff {
 		f |= C.FORGE_CHAT_THINKING_OFF
+	}
+	if c.ThinkingOn {
+		f |= C.FORGE_CHAT_THINKING_ON
 	}
 	return f
 }

@@ -524,9 +524,10 @@ class Model:
     # -- chat template ---------------------------------------------------------------------
 
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                    thinking: bool = True) -> str:
-        """The conversation as the model's chat template renders it (Llama 3, ChatML, Gemma).
-        Raises UnsupportedError for a model without a known chat format."""
+                    thinking: Optional[bool] = None) -> str:
+        """The conversation as the model's chat template renders it (Llama 3, ChatML, Gemma,
+        Gemma 4). `thinking` is the template's enable_thinking (None: its default, on for Qwen 3,
+        off for Gemma 4). Raises UnsupportedError for a model without a known chat format."""
         msgs, keep = _chat_messages(messages)
         flags = _chat_flags(add_generation_prompt, thinking)
         n = ctypes.c_size_t(0)
@@ -587,8 +588,9 @@ def _chat_messages(messages: Sequence[Mapping[str, str]]) -> tuple[ctypes.Array,
     return msgs, keep
 
 
-def _chat_flags(add_generation_prompt: bool, thinking: bool) -> int:
-    return (0 if add_generation_prompt else _ffi.CHAT_NO_GENERATION_PROMPT) | (0 if thinking else _ffi.CHAT_THINKING_OFF)
+def _chat_flags(add_generation_prompt: bool, thinking: Optional[bool]) -> int:
+    think = 0 if thinking is None else _ffi.CHAT_THINKING_ON if thinking else _ffi.CHAT_THINKING_OFF
+    return (0 if add_generation_prompt else _ffi.CHAT_NO_GENERATION_PROMPT) | think
 
 
 # ---------------------------------------------------------------------------------------------
@@ -794,12 +796,13 @@ class Session(_ModelChild):
         return self._start(call, params, keep)
 
     def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
-             thinking: bool = True, **sampling: Any) -> "TokenStream":
+             thinking: Optional[bool] = None, **sampling: Any) -> "TokenStream":
         """Generates the assistant's reply to `messages` ([{"role": "user", "content": ...}, ...]),
         rendered with the model's own chat template, streamed like generate() (same sampling
         keywords). Pass the whole conversation each turn: the prompt cache makes a multi-turn
         chat prefill only the new turn. The family's end-of-turn token ends the reply.
-        `thinking=False` is Qwen 3's enable_thinking=False. A model without a known chat format
+        `thinking` is the template's enable_thinking (None: its default, on for Qwen 3, off for
+        Gemma 4). A model without a known chat format
         raises UnsupportedError while iterating."""
         h = self._h()
         self._settle()
