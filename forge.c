@@ -1655,6 +1655,138 @@ done:
     return st;
 }
 
+/* "{arch}.<suffix>": one integer for every layer, or (Gemma 4's files) an array of one per
+ * layer, into per[0..n_layers); *found false when the key is absent. */
+static forge_status forge__gguf_layer_ints(const forge__gguf *g, const char *arch, const char *suffix, int n_layers, int32_t *per,
+                                           bool *found, const char *path, forge__err *err) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    const forge__gguf_kv *kv = forge__gguf_find(g, key);
+    *found = kv != NULL;
+    if (!kv) return FORGE_OK;
+    int64_t v;
+    for (int l = 0; l < n_layers; l++) {
+        if (kv->type != FORGE__GGUF_ARRAY) {
+            if (!forge__gguf_get_int(g, key, &v)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s is not an integer", path, key);
+        } else if (kv->count != (uint64_t)n_layers || (kv->elem_type != FORGE__GGUF_INT32 && kv->elem_type != FORGE__GGUF_UINT32)) {
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be an integer or %d 32-bit integers (one per layer)", path, key, n_layers);
+        } else {
+            int32_t x;
+            memcpy(&x, kv->value + 4 * (size_t)l, 4);
+            v = kv->elem_type == FORGE__GGUF_UINT32 ? (int64_t)(uint32_t)x : x;
+        }
+        if (v <= 0 || v > INT32_MAX) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld (layer %d) is out of range", path, key, (long long)v, l);
+        per[l] = (int32_t)v;
+    }
+    return FORGE_OK;
+}
+
+/* Gemma 4 from llama.cpp's `gemma4` GGUF keys: the layer types (sliding_window_pattern, one bool
+ * a layer), head sizes by type (key_length full, key_length_swa sliding), kv heads and MLP width
+ * as one value or one a layer, the KV-shared tail (shared_kv_layers: each attends to the last
+ * earlier layer of its type, as transformers does; llama.cpp's n_layer_kv_from_start -
+ * (swa ? 2 : 1) agrees on the published models), K = V where a layer has no attn_v, per-layer
+ * inputs, the experts. RoPE: sliding layers plain at freq_base_swa; full layers at freq_base
+ * over the whole head with rope_freqs' divisors (1e30 for the pairs proportional RoPE leaves
+ * alone). Norm weights are stored as HF has them (no + 1). */
+static forge_status forge__config_gemma4_gguf(const forge__gguf *g, const forge__tensor_table *tt, const char *path, const char *arch,
+                                              forge__config *c, forge__err *err) {
+    char key[160], name[64];
+    int64_t v;
+    double d;
+    forge_status st;
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    const forge__gguf_kv *pk = forge__gguf_find(g, key);
+    if (!pk || pk->type != FORGE__GGUF_ARRAY || pk->count != (uint64_t)c->n_layers ||
+        (pk->elem_type != FORGE__GGUF_BOOL && pk->elem_type != FORGE__GGUF_UINT8 && pk->elem_type != FORGE__GGUF_INT8))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be %d bools (true: a sliding layer)", path, key, c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) c->layer_sliding[l] = pk->value[l] != 0;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    if (!forge__gguf_get_int(g, key, &v) || v <= 0 || v > INT32_MAX)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s is missing or out of range", path, key);
+    c->sliding_window = (int)v;
+    /* head sizes: full layers key_length, sliding ones key_length_swa; values as wide, rotation over the whole head */
+    int d_full = c->head_dim, d_swa = d_full;
+    static const char *const widths[4][2] = {{"attention.key_length_swa", NULL}, {"attention.value_length", "attention.key_length"},
+                                             {"attention.value_length_swa", "attention.key_length_swa"},
+                                             {"rope.dimension_count", "attention.key_length"}};
+    snprintf(key, sizeof key, "%s.%s", arch, widths[0][0]);
+    if (forge__gguf_get_int(g, key, &v)) {
+        if (v <= 0 || v > FORGE__MAX_HEAD_DIM) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)v);
+        d_swa = (int)v;
+    }
+    for (int i = 1; i < 5; i++) {
+        const char *k = i < 4 ? widths[i][0] : "rope.dimension_count_swa";
+        int want = (i == 2 || i == 4) ? d_swa : d_full;
+        snprintf(key, sizeof key, "%s.%s", arch, k);
+        if (forge__gguf_get_int(g, key, &v) && v != want)
+            return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %s = %lld differs from the head size %d (forge rotates and reads whole heads)",
+                               path, key, (long long)v, want);
+    }
+    int32_t per[FORGE__MAX_LAYERS];
+    bool found;
+    if ((st = forge__gguf_layer_ints(g, arch, "feed_forward_length", c->n_layers, per, &found, path, err))) return st;
+    if (!found) return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s.feed_forward_length' is missing", path, arch);
+    for (int l = 0; l < c->n_layers; l++) c->layer_ffn[l] = per[l];
+    c->ffn = per[0];
+    if ((st = forge__gguf_layer_ints(g, arch, "attention.head_count_kv", c->n_layers, per, &found, path, err))) return st;
+    int first_sliding = 0;
+    while (first_sliding < c->n_layers - 1 && !c->layer_sliding[first_sliding]) first_sliding++;
+    for (int l = 0; l < c->n_layers; l++) {
+        c->layer_kv_heads[l] = (uint16_t)FORGE__MIN(found ? per[l] : c->n_heads, 65535);
+        c->layer_head_dim[l] = (uint16_t)(c->layer_sliding[l] ? d_swa : d_full);
+    }
+    c->head_dim = d_swa; /* transformers' head_dim: the sliding layers' */
+    c->n_kv_heads = c->layer_kv_heads[first_sliding];
+    snprintf(key, sizeof key, "%s.attention.shared_kv_layers", arch);
+    int shared = forge__gguf_get_int(g, key, &v) ? (int)FORGE__MIN(FORGE__MAX(v, -1), INT32_MAX) : 0;
+    if (shared < 0 || shared >= c->n_layers)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %d must be in [0, %d)", path, key, shared, c->n_layers);
+    int first = c->n_layers - shared;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (l >= first) {
+            int src = -1;
+            for (int j = first - 1; j >= 0 && src < 0; j--)
+                if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
+            if (src < 0)
+                return forge__fail(err, FORGE_ERR_FORMAT, "%s: KV-shared layer %d has no earlier %s layer to share", path, l,
+                                   c->layer_sliding[l] ? "sliding" : "full-attention");
+            c->kv_source[l] = (int16_t)src;
+        } else {
+            snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+            c->layer_k_eq_v[l] = forge__tensor_find(tt, name) == NULL; /* the converter writes no attn_v for K = V layers */
+        }
+    }
+    c->v_norm = true;
+    snprintf(key, sizeof key, "%s.embedding_length_per_layer_input", arch);
+    c->ple_dim = forge__gguf_get_int(g, key, &v) ? (int)FORGE__MIN(FORGE__MAX(v, -1), INT32_MAX) : 0;
+    const forge__tensor *pt = forge__tensor_find(tt, "per_layer_token_embd.weight");
+    c->ple_vocab = pt && pt->n_dims == 2 ? (int)FORGE__MIN(pt->shape[0], INT32_MAX) : c->n_vocab;
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    if (forge__gguf_get_int(g, key, &v)) {
+        static const char *const moe_keys[3] = {"expert_count", "expert_used_count", "expert_feed_forward_length"};
+        int *moe_fields[3] = {&c->n_experts, &c->n_experts_used, &c->moe_ffn};
+        for (int i = 0; i < 3; i++) {
+            snprintf(key, sizeof key, "%s.%s", arch, moe_keys[i]);
+            if (!forge__gguf_get_int(g, key, &v) || v <= 0 || v > INT32_MAX)
+                return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s is missing or out of range", path, key);
+            *moe_fields[i] = (int)v;
+        }
+        c->router = FORGE__ROUTER_GEMMA4;
+        c->moe_norm_topk = true;
+        for (int l = 0; l < c->n_layers; l++) {
+            snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+            c->layer_moe[l] = forge__tensor_find(tt, name) != NULL;
+        }
+    }
+    memset(&c->rope_sliding, 0, sizeof c->rope_sliding);
+    snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+    c->rope_sliding.theta = forge__gguf_get_float(g, key, &d) ? d : 10000.0;
+    snprintf(key, sizeof key, "%s.final_logit_softcapping", arch);
+    c->final_softcap = forge__gguf_get_float(g, key, &d) ? d : 0.0;
+    return FORGE_OK;
+}
+
 /* Fills *c from GGUF metadata (llama.cpp's keys: "{arch}.embedding_length", ...). */
 FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const forge__tensor_table *tt,
                                                      const char *path, forge__config *c, forge__err *err) {
@@ -1668,9 +1800,9 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     int a = -1;
     for (int i = 0; i < FORGE__ARCH_COUNT; i++)
         if (!strcmp(arch, forge__arch_names[i])) a = i;
-    if (a < 0 || a == FORGE__ARCH_GEMMA4)
+    if (a < 0)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported in GGUF files (llama, qwen2, qwen3, qwen3moe, "
-                           "gemma2, gemma3; gemma4 from safetensors checkpoints)", path, arch);
+                           "gemma2, gemma3, gemma4)", path, arch);
     c->arch = (forge__arch)a;
     char key[160];
     int64_t v;
@@ -1683,10 +1815,10 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     FORGE__GGUF_INT(hidden, "embedding_length", true)
     FORGE__GGUF_INT(n_layers, "block_count", true)
     FORGE__GGUF_INT(n_heads, "attention.head_count", true)
-    FORGE__GGUF_INT(ffn, "feed_forward_length", true)
+    FORGE__GGUF_INT(ffn, "feed_forward_length", a != FORGE__ARCH_GEMMA4) /* gemma4: maybe one a layer (below) */
     FORGE__GGUF_INT(n_ctx_train, "context_length", false)
     c->n_kv_heads = c->n_heads;
-    FORGE__GGUF_INT(n_kv_heads, "attention.head_count_kv", false)
+    if (a != FORGE__ARCH_GEMMA4) { FORGE__GGUF_INT(n_kv_heads, "attention.head_count_kv", false) }
     c->head_dim = c->hidden / c->n_heads;
     FORGE__GGUF_INT(head_dim, "attention.key_length", false)
     FORGE__GGUF_INT(n_vocab, "vocab_size", false)
@@ -1746,10 +1878,14 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     c->o_bias = forge__tensor_find(tt, "blk.0.attn_output.bias") != NULL;
     c->qk_norm = forge__tensor_find(tt, "blk.0.attn_q_norm.weight") != NULL;
     bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3;
-    c->norm_plus_one = false; /* llama.cpp's Gemma converters already add 1 to the norm weights */
-    c->sandwich_norms = gemma;
-    c->act = gemma ? FORGE__ACT_GELU_TANH : FORGE__ACT_SILU;
+    c->norm_plus_one = false; /* llama.cpp's Gemma 2/3 converters already add 1 to the norm weights; Gemma 4's multiply by w */
+    c->sandwich_norms = gemma || c->arch == FORGE__ARCH_GEMMA4;
+    c->act = c->sandwich_norms ? FORGE__ACT_GELU_TANH : FORGE__ACT_SILU;
     c->dtype = emb && (emb->dtype == FORGE__F16 || emb->dtype == FORGE__BF16) ? emb->dtype : FORGE__F32;
+    if (c->arch == FORGE__ARCH_GEMMA4) {
+        forge_status st4 = forge__config_gemma4_gguf(g, tt, path, arch, c, err);
+        if (st4) return st4;
+    }
     if (gemma) {
         snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
         c->sliding_window = forge__gguf_get_int(g, key, &v) ? (int)v : 4096;
@@ -4114,9 +4250,11 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
     uint64_t ml;
     char model[32] = "llama";
     if (forge__gguf_get_str(g, "tokenizer.ggml.model", &ms, &ml)) snprintf(model, sizeof model, "%.*s", (int)FORGE__MIN(ml, 31), ms);
-    bool spm = !strcmp(model, "llama"), bpe = !strcmp(model, "gpt2");
+    /* gemma4: BPE by merge rank over UTF-8 characters (no byte-level mapping), spaces as '▁',
+     * byte fallback: HF's Gemma tokenizer.json, and llama.cpp's LLAMA_VOCAB_PRE_TYPE_GEMMA4 */
+    bool spm = !strcmp(model, "llama"), g4 = !strcmp(model, "gemma4"), bpe = !strcmp(model, "gpt2") || g4;
     if (!spm && !bpe)
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' is not supported (llama, gpt2)", path, model);
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' is not supported (llama, gpt2, gemma4)", path, model);
     forge_status st = forge__tk_alloc(&L, (int)kv->count);
     if (st) return st;
     const uint8_t *cur = kv->value;
@@ -4207,27 +4345,44 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
         if (!st) st = forge__mbatch_flush(&L, &mb);
         forge__buf_free(&mb.pool);
         if (st) return st;
-        const char *ps;
-        uint64_t pl;
-        const forge__gguf_pre *pre = NULL;
-        if (forge__gguf_get_str(g, "tokenizer.ggml.pre", &ps, &pl)) {
-            for (size_t i = 0; i < FORGE__ARRAY_LEN(forge__gguf_pres) && !pre; i++)
-                if (forge__name_in(forge__gguf_pres[i].names, ps, (size_t)pl)) pre = &forge__gguf_pres[i];
-            if (!pre) return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported", path, (int)FORGE__MIN(pl, 64), ps);
-        } else {
-            pre = &forge__gguf_pres[2]; /* no pre-tokenizer named: GPT-2's ByteLevel split, as HF's default */
-        }
-        tk->ignore_merges = pre->ignore_merges;
-        add_bos = pre->ignore_merges; /* llama.cpp: the Llama 3 family adds BOS by default */
-        for (int r = 0; r < 6 && pre->regex[r]; r++) {
-            forge__pre_step *s = &tk->pre[tk->n_pre];
-            *s = (forge__pre_step){.kind = FORGE__P_SPLIT, .beh = FORGE__SB_ISOLATED};
-            if ((st = forge__tk_regex(tk, pre->regex[r], strlen(pre->regex[r]), &s->pat.re, path, "tokenizer.ggml.pre", err))) return st;
+        if (g4) {
+            /* llama.cpp splits the text into runs of newlines and runs of anything else, after
+             * the spaces became '▁' (HF's file merges the whole text: no token mixes the two) */
+            tk->norm[tk->n_norm++] = (forge__norm_step){.kind = FORGE__N_REPLACE, .pat = {" ", 1, NULL}, .s = "\xe2\x96\x81", .len = 3};
+            forge__pre_step *sp = &tk->pre[tk->n_pre];
+            *sp = (forge__pre_step){.kind = FORGE__P_SPLIT, .beh = FORGE__SB_ISOLATED};
+            static const char newline_runs[] = "[^\\n]+|[\\n]+";
+            if ((st = forge__tk_regex(tk, newline_runs, strlen(newline_runs), &sp->pat.re, path, "tokenizer.ggml.model", err))) return st;
             tk->n_pre++;
+            tk->dec[tk->n_dec++] = (forge__dec_step){.kind = FORGE__D_REPLACE, .pat = {"\xe2\x96\x81", 3, NULL}, .s = " ", .len = 1};
+            tk->dec[tk->n_dec++] = (forge__dec_step){.kind = FORGE__D_BYTEFALLBACK};
+            tk->dec[tk->n_dec++] = (forge__dec_step){.kind = FORGE__D_FUSE};
+            tk->has_decoder = true;
+            tk->byte_fallback = true;
+            add_bos = true;
+        } else {
+            const char *ps;
+            uint64_t pl;
+            const forge__gguf_pre *pre = NULL;
+            if (forge__gguf_get_str(g, "tokenizer.ggml.pre", &ps, &pl)) {
+                for (size_t i = 0; i < FORGE__ARRAY_LEN(forge__gguf_pres) && !pre; i++)
+                    if (forge__name_in(forge__gguf_pres[i].names, ps, (size_t)pl)) pre = &forge__gguf_pres[i];
+                if (!pre) return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported", path, (int)FORGE__MIN(pl, 64), ps);
+            } else {
+                pre = &forge__gguf_pres[2]; /* no pre-tokenizer named: GPT-2's ByteLevel split, as HF's default */
+            }
+            tk->ignore_merges = pre->ignore_merges;
+            add_bos = pre->ignore_merges; /* llama.cpp: the Llama 3 family adds BOS by default */
+            for (int r = 0; r < 6 && pre->regex[r]; r++) {
+                forge__pre_step *s = &tk->pre[tk->n_pre];
+                *s = (forge__pre_step){.kind = FORGE__P_SPLIT, .beh = FORGE__SB_ISOLATED};
+                if ((st = forge__tk_regex(tk, pre->regex[r], strlen(pre->regex[r]), &s->pat.re, path, "tokenizer.ggml.pre", err))) return st;
+                tk->n_pre++;
+            }
+            tk->pre[tk->n_pre++] = (forge__pre_step){.kind = FORGE__P_BYTELEVEL};
+            tk->dec[tk->n_dec++] = (forge__dec_step){.kind = FORGE__D_BYTELEVEL};
+            tk->has_decoder = true;
         }
-        tk->pre[tk->n_pre++] = (forge__pre_step){.kind = FORGE__P_BYTELEVEL};
-        tk->dec[tk->n_dec++] = (forge__dec_step){.kind = FORGE__D_BYTELEVEL};
-        tk->has_decoder = true;
     }
     if ((st = forge__tk_finish_tables(&L))) return st;
 #define FORGE__GGUF_ID(key, field) if (forge__gguf_get_int(g, key, &v) && v >= 0 && v < tk->n_vocab) tk->field = (int32_t)v;
@@ -5728,7 +5883,9 @@ static const char *const forge__names_gguf[FORGE__R_COUNT] = {
     "blk.%d.attn_q_norm.weight", "blk.%d.attn_k_norm.weight",
     "blk.%d.post_attention_norm.weight", "blk.%d.ffn_norm.weight", "blk.%d.post_ffw_norm.weight",
     "blk.%d.ffn_gate.weight", "blk.%d.ffn_up.weight", "blk.%d.ffn_down.weight",
-    /* Gemma 4's roles: none, its GGUF files are refused (forge__config_from_gguf) */
+    "blk.%d.layer_output_scale.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
+    "per_layer_proj_norm.weight", "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight",
+    "blk.%d.pre_ffw_norm_2.weight", "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
 };
 
 typedef struct forge__loader {
@@ -6407,12 +6564,14 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
         char why_h[64], why_e[64];
         snprintf(why_h, sizeof why_h, "hidden %u", H);
         snprintf(why_e, sizeof why_e, "%d experts", E);
-        snprintf(name, sizeof name, "%srouter.scale", base);
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.scale", l);
+        else snprintf(name, sizeof name, "%srouter.scale", base);
         forge__tensor *ts = forge__tensor_find(&m->tensors, name);
         if (!ts) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
         ts->used = true;
         if ((st = forge__plan_vec_scaled(L, &ly->router_norm, ts, H, (float)(1.0 / sqrt((double)H)), why_h))) return st;
-        snprintf(name, sizeof name, "%srouter.per_expert_scale", base);
+        if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_down_exps.scale", l);
+        else snprintf(name, sizeof name, "%srouter.per_expert_scale", base);
         forge__tensor *te = forge__tensor_find(&m->tensors, name);
         if (!te) return forge__fail(&m->err, FORGE_ERR_MODEL, "tensor '%s' is missing (architecture %s)", name, forge__arch_names[c->arch]);
         te->used = true;
@@ -6496,12 +6655,12 @@ static void forge__main_format(forge_model *m) {
 /* The RoPE table [head_dim / 2] of one layer type into the model's vectors: HF's inverse
  * frequencies; GGUF's rope_freqs factors divide them where the file has a table of that size
  * (llama3 scaling; Gemma 4's full layers, whose 1e30 factors stop the pairs that do not rotate). */
-static forge_status forge__plan_rope(forge__loader *L, const forge__rope *r, int head_dim, forge__vec *v) {
+static forge_status forge__plan_rope(forge__loader *L, const forge__rope *r, int head_dim, bool file_factors, forge__vec *v) {
     forge_model *m = L->m;
     forge_status st = FORGE_OK;
     int half = head_dim / 2;
     const float *factors = NULL;
-    if (L->gguf) {
+    if (L->gguf && file_factors) {
         forge__tensor *rf = forge__lookup(L, FORGE__R_ROPE_FREQS, 0, false, &st);
         if (rf && (rf->dtype != FORGE__F32 || forge__tensor_elements(rf) != (uint64_t)half))
             return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor 'rope_freqs.weight' must be f32 [%d]", rf->file, half);
@@ -6603,8 +6762,9 @@ static forge_status forge__plan_model(forge__loader *L) {
     /* RoPE tables, one per layer type, each over that type's head_dim */
     int d_full = c->head_dim, d_slide = c->head_dim;
     for (int l = 0; l < c->n_layers; l++) *(c->layer_sliding[l] ? &d_slide : &d_full) = forge__hd(c, l);
-    if ((st = forge__plan_rope(L, &c->rope_full, d_full, &m->rope_full))) return st;
-    if ((st = forge__plan_rope(L, &c->rope_sliding, d_slide, &m->rope_sliding))) return st;
+    if ((st = forge__plan_rope(L, &c->rope_full, d_full, true, &m->rope_full))) return st;
+    /* Gemma 4's rope_freqs belongs to its full layers (its sliding layers may have the same head size) */
+    if ((st = forge__plan_rope(L, &c->rope_sliding, d_slide, c->arch != FORGE__ARCH_GEMMA4, &m->rope_sliding))) return st;
     if (c->v_norm) { /* the value norm has no weight: ones */
         float *one = (float *)forge__arena_alloc(&m->arena, sizeof(float) * (size_t)c->head_dim_max, 16);
         if (!one) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");

@@ -288,6 +288,53 @@ TEST(ModelLoad, UnsupportedGgufTypeIsNamed) {
     EXPECT_NE(msg.find("'token_embd.weight' has type q5_k"), std::string::npos) << msg;
 }
 
+/* Gemma 4 GGUF metadata that forge cannot follow is an error naming the key. */
+TEST(ModelLoad, Gemma4GgufKeysAreChecked) {
+    auto base = [](ft::Gguf &g, bool pattern, const std::vector<int32_t> &kv, uint32_t rot, uint32_t shared) {
+        g.str("general.architecture", "gemma4");
+        g.u32("gemma4.embedding_length", 32);
+        g.u32("gemma4.block_count", 2);
+        g.u32("gemma4.attention.head_count", 2);
+        g.u32("gemma4.attention.key_length", 16);
+        g.u32("gemma4.attention.key_length_swa", 8);
+        g.u32("gemma4.rope.dimension_count", rot);
+        if (kv.size() == 1) g.u32("gemma4.attention.head_count_kv", (uint32_t)kv[0]);
+        else g.i32s("gemma4.attention.head_count_kv", kv);
+        g.u32("gemma4.feed_forward_length", 64);
+        g.u32("gemma4.attention.sliding_window", 8);
+        g.u32("gemma4.attention.shared_kv_layers", shared);
+        if (pattern) {
+            g.key("gemma4.attention.sliding_window_pattern", 9);
+            uint32_t et = 7;
+            uint64_t n = 2;
+            uint8_t v[2] = {1, 0};
+            ft::Gguf::put(g.kv, &et, 4);
+            ft::Gguf::put(g.kv, &n, 8);
+            ft::Gguf::put(g.kv, v, 2);
+        }
+        g.u32("gemma4.vocab_size", 4);
+        g.tensor("token_embd.weight", {32, 4}, 0, std::vector<uint8_t>(32 * 4 * 4));
+    };
+    struct { const char *name; bool pattern; std::vector<int32_t> kv; uint32_t rot, shared; forge_status st; const char *msg; } cases[] = {
+        {"no_pattern", false, {1}, 16, 0, FORGE_ERR_FORMAT, "gemma4.attention.sliding_window_pattern must be 2 bools"},
+        {"kv_array_length", true, {1, 1, 1}, 16, 0, FORGE_ERR_FORMAT, "gemma4.attention.head_count_kv must be an integer or 2"},
+        {"kv_zero", true, {1, 0}, 16, 0, FORGE_ERR_FORMAT, "gemma4.attention.head_count_kv = 0 (layer 1)"},
+        {"partial_rotation", true, {1}, 8, 0, FORGE_ERR_UNSUPPORTED, "gemma4.rope.dimension_count = 8 differs from the head size 16"},
+        {"all_shared", true, {1}, 16, 2, FORGE_ERR_FORMAT, "gemma4.attention.shared_kv_layers = 2 must be in [0, 2)"},
+        {"nothing_to_share", true, {1}, 16, 1, FORGE_ERR_FORMAT, "KV-shared layer 1 has no earlier full-attention layer"},
+    };
+    for (auto &c : cases) {
+        ft::Gguf g;
+        base(g, c.pattern, c.kv, c.rot, c.shared);
+        std::string d = ft::tmpdir(std::string("g4gguf_") + c.name);
+        std::vector<uint8_t> b = g.bytes();
+        ft::write_file(d + "/m.gguf", b.data(), b.size());
+        std::string msg;
+        EXPECT_EQ(try_load(d + "/m.gguf", msg), c.st) << c.name << ": " << msg;
+        EXPECT_NE(msg.find(c.msg), std::string::npos) << c.name << ": " << msg;
+    }
+}
+
 TEST(ModelLoad, FailedModelRejectsUse) {
     forge_model *m = nullptr;
     EXPECT_NE(forge_model_load("does/not/exist", nullptr, &m), FORGE_OK);

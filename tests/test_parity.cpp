@@ -135,7 +135,7 @@ INSTANTIATE_TEST_SUITE_P(MLX, Parity,
 /* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */
 INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
                          ::testing::Values("gguf/llama3_f32_untied", "gguf/qwen2_f32_tied", "gguf/qwen3_f32_sharded", "gguf/gemma2_f32",
-                                           "gguf/gemma3_text_f32", "gguf/qwen3_moe_f32"),
+                                           "gguf/gemma3_text_f32", "gguf/qwen3_moe_f32", "gguf/gemma4_text_f32", "gguf/gemma4_moe_f32"),
                          case_name);
 
 /* The default (fast) settings: on devices with tensor cores the prefill rounds activations to

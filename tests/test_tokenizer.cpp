@@ -2,6 +2,7 @@
  * tokenizer.json files), differential tests against HF tokenizers on generated strings, and
  * the API contract (buffers, streaming, invalid UTF-8, vocab-only models). */
 #include "tok_util.h"
+#include "writers.h"
 
 #include <thread>
 
@@ -104,9 +105,8 @@ TEST(TokConformance, BaichuanRoundTrips) {
 
 /* ---- Differential: forge vs HF tokenizers on generated strings ---- */
 
-static void differential(const char *fam, uint32_t seed, size_t count) {
-    forge_model *m = family(fam);
-    ASSERT_NE(m, nullptr);
+/* forge on model `m` against HF tokenizers on family `fam`'s tokenizer.json. */
+static void differential_on(forge_model *m, const char *fam, const char *label, uint32_t seed, size_t count) {
     std::string dir = ft::tok_data() + "/" + fam;
     std::vector<std::string> texts = ft::gen_strings(seed, count, added_texts(m));
     for (int special = 0; special < 2; special++) {
@@ -121,11 +121,11 @@ static void differential(const char *fam, uint32_t seed, size_t count) {
             ok_dec += b;
             ok_stream += c;
             if ((!a || !b || !c) && shown++ < 5)
-                ADD_FAILURE() << fam << (special ? " +special" : "") << " #" << i << " " << ft::show_str(texts[i]) << "\n  hf    "
+                ADD_FAILURE() << label << (special ? " +special" : "") << " #" << i << " " << ft::show_str(texts[i]) << "\n  hf    "
                               << ft::show_ids(hf.ids[i]) << "\n  forge " << ft::show_ids(ids) << "\n  hf decoded    "
                               << ft::show_str(hf.decoded[i]) << "\n  forge decoded " << ft::show_str(dec) << (c ? "" : "\n  stream differs");
         }
-        printf("[ differential ] %s%s: ids %zu/%zu, decode %zu/%zu, stream %zu/%zu\n", fam, special ? " +special" : "", ok_ids,
+        printf("[ differential ] %s%s: ids %zu/%zu, decode %zu/%zu, stream %zu/%zu\n", label, special ? " +special" : "", ok_ids,
                texts.size(), ok_dec, texts.size(), ok_stream, texts.size());
         EXPECT_EQ(ok_ids, texts.size());
         EXPECT_EQ(ok_dec, texts.size());
@@ -133,10 +133,77 @@ static void differential(const char *fam, uint32_t seed, size_t count) {
     }
 }
 
+static void differential(const char *fam, uint32_t seed, size_t count) {
+    forge_model *m = family(fam);
+    ASSERT_NE(m, nullptr);
+    differential_on(m, fam, fam, seed, count);
+}
+
 TEST(TokDifferential, Llama3) { differential("llama3", 101, 2048); }
 TEST(TokDifferential, Qwen3) { differential("qwen3", 202, 2048); }
 TEST(TokDifferential, Gemma3) { differential("gemma3", 303, 2048); }
 TEST(TokDifferential, Gemma2) { differential("gemma2", 404, 2048); }
+
+/* A GGUF vocabulary of tokenizer.ggml.model "gemma4" (BPE by merge rank over characters, spaces as
+ * '▁', byte fallback: what llama.cpp's converter writes for Gemma 4 from its tokenizer.json) made
+ * here from Gemma 3's tokenizer.json, the same kind of file: it must tokenize as HF does. Token
+ * types as the converter sets them: added special tokens control (3), other added tokens
+ * user-defined (4), <0xXX> byte (6), the rest normal (1). */
+TEST(TokDifferential, Gemma4GgufVocabulary) {
+    std::string d = ft::tok_data();
+    ASSERT_FALSE(d.empty());
+    std::vector<uint8_t> js = ft::read_file(d + "/gemma3/tokenizer.json");
+    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
+    ASSERT_NE(root, nullptr);
+    cJSON *model = cJSON_GetObjectItem(root, "model"), *e;
+    std::vector<std::string> tokens;
+    std::vector<int32_t> types;
+    auto put = [&](int id, const std::string &s, int32_t type) {
+        if ((size_t)id >= tokens.size()) { tokens.resize(id + 1); types.resize(id + 1, 1); }
+        tokens[id] = s;
+        types[id] = type;
+    };
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(model, "vocab")) {
+        std::string s = e->string;
+        bool byte = s.size() == 6 && s.rfind("<0x", 0) == 0 && s[5] == '>';
+        put((int)e->valuedouble, s, byte ? 6 : 1);
+    }
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(root, "added_tokens")) {
+        std::string s = cJSON_GetStringValue(cJSON_GetObjectItem(e, "content"));
+        bool byte = s.size() == 6 && s.rfind("<0x", 0) == 0 && s[5] == '>';
+        put((int)cJSON_GetNumberValue(cJSON_GetObjectItem(e, "id")), s, byte ? 6 : cJSON_IsTrue(cJSON_GetObjectItem(e, "special")) ? 3 : 4);
+    }
+    std::vector<std::string> merges;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(model, "merges")) {
+        if (cJSON_IsString(e)) merges.push_back(e->valuestring);
+        else merges.push_back(std::string(cJSON_GetStringValue(cJSON_GetArrayItem(e, 0))) + " " + cJSON_GetStringValue(cJSON_GetArrayItem(e, 1)));
+    }
+    cJSON_Delete(root);
+    ASSERT_GT(merges.size(), 100000u);
+    int32_t bos = -1, eos = -1;
+    for (size_t i = 0; i < tokens.size(); i++) {
+        if (tokens[i] == "<bos>") bos = (int32_t)i;
+        if (tokens[i] == "<eos>") eos = (int32_t)i;
+    }
+    ft::Gguf g;
+    g.str("general.architecture", "gemma4");
+    g.str("tokenizer.ggml.model", "gemma4");
+    g.strs("tokenizer.ggml.tokens", tokens);
+    g.i32s("tokenizer.ggml.token_type", types);
+    g.strs("tokenizer.ggml.merges", merges);
+    g.u32("tokenizer.ggml.bos_token_id", (uint32_t)bos);
+    g.u32("tokenizer.ggml.eos_token_id", (uint32_t)eos);
+    g.boolean("tokenizer.ggml.add_bos_token", true);
+    g.boolean("tokenizer.ggml.add_space_prefix", false);
+    std::vector<uint8_t> bytes = g.bytes();
+    std::string path = ft::tmpdir("gemma4_vocab_gguf") + "/vocab.gguf";
+    ft::write_file(path, bytes.data(), bytes.size());
+    forge_model *m = ft::load_vocab(path);
+    ASSERT_NE(m, nullptr);
+    conformance(m, d + "/llamacpp-standard.inp", d + "/llamacpp-standard.gemma3.out", 0, "gemma4 gguf");
+    differential_on(m, "gemma3", "gemma4 gguf", 505, 1024);
+    forge_model_free(m);
+}
 
 /* ---- API contract ---- */
 

@@ -99,6 +99,15 @@ struct Gguf {
     void u32(const std::string &k, uint32_t v) { key(k, 4); put(kv, &v, 4); }
     void f32(const std::string &k, float v) { key(k, 6); put(kv, &v, 4); }
     void str(const std::string &k, const std::string &v) { key(k, 8); put_str(kv, v); }
+    void boolean(const std::string &k, bool v) { key(k, 7); uint8_t b = v; put(kv, &b, 1); }
+    void i32s(const std::string &k, const std::vector<int32_t> &v) {
+        key(k, 9);
+        uint32_t et = 5;
+        uint64_t n = v.size();
+        put(kv, &et, 4);
+        put(kv, &n, 8);
+        put(kv, v.data(), 4 * v.size());
+    }
     void strs(const std::string &k, const std::vector<std::string> &v) {
         key(k, 9);
         uint32_t et = 8;

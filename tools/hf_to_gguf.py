@@ -5,7 +5,7 @@
     python3 tools/hf_to_gguf.py --verify OUT.gguf PARITY_DIR [--tol 1e-4]  # float64 forward vs HF logits
     python3 tools/hf_to_gguf.py --make-fixtures tests/fixtures   # the committed GGUF fixtures
 
-Architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 (text). This is a numpy re-statement of
+Architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 (text), gemma4 (text). This is a numpy re-statement of
 what llama.cpp's `convert_hf_to_gguf.py` (now the `conversion/` package: base.py TextModel,
 llama.py LlamaModel, qwen.py Qwen2Model/Qwen3Model, gemma.py Gemma2Model/Gemma3Model) and
 gguf-py (constants.py, tensor_mapping.py, gguf_writer.py) do; see tests/fixtures/gguf/README.md
@@ -32,6 +32,14 @@ for the keys written per architecture and where each convention comes from.
     (mlp_only_layers, which llama.cpp cannot load) keeps blk.N.ffn_{gate,up,down}, and
     `{arch}.expert_weights_norm` = false is written where norm_topk_prob is false (llama.cpp's
     graph always renormalizes the chosen experts' weights).
+  * gemma4 (Gemma4Model): per-layer arrays (INT32) for feed_forward_length and
+    attention.head_count_kv where layers differ; key_length / key_length_swa the full and sliding
+    head sizes; sliding_window_pattern (bool a layer), shared_kv_layers,
+    embedding_length_per_layer_input, rope.freq_base(_swa), rope.dimension_count(_swa); norms as
+    stored (no +1); rope_freqs.weight = 1 for the rotating pairs of proportional RoPE, 1e30 for the
+    rest; the per-layer input, layer_output_scale and MoE tensors (router ffn_gate_inp F32 with
+    its .scale, experts kept fused as ffn_gate_up_exps, per_expert_scale as ffn_down_exps.scale);
+    the multimodal towers dropped. tests/fixtures/gguf/README.md lists them.
 
 The module also holds the GGUF writer (streaming, tensor by tensor), a validating reader, and
 llama.cpp's reference Q4_0 / Q8_0 quantizers (ggml-quants.c quantize_row_q4_0_ref /
@@ -378,7 +386,7 @@ class GGUFFile:
 # HF config -> conversion plan (what convert_hf_to_gguf.py would do)
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2",
-         "gemma3_text": "gemma3", "gemma3": "gemma3"}
+         "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma4_text": "gemma4", "gemma4": "gemma4"}
 
 
 def hparams_of(config):
@@ -418,6 +426,52 @@ def layer_types_of(hp, arch):
         pat = hp.get("sliding_window_pattern", 6)
         return ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(n)]
     return ["full_attention"] * n
+
+
+def gemma4_layers(hp):
+    """Gemma 4's layers as transformers builds them: [{"sliding", "head_dim", "kv_heads", "ffn",
+    "kv_source"}] (full layers take global_head_dim and, with attention_k_eq_v,
+    num_global_key_value_heads, unless per_layer_config spells them out; the last
+    num_kv_shared_layers layers share the last earlier layer of their type and, with
+    use_double_wide_mlp, have twice the MLP)."""
+    n = hp["num_hidden_layers"]
+    lt = list(hp.get("layer_types") or [])
+    if not lt:
+        pat = hp.get("sliding_window_pattern", 5)
+        lt = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(n)]
+    lt[-1] = "full_attention"
+    k_eq_v = bool(hp.get("attention_k_eq_v"))
+    plc = hp.get("per_layer_config")
+    rows = []
+    for i, t in enumerate(lt):
+        full = t == "full_attention"
+        r = {"sliding": not full, "head_dim": hp["head_dim"], "kv_heads": hp["num_key_value_heads"],
+             "ffn": hp["intermediate_size"], "kv_source": i, "k_eq_v": k_eq_v and full}
+        if full and not plc:
+            r["head_dim"] = hp.get("global_head_dim") or 512
+            if k_eq_v and hp.get("num_global_key_value_heads"):
+                r["kv_heads"] = hp["num_global_key_value_heads"]
+        for key, ov in (plc or {}).items():
+            if key == str(i) or key == t:
+                r["head_dim"] = ov.get("head_dim", r["head_dim"])
+                r["kv_heads"] = ov.get("num_key_value_heads", r["kv_heads"])
+                r["ffn"] = ov.get("intermediate_size", r["ffn"])
+        rows.append(r)
+    first = n - (hp.get("num_kv_shared_layers") or 0)
+    for i in range(first, n):
+        src = max(j for j in range(first) if rows[j]["sliding"] == rows[i]["sliding"])
+        rows[i].update(kv_source=src, head_dim=rows[src]["head_dim"], kv_heads=rows[src]["kv_heads"])
+        if hp.get("use_double_wide_mlp"):
+            rows[i]["ffn"] *= 2
+    return rows
+
+
+def gemma4_rope_factors(rp, d_full):
+    """Gemma4Model.generate_extra_tensors: proportional RoPE as divisors, 1 for the rotating
+    pairs (the first partial_rotary_factor * head_dim / 2) and 1e30 for the rest."""
+    full = rp.get("full_attention", {})
+    k = int(d_full * full.get("partial_rotary_factor", 1.0) / 2) if full.get("rope_type") == "proportional" else d_full // 2
+    return np.array([1.0] * k + [1e30] * (d_full // 2 - k), dtype=np.float32)
 
 
 def llama3_rope_factors(rp, hp, dim):
@@ -533,6 +587,43 @@ def gguf_metadata(w, config, outtype, name):
         if hp.get("sliding_window_pattern") != 1:
             w.add(a + "attention.sliding_window", U32, hp["sliding_window"])
         w.add(a + "attention.head_count_kv", U32, hp.get("num_key_value_heads", 4))
+    elif arch == "gemma4":  # Gemma4Model.set_gguf_parameters (over Gemma3Model's and TextModel's)
+        rows = gemma4_layers(hp)
+        d_full = [r["head_dim"] for r in rows if not r["sliding"]]
+        d_swa = [r["head_dim"] for r in rows if r["sliding"]] or d_full
+        if len(set(d_full)) > 1 or len(set(d_swa)) > 1:
+            raise NotImplementedError("gemma4 with several head sizes per layer type")
+        kv = [r["kv_heads"] for r in rows]
+        ffn = [r["ffn"] for r in rows]
+        w.add(a + "block_count", U32, n_layer)
+        w.add(a + "context_length", U32, hp.get("max_position_embeddings", 131072))
+        w.add(a + "embedding_length", U32, hp["hidden_size"])
+        # integer arrays go in as INT32 (GGUFValueType.get_type of a Python int)
+        w.add(a + "feed_forward_length", *((U32, ffn[0]) if len(set(ffn)) == 1 else (ARRAY, (I32, ffn))))
+        w.add(a + "attention.head_count", U32, hp["num_attention_heads"])
+        w.add(a + "attention.head_count_kv", *((U32, kv[0]) if len(set(kv)) == 1 else (ARRAY, (I32, kv))))
+        w.add(a + "attention.key_length", U32, d_full[0])
+        w.add(a + "attention.value_length", U32, d_full[0])
+        w.add(a + "attention.key_length_swa", U32, d_swa[0])
+        w.add(a + "attention.value_length_swa", U32, d_swa[0])
+        w.add(a + "attention.layer_norm_rms_epsilon", F32V, float(hp.get("rms_norm_eps", 1e-6)))
+        w.add(a + "attention.sliding_window", U32, hp["sliding_window"])
+        w.add(a + "attention.sliding_window_pattern", ARRAY, (BOOL, [r["sliding"] for r in rows]))
+        w.add(a + "attention.shared_kv_layers", U32, hp.get("num_kv_shared_layers") or 0)
+        w.add(a + "embedding_length_per_layer_input", U32, hp.get("hidden_size_per_layer_input") or 0)
+        w.add(a + "rope.freq_base", F32V, float(rp["full_attention"]["rope_theta"]))
+        w.add(a + "rope.freq_base_swa", F32V, float(rp["sliding_attention"]["rope_theta"]))
+        w.add(a + "rope.dimension_count", U32, d_full[0])
+        w.add(a + "rope.dimension_count_swa", U32, d_swa[0])
+        if rp["sliding_attention"].get("rope_type", "default") != "default":
+            raise NotImplementedError("gemma4 with scaled sliding-layer RoPE")
+        if hp.get("final_logit_softcapping"):
+            w.add(a + "final_logit_softcapping", F32V, float(hp["final_logit_softcapping"]))
+        if hp.get("enable_moe_block"):
+            w.add(a + "expert_count", U32, hp["num_experts"])
+            w.add(a + "expert_used_count", U32, hp["top_k_experts"])
+            w.add(a + "expert_feed_forward_length", U32, hp["moe_intermediate_size"])
+        w.add("general.file_type", U32, ftype)
     else:
         raise NotImplementedError(arch)
 
@@ -550,23 +641,48 @@ def gguf_metadata(w, config, outtype, name):
             raise NotImplementedError("gemma3 with scaled local RoPE")
 
 
+GEMMA4_GLOBAL = {"model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
+                 "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
+                 "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
+GEMMA4_LAYER = {  # tensor_mapping.py's Gemma 3n / Gemma 4 entries, and Gemma4Model.modify_tensors
+    "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
+    "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
+    "post_feedforward_layernorm_2.weight": "post_ffw_norm_2.weight",
+    "per_layer_input_gate.weight": "inp_gate.weight", "per_layer_projection.weight": "proj.weight",
+    "post_per_layer_input_norm.weight": "post_norm.weight", "layer_scalar": "layer_output_scale.weight",
+    "router.proj.weight": "ffn_gate_inp.weight", "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight", "experts.down_proj": "ffn_down_exps.weight",
+}
+
+
 def gguf_tensor_name(hf, arch):
     """tensor_mapping.py for the names these architectures use; None = not written."""
     if hf.startswith("language_model."):
         hf = hf[len("language_model."):]
+    if arch == "gemma4":
+        if hf.startswith("model.language_model."):  # transformers 5's multimodal checkpoint
+            hf = "model." + hf[len("model.language_model."):]
+        elif hf.startswith(("model.vision", "model.audio", "model.embed_vision", "model.embed_audio")):
+            return None  # the towers go to the --mmproj file
+        if hf in GEMMA4_GLOBAL:
+            return GEMMA4_GLOBAL[hf]
+        m = re.match(r"model\.layers\.(\d+)\.(.*)$", hf)
+        if m and m.group(2) in GEMMA4_LAYER:
+            return f"blk.{m.group(1)}.{GEMMA4_LAYER[m.group(2)]}"
     if hf == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf == "model.norm.weight":
         return "output_norm.weight"
     if hf == "lm_head.weight":
-        return None if arch in ("gemma2", "gemma3") else "output.weight"
+        return None if arch in ("gemma2", "gemma3", "gemma4") else "output.weight"
     if hf.endswith("rotary_emb.inv_freq"):
         return None
     p = hf.split(".")
     if p[:2] != ["model", "layers"]:
         raise KeyError(f"unmapped tensor {hf}")
     bid, rest = p[2], ".".join(p[3:])
-    gemma = arch in ("gemma2", "gemma3")
+    gemma = arch in ("gemma2", "gemma3", "gemma4")
     table = {
         "input_layernorm": "attn_norm",
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -611,8 +727,10 @@ def transform(hf_name, data, src_dtype, arch, hp):
 
 
 def out_type(gguf_name, ndim, outtype):
-    """prepare_tensors: 1-D tensors, norms and MoE routers (ffn_gate_inp) stay F32."""
-    if ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp." in gguf_name or outtype == "f32":
+    """prepare_tensors: 1-D tensors, norms, MoE routers (ffn_gate_inp) and names not ending in
+    .weight (Gemma 4's .scale tensors) stay F32."""
+    if ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp." in gguf_name or outtype == "f32" \
+            or not gguf_name.endswith(".weight"):
         return GGML_F32
     return OUT_GGML[outtype]
 
@@ -624,6 +742,9 @@ def extra_tensors(config, arch):
     if arch == "llama" and str(full.get("rope_type", "")).lower() == "llama3":
         dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
         return [("rope_freqs.weight", llama3_rope_factors(full, hp, dim))]
+    if arch == "gemma4":
+        d_full = next(r["head_dim"] for r in gemma4_layers(hp) if not r["sliding"])
+        return [("rope_freqs.weight", gemma4_rope_factors(rp, d_full))]
     return []
 
 
@@ -664,7 +785,7 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
         w.add_tensor(gname, arr.shape, GGML_F32)
     experts = {}  # (layer, "gate" | "up" | "down") -> {expert: array}
     for hf_name in tensors:  # file order, like the converter
-        m = re.match(r"(?:language_model\.)?model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate|up|down)_proj\.weight|(gate_up|down)_proj)$", hf_name)
+        m = None if arch == "gemma4" else re.match(r"(?:language_model\.)?model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate|up|down)_proj\.weight|(gate_up|down)_proj)$", hf_name)
         if m:
             dt, a = tensors[hf_name]
             f32 = mq.bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
@@ -708,6 +829,131 @@ def _kv(g, key, default=None):
     return v
 
 
+
+def _gemma4_forward(g, W, tokens, mutate):
+    """gguf_forward for gemma4, as llama.cpp's gemma4 graph reads the file: per-layer head sizes
+    (key_length for full layers, key_length_swa for sliding ones), head_count_kv and
+    feed_forward_length scalars or per-layer arrays; NEOX RoPE over the whole head, full layers
+    at rope.freq_base with the rope_freqs divisors (1e30: a pair that does not turn), sliding
+    layers at rope.freq_base_swa; queries and keys RMS-normed with their weights, values without
+    one; V = the raw K projection where attn_v is absent; attention scale 1; the last
+    shared_kv_layers layers attend to the cache of the last earlier layer of their type (the
+    rule transformers applies; llama.cpp's n_layer_kv_from_start - (swa ? 2 : 1) agrees with it on
+    the published models); norms as stored; embeddings * sqrt(n_embd); per-layer inputs; the MoE
+    block beside the dense MLP; layer_output_scale; the final soft cap."""
+    arch = "gemma4"
+    L = int(_kv(g, "{arch}.block_count"))
+    E = int(_kv(g, "{arch}.embedding_length"))
+    H = int(_kv(g, "{arch}.attention.head_count"))
+    eps = float(_kv(g, "{arch}.attention.layer_norm_rms_epsilon"))
+    per_layer = lambda v: [int(x) for x in v] if isinstance(v, (list, np.ndarray)) else [int(v)] * L  # noqa: E731
+    HKV = per_layer(_kv(g, "{arch}.attention.head_count_kv", H))
+    d_full = int(_kv(g, "{arch}.attention.key_length"))
+    d_swa = int(_kv(g, "{arch}.attention.key_length_swa", d_full))
+    swa = [bool(x) for x in _kv(g, "{arch}.attention.sliding_window_pattern")]
+    n_swa = int(_kv(g, "{arch}.attention.sliding_window"))
+    shared = int(_kv(g, "{arch}.attention.shared_kv_layers", 0))
+    P = int(_kv(g, "{arch}.embedding_length_per_layer_input", 0))
+    base, base_swa = float(_kv(g, "{arch}.rope.freq_base")), float(_kv(g, "{arch}.rope.freq_base_swa", 10000.0))
+    final_cap = float(_kv(g, "{arch}.final_logit_softcapping", 0.0) or 0.0)
+    n_used = int(_kv(g, "{arch}.expert_used_count", 0) or 0)
+    ff = None if "rope_freqs" in mutate else W.get("rope_freqs.weight")
+    first_shared = L - shared
+
+    def norm(x, w=None):
+        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y if w is None else y * w
+
+    def rope(x, pos, d, fbase, factors):
+        i = np.arange(d // 2, dtype=np.float64)
+        theta = pos[:, None] * fbase ** (-2.0 * i / d)[None, :]
+        if factors is not None:
+            theta = theta / factors[None, :].astype(np.float64)
+        c, s_ = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return np.concatenate([a * c - b * s_, a * s_ + b * c], axis=-1)
+
+    def gelu(x):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+    def lin(name, x):
+        return x @ W[name].T
+
+    def mlp(p, h):
+        return lin(p + "ffn_down.weight", gelu(lin(p + "ffn_gate.weight", h)) * lin(p + "ffn_up.weight", h))
+
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = W["token_embd.weight"][tokens] * math.sqrt(E)
+    if P:
+        tok = W["per_layer_token_embd.weight"][tokens].reshape(T, L, P) * math.sqrt(P)
+        proj = (x @ W["per_layer_model_proj.weight"].T * (1.0 / math.sqrt(E))).reshape(T, L, P)
+        ple = (norm(proj, W["per_layer_proj_norm.weight"]) + tok) * (1.0 / math.sqrt(2.0))
+    qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+    cache = {}
+    for il in range(L):
+        p = f"blk.{il}."
+        D = d_swa if swa[il] else d_full
+        h = norm(x, W[p + "attn_norm.weight"])
+        q = norm(lin(p + "attn_q.weight", h).reshape(T, H, D), W[p + "attn_q_norm.weight"])
+        fb, fct = (base_swa, None) if swa[il] else (base, ff)
+        q = rope(q, pos, D, fb, fct)
+        if il < first_shared:
+            kr = lin(p + "attn_k.weight", h).reshape(T, HKV[il], D)
+            vr = lin(p + "attn_v.weight", h).reshape(T, HKV[il], D) if p + "attn_v.weight" in W else kr
+            k = rope(norm(kr, W[p + "attn_k_norm.weight"]), pos, D, fb, fct)
+            v = vr if "v_norm" in mutate else norm(vr)
+            cache[il] = (k, v)
+        else:
+            src = max(j for j in range(first_shared) if swa[j] == swa[il])
+            k, v = cache[src]
+        rep = H // k.shape[1]
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        sc = np.einsum("qhd,khd->hqk", q, k)  # attention scale 1
+        allowed = ki <= qi
+        if swa[il] and "sliding_window" not in mutate:
+            allowed &= (qi - ki) < n_swa
+        sc = np.where(allowed[None], sc, -np.inf)
+        sc = np.exp(sc - sc.max(-1, keepdims=True))
+        sc /= sc.sum(-1, keepdims=True)
+        o = lin(p + "attn_output.weight", np.einsum("hqk,khd->qhd", sc, v).reshape(T, H * D))
+        x = x + norm(o, W[p + "post_attention_norm.weight"])
+        h2 = norm(x, W[p + "ffn_norm.weight"])
+        if p + "ffn_gate_inp.weight" in W:  # the experts beside the dense MLP
+            dense = norm(mlp(p, h2), W[p + "post_ffw_norm_1.weight"])
+            r = norm(x) * (1.0 / math.sqrt(E)) * W[p + "ffn_gate_inp.scale"]
+            lg_r = r @ W[p + "ffn_gate_inp.weight"].T
+            pr = np.exp(lg_r - lg_r.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            h3 = norm(x, W[p + "pre_ffw_norm_2.weight"])
+            gu, dn = W[p + "ffn_gate_up_exps.weight"], W[p + "ffn_down_exps.weight"]
+            half = gu.shape[1] // 2
+            k_used = 1 if "top1" in mutate else n_used
+            ex = np.zeros_like(x)
+            for t in range(T):
+                sel = np.argsort(-pr[t], kind="stable")[:k_used]
+                wsel = pr[t, sel] / pr[t, sel].sum()
+                if "expert_scale" not in mutate:
+                    wsel = wsel * W[p + "ffn_down_exps.scale"][sel]
+                for e, we in zip(sel, wsel):
+                    a = gu[e] @ h3[t]
+                    ex[t] += we * (dn[e] @ (gelu(a[:half]) * a[half:]))
+            m = dense + norm(ex, W[p + "post_ffw_norm_2.weight"])
+        else:
+            m = mlp(p, h2)
+        x = x + norm(m, W[p + "post_ffw_norm.weight"])
+        if P and "per_layer_inputs" not in mutate:
+            gt = gelu(lin(p + "inp_gate.weight", x)) * ple[:, il, :]
+            x = x + norm(lin(p + "proj.weight", gt), W[p + "post_norm.weight"])
+        if p + "layer_output_scale.weight" in W and "layer_scale" not in mutate:
+            x = x * W[p + "layer_output_scale.weight"].reshape(-1)[0]
+    x = norm(x, W["output_norm.weight"])
+    lg = x @ W.get("output.weight", W["token_embd.weight"]).T
+    if final_cap:
+        lg = np.tanh(lg / final_cap) * final_cap
+    return lg
+
+
 def gguf_forward(path, tokens, mutate=None):
     """Logits [T, n_vocab] (float64) for `tokens`, from the GGUF alone.
 
@@ -722,6 +968,8 @@ def gguf_forward(path, tokens, mutate=None):
     mutate = mutate or set()
     g = GGUFFile(path)
     arch = g.kv["general.architecture"]
+    if arch == "gemma4":
+        return _gemma4_forward(g, {n: g.get(n) for n in g.tensors}, tokens, mutate)
     L = int(_kv(g, "{arch}.block_count"))
     E = int(_kv(g, "{arch}.embedding_length"))
     H = int(_kv(g, "{arch}.attention.head_count"))
@@ -892,6 +1140,13 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
             names.append("local_rope")
         if arch == "qwen3moe":
             names += ["top1", "moe_renorm"]
+        if arch == "gemma4":
+            kv = GGUFFile(gguf_path).kv
+            names = ["rope_freqs", "v_norm", "sliding_window", "layer_scale"]
+            if kv.get("gemma4.embedding_length_per_layer_input"):
+                names.append("per_layer_inputs")
+            if kv.get("gemma4.expert_count"):
+                names += ["top1", "expert_scale"]
         if "%s.rope.scaling.factor" % arch in GGUFFile(gguf_path).kv:
             names.append("rope_scale")
         tokens, r = max(refs, key=lambda t: len(t[0]))
@@ -907,7 +1162,8 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
     return ok, results, negative
 
 
-FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32", "qwen3_moe_f32"]
+FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32", "qwen3_moe_f32",
+            "gemma4_text_f32", "gemma4_moe_f32"]
 
 
 def make_fixtures(root):
