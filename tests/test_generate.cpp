@@ -37,7 +37,7 @@ const char *kStory = "Once upon a time, there was a little girl named Lily. She 
 
 TEST(Sampler, DeviceTopKMatchesHostSort) {
     ASSERT_NE(device(), nullptr);
-    for (uint32_t V : {37u, 1000u, 5000u, 70000u, 3001u}) {
+    for (uint32_t V : {37u, 1000u, 5000u, 70000u, 3001u, 128256u}) {
         std::vector<float> l = ft::randn(V, 3.0f, V);
         for (uint32_t i = 0; i < V; i += 7) l[i] = l[(i * 13) % V]; /* ties */
         if (V == 3001) /* a thousand ties at the top: the 256 best are the first of them by index */
