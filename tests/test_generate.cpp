@@ -37,12 +37,14 @@ const char *kStory = "Once upon a time, there was a little girl named Lily. She 
 
 TEST(Sampler, DeviceTopKMatchesHostSort) {
     ASSERT_NE(device(), nullptr);
-    for (uint32_t V : {37u, 1000u, 5000u, 70000u, 3001u, 128256u}) {
+    for (uint32_t V : {37u, 1000u, 5000u, 70000u, 3001u, 128256u, 128255u}) {
         std::vector<float> l = ft::randn(V, 3.0f, V);
         for (uint32_t i = 0; i < V; i += 7) l[i] = l[(i * 13) % V]; /* ties */
         if (V == 3001) /* a thousand ties at the top: the 256 best are the first of them by index */
             for (uint32_t i = 0; i < V; i++) l[i] = i % 3 == 1 ? 12.0f : std::min(l[i], 11.0f);
         if (V > 100) { l[50] = NAN; l[51] = 9.5f; l[52] = 9.5f; }
+        if (V == 128255) /* the best 300 in one late chunk of 1024: past what the merge caches of each list */
+            for (uint32_t i = 124 * 1024 + 100; i < 124 * 1024 + 400; i++) l[i] = 40.0f + 0.01f * (float)(i % 97);
         std::vector<uint32_t> ids = {3, 5, 51, 8, 0};
         float penalty = 1.7f, inv_temp = 1.0f / 0.7f;
         std::vector<float> pl = l;
