@@ -1371,6 +1371,25 @@ static forge__dtype forge__dtype_from_torch(const char *s) {
     return FORGE__DTYPE_INVALID;
 }
 
+/* Gemma 4's KV-shared tail: the last `shared` layers attend to the cache of the last earlier
+ * layer of their type (transformers' rule; llama.cpp's n_layer_kv_from_start - (swa ? 2 : 1)
+ * agrees on the published models). `what` names the setting in messages. */
+static forge_status forge__kv_share_tail(forge__config *c, int shared, const char *path, const char *what, forge__err *err) {
+    if (shared < 0 || shared >= c->n_layers)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s %d must be in [0, %d)", path, what, shared, c->n_layers);
+    int first = c->n_layers - shared;
+    for (int l = first; l < c->n_layers; l++) {
+        int src = -1;
+        for (int j = first - 1; j >= 0 && src < 0; j--)
+            if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
+        if (src < 0)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: KV-shared layer %d has no earlier %s layer to share", path, l,
+                               c->layer_sliding[l] ? "sliding" : "full-attention");
+        c->kv_source[l] = (int16_t)src;
+    }
+    return FORGE_OK;
+}
+
 /* Gemma 4's per-layer shapes and extras from its text config `o` (transformers'
  * Gemma4TextConfig): full-attention layers take global_head_dim (default 512) and, with
  * attention_k_eq_v, num_global_key_value_heads, unless config.json spells the overrides out in
@@ -1422,18 +1441,11 @@ static forge_status forge__config_gemma4_json(const cJSON *o, const char *path, 
         }
     }
     int shared = forge__json_int(o, "num_kv_shared_layers", 0);
-    if (shared < 0 || shared >= c->n_layers)
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: num_kv_shared_layers %d must be in [0, %d)", path, shared, c->n_layers);
-    int first = c->n_layers - shared;
+    forge_status st = forge__kv_share_tail(c, shared, path, "num_kv_shared_layers", err);
+    if (st) return st;
     bool wide = forge__json_bool(o, "use_double_wide_mlp", false);
-    for (int l = first; l < c->n_layers && shared; l++) {
-        int src = -1;
-        for (int j = first - 1; j >= 0 && src < 0; j--)
-            if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
-        if (src < 0)
-            return forge__fail(err, FORGE_ERR_FORMAT, "%s: KV-shared layer %d has no earlier %s layer to share", path, l,
-                               c->layer_sliding[l] ? "sliding" : "full-attention");
-        c->kv_source[l] = (int16_t)src;
+    for (int l = c->n_layers - shared; l < c->n_layers; l++) {
+        int src = c->kv_source[l];
         c->layer_head_dim[l] = c->layer_head_dim[src] ? c->layer_head_dim[src] : (uint16_t)c->head_dim;
         c->layer_kv_heads[l] = c->layer_kv_heads[src] ? c->layer_kv_heads[src] : (uint16_t)c->n_kv_heads;
         if (wide) c->layer_ffn[l] = 2 * (c->layer_ffn[l] ? c->layer_ffn[l] : c->ffn);
@@ -1683,9 +1695,8 @@ static forge_status forge__gguf_layer_ints(const forge__gguf *g, const char *arc
 
 /* Gemma 4 from llama.cpp's `gemma4` GGUF keys: the layer types (sliding_window_pattern, one bool
  * a layer), head sizes by type (key_length full, key_length_swa sliding), kv heads and MLP width
- * as one value or one a layer, the KV-shared tail (shared_kv_layers: each attends to the last
- * earlier layer of its type, as transformers does; llama.cpp's n_layer_kv_from_start -
- * (swa ? 2 : 1) agrees on the published models), K = V where a layer has no attn_v, per-layer
+ * as one value or one a layer, the KV-shared tail (shared_kv_layers, forge__kv_share_tail),
+ * K = V where a layer has no attn_v, per-layer
  * inputs, the experts. RoPE: sliding layers plain at freq_base_swa; full layers at freq_base
  * over the whole head with rope_freqs' divisors (1e30 for the pairs proportional RoPE leaves
  * alone). Norm weights are stored as HF has them (no + 1). */
@@ -1740,22 +1751,10 @@ static forge_status forge__config_gemma4_gguf(const forge__gguf *g, const forge_
     c->n_kv_heads = c->layer_kv_heads[first_sliding];
     snprintf(key, sizeof key, "%s.attention.shared_kv_layers", arch);
     int shared = forge__gguf_get_int(g, key, &v) ? (int)FORGE__MIN(FORGE__MAX(v, -1), INT32_MAX) : 0;
-    if (shared < 0 || shared >= c->n_layers)
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %d must be in [0, %d)", path, key, shared, c->n_layers);
-    int first = c->n_layers - shared;
-    for (int l = 0; l < c->n_layers; l++) {
-        if (l >= first) {
-            int src = -1;
-            for (int j = first - 1; j >= 0 && src < 0; j--)
-                if (c->layer_sliding[j] == c->layer_sliding[l]) src = j;
-            if (src < 0)
-                return forge__fail(err, FORGE_ERR_FORMAT, "%s: KV-shared layer %d has no earlier %s layer to share", path, l,
-                                   c->layer_sliding[l] ? "sliding" : "full-attention");
-            c->kv_source[l] = (int16_t)src;
-        } else {
-            snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
-            c->layer_k_eq_v[l] = forge__tensor_find(tt, name) == NULL; /* the converter writes no attn_v for K = V layers */
-        }
+    if ((st = forge__kv_share_tail(c, shared, path, key, err))) return st;
+    for (int l = 0; l < c->n_layers - shared; l++) {
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+        c->layer_k_eq_v[l] = forge__tensor_find(tt, name) == NULL; /* the converter writes no attn_v for K = V layers */
     }
     c->v_norm = true;
     snprintf(key, sizeof key, "%s.embedding_length_per_layer_input", arch);
@@ -10593,6 +10592,12 @@ static void forge__py_strip(const char **s, size_t *n) {
     *n = len;
 }
 
+/* Appends s[0..n) as Jinja's `| trim` leaves it. */
+static void forge__sb_put_trimmed(forge__sb *b, const char *s, size_t n) {
+    forge__py_strip(&s, &n);
+    forge__sb_put(b, s, n);
+}
+
 /* str.strip / lstrip / rstrip of one character ('\n') */
 static void forge__strip_char(const char **s, size_t *n, char c, bool left, bool right) {
     while (left && *n && **s == c) { (*s)++; (*n)--; }
@@ -10639,12 +10644,10 @@ static void forge__sb_json_string(forge__sb *b, const char *s) {
 
 /* One Llama 3 turn: the role's header, the trimmed content, <|eot_id|>. */
 static void forge__llama3_turn(forge__sb *b, const char *role, const char *content) {
-    size_t cn = strlen(content);
-    forge__py_strip(&content, &cn);
     forge__sb_puts(b, "<|start_header_id|>");
     forge__sb_puts(b, role);
     forge__sb_puts(b, "<|end_header_id|>\n\n");
-    forge__sb_put(b, content, cn);
+    forge__sb_put_trimmed(b, content, strlen(content));
     forge__sb_puts(b, "<|eot_id|>");
 }
 
@@ -10667,10 +10670,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
         forge__sb_puts(b, st->date);
         forge__sb_puts(b, "\n\n");
         if (first) {
-            const char *c = msgs[0].content;
-            size_t cn = strlen(c);
-            forge__py_strip(&c, &cn);
-            forge__sb_put(b, c, cn);
+            forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
         }
         forge__sb_puts(b, "<|eot_id|>");
         for (int i = first; i < n; i++) {
@@ -10709,10 +10709,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
                 forge__sb_puts(b, prefix);
                 forge__sb_puts(b, "\n\n");
             }
-            const char *c = msgs[i].content;
-            size_t cn = strlen(c);
-            forge__py_strip(&c, &cn);
-            forge__sb_put(b, c, cn);
+            forge__sb_put_trimmed(b, msgs[i].content, strlen(msgs[i].content));
             forge__sb_puts(b, "<end_of_turn>\n");
         }
         if (gen) forge__sb_puts(b, "<start_of_turn>model\n");
@@ -10732,10 +10729,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             forge__sb_puts(b, "<|turn>system\n");
             if (think) forge__sb_puts(b, "<|think|>\n");
             if (first) {
-                const char *c = msgs[0].content;
-                size_t cn = strlen(c);
-                forge__py_strip(&c, &cn);
-                forge__sb_put(b, c, cn);
+                forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
             }
             forge__sb_puts(b, "<turn|>\n");
         }
@@ -10757,17 +10751,11 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
                     if (!close) break;
                     p = close + strlen("<channel|>");
                 }
-                const char *c = kept.buf ? kept.buf : "";
-                size_t cn = kept.len;
-                forge__py_strip(&c, &cn);
-                forge__sb_put(b, c, cn);
+                forge__sb_put_trimmed(b, kept.buf ? kept.buf : "", kept.len);
                 b->oom |= kept.oom;
                 free(kept.buf);
             } else {
-                const char *c = msgs[i].content;
-                size_t cn = strlen(c);
-                forge__py_strip(&c, &cn);
-                forge__sb_put(b, c, cn);
+                forge__sb_put_trimmed(b, msgs[i].content, strlen(msgs[i].content));
             }
             if (!(model && i + 1 < n && forge__role_is(&msgs[i + 1], "assistant"))) forge__sb_puts(b, "<turn|>\n");
         }

@@ -320,7 +320,7 @@ TEST(ModelLoad, Gemma4GgufKeysAreChecked) {
         {"kv_array_length", true, {1, 1, 1}, 16, 0, FORGE_ERR_FORMAT, "gemma4.attention.head_count_kv must be an integer or 2"},
         {"kv_zero", true, {1, 0}, 16, 0, FORGE_ERR_FORMAT, "gemma4.attention.head_count_kv = 0 (layer 1)"},
         {"partial_rotation", true, {1}, 8, 0, FORGE_ERR_UNSUPPORTED, "gemma4.rope.dimension_count = 8 differs from the head size 16"},
-        {"all_shared", true, {1}, 16, 2, FORGE_ERR_FORMAT, "gemma4.attention.shared_kv_layers = 2 must be in [0, 2)"},
+        {"all_shared", true, {1}, 16, 2, FORGE_ERR_FORMAT, "gemma4.attention.shared_kv_layers 2 must be in [0, 2)"},
         {"nothing_to_share", true, {1}, 16, 1, FORGE_ERR_FORMAT, "KV-shared layer 1 has no earlier full-attention layer"},
     };
     for (auto &c : cases) {
