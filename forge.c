@@ -1718,21 +1718,19 @@ static forge_status forge__config_gemma4_gguf(const forge__gguf *g, const forge_
     c->sliding_window = (int)v;
     /* head sizes: full layers key_length, sliding ones key_length_swa; values as wide, rotation over the whole head */
     int d_full = c->head_dim, d_swa = d_full;
-    static const char *const widths[4][2] = {{"attention.key_length_swa", NULL}, {"attention.value_length", "attention.key_length"},
-                                             {"attention.value_length_swa", "attention.key_length_swa"},
-                                             {"rope.dimension_count", "attention.key_length"}};
-    snprintf(key, sizeof key, "%s.%s", arch, widths[0][0]);
+    snprintf(key, sizeof key, "%s.attention.key_length_swa", arch);
     if (forge__gguf_get_int(g, key, &v)) {
         if (v <= 0 || v > FORGE__MAX_HEAD_DIM) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)v);
         d_swa = (int)v;
     }
-    for (int i = 1; i < 5; i++) {
-        const char *k = i < 4 ? widths[i][0] : "rope.dimension_count_swa";
-        int want = (i == 2 || i == 4) ? d_swa : d_full;
-        snprintf(key, sizeof key, "%s.%s", arch, k);
-        if (forge__gguf_get_int(g, key, &v) && v != want)
+    const struct { const char *suffix; int want; } whole[4] = {
+        {"attention.value_length", d_full}, {"attention.value_length_swa", d_swa},
+        {"rope.dimension_count", d_full}, {"rope.dimension_count_swa", d_swa}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, whole[i].suffix);
+        if (forge__gguf_get_int(g, key, &v) && v != whole[i].want)
             return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %s = %lld differs from the head size %d (forge rotates and reads whole heads)",
-                               path, key, (long long)v, want);
+                               path, key, (long long)v, whole[i].want);
     }
     int32_t per[FORGE__MAX_LAYERS];
     bool found;
