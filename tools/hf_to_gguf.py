@@ -830,6 +830,11 @@ def _kv(g, key, default=None):
 
 
 
+def gelu(x):
+    """GELU, tanh approximation (gelu_pytorch_tanh; ggml's gelu)."""
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
 def _gemma4_forward(g, W, tokens, mutate):
     """gguf_forward for gemma4, as llama.cpp's gemma4 graph reads the file: per-layer head sizes
     (key_length for full layers, key_length_swa for sliding ones), head_count_kv and
@@ -872,9 +877,6 @@ def _gemma4_forward(g, W, tokens, mutate):
         c, s_ = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
         a, b = x[..., : d // 2], x[..., d // 2:]
         return np.concatenate([a * c - b * s_, a * s_ + b * c], axis=-1)
-
-    def gelu(x):
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
     def lin(name, x):
         return x @ W[name].T
@@ -1030,9 +1032,6 @@ def gguf_forward(path, tokens, mutate=None):
             y[..., 0:n_rot:2] = a * c - b * s
             y[..., 1:n_rot:2] = a * s + b * c
         return y
-
-    def gelu(x):
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
     def lin(name, x):
         y = x @ W[name + ".weight"].T
