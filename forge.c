@@ -4774,8 +4774,10 @@ static int forge__type_rank(forge_device_type t) {
 }
 
 /* Whether the device can run attention_decode.comp: subgroup arithmetic at a width of 4 to 64
- * (its workgroup of 64 holds 64 / width subgroups). */
-static bool forge__runs_attn_decode(const forge__caps *c) { return c->subgroup_arith && c->subgroup_size <= 64; }
+ * (its workgroup of 64 holds 64 / width subgroups) and its 10 storage buffers (Vulkan promises 4). */
+static bool forge__runs_attn_decode(const forge__caps *c) {
+    return c->subgroup_arith && c->subgroup_size <= 64 && c->props.limits.maxPerStageDescriptorStorageBuffers >= 10;
+}
 
 /* Reads everything forge needs to know about one physical device. */
 static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forge__caps *c, forge_device_info *info) {
@@ -5221,8 +5223,18 @@ typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.co
     uint32_t n_splits;
     uint32_t q_stride;              /* floats between two tokens' query rows (the fused qkv rows) */
     uint32_t kv_batch_stride;       /* training: floats between two sequences' K (and V) rows */
-    uint32_t flags;                 /* 1: write each query's log-sum-exp (training); 2: the row table (batch generation) */
+    uint32_t flags;                 /* 1: write each query's log-sum-exp (training); 2: the row table (batch generation);
+                                     * attention_decode: FORGE__ATTN_ROPE_* */
+    float eps;                      /* attention_decode, FORGE__ATTN_QK_NORM: the head norms' */
 } forge__pc_attention;
+/* attention_decode.comp rotates one token's query itself (q from the raw q | k | v row), in
+ * adjacent pairs, and takes the new key and value from that row too (writing them to the cache) */
+#define FORGE__ATTN_ROPE_Q 4u
+#define FORGE__ATTN_ROPE_ADJACENT 8u
+#define FORGE__ATTN_ROPE_KEY 16u
+/* ... and RMS-norms the query and key heads first (q_norm, k_norm), and the value head (no weight) */
+#define FORGE__ATTN_QK_NORM 32u
+#define FORGE__ATTN_V_NORM 64u
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
     uint32_t flags;                 /* 1: row 0 also as int8 blocks (the o projection's act_q8) */
@@ -5453,12 +5465,12 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 1, {256}, false, true},
-    [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 5, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
+    [FORGE__OP_ATTN_DECODE] = {"attention_decode", FORGE__SPV(attention_decode), 10, sizeof(forge__pc_attention), 2, {256, 32}, false, true, true},
     [FORGE__OP_ROPE_KV16] = {"rope_kv16", FORGE__SPV(rope_kv16), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION_KV16] = {"attention_tiled_kv16", FORGE__SPV(attention_tiled_kv16), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT_KV16] = {"attention_split_kv16", FORGE__SPV(attention_split_kv16), 5, sizeof(forge__pc_attention), 1, {256}, false,
                                    true},
-    [FORGE__OP_ATTN_DECODE_KV16] = {"attention_decode_kv16", FORGE__SPV(attention_decode_kv16), 5, sizeof(forge__pc_attention), 2, {256, 32},
+    [FORGE__OP_ATTN_DECODE_KV16] = {"attention_decode_kv16", FORGE__SPV(attention_decode_kv16), 10, sizeof(forge__pc_attention), 2, {256, 32},
                                     false, true, true},
     [FORGE__OP_ROPE_SHIFT_KV16] = {"rope_shift_kv16", FORGE__SPV(rope_shift_kv16), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
@@ -5478,7 +5490,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
     [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
 };
-#define FORGE__MAX_BINDINGS 8
+#define FORGE__MAX_BINDINGS 10 /* attention_decode's */
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 
 /* Bits per weight of a format, times 16 (Q4_0: 18 bytes a block of 32 = 4.5 bits, 72); MLX
@@ -7655,7 +7667,11 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         forge__lora_up(p, a, l, FORGE__T_V, a->qkv, QKVD, QD + KVD, 1);
     }
     forge__barrier(r);
-    if (c->qk_norm) {
+    /* One token's decode on subgroups: RoPE (and the q / k / v head norms) in attention_decode
+     * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). */
+    bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+    bool rope_fused = n == 1 && !p->train && !p->table && m->attn_subgroups && D % 4 == 0;
+    if (c->qk_norm && !rope_fused) {
         if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
             forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);
             forge__barrier(r);
@@ -7670,22 +7686,27 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
      * layer: the queries only) */
     const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
     uint32_t rope_kv = shared ? 0 : NKV;
-    forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
-    forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
-    uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
-    forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
-    forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
-    forge__barrier(r);
+    if (!rope_fused) {
+        forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
+        forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
+        uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
+        forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
+        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
+        forge__barrier(r);
+    }
     uint32_t seq = p->seq ? p->seq : n;
     uint32_t splits = forge__attn_splits(m, p->table != 0);
+    uint32_t rope_flags = !rope_fused ? 0
+                        : FORGE__ATTN_ROPE_Q | (c->rope_adjacent_pairs ? FORGE__ATTN_ROPE_ADJACENT : 0) | (shared ? 0 : FORGE__ATTN_ROPE_KEY) |
+                              (c->qk_norm ? FORGE__ATTN_QK_NORM : 0) | (c->qk_norm && c->v_norm && !shared ? FORGE__ATTN_V_NORM : 0);
     forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
                               (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
-                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u)};
-    bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps};
     /* the o projection's input quantized by attention_combine (one act_q8 dispatch fewer) */
     bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n);
     if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
-        forge__range ba[5] = {p->params, a->qkv, a->kc, a->vc, a->attn_part};
+        forge__range ba[10] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, rope->r, a->kc, a->vc,
+                               c->qk_norm ? ly->q_norm.r : p->dummy, c->qk_norm && !shared ? ly->k_norm.r : p->dummy};
         forge__op op = m->attn_subgroups ? (p->kv_f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE)
                                          : (p->kv_f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
         forge__dispatch(r, op, ba, &pa, splits, NH, n);

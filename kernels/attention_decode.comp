@@ -18,7 +18,20 @@
 // merges the runs.
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
+// RoPE fused (one token, flags 4: a dispatch and its barrier fewer a layer than rope.comp
+// first): binding 1 is the raw q | k | v row (q at h * D, k at n_heads * D, v after the keys)
+// and every workgroup rotates its query as it loads it (rope.comp's rotation, flags 8: adjacent
+// pairs, else rotate-half); with flags 16 the new key p is the row's too: rotated, rounded as the
+// cache stores it, folded into the state of the workgroup whose run holds p from registers (no
+// workgroup reads slot p here), and written to the cache by that run's workgroup of the first
+// head of its group (bindings 6 and 7, the cache again). Without 16 (a layer that attends to an
+// earlier layer's cache) key p is in the cache already. Flags 32: the query and key heads are
+// RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, rmsnorm.comp's x * inv_rms * w, eps
+// from the push constants; another dispatch and barrier fewer), 64: the value head too, without
+// weight (Gemma 4).
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
+//           5 inv_freq f32 [D/2] | 6 K cache (written) | 7 V cache (written) | 8 q_norm f32 [D] | 9 k_norm f32 [D]
+//           (5-7 read with flags 4 only, 8-9 with 32)
 // The cache is f32, or f16 built with -DKV_F16 (the loads stay as they are, half the bytes).
 // One workgroup of 64 per (split, head, token); D % 4 == 0, D <= DMAX.
 // Spec constants: 0 = DMAX (the model's head_dim rounded up to 8), 1 = W, the subgroup width (4..64).
@@ -47,6 +60,17 @@ layout(binding = 3) readonly buffer V_ { vec4 vc4[]; };
 #define KV_PIECE_T vec4
 #endif
 layout(binding = 4) writeonly buffer O_ { float part[]; };
+layout(binding = 1) readonly buffer QF_ { float qf[]; };
+layout(binding = 5) readonly buffer F_ { float inv_freq[]; };
+#ifdef KV_F16
+layout(binding = 6) writeonly buffer KW_ { uvec2 kw4[]; };
+layout(binding = 7) writeonly buffer VW_ { uvec2 vw4[]; };
+#else
+layout(binding = 6) writeonly buffer KW_ { vec4 kw4[]; };
+layout(binding = 7) writeonly buffer VW_ { vec4 vw4[]; };
+#endif
+layout(binding = 8) readonly buffer QN_ { float q_norm[]; };
+layout(binding = 9) readonly buffer KN_ { float k_norm[]; };
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
@@ -54,6 +78,7 @@ layout(push_constant) uniform PC {
     uint n_splits;
     uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
     uint kv_batch_stride, flags;
+    float eps;       // flags 32, 64: the head norms' epsilon
 } pc;
 
 const uint NC = (DMAX / 4u + W - 1u) / W;   // vec4 pieces of a row per lane
@@ -62,6 +87,39 @@ const uint U = 8u;                          // keys a subgroup takes at a time
 const float NEG_INF = -1.0 / 0.0;
 shared float sm_m[NSG], sm_l[NSG];
 shared vec4 sm_acc[NSG * (DMAX / 4u)];
+
+// Element e of the head at qf[base]: as it is (NORM_NONE), or times inv and the weight of
+// `norm` (NORM_Q: q_norm, NORM_K: k_norm, NORM_PLAIN: none) as rmsnorm.comp rounds it.
+const uint NORM_Q = 0u, NORM_K = 1u, NORM_PLAIN = 2u, NORM_NONE = 3u;
+float head_elem(uint base, uint e, float inv, uint norm) {
+    float x = qf[base + e];
+    if (norm != NORM_NONE) x = x * inv * (norm == NORM_Q ? q_norm[e] : norm == NORM_K ? k_norm[e] : 1.0);
+    return x;
+}
+
+// Element e of the head at qf[base] (normed as head_elem says) rotated for position pos: e
+// pairs with e ^ 1 (adjacent) or e +- D/2 (rotate-half), the pair's frequency inv_freq[e / 2]
+// or inv_freq[e mod D/2]; rope.comp's arithmetic (common.glsl's rope_pair).
+float rope_elem(uint base, uint e, uint D, uint pos, bool adjacent, float inv, uint norm) {
+    uint half_d = D / 2u;
+    bool first = adjacent ? (e & 1u) == 0u : e < half_d;
+    uint pair = adjacent ? e / 2u : (first ? e : e - half_d);
+    uint e0 = adjacent ? 2u * pair : pair, e1 = adjacent ? 2u * pair + 1u : pair + half_d;
+    vec2 r = rope_pair(vec2(head_elem(base, e0, inv, norm), head_elem(base, e1, inv, norm)), cos_sin(float(pos) * inv_freq[pair]));
+    return first ? r.x : r.y;
+}
+
+// A value as the cache keeps it.
+float cache_round(float v) {
+#ifdef KV_F16
+    return round_f16(v);
+#else
+    return v;
+#endif
+}
+
+shared float sm_rot[3u * DMAX]; // RoPE fused: the rotated query, the step's key and its value
+shared vec3 sm_ss[NSG];         // ... their heads' sums of squares, per subgroup
 
 void main() {
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
@@ -76,16 +134,78 @@ void main() {
     // at least one round of keys (NSG * U) a workgroup: splits past the keys exit at once
     uint run = max(NSG * U, (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits);
     uint k_begin = lo + s * run, k_end = min(p + 1u, k_begin + run);
-    uint kvh = h / (pc.n_heads / pc.n_kv_heads);
+    uint group = pc.n_heads / pc.n_kv_heads, kvh = h / group;
     uint qb = (t * pc.q_stride + h * D) / 4u;
-    vec4 q[NC], acc[NC];
-    [[unroll]] for (uint c = 0u; c < NC; c++) {
-        uint i = lane + c * W;
-        q[c] = i < D4 ? q4[qb + i] : vec4(0.0);
-        acc[c] = vec4(0.0);
+    bool rope = (pc.flags & 4u) != 0u, adjacent = (pc.flags & 8u) != 0u, qk_norm = (pc.flags & 32u) != 0u;
+    bool own_key = (pc.flags & 16u) != 0u && k_begin <= p && p < k_end; // key p from the row
+    uint k_stop = own_key ? p : k_end;                                  // the keys read from the cache
+    vec4 q[NC], acc[NC], kp[NC], vp[NC];
+    [[unroll]] for (uint c = 0u; c < NC; c++) q[c] = acc[c] = kp[c] = vp[c] = vec4(0.0);
+    if (k_begin >= k_end) {
+        // a split past a short context: only its empty state
+    } else if (rope) {
+        // the whole workgroup, an element a thread (loops, not unrolled: a head of 512 on 8
+        // lanes unrolled is a shader LLVM takes minutes to compile for lavapipe), through
+        // shared memory; the norms' sums of squares first
+        uint tid = gl_LocalInvocationID.x, qe = 4u * qb;
+        uint kb = t * pc.q_stride + pc.n_heads * D + kvh * D, vb = kb + pc.n_kv_heads * D;
+        bool v_norm = (pc.flags & 64u) != 0u;
+        vec3 inv = vec3(1.0);
+        if (qk_norm || v_norm) {
+            vec3 ss = vec3(0.0);
+            for (uint e = tid; e < D; e += 64u) {
+                float x = qf[qe + e], y = own_key ? qf[kb + e] : 0.0, z = own_key ? qf[vb + e] : 0.0;
+                ss += vec3(x * x, y * y, z * z);
+            }
+            ss = vec3(subgroupAdd(ss.x), subgroupAdd(ss.y), subgroupAdd(ss.z));
+            if (lane == 0u) sm_ss[sg] = ss;
+            barrier();
+            ss = vec3(0.0);
+            for (uint g = 0u; g < NSG; g++) ss += sm_ss[g];
+            inv = 1.0 / sqrt(ss / float(D) + pc.eps);
+        }
+        uint nq = qk_norm ? NORM_Q : NORM_NONE, nk = qk_norm ? NORM_K : NORM_NONE, nv = v_norm ? NORM_PLAIN : NORM_NONE;
+        for (uint e = tid; e < D; e += 64u) {
+            sm_rot[e] = rope_elem(qe, e, D, p, adjacent, inv.x, nq);
+            if (own_key) {
+                sm_rot[DMAX + e] = cache_round(rope_elem(kb, e, D, p, adjacent, inv.y, nk));
+                sm_rot[2u * DMAX + e] = cache_round(head_elem(vb, e, inv.z, nv));
+            }
+        }
+        barrier();
+        [[unroll]] for (uint c = 0u; c < NC; c++) {
+            uint i = lane + c * W;
+            if (i >= D4) continue;
+            q[c] = vec4(sm_rot[4u * i], sm_rot[4u * i + 1u], sm_rot[4u * i + 2u], sm_rot[4u * i + 3u]);
+            if (!own_key) continue;
+            uint o = DMAX + 4u * i;
+            kp[c] = vec4(sm_rot[o], sm_rot[o + 1u], sm_rot[o + 2u], sm_rot[o + 3u]);
+            o += DMAX;
+            vp[c] = vec4(sm_rot[o], sm_rot[o + 1u], sm_rot[o + 2u], sm_rot[o + 3u]);
+        }
+        if (own_key && h % group == 0u) { // the first head of the group stores the step's key and value
+            uint rb = ((kv0 + p % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            for (uint i = tid; i < D4; i += 64u) {
+                vec4 k4 = vec4(sm_rot[DMAX + 4u * i], sm_rot[DMAX + 4u * i + 1u], sm_rot[DMAX + 4u * i + 2u], sm_rot[DMAX + 4u * i + 3u]);
+                uint o = 2u * DMAX + 4u * i;
+                vec4 v4 = vec4(sm_rot[o], sm_rot[o + 1u], sm_rot[o + 2u], sm_rot[o + 3u]);
+#ifdef KV_F16
+                kw4[rb + i] = uvec2(packHalf2x16(k4.xy), packHalf2x16(k4.zw)); // (exact: rounded already)
+                vw4[rb + i] = uvec2(packHalf2x16(v4.xy), packHalf2x16(v4.zw));
+#else
+                kw4[rb + i] = k4;
+                vw4[rb + i] = v4;
+#endif
+            }
+        }
+    } else {
+        [[unroll]] for (uint c = 0u; c < NC; c++) {
+            uint i = lane + c * W;
+            if (i < D4) q[c] = q4[qb + i];
+        }
     }
     float m = NEG_INF, l = 0.0;
-    for (uint j0 = k_begin + sg; j0 < k_end; j0 += NSG * U) {
+    for (uint j0 = k_begin + sg; j0 < k_stop; j0 += NSG * U) {
         // keys j0 + NSG u, u < U: every K and V piece loaded first
         KV_PIECE_T kk[U][NC], vv[U][NC];
         [[unroll]] for (uint u = 0u; u < U; u++) {
@@ -93,7 +213,7 @@ void main() {
             uint rb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
             [[unroll]] for (uint c = 0u; c < NC; c++) {
                 uint i = lane + c * W;
-                bool ok = j < k_end && i < D4;
+                bool ok = j < k_stop && i < D4;
                 kk[u][c] = ok ? kc4[rb + i] : KV_PIECE_T(0);
                 vv[u][c] = ok ? vc4[rb + i] : KV_PIECE_T(0);
             }
@@ -105,7 +225,7 @@ void main() {
             [[unroll]] for (uint c = 0u; c < NC; c++) d += dot(q[c], KV_PIECE(kk[u][c]));
             float v = subgroupAdd(d) * pc.scale;
             if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            sc[u] = j0 + NSG * u < k_end ? v : NEG_INF;
+            sc[u] = j0 + NSG * u < k_stop ? v : NEG_INF;
             m_new = max(m_new, sc[u]);
         }
         float corr = exp(m - m_new); // m_new is finite: key j0 is in range
@@ -116,6 +236,17 @@ void main() {
             l += e;
             [[unroll]] for (uint c = 0u; c < NC; c++) acc[c] += e * KV_PIECE(vv[u][c]);
         }
+        m = m_new;
+    }
+    if (own_key && sg == 0u) { // key p (loaded above): one online-softmax step
+        float d = 0.0;
+        [[unroll]] for (uint c = 0u; c < NC; c++) d += dot(q[c], kp[c]);
+        float v = subgroupAdd(d) * pc.scale;
+        if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
+        float m_new = max(m, v);
+        float corr = exp(m - m_new), e = exp(v - m_new);
+        l = l * corr + e;
+        [[unroll]] for (uint c = 0u; c < NC; c++) acc[c] = acc[c] * corr + e * vp[c];
         m = m_new;
     }
     // the subgroups' states merged: M = max m_g, l = sum l_g exp(m_g - M), acc likewise

@@ -38,6 +38,14 @@ vec2 cos_sin(float theta) {
     return vec2(cos(r), sin(r));
 }
 
+// RoPE of one pair x = (first, second) by the angle whose cos_sin is cs. `precise`: rope.comp
+// and attention_decode.comp (which rotates a decode step's query and key itself) must round
+// alike, so no fused multiply-add here.
+vec2 rope_pair(vec2 x, vec2 cs) {
+    precise vec2 y = vec2(x.x * cs.x - x.y * cs.y, x.y * cs.x + x.x * cs.y);
+    return y;
+}
+
 // A 32-bit integer hash with good avalanche (Chris Wellons' "lowbias32"): dropout masks are
 // hashes of (seed, stream, element index), recomputed by the backward pass instead of stored.
 uint lowbias_hash(uint x) {

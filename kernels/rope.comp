@@ -42,9 +42,7 @@ layout(push_constant) uniform PC {
 vec2 rotated(uint src, uint i, uint half_d, uint pos) {
     uint i0 = pc.adjacent != 0u ? 2u * i : i;
     uint i1 = pc.adjacent != 0u ? 2u * i + 1u : i + half_d;
-    vec2 cs = cos_sin(float(pos) * inv_freq[i]);
-    float x0 = x[src + i0], x1 = x[src + i1];
-    return vec2(x0 * cs.x - x1 * cs.y, x1 * cs.x + x0 * cs.y);
+    return rope_pair(vec2(x[src + i0], x[src + i1]), cos_sin(float(pos) * inv_freq[i]));
 }
 
 // Pair i of the head whose row starts at x[src], as it is.

@@ -404,10 +404,11 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
     forge__range kb = ft_buf(&j, kc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0};
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0, 0};
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
-        forge__range binds[5] = {pb, qb, kb, vb, part};
+        forge__range d16 = ft_buf(&j, NULL, 16);
+        forge__range binds[10] = {pb, qb, kb, vb, part, d16, kb, vb, d16, d16};
         forge__op op = split == 2 ? (f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE) : (f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
         forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
         forge__barrier(&j.rec);
@@ -736,6 +737,39 @@ static forge_status ft_end_keep(ft_job *j, int n, const int *idx, void *const *o
     return st;
 }
 
+forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, uint32_t Hkv, uint32_t D, const float *inv_freq,
+                                      int adjacent, int key_from_row, const float *qk_norm, int v_norm, float eps, void *kc, void *vc,
+                                      int f16, uint32_t slots, uint32_t pos, uint32_t window, float scale, float softcap, float *out) {
+    if (!forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
+    ft_use_head_dim(c, D);
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t row = (H + 2 * Hkv) * D;
+    uint64_t cache_bytes = (f16 ? 2ull : 4ull) * slots * Hkv * D;
+    forge__step_params sp = {pos, 1, 0, 1.0f, 1.0f, 0, {0, 0}};
+    forge__range pb = ft_buf(&j, &sp, sizeof sp);
+    forge__range qb = ft_buf(&j, qkv, 4ull * row);
+    forge__range kb = ft_buf(&j, kc, cache_bytes), vb = ft_buf(&j, vc, cache_bytes);
+    forge__range part = ft_buf(&j, NULL, 4ull * H * FORGE__ATTN_SPLITS * (D + 2));
+    forge__range fb = ft_buf(&j, inv_freq, 4ull * D / 2);
+    forge__range ob = ft_buf(&j, NULL, 4ull * H * D);
+    uint32_t flags = FORGE__ATTN_ROPE_Q | (adjacent ? FORGE__ATTN_ROPE_ADJACENT : 0) | (key_from_row ? FORGE__ATTN_ROPE_KEY : 0) |
+                     (qk_norm ? FORGE__ATTN_QK_NORM : 0) | (qk_norm && v_norm ? FORGE__ATTN_V_NORM : 0);
+    forge__pc_attention pc = {1, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, row, 0, flags, eps};
+    forge__range nq = qk_norm ? ft_buf(&j, qk_norm, 4ull * D) : ft_buf(&j, NULL, 16);
+    forge__range nk = qk_norm ? ft_buf(&j, qk_norm + D, 4ull * D) : ft_buf(&j, NULL, 16);
+    forge__range binds[10] = {pb, qb, kb, vb, part, fb, kb, vb, nq, nk};
+    forge__dispatch(&j.rec, f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE, binds, &pc, FORGE__ATTN_SPLITS, H, 1);
+    forge__barrier(&j.rec);
+    forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
+    forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
+    forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, 1, 1);
+    int idx[3] = {2, 3, 6}; /* (the norm buffers come after the output) */
+    void *outs[3] = {kc, vc, out};
+    uint64_t bytes[3] = {cache_bytes, cache_bytes, 4ull * H * D};
+    return ft_end_keep(&j, 3, idx, outs, bytes);
+}
+
 forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
                             float *dx) {
     ft_job j;
@@ -827,7 +861,7 @@ forge_status ft_attention_train(ft_ctx *c, const float *qkv, uint32_t B, uint32_
     forge__range gb = ft_buf(&j, NULL, 4ull * n * S);              /* 7 */
     free(k);
     free(v);
-    forge__pc_attention pa = {T, H, Hkv, D, T, window, scale, softcap, FORGE__ATTN_SPLITS, S, T * KVD, 1};
+    forge__pc_attention pa = {T, H, Hkv, D, T, window, scale, softcap, FORGE__ATTN_SPLITS, S, T * KVD, 1, 0};
     forge__range ba[6] = {pb, qb, kb, vb, ob, lb};
     forge__dispatch(&j.rec, FORGE__OP_ATTENTION, ba, &pa, (T + 7) / 8, H, B);
     forge__barrier(&j.rec);

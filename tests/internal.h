@@ -74,6 +74,16 @@ forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uin
 forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const uint16_t *kc,
                             const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                             float *out, int split);
+/* One decode step's attention with RoPE fused (attention_decode.comp, flags FORGE__ATTN_ROPE_*,
+ * then attention_combine): qkv is the raw row [(H + 2 Hkv) D] of the token at position pos, q
+ * rotated by the kernel; with key_from_row its key (rotated) and value are taken from the row and
+ * written into the cache at slot pos % slots, else they are read from the cache. qk_norm (or
+ * NULL): the q_norm then k_norm weights [2 D], heads RMS-normed with eps before the rotation;
+ * v_norm: the value head too, without weight. The caches kc, vc [slots, Hkv, D] (f32, or f16
+ * with f16) are in/out. FORGE_ERR_UNSUPPORTED where the device cannot run attention_decode. */
+forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, uint32_t Hkv, uint32_t D, const float *inv_freq,
+                                      int adjacent, int key_from_row, const float *qk_norm, int v_norm, float eps, void *kc, void *vc,
+                                      int f16, uint32_t slots, uint32_t pos, uint32_t window, float scale, float softcap, float *out);
 /* The 128 x 128-tile matmul (matmul_big.comp), whatever the size. */
 /* Mixture-of-experts products: W [E * R, K] holds E experts of R rows; token t's choice j is
  * expert experts[t * top_k + j] (weight 1), and C [n_tokens * top_k, R] gets each (token,

@@ -380,6 +380,87 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
     }
 }
 
+/* One decode step with RoPE fused into attention_decode equals rope (query rotated, key and
+ * value stored) then attention_decode: the cache bit for bit (slot p written as rope.comp writes
+ * it, no other slot touched), the output to summation order; slot p holds NaN before the fused
+ * kernel, which must not read it. Without key_from_row (a KV-shared layer) the key comes from the
+ * cache. Both pair layouts, f32 and f16 caches, GQA, a ring, a window, soft-capping, a head whose
+ * halves split a vec4 (D = 20). With the head norms folded in too (Qwen 3's q / k norms, Gemma
+ * 4's weightless value norm) against rmsnorm.comp first: the norm's sum runs in another order, so
+ * the cache then matches to rounding (an f16 ulp). */
+TEST(Kernel, AttentionDecodeRotatesTheStepItself) {
+    NEED_DEVICE();
+    struct Case { uint32_t H, Hkv, D, pos, slots, window; float softcap; };
+    for (Case cs : {Case{4, 2, 16, 0, 32, 0, 0}, Case{4, 1, 20, 45, 64, 0, 0}, Case{4, 1, 64, 700, 800, 0, 0},
+                    Case{8, 2, 128, 530, 600, 0, 0}, Case{2, 2, 256, 100, 64, 50, 30.0f}, Case{4, 2, 512, 40, 48, 9, 30.0f}}) {
+        uint32_t HD = cs.H * cs.D, KVD = cs.Hkv * cs.D, slot = cs.pos % cs.slots;
+        std::vector<float> qkv = ft::randn(HD + 2 * KVD, 1.0f, 31), inv(cs.D / 2), norms = ft::randn(2 * cs.D, 0.5f, 34), ones(cs.D, 1.0f);
+        for (uint32_t i = 0; i < cs.D / 2; i++) inv[i] = (float)(1.0 / std::pow(10000.0, 2.0 * i / cs.D));
+        std::vector<float> kc0 = ft::randn((size_t)cs.slots * KVD, 1.0f, 32), vc0 = ft::randn(kc0.size(), 1.0f, 33);
+        float scale = 1.0f / std::sqrt((float)cs.D), eps = 1e-6f;
+        for (int normed : {0, 1})
+            for (int adjacent : {0, 1})
+                for (int f16 : {0, 1})
+                    for (int key_from_row : {1, 0}) {
+                        SCOPED_TRACE(::testing::Message() << "D " << cs.D << " pos " << cs.pos << (adjacent ? " adjacent" : " rotate-half")
+                                                          << (f16 ? " f16" : " f32") << (key_from_row ? " key from the row" : " key cached")
+                                                          << (normed ? " q/k/v normed" : ""));
+                        /* the unfused reference: rmsnorm.comp on the heads, rope.comp, then attention_decode */
+                        std::vector<float> row = qkv;
+                        if (normed) {
+                            float *q0 = row.data(), *k0 = q0 + HD, *v0 = k0 + KVD;
+                            ASSERT_EQ(ft_rmsnorm(ctx().c, q0, cs.H, 0, cs.H, cs.D, norms.data(), eps, 0, q0, cs.H, 0), FORGE_OK);
+                            ASSERT_EQ(ft_rmsnorm(ctx().c, k0, cs.Hkv, 0, cs.Hkv, cs.D, norms.data() + cs.D, eps, 0, k0, cs.Hkv, 0), FORGE_OK);
+                            ASSERT_EQ(ft_rmsnorm(ctx().c, v0, cs.Hkv, 0, cs.Hkv, cs.D, ones.data(), eps, 0, v0, cs.Hkv, 0), FORGE_OK);
+                        }
+                        std::vector<float> q(row.begin(), row.begin() + HD), want(HD), out(HD, NAN);
+                        ASSERT_EQ(ft_rope(ctx().c, q.data(), 1, cs.H, cs.D, inv.data(), cs.pos, adjacent), FORGE_OK);
+                        std::vector<float> kc = kc0, vc = vc0;
+                        std::vector<uint16_t> kc16(kc0.size()), vc16(kc0.size());
+                        for (size_t i = 0; i < kc0.size(); i++) kc16[i] = ft_f32_to_f16(kc0[i]), vc16[i] = ft_f32_to_f16(vc0[i]);
+                        const float *k = row.data() + HD, *v = k + KVD;
+                        forge_status st = f16 ? ft_rope_store16(ctx().c, k, v, 1, cs.Hkv, cs.D, inv.data(), cs.pos, adjacent, cs.slots,
+                                                                kc16.data(), vc16.data())
+                                              : ft_rope_store(ctx().c, k, v, 1, cs.Hkv, cs.D, inv.data(), cs.pos, adjacent, cs.slots, kc.data(),
+                                                              vc.data());
+                        ASSERT_EQ(st, FORGE_OK);
+                        st = f16 ? ft_attention16(ctx().c, q.data(), 1, cs.H, cs.Hkv, cs.D, kc16.data(), vc16.data(), cs.slots, cs.pos,
+                                                  cs.window, scale, cs.softcap, want.data(), 2)
+                                 : ft_attention(ctx().c, q.data(), 1, cs.H, cs.Hkv, cs.D, kc.data(), vc.data(), cs.slots, cs.pos, cs.window,
+                                                scale, cs.softcap, want.data(), 2);
+                        if (st == FORGE_ERR_UNSUPPORTED) GTEST_SKIP() << "the device cannot run attention_decode";
+                        ASSERT_EQ(st, FORGE_OK);
+                        /* fused, from the raw row and the caches as they were before rope, slot p
+                         * poisoned where the row gives the key */
+                        std::vector<float> fk = kc, fv = vc;
+                        std::vector<uint16_t> fk16 = kc16, fv16 = vc16;
+                        if (key_from_row)
+                            for (uint32_t e = 0; e < KVD; e++) {
+                                size_t i = (size_t)slot * KVD + e;
+                                fk[i] = fv[i] = NAN;
+                                fk16[i] = fv16[i] = 0x7e00;
+                            }
+                        st = ft_attention_rope_decode(ctx().c, qkv.data(), cs.H, cs.Hkv, cs.D, inv.data(), adjacent, key_from_row,
+                                                      normed ? norms.data() : NULL, normed, eps, f16 ? (void *)fk16.data() : (void *)fk.data(),
+                                                      f16 ? (void *)fv16.data() : (void *)fv.data(), f16, cs.slots, cs.pos, cs.window, scale,
+                                                      cs.softcap, out.data());
+                        ASSERT_EQ(st, FORGE_OK);
+                        EXPECT_LT(ft::rel_err(out.data(), want.data(), out.size()), normed ? 2e-5 : 2e-6);
+                        if (!normed) {
+                            EXPECT_TRUE(f16 ? fk16 == kc16 && fv16 == vc16 : !memcmp(fk.data(), kc.data(), 4 * fk.size()) && !memcmp(fv.data(), vc.data(), 4 * fv.size()));
+                            continue;
+                        }
+                        for (size_t i = 0; i < kc.size(); i++) {
+                            float gk = f16 ? ft_f16_to_f32(fk16[i]) : fk[i], wk = f16 ? ft_f16_to_f32(kc16[i]) : kc[i];
+                            float gv = f16 ? ft_f16_to_f32(fv16[i]) : fv[i], wv = f16 ? ft_f16_to_f32(vc16[i]) : vc[i];
+                            float tol = f16 ? 1e-3f : 1e-5f;
+                            ASSERT_NEAR(gk, wk, tol * (1 + std::fabs(wk))) << "key element " << i;
+                            ASSERT_NEAR(gv, wv, tol * (1 + std::fabs(wv))) << "value element " << i;
+                        }
+                    }
+    }
+}
+
 TEST(Kernel, ActMulSiluAndGeluTanh) {
     NEED_DEVICE();
     uint32_t count = 1000;
