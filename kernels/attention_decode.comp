@@ -26,7 +26,7 @@
 // workgroup reads slot p here), and written to the cache by that run's workgroup of the first
 // head of its group (bindings 6 and 7, the cache again). Without 16 (a layer that attends to an
 // earlier layer's cache) key p is in the cache already. Flags 32: the query and key heads are
-// RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, rmsnorm.comp's x * inv_rms * w, eps
+// RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, x * inv_rms * w as rmsnorm.comp, to rounding; eps
 // from the push constants; another dispatch and barrier fewer), 64: the value head too, without
 // weight (Gemma 4).
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
@@ -83,30 +83,21 @@ layout(push_constant) uniform PC {
 
 const uint NC = (DMAX / 4u + W - 1u) / W;   // vec4 pieces of a row per lane
 const uint NSG = 64u / W;                   // subgroups per workgroup
-const uint U = 8u;                          // keys a subgroup takes at a time
+// keys a subgroup takes at a time; 2 on subgroups of 8 lanes or fewer (lavapipe, where a head
+// of 512 is 16 pieces a lane and LLVM takes minutes to compile rounds of 8 keys unrolled)
+const uint U = W > 8u ? 8u : 2u;
 const float NEG_INF = -1.0 / 0.0;
 shared float sm_m[NSG], sm_l[NSG];
 shared vec4 sm_acc[NSG * (DMAX / 4u)];
 
-// Element e of the head at qf[base]: as it is (NORM_NONE), or times inv and the weight of
-// `norm` (NORM_Q: q_norm, NORM_K: k_norm, NORM_PLAIN: none) as rmsnorm.comp rounds it.
-const uint NORM_Q = 0u, NORM_K = 1u, NORM_PLAIN = 2u, NORM_NONE = 3u;
-float head_elem(uint base, uint e, float inv, uint norm) {
-    float x = qf[base + e];
-    if (norm != NORM_NONE) x = x * inv * (norm == NORM_Q ? q_norm[e] : norm == NORM_K ? k_norm[e] : 1.0);
-    return x;
-}
-
-// Element e of the head at qf[base] (normed as head_elem says) rotated for position pos: e
-// pairs with e ^ 1 (adjacent) or e +- D/2 (rotate-half), the pair's frequency inv_freq[e / 2]
-// or inv_freq[e mod D/2]; rope.comp's arithmetic (common.glsl's rope_pair).
-float rope_elem(uint base, uint e, uint D, uint pos, bool adjacent, float inv, uint norm) {
+// The pair of element e of a head of D (rotate-half: (i, i + D/2); adjacent: (2i, 2i + 1)):
+// its index i, whether e is the pair's first, and the other element.
+uvec3 rope_pair_of(uint e, uint D, bool adjacent) {
     uint half_d = D / 2u;
     bool first = adjacent ? (e & 1u) == 0u : e < half_d;
-    uint pair = adjacent ? e / 2u : (first ? e : e - half_d);
-    uint e0 = adjacent ? 2u * pair : pair, e1 = adjacent ? 2u * pair + 1u : pair + half_d;
-    vec2 r = rope_pair(vec2(head_elem(base, e0, inv, norm), head_elem(base, e1, inv, norm)), cos_sin(float(pos) * inv_freq[pair]));
-    return first ? r.x : r.y;
+    uint i = adjacent ? e / 2u : (first ? e : e - half_d);
+    uint other = adjacent ? e ^ 1u : (first ? e + half_d : e - half_d);
+    return uvec3(i, first ? 1u : 0u, other);
 }
 
 // A value as the cache keeps it.
@@ -118,8 +109,11 @@ float cache_round(float v) {
 #endif
 }
 
-shared float sm_rot[3u * DMAX]; // RoPE fused: the rotated query, the step's key and its value
-shared vec3 sm_ss[NSG];         // ... their heads' sums of squares, per subgroup
+// RoPE fused: the raw query, key and value heads (times the norms' weights), each element's
+// cos and sin, then the heads rotated (and normed)
+shared float sm_raw[3u * DMAX], sm_rot[3u * DMAX];
+shared vec2 sm_cs[DMAX];
+shared vec3 sm_ss[NSG]; // the three heads' sums of squares, per subgroup
 
 void main() {
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
@@ -145,31 +139,45 @@ void main() {
         // a split past a short context: only its empty state
     } else if (rope) {
         // the whole workgroup, an element a thread (loops, not unrolled: a head of 512 on 8
-        // lanes unrolled is a shader LLVM takes minutes to compile for lavapipe), through
-        // shared memory; the norms' sums of squares first
+        // lanes unrolled is a shader LLVM takes minutes to compile for lavapipe), in one round
+        // of global loads: the raw heads times the norms' weights (x w, then times 1 / rms after
+        // the rotation, which is linear: rmsnorm.comp's (x / rms) w to rounding) and every
+        // element's cos and sin into shared memory, the sums of squares reduced, then the
+        // rotation from shared memory (without norms rope.comp's arithmetic, bit for bit)
         uint tid = gl_LocalInvocationID.x, qe = 4u * qb;
         uint kb = t * pc.q_stride + pc.n_heads * D + kvh * D, vb = kb + pc.n_kv_heads * D;
         bool v_norm = (pc.flags & 64u) != 0u;
-        vec3 inv = vec3(1.0);
-        if (qk_norm || v_norm) {
-            vec3 ss = vec3(0.0);
-            for (uint e = tid; e < D; e += 64u) {
-                float x = qf[qe + e], y = own_key ? qf[kb + e] : 0.0, z = own_key ? qf[vb + e] : 0.0;
-                ss += vec3(x * x, y * y, z * z);
-            }
-            ss = vec3(subgroupAdd(ss.x), subgroupAdd(ss.y), subgroupAdd(ss.z));
-            if (lane == 0u) sm_ss[sg] = ss;
-            barrier();
-            ss = vec3(0.0);
-            for (uint g = 0u; g < NSG; g++) ss += sm_ss[g];
-            inv = 1.0 / sqrt(ss / float(D) + pc.eps);
-        }
-        uint nq = qk_norm ? NORM_Q : NORM_NONE, nk = qk_norm ? NORM_K : NORM_NONE, nv = v_norm ? NORM_PLAIN : NORM_NONE;
+        vec3 ss = vec3(0.0);
         for (uint e = tid; e < D; e += 64u) {
-            sm_rot[e] = rope_elem(qe, e, D, p, adjacent, inv.x, nq);
+            uvec3 pr = rope_pair_of(e, D, adjacent);
+            sm_cs[e] = cos_sin(float(p) * inv_freq[pr.x]);
+            float x = qf[qe + e];
+            ss.x += x * x;
+            sm_raw[e] = qk_norm ? x * q_norm[e] : x;
             if (own_key) {
-                sm_rot[DMAX + e] = cache_round(rope_elem(kb, e, D, p, adjacent, inv.y, nk));
-                sm_rot[2u * DMAX + e] = cache_round(head_elem(vb, e, inv.z, nv));
+                float y = qf[kb + e], z = qf[vb + e];
+                ss.yz += vec2(y * y, z * z);
+                sm_raw[DMAX + e] = qk_norm ? y * k_norm[e] : y;
+                sm_raw[2u * DMAX + e] = z;
+            }
+        }
+        ss = vec3(subgroupAdd(ss.x), subgroupAdd(ss.y), subgroupAdd(ss.z));
+        if (lane == 0u) sm_ss[sg] = ss;
+        barrier();
+        ss = vec3(0.0);
+        for (uint g = 0u; g < NSG; g++) ss += sm_ss[g];
+        vec3 inv = 1.0 / sqrt(ss / float(D) + pc.eps);
+        for (uint e = tid; e < D; e += 64u) {
+            uvec3 pr = rope_pair_of(e, D, adjacent);
+            bool first = pr.y != 0u;
+            vec2 cs = sm_cs[e];
+            vec2 r = rope_pair(first ? vec2(sm_raw[e], sm_raw[pr.z]) : vec2(sm_raw[pr.z], sm_raw[e]), cs);
+            sm_rot[e] = (first ? r.x : r.y) * (qk_norm ? inv.x : 1.0);
+            if (own_key) {
+                uint o = DMAX;
+                r = rope_pair(first ? vec2(sm_raw[o + e], sm_raw[o + pr.z]) : vec2(sm_raw[o + pr.z], sm_raw[o + e]), cs);
+                sm_rot[o + e] = cache_round((first ? r.x : r.y) * (qk_norm ? inv.y : 1.0));
+                sm_rot[2u * DMAX + e] = cache_round(sm_raw[2u * DMAX + e] * (v_norm ? inv.z : 1.0));
             }
         }
         barrier();
