@@ -7142,8 +7142,11 @@ static uint64_t forge__max_product_k(const forge__config *c) {
  * 2 splits 191 tok/s against 120 with 16, medians of 3 runs of `forge bench -p 32 -n 256 -r 3`
  * on a shared 2-core machine). */
 static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
-    if (m->dev.caps.type == FORGE_DEVICE_CPU) return FORGE__ATTN_SPLITS_CPU;
-    return batched ? FORGE__ATTN_SPLITS_BATCH : FORGE__ATTN_SPLITS;
+    uint32_t splits = m->dev.caps.type == FORGE_DEVICE_CPU ? FORGE__ATTN_SPLITS_CPU : batched ? FORGE__ATTN_SPLITS_BATCH : FORGE__ATTN_SPLITS;
+    /* one sequence's partial states [heads, splits, D + 2] f32 stay one binding (a device's
+     * binding range can be small: tests lower it to 16 KiB) */
+    uint64_t per_split = 4ull * m->cfg.n_heads * (m->cfg.head_dim_max + 2);
+    return (uint32_t)FORGE__MAX(1, FORGE__MIN((uint64_t)splits, m->dev.caps.max_storage_range / per_split));
 }
 static uint32_t forge__topk_chunks(const forge_model *m) {
     return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
