@@ -142,8 +142,14 @@ forge_model *load_with_adapter(const std::string &path, const std::string &adapt
     return m;
 }
 
-std::vector<float> all_logits(forge_model *m, const std::vector<int32_t> &toks) {
-    forge_session *s = ft::session(m, 64);
+/* Every position's logits of toks; f32_cache: on an f32 KV cache whatever the device's default
+ * (an f16 cache rounds keys and values: where two paths differ in their last f32 bits, a value on
+ * a rounding boundary of f16 moves the logits by 1e-4). */
+std::vector<float> all_logits(forge_model *m, const std::vector<int32_t> &toks, bool f32_cache = false) {
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 64;
+    if (f32_cache) sp.kv_type = FORGE_KV_F32;
+    forge_session *s = ft::session(m, sp);
     std::vector<float> lg(toks.size() * (size_t)forge_model_n_vocab(m));
     if (!s) return lg;
     EXPECT_EQ(forge_eval(s, toks.data(), (int)toks.size(), FORGE_EVAL_ALL_LOGITS, lg.data(), lg.size()), FORGE_OK) << forge_session_errmsg(s);
@@ -467,14 +473,14 @@ TEST(TrainAdapters, GoodAdapterChangesTheLogitsAndMergesIntoFloatWeights) {
     forge_model *base = ft::load(ft::src(kBase)), *ad = load_with_adapter(ft::src(kBase), dir);
     ASSERT_TRUE(base && ad);
     std::vector<int32_t> toks = {3, 17, 200, 5, 9};
-    std::vector<float> l0 = all_logits(base, toks), l1 = all_logits(ad, toks);
+    std::vector<float> l0 = all_logits(base, toks, true), l1 = all_logits(ad, toks, true);
     EXPECT_GT(ft::rel_err(l1.data(), l0.data(), l0.size()), 1e-3) << "the adapter changes nothing";
     forge_model_params mp = forge_model_default_params();
     mp.adapter_path = dir.c_str();
     mp.adapter_merge = 1;
     forge_model *merged = nullptr;
     ASSERT_EQ(forge_model_load(ft::src(kBase).c_str(), &mp, &merged), FORGE_OK) << forge_model_errmsg(merged);
-    std::vector<float> l2 = all_logits(merged, toks);
+    std::vector<float> l2 = all_logits(merged, toks, true);
     EXPECT_LE(ft::rel_err(l2.data(), l1.data(), l1.size()), 2e-6) << "merged into the f32 weights";
     forge_model_free(merged);
     /* a quantized base cannot take the merge: the message names the weight */
