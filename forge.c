@@ -7673,7 +7673,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     /* One token's decode on subgroups: RoPE (and the q / k / v head norms) in attention_decode
      * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). */
     bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
-    bool rope_fused = n == 1 && !p->train && !p->table && m->attn_subgroups && D % 4 == 0;
+    bool rope_fused = decode && !p->table && m->attn_subgroups && D % 4 == 0;
     if (c->qk_norm && !rope_fused) {
         if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
             forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);

@@ -26,9 +26,9 @@
 // workgroup reads slot p here), and written to the cache by that run's workgroup of the first
 // head of its group (bindings 6 and 7, the cache again). Without 16 (a layer that attends to an
 // earlier layer's cache) key p is in the cache already. Flags 32: the query and key heads are
-// RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, x * inv_rms * w as rmsnorm.comp, to rounding; eps
-// from the push constants; another dispatch and barrier fewer), 64: the value head too, without
-// weight (Gemma 4).
+// RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, x * inv_rms * w as rmsnorm.comp, to
+// rounding; eps from the push constants; another dispatch and barrier fewer), 64: the value
+// head too, without weight (Gemma 4).
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
 //           5 inv_freq f32 [D/2] | 6 K cache (written) | 7 V cache (written) | 8 q_norm f32 [D] | 9 k_norm f32 [D]
 //           (5-7 read with flags 4 only, 8-9 with 32)
