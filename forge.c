@@ -6953,7 +6953,8 @@ typedef struct forge__step_params {
     uint32_t pos0, n_tokens;
     uint32_t n_penalty;      /* distinct ids in the penalty window */
     float penalty;           /* repeat penalty (1: none) */
-    float inv_temp;          /* 1 / temperature of the softmax normalizer (greedy: 1) */
+    float inv_temp;          /* 1 / temperature of the softmax normalizer; 0: greedy, the reduction finds the best
+                              * candidate alone (topk.comp) */
     uint32_t seed;           /* training: this step's dropout seed (gemm.comp reads it) */
     uint32_t pad[2];
 } forge__step_params;
@@ -9758,7 +9759,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     forge__stopper stop = {&p, NULL, 0, 0};
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
     forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 1.0f, 0, {0, 0}};
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
     /* prefill: all but the last chunk without outputs, the last one sampled */
     int done = mt.cached_tokens;
@@ -9961,9 +9962,10 @@ static bool forge__batch_logits_mode(forge__out_mode mode) {
     return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
 }
 
-/* 1 / temperature of out row `row` (greedy: 1), which the device's reduction reads. */
+/* 1 / temperature of out row `row` (greedy: 0, the best candidate alone), which the device's
+ * reduction reads. */
 static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
-    float inv = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+    float inv = temperature > 0.0f ? 1.0f / temperature : 0.0f;
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
 }
 

@@ -69,6 +69,13 @@ TEST(Sampler, DeviceTopKMatchesHostSort) {
         }
         EXPECT_EQ(gM, (float)M);
         EXPECT_NEAR(gS, S, S * 1e-5) << "V " << V;
+        /* greedy (inv_temp 0): the best candidate alone, ties to the lower id (V 3001: a thousand
+         * ties over three chunks; 128255: the best in a late chunk) */
+        std::fill(ci.begin(), ci.end(), -1);
+        ASSERT_EQ(ft_topk(device(), l.data(), V, ids.data(), (uint32_t)ids.size(), penalty, 0.0f, cl.data(), ci.data(), &n, &gM, &gS), FORGE_OK);
+        EXPECT_EQ(ci[0], ref[0].second) << "greedy, V " << V;
+        EXPECT_NEAR(cl[0], ref[0].first, 1e-6 * std::fabs(ref[0].first)) << "greedy, V " << V;
+        EXPECT_EQ(gM, (float)M) << "greedy, V " << V;
         /* the host's reduction (CPU devices) of the penalized row: the same candidates, exactly */
         for (int take : {(int)n, 1, (int)std::min(V, 7u)}) {
             std::vector<float> hl(take);
