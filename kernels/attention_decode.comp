@@ -29,9 +29,18 @@
 // RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, x * inv_rms * w as rmsnorm.comp, to
 // rounding; eps from the push constants; another dispatch and barrier fewer), 64: the value
 // head too, without weight (Gemma 4).
+// Merged here (flags 128: the combine's dispatch and its barrier fewer a layer, 6-7 us on the
+// H100): each workgroup with keys writes its state, then counts itself done on the (h, t)
+// counter; the last of them (its count: the runs with keys, which every workgroup derives from
+// p alike) resets the counter for the next dispatch and merges the runs as attention_combine.comp
+// would (attention_merge.glsl, the same code), with flags 256 also the o projection's int8 input.
+// Workgroups past a short context then exit at once. The partial states are `coherent` so that
+// the last workgroup reads what the others wrote (their writes and the count ordered by
+// memoryBarrierBuffer).
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
 //           5 inv_freq f32 [D/2] | 6 K cache (written) | 7 V cache (written) | 8 q_norm f32 [D] | 9 k_norm f32 [D]
-//           (5-7 read with flags 4 only, 8-9 with 32)
+//           10 out f32 [n, H, D] | 11 int8 output | 12 counters uint [n, H], zero between dispatches
+//           (5-7 read with flags 4 only, 8-9 with 32, 10-12 with 128, 11 with 256)
 // The cache is f32, or f16 built with -DKV_F16 (the loads stay as they are, half the bytes).
 // One workgroup of 64 per (split, head, token); D % 4 == 0, D <= DMAX.
 // Spec constants: 0 = DMAX (the model's head_dim rounded up to 8), 1 = W, the subgroup width (4..64).
@@ -59,7 +68,8 @@ layout(binding = 3) readonly buffer V_ { vec4 vc4[]; };
 #define KV_PIECE(v) (v)
 #define KV_PIECE_T vec4
 #endif
-layout(binding = 4) writeonly buffer O_ { float part[]; };
+layout(binding = 4) coherent buffer PART_ { float part[]; };
+layout(binding = 4) coherent buffer PART2_ { vec2 part2[]; };
 layout(binding = 1) readonly buffer QF_ { float qf[]; };
 layout(binding = 5) readonly buffer F_ { float inv_freq[]; };
 #ifdef KV_F16
@@ -71,6 +81,10 @@ layout(binding = 7) writeonly buffer VW_ { vec4 vw4[]; };
 #endif
 layout(binding = 8) readonly buffer QN_ { float q_norm[]; };
 layout(binding = 9) readonly buffer KN_ { float k_norm[]; };
+layout(binding = 10) writeonly buffer O_ { float o[]; };
+layout(binding = 11) writeonly buffer Q8_ { uvec4 q8[]; };
+layout(binding = 11) writeonly buffer Q8S_ { vec4 q8s[]; };
+layout(binding = 12) coherent buffer N_ { uint done[]; };
 
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
@@ -115,6 +129,13 @@ shared float sm_raw[3u * DMAX], sm_rot[3u * DMAX];
 shared vec2 sm_cs[DMAX];
 shared vec3 sm_ss[NSG]; // the three heads' sums of squares, per subgroup
 
+#define MERGE_DMAX DMAX
+#define MERGE_SPLITS 64u // forge.c FORGE__ATTN_SPLITS
+#define MERGE_OUT sm_raw // (3 DMAX floats, the rotation's, done with by then)
+#define MERGE_OUT_LEN (3u * DMAX)
+#include "attention_merge.glsl"
+shared bool sm_last;
+
 void main() {
     uint lane = gl_SubgroupInvocationID, sg = gl_SubgroupID;
     uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y, t = gl_WorkGroupID.z;
@@ -128,6 +149,8 @@ void main() {
     // at least one round of keys (NSG * U) a workgroup: splits past the keys exit at once
     uint run = max(NSG * U, (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits);
     uint k_begin = lo + s * run, k_end = min(p + 1u, k_begin + run);
+    bool merge = (pc.flags & 128u) != 0u;
+    if (merge && k_begin >= k_end) return; // past a short context: not counted (the whole workgroup)
     uint group = pc.n_heads / pc.n_kv_heads, kvh = h / group;
     uint qb = (t * pc.q_stride + h * D) / 4u;
     bool rope = (pc.flags & 4u) != 0u, adjacent = (pc.flags & 8u) != 0u, qk_norm = (pc.flags & 32u) != 0u;
@@ -280,4 +303,14 @@ void main() {
         part[pb + 4u + 4u * i] = a.z;
         part[pb + 5u + 4u * i] = a.w;
     }
+    if (!merge) return;
+    memoryBarrierBuffer(); // this thread's part before the count
+    barrier();
+    uint ci = t * pc.n_heads + h, runs = (p + 1u - lo + run - 1u) / run; // the runs with keys
+    if (tid == 0u) sm_last = atomicAdd(done[ci], 1u) == runs - 1u;
+    barrier();
+    if (!sm_last) return;
+    memoryBarrierBuffer(); // the others' parts after their counts
+    if (tid == 0u) done[ci] = 0u;
+    merge_runs(pb - s * (D + 2u), runs, D, ci * D, (pc.flags & 256u) != 0u && t == 0u, h, pc.n_heads * D);
 }

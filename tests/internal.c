@@ -394,7 +394,7 @@ forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t
 static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const void *kc,
                                       const void *vc, bool f16, uint32_t slots, uint32_t pos0, uint32_t window, float scale,
                                       float softcap, float *out, int split) {
-    if (split == 2 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
+    if (split >= 2 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
     ft_use_head_dim(c, D);
     ft_job j;
     ft_begin(&j, c);
@@ -408,13 +408,22 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
     if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range d16 = ft_buf(&j, NULL, 16);
-        forge__range binds[10] = {pb, qb, kb, vb, part, d16, kb, vb, d16, d16};
-        forge__op op = split == 2 ? (f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE) : (f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
-        forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
-        forge__barrier(&j.rec);
-        forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
-        forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
-        forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
+        forge__range done = ft_buf(&j, NULL, 4ull * n * H), first = ft_buf(&j, NULL, 4ull * n * H * D); /* (zeroed) */
+        forge__range binds[13] = {pb, qb, kb, vb, part, d16, kb, vb, d16, d16, first, d16, done};
+        forge__op op = split >= 2 ? (f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE) : (f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT);
+        if (split == 3) { /* merged in the kernel, twice: the second dispatch needs the counters the first left at zero */
+            pc.flags = FORGE__ATTN_MERGE;
+            forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+            forge__barrier(&j.rec);
+            binds[10] = ob;
+            forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+        } else {
+            forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
+            forge__barrier(&j.rec);
+            forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
+            forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
+            forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, n, 1);
+        }
     } else {
         forge__range lse = ft_buf(&j, NULL, 16);
         forge__range binds[6] = {pb, qb, kb, vb, ob, lse};
@@ -758,12 +767,10 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
     forge__pc_attention pc = {1, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, row, 0, flags, eps};
     forge__range nq = qk_norm ? ft_buf(&j, qk_norm, 4ull * D) : ft_buf(&j, NULL, 16);
     forge__range nk = qk_norm ? ft_buf(&j, qk_norm + D, 4ull * D) : ft_buf(&j, NULL, 16);
-    forge__range binds[10] = {pb, qb, kb, vb, part, fb, kb, vb, nq, nk};
+    forge__range done = ft_buf(&j, NULL, 4ull * H); /* the runs merged as decode merges them (the counters zeroed) */
+    forge__range binds[13] = {pb, qb, kb, vb, part, fb, kb, vb, nq, nk, ob, ft_buf(&j, NULL, 16), done};
+    pc.flags |= FORGE__ATTN_MERGE;
     forge__dispatch(&j.rec, f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE, binds, &pc, FORGE__ATTN_SPLITS, H, 1);
-    forge__barrier(&j.rec);
-    forge__pc_combine pcm = {H, D, FORGE__ATTN_SPLITS, 0};
-    forge__range bc[3] = {part, ob, ft_buf(&j, NULL, 16)};
-    forge__dispatch(&j.rec, FORGE__OP_ATTN_COMBINE, bc, &pcm, H, 1, 1);
     int idx[3] = {2, 3, 6}; /* (the norm buffers come after the output) */
     void *outs[3] = {kc, vc, out};
     uint64_t bytes[3] = {cache_bytes, cache_bytes, 4ull * H * D};

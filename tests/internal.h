@@ -66,7 +66,9 @@ forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t
                              const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint16_t *kc, uint16_t *vc);
 /* split: 0 the tiled prefill kernel, 1 the split-K decode kernels (attention_split + combine),
  * 2 the same on subgroups (attention_decode + combine; FORGE_ERR_UNSUPPORTED where the device
- * has no subgroup arithmetic). */
+ * has no subgroup arithmetic), 3 attention_decode merging its runs itself (FORGE__ATTN_MERGE, as
+ * decode runs it), dispatched twice into two outputs (the second relies on the counters the
+ * first leaves at zero). */
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split);
@@ -75,7 +77,7 @@ forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, u
                             const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                             float *out, int split);
 /* One decode step's attention with RoPE fused (attention_decode.comp, flags FORGE__ATTN_ROPE_*,
- * then attention_combine): qkv is the raw row [(H + 2 Hkv) D] of the token at position pos, q
+ * its runs merged in the kernel as decode does): qkv is the raw row [(H + 2 Hkv) D] of the token at position pos, q
  * rotated by the kernel; with key_from_row its key (rotated) and value are taken from the row and
  * written into the cache at slot pos % slots, else they are read from the cache. qk_norm (or
  * NULL): the q_norm then k_norm weights [2 D], heads RMS-normed with eps before the rotation;

@@ -346,12 +346,12 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
                     ref[((size_t)t * cs.H + h) * cs.D + e] = (float)(acc / sum);
                 }
             }
-        for (int split : {0, 1, 2}) {
+        for (int split : {0, 1, 2, 3}) {
             if (split && cs.D % 4) continue;
             std::fill(out.begin(), out.end(), NAN);
             forge_status st = ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc.data(), vc.data(), cs.slots, cs.pos0, cs.window,
                                            scale, cs.softcap, out.data(), split);
-            if (split == 2 && st == FORGE_ERR_UNSUPPORTED) continue;
+            if (split >= 2 && st == FORGE_ERR_UNSUPPORTED) continue;
             ASSERT_EQ(st, FORGE_OK);
             EXPECT_LT(ft::rel_err(out.data(), ref.data(), out.size()), 2e-5)
                 << "n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
@@ -365,10 +365,10 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
             kcr[i] = ft_f16_to_f32(kc16[i] = ft_f32_to_f16(kc[i]));
             vcr[i] = ft_f16_to_f32(vc16[i] = ft_f32_to_f16(vc[i]));
         }
-        for (int split : {0, 1, 2}) {
+        for (int split : {0, 1, 2, 3}) {
             forge_status st = ft_attention(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kcr.data(), vcr.data(), cs.slots, cs.pos0, cs.window,
                                            scale, cs.softcap, want.data(), split);
-            if (split == 2 && st == FORGE_ERR_UNSUPPORTED) continue;
+            if (split >= 2 && st == FORGE_ERR_UNSUPPORTED) continue;
             ASSERT_EQ(st, FORGE_OK);
             std::fill(out.begin(), out.end(), NAN);
             ASSERT_EQ(ft_attention16(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc16.data(), vc16.data(), cs.slots, cs.pos0, cs.window, scale,
