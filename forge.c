@@ -5429,6 +5429,7 @@ typedef struct forge__op_desc {
  * four steps of k in flight (MV_STEPS) the F16 2048 x 8192 product took 21.2 us against 27.7
  * split (and the Llama-3.2-1B F16 decode 527 tok/s against 493). */
 static bool forge__matvec_use_split(bool cpu, forge__wfmt fmt, uint32_t M, uint32_t outs, uint32_t K) {
+    /* (the plain formats' matvec_sg modules are built without the split: kernels.list MV_NO_SPLIT) */
     if (M != 1 || cpu || fmt == FORGE__W_F32 || fmt == FORGE__W_F16 || fmt == FORGE__W_BF16) return false;
     return K >= 8192 || (K >= 4096 && outs > K);
 }

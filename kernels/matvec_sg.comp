@@ -26,7 +26,8 @@
 // choice) pair p = t * top_k + j. Workgroup z is the pair p: the product of its expert with
 // A row p / a_div (a_div = top_k: the token's activations; 1: the pair's own row) into C row p;
 // pairs of another chunk's experts are left alone.
-// Correct for any subgroup size.
+// Correct for any subgroup size. Built with MV_NO_SPLIT (the plain formats, which forge.c never
+// splits) the K split is left out.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM) | 7 route uvec2 [pairs]
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh),
@@ -96,6 +97,7 @@ void a8(uint m, uint k, bool vec_a, bool prenorm, out vec4 lo, out vec4 hi, inou
     }
 }
 
+#ifndef MV_NO_SPLIT
 const uint MAX_R = 8, MAX_SG = 64;
 shared float red_s[MAX_SG][MAX_R], red_u[MAX_SG][MAX_R], red_ss[MAX_SG];
 
@@ -167,6 +169,7 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
         store(row0 + r, 0u, v);
     }
 }
+#endif
 
 // One token, one output per subgroup: weight row w0 (gated: and the up row after it) times
 // A' row a_m, normalized and activated as the flags say; every lane returns it. In scalars so
@@ -272,11 +275,13 @@ void main() {
         experts(lane, width, vec_a, gated);
         return;
     }
+#ifndef MV_NO_SPLIT
     if (pc.rows_per_wg != 0u) {
         uint row0 = wg * pc.rows_per_wg;
         if (row0 < pc.N) one_token_split(row0, min(pc.rows_per_wg, pc.N - row0), lane, width, vec_a, prenorm, gated); // uniform
         return;
     }
+#endif
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
