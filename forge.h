@@ -621,7 +621,7 @@ FORGE_API forge_status forge_model_special_tokens(const forge_model *model, forg
  * temperature, top-k, top-p (nucleus), min-p (relative to the most likely token), then a
  * draw from the seeded generator. temperature 0 is greedy (argmax; ties go to the lower id).
  * The reduction runs on the device: per token the host reads back the best 256 candidates
- * and the softmax normalizer, not the vocabulary; only when a filter's cut falls beyond those
+ * and the softmax normalizer (a greedy step: the best token alone), not the vocabulary; only when a filter's cut falls beyond those
  * candidates (top_k > 256, or top-p / min-p / a plain temperature draw reaching into the
  * tail) does it read the whole row for that token.
  * ------------------------------------------------------------------------------------- */
