@@ -29,8 +29,8 @@
 // RMS-normed first (Qwen 3's and Gemma's q_norm / k_norm, x * inv_rms * w as rmsnorm.comp, to
 // rounding; eps from the push constants; another dispatch and barrier fewer), 64: the value
 // head too, without weight (Gemma 4).
-// Merged here (flags 128: the combine's dispatch and its barrier fewer a layer, 6-7 us on the
-// H100): each workgroup with keys writes its state, then counts itself done on the (h, t)
+// Merged here (flags 128: the combine's dispatch and its barrier fewer a layer; on the H100 the
+// 1B F16 decode went from 565 to 577 tok/s): each workgroup with keys writes its state, then counts itself done on the (h, t)
 // counter; the last of them (its count: the runs with keys, which every workgroup derives from
 // p alike) resets the counter for the next dispatch and merges the runs as attention_combine.comp
 // would (attention_merge.glsl, the same code), with flags 256 also the o projection's int8 input.
