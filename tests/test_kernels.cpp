@@ -27,7 +27,8 @@ Ctx &ctx() {
 #define NEED_DEVICE()                                                              \
     ASSERT_NE(ctx().c, nullptr) << "no Vulkan device: " << ctx().err;
 
-/* Weights stored in a format, and the exact f32 values the kernel should see. */
+/* Weights stored in a format, and the exact f32 values the kernel should see (Q8_0: blocks of
+ * 32 along the rows, n a multiple of 32). */
 struct Weights {
     std::vector<uint8_t> bytes;
     std::vector<float> values;
@@ -41,6 +42,20 @@ Weights make_weights(int fmt, size_t n, uint32_t seed) {
         w.bytes.resize(n * 4);
         memcpy(w.bytes.data(), v.data(), n * 4);
         w.values = v;
+    } else if (fmt == FT_Q8_0) { /* f16 scale d = max |v| / 127, then 32 codes round(v / d) */
+        w.bytes.resize(n / 32 * 34);
+        for (size_t b = 0; b < n / 32; b++) {
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = std::max(amax, std::fabs(v[32 * b + i]));
+            uint16_t h = ft_f32_to_f16(amax / 127.0f);
+            float d = ft_f16_to_f32(h);
+            memcpy(&w.bytes[34 * b], &h, 2);
+            for (int i = 0; i < 32; i++) {
+                int q = d > 0 ? std::max(-127, std::min(127, (int)std::lround(v[32 * b + i] / d))) : 0;
+                w.bytes[34 * b + 2 + i] = (uint8_t)(int8_t)q;
+                w.values[32 * b + i] = d * (float)q;
+            }
+        }
     } else {
         w.bytes.resize(n * 2);
         for (size_t i = 0; i < n; i++) {
@@ -127,8 +142,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 /* The subgroup matvec's fused paths (bias, accumulation, soft-cap, the RMSNorm of its input,
  * the gated MLP middle) in both of its mappings: K split over the workgroup with up to 8
- * outputs (one token on GPUs; forced here, since lavapipe is not given it) and an output per
- * subgroup (several tokens, CPUs). Against f64. */
+ * outputs (one token of a block format on GPUs, here Q8_0; forced, since lavapipe is not given
+ * it; the plain formats' modules have no split, forge never asks them for one) and an output
+ * per subgroup (plain formats and several tokens; its rounds of 8 and 4 steps of k and the
+ * single steps after them, K % 8 != 0 included). Against f64. */
 TEST(Kernel, SubgroupMatvecFusedPathsBothMappings) {
     NEED_DEVICE();
     if (!ft_has_subgroup_matvec(ctx().c)) GTEST_SKIP() << "no subgroup arithmetic";
@@ -142,12 +159,16 @@ TEST(Kernel, SubgroupMatvecFusedPathsBothMappings) {
         {FT_F32, 40, 3000, FT_BIAS},                             /* 2 outputs per workgroup when split */
         {FT_F16, 72, 8200, FT_GATED | FT_PRENORM},               /* 8, and a partial last workgroup */
         {FT_F32, 2056, 5, FT_PRENORM | FT_ACCUMULATE},           /* several k steps per lane */
+        {FT_Q8_0, 256, 20, FT_BIAS | FT_SOFTCAP | FT_ACCUMULATE}, {FT_Q8_0, 96, 9, FT_GATED | FT_PRENORM},
+        {FT_Q8_0, 64, 3000, FT_BIAS},                            /* 2 outputs per workgroup when split */
+        {FT_Q8_0, 96, 8200, FT_GATED | FT_PRENORM},              /* 8, and a partial last workgroup */
+        {FT_Q8_0, 2048, 5, FT_PRENORM | FT_ACCUMULATE},          /* several k steps per lane */
     };
     const float eps = 1e-5f, cap = 2.5f;
     for (const Case &cs : cases)
         for (int split = 0; split <= 1; split++)
             for (uint32_t M : {1u, 3u}) {
-                if (split && M != 1) continue;
+                if (split && (M != 1 || cs.fmt != FT_Q8_0)) continue;
                 bool gated = cs.flags & FT_GATED, prenorm = cs.flags & FT_PRENORM;
                 uint32_t rows = gated ? 2 * cs.outs : cs.outs;
                 std::vector<float> A = ft::randn((size_t)M * cs.K, 1.0f, 20), g = ft::randn(cs.K, 1.0f, 21);
@@ -180,7 +201,8 @@ TEST(Kernel, SubgroupMatvecFusedPathsBothMappings) {
                         r = (cs.flags & FT_ACCUMULATE) ? r + (float)v : (float)v;
                     }
                 }
-                ft_weight w = {cs.fmt, W.bytes.data(), (size_t)(cs.fmt == FT_F32 ? 4 : 2) * cs.K, nullptr, nullptr, 0, 0, 0, 0};
+                size_t row_bytes = cs.fmt == FT_Q8_0 ? (size_t)cs.K / 32 * 34 : (size_t)(cs.fmt == FT_F32 ? 4 : 2) * cs.K;
+                ft_weight w = {cs.fmt, W.bytes.data(), row_bytes, nullptr, nullptr, 0, 0, 0, 0};
                 ASSERT_EQ(ft_matvec_sg(ctx().c, &w, A.data(), M, cs.K, cs.outs, cs.flags, bias.data(), g.data(), eps, cap, split, C.data()),
                           FORGE_OK)
                     << ft_errmsg(ctx().c);
