@@ -4,8 +4,8 @@
 // with the chunk's max and sum of exp((l - max) * inv_temp) for the softmax normalizer.
 // NaN counts as -inf. Stage 2 (topk_merge.comp) merges the chunks.
 // inv_temp 0 means greedy: the chunk's best alone (the lowest index holding its max) in place of
-// the sorted C, and the sum 0 (no normalizer is wanted); the sort was 34 us of a 128256-logit
-// row on the H100, every decode token.
+// the sorted C, no stats (no normalizer is wanted); the sort was 34 us of a 128256-logit row on
+// the H100, every decode token.
 // Workgroup y is the row (batch generation reduces one row per sequence: logits, candidates
 // and stats of row r follow those of row r - 1), whose inv_temp is word temp_word + r of the
 // params buffer when temp_word is set (else the step's inv_temp).
@@ -50,18 +50,7 @@ void main() {
     }
     float cmax = red[0];
     barrier();
-    float sum = 0.0;
-    bool greedy = inv_temp == 0.0; // (uniform: the row's)
-    if (cmax > -1.0 / 0.0 && !greedy)
-        for (uint e = tid; e < CHUNK; e += 256u) sum += exp((sv[e] - cmax) * inv_temp);
-    red[tid] = sum;
-    barrier();
-    for (uint s = 128u; s > 0u; s >>= 1) {
-        if (tid < s) red[tid] += red[tid + s];
-        barrier();
-    }
-    if (tid == 0u) stats[slot] = vec2(cmax, red[0]);
-    if (greedy) {
+    if (inv_temp == 0.0) { // greedy (uniform: the row's)
         uint best = 0xffffffffu; // (all -inf: element 0, as the sort would put first)
         for (uint e = tid; e < CHUNK; e += 256u)
             if (sv[e] == cmax) best = min(best, e);
@@ -74,6 +63,16 @@ void main() {
         if (tid == 0u) cand[slot * pc.C] = uvec2(floatBitsToUint(cmax), base + red_i[0]);
         return;
     }
+    float sum = 0.0;
+    if (cmax > -1.0 / 0.0)
+        for (uint e = tid; e < CHUNK; e += 256u) sum += exp((sv[e] - cmax) * inv_temp);
+    red[tid] = sum;
+    barrier();
+    for (uint s = 128u; s > 0u; s >>= 1) {
+        if (tid < s) red[tid] += red[tid + s];
+        barrier();
+    }
+    if (tid == 0u) stats[slot] = vec2(cmax, red[0]);
     // bitonic sort of CHUNK pairs, 4 compare-exchanges per thread per pass
     for (uint k = 2u; k <= CHUNK; k <<= 1) {
         for (uint j = k >> 1; j > 0u; j >>= 1) {

@@ -7,8 +7,9 @@
 // Method: binary search on the orderable bits of the value for the C-th largest value t
 // (each chunk list is sorted, so counting is a binary search per chunk), then the values
 // above t, then ties at t in index order, then a bitonic sort of the C winners.
-// inv_temp 0 means greedy (topk.comp wrote each chunk's best alone): out[1] is the best of the
-// chunks' bests (value descending, index ascending), out[0] = (M, 0), the rest left as it was.
+// inv_temp 0 means greedy (topk.comp wrote each chunk's best alone, no stats): out[1] is the best
+// of the chunks' bests (value descending, index ascending), out[0] = (M, 0) with M its value, the
+// rest left as it was.
 // Workgroup y is the row (batch generation: one per sequence, each with its n_chunks lists,
 // stats and output after the previous row's; inv_temp per row as in topk.comp).
 // Bindings: 0 params {.., inv_temp} | 1 cand [n_chunks, C] | 2 stats [n_chunks] | 3 out [1 + C]
@@ -50,6 +51,30 @@ void main() {
     uint tid = gl_LocalInvocationID.x, row = gl_WorkGroupID.y, ob = row * (1u + pc.C);
     cb = row * pc.n_chunks;
     float inv_temp = pc.temp_word != 0u ? uintBitsToFloat(params.words[pc.temp_word - 5u + row]) : params.inv_temp;
+    if (inv_temp == 0.0) { // greedy: the best of the chunks' bests
+        float bv = -1.0 / 0.0;
+        uint bi = 0xffffffffu;
+        for (uint c = tid; c < pc.n_chunks; c += 256u) {
+            uvec2 x = cand[(cb + c) * pc.C];
+            float v = uintBitsToFloat(x.x);
+            if (v > bv || (v == bv && x.y < bi)) { bv = v; bi = x.y; }
+        }
+        wv[tid] = bv; // (MAXC = the workgroup's 256)
+        wi[tid] = bi;
+        barrier();
+        for (uint s = 128u; s > 0u; s >>= 1) {
+            if (tid < s && (wv[tid + s] > wv[tid] || (wv[tid + s] == wv[tid] && wi[tid + s] < wi[tid]))) {
+                wv[tid] = wv[tid + s];
+                wi[tid] = wi[tid + s];
+            }
+            barrier();
+        }
+        if (tid == 0u) { // M is the best's value
+            outv[ob] = uvec2(floatBitsToUint(wv[0]), 0u);
+            outv[ob + 1u] = uvec2(floatBitsToUint(wv[0]), wi[0]);
+        }
+        return;
+    }
     // normalizer
     float m = -1.0 / 0.0;
     for (uint c = tid; c < pc.n_chunks; c += 256u) m = max(m, stats[cb + c].x);
@@ -71,27 +96,6 @@ void main() {
         barrier();
     }
     if (tid == 0u) outv[ob] = uvec2(floatBitsToUint(M), floatBitsToUint(red[0]));
-    if (inv_temp == 0.0) { // greedy: the best of the chunks' bests
-        float bv = -1.0 / 0.0;
-        uint bi = 0xffffffffu;
-        for (uint c = tid; c < pc.n_chunks; c += 256u) {
-            uvec2 x = cand[(cb + c) * pc.C];
-            float v = uintBitsToFloat(x.x);
-            if (v > bv || (v == bv && x.y < bi)) { bv = v; bi = x.y; }
-        }
-        wv[tid] = bv; // (MAXC = the workgroup's 256)
-        wi[tid] = bi;
-        barrier();
-        for (uint s = 128u; s > 0u; s >>= 1) {
-            if (tid < s && (wv[tid + s] > wv[tid] || (wv[tid + s] == wv[tid] && wi[tid + s] < wi[tid]))) {
-                wv[tid] = wv[tid + s];
-                wi[tid] = wi[tid + s];
-            }
-            barrier();
-        }
-        if (tid == 0u) outv[ob + 1u] = uvec2(floatBitsToUint(wv[0]), wi[0]);
-        return;
-    }
     // largest t with count(key >= t) >= C
     uint lo = 0u, hi = 0xffffffffu;
     while (lo < hi) {
