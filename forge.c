@@ -5213,6 +5213,9 @@ typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp 
 typedef struct forge__pc_act_q8 {   /* act_q8.comp */
     uint32_t K, a_row0, flags;      /* flags: FORGE__LINEAR_PRENORM */
 } forge__pc_act_q8;
+typedef struct forge__pc_act_f16 {  /* act_f16.comp: rows a_row0 .. a_row0 + M of [*, K] */
+    uint32_t K, a_row0, M;
+} forge__pc_act_f16;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
     float scale;
@@ -5332,7 +5335,6 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
-#define FORGE__LINEAR_REDUCE 128u   /* matmul: the partial sums added up, then the epilogue */
 #define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (the attention's merge wrote it) */
 #define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
 
@@ -5373,6 +5375,8 @@ typedef enum forge__op {
     FORGE__OP_TOPK,
     FORGE__OP_TOPK_MERGE,
     FORGE__OP_ACT_Q8,             /* one token's activations as int8 blocks, matvec_q8a's input */
+    FORGE__OP_ACT_F16,            /* rows of activations in f16, matmul_cm's input */
+    FORGE__OP_LINEAR_REDUCE,      /* a product split along k: the partial sums added up, then the epilogue */
     FORGE__OP_ROPE_KV16,          /* rope and the attention kernels on an f16 KV cache (forge_session_params.kv_type) */
     FORGE__OP_ATTENTION_KV16,
     FORGE__OP_ATTN_SPLIT_KV16,
@@ -5449,7 +5453,8 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
 #define FORGE__CM_OP(FMT, name) \
     [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 #define FORGE__CM_S_OP \
-    [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}}, \
+    [FORGE__OP_ACT_F16] = {"act_f16", FORGE__SPV(act_f16), 2, sizeof(forge__pc_act_f16), 0, {0}},
 #else
 #define FORGE__CM_S_OP
 #define FORGE__CM_OP(FMT, name)
@@ -5481,6 +5486,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
     [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
+    [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
@@ -5664,8 +5670,6 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A_Q4_0 ? (op == FORGE__OP_MATVEC_Q8A_Q4_0 ? FORGE__W_Q4_0 : FORGE__W_Q8_0)
                                                             : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
-            /* a split-K product's reduce pass reads partial sums, not the weights: no rows, no weight bytes */
-            bool reduce = pl->flags & FORGE__LINEAR_REDUCE;
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
             uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
             /* expert products (the shape is one expert's): decode reads the expert of each pair
@@ -5674,7 +5678,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             uint32_t M = pl->M, mats = 1;
             if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
             else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
-            *w = (forge__mat_work){rows, pl->K, reduce ? 0 : M, reduce ? 0 : forge__bits16(f, pl->qbits, pl->qgroup), reduce ? 0 : mats};
+            *w = (forge__mat_work){rows, pl->K, M, forge__bits16(f, pl->qbits, pl->qgroup), mats};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
@@ -7028,6 +7032,7 @@ struct forge_session {
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
     forge__range attn_done;           /* attention_decode's finished runs per (row, head) [n_batch, heads] u32, zero between steps */
     forge__range act_q8;              /* one token's int8 activations (forge_model.act_q8; else 16 bytes) */
+    forge__range a16;                 /* [n_batch, longest product input] f16: the tensor cores' A (else 16 bytes) */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
@@ -7155,6 +7160,13 @@ static uint64_t forge__max_product_k(const forge__config *c) {
     return FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, forge__max_q(c)), forge__max_ffn(c));
 }
 
+/* Whether products of many rows run on the tensor cores (matmul_cm), which take their input
+ * rows in f16 from a scratch of the session or trainer (forge__pass.a16): [rows, K] halves. */
+static bool forge__uses_a16(const forge_model *m) { return m->dev.caps.coopmat_nv && !m->exact; }
+static uint64_t forge__a16_bytes(const forge_model *m, uint64_t rows) {
+    return forge__uses_a16(m) ? forge__align_up(2 * rows * forge__max_product_k(&m->cfg), 16) : 16;
+}
+
 /* Workgroups per head of the decode attention: FORGE__ATTN_SPLITS on GPUs, which need them to
  * fill the device (attention_decode.comp gives each at least one round of keys, so at a short
  * context most exit at once; at 4096 positions of the Llama-3.1-8B shape 16 splits kept the
@@ -7177,7 +7189,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
     FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_COUNT
 } forge__session_buf;
@@ -7209,6 +7221,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_ATTN_DONE] = 4ull * c->n_heads * nb,
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
+        [FORGE__SB_A16] = forge__a16_bytes(m, nb),
         /* mixture of experts: router logits [nb, E], the choices (expert, weight) [nb * k], the
          * prefill's group table and its experts' outputs [nb * k, H]; Gemma 4 also keeps the
          * experts' sum and the dense MLP's normed output [nb, H] apart */
@@ -7284,6 +7297,7 @@ typedef struct forge__pass {
     forge__range split_part;   /* batch decode: scratch for the matmul's split-k partial sums (unset: no split), */
     forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
     forge__range act_q8;       /* one token's int8 activations (act_q8.comp), where the model uses them; unset: never */
+    forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
     bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
 } forge__pass;
 
@@ -7366,6 +7380,30 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     }
 }
 
+/* Rows a_row0 .. a_row0 + M of x [*, K] rounded to f16 into a16 [M, K] (act_f16.comp), for
+ * matmul_cm, then a barrier. K % 8 == 0. */
+static void forge__record_act_f16(forge__rec *r, forge__range x, uint32_t a_row0, uint32_t M, uint32_t K, forge__range a16) {
+    forge__pc_act_f16 pc = {K, a_row0, M};
+    forge__range b[2] = {x, a16};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)M * (K / 8) + 255) / 256, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ACT_F16, b, &pc, gx, gy, 1);
+    forge__barrier(r);
+}
+
+/* C (+)= the sum of `splits` partial sums part [splits, M, N] (pc's M, N and epilogue: bias,
+ * soft-cap, accumulate), linear_reduce.comp. */
+static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge__range c, forge__range bias, const forge__pc_linear *pc,
+                                        uint32_t splits) {
+    forge__pc_linear pr = *pc;
+    pr.k_split = splits;
+    forge__range b[4] = {part, part, c, bias};
+    uint64_t threads = pc->N % 4 == 0 ? (uint64_t)pc->M * pc->N / 4 : (uint64_t)pc->M * pc->N;
+    uint32_t gx, gy;
+    forge__grid((threads + 255) / 256, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_LINEAR_REDUCE, b, &pr, gx, gy, 1);
+}
+
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
@@ -7385,6 +7423,14 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
      * decode's rows (on the H100 even 32 rows beat the SIMT kernels: 32 x 2048 x 16384 in 0.10 ms
      * against 0.17 for matmul_s; bench/RESULTS.md). */
     bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact;
+    /* ... on x rounded to f16 first, into the pass's scratch (after a barrier: an earlier
+     * product may still read it); where that cannot hold x, on the SIMT kernels */
+    forge__range a16 = p->a16;
+    if (cm && !(a16.buf && w->cols % 8 == 0 && 2ull * M * w->cols <= a16.size && forge__apart(a16, x) && forge__apart(a16, y))) cm = false;
+    if (cm) {
+        forge__barrier(p->r);
+        forge__record_act_f16(p->r, x, a_row0, M, w->cols, a16);
+    }
     bool gated = flags & FORGE__LINEAR_GATED;
     if (norm) flags |= FORGE__LINEAR_PRENORM;
     for (int i = 0; i < w->n_chunks; i++) {
@@ -7410,7 +7456,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         /* up to 32 rows of f16 weights: matmul_cm's 32 x 64 tiles that read W without staging it */
         bool cm_s = cm && M <= 32 && w->fmt == FORGE__W_F16 && c->rows % 16 == 0 && w->cols % 64 == 0;
         uint32_t tn = cm_s ? 64 : skinny || cm ? 128 : 64, tm = skinny || cm_s ? 32 : cm ? 128 : 64;
-        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt); /* also the splits' reduction */
+        forge__op plain = (forge__op)((skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
         forge__op cm_op = cm_s ? FORGE__OP_MATMUL_CM_S : (forge__op)(FORGE__OP_MATMUL_CM + w->fmt);
         forge__op split_op = cm ? cm_op : plain;
         uint64_t tiles = (uint64_t)((c->rows + tn - 1) / tn) * ((M + tm - 1) / tm);
@@ -7427,22 +7473,25 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
             forge__pc_linear pp = pc;
             pp.flags = FORGE__LINEAR_SPLIT_K;
             pp.k_split = k_chunk;
-            forge__range bp[7] = {x, c->w, part, p->dummy, b[4], b[5], p->dummy};
+            if (cm) pp.a_row0 = 0;
+            forge__range bp[7] = {cm ? a16 : x, c->w, part, p->dummy, b[4], b[5], p->dummy};
             forge__dispatch(p->r, split_op, bp, &pp, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, splits);
             forge__barrier(p->r);
-            pc.flags |= FORGE__LINEAR_REDUCE;
-            pc.k_split = splits;
-            forge__range br[7] = {part, c->w, y, b[3], b[4], b[5], p->dummy};
-            forge__grid(((uint64_t)M * outs + 255) / 256, &gx, &gy);
-            forge__dispatch(p->r, plain, br, &pc, gx, gy, 1);
+            forge__record_linear_reduce(p->r, part, y, b[3], &pc, splits);
             forge__barrier(p->r);
             continue;
         }
         uint64_t big_tiles = (uint64_t)((c->rows + 127) / 128) * ((M + 127) / 128);
         bool big = !cm && big_tiles >= FORGE__BIG_TILES_MIN && !(p->table == FORGE__TABLE_DECODE && M <= 64); /* (a few rows: more, smaller tiles) */
         uint32_t tile = big ? 128 : 64;
-        if (skinny || cm) {
-            forge__dispatch(p->r, skinny ? plain : cm_op, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
+        if (skinny) {
+            forge__dispatch(p->r, plain, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
+            continue;
+        }
+        if (cm) {
+            b[0] = a16;
+            pc.a_row0 = 0;
+            forge__dispatch(p->r, cm_op, b, &pc, (c->rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
             continue;
         }
         forge__op op = (forge__op)((big ? FORGE__OP_MATMUL_BIG : FORGE__OP_MATMUL) + w->fmt);
@@ -7876,8 +7925,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, s->kv_f16};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16};
     if (m->act_q8) p.act_q8 = s->act_q8;
+    if (forge__uses_a16(m)) p.a16 = s->a16;
     return p;
 }
 
@@ -8457,6 +8507,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
         [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_ATTN_DONE] = &s->attn_done, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
+        [FORGE__SB_A16] = &s->a16,
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
         [FORGE__SB_PLE_G] = &s->ple_g,
@@ -11637,7 +11688,7 @@ typedef struct forge__train_layout {
  * checkpointing the rest of forge__train_layer_buf. */
 typedef enum forge__train_buf {
     FORGE__TB_X, FORGE__TB_XN, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
-    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_GEMM_PART, FORGE__TB_DUMMY, FORGE__TB_COUNT
+    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_GEMM_PART, FORGE__TB_DUMMY, FORGE__TB_A16, FORGE__TB_COUNT
 } forge__train_buf;
 typedef enum forge__train_layer_buf {
     FORGE__TL_X_IN, FORGE__TL_X_MID, FORGE__TL_QKV, FORGE__TL_QKV_RAW, FORGE__TL_ATT, FORGE__TL_LSE, FORGE__TL_GU, FORGE__TL_H,
@@ -11830,6 +11881,7 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
         [FORGE__TB_LOSS] = 4 * N, [FORGE__TB_NORM] = 4ull * (1 + L->n_parts), [FORGE__TB_DUMMY] = 256,
         /* split-K partial sums of the widest low-rank product: tokens, or a projection's features, by rank */
         [FORGE__TB_GEMM_PART] = 4ull * FORGE__GEMM_MAX_SPLITS * L->lora.max_rank * FORGE__MAX(N, FORGE__MAX(F, FORGE__MAX(H, QD))),
+        [FORGE__TB_A16] = forge__a16_bytes(m, N),
     };
     for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i]) >= 0;
     uint64_t ls[FORGE__TL_COUNT];
@@ -12183,7 +12235,8 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, false};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false};
+    if (forge__uses_a16(m)) p.a16 = tr->r[FORGE__TB_A16];
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);
     forge__barrier(r);

@@ -16,6 +16,16 @@ float round_f16(float v) {
     return uintBitsToFloat(b & 0xffffe000u);
 }
 
+#ifdef FORGE_F16_TYPES
+// four values rounded to f16 (to nearest even, clamped to its range), packed in two words:
+// the tensor cores' operands (kernels that enable GL_EXT_shader_explicit_arithmetic_types_float16
+// and define FORGE_F16_TYPES before including this file)
+uvec2 to_f16(vec4 x) {
+    f16vec4 h = f16vec4(clamp(x, vec4(-65504.0), vec4(65504.0)));
+    return uvec2(packFloat2x16(h.xy), packFloat2x16(h.zw));
+}
+#endif
+
 // tanh that cannot overflow for large |x| (some drivers build tanh from exp(2x)).
 float safe_tanh(float x) {
     float t = exp(-2.0 * abs(x));

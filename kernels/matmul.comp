@@ -8,8 +8,7 @@
 // flags: 1 add bias, 2 accumulate into C (residual), 4 soft-cap tanh(v / cap) * cap.
 // Split along k (batch generation's few rows, too few tiles to fill the device): flags 64, the
 // split z = workgroup z takes k in [z k_split, (z + 1) k_split) and writes its raw sums to
-// C = partials [z, M, N]; then flags 128 (one invocation per output, A = the partials, k_split
-// = the number of splits) adds them up in order and applies the epilogue above.
+// C = partials [z, M, N]; then linear_reduce.comp adds them up in order and applies the epilogue.
 // Built with MOE: a mixture-of-experts product grouped by expert (the prefill): W is a chunk of
 // an expert weight (experts e0 .. e0 + n_exp - 1 of N rows each) and workgroup y is a tile of
 // moe_group.comp's table (binding 6: the tile count, then (expert, first, rows) per tile, and
@@ -25,7 +24,7 @@ layout(push_constant) uniform PC {
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
     float eps;                    // (matvec_sg only)
     uint rows_per_wg;             // (matvec_sg only)
-    uint k_split;                 // flags 64: k per split; flags 128: splits
+    uint k_split;                 // flags 64: k per split
     uint e0, n_exp, top_k, a_div; // MOE: the chunk's experts, (top_k unused), the A row divisor
     uint order_off;               // MOE: where the sorted pairs start in binding 6 (words)
 } pc;
@@ -39,9 +38,9 @@ layout(push_constant) uniform PC {
 #define QFLAGS pc.qflags
 #include "weights.glsl"
 
+#include "linear_out.glsl"
+
 layout(binding = 0) readonly buffer A_ { float a[]; };
-layout(binding = 2) buffer C_ { float c[]; };
-layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 #ifdef MOE
 layout(binding = 6) readonly buffer Moe_ { uint moe[]; };
 #endif
@@ -58,24 +57,8 @@ const uint WU = BN / 64u;          // 8-element units of W each thread loads per
 shared vec4 As[BK][BM / 4];   // As[k][m/4]: A tile, transposed
 shared vec4 Ws[BK][BN / 4];   // Ws[k][n/4]: W tile, transposed
 
-void epilogue(uint m, uint n, float v) {
-    if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + n];
-    if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
-    uint ci = m * pc.ldc + pc.c_col0 + n;
-    if ((pc.flags & 2u) != 0u) v += c[ci];
-    c[ci] = v;
-}
-
 void main() {
     uint tid = gl_LocalInvocationID.x;
-    if ((pc.flags & 128u) != 0u) { // the splits' reduction
-        uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;
-        if (idx >= pc.M * pc.N) return;
-        float v = 0.0;
-        for (uint z = 0; z < pc.k_split; z++) v += a[z * pc.M * pc.N + idx];
-        epilogue(idx / pc.N, idx % pc.N, v);
-        return;
-    }
     bool part = (pc.flags & 64u) != 0u;
     uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
     uint tx = tid % TX, ty = tid / TX;
@@ -139,7 +122,7 @@ void main() {
             uint n = n0 + tx * 4u + j;
             if (n >= pc.N) break;
             if (part) c[(gl_WorkGroupID.z * pc.M + m) * pc.N + n] = acc[i][j];
-            else epilogue(m, n, acc[i][j]);
+            else store(n, m, acc[i][j]);
         }
     }
 }

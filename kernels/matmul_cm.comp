@@ -2,15 +2,20 @@
 // matmul_cm: the products of many rows on tensor cores (VK_NV_cooperative_matrix, fp16 x fp16
 // + fp32): prefill, classify, training's forward, batch decode:
 //   C[m, c_col0 + n] (+)= sum_k A[a_row0 + m, k] * W[n, k] (+ bias[bias_off + n])
-// Tiles of BM (m) x BN (n), k in steps of BK = 64: A rounded to f16 (clamped to its range) and
-// W dequantized to f16 go through shared memory; each subgroup multiplies a (BM / WARPS_M) x
-// (BN / WARPS_N) part as FM x FN fragments of 16 x 16 with f32 accumulators; the next step's
-// values are read from memory into registers while the tensor cores work on the current one,
-// as they are stored (Q4_0 a whole block a thread, f16 as is), and converted only when they go
-// to shared memory: registers hold the raw bytes, not eight floats for every eight weights. On
-// the H100 that took the 8B shape's Q4_0 products from 72-75 to 94-100 TFLOP/s and the 1B
-// shape's F16 ones from 50-65 to 70-105 (bench/RESULTS.md). Two shared-memory stages of
-// BK = 32 (one barrier a step, what fits 48 KB) ran at 82-85: not kept.
+// A comes as f16 (act_f16.comp rounds the f32 activations first, K % 8 == 0): read as f32
+// and converted here, A's loads were twice as long and bounded the kernel (the 8B shape's
+// 512 x 4096 -> 28672 Q4_0 product 1.19 -> 0.87 ms, F16 1.07 -> 0.70, bench/RESULTS.md).
+// Tiles of BM (m) x BN (n), k in steps of BK = 64: A and W dequantized to f16 go through shared
+// memory; each subgroup multiplies a (BM / WARPS_M) x (BN / WARPS_N) part as FM x FN fragments
+// of 16 x 16 with f32 accumulators; the next step's values are read from memory into registers
+// while the tensor cores work on the current one, as they are stored (Q4_0 a whole block a
+// thread, f16 as is), and converted only when they go to shared memory: registers hold the raw
+// bytes, not eight floats for every eight weights. On the H100 that took the 8B shape's Q4_0
+// products from 72-75 to 94-100 TFLOP/s and the 1B shape's F16 ones from 50-65 to 70-105
+// (bench/RESULTS.md). The shape macros (BM, BN, WARPS_M, WARPS_N, BK, STAGES: 2 for two
+// shared-memory stages and one barrier a step) can be set when compiling a variant for
+// tests/test_kernel_bench.cpp; on the H100 none beat the default (bench/RESULTS.md: 4
+// subgroups of 64 x 64, BK = 32 in one or two stages, 128 x 256 and 256 x 128 tiles).
 //   default: 128 x 128 tiles, 8 subgroups of 64 x 32 (4 x 2 fragments)
 //   SKINNY (batch decode's <= 32 rows, f16 weights only): 32 x 64 tiles, 4 subgroups of 32 x 16
 //     (2 x 1 fragments), W's fragments loaded straight from memory (f16 needs no conversion, and
@@ -20,9 +25,9 @@
 // through a per-subgroup scratch; whole tiles with none of them are stored straight to C.
 // Split along k (batch decode's few rows, too few tiles to fill the device), as matmul.comp:
 // flags 64, workgroup z takes k in [z k_split, (z + 1) k_split) (k_split a multiple of 64) and
-// writes its raw sums to C = partials [z, M, N]; matmul.comp's flags 128 adds them up.
+// writes its raw sums to C = partials [z, M, N]; linear_reduce.comp adds them up.
 // Needs subgroups of 32 (checked by the host).
-// Bindings: 0 A [*, K] f32 | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
+// Bindings: 0 A [*, K] f16 (packed) | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases, unused by other formats
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
@@ -34,14 +39,27 @@
 #define BM 32
 #define BN 64
 #define WARPS_M 1
+#define WARPS_N 4
 #define W_DIRECT 1
-#else
+#endif
+#ifndef BM
 #define BM 128
+#endif
+#ifndef BN
 #define BN 128
+#endif
+#ifndef WARPS_M
 #define WARPS_M 2
 #endif
+#ifndef WARPS_N
 #define WARPS_N 4
+#endif
+#ifndef BK
 #define BK 64
+#endif
+#ifndef STAGES
+#define STAGES 1
+#endif
 #define FM (BM / WARPS_M / 16)   /* fragments per subgroup along m */
 #define FN (BN / WARPS_N / 16)   /* and along n */
 #define THREADS (WARPS_M * WARPS_N * 32)
@@ -56,6 +74,7 @@ layout(push_constant) uniform PC {
     uint k_split;                 // flags 64: k per split
 } pc;
 
+#define FORGE_F16_TYPES 1
 #include "common.glsl"
 #define W_BINDING 1
 #define AUX0_BINDING 4
@@ -65,8 +84,7 @@ layout(push_constant) uniform PC {
 #define QFLAGS pc.qflags
 #include "weights.glsl"
 
-layout(binding = 0) readonly buffer A_ { float a[]; };
-layout(binding = 0) readonly buffer A4_ { vec4 a4[]; };
+layout(binding = 0) readonly buffer A8_ { uvec4 a8[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
@@ -77,117 +95,117 @@ const uint LDS4 = LDS / 4u;          // the same in units of 4 halves
 // subgroup's 16 x 16 f32 fragment, two floats an element) over the A tile at CS.
 const uint AS = 0u, CS = 0u;
 #ifdef W_DIRECT
-const uint WS = 0u, SMEM = max(BM * LDS4, WARPS_M * WARPS_N * 128u);
+const uint WS = 0u, STAGE = BM * LDS4;
 #else
-const uint WS = BM * LDS4, SMEM = max(BM * LDS4 + BN * LDS4, WARPS_M * WARPS_N * 128u);
+const uint WS = BM * LDS4, STAGE = BM * LDS4 + BN * LDS4;
 #endif
+const uint SMEM = max(STAGES * STAGE, WARPS_M * WARPS_N * 128u);
 shared uvec2 smem[SMEM];
-
-// four values rounded to f16 (clamped to its range), packed in two words
-uvec2 to_f16(vec4 x) {
-    f16vec4 h = f16vec4(clamp(x, vec4(-65504.0), vec4(65504.0)));
-    return uvec2(packFloat2x16(h.xy), packFloat2x16(h.zw));
-}
 
 uint tid_() { return gl_LocalInvocationID.x; }
 
 // this thread's share of the next k step, brought to registers while the tensor cores work
 // on the current one, as loaded (the conversions to f16 wait for stash, so that the loads of
 // the next step are in flight during the products and hold as few registers as they can):
-// A_PER x 4 values of A (rows idx / 16, columns 4 (idx % 16), idx = tid + r THREADS), and of W
-//   Q4_0: one whole block a thread (row tid / 2, block tid % 2 of the step): its 18 bytes
-//         in the 5 aligned words that hold them
-//   F16:  W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), copied as they are
+// A_PER x 8 halves of A (rows idx / (BK / 8), columns 8 (idx % (BK / 8)), idx = tid + r THREADS),
+// copied as they are, and of W
+//   Q4_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: row idx / (BK / 32),
+//         block idx % (BK / 32) of the step): its 18 bytes in the 5 aligned words that hold them
+//   F16, BF16: W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), as they are (bf16
+//         converted at the store)
 //   else: W_PER x 8 values dequantized to f32 (weights.glsl)
-const uint A_PER = BM * BK / 4u / THREADS, W_PER = BN * BK / 8u / THREADS;
-vec4 ra[A_PER];
+const uint A_PER = BM * BK / 8u / THREADS;
+uvec4 ra[A_PER];
+const uint W_PER = BN * BK / 8u / THREADS;
 #if defined(W_DIRECT)
 #elif defined(W_Q4_0)
 #define W_RAW_Q4_0 1
-#if BN * BK / 32 != THREADS
-#error "Q4_0 fetch: one block a thread"
+const uint QB_PER = BN * BK / 32u / THREADS;
+#if (BN * BK / 32) % THREADS != 0
+#error "Q4_0 fetch: whole blocks a thread"
 #endif
-uint rq[5];           // the block's words
-bool rq_odd, rq_in;   // its f16 scale in the high half of rq[0]; the block lies in the matrix
-#elif defined(W_F16)
-#define W_RAW_F16 1
+uint rq[QB_PER][5];           // each block's words
+bool rq_odd[QB_PER];          // its f16 scale in the high half of rq[r][0]
+#elif defined(W_F16) || defined(W_BF16)
+#define W_RAW_16 1
 uvec4 rh[W_PER];
 #else
 vec4 rw[2u * W_PER];
 #endif
 
-void fetch(uint m0, uint n0, uint k0, uint ke, bool vec_a) { // k < ke
+void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
-        uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 4u), k = k0 + (idx % (BK / 4u)) * 4u;
-        vec4 v = vec4(0.0);
-        if (m < pc.M && k < ke) {
-            uint ab = (pc.a_row0 + m) * pc.K + k;
-            if (vec_a && k + 4u <= ke) v = a4[ab >> 2];
-            else for (uint i = 0; i < 4u; i++) v[i] = k + i < ke ? a[ab + i] : 0.0;
-        }
-        ra[r] = v;
+        uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
+        ra[r] = m < pc.M && k < ke ? a8[((pc.a_row0 + m) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
 #if defined(W_RAW_Q4_0)
-    {
-        uint n = n0 + tid_() / (BK / 32u), kb = (k0 >> 5) + tid_() % (BK / 32u);
-        rq_in = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of 64, K a multiple of 32
-        uint bo = rq_in ? (n * (pc.K >> 5) + kb) * 18u : 0u, w = bo >> 2;
-        rq_odd = (bo & 2u) != 0u;
+    [[unroll]] for (uint r = 0; r < QB_PER; r++) {
+        uint idx = tid_() + r * THREADS;
+        uint n = n0 + idx / (BK / 32u), kb = (k0 >> 5) + idx % (BK / 32u);
+        bool in_ = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of BK, K a multiple of 32
+        uint bo = in_ ? (n * (pc.K >> 5) + kb) * 18u : 0u, w = bo >> 2;
+        rq_odd[r] = (bo & 2u) != 0u;
         // the 5 words from w hold bytes bo .. bo + 17 (the binding's size is a multiple of 4)
-        [[unroll]] for (uint i = 0; i < 5u; i++) rq[i] = rq_in ? w_u32[w + i] : 0u;
+        [[unroll]] for (uint i = 0; i < 5u; i++) rq[r][i] = in_ ? w_u32[w + i] : 0u;
     }
-#elif defined(W_RAW_F16)
+#elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
-        uvec4 h = uvec4(0u);
-        if (n < pc.N && k < ke) {
-            if ((pc.K & 7u) == 0u) h = w_u4[(n * pc.K + k) >> 3];
-            else { // rows that are not 16-byte aligned (rare): a value at a time
-                vec4 lo, hi;
-                w_get8_any(n, k, pc.K, lo, hi);
-                h = uvec4(to_f16(lo), to_f16(hi));
-            }
-        }
-        rh[r] = h;
+        rh[r] = n < pc.N && k < ke ? w_u4[(n * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (n < pc.N && k < ke) w_get8_any(n, k, pc.K, lo, hi); // ke: K or a multiple of 64
+        if (n < pc.N && k < ke) w_get8_any(n, k, pc.K, lo, hi); // ke: K or a multiple of BK
         rw[2u * r] = lo;
         rw[2u * r + 1u] = hi;
     }
 #endif
 }
 
-void stash() {
+void stash(uint base) { // base: the stage's first element
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
-        uint idx = tid_() + r * THREADS;
-        smem[AS + (idx / (BK / 4u)) * LDS4 + idx % (BK / 4u)] = to_f16(ra[r]);
+        uint idx = tid_() + r * THREADS, row = base + AS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        smem[row] = ra[r].xy;
+        smem[row + 1u] = ra[r].zw;
     }
 #if defined(W_RAW_Q4_0)
-    {
+    [[unroll]] for (uint r = 0; r < QB_PER; r++) {
         // d, then the 16 bytes of nibbles as 4 words: element j < 16 is the low nibble of byte
-        // j, 16 + j its high nibble
-        float d = unpackHalf2x16(rq_odd ? rq[0] >> 16 : rq[0] & 0xffffu).x;
-        uint q[4];
-        [[unroll]] for (uint i = 0; i < 4u; i++) q[i] = rq_odd ? rq[i + 1u] : (rq[i] >> 16) | (rq[i + 1u] << 16);
-        uint row = WS + (tid_() / (BK / 32u)) * LDS4 + (tid_() % (BK / 32u)) * 8u;
+        // j, 16 + j its high nibble. In packed f16, two weights an instruction: the bits
+        // 0x6400 | c are 1024 + c, minus 1032 is c - 8 (exact), times d is rounded once, as
+        // the f32 product (exact: 11 x 4 bits) rounded to f16 was; only a block whose d * 8
+        // overflows f16 (garbage) differs: infinity where f32 then a clamp gave 65504.
+        uint idx = tid_() + r * THREADS;
+        f16vec2 d = unpackFloat2x16(rq_odd[r] ? rq[r][0] >> 16 : rq[r][0] & 0xffffu).xx;
+        uint row = base + WS + (idx / (BK / 32u)) * LDS4 + (idx % (BK / 32u)) * 8u;
         [[unroll]] for (uint i = 0; i < 4u; i++) {
-            smem[row + i] = to_f16(d * bytes_f(q[i] & 0x0F0F0F0Fu, 8.0));
-            smem[row + 4u + i] = to_f16(d * bytes_f((q[i] >> 4) & 0x0F0F0F0Fu, 8.0));
+            uint q = rq_odd[r] ? rq[r][i + 1u] : (rq[r][i] >> 16) | (rq[r][i + 1u] << 16);
+            [[unroll]] for (uint h = 0; h < 2u; h++) { // low nibbles (elements 4i ..), high (16 + 4i ..)
+                uint c = (q >> (4u * h)) & 0x0F0F0F0Fu; // codes of bytes 0..3, a byte each
+                uint c01 = (c & 0xFFu) | ((c & 0xFF00u) << 8), c23 = ((c >> 16) & 0xFFu) | ((c >> 8) & 0xFF0000u);
+                f16vec2 v01 = (unpackFloat2x16(c01 | 0x64006400u) - f16vec2(1032.0)) * d;
+                f16vec2 v23 = (unpackFloat2x16(c23 | 0x64006400u) - f16vec2(1032.0)) * d;
+                smem[row + 4u * h + i] = uvec2(packFloat2x16(v01), packFloat2x16(v23));
+            }
         }
     }
-#elif defined(W_RAW_F16)
+#elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+#ifdef W_BF16 // bf16 is the high half of an f32: to f16 (clamped to its range) at the store
+        uvec4 h = rh[r];
+        smem[row] = to_f16(vec4(bf16_lo(h.x), bf16_hi(h.x), bf16_lo(h.y), bf16_hi(h.y)));
+        smem[row + 1u] = to_f16(vec4(bf16_lo(h.z), bf16_hi(h.z), bf16_lo(h.w), bf16_hi(h.w)));
+#else
         smem[row] = rh[r].xy;
         smem[row + 1u] = rh[r].zw;
+#endif
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
         smem[row] = to_f16(rw[2u * r]);
         smem[row + 1u] = to_f16(rw[2u * r + 1u]);
     }
@@ -198,7 +216,6 @@ void main() {
     uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
     uint wm = (warp / WARPS_N) * (BM / WARPS_M), wn = (warp % WARPS_N) * (BN / WARPS_N); // this subgroup's part
-    bool vec_a = (pc.K & 3u) == 0u;
     bool part = (pc.flags & 64u) != 0u;
     uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
     // where the results go: C, or split z's partial sums [M, N]
@@ -210,31 +227,40 @@ void main() {
 #ifdef W_DIRECT
     bool w_in = n0 + wn < pc.N;   // this subgroup's FN = 1 fragment holds rows of W (N % 16 == 0)
 #endif
-    fetch(m0, n0, kb, ke, vec_a);
-    stash();
+    fetch(m0, n0, kb, ke);
+    stash(0u);
     barrier();
+    uint cur = 0u;   // the stage the products read
     for (uint k0 = kb; k0 < ke; k0 += BK) {
         bool more = k0 + BK < ke;
-        if (more) fetch(m0, n0, k0 + BK, ke, vec_a); /* in flight during the products below */
+        if (more) fetch(m0, n0, k0 + BK, ke); /* in flight during the products below */
         [[unroll]] for (uint ks = 0; ks < BK; ks += 16u) {
             fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> fa[FM], fb[FN];
-            [[unroll]] for (uint i = 0; i < FM; i++) coopMatLoadNV(fa[i], smem, AS + (wm + 16u * i) * LDS4 + ks / 4u, LDS4, false);
+            [[unroll]] for (uint i = 0; i < FM; i++) coopMatLoadNV(fa[i], smem, cur + AS + (wm + 16u * i) * LDS4 + ks / 4u, LDS4, false);
 #ifdef W_DIRECT
             if (w_in && k0 + ks < ke) { // (ke is K or a multiple of 64: whole 16-steps)
                 coopMatLoadNV(fb[0], w_u4, (n0 + wn) * (pc.K / 8u) + (k0 + ks) / 8u, pc.K / 8u, true);
                 [[unroll]] for (uint i = 0; i < FM; i++) acc[i][0] = coopMatMulAddNV(fa[i], fb[0], acc[i][0]);
             }
 #else
-            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, WS + (wn + 16u * j) * LDS4 + ks / 4u, LDS4, true);
+            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, cur + WS + (wn + 16u * j) * LDS4 + ks / 4u, LDS4, true);
             [[unroll]] for (uint i = 0; i < FM; i++)
                 [[unroll]] for (uint j = 0; j < FN; j++) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
 #endif
         }
+#if STAGES == 2
+        // the next step goes to the other stage while slower subgroups still read this one:
+        // one barrier a step
+        cur = STAGE - cur;
+        if (more) stash(cur);
+        barrier();
+#else
         barrier();
         if (more) {
-            stash();
+            stash(0u);
             barrier();
         }
+#endif
     }
     // The epilogue names every fragment with constant indices: written as a loop over i and j
     // (which the driver did not unroll, its body holding a loop and barriers) it indexed acc
@@ -261,11 +287,17 @@ void main() {
         }                                                                                       \
         subgroupBarrier();                                                                      \
     }
-    // every fragment this subgroup holds (FM x FN, at most 4 x 2), by name
+    // every fragment this subgroup holds (FM x FN, at most 4 x 4), by name
     if (direct) {
         STORE_DIRECT(0u, 0u)
 #if FN > 1
         STORE_DIRECT(0u, 1u)
+#endif
+#if FN > 2
+        STORE_DIRECT(0u, 2u)
+#endif
+#if FN > 3
+        STORE_DIRECT(0u, 3u)
 #endif
 #if FM > 1
         STORE_DIRECT(1u, 0u)
@@ -273,11 +305,23 @@ void main() {
 #if FM > 1 && FN > 1
         STORE_DIRECT(1u, 1u)
 #endif
+#if FM > 1 && FN > 2
+        STORE_DIRECT(1u, 2u)
+#endif
+#if FM > 1 && FN > 3
+        STORE_DIRECT(1u, 3u)
+#endif
 #if FM > 2
         STORE_DIRECT(2u, 0u)
 #endif
 #if FM > 2 && FN > 1
         STORE_DIRECT(2u, 1u)
+#endif
+#if FM > 2 && FN > 2
+        STORE_DIRECT(2u, 2u)
+#endif
+#if FM > 2 && FN > 3
+        STORE_DIRECT(2u, 3u)
 #endif
 #if FM > 3
         STORE_DIRECT(3u, 0u)
@@ -285,11 +329,23 @@ void main() {
 #if FM > 3 && FN > 1
         STORE_DIRECT(3u, 1u)
 #endif
+#if FM > 3 && FN > 2
+        STORE_DIRECT(3u, 2u)
+#endif
+#if FM > 3 && FN > 3
+        STORE_DIRECT(3u, 3u)
+#endif
         return;
     }
     STORE_EPILOGUE(0u, 0u)
 #if FN > 1
     STORE_EPILOGUE(0u, 1u)
+#endif
+#if FN > 2
+    STORE_EPILOGUE(0u, 2u)
+#endif
+#if FN > 3
+    STORE_EPILOGUE(0u, 3u)
 #endif
 #if FM > 1
     STORE_EPILOGUE(1u, 0u)
@@ -297,16 +353,34 @@ void main() {
 #if FM > 1 && FN > 1
     STORE_EPILOGUE(1u, 1u)
 #endif
+#if FM > 1 && FN > 2
+    STORE_EPILOGUE(1u, 2u)
+#endif
+#if FM > 1 && FN > 3
+    STORE_EPILOGUE(1u, 3u)
+#endif
 #if FM > 2
     STORE_EPILOGUE(2u, 0u)
 #endif
 #if FM > 2 && FN > 1
     STORE_EPILOGUE(2u, 1u)
 #endif
+#if FM > 2 && FN > 2
+    STORE_EPILOGUE(2u, 2u)
+#endif
+#if FM > 2 && FN > 3
+    STORE_EPILOGUE(2u, 3u)
+#endif
 #if FM > 3
     STORE_EPILOGUE(3u, 0u)
 #endif
 #if FM > 3 && FN > 1
     STORE_EPILOGUE(3u, 1u)
+#endif
+#if FM > 3 && FN > 2
+    STORE_EPILOGUE(3u, 2u)
+#endif
+#if FM > 3 && FN > 3
+    STORE_EPILOGUE(3u, 3u)
 #endif
 }

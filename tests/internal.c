@@ -125,6 +125,8 @@ static void ft_weight_chunk(ft_job *j, const ft_weight *w, uint32_t r0, uint32_t
 forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t a_rows, uint32_t a_row0, uint32_t M, uint32_t K,
                          uint32_t N, uint32_t chunk_rows, const float *bias, uint32_t flags, float softcap, float *C, uint32_t ldc,
                          uint32_t c_col0, int use_matmul) {
+    bool cm_path = c->force_kind == 2 && (use_matmul || M > FORGE__MATVEC_MAX_M);
+    if (cm_path && K % 8) return FORGE_ERR_INVALID_ARGUMENT; /* (forge__linear takes the SIMT kernels there) */
     ft_job j;
     ft_begin(&j, c);
     forge__range a = ft_buf(&j, A, 4ull * a_rows * K);
@@ -132,6 +134,11 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
     forge__range dummy = ft_buf(&j, NULL, 16);
     forge__range b = bias ? ft_buf(&j, bias, 4ull * (c_col0 + N)) : dummy;
     if (!chunk_rows) chunk_rows = N;
+    forge__range a16 = {0};
+    if (cm_path) { /* the tensor cores read A in f16, converted as forge__linear does */
+        a16 = ft_buf(&j, NULL, 2ull * M * K + 16);
+        forge__record_act_f16(&j.rec, a, a_row0, M, K, a16);
+    }
     for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
         forge__range wb, sb, bb;
@@ -153,6 +160,10 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
             uint32_t tile = big || cm ? 128 : 64; /* matmul_big.comp and matmul_cm.comp 128 x 128; matmul.comp 64 x 64 */
             uint32_t tn = skinny ? 128 : tile, tm = skinny ? 32 : tile; /* matmul_s: 32 (m) x 128 (n) */
             forge__op op = (forge__op)((cm ? FORGE__OP_MATMUL_CM : big ? FORGE__OP_MATMUL_BIG : skinny ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + w->fmt);
+            if (cm) {
+                binds[0] = a16;
+                pc.a_row0 = 0;
+            }
             forge__dispatch(&j.rec, op, binds, &pc, (rows + tn - 1) / tn, (M + tm - 1) / tm, 1);
         }
     }
@@ -228,43 +239,42 @@ forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_
     return st;
 }
 
-/* The tensor-core matmul as forge__linear runs it: 128 x 128 tiles, or (skinny) the 32 x 64
- * tiles of <= 32 rows of f16 weights; with splits > 1 split along k into partial sums and then
- * matmul.comp's reduction. flags: FT_BIAS / FT_ACCUMULATE. */
-forge_status ft_matmul_cm_split(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
-                                int skinny, const float *bias, uint32_t flags, float *C) {
-    if (!c->dev.caps.coopmat_nv) return FORGE_ERR_UNSUPPORTED;
-    if (skinny && (w->fmt != FT_F16 || M > 32 || N % 16 || K % 64)) return FORGE_ERR_INVALID_ARGUMENT;
+forge_status ft_matmul_split(ft_ctx *c, int kind, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
+                             const float *bias, uint32_t flags, float softcap, float *C) {
+    bool cm = kind != FT_SPLIT_SIMT, skinny = kind == FT_SPLIT_CM_SKINNY;
+    if (cm && !c->dev.caps.coopmat_nv) return FORGE_ERR_UNSUPPORTED;
+    if ((cm && K % 8) || (skinny && (w->fmt != FT_F16 || M > 32 || N % 16 || K % 64))) return FORGE_ERR_INVALID_ARGUMENT;
     ft_job j;
     ft_begin(&j, c);
     forge__range a = ft_buf(&j, A, 4ull * M * K);
-    forge__range cc = ft_buf(&j, C, 4ull * M * N);
+    forge__range cc = ft_buf(&j, C, 4ull * M * N); /* (buffer 1: read back) */
+    if (cm) { /* the tensor cores' input in f16, as forge__linear makes it */
+        forge__range a16 = ft_buf(&j, NULL, 2ull * M * K + 16);
+        forge__record_act_f16(&j.rec, a, 0, M, K, a16);
+        a = a16;
+    }
     forge__range dummy = ft_buf(&j, NULL, 16);
     forge__range part = ft_buf(&j, NULL, 4ull * (splits ? splits : 1) * M * N);
     forge__range b = bias ? ft_buf(&j, bias, 4ull * N) : dummy;
     forge__range wb, sb, bb;
     ft_weight_chunk(&j, w, 0, N, dummy, &wb, &sb, &bb);
-    forge__op op = skinny ? FORGE__OP_MATMUL_CM_S : (forge__op)(FORGE__OP_MATMUL_CM + w->fmt);
-    uint32_t tn = skinny ? 64 : 128, tm = skinny ? 32 : 128;
-    forge__pc_linear pc = {M, K, N, 0, N, 0, flags, 0, 0, w->bits, w->group, w->qflags, 0, 0, 0, 0, 0, 0, 0, 0};
+    forge__op op = skinny ? FORGE__OP_MATMUL_CM_S : (forge__op)((cm ? FORGE__OP_MATMUL_CM : FORGE__OP_MATMUL) + w->fmt);
+    uint32_t tn = skinny ? 64 : cm ? 128 : 64, tm = skinny ? 32 : cm ? 128 : 64, step = cm ? 64 : 32;
+    forge__pc_linear pc = {M, K, N, 0, N, 0, flags, 0, softcap, w->bits, w->group, w->qflags, 0, 0, 0, 0, 0, 0, 0, 0};
     if (splits <= 1) {
         forge__range bd[7] = {a, wb, cc, b, sb, bb, dummy};
         forge__dispatch(&j.rec, op, bd, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, 1);
         return ft_end(&j, 1, C, 4ull * M * N, 0, NULL, 0);
     }
-    uint32_t k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 64);
+    uint32_t k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, step);
     splits = (K + k_chunk - 1) / k_chunk;
     pc.flags = FORGE__LINEAR_SPLIT_K;
     pc.k_split = k_chunk;
     forge__range bp[7] = {a, wb, part, dummy, sb, bb, dummy};
     forge__dispatch(&j.rec, op, bp, &pc, (N + tn - 1) / tn, (M + tm - 1) / tm, splits);
     forge__barrier(&j.rec);
-    pc.flags = flags | FORGE__LINEAR_REDUCE;
-    pc.k_split = splits;
-    forge__range br[7] = {part, wb, cc, b, sb, bb, dummy};
-    uint32_t gx, gy;
-    forge__grid(((uint64_t)M * N + 255) / 256, &gx, &gy);
-    forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL + w->fmt), br, &pc, gx, gy, 1);
+    pc.flags = flags;
+    forge__record_linear_reduce(&j.rec, part, cc, b, &pc, splits);
     return ft_end(&j, 1, C, 4ull * M * N, 0, NULL, 0);
 }
 
@@ -809,7 +819,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, false};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, {0}, false};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
@@ -1248,7 +1258,8 @@ forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, s
     ft_begin(&j, c);
     if (!st) {
         VkCommandBuffer cb = j.rec.cb;
-        d->vk.vkCmdFillBuffer(cb, a.buf, 0, VK_WHOLE_SIZE, 0x3F800000u);
+        /* A: ones, f32 for the SIMT kernels, f16 for the tensor cores' (kind 2 and the variants) */
+        d->vk.vkCmdFillBuffer(cb, a.buf, 0, VK_WHOLE_SIZE, kind == 2 || spv ? 0x3C003C00u : 0x3F800000u);
         d->vk.vkCmdFillBuffer(cb, w.buf, 0, VK_WHOLE_SIZE, 0x3C003C00u);
         d->vk.vkCmdFillBuffer(cb, cc.buf, 0, VK_WHOLE_SIZE, 0);
         d->vk.vkCmdFillBuffer(cb, dummy.buf, 0, VK_WHOLE_SIZE, 0);

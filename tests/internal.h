@@ -106,12 +106,17 @@ forge_status ft_matmul_cm(ft_ctx *c, const ft_weight *w, const float *A, uint32_
  * a grid of tm x tn tiles. c00 gets C[0, 0]. For tests/test_kernel_bench.cpp. */
 forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, size_t spv_bytes, uint32_t tm, uint32_t tn,
                             uint32_t M, uint32_t K, uint32_t N, int reps, double *ms, float *c00);
-/* The tensor-core matmul as forge__linear runs it: 128 x 128 tiles, or (skinny: f16 weights,
- * M <= 32, N % 16 == 0, K % 64 == 0) the 32 x 64 tiles of batch decode; with splits > 1 split
- * along k into partial sums (whole k steps of 64) and then matmul.comp's reduction. flags:
- * FT_BIAS / FT_ACCUMULATE. C [M, N] in/out. FORGE_ERR_UNSUPPORTED without tensor cores. */
-forge_status ft_matmul_cm_split(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
-                                int skinny, const float *bias, uint32_t flags, float *C);
+/* A product as forge__linear runs it with `splits` > 1 split along k into partial sums, then
+ * linear_reduce.comp (splits 1: whole). kind FT_SPLIT_SIMT: matmul.comp's 64 x 64 tiles (k steps
+ * of 32); FT_SPLIT_CM: the tensor cores' 128 x 128 tiles (k steps of 64, A in f16 by
+ * act_f16.comp); FT_SPLIT_CM_SKINNY: their 32 x 64 tiles of batch decode (f16 weights, M <= 32,
+ * N % 16 == 0, K % 64 == 0). flags: FT_BIAS / FT_ACCUMULATE / FT_SOFTCAP (softcap). C [M, N]
+ * in/out. FORGE_ERR_UNSUPPORTED for the tensor cores on a device without them. */
+#define FT_SPLIT_SIMT 0
+#define FT_SPLIT_CM 1
+#define FT_SPLIT_CM_SKINNY 2
+forge_status ft_matmul_split(ft_ctx *c, int kind, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, uint32_t splits,
+                             const float *bias, uint32_t flags, float softcap, float *C);
 /* 1 when the device runs the subgroup matvec (matvec_sg) */
 int ft_has_subgroup_matvec(ft_ctx *c);
 /* The subgroup matvec with its fused paths: flags FT_* (bias, accumulate, soft-cap,

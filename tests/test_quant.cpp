@@ -157,7 +157,7 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
                     std::vector<float> bias = ft::randn(N, 1.0f, 5), C0 = ft::randn(C.size(), 1.0f, 6), ref2(C.size());
                     for (size_t i = 0; i < C.size(); i++) ref2[i] = ref[i] + bias[i % N] + C0[i];
                     C = C0;
-                    ASSERT_EQ(ft_matmul_cm_split(device(), &w, A.data(), M, K, N, 3, 0, bias.data(), FT_BIAS | FT_ACCUMULATE, C.data()), FORGE_OK);
+                    ASSERT_EQ(ft_matmul_split(device(), FT_SPLIT_CM, &w, A.data(), M, K, N, 3, bias.data(), FT_BIAS | FT_ACCUMULATE, 0.0f, C.data()), FORGE_OK);
                     EXPECT_LT(ft::rel_err(C.data(), ref2.data(), C.size()), 3e-3) << what << " tensor cores split along k, M " << M;
                 }
             }
@@ -411,12 +411,54 @@ TEST(TensorCores, BatchRowsOfF16Weights) {
             }
         for (uint32_t splits : {1u, 3u}) {
             std::vector<float> C = C0;
-            forge_status st = ft_matmul_cm_split(device(), &w, A.data(), M, K, N, splits, 1, bias.data(), FT_BIAS | FT_ACCUMULATE, C.data());
+            forge_status st = ft_matmul_split(device(), FT_SPLIT_CM_SKINNY, &w, A.data(), M, K, N, splits, bias.data(), FT_BIAS | FT_ACCUMULATE, 0.0f, C.data());
             if (st == FORGE_ERR_UNSUPPORTED) GTEST_SKIP() << "no cooperative-matrix matmul on this device";
             ASSERT_EQ(st, FORGE_OK) << ft_errmsg(device());
             EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), 3e-3) << "M " << M << " splits " << splits;
         }
     }
+}
+
+/* A product split along k into partial sums and added up by linear_reduce.comp (batch decode's
+ * and the tensor cores' few-tile path): with bias, soft-cap and residual, N a multiple of 4
+ * (vec4 sums) and not (one output a thread), weights in F16, BF16 and F32 (matmul_cm reads the
+ * first two as stored, converts the third), against a double reference; SIMT tiles on every
+ * device, the tensor cores' where there are some. */
+TEST(SplitK, PartialSumsAddUpWithTheEpilogue) {
+    ASSERT_NE(device(), nullptr);
+    const uint32_t K = 320;
+    const float cap = 3.0f;
+    for (int fmt : {FT_F16, FT_BF16, FT_F32})
+        for (uint32_t N : {80u, 37u}) {
+            std::vector<float> wf = ft::randn((size_t)N * K, 0.1f, 21);
+            std::vector<uint16_t> wh(wf.size());
+            for (size_t i = 0; i < wf.size(); i++) {
+                wh[i] = fmt == FT_BF16 ? ft_f32_to_bf16(wf[i]) : ft_f32_to_f16(wf[i]);
+                if (fmt != FT_F32) wf[i] = fmt == FT_BF16 ? ft_bf16_to_f32(wh[i]) : ft_f16_to_f32(wh[i]);
+            }
+            ft_weight w = {fmt, fmt == FT_F32 ? (const void *)wf.data() : (const void *)wh.data(), (fmt == FT_F32 ? 4ull : 2ull) * K,
+                           nullptr, nullptr, 0, 0, 0, 0};
+            std::vector<float> bias = ft::randn(N, 1.0f, 22);
+            for (uint32_t M : {3u, 40u}) {
+                std::vector<float> A = ft::randn((size_t)M * K, 1.0f, 23 + M), C0 = ft::randn((size_t)M * N, 1.0f, 24), ref(C0.size());
+                for (uint32_t m = 0; m < M; m++)
+                    for (uint32_t n = 0; n < N; n++) {
+                        double acc = bias[n];
+                        for (uint32_t k = 0; k < K; k++) acc += (double)A[(size_t)m * K + k] * wf[(size_t)n * K + k];
+                        ref[(size_t)m * N + n] = (float)(std::tanh(acc / cap) * cap + C0[(size_t)m * N + n]);
+                    }
+                for (int kind : {FT_SPLIT_SIMT, FT_SPLIT_CM})
+                    for (uint32_t splits : {1u, 3u}) {
+                        std::vector<float> C = C0;
+                        forge_status st = ft_matmul_split(device(), kind, &w, A.data(), M, K, N, splits, bias.data(),
+                                                          FT_BIAS | FT_ACCUMULATE | FT_SOFTCAP, cap, C.data());
+                        if (st == FORGE_ERR_UNSUPPORTED) continue; /* no tensor cores here */
+                        ASSERT_EQ(st, FORGE_OK) << ft_errmsg(device());
+                        EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), kind == FT_SPLIT_SIMT ? 2e-6 : 3e-3)
+                            << "fmt " << fmt << " N " << N << " M " << M << " kind " << kind << " splits " << splits;
+                    }
+            }
+        }
 }
 
 }  // namespace
