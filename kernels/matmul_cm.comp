@@ -109,8 +109,9 @@ uint tid_() { return gl_LocalInvocationID.x; }
 // the next step are in flight during the products and hold as few registers as they can):
 // A_PER x 8 halves of A (rows idx / (BK / 8), columns 8 (idx % (BK / 8)), idx = tid + r THREADS),
 // copied as they are, and of W
-//   Q4_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: row idx / (BK / 32),
-//         block idx % (BK / 32) of the step): its 18 bytes in the 5 aligned words that hold them
+//   Q4_0, Q8_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: row idx / (BK / 32),
+//         block idx % (BK / 32) of the step): its 18 / 34 bytes in the 5 / 9 aligned words
+//         that hold them
 //   F16, BF16: W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), as they are (bf16
 //         converted at the store)
 //   else: W_PER x 8 values dequantized to f32 (weights.glsl)
@@ -118,13 +119,18 @@ const uint A_PER = BM * BK / 8u / THREADS;
 uvec4 ra[A_PER];
 const uint W_PER = BN * BK / 8u / THREADS;
 #if defined(W_DIRECT)
-#elif defined(W_Q4_0)
-#define W_RAW_Q4_0 1
+#elif defined(W_Q4_0) || defined(W_Q8_0)
+#define W_RAW_BLOCKS 1
+#ifdef W_Q4_0
+const uint QB_BYTES = 18u, QB_WORDS = 5u;   // f16 d, 16 bytes of nibbles
+#else
+const uint QB_BYTES = 34u, QB_WORDS = 9u;   // f16 d, 32 int8 codes
+#endif
 const uint QB_PER = BN * BK / 32u / THREADS;
 #if (BN * BK / 32) % THREADS != 0
-#error "Q4_0 fetch: whole blocks a thread"
+#error "Q4_0 / Q8_0 fetch: whole blocks a thread"
 #endif
-uint rq[QB_PER][5];           // each block's words
+uint rq[QB_PER][QB_WORDS];    // each block's words
 bool rq_odd[QB_PER];          // its f16 scale in the high half of rq[r][0]
 #elif defined(W_F16) || defined(W_BF16)
 #define W_RAW_16 1
@@ -138,15 +144,16 @@ void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
         uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
         ra[r] = m < pc.M && k < ke ? a8[((pc.a_row0 + m) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
-#if defined(W_RAW_Q4_0)
+#if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
         uint idx = tid_() + r * THREADS;
         uint n = n0 + idx / (BK / 32u), kb = (k0 >> 5) + idx % (BK / 32u);
         bool in_ = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of BK, K a multiple of 32
-        uint bo = in_ ? (n * (pc.K >> 5) + kb) * 18u : 0u, w = bo >> 2;
+        uint bo = in_ ? (n * (pc.K >> 5) + kb) * QB_BYTES : 0u, w = bo >> 2;
         rq_odd[r] = (bo & 2u) != 0u;
-        // the 5 words from w hold bytes bo .. bo + 17 (the binding's size is a multiple of 4)
-        [[unroll]] for (uint i = 0; i < 5u; i++) rq[r][i] = in_ ? w_u32[w + i] : 0u;
+        // the QB_WORDS words from w hold bytes bo .. bo + QB_BYTES - 1 (blocks start 2-byte
+        // aligned; the binding's size is a multiple of 4)
+        [[unroll]] for (uint i = 0; i < QB_WORDS; i++) rq[r][i] = in_ ? w_u32[w + i] : 0u;
     }
 #elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
@@ -170,23 +177,38 @@ void stash(uint base) { // base: the stage's first element
         smem[row] = ra[r].xy;
         smem[row + 1u] = ra[r].zw;
     }
-#if defined(W_RAW_Q4_0)
+#if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
-        // d, then the 16 bytes of nibbles as 4 words: element j < 16 is the low nibble of byte
-        // j, 16 + j its high nibble. In packed f16, two weights an instruction: the bits
-        // 0x6400 | c are 1024 + c, minus 1032 is c - 8 (exact), times d is rounded once, as
-        // the f32 product (exact: 11 x 4 bits) rounded to f16 was; only a block whose d * 8
-        // overflows f16 (garbage) differs: infinity where f32 then a clamp gave 65504.
+        // d, then the codes as words (rq_odd: from word 1; else across the word boundaries).
+        // In packed f16, two weights an instruction: the bits 0x6400 | u are 1024 + u (u a
+        // byte), minus 1024 + the code's offset is the code (exact), times d is rounded once,
+        // as the f32 product (exact: 11 x 8 bits at most) rounded to f16 was; only a block
+        // whose d times a code overflows f16 (garbage) differs: infinity where f32 then a
+        // clamp gave 65504.
+        //   Q4_0: word i holds bytes 4i .. 4i + 3 of the 16: element j < 16 is the low nibble
+        //         of byte j, 16 + j its high nibble (u = nibble, offset 8)
+        //   Q8_0: word i holds codes 4i .. 4i + 3, int8 (u = code ^ 0x80, offset 128)
         uint idx = tid_() + r * THREADS;
         f16vec2 d = unpackFloat2x16(rq_odd[r] ? rq[r][0] >> 16 : rq[r][0] & 0xffffu).xx;
         uint row = base + WS + (idx / (BK / 32u)) * LDS4 + (idx % (BK / 32u)) * 8u;
-        [[unroll]] for (uint i = 0; i < 4u; i++) {
+#ifdef W_Q4_0
+        const uint CODE_WORDS = 4u, PARTS = 2u;
+        const f16vec2 OFF = f16vec2(1032.0);
+#else
+        const uint CODE_WORDS = 8u, PARTS = 1u;
+        const f16vec2 OFF = f16vec2(1152.0);
+#endif
+        [[unroll]] for (uint i = 0; i < CODE_WORDS; i++) {
             uint q = rq_odd[r] ? rq[r][i + 1u] : (rq[r][i] >> 16) | (rq[r][i + 1u] << 16);
-            [[unroll]] for (uint h = 0; h < 2u; h++) { // low nibbles (elements 4i ..), high (16 + 4i ..)
-                uint c = (q >> (4u * h)) & 0x0F0F0F0Fu; // codes of bytes 0..3, a byte each
-                uint c01 = (c & 0xFFu) | ((c & 0xFF00u) << 8), c23 = ((c >> 16) & 0xFFu) | ((c >> 8) & 0xFF0000u);
-                f16vec2 v01 = (unpackFloat2x16(c01 | 0x64006400u) - f16vec2(1032.0)) * d;
-                f16vec2 v23 = (unpackFloat2x16(c23 | 0x64006400u) - f16vec2(1032.0)) * d;
+            [[unroll]] for (uint h = 0; h < PARTS; h++) { // Q4_0: low nibbles (elements 4i ..), high (16 + 4i ..)
+#ifdef W_Q4_0
+                uint u = (q >> (4u * h)) & 0x0F0F0F0Fu;
+#else
+                uint u = q ^ 0x80808080u;
+#endif
+                uint u01 = (u & 0xFFu) | ((u & 0xFF00u) << 8), u23 = ((u >> 16) & 0xFFu) | ((u >> 8) & 0xFF0000u);
+                f16vec2 v01 = (unpackFloat2x16(u01 | 0x64006400u) - OFF) * d;
+                f16vec2 v23 = (unpackFloat2x16(u23 | 0x64006400u) - OFF) * d;
                 smem[row + 4u * h + i] = uvec2(packFloat2x16(v01), packFloat2x16(v23));
             }
         }
