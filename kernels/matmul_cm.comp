@@ -132,11 +132,13 @@ const uint QB_PER = BN * BK / 32u / THREADS;
 #endif
 uint rq[QB_PER][QB_WORDS];    // each block's words
 bool rq_odd[QB_PER];          // its f16 scale in the high half of rq[r][0]
+uvec2 wq[QB_PER][8];          // ... converted: its 32 weights in f16
 #elif defined(W_F16) || defined(W_BF16)
 #define W_RAW_16 1
 uvec4 rh[W_PER];
 #else
 vec4 rw[2u * W_PER];
+uvec2 rwq[2u * W_PER];        // ... converted to f16
 #endif
 
 void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
@@ -171,12 +173,16 @@ void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
 #endif
 }
 
-void stash(uint base) { // base: the stage's first element
-    [[unroll]] for (uint r = 0; r < A_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = base + AS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
-        smem[row] = ra[r].xy;
-        smem[row + 1u] = ra[r].zw;
-    }
+// The weights of the next step to f16, in registers, just before stash stores them. BF16
+// weights are converted earlier (CONVERT_EARLY), by each subgroup as soon as its products of
+// the current step are issued, before the barrier, so that one subgroup's conversion overlaps
+// the products of those still multiplying: on the H100 that took Gemma3-1B's prefill from
+// 21.0 k to 21.7 k tok/s, while Q4_0 blocks converted early (or halfway through the products)
+// ran 6-8% slower than converted after the barrier (bench/RESULTS.md).
+#ifdef W_BF16
+#define CONVERT_EARLY 1
+#endif
+void convert() {
 #if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
         // d, then the codes as words (rq_odd: from word 1; else across the word boundaries).
@@ -188,9 +194,7 @@ void stash(uint base) { // base: the stage's first element
         //   Q4_0: word i holds bytes 4i .. 4i + 3 of the 16: element j < 16 is the low nibble
         //         of byte j, 16 + j its high nibble (u = nibble, offset 8)
         //   Q8_0: word i holds codes 4i .. 4i + 3, int8 (u = code ^ 0x80, offset 128)
-        uint idx = tid_() + r * THREADS;
         f16vec2 d = unpackFloat2x16(rq_odd[r] ? rq[r][0] >> 16 : rq[r][0] & 0xffffu).xx;
-        uint row = base + WS + (idx / (BK / 32u)) * LDS4 + (idx % (BK / 32u)) * 8u;
 #ifdef W_Q4_0
         const uint CODE_WORDS = 4u, PARTS = 2u;
         const f16vec2 OFF = f16vec2(1032.0);
@@ -209,27 +213,43 @@ void stash(uint base) { // base: the stage's first element
                 uint u01 = (u & 0xFFu) | ((u & 0xFF00u) << 8), u23 = ((u >> 16) & 0xFFu) | ((u >> 8) & 0xFF0000u);
                 f16vec2 v01 = (unpackFloat2x16(u01 | 0x64006400u) - OFF) * d;
                 f16vec2 v23 = (unpackFloat2x16(u23 | 0x64006400u) - OFF) * d;
-                smem[row + 4u * h + i] = uvec2(packFloat2x16(v01), packFloat2x16(v23));
+                wq[r][4u * h + i] = uvec2(packFloat2x16(v01), packFloat2x16(v23));
             }
         }
+    }
+#elif defined(W_RAW_16) && defined(W_BF16)
+    [[unroll]] for (uint r = 0; r < W_PER; r++) { // bf16 is the high half of an f32: to f16, clamped to its range
+        uvec4 h = rh[r];
+        rh[r] = uvec4(to_f16(vec4(bf16_lo(h.x), bf16_hi(h.x), bf16_lo(h.y), bf16_hi(h.y))),
+                      to_f16(vec4(bf16_lo(h.z), bf16_hi(h.z), bf16_lo(h.w), bf16_hi(h.w))));
+    }
+#elif !defined(W_DIRECT) && !defined(W_RAW_16)
+    [[unroll]] for (uint r = 0; r < 2u * W_PER; r++) rwq[r] = to_f16(rw[r]);
+#endif
+}
+
+void stash(uint base) { // base: the stage's first element; the weights converted already
+    [[unroll]] for (uint r = 0; r < A_PER; r++) {
+        uint idx = tid_() + r * THREADS, row = base + AS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        smem[row] = ra[r].xy;
+        smem[row + 1u] = ra[r].zw;
+    }
+#if defined(W_RAW_BLOCKS)
+    [[unroll]] for (uint r = 0; r < QB_PER; r++) {
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 32u)) * LDS4 + (idx % (BK / 32u)) * 8u;
+        [[unroll]] for (uint i = 0; i < 8u; i++) smem[row + i] = wq[r][i];
     }
 #elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
-#ifdef W_BF16 // bf16 is the high half of an f32: to f16 (clamped to its range) at the store
-        uvec4 h = rh[r];
-        smem[row] = to_f16(vec4(bf16_lo(h.x), bf16_hi(h.x), bf16_lo(h.y), bf16_hi(h.y)));
-        smem[row + 1u] = to_f16(vec4(bf16_lo(h.z), bf16_hi(h.z), bf16_lo(h.w), bf16_hi(h.w)));
-#else
         smem[row] = rh[r].xy;
         smem[row + 1u] = rh[r].zw;
-#endif
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
-        smem[row] = to_f16(rw[2u * r]);
-        smem[row + 1u] = to_f16(rw[2u * r + 1u]);
+        smem[row] = rwq[2u * r];
+        smem[row + 1u] = rwq[2u * r + 1u];
     }
 #endif
 }
@@ -250,6 +270,7 @@ void main() {
     bool w_in = n0 + wn < pc.N;   // this subgroup's FN = 1 fragment holds rows of W (N % 16 == 0)
 #endif
     fetch(m0, n0, kb, ke);
+    convert();
     stash(0u);
     barrier();
     uint cur = 0u;   // the stage the products read
@@ -270,15 +291,26 @@ void main() {
                 [[unroll]] for (uint j = 0; j < FN; j++) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
 #endif
         }
+#ifdef CONVERT_EARLY
+        if (more) convert();
+#endif
 #if STAGES == 2
         // the next step goes to the other stage while slower subgroups still read this one:
         // one barrier a step
         cur = STAGE - cur;
-        if (more) stash(cur);
+        if (more) {
+#ifndef CONVERT_EARLY
+            convert();
+#endif
+            stash(cur);
+        }
         barrier();
 #else
         barrier();
         if (more) {
+#ifndef CONVERT_EARLY
+            convert();
+#endif
             stash(0u);
             barrier();
         }
