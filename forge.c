@@ -7422,11 +7422,11 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
      * device has them and the model is not exact: prefill, classify, training's forward and batch
      * decode's rows (on the H100 even 32 rows beat the SIMT kernels: 32 x 2048 x 16384 in 0.10 ms
      * against 0.17 for matmul_s; bench/RESULTS.md). */
-    bool cm = !vec && m->dev.caps.coopmat_nv && !m->exact;
-    /* ... on x rounded to f16 first, into the pass's scratch (after a barrier: an earlier
-     * product may still read it); where that cannot hold x, on the SIMT kernels */
+    /* ... on x rounded to f16 first, into the pass's scratch (set where forge__uses_a16; after
+     * a barrier: an earlier product may still read it); where that cannot hold x, on the SIMT
+     * kernels */
     forge__range a16 = p->a16;
-    if (cm && !(a16.buf && w->cols % 8 == 0 && 2ull * M * w->cols <= a16.size && forge__apart(a16, x) && forge__apart(a16, y))) cm = false;
+    bool cm = !vec && a16.buf && w->cols % 8 == 0 && 2ull * M * w->cols <= a16.size && forge__apart(a16, x) && forge__apart(a16, y);
     if (cm) {
         forge__barrier(p->r);
         forge__record_act_f16(p->r, x, a_row0, M, w->cols, a16);

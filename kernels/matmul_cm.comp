@@ -105,15 +105,15 @@ shared uvec2 smem[SMEM];
 uint tid_() { return gl_LocalInvocationID.x; }
 
 // this thread's share of the next k step, brought to registers while the tensor cores work
-// on the current one, as loaded (the conversions to f16 wait for stash, so that the loads of
-// the next step are in flight during the products and hold as few registers as they can):
+// on the current one, as loaded (the conversions to f16 wait for convert, so that the loads
+// of the next step are in flight during the products and hold as few registers as they can):
 // A_PER x 8 halves of A (rows idx / (BK / 8), columns 8 (idx % (BK / 8)), idx = tid + r THREADS),
 // copied as they are, and of W
 //   Q4_0, Q8_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: row idx / (BK / 32),
 //         block idx % (BK / 32) of the step): its 18 / 34 bytes in the 5 / 9 aligned words
 //         that hold them
 //   F16, BF16: W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), as they are (bf16
-//         converted at the store)
+//         converted by convert, in place)
 //   else: W_PER x 8 values dequantized to f32 (weights.glsl)
 const uint A_PER = BM * BK / 8u / THREADS;
 uvec4 ra[A_PER];
