@@ -1448,7 +1448,10 @@ static forge_status forge__config_gemma4_json(const cJSON *o, const char *path, 
         int src = c->kv_source[l];
         c->layer_head_dim[l] = c->layer_head_dim[src] ? c->layer_head_dim[src] : (uint16_t)c->head_dim;
         c->layer_kv_heads[l] = c->layer_kv_heads[src] ? c->layer_kv_heads[src] : (uint16_t)c->n_kv_heads;
-        if (wide) c->layer_ffn[l] = 2 * (c->layer_ffn[l] ? c->layer_ffn[l] : c->ffn);
+        int ffn = c->layer_ffn[l] ? c->layer_ffn[l] : c->ffn;
+        if (wide && ffn > INT_MAX / 2)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: intermediate_size %d out of range for use_double_wide_mlp", path, ffn);
+        if (wide) c->layer_ffn[l] = 2 * ffn;
     }
     c->v_norm = true;
     c->ple_dim = forge__json_int(o, "hidden_size_per_layer_input", 0);
