@@ -5338,8 +5338,11 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
+#define FORGE__LINEAR_Q8_OUT 128u    /* matvec_q8a: also quantize the output row for the next product (forge__linear_q8a) */
 #define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (the attention's merge wrote it) */
 #define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
+#define FORGE__LINEAR_Q8_OUT_NORM 1024u /* matvec_q8a with Q8_OUT: the output times the next norm's weight, with its squares */
+#define FORGE__LINEAR_QUANTIZED_RES 2048u /* forge__linear_q8a (host only): x (normed) is in p->act_q8_res (a product's Q8_OUT wrote it) */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5486,8 +5489,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     FORGE__CM_S_OP
-    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
-    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 4, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 7, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 7, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
@@ -5866,6 +5869,9 @@ struct forge_model {
      * block, as llama.cpp's quantized products round them). Not on CPU devices, whose f32
      * path is the one the parity tests hold at 1e-4. Set at load; tests may switch it. */
     bool act_q8;
+    /* ... and one token's layers as a chain of such products, each quantizing its output for the
+     * next (forge__q8_chain). Set at load; tests switch it off to compare the two. */
+    bool q8_chain;
     /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;
@@ -7035,6 +7041,8 @@ struct forge_session {
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
     forge__range attn_done;           /* attention_decode's finished runs per (row, head) [n_batch, heads] u32, zero between steps */
     forge__range act_q8;              /* one token's int8 activations (forge_model.act_q8; else 16 bytes) */
+    forge__range act_q8_res;          /* ... the residual stream's, normed, written by the product before (forge__q8_chain) */
+    forge__range q8_done;             /* matvec_q8a Q8_OUT's rows done per block of 32 [longest product input / 32] u32, zero between products */
     forge__range a16;                 /* [n_batch, longest product input] f16: the tensor cores' A (else 16 bytes) */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
@@ -7192,7 +7200,8 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
-    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8, FORGE__SB_A16,
+    FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
+    FORGE__SB_ACT_Q8_RES, FORGE__SB_Q8_DONE, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
     FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_COUNT
 } forge__session_buf;
@@ -7224,6 +7233,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_ATTN_DONE] = 4ull * c->n_heads * nb,
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
         [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
+        [FORGE__SB_ACT_Q8_RES] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
+        [FORGE__SB_Q8_DONE] = m->act_q8 ? forge__align_up(4 * (forge__max_product_k(c) / 32 + 1), 16) : 16,
         [FORGE__SB_A16] = forge__a16_bytes(m, nb),
         /* mixture of experts: router logits [nb, E], the choices (expert, weight) [nb * k], the
          * prefill's group table and its experts' outputs [nb * k, H]; Gemma 4 also keeps the
@@ -7302,6 +7313,9 @@ typedef struct forge__pass {
     forge__range act_q8;       /* one token's int8 activations (act_q8.comp), where the model uses them; unset: never */
     forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
     bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
+    forge__range act_q8_res;   /* one token's int8 activations of the residual stream, for a decode layer's chain (forge__q8_chain); unset: no chain */
+    forge__range q8_done;      /* matvec_q8a's Q8_OUT counters */
+    bool q8_head;              /* the head reads the last layer's output as its chain quantized it (forge__q8_chain) */
 } forge__pass;
 
 /* Whether two ranges share no byte. */
@@ -7354,27 +7368,49 @@ static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32
            forge__act_q8_bytes(w->cols) <= p->act_q8.size;
 }
 
+/* Whether a one-token product of w into y [ldc] (y's columns col_off..) can quantize its
+ * output row for the next product (matvec_q8a's Q8_OUT): it writes all ldc columns, ldc a
+ * multiple of 32 that the scratch holds, and every chunk's outputs start at a multiple of the
+ * kernel's rows per workgroup (a workgroup's outputs lie in one block of 32). */
+static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uint32_t ldc, uint32_t col_off, bool gated) {
+    if (!p->act_q8_res.buf || col_off != 0 || ldc % 32 != 0 || forge__act_q8_bytes(ldc) > p->act_q8_res.size || 4ull * (ldc / 32) > p->q8_done.size ||
+        (gated ? w->rows / 2 : w->rows) != ldc)
+        return false;
+    for (int i = 0; i < w->n_chunks; i++)
+        if ((gated ? w->chunks[i].row0 / 2 : w->chunks[i].row0) % FORGE__SG_PER_WG != 0) return false;
+    return true;
+}
+
 /* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
- * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's. */
+ * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's;
+ * in a decode layer's chain (forge__q8_chain) x comes quantized already (flags QUANTIZED:
+ * in p->act_q8, QUANTIZED_RES: in p->act_q8_res, normed by `norm`), and with Q8_OUT the
+ * product quantizes y for the next one (into p->act_q8, or into p->act_q8_res times
+ * out_norm's weight: Q8_OUT_NORM). */
 static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, forge__range y, uint32_t ldc,
-                              uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
+                              uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap,
+                              const forge__vec *out_norm) {
     forge_model *m = p->m;
     uint32_t K = w->cols, gx, gy;
-    if (!(flags & FORGE__LINEAR_QUANTIZED)) {
+    forge__range in = flags & FORGE__LINEAR_QUANTIZED_RES ? p->act_q8_res : p->act_q8;
+    if (!(flags & (FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES))) {
         forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
         forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
         forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
         forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
         forge__barrier(p->r);
     }
-    flags &= ~FORGE__LINEAR_QUANTIZED;
+    flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
+    if (out_norm) flags |= FORGE__LINEAR_Q8_OUT | FORGE__LINEAR_Q8_OUT_NORM;
     bool gated = flags & FORGE__LINEAR_GATED;
+    forge__range q8_out = !(flags & FORGE__LINEAR_Q8_OUT) ? p->dummy : out_norm ? p->act_q8_res : p->act_q8;
     forge__op op = w->fmt == FORGE__W_Q4_0 ? FORGE__OP_MATVEC_Q8A_Q4_0 : FORGE__OP_MATVEC_Q8A_Q8_0;
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
-        forge__range b[4] = {p->act_q8, c->w, y, bias && bias->present ? bias->r : p->dummy};
+        forge__range b[7] = {in, c->w, y, bias && bias->present ? bias->r : p->dummy, q8_out, out_norm ? out_norm->r : p->dummy,
+                             flags & FORGE__LINEAR_Q8_OUT ? p->q8_done : p->dummy};
         forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
                                flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
                                col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0, 0, 0, 0, 0, 0};
@@ -7416,10 +7452,10 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
     if (forge__uses_q8a(p, w, M)) {
-        forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap);
+        forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap, NULL);
         return;
     }
-    flags &= ~FORGE__LINEAR_QUANTIZED;
+    flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
     bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
     /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
      * device has them and the model is not exact: prefill, classify, training's forward and batch
@@ -7709,6 +7745,31 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
     forge__dispatch(r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
 }
 
+/* Whether layer l of a one-token decode runs as a chain of int8 products that quantize their
+ * outputs for the next (matvec_q8a's Q8_OUT) instead of an act_q8 dispatch before each: q|k|v
+ * read the residual stream as the last layer's down product quantized it (times this layer's
+ * attention norm), o gets its input from the attention's merge and quantizes the residual for
+ * gate|up (times the MLP norm), gate|up quantizes the MLP's middle for down, and down the
+ * residual for the next layer's q|k|v (or, after the last layer, for the head: p->q8_head).
+ * Two act_q8 dispatches and barriers fewer a layer (about 4 us each on the H100: 49 of them
+ * were 184 us of a 1.2 ms token of the 1B Q4_0 shape, bench/RESULTS.md). The plain Llama /
+ * Qwen 3 layer only: norms fused (no adapter), dense MLP with fused gate|up, no sandwich norms or
+ * per-layer inputs, every product on int8 activations. */
+static bool forge__q8_chain(const forge__pass *p, int l) {
+    const forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    if (l < 0 || l >= c->n_layers) return false;
+    const forge__layer *ly = &m->layers[l];
+    if (!m->q8_chain || p->n != 1 || p->table || p->train || !p->fuse || !p->act_q8_res.buf || !ly->dense_mlp || !ly->fused_gate_up || c->sandwich_norms ||
+        c->ple_dim || forge__kv_shared(c, l))
+        return false;
+    uint32_t H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l];
+    bool qkv = ly->fused_qkv ? forge__uses_q8a(p, &ly->wqkv, 1)
+                             : forge__uses_q8a(p, &ly->wq, 1) && forge__uses_q8a(p, &ly->wk, 1) && forge__uses_q8a(p, &ly->wv, 1);
+    return qkv && forge__uses_q8a(p, &ly->wo, 1) && forge__uses_q8a(p, &ly->gate_up, 1) && forge__uses_q8a(p, &ly->down, 1) &&
+           forge__q8_out_fits(p, &ly->wo, H, 0, false) && forge__q8_out_fits(p, &ly->gate_up, F, 0, true) && forge__q8_out_fits(p, &ly->down, H, 0, false);
+}
+
 /* One layer: attention block, then the MLP, each added to the residual stream a->x. */
 static void forge__record_layer(const forge__pass *p, int l, const forge__acts *a) {
     forge_model *m = p->m;
@@ -7729,13 +7790,16 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         qkv_norm = NULL;
     }
     const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
+    /* a chain of int8 products (forge__q8_chain): x comes quantized by the layer before */
+    bool chain = forge__q8_chain(p, l), chained_in = chain && forge__q8_chain(p, l - 1);
+    uint32_t qkv_flags = chained_in ? FORGE__LINEAR_QUANTIZED_RES : 0;
     if (ly->fused_qkv) {
-        forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+        forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
     } else {
-        forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, 0, 0);
+        forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
         if (!shared) {
-            forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, 0, 0);
-            forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, 0, 0);
+            forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, qkv_flags, 0);
+            forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, qkv_flags, 0);
         }
     }
     if (forge__lora_any(p, l, FORGE__T_QKV)) {
@@ -7814,6 +7878,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         }
         forge__barrier(r);
         forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
+    } else if (chain) { /* ... and the residual quantized for gate|up */
+        forge__linear_q8a(p, &ly->wo, a->att, 0, a->x, H, 0, &ly->bo, NULL,
+                          FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
     } else {
         forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
                       FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
@@ -7834,6 +7901,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     bool lora_gu = forge__lora_any(p, l, FORGE__T_GU);
     if (!ly->dense_mlp) {
         /* Qwen3-MoE's sparse layers: the experts alone, added to the residual */
+    } else if (chain) { /* the residual as o quantized it; the middle quantized for down */
+        forge__linear_q8a(p, &ly->gate_up, a->x, 0, a->h, F, 0, NULL, &ly->ffn_norm,
+                          FORGE__LINEAR_GATED | act_flag | FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_Q8_OUT, 0, NULL);
     } else if (p->fuse && ly->fused_gate_up && !lora_gu) {
         forge__linear(p, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
     } else {
@@ -7899,6 +7969,10 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         } else {
             forge__rmsnorm_ex(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale, c->norm_eps);
         }
+    } else if (chain) { /* the middle as gate|up quantized it; the residual for the next layer or the head */
+        bool to_next = forge__q8_chain(p, l + 1), to_head = l + 1 == c->n_layers && p->q8_head;
+        forge__linear_q8a(p, &ly->down, a->h, 0, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED, 0,
+                          to_next ? &m->layers[l + 1].attn_norm : to_head ? &m->output_norm : NULL);
     } else {
         forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         if (lora_down) {
@@ -7928,8 +8002,12 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16};
-    if (m->act_q8) p.act_q8 = s->act_q8;
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, {0}, false};
+    if (m->act_q8) {
+        p.act_q8 = s->act_q8;
+        p.act_q8_res = s->act_q8_res;
+        p.q8_done = s->q8_done;
+    }
     if (forge__uses_a16(m)) p.a16 = s->a16;
     return p;
 }
@@ -8007,6 +8085,10 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.split_part = s->gu;
         p.split_alt = s->h;
     }
+    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
+    /* one token's logits: the last layer's down product quantizes the residual for the head */
+    p.q8_head = n_out == 1 && mode != FORGE__OUT_CLASSIFY && forge__fuses_norm(m, 1) && forge__uses_q8a(&p, head, 1) &&
+                forge__q8_chain(&p, c->n_layers - 1);
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
     if (c->ple_dim) {
@@ -8018,7 +8100,6 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__record_layer(&p, l, &a);
     }
     if (n_out == 0) return;
-    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
     if (mode == FORGE__OUT_CLASSIFY) {
         /* each prompt's last row (indices in the io buffer) gathered into xn, the embedding
@@ -8031,8 +8112,8 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__barrier(r);
         forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     } else if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
-        forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
-                      (float)c->final_softcap);
+        forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm,
+                      head_flags | (p.q8_head ? FORGE__LINEAR_QUANTIZED_RES : 0), (float)c->final_softcap);
     } else {
         forge__rmsnorm(&p, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
         forge__barrier(r);
@@ -8510,7 +8591,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
         [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_ATTN_DONE] = &s->attn_done, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
-        [FORGE__SB_A16] = &s->a16,
+        [FORGE__SB_ACT_Q8_RES] = &s->act_q8_res, [FORGE__SB_Q8_DONE] = &s->q8_done, [FORGE__SB_A16] = &s->a16,
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
         [FORGE__SB_PLE_G] = &s->ple_g,
@@ -8545,7 +8626,8 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &s->cmd_pool) != VK_SUCCESS ||
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
-    if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, &s->attn_done, 1, &s->err))) return st; /* attention_decode's counters */
+    forge__range counters[2] = {s->attn_done, s->q8_done}; /* attention_decode's and matvec_q8a's */
+    if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, counters, 2, &s->err))) return st;
     /* Record the decode steps now, so the first token pays no recording cost. */
     forge__recording *rc;
     if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
@@ -8817,6 +8899,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         m->dev.caps.device_local_bytes = p->max_device_memory; /* the budget every plan is checked against */
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
+    m->q8_chain = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
@@ -12238,7 +12321,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}, {0}, false};
     if (forge__uses_a16(m)) p.a16 = tr->r[FORGE__TB_A16];
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);

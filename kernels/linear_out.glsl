@@ -1,7 +1,7 @@
 // linear_out.glsl: the epilogue of the matrix-vector kernels (matvec_sg, matvec_q8a), which
 // share forge__pc_linear's push constants (pc) and bindings 2 C f32 and 3 bias f32.
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, bit 5 the gated activation (0 SiLU, 1 GELU-tanh)
-layout(binding = 2) buffer C_ { float c[]; };
+layout(binding = 2) coherent buffer C_ { float c[]; }; // (coherent: matvec_q8a's Q8_OUT reads other workgroups' outputs)
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 float act(float x) {

@@ -17,9 +17,17 @@
 // products do); used where the model is not `exact`.
 // Mapping: one output per subgroup at a time, ROWS outputs per workgroup; the lanes take the
 // row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane).
+// Q8_OUT (flags 128): the product also quantizes its output row as act_q8.comp would, for the
+// next product (one dependent dispatch fewer: on the H100 each costs about 4 us, and a decode
+// token of the 1B Q4_0 shape had 49 act_q8 dispatches, bench/RESULTS.md). A block of 32
+// outputs is written by 32 / ROWS workgroups; each counts its rows in done[block] and the last
+// to arrive reads the block back and quantizes it (times g, with its squares, under
+// Q8_OUT_NORM, flags 1024: the next product's RMS norm, as act_q8's PRENORM). Needs M = 1, a
+// product that writes all ldc columns of C with ldc % 32 == 0, and c_col0 % ROWS == 0 (host).
 // Bindings: 0 activations (act_q8: [K / 4] u32 codes, then [K / 32] vec4) | 1 W chunk [rows, K]
-//           2 C f32 | 3 bias f32
-// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's)
+//           2 C f32 | 3 bias f32 | 4 Q8_OUT: the output as int8 blocks (act_q8's layout, ldc
+//           values) | 5 g f32 [ldc] (Q8_OUT_NORM) | 6 done u32 [ldc / 32], zero between products
+// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 128 Q8_OUT, 1024 Q8_OUT_NORM
 // Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
@@ -44,6 +52,12 @@ layout(push_constant) uniform PC {
 
 layout(binding = 0) readonly buffer QA_ { uvec4 qa4[]; };
 layout(binding = 0) readonly buffer SA_ { vec4 sa4[]; };
+layout(binding = 2) coherent buffer C4_ { vec4 c4[]; }; // (C, read back by Q8_OUT)
+layout(binding = 4) writeonly buffer QO_ { uvec4 qo4[]; };
+layout(binding = 4) writeonly buffer SO_ { vec4 so4[]; };
+layout(binding = 5) readonly buffer G4_ { vec4 g4[]; };
+layout(binding = 6) coherent buffer D_ { uint done[]; };
+shared bool sm_last;
 
 // OpSDot / OpSUDot on 4 packed 8-bit integers (PackedVectorFormat4x8Bit = 0); capabilities
 // DotProduct (6019) and DotProductInput4x8BitPacked (6018)
@@ -120,4 +134,28 @@ void main() {
         if (gated) v = act(v) * (subgroupAdd(u) * inv);
         if (lane == 0u) store(out_row, 0u, v);
     }
+    if ((pc.flags & 128u) == 0u || wg * ROWS >= pc.N) return; // (uniform across the workgroup)
+    // Q8_OUT: this workgroup's rows are in one block (ROWS divides 32, c_col0 % ROWS == 0)
+    uint first = wg * ROWS, blk = (pc.c_col0 + first) >> 5, rows = min(ROWS, pc.N - first);
+    memoryBarrierBuffer(); // this workgroup's outputs before its count
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) sm_last = atomicAdd(done[blk], rows) == 32u - rows;
+    barrier();
+    if (!sm_last || gl_LocalInvocationIndex != 0u) return;
+    memoryBarrierBuffer(); // the other workgroups' outputs after their counts
+    done[blk] = 0u;
+    bool norm = (pc.flags & 1024u) != 0u;
+    vec4 q[8];
+    float ss = 0.0;
+    [[unroll]] for (uint i = 0u; i < 8u; i++) {
+        q[i] = c4[8u * blk + i];
+        ss += dot(q[i], q[i]);
+        if (norm) q[i] *= g4[8u * blk + i];
+    }
+    uint w[8];
+    vec2 ds;
+    quantize_q8_block(q, w, ds);
+    qo4[2u * blk] = uvec4(w[0], w[1], w[2], w[3]);
+    qo4[2u * blk + 1u] = uvec4(w[4], w[5], w[6], w[7]);
+    so4[(pc.ldc >> 4) + blk] = vec4(ds, ss, 0.0);
 }

@@ -219,6 +219,9 @@ void ft_model_set_sample_on_host(forge_model *m, int on);
  * sessions created after the call; returns 0 (and changes nothing) where the device has no
  * integer dot products. */
 int ft_model_set_act_q8(forge_model *m, int on);
+/* One token's layers as a chain of int8 products quantizing their outputs for the next (1, the
+ * default) or an act_q8 dispatch before each product (0), for the sessions created after the call. */
+void ft_model_set_q8_chain(forge_model *m, int on);
 /* The decode attention on subgroups (attention_decode.comp, 1) or attention_split.comp (0), for
  * the sessions created after the call; returns 0 where the device cannot run the first. */
 int ft_model_set_attn_subgroups(forge_model *m, int on);

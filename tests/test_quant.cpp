@@ -351,40 +351,57 @@ class Int8Activations : public ::testing::TestWithParam<std::string> {};
  * evaluated alone (the one-token path), logits against llama.cpp's own (which rounds its
  * activations to 8 bits the same way) and the exact reference, at the fixture's llama.cpp
  * tolerance and argmax positions. The error against the exact logits must not be zero: the
- * rounded path really ran; and the kernels that ran are counted from the session's profile. */
+ * rounded path really ran; and the kernels that ran are counted from the session's profile.
+ * Twice: with an act_q8 dispatch before each product, then as the default chain whose products
+ * quantize their outputs for the next (matvec_q8a's Q8_OUT), whose logits must be the first
+ * run's bit for bit. */
 TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
     std::string name = GetParam();
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file(name, q));
     if (!ft_model_set_act_q8(q.m, 1)) GTEST_SKIP() << "the device has no integer dot products";
-    forge_session_params sp = forge_session_default_params();
-    sp.profile = 1;
-    forge_session *s = nullptr;
-    ASSERT_EQ(forge_session_create(q.m, &sp, &s), FORGE_OK);
-    int steps = 0;
-    for (int seq = 0; seq < 2; seq++) {
-        std::vector<int32_t> toks = q.sequence(seq);
-        int n = (int)toks.size();
-        steps += n;
-        std::vector<float> got((size_t)n * QUANT_VOCAB);
-        ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
-        for (int i = 0; i < n; i++)
-            ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
-        check_against_refs(q, name + " int8 activations", seq, got, true);
+    std::vector<float> first;
+    for (int chain = 0; chain < 2; chain++) {
+        SCOPED_TRACE(chain ? "the chain" : "act_q8 dispatches");
+        ft_model_set_q8_chain(q.m, chain);
+        forge_session_params sp = forge_session_default_params();
+        sp.profile = 1;
+        forge_session *s = nullptr;
+        ASSERT_EQ(forge_session_create(q.m, &sp, &s), FORGE_OK);
+        int steps = 0;
+        std::vector<float> all;
+        for (int seq = 0; seq < 2; seq++) {
+            std::vector<int32_t> toks = q.sequence(seq);
+            int n = (int)toks.size();
+            steps += n;
+            std::vector<float> got((size_t)n * QUANT_VOCAB);
+            ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+            for (int i = 0; i < n; i++)
+                ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
+            check_against_refs(q, name + " int8 activations", seq, got, true);
+            all.insert(all.end(), got.begin(), got.end());
+        }
+        if (chain) {
+            ASSERT_EQ(all.size(), first.size());
+            EXPECT_EQ(memcmp(all.data(), first.data(), all.size() * sizeof(float)), 0) << "the chain's logits differ from act_q8's";
+        } else {
+            first = all;
+        }
+        /* per token and layer without the chain: act_q8 before q|k|v, gate|up and down (the o
+         * projection's input comes quantized from the attention's merge), and one before the
+         * head; with it, only the first layer's q|k|v */
+        std::vector<char> prof(1 << 16);
+        size_t len = 0;
+        ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+        cJSON *pj = cJSON_Parse(prof.data());
+        ASSERT_NE(pj, nullptr);
+        const int layers = 2;
+        double act_calls = cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "act_q8"), "calls")->valuedouble;
+        EXPECT_EQ(act_calls, (double)steps * (chain ? 1 : layers * 3 + 1)) << prof.data();
+        EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
+        cJSON_Delete(pj);
+        forge_session_free(s);
     }
-    /* per token and layer: act_q8 before q|k|v, gate|up and down (the o projection's input
-     * comes quantized from attention_combine), and one before the head */
-    std::vector<char> prof(1 << 16);
-    size_t len = 0;
-    ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
-    cJSON *pj = cJSON_Parse(prof.data());
-    ASSERT_NE(pj, nullptr);
-    const int layers = 2;
-    double act_calls = cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "act_q8"), "calls")->valuedouble;
-    EXPECT_EQ(act_calls, (double)steps * (layers * 3 + 1)) << prof.data();
-    EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
-    cJSON_Delete(pj);
-    forge_session_free(s);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q4_0"));
