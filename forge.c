@@ -5382,6 +5382,9 @@ typedef enum forge__op {
     FORGE__OP_TOPK_MERGE,
     FORGE__OP_ACT_Q8,             /* one token's activations as int8 blocks, matvec_q8a's input */
     FORGE__OP_ACT_F16,            /* rows of activations in f16, matmul_cm's input */
+    FORGE__OP_ATTN_CM,            /* prefill attention on tensor cores, heads of 64 (+ 1: 128, + 2: 256) over an f16 cache */
+    FORGE__OP_ATTN_CM_128,
+    FORGE__OP_ATTN_CM_256,
     FORGE__OP_LINEAR_REDUCE,      /* a product split along k: the partial sums added up, then the epilogue */
     FORGE__OP_ROPE_KV16,          /* rope and the attention kernels on an f16 KV cache (forge_session_params.kv_type) */
     FORGE__OP_ATTENTION_KV16,
@@ -5460,7 +5463,10 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 #define FORGE__CM_S_OP \
     [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}}, \
-    [FORGE__OP_ACT_F16] = {"act_f16", FORGE__SPV(act_f16), 2, sizeof(forge__pc_act_f16), 0, {0}},
+    [FORGE__OP_ACT_F16] = {"act_f16", FORGE__SPV(act_f16), 2, sizeof(forge__pc_act_f16), 0, {0}}, \
+    [FORGE__OP_ATTN_CM] = {"attention_cm_d64", FORGE__SPV(attention_cm_d64), 6, sizeof(forge__pc_attention), 0, {0}}, \
+    [FORGE__OP_ATTN_CM_128] = {"attention_cm_d128", FORGE__SPV(attention_cm_d128), 6, sizeof(forge__pc_attention), 0, {0}}, \
+    [FORGE__OP_ATTN_CM_256] = {"attention_cm_d256", FORGE__SPV(attention_cm_d256), 6, sizeof(forge__pc_attention), 0, {0}},
 #else
 #define FORGE__CM_S_OP
 #define FORGE__CM_OP(FMT, name)
@@ -5872,6 +5878,9 @@ struct forge_model {
     /* ... and one token's layers as a chain of such products, each quantizing its output for the
      * next (forge__q8_chain). Set at load; tests switch it off to compare the two. */
     bool q8_chain;
+    /* The prefill attention on tensor cores (forge__attn_cm_op) where the device has them. Set
+     * at load; tests switch it off to compare with attention_tiled. */
+    bool attn_cm;
     /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;
@@ -7770,6 +7779,17 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
            forge__q8_out_fits(p, &ly->wo, H, 0, false) && forge__q8_out_fits(p, &ly->gate_up, F, 0, true) && forge__q8_out_fits(p, &ly->down, H, 0, false);
 }
 
+/* The prefill attention on tensor cores (attention_cm.comp: queries a workgroup below) for heads
+ * of D elements where the pass can take it: f16 cache, tensor cores and not `exact` (q and P
+ * are rounded to f16), a head of 64, 128 or 256; else FORGE__OP_COUNT (attention_tiled). */
+#define FORGE__ATTN_CM_QUERIES 64
+static forge__op forge__attn_cm_head_op(uint32_t D) {
+    return D == 64 ? FORGE__OP_ATTN_CM : D == 128 ? FORGE__OP_ATTN_CM_128 : D == 256 ? FORGE__OP_ATTN_CM_256 : FORGE__OP_COUNT;
+}
+static forge__op forge__attn_cm_op(const forge__pass *p, uint32_t D) {
+    return p->kv_f16 && p->m->attn_cm && forge__uses_a16(p->m) ? forge__attn_cm_head_op(D) : FORGE__OP_COUNT;
+}
+
 /* One layer: attention block, then the MLP, each added to the residual stream a->x. */
 static void forge__record_layer(const forge__pass *p, int l, const forge__acts *a) {
     forge_model *m = p->m;
@@ -7865,8 +7885,10 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         }
     } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
         forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-        uint32_t bq = forge__attn_block_queries(r->dmax);
-        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH, p->batch);
+        forge__op cm = forge__attn_cm_op(p, D);
+        uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
+        forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
+                        p->batch);
     }
     forge__barrier(r);
     if (c->sandwich_norms) {
@@ -8900,6 +8922,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
     m->q8_chain = true;
+    m->attn_cm = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);

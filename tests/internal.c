@@ -404,7 +404,8 @@ forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t
 static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const void *kc,
                                       const void *vc, bool f16, uint32_t slots, uint32_t pos0, uint32_t window, float scale,
                                       float softcap, float *out, int split) {
-    if (split >= 2 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
+    if (split >= 2 && split <= 3 && !forge__runs_attn_decode(&c->dev.caps)) return FORGE_ERR_UNSUPPORTED;
+    if (split >= 4 && (!f16 || !c->dev.caps.coopmat_nv || forge__attn_cm_head_op(D) == FORGE__OP_COUNT)) return FORGE_ERR_UNSUPPORTED;
     ft_use_head_dim(c, D);
     ft_job j;
     ft_begin(&j, c);
@@ -415,7 +416,29 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
     forge__range vb = ft_buf(&j, vc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
     forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0, 0};
-    if (split) {
+    if (split >= 4) { /* the tensor cores' prefill kernel */
+        if (split == 5) { /* batch prefill's row table (flags 2): rows at pos0 + t of sequence 1, whose cache follows sequence 0's slots (NaN) */
+            uint32_t *words = (uint32_t *)calloc(16 + 2 * (size_t)n, 4);
+            uint16_t *kv2 = (uint16_t *)malloc(2 * 2ull * slots * Hkv * D);
+            if (!words || !kv2) abort();
+            for (uint32_t t = 0; t < n; t++) {
+                words[16 + 2 * t] = pos0 + t;
+                words[17 + 2 * t] = 1;
+            }
+            pb = ft_buf(&j, words, 4ull * (16 + 2 * n));
+            size_t half = (size_t)slots * Hkv * D;
+            for (size_t i = 0; i < half; i++) kv2[i] = 0x7e00;
+            memcpy(kv2 + half, kc, 2 * half);
+            kb = ft_buf(&j, kv2, 4ull * half);
+            memcpy(kv2 + half, vc, 2 * half);
+            vb = ft_buf(&j, kv2, 4ull * half);
+            free(words);
+            free(kv2);
+            pc.flags = 2;
+        }
+        forge__range binds[6] = {pb, qb, kb, vb, ob, ft_buf(&j, NULL, 16)};
+        forge__dispatch(&j.rec, forge__attn_cm_head_op(D), binds, &pc, (n + FORGE__ATTN_CM_QUERIES - 1) / FORGE__ATTN_CM_QUERIES, H, 1);
+    } else if (split) {
         forge__range part = ft_buf(&j, NULL, 4ull * n * H * FORGE__ATTN_SPLITS * (D + 2));
         forge__range d16 = ft_buf(&j, NULL, 16);
         forge__range done = ft_buf(&j, NULL, 4ull * n * H), first = ft_buf(&j, NULL, 4ull * n * H * D); /* (zeroed) */
@@ -965,6 +988,11 @@ int ft_model_set_act_q8(forge_model *m, int on) {
 }
 
 void ft_model_set_q8_chain(forge_model *m, int on) { m->q8_chain = on != 0; }
+
+int ft_model_set_attn_cm(forge_model *m, int on) {
+    m->attn_cm = on != 0;
+    return forge__uses_a16(m);
+}
 
 /* An adapter directory from fuzz bytes: [config length u16][format u8: bit 0 mlx-lm, bit 1 a
  * model whose q/k rows rotate adjacent pairs][config JSON][safetensors], read for a small Llama

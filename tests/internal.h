@@ -72,7 +72,9 @@ forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split);
-/* The same on an f16 cache (the _kv16 kernels). */
+/* The same on an f16 cache (the _kv16 kernels); split 4: the prefill kernel on tensor cores
+ * (attention_cm.comp; FORGE_ERR_UNSUPPORTED without them or for a head other than 64, 128, 256),
+ * 5: the same reading batch prefill's row table (flags 2: the rows of sequence 1). */
 forge_status ft_attention16(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const uint16_t *kc,
                             const uint16_t *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                             float *out, int split);
@@ -222,6 +224,10 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* One token's layers as a chain of int8 products quantizing their outputs for the next (1, the
  * default) or an act_q8 dispatch before each product (0), for the sessions created after the call. */
 void ft_model_set_q8_chain(forge_model *m, int on);
+/* The prefill attention on tensor cores (1, the default where the device has them) or
+ * attention_tiled (0), for the sessions created after the call; returns whether the device and
+ * model can take the first at all (tensor cores, not exact). */
+int ft_model_set_attn_cm(forge_model *m, int on);
 /* The decode attention on subgroups (attention_decode.comp, 1) or attention_split.comp (0), for
  * the sessions created after the call; returns 0 where the device cannot run the first. */
 int ft_model_set_attn_subgroups(forge_model *m, int on);

@@ -339,8 +339,9 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
     for (Case cs : {Case{7, 4, 1, 8, 0, 16, 0, 0}, Case{1, 4, 2, 16, 0, 32, 0, 0}, Case{12, 4, 2, 16, 20, 19, 8, 0},
                     Case{1, 4, 2, 16, 200, 16, 8, 30.0f}, Case{9, 3, 3, 24, 0, 9, 4, 0}, Case{3, 2, 1, 32, 140, 140, 0, 0},
                     Case{5, 8, 4, 64, 90, 128, 0, 0}, Case{1, 4, 2, 64, 3000, 4000, 0, 0}, Case{37, 4, 2, 64, 5, 64, 0, 0},
-                    Case{1, 2, 1, 128, 1100, 1200, 1024, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f},
-                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, /* Gemma 4's full layers: wider tiles */
+                    Case{100, 4, 2, 64, 5, 128, 0, 0}, /* (tensor cores: a partial second block of 64 queries) */
+                    Case{1, 2, 1, 128, 1100, 1200, 1024, 0}, Case{130, 4, 1, 128, 0, 160, 0, 0}, Case{20, 2, 1, 256, 30, 60, 7, 30.0f},
+                    Case{9, 2, 2, 256, 3, 200, 0, 50.0f}, Case{70, 2, 1, 256, 90, 64, 33, 30.0f}, /* Gemma 4's full layers: wider tiles */
                     Case{11, 4, 1, 512, 0, 16, 0, 0}, Case{6, 2, 2, 512, 40, 48, 9, 30.0f}, Case{1, 2, 1, 512, 700, 800, 0, 0}}) {
         std::vector<float> q = ft::randn((size_t)cs.n * cs.H * cs.D, 1.0f, 11);
         std::vector<float> kc = ft::randn((size_t)cs.slots * cs.Hkv * cs.D, 1.0f, 12), vc = ft::randn(kc.size(), 1.0f, 13);
@@ -398,6 +399,17 @@ TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
                       FORGE_OK);
             EXPECT_LT(ft::rel_err(out.data(), want.data(), out.size()), 1e-6)
                 << "f16 cache: n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
+        }
+        /* the tensor cores' prefill kernel (q and P rounded to f16) against the same, alone and
+         * on batch prefill's row table */
+        for (int split : {4, 5}) {
+            std::fill(out.begin(), out.end(), NAN);
+            forge_status st = ft_attention16(ctx().c, q.data(), cs.n, cs.H, cs.Hkv, cs.D, kc16.data(), vc16.data(), cs.slots, cs.pos0,
+                                             cs.window, scale, cs.softcap, out.data(), split);
+            if (st == FORGE_ERR_UNSUPPORTED) continue;
+            ASSERT_EQ(st, FORGE_OK);
+            EXPECT_LT(ft::rel_err(out.data(), want.data(), out.size()), 3e-3)
+                << "tensor cores: n " << cs.n << " D " << cs.D << " window " << cs.window << " split " << split;
         }
     }
 }
