@@ -5343,6 +5343,7 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
 #define FORGE__LINEAR_Q8_OUT_NORM 1024u /* matvec_q8a with Q8_OUT: the output times the next norm's weight, with its squares */
 #define FORGE__LINEAR_QUANTIZED_RES 2048u /* forge__linear_q8a (host only): x (normed) is in p->act_q8_res (a product's Q8_OUT wrote it) */
+#define FORGE__LINEAR_A_G8 4096u     /* matvec_q8a: the int8 activations come in groups of 8 (a product's Q8_OUT wrote them) */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5495,8 +5496,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     FORGE__CM_S_OP
-    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 7, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
-    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 7, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
@@ -7051,7 +7052,6 @@ struct forge_session {
     forge__range attn_done;           /* attention_decode's finished runs per (row, head) [n_batch, heads] u32, zero between steps */
     forge__range act_q8;              /* one token's int8 activations (forge_model.act_q8; else 16 bytes) */
     forge__range act_q8_res;          /* ... the residual stream's, normed, written by the product before (forge__q8_chain) */
-    forge__range q8_done;             /* matvec_q8a Q8_OUT's rows done per block of 32 [longest product input / 32] u32, zero between products */
     forge__range a16;                 /* [n_batch, longest product input] f16: the tensor cores' A (else 16 bytes) */
     uint32_t n_chunks;                /* vocabulary chunks of the top-k reduction */
     VkCommandBuffer copy_logits_cb;   /* copies logits row 0 to the host (sampler fallback) */
@@ -7172,8 +7172,10 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     return FORGE_OK;
 }
 
-/* act_q8.comp's output for K activations: K int8 codes, then a vec4 per block of 32. */
+/* act_q8.comp's output for K activations: K int8 codes, then a vec4 per block of 32; matvec_q8a's
+ * Q8_OUT (G8): the codes, then three vec4 per block of 32 (a value per group of 8). */
 static uint64_t forge__act_q8_bytes(uint64_t K) { return K + K / 2; }
+static uint64_t forge__act_q8_g8_bytes(uint64_t K) { return K + 3 * (K / 2); }
 /* The longest input row of a layer's products: the hidden size (q|k|v, gate|up, the head),
  * the attention's output (o) or the MLP's middle (down). */
 static uint64_t forge__max_product_k(const forge__config *c) {
@@ -7210,7 +7212,7 @@ static uint32_t forge__topk_chunks(const forge_model *m) {
 typedef enum forge__session_buf {
     FORGE__SB_X, FORGE__SB_XN, FORGE__SB_QKV, FORGE__SB_ATT, FORGE__SB_H, FORGE__SB_GU, FORGE__SB_LOGITS, FORGE__SB_DUMMY,
     FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
-    FORGE__SB_ACT_Q8_RES, FORGE__SB_Q8_DONE, FORGE__SB_A16,
+    FORGE__SB_ACT_Q8_RES, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
     FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_COUNT
 } forge__session_buf;
@@ -7241,9 +7243,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
                                 FORGE__MAX((uint64_t)sp->n_seq * forge__attn_splits(m, true), (uint64_t)forge__attn_splits(m, false)),
         [FORGE__SB_ATTN_DONE] = 4ull * c->n_heads * nb,
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
-        [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
-        [FORGE__SB_ACT_Q8_RES] = m->act_q8 ? forge__act_q8_bytes(forge__max_product_k(c)) : 16,
-        [FORGE__SB_Q8_DONE] = m->act_q8 ? forge__align_up(4 * (forge__max_product_k(c) / 32 + 1), 16) : 16,
+        [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_g8_bytes(forge__max_product_k(c)) : 16,
+        [FORGE__SB_ACT_Q8_RES] = m->act_q8 ? forge__act_q8_g8_bytes(forge__max_product_k(c)) : 16,
         [FORGE__SB_A16] = forge__a16_bytes(m, nb),
         /* mixture of experts: router logits [nb, E], the choices (expert, weight) [nb * k], the
          * prefill's group table and its experts' outputs [nb * k, H]; Gemma 4 also keeps the
@@ -7323,7 +7324,6 @@ typedef struct forge__pass {
     forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
     bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
     forge__range act_q8_res;   /* one token's int8 activations of the residual stream, for a decode layer's chain (forge__q8_chain); unset: no chain */
-    forge__range q8_done;      /* matvec_q8a's Q8_OUT counters */
     bool q8_head;              /* the head reads the last layer's output as its chain quantized it (forge__q8_chain) */
 } forge__pass;
 
@@ -7379,10 +7379,14 @@ static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32
 
 /* Whether a one-token product of w into y [ldc] (y's columns col_off..) can quantize its
  * output row for the next product (matvec_q8a's Q8_OUT): it writes all ldc columns, ldc a
- * multiple of 32 that the scratch holds, and every chunk's outputs start at a multiple of the
- * kernel's rows per workgroup (a workgroup's outputs lie in one block of 32). */
+ * multiple of 32 that both scratches hold, and every chunk's outputs start at a multiple of 8
+ * (each workgroup's 8 outputs are one group). */
+#if FORGE__SG_PER_WG != 8
+#error "matvec_q8a's Q8_OUT quantizes a workgroup's outputs as one group of 8"
+#endif
 static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uint32_t ldc, uint32_t col_off, bool gated) {
-    if (!p->act_q8_res.buf || col_off != 0 || ldc % 32 != 0 || forge__act_q8_bytes(ldc) > p->act_q8_res.size || 4ull * (ldc / 32) > p->q8_done.size ||
+    uint64_t bytes = forge__act_q8_g8_bytes(ldc);
+    if (!p->act_q8_res.buf || col_off != 0 || ldc % 32 != 0 || bytes > p->act_q8_res.size || bytes > p->act_q8.size ||
         (gated ? w->rows / 2 : w->rows) != ldc)
         return false;
     for (int i = 0; i < w->n_chunks; i++)
@@ -7394,9 +7398,9 @@ static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uin
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
  * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's;
  * in a decode layer's chain (forge__q8_chain) x comes quantized already (flags QUANTIZED:
- * in p->act_q8, QUANTIZED_RES: in p->act_q8_res, normed by `norm`), and with Q8_OUT the
- * product quantizes y for the next one (into p->act_q8, or into p->act_q8_res times
- * out_norm's weight: Q8_OUT_NORM). */
+ * in p->act_q8, QUANTIZED_RES: in p->act_q8_res, normed by `norm`; A_G8 where a product
+ * wrote them, in groups of 8), and with Q8_OUT the product quantizes y for the next one, in
+ * groups of 8 (into p->act_q8, or into p->act_q8_res times out_norm's weight: Q8_OUT_NORM). */
 static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, forge__range y, uint32_t ldc,
                               uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap,
                               const forge__vec *out_norm) {
@@ -7410,6 +7414,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
         forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
         forge__barrier(p->r);
     }
+    if (flags & FORGE__LINEAR_QUANTIZED_RES) flags |= FORGE__LINEAR_A_G8;
     flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
     if (out_norm) flags |= FORGE__LINEAR_Q8_OUT | FORGE__LINEAR_Q8_OUT_NORM;
     bool gated = flags & FORGE__LINEAR_GATED;
@@ -7418,8 +7423,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
-        forge__range b[7] = {in, c->w, y, bias && bias->present ? bias->r : p->dummy, q8_out, out_norm ? out_norm->r : p->dummy,
-                             flags & FORGE__LINEAR_Q8_OUT ? p->q8_done : p->dummy};
+        forge__range b[6] = {in, c->w, y, bias && bias->present ? bias->r : p->dummy, q8_out, out_norm ? out_norm->r : p->dummy};
         forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
                                flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
                                col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0, 0, 0, 0, 0, 0};
@@ -7761,7 +7765,9 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
  * gate|up (times the MLP norm), gate|up quantizes the MLP's middle for down, and down the
  * residual for the next layer's q|k|v (or, after the last layer, for the head: p->q8_head).
  * Two act_q8 dispatches and barriers fewer a layer (about 4 us each on the H100: 49 of them
- * were 184 us of a 1.2 ms token of the 1B Q4_0 shape, bench/RESULTS.md). The plain Llama /
+ * were 184 us of a 1.2 ms token of the 1B Q4_0 shape, bench/RESULTS.md). The chained
+ * activations are rounded in groups of 8 (a product's workgroup's outputs), not act_q8's blocks
+ * of 32: finer, so the logits differ from the unchained path's by that rounding. The plain Llama /
  * Qwen 3 layer only: norms fused (no adapter), dense MLP with fused gate|up, no sandwich norms or
  * per-layer inputs, every product on int8 activations. */
 static bool forge__q8_chain(const forge__pass *p, int l) {
@@ -7993,7 +7999,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         }
     } else if (chain) { /* the middle as gate|up quantized it; the residual for the next layer or the head */
         bool to_next = forge__q8_chain(p, l + 1), to_head = l + 1 == c->n_layers && p->q8_head;
-        forge__linear_q8a(p, &ly->down, a->h, 0, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED, 0,
+        forge__linear_q8a(p, &ly->down, a->h, 0, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_A_G8, 0,
                           to_next ? &m->layers[l + 1].attn_norm : to_head ? &m->output_norm : NULL);
     } else {
         forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
@@ -8024,11 +8030,10 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, {0}, false};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, false};
     if (m->act_q8) {
         p.act_q8 = s->act_q8;
         p.act_q8_res = s->act_q8_res;
-        p.q8_done = s->q8_done;
     }
     if (forge__uses_a16(m)) p.a16 = s->a16;
     return p;
@@ -8613,7 +8618,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_H] = &s->h, [FORGE__SB_GU] = &s->gu, [FORGE__SB_LOGITS] = &s->logits, [FORGE__SB_DUMMY] = &s->dummy,
         [FORGE__SB_CAND] = &s->cand, [FORGE__SB_CAND_STATS] = &s->cand_stats, [FORGE__SB_SAMPLE_OUT] = &s->sample_out,
         [FORGE__SB_ATTN_PART] = &s->attn_part, [FORGE__SB_ATTN_DONE] = &s->attn_done, [FORGE__SB_LORA_U] = &s->lora_u, [FORGE__SB_ACT_Q8] = &s->act_q8,
-        [FORGE__SB_ACT_Q8_RES] = &s->act_q8_res, [FORGE__SB_Q8_DONE] = &s->q8_done, [FORGE__SB_A16] = &s->a16,
+        [FORGE__SB_ACT_Q8_RES] = &s->act_q8_res, [FORGE__SB_A16] = &s->a16,
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
         [FORGE__SB_PLE_G] = &s->ple_g,
@@ -8648,8 +8653,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if (d->vk.vkCreateCommandPool(d->dev, &pci, NULL, &s->cmd_pool) != VK_SUCCESS ||
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
-    forge__range counters[2] = {s->attn_done, s->q8_done}; /* attention_decode's and matvec_q8a's */
-    if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, counters, 2, &s->err))) return st;
+    if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, &s->attn_done, 1, &s->err))) return st; /* attention_decode's counters */
     /* Record the decode steps now, so the first token pays no recording cost. */
     forge__recording *rc;
     if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
@@ -12344,7 +12348,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}, {0}, false};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}, false};
     if (forge__uses_a16(m)) p.a16 = tr->r[FORGE__TB_A16];
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);

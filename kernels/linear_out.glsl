@@ -1,7 +1,7 @@
 // linear_out.glsl: the epilogue of the matrix-vector kernels (matvec_sg, matvec_q8a), which
 // share forge__pc_linear's push constants (pc) and bindings 2 C f32 and 3 bias f32.
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, bit 5 the gated activation (0 SiLU, 1 GELU-tanh)
-layout(binding = 2) coherent buffer C_ { float c[]; }; // (coherent: matvec_q8a's Q8_OUT reads other workgroups' outputs)
+layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
 
 float act(float x) {
@@ -10,11 +10,13 @@ float act(float x) {
     return 0.5 * x * (1.0 + safe_tanh(k * (x + 0.044715 * x * x * x)));
 }
 
-// output out_row of token m: bias, soft-cap, then written or added to C[m, c_col0 + out_row]
-void store(uint out_row, uint m, float v) {
+// output out_row of token m: bias, soft-cap, then written or added to C[m, c_col0 + out_row];
+// returns what was written
+float store(uint out_row, uint m, float v) {
     if ((pc.flags & 1u) != 0u) v += bias[pc.bias_off + out_row];
     if ((pc.flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;
     uint ci = m * pc.ldc + pc.c_col0 + out_row;
     if ((pc.flags & 2u) != 0u) v += c[ci];
     c[ci] = v;
+    return v;
 }

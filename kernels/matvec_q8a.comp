@@ -17,18 +17,24 @@
 // products do); used where the model is not `exact`.
 // Mapping: one output per subgroup at a time, ROWS outputs per workgroup; the lanes take the
 // row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane).
-// Q8_OUT (flags 128): the product also quantizes its output row as act_q8.comp would, for the
-// next product (one dependent dispatch fewer: on the H100 each costs about 4 us, and a decode
-// token of the 1B Q4_0 shape had 49 act_q8 dispatches, bench/RESULTS.md). A block of 32
-// outputs is written by 32 / ROWS workgroups; each counts its rows in done[block] and the last
-// to arrive reads the block back and quantizes it (times g, with its squares, under
-// Q8_OUT_NORM, flags 1024: the next product's RMS norm, as act_q8's PRENORM). Needs M = 1, a
-// product that writes all ldc columns of C with ldc % 32 == 0, and c_col0 % ROWS == 0 (host).
-// Bindings: 0 activations (act_q8: [K / 4] u32 codes, then [K / 32] vec4) | 1 W chunk [rows, K]
-//           2 C f32 | 3 bias f32 | 4 Q8_OUT: the output as int8 blocks (act_q8's layout, ldc
-//           values) | 5 g f32 [ldc] (Q8_OUT_NORM) | 6 done u32 [ldc / 32], zero between products
-// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 128 Q8_OUT, 1024 Q8_OUT_NORM
-// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
+// Q8_OUT (flags 128): the product also quantizes its output row for the next product (one
+// dependent dispatch fewer: on the H100 each costs about 4 us, and a decode token of the 1B Q4_0
+// shape had 49 act_q8 dispatches, bench/RESULTS.md), in groups of 8 (G8: the ROWS = 8 outputs of
+// a workgroup, so that no workgroup waits for another's; blocks of 32 would span 4 workgroups,
+// and counting them done and reading them back cost about as much as the dispatch it saved).
+// Under Q8_OUT_NORM (flags 1024) times g, with its squares (act_q8's PRENORM, for the next RMS
+// norm). Needs M = 1, a product that writes all ldc columns of C, ldc % 32 == 0 and c_col0 % 8
+// == 0 (host). A_G8 (flags 4096): the activations come in that layout.
+// Activations (binding 0; act_q8.comp's layout, or the G8 one): the codes, 4 to a little-endian
+// word (element k at byte k), then at vec4 K / 16 per block of 32 vec4(d, d * sum of its codes,
+// sum of its A^2, 0); or (G8) per block of 32 three vec4 in three arrays, one value per group of
+// 8: its d, d times the sum of its codes, the sum of its A^2 (arrays, not a vec4 per group: the
+// lanes read consecutive blocks, and 64 bytes a block apart their loads took 4 times the cache
+// lines: the consumer ran at half speed). Finer scales than act_q8's (and llama.cpp's) blocks,
+// so a chained product differs from the act_q8 path by its rounding.
+// Bindings: 0 activations | 1 W chunk [rows, K] | 2 C f32 | 3 bias f32 | 4 Q8_OUT: the output row
+//           in the G8 layout (ldc values) | 5 g f32 [ldc] (Q8_OUT_NORM)
+// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 128 Q8_OUT, 1024 Q8_OUT_NORM, 4096 A_G8
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -52,12 +58,10 @@ layout(push_constant) uniform PC {
 
 layout(binding = 0) readonly buffer QA_ { uvec4 qa4[]; };
 layout(binding = 0) readonly buffer SA_ { vec4 sa4[]; };
-layout(binding = 2) coherent buffer C4_ { vec4 c4[]; }; // (C, read back by Q8_OUT)
-layout(binding = 4) writeonly buffer QO_ { uvec4 qo4[]; };
-layout(binding = 4) writeonly buffer SO_ { vec4 so4[]; };
+layout(binding = 4) writeonly buffer QO_ { uint qo[]; };
+layout(binding = 4) writeonly buffer SO_ { float so[]; };
 layout(binding = 5) readonly buffer G4_ { vec4 g4[]; };
-layout(binding = 6) coherent buffer D_ { uint done[]; };
-shared bool sm_last;
+shared float sm_out[ROWS];
 
 // OpSDot / OpSUDot on 4 packed 8-bit integers (PackedVectorFormat4x8Bit = 0); capabilities
 // DotProduct (6019) and DotProductInput4x8BitPacked (6018)
@@ -66,44 +70,79 @@ int dot_s8_s8(uint a, uint b, spirv_literal int packed_format);
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
 int dot_s8_u8(uint a, uint b, spirv_literal int packed_format);
 
+// The dot products of block b of weight row `row` with the activation codes a0 (elements 0-15)
+// and a1 (16-31), one a group of 8 elements, and the block's scale d.
 #if defined(W_Q4_0)
-// block b of weight row `row`: f16 d, then 16 bytes of nibbles (element j < 16 the low nibble
-// of byte j, j >= 16 the high nibble of byte j - 16); 18 bytes at a 2-byte aligned offset,
-// read as 5 aligned words either way
-float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
+// Q4_0: f16 d, then 16 bytes of nibbles (element j < 16 the low nibble of byte j, j >= 16 the
+// high nibble of byte j - 16); 18 bytes at a 2-byte aligned offset, read as 5 aligned words
+// either way. The codes are the nibbles less 8 (the activations' sums carry the 8).
+const float W_OFFSET = 8.0;
+ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d) {
     uint bo = (row * nb + b) * 18u, w = bo >> 2;
     uint x0 = w_u32[w], x1 = w_u32[w + 1u], x2 = w_u32[w + 2u], x3 = w_u32[w + 3u], x4 = w_u32[w + 4u];
     bool odd = (bo & 2u) != 0u;
-    float d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
+    d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
     uvec4 q = odd ? uvec4(x1, x2, x3, x4) : uvec4((x0 >> 16) | (x1 << 16), (x1 >> 16) | (x2 << 16), (x2 >> 16) | (x3 << 16), (x3 >> 16) | (x4 << 16));
     uvec4 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
-    int s = dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0) + dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0)
-          + dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0) + dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0);
-    return d * (sa.x * float(s) - 8.0 * sa.y);
+    return ivec4(dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0), dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0),
+                 dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0), dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0));
 }
 #elif defined(W_Q8_0)
-// block b: f16 d, then 32 int8 codes; 34 bytes at a 2-byte aligned offset, 9 aligned words
-float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
+// Q8_0: f16 d, then 32 int8 codes; 34 bytes at a 2-byte aligned offset, 9 aligned words
+const float W_OFFSET = 0.0;
+ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d) {
     uint bo = (row * nb + b) * 34u, w = bo >> 2;
     uint x[9];
     [[unroll]] for (uint i = 0u; i < 9u; i++) x[i] = w_u32[w + i];
     bool odd = (bo & 2u) != 0u;
-    float d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
+    d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
     uint q[8];
     [[unroll]] for (uint i = 0u; i < 8u; i++) q[i] = odd ? x[i + 1u] : (x[i] >> 16) | (x[i + 1u] << 16);
-    int s = dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0) + dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0)
-          + dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0) + dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0);
-    return d * sa.x * float(s);
+    return ivec4(dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0), dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0),
+                 dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0), dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0));
 }
 #else
 #error "matvec_q8a: W_Q4_0 or W_Q8_0"
 #endif
 
+// An activation block's scales: act_q8's one for 32 elements (da.x) or G8's four; off = the
+// sum of (d times the sum of the codes) over its groups, ss of its squares.
+struct ablock { vec4 da; float off, ss; };
+ablock load_ablock(uint b, bool g8) {
+    uint sa0 = pc.K >> 4;
+    if (!g8) {
+        vec4 sa = sa4[sa0 + b];
+        return ablock(vec4(sa.x), sa.y, sa.z);
+    }
+    uint nb = pc.K >> 5;
+    vec4 o = sa4[sa0 + nb + b], q = (pc.flags & 8u) != 0u ? sa4[sa0 + 2u * nb + b] : vec4(0.0);
+    return ablock(sa4[sa0 + b], o.x + o.y + o.z + o.w, q.x + q.y + q.z + q.w);
+}
+
+// The block's contribution to the row's dot product (one scale: as the int sum, exactly)
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, ablock ab, bool g8) {
+    float d;
+    ivec4 g = block_dots(row, b, nb, a0, a1, d);
+    if (g8) return d * (dot(ab.da, vec4(g)) - W_OFFSET * ab.off);
+#if defined(W_Q4_0)
+    return d * (ab.da.x * float(g.x + g.y + g.z + g.w) - 8.0 * ab.off);
+#else
+    return d * ab.da.x * float(g.x + g.y + g.z + g.w);
+#endif
+}
+
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u;
-    uint nb = pc.K >> 5, sa0 = pc.K >> 4;
+    bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u, g8 = (pc.flags & 4096u) != 0u;
+    uint nb = pc.K >> 5;
+    // Q8_OUT_NORM: the next norm's weight for this workgroup's group, loaded while the rows run
+    uint grp = (pc.c_col0 + wg * ROWS) >> 3;
+    vec4 g0 = vec4(1.0), g1 = vec4(1.0);
+    if ((pc.flags & 1024u) != 0u && gl_LocalInvocationIndex == 0u && wg * ROWS < pc.N) {
+        g0 = g4[2u * grp];
+        g1 = g4[2u * grp + 1u];
+    }
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
@@ -113,49 +152,45 @@ void main() {
             uint b1 = b + width;
             bool has1 = b1 < nb;
             uvec4 a0 = qa4[2u * b], a1 = qa4[2u * b + 1u];
-            vec4 sa = sa4[sa0 + b];
+            ablock sa = load_ablock(b, g8);
             uvec4 c0 = uvec4(0u), c1 = uvec4(0u);
-            vec4 sc = vec4(0.0);
+            ablock sc = ablock(vec4(0.0), 0.0, 0.0);
             if (has1) {
                 c0 = qa4[2u * b1];
                 c1 = qa4[2u * b1 + 1u];
-                sc = sa4[sa0 + b1];
+                sc = load_ablock(b1, g8);
             }
-            ss += sa.z + sc.z;
-            s += block_dot(w0, b, nb, a0, a1, sa);
-            if (has1) s += block_dot(w0, b1, nb, c0, c1, sc);
+            ss += sa.ss + sc.ss;
+            s += block_dot(w0, b, nb, a0, a1, sa, g8);
+            if (has1) s += block_dot(w0, b1, nb, c0, c1, sc, g8);
             if (gated) {
-                u += block_dot(w0 + 1u, b, nb, a0, a1, sa);
-                if (has1) u += block_dot(w0 + 1u, b1, nb, c0, c1, sc);
+                u += block_dot(w0 + 1u, b, nb, a0, a1, sa, g8);
+                if (has1) u += block_dot(w0 + 1u, b1, nb, c0, c1, sc, g8);
             }
         }
         float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
         float v = subgroupAdd(s) * inv;
         if (gated) v = act(v) * (subgroupAdd(u) * inv);
-        if (lane == 0u) store(out_row, 0u, v);
+        if (lane == 0u) sm_out[r] = store(out_row, 0u, v);
     }
     if ((pc.flags & 128u) == 0u || wg * ROWS >= pc.N) return; // (uniform across the workgroup)
-    // Q8_OUT: this workgroup's rows are in one block (ROWS divides 32, c_col0 % ROWS == 0)
-    uint first = wg * ROWS, blk = (pc.c_col0 + first) >> 5, rows = min(ROWS, pc.N - first);
-    memoryBarrierBuffer(); // this workgroup's outputs before its count
+    // Q8_OUT: this workgroup's 8 outputs (ROWS = 8, all written: host) as one G8 group
     barrier();
-    if (gl_LocalInvocationIndex == 0u) sm_last = atomicAdd(done[blk], rows) == 32u - rows;
-    barrier();
-    if (!sm_last || gl_LocalInvocationIndex != 0u) return;
-    memoryBarrierBuffer(); // the other workgroups' outputs after their counts
-    done[blk] = 0u;
-    bool norm = (pc.flags & 1024u) != 0u;
-    vec4 q[8];
-    float ss = 0.0;
-    [[unroll]] for (uint i = 0u; i < 8u; i++) {
-        q[i] = c4[8u * blk + i];
-        ss += dot(q[i], q[i]);
-        if (norm) q[i] *= g4[8u * blk + i];
-    }
-    uint w[8];
-    vec2 ds;
-    quantize_q8_block(q, w, ds);
-    qo4[2u * blk] = uvec4(w[0], w[1], w[2], w[3]);
-    qo4[2u * blk + 1u] = uvec4(w[4], w[5], w[6], w[7]);
-    so4[(pc.ldc >> 4) + blk] = vec4(ds, ss, 0.0);
+    if (gl_LocalInvocationIndex != 0u) return;
+    vec4 v0 = vec4(sm_out[0], sm_out[1], sm_out[2], sm_out[3]), v1 = vec4(sm_out[4], sm_out[5], sm_out[6], sm_out[7]);
+    float ss = dot(v0, v0) + dot(v1, v1);
+    v0 *= g0; // (ones without Q8_OUT_NORM)
+    v1 *= g1;
+    vec4 a0 = abs(v0), a1 = abs(v1);
+    float amax = max(max(max(a0.x, a0.y), max(a0.z, a0.w)), max(max(a1.x, a1.y), max(a1.z, a1.w)));
+    float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+    ivec4 q0 = ivec4(round(v0 * id)), q1 = ivec4(round(v1 * id));
+    ivec4 qs = q0 + q1;
+    uvec4 u0 = uvec4(q0) & 255u, u1 = uvec4(q1) & 255u;
+    qo[2u * grp] = u0.x | (u0.y << 8) | (u0.z << 16) | (u0.w << 24);
+    qo[2u * grp + 1u] = u1.x | (u1.y << 8) | (u1.z << 16) | (u1.w << 24);
+    uint s0 = pc.ldc >> 2, nbo = pc.ldc >> 5; // (floats)
+    so[s0 + grp] = d;
+    so[s0 + 4u * nbo + grp] = d * float(qs.x + qs.y + qs.z + qs.w);
+    so[s0 + 8u * nbo + grp] = ss;
 }

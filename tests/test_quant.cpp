@@ -353,8 +353,8 @@ class Int8Activations : public ::testing::TestWithParam<std::string> {};
  * tolerance and argmax positions. The error against the exact logits must not be zero: the
  * rounded path really ran; and the kernels that ran are counted from the session's profile.
  * Twice: with an act_q8 dispatch before each product, then as the default chain whose products
- * quantize their outputs for the next (matvec_q8a's Q8_OUT), whose logits must be the first
- * run's bit for bit. */
+ * quantize their outputs for the next (matvec_q8a's Q8_OUT, in groups of 8), held to the same
+ * references and to the first run's logits at llama.cpp's tolerance. */
 TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
     std::string name = GetParam();
     QuantFile q;
@@ -383,7 +383,10 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
         }
         if (chain) {
             ASSERT_EQ(all.size(), first.size());
-            EXPECT_EQ(memcmp(all.data(), first.data(), all.size() * sizeof(float)), 0) << "the chain's logits differ from act_q8's";
+            double err = ft::rel_err(all.data(), first.data(), all.size());
+            printf("  the chain against act_q8 dispatches: max|d|/max|ref| = %.2e\n", err);
+            cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(q.file, "refs"), "llamacpp"), 0);
+            EXPECT_LE(err, cJSON_GetObjectItem(ref, "tol_rel")->valuedouble);
         } else {
             first = all;
         }
@@ -414,6 +417,9 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q
 TEST(TensorCores, PrefillAttentionMatchesTheTiledKernel) {
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file("q8_0", q));
+    forge_model_free(q.m); /* loaded again as users load it: not `exact`, so the tensor cores may run */
+    q.m = ft::load(q.dir + cJSON_GetStringValue(cJSON_GetObjectItem(q.file, "gguf")), 0, 0, 0);
+    ASSERT_NE(q.m, nullptr);
     if (!ft_model_set_attn_cm(q.m, 1)) GTEST_SKIP() << "the device has no tensor cores";
     std::vector<float> logits[2];
     for (int cm = 0; cm < 2; cm++) {
