@@ -7173,9 +7173,9 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
 }
 
 /* act_q8.comp's output for K activations: K int8 codes, then a vec4 per block of 32; matvec_q8a's
- * Q8_OUT (G8): the codes, then three vec4 per block of 32 (a value per group of 8). */
+ * Q8_OUT (G8): the codes, then two vec4 per block of 32 (a value per group of 8). */
 static uint64_t forge__act_q8_bytes(uint64_t K) { return K + K / 2; }
-static uint64_t forge__act_q8_g8_bytes(uint64_t K) { return K + 3 * (K / 2); }
+static uint64_t forge__act_q8_g8_bytes(uint64_t K) { return 2 * K; }
 /* The longest input row of a layer's products: the hidden size (q|k|v, gate|up, the head),
  * the attention's output (o) or the MLP's middle (down). */
 static uint64_t forge__max_product_k(const forge__config *c) {

@@ -27,11 +27,13 @@
 // == 0 (host). A_G8 (flags 4096): the activations come in that layout.
 // Activations (binding 0; act_q8.comp's layout, or the G8 one): the codes, 4 to a little-endian
 // word (element k at byte k), then at vec4 K / 16 per block of 32 vec4(d, d * sum of its codes,
-// sum of its A^2, 0); or (G8) per block of 32 three vec4 in three arrays, one value per group of
-// 8: its d, d times the sum of its codes, the sum of its A^2 (arrays, not a vec4 per group: the
-// lanes read consecutive blocks, and 64 bytes a block apart their loads took 4 times the cache
-// lines: the consumer ran at half speed). Finer scales than act_q8's (and llama.cpp's) blocks,
-// so a chained product differs from the act_q8 path by its rounding.
+// sum of its A^2, 0); or (G8) per block of 32 two vec4 in two arrays, a value per group of 8:
+// its d, and the sum of its A^2 (arrays, not a vec4 per group: the lanes read consecutive
+// blocks, and 64 bytes a block apart their loads took 4 times the cache lines, which ran the
+// consumers at half speed). No sums of codes: on G8 activations Q4_0's nibbles are centered
+// (n - 8 as a signed byte) before the dot products, so that the 4 scales of a block are all a
+// consumer reads beside the codes. Finer scales than act_q8's (and llama.cpp's) blocks, so a
+// chained product differs from the act_q8 path by its rounding.
 // Bindings: 0 activations | 1 W chunk [rows, K] | 2 C f32 | 3 bias f32 | 4 Q8_OUT: the output row
 //           in the G8 layout (ldc values) | 5 g f32 [ldc] (Q8_OUT_NORM)
 // flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 128 Q8_OUT, 1024 Q8_OUT_NORM, 4096 A_G8
@@ -75,22 +77,32 @@ int dot_s8_u8(uint a, uint b, spirv_literal int packed_format);
 #if defined(W_Q4_0)
 // Q4_0: f16 d, then 16 bytes of nibbles (element j < 16 the low nibble of byte j, j >= 16 the
 // high nibble of byte j - 16); 18 bytes at a 2-byte aligned offset, read as 5 aligned words
-// either way. The codes are the nibbles less 8 (the activations' sums carry the 8).
-const float W_OFFSET = 8.0;
-ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d) {
+// either way. The codes are the nibbles less 8: the activations' sums carry the 8 (act_q8), or
+// (centered, G8) the nibbles become signed bytes n - 8 first (x = n ^ 8 is n - 8 in 4 bits; the
+// multiply copies bit 3 into bits 4-7, a byte at a time: 8 * 0x1e = 0xf0, no carries).
+uvec4 centered(uvec4 n) {
+    uvec4 x = n ^ 0x08080808u;
+    return x | ((x & 0x08080808u) * 0x1eu);
+}
+ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d, bool g8) {
     uint bo = (row * nb + b) * 18u, w = bo >> 2;
     uint x0 = w_u32[w], x1 = w_u32[w + 1u], x2 = w_u32[w + 2u], x3 = w_u32[w + 3u], x4 = w_u32[w + 4u];
     bool odd = (bo & 2u) != 0u;
     d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
     uvec4 q = odd ? uvec4(x1, x2, x3, x4) : uvec4((x0 >> 16) | (x1 << 16), (x1 >> 16) | (x2 << 16), (x2 >> 16) | (x3 << 16), (x3 >> 16) | (x4 << 16));
     uvec4 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
+    if (g8) {
+        lo = centered(lo);
+        hi = centered(hi);
+        return ivec4(dot_s8_s8(a0.x, lo.x, 0) + dot_s8_s8(a0.y, lo.y, 0), dot_s8_s8(a0.z, lo.z, 0) + dot_s8_s8(a0.w, lo.w, 0),
+                     dot_s8_s8(a1.x, hi.x, 0) + dot_s8_s8(a1.y, hi.y, 0), dot_s8_s8(a1.z, hi.z, 0) + dot_s8_s8(a1.w, hi.w, 0));
+    }
     return ivec4(dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0), dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0),
                  dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0), dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0));
 }
 #elif defined(W_Q8_0)
 // Q8_0: f16 d, then 32 int8 codes; 34 bytes at a 2-byte aligned offset, 9 aligned words
-const float W_OFFSET = 0.0;
-ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d) {
+ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d, bool g8) {
     uint bo = (row * nb + b) * 34u, w = bo >> 2;
     uint x[9];
     [[unroll]] for (uint i = 0u; i < 9u; i++) x[i] = w_u32[w + i];
@@ -105,8 +117,8 @@ ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d) {
 #error "matvec_q8a: W_Q4_0 or W_Q8_0"
 #endif
 
-// An activation block's scales: act_q8's one for 32 elements (da.x) or G8's four; off = the
-// sum of (d times the sum of the codes) over its groups, ss of its squares.
+// An activation block's scales: act_q8's one for 32 elements (da.x) or G8's four; off: d times
+// the sum of its codes (act_q8's), ss: the sum of its squares.
 struct ablock { vec4 da; float off, ss; };
 ablock load_ablock(uint b, bool g8) {
     uint sa0 = pc.K >> 4;
@@ -114,16 +126,15 @@ ablock load_ablock(uint b, bool g8) {
         vec4 sa = sa4[sa0 + b];
         return ablock(vec4(sa.x), sa.y, sa.z);
     }
-    uint nb = pc.K >> 5;
-    vec4 o = sa4[sa0 + nb + b], q = (pc.flags & 8u) != 0u ? sa4[sa0 + 2u * nb + b] : vec4(0.0);
-    return ablock(sa4[sa0 + b], o.x + o.y + o.z + o.w, q.x + q.y + q.z + q.w);
+    vec4 q = (pc.flags & 8u) != 0u ? sa4[sa0 + (pc.K >> 5) + b] : vec4(0.0);
+    return ablock(sa4[sa0 + b], 0.0, q.x + q.y + q.z + q.w);
 }
 
 // The block's contribution to the row's dot product (one scale: as the int sum, exactly)
 float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, ablock ab, bool g8) {
     float d;
-    ivec4 g = block_dots(row, b, nb, a0, a1, d);
-    if (g8) return d * (dot(ab.da, vec4(g)) - W_OFFSET * ab.off);
+    ivec4 g = block_dots(row, b, nb, a0, a1, d, g8);
+    if (g8) return d * dot(ab.da, vec4(g));
 #if defined(W_Q4_0)
     return d * (ab.da.x * float(g.x + g.y + g.z + g.w) - 8.0 * ab.off);
 #else
@@ -185,12 +196,10 @@ void main() {
     float amax = max(max(max(a0.x, a0.y), max(a0.z, a0.w)), max(max(a1.x, a1.y), max(a1.z, a1.w)));
     float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
     ivec4 q0 = ivec4(round(v0 * id)), q1 = ivec4(round(v1 * id));
-    ivec4 qs = q0 + q1;
     uvec4 u0 = uvec4(q0) & 255u, u1 = uvec4(q1) & 255u;
     qo[2u * grp] = u0.x | (u0.y << 8) | (u0.z << 16) | (u0.w << 24);
     qo[2u * grp + 1u] = u1.x | (u1.y << 8) | (u1.z << 16) | (u1.w << 24);
-    uint s0 = pc.ldc >> 2, nbo = pc.ldc >> 5; // (floats)
+    uint s0 = pc.ldc >> 2; // (floats)
     so[s0 + grp] = d;
-    so[s0 + 4u * nbo + grp] = d * float(qs.x + qs.y + qs.z + qs.w);
-    so[s0 + 8u * nbo + grp] = ss;
+    so[s0 + (pc.ldc >> 3) + grp] = ss;
 }
