@@ -7324,7 +7324,6 @@ typedef struct forge__pass {
     forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
     bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
     forge__range act_q8_res;   /* one token's int8 activations of the residual stream, for a decode layer's chain (forge__q8_chain); unset: no chain */
-    bool q8_head;              /* the head reads the last layer's output as its chain quantized it (forge__q8_chain) */
 } forge__pass;
 
 /* Whether two ranges share no byte. */
@@ -7763,13 +7762,24 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
  * read the residual stream as the last layer's down product quantized it (times this layer's
  * attention norm), o gets its input from the attention's merge and quantizes the residual for
  * gate|up (times the MLP norm), gate|up quantizes the MLP's middle for down, and down the
- * residual for the next layer's q|k|v (or, after the last layer, for the head: p->q8_head).
+ * residual for the next layer's q|k|v (not the head's: its 128256-row product read the G8
+ * scales 6-25% slower, more than the act_q8 dispatch before it costs).
  * Two act_q8 dispatches and barriers fewer a layer (about 4 us each on the H100: 49 of them
  * were 184 us of a 1.2 ms token of the 1B Q4_0 shape, bench/RESULTS.md). The chained
  * activations are rounded in groups of 8 (a product's workgroup's outputs), not act_q8's blocks
- * of 32: finer, so the logits differ from the unchained path's by that rounding. The plain Llama /
+ * of 32: finer, so the logits differ from the unchained path's by that rounding. Only where a
+ * layer's weights are under FORGE__Q8_CHAIN_MAX_LAYER_BYTES: the products that read the G8
+ * scales run slower (4 scales and conversions a block), which the dispatches saved outweigh on
+ * short layers only (H100, decode: the 1B Q4_0 shape, 34 MB a layer, 912 -> 1000 tok/s; the 8B
+ * shape, 122 MB, 301 -> 295-298, its q|k|v and gate|up 1.8 and 7.7 us a call slower). The plain Llama /
  * Qwen 3 layer only: norms fused (no adapter), dense MLP with fused gate|up, no sandwich norms or
  * per-layer inputs, every product on int8 activations. */
+#define FORGE__Q8_CHAIN_MAX_LAYER_BYTES (64ull << 20)
+static uint64_t forge__weight_bytes(const forge__weight *w) {
+    uint64_t b = 0;
+    for (int i = 0; i < w->n_chunks; i++) b += w->chunks[i].w.size;
+    return b;
+}
 static bool forge__q8_chain(const forge__pass *p, int l) {
     const forge_model *m = p->m;
     const forge__config *c = &m->cfg;
@@ -7781,6 +7791,10 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
     uint32_t H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l];
     bool qkv = ly->fused_qkv ? forge__uses_q8a(p, &ly->wqkv, 1)
                              : forge__uses_q8a(p, &ly->wq, 1) && forge__uses_q8a(p, &ly->wk, 1) && forge__uses_q8a(p, &ly->wv, 1);
+    uint64_t bytes = forge__weight_bytes(&ly->wo) + forge__weight_bytes(&ly->gate_up) + forge__weight_bytes(&ly->down) +
+                     (ly->fused_qkv ? forge__weight_bytes(&ly->wqkv)
+                                    : forge__weight_bytes(&ly->wq) + forge__weight_bytes(&ly->wk) + forge__weight_bytes(&ly->wv));
+    if (bytes >= FORGE__Q8_CHAIN_MAX_LAYER_BYTES) return false;
     return qkv && forge__uses_q8a(p, &ly->wo, 1) && forge__uses_q8a(p, &ly->gate_up, 1) && forge__uses_q8a(p, &ly->down, 1) &&
            forge__q8_out_fits(p, &ly->wo, H, 0, false) && forge__q8_out_fits(p, &ly->gate_up, F, 0, true) && forge__q8_out_fits(p, &ly->down, H, 0, false);
 }
@@ -7997,10 +8011,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         } else {
             forge__rmsnorm_ex(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale, c->norm_eps);
         }
-    } else if (chain) { /* the middle as gate|up quantized it; the residual for the next layer or the head */
-        bool to_next = forge__q8_chain(p, l + 1), to_head = l + 1 == c->n_layers && p->q8_head;
+    } else if (chain) { /* the middle as gate|up quantized it; the residual for the next layer */
         forge__linear_q8a(p, &ly->down, a->h, 0, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_A_G8, 0,
-                          to_next ? &m->layers[l + 1].attn_norm : to_head ? &m->output_norm : NULL);
+                          forge__q8_chain(p, l + 1) ? &m->layers[l + 1].attn_norm : NULL);
     } else {
         forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
         if (lora_down) {
@@ -8030,7 +8043,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, false};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}};
     if (m->act_q8) {
         p.act_q8 = s->act_q8;
         p.act_q8_res = s->act_q8_res;
@@ -8112,10 +8125,6 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.split_part = s->gu;
         p.split_alt = s->h;
     }
-    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
-    /* one token's logits: the last layer's down product quantizes the residual for the head */
-    p.q8_head = n_out == 1 && mode != FORGE__OUT_CLASSIFY && forge__fuses_norm(m, 1) && forge__uses_q8a(&p, head, 1) &&
-                forge__q8_chain(&p, c->n_layers - 1);
     forge__record_embed(&p, s->tokens_r, s->x);
     forge__barrier(r);
     if (c->ple_dim) {
@@ -8127,6 +8136,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__record_layer(&p, l, &a);
     }
     if (n_out == 0) return;
+    const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
     if (mode == FORGE__OUT_CLASSIFY) {
         /* each prompt's last row (indices in the io buffer) gathered into xn, the embedding
@@ -8139,8 +8149,8 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__barrier(r);
         forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
     } else if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
-        forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm,
-                      head_flags | (p.q8_head ? FORGE__LINEAR_QUANTIZED_RES : 0), (float)c->final_softcap);
+        forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
+                      (float)c->final_softcap);
     } else {
         forge__rmsnorm(&p, s->x, out_row0, &m->output_norm, s->xn, 0, n_out, H, 0);
         forge__barrier(r);
@@ -12348,7 +12358,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}, false};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}};
     if (forge__uses_a16(m)) p.a16 = tr->r[FORGE__TB_A16];
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);

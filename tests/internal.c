@@ -842,7 +842,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, {0}, false, {0}, false};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, {0}, false, {0}};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
