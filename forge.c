@@ -5338,12 +5338,13 @@ typedef struct forge__pc_merge {    /* lora_merge.comp */
 #define FORGE__LINEAR_GATED 16u     /* matvec_sg: interleaved gate/up rows, output act(gate) * up */
 #define FORGE__LINEAR_GELU 32u      /* with GATED: GELU-tanh instead of SiLU */
 #define FORGE__LINEAR_SPLIT_K 64u   /* matmul: one split of k into partial sums (batch decode) */
-#define FORGE__LINEAR_Q8_OUT 128u    /* matvec_q8a: also quantize the output row for the next product (forge__linear_q8a) */
+#define FORGE__LINEAR_Q8_OUT 128u    /* forge__linear_q8a: also quantize the output row for the next product (the _out modules) */
 #define FORGE__LINEAR_QUANTIZED 256u /* forge__linear (host only): x is already in p->act_q8 (the attention's merge wrote it) */
 #define FORGE__LINEAR_EXPERTS 512u   /* matvec_sg: one expert's product per (token, choice) pair (workgroup z) */
 #define FORGE__LINEAR_Q8_OUT_NORM 1024u /* matvec_q8a with Q8_OUT: the output times the next norm's weight, with its squares */
 #define FORGE__LINEAR_QUANTIZED_RES 2048u /* forge__linear_q8a (host only): x (normed) is in p->act_q8_res (a product's Q8_OUT wrote it) */
-#define FORGE__LINEAR_A_G8 4096u     /* matvec_q8a: the int8 activations come in groups of 8 (a product's Q8_OUT wrote them) */
+#define FORGE__LINEAR_A_G8 4096u     /* forge__linear_q8a (host only): the int8 activations come in groups of 8 (a product's
+                                      * Q8_OUT wrote them): the matvec_q8a_g8 modules */
 
 /* Weight storage formats the matrix kernels read, dequantizing in the kernel; one kernel
  * variant each (kernels/weights.glsl). */
@@ -5369,8 +5370,11 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
     FORGE__OP_MATMUL_MOE = FORGE__OP_MATMUL_S + FORGE__W_COUNT,  /* experts' products grouped by expert (moe_group.comp's tiles) */
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
-    FORGE__OP_MATVEC_Q8A_Q4_0,    /* decode products of Q4_0 / Q8_0 weights on int8 activations (integer dot products) */
-    FORGE__OP_MATVEC_Q8A_Q8_0,
+    /* decode products of Q4_0 (+ 0) or Q8_0 (+ 4) weights on int8 activations (integer dot
+     * products); in a layer's chain (forge__q8_chain) + 2: on a product's activations in groups of
+     * 8, + 1: quantizing the output for the next product (FORGE__Q8A_G8, FORGE__Q8A_OUT) */
+    FORGE__OP_MATVEC_Q8A,
+    FORGE__OP_MATVEC_Q8A_LAST = FORGE__OP_MATVEC_Q8A + 7,
     FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
@@ -5496,8 +5500,10 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_Q6_K, q6_k)
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     FORGE__CM_S_OP
-    [FORGE__OP_MATVEC_Q8A_Q4_0] = {"matvec_q8a_q4_0", FORGE__SPV(matvec_q8a_q4_0), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
-    [FORGE__OP_MATVEC_Q8A_Q8_0] = {"matvec_q8a_q8_0", FORGE__SPV(matvec_q8a_q8_0), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+#define FORGE__Q8A_OP(i, name) \
+    [FORGE__OP_MATVEC_Q8A + (i)] = {"matvec_q8a_" #name, FORGE__SPV(matvec_q8a_##name), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    FORGE__Q8A_OP(0, q4_0) FORGE__Q8A_OP(1, out_q4_0) FORGE__Q8A_OP(2, g8_q4_0) FORGE__Q8A_OP(3, g8_out_q4_0)
+    FORGE__Q8A_OP(4, q8_0) FORGE__Q8A_OP(5, out_q8_0) FORGE__Q8A_OP(6, g8_q8_0) FORGE__Q8A_OP(7, g8_out_q8_0)
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
@@ -5681,8 +5687,8 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
         forge__mat_work *w = &r->shapes[r->n_dispatches - 1];
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
-            forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A_Q4_0 ? (op == FORGE__OP_MATVEC_Q8A_Q4_0 ? FORGE__W_Q4_0 : FORGE__W_Q8_0)
-                                                            : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
+            forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
+                                                        : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
             uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
             /* expert products (the shape is one expert's): decode reads the expert of each pair
@@ -7413,12 +7419,12 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
         forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
         forge__barrier(p->r);
     }
-    if (flags & FORGE__LINEAR_QUANTIZED_RES) flags |= FORGE__LINEAR_A_G8;
-    flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
+    bool g8 = flags & (FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_A_G8);
+    flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_A_G8);
     if (out_norm) flags |= FORGE__LINEAR_Q8_OUT | FORGE__LINEAR_Q8_OUT_NORM;
     bool gated = flags & FORGE__LINEAR_GATED;
     forge__range q8_out = !(flags & FORGE__LINEAR_Q8_OUT) ? p->dummy : out_norm ? p->act_q8_res : p->act_q8;
-    forge__op op = w->fmt == FORGE__W_Q4_0 ? FORGE__OP_MATVEC_Q8A_Q4_0 : FORGE__OP_MATVEC_Q8A_Q8_0;
+    forge__op op = (forge__op)(FORGE__OP_MATVEC_Q8A + (w->fmt == FORGE__W_Q8_0 ? 4 : 0) + (g8 ? 2 : 0) + (flags & FORGE__LINEAR_Q8_OUT ? 1 : 0));
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;

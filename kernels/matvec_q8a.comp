@@ -17,14 +17,16 @@
 // products do); used where the model is not `exact`.
 // Mapping: one output per subgroup at a time, ROWS outputs per workgroup; the lanes take the
 // row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane).
-// Q8_OUT (flags 128): the product also quantizes its output row for the next product (one
+// Q8_OUT (modules built with -DQ8_OUT): the product also quantizes its output row for the next product (one
 // dependent dispatch fewer: on the H100 each costs about 4 us, and a decode token of the 1B Q4_0
 // shape had 49 act_q8 dispatches, bench/RESULTS.md), in groups of 8 (G8: the ROWS = 8 outputs of
 // a workgroup, so that no workgroup waits for another's; blocks of 32 would span 4 workgroups,
 // and counting them done and reading them back cost about as much as the dispatch it saved).
 // Under Q8_OUT_NORM (flags 1024) times g, with its squares (act_q8's PRENORM, for the next RMS
 // norm). Needs M = 1, a product that writes all ldc columns of C, ldc % 32 == 0 and c_col0 % 8
-// == 0 (host). A_G8 (flags 4096): the activations come in that layout.
+// == 0 (host). Built with -DA_G8 (matvec_q8a_g8_*): the activations come in that layout. (Each
+// a module: a flag tested in the loop, or the epilogue's code in the plain module, slowed the
+// plain products: the 8B shape's decode 303 -> 281, then 293 tok/s.)
 // Activations (binding 0; act_q8.comp's layout, or the G8 one): the codes, 4 to a little-endian
 // word (element k at byte k), then at vec4 K / 16 per block of 32 vec4(d, d * sum of its codes,
 // sum of its A^2, 0); or (G8) per block of 32 two vec4 in two arrays, a value per group of 8:
@@ -36,7 +38,7 @@
 // chained product differs from the act_q8 path by its rounding.
 // Bindings: 0 activations | 1 W chunk [rows, K] | 2 C f32 | 3 bias f32 | 4 Q8_OUT: the output row
 //           in the G8 layout (ldc values) | 5 g f32 [ldc] (Q8_OUT_NORM)
-// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 128 Q8_OUT, 1024 Q8_OUT_NORM, 4096 A_G8
+// flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 1024 Q8_OUT_NORM
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -63,7 +65,9 @@ layout(binding = 0) readonly buffer SA_ { vec4 sa4[]; };
 layout(binding = 4) writeonly buffer QO_ { uint qo[]; };
 layout(binding = 4) writeonly buffer SO_ { float so[]; };
 layout(binding = 5) readonly buffer G4_ { vec4 g4[]; };
+#ifdef Q8_OUT
 shared float sm_out[ROWS];
+#endif
 
 // OpSDot / OpSUDot on 4 packed 8-bit integers (PackedVectorFormat4x8Bit = 0); capabilities
 // DotProduct (6019) and DotProductInput4x8BitPacked (6018)
@@ -72,88 +76,80 @@ int dot_s8_s8(uint a, uint b, spirv_literal int packed_format);
 spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452)
 int dot_s8_u8(uint a, uint b, spirv_literal int packed_format);
 
-// The dot products of block b of weight row `row` with the activation codes a0 (elements 0-15)
-// and a1 (16-31), one a group of 8 elements, and the block's scale d.
+// The dot product of block b of weight row `row` with the activation codes a0 (elements 0-15)
+// and a1 (16-31): with act_q8's blocks, sa = (d_a, d_a * sum of the codes, ...); with G8 (a
+// module of its own, -DA_G8: a flag tested in the loop slowed the plain module's loads, the 8B
+// shape's decode 301 -> 281 tok/s) da = the 4 groups' scales.
 #if defined(W_Q4_0)
 // Q4_0: f16 d, then 16 bytes of nibbles (element j < 16 the low nibble of byte j, j >= 16 the
 // high nibble of byte j - 16); 18 bytes at a 2-byte aligned offset, read as 5 aligned words
 // either way. The codes are the nibbles less 8: the activations' sums carry the 8 (act_q8), or
-// (centered, G8) the nibbles become signed bytes n - 8 first (x = n ^ 8 is n - 8 in 4 bits; the
-// multiply copies bit 3 into bits 4-7, a byte at a time: 8 * 0x1e = 0xf0, no carries).
+// (G8) the nibbles become signed bytes n - 8 first (x = n ^ 8 is n - 8 in 4 bits; the multiply
+// copies bit 3 into bits 4-7, a byte at a time: 8 * 0x1e = 0xf0, no carries).
+#ifdef A_G8
 uvec4 centered(uvec4 n) {
     uvec4 x = n ^ 0x08080808u;
     return x | ((x & 0x08080808u) * 0x1eu);
 }
-ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d, bool g8) {
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 da) {
+#else
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
+#endif
     uint bo = (row * nb + b) * 18u, w = bo >> 2;
     uint x0 = w_u32[w], x1 = w_u32[w + 1u], x2 = w_u32[w + 2u], x3 = w_u32[w + 3u], x4 = w_u32[w + 4u];
     bool odd = (bo & 2u) != 0u;
-    d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
+    float d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
     uvec4 q = odd ? uvec4(x1, x2, x3, x4) : uvec4((x0 >> 16) | (x1 << 16), (x1 >> 16) | (x2 << 16), (x2 >> 16) | (x3 << 16), (x3 >> 16) | (x4 << 16));
     uvec4 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
-    if (g8) {
-        lo = centered(lo);
-        hi = centered(hi);
-        return ivec4(dot_s8_s8(a0.x, lo.x, 0) + dot_s8_s8(a0.y, lo.y, 0), dot_s8_s8(a0.z, lo.z, 0) + dot_s8_s8(a0.w, lo.w, 0),
-                     dot_s8_s8(a1.x, hi.x, 0) + dot_s8_s8(a1.y, hi.y, 0), dot_s8_s8(a1.z, hi.z, 0) + dot_s8_s8(a1.w, hi.w, 0));
-    }
-    return ivec4(dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0), dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0),
-                 dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0), dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0));
+#ifdef A_G8
+    lo = centered(lo);
+    hi = centered(hi);
+    ivec4 g = ivec4(dot_s8_s8(a0.x, lo.x, 0) + dot_s8_s8(a0.y, lo.y, 0), dot_s8_s8(a0.z, lo.z, 0) + dot_s8_s8(a0.w, lo.w, 0),
+                    dot_s8_s8(a1.x, hi.x, 0) + dot_s8_s8(a1.y, hi.y, 0), dot_s8_s8(a1.z, hi.z, 0) + dot_s8_s8(a1.w, hi.w, 0));
+    return d * dot(da, vec4(g));
+#else
+    int s = dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0) + dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0)
+          + dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0) + dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0);
+    return d * (sa.x * float(s) - 8.0 * sa.y);
+#endif
 }
 #elif defined(W_Q8_0)
 // Q8_0: f16 d, then 32 int8 codes; 34 bytes at a 2-byte aligned offset, 9 aligned words
-ivec4 block_dots(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, out float d, bool g8) {
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
     uint bo = (row * nb + b) * 34u, w = bo >> 2;
     uint x[9];
     [[unroll]] for (uint i = 0u; i < 9u; i++) x[i] = w_u32[w + i];
     bool odd = (bo & 2u) != 0u;
-    d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
+    float d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
     uint q[8];
     [[unroll]] for (uint i = 0u; i < 8u; i++) q[i] = odd ? x[i + 1u] : (x[i] >> 16) | (x[i + 1u] << 16);
-    return ivec4(dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0), dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0),
-                 dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0), dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0));
+#ifdef A_G8
+    ivec4 g = ivec4(dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0), dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0),
+                    dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0), dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0));
+    return d * dot(sa, vec4(g)); // (sa: the 4 groups' scales)
+#else
+    int s = dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0) + dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0)
+          + dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0) + dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0);
+    return d * sa.x * float(s);
+#endif
 }
 #else
 #error "matvec_q8a: W_Q4_0 or W_Q8_0"
 #endif
 
-// An activation block's scales: act_q8's one for 32 elements (da.x) or G8's four; off: d times
-// the sum of its codes (act_q8's), ss: the sum of its squares.
-struct ablock { vec4 da; float off, ss; };
-ablock load_ablock(uint b, bool g8) {
-    uint sa0 = pc.K >> 4;
-    if (!g8) {
-        vec4 sa = sa4[sa0 + b];
-        return ablock(vec4(sa.x), sa.y, sa.z);
-    }
-    vec4 q = (pc.flags & 8u) != 0u ? sa4[sa0 + (pc.K >> 5) + b] : vec4(0.0);
-    return ablock(sa4[sa0 + b], 0.0, q.x + q.y + q.z + q.w);
-}
-
-// The block's contribution to the row's dot product (one scale: as the int sum, exactly)
-float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, ablock ab, bool g8) {
-    float d;
-    ivec4 g = block_dots(row, b, nb, a0, a1, d, g8);
-    if (g8) return d * dot(ab.da, vec4(g));
-#if defined(W_Q4_0)
-    return d * (ab.da.x * float(g.x + g.y + g.z + g.w) - 8.0 * ab.off);
-#else
-    return d * ab.da.x * float(g.x + g.y + g.z + g.w);
-#endif
-}
-
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
-    bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u, g8 = (pc.flags & 4096u) != 0u;
-    uint nb = pc.K >> 5;
-    // Q8_OUT_NORM: the next norm's weight for this workgroup's group, loaded while the rows run
+    bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u;
+    uint nb = pc.K >> 5, sa0 = pc.K >> 4;
+#ifdef Q8_OUT // the next norm's weight for this workgroup's group (Q8_OUT_NORM), loaded while the rows run
     uint grp = (pc.c_col0 + wg * ROWS) >> 3;
     vec4 g0 = vec4(1.0), g1 = vec4(1.0);
     if ((pc.flags & 1024u) != 0u && gl_LocalInvocationIndex == 0u && wg * ROWS < pc.N) {
         g0 = g4[2u * grp];
         g1 = g4[2u * grp + 1u];
     }
+#endif
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
@@ -163,28 +159,40 @@ void main() {
             uint b1 = b + width;
             bool has1 = b1 < nb;
             uvec4 a0 = qa4[2u * b], a1 = qa4[2u * b + 1u];
-            ablock sa = load_ablock(b, g8);
+            vec4 sa = sa4[sa0 + b];
             uvec4 c0 = uvec4(0u), c1 = uvec4(0u);
-            ablock sc = ablock(vec4(0.0), 0.0, 0.0);
+            vec4 sc = vec4(0.0);
             if (has1) {
                 c0 = qa4[2u * b1];
                 c1 = qa4[2u * b1 + 1u];
-                sc = load_ablock(b1, g8);
+                sc = sa4[sa0 + b1];
             }
-            ss += sa.ss + sc.ss;
-            s += block_dot(w0, b, nb, a0, a1, sa, g8);
-            if (has1) s += block_dot(w0, b1, nb, c0, c1, sc, g8);
+#ifdef A_G8 // the groups' squares, in their own array
+            if (prenorm) {
+                vec4 q = sa4[sa0 + nb + b], r = has1 ? sa4[sa0 + nb + b1] : vec4(0.0);
+                ss += (q.x + q.y) + (q.z + q.w) + (r.x + r.y) + (r.z + r.w);
+            }
+#else
+            ss += sa.z + sc.z;
+#endif
+            s += block_dot(w0, b, nb, a0, a1, sa);
+            if (has1) s += block_dot(w0, b1, nb, c0, c1, sc);
             if (gated) {
-                u += block_dot(w0 + 1u, b, nb, a0, a1, sa, g8);
-                if (has1) u += block_dot(w0 + 1u, b1, nb, c0, c1, sc, g8);
+                u += block_dot(w0 + 1u, b, nb, a0, a1, sa);
+                if (has1) u += block_dot(w0 + 1u, b1, nb, c0, c1, sc);
             }
         }
         float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
         float v = subgroupAdd(s) * inv;
         if (gated) v = act(v) * (subgroupAdd(u) * inv);
+#ifdef Q8_OUT
         if (lane == 0u) sm_out[r] = store(out_row, 0u, v);
+#else
+        if (lane == 0u) store(out_row, 0u, v);
+#endif
     }
-    if ((pc.flags & 128u) == 0u || wg * ROWS >= pc.N) return; // (uniform across the workgroup)
+#ifdef Q8_OUT
+    if (wg * ROWS >= pc.N) return; // (uniform across the workgroup)
     // Q8_OUT: this workgroup's 8 outputs (ROWS = 8, all written: host) as one G8 group
     barrier();
     if (gl_LocalInvocationIndex != 0u) return;
@@ -202,4 +210,5 @@ void main() {
     uint s0 = pc.ldc >> 2; // (floats)
     so[s0 + grp] = d;
     so[s0 + (pc.ldc >> 3) + grp] = ss;
+#endif
 }
