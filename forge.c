@@ -7768,24 +7768,16 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
  * read the residual stream as the last layer's down product quantized it (times this layer's
  * attention norm), o gets its input from the attention's merge and quantizes the residual for
  * gate|up (times the MLP norm), gate|up quantizes the MLP's middle for down, and down the
- * residual for the next layer's q|k|v (not the head's: its 128256-row product read the G8
- * scales 6-25% slower, more than the act_q8 dispatch before it costs).
+ * residual for the next layer's q|k|v (not the head's: the 128256-row product read the G8
+ * scales 6-25% slower than act_q8's, more than the dispatch before it costs; measured while the
+ * G8 path was a flag of the plain module, not since).
  * Two act_q8 dispatches and barriers fewer a layer (about 4 us each on the H100: 49 of them
  * were 184 us of a 1.2 ms token of the 1B Q4_0 shape, bench/RESULTS.md). The chained
  * activations are rounded in groups of 8 (a product's workgroup's outputs), not act_q8's blocks
- * of 32: finer, so the logits differ from the unchained path's by that rounding. Only where a
- * layer's weights are under FORGE__Q8_CHAIN_MAX_LAYER_BYTES: the products that read the G8
- * scales run slower (4 scales and conversions a block), which the dispatches saved outweigh on
- * short layers only (H100, decode: the 1B Q4_0 shape, 34 MB a layer, 912 -> 1000 tok/s; the 8B
- * shape, 122 MB, 301 -> 295-298, its q|k|v and gate|up 1.8 and 7.7 us a call slower). The plain Llama /
+ * of 32: finer, so the logits differ from the unchained path's by that rounding (H100, decode:
+ * the 1B Q4_0 shape 920 -> 1029 tok/s, 1B Q8_0 801 -> 889, 8B Q4_0 303 -> 319). The plain Llama /
  * Qwen 3 layer only: norms fused (no adapter), dense MLP with fused gate|up, no sandwich norms or
  * per-layer inputs, every product on int8 activations. */
-#define FORGE__Q8_CHAIN_MAX_LAYER_BYTES (64ull << 20)
-static uint64_t forge__weight_bytes(const forge__weight *w) {
-    uint64_t b = 0;
-    for (int i = 0; i < w->n_chunks; i++) b += w->chunks[i].w.size;
-    return b;
-}
 static bool forge__q8_chain(const forge__pass *p, int l) {
     const forge_model *m = p->m;
     const forge__config *c = &m->cfg;
@@ -7797,10 +7789,6 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
     uint32_t H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l];
     bool qkv = ly->fused_qkv ? forge__uses_q8a(p, &ly->wqkv, 1)
                              : forge__uses_q8a(p, &ly->wq, 1) && forge__uses_q8a(p, &ly->wk, 1) && forge__uses_q8a(p, &ly->wv, 1);
-    uint64_t bytes = forge__weight_bytes(&ly->wo) + forge__weight_bytes(&ly->gate_up) + forge__weight_bytes(&ly->down) +
-                     (ly->fused_qkv ? forge__weight_bytes(&ly->wqkv)
-                                    : forge__weight_bytes(&ly->wq) + forge__weight_bytes(&ly->wk) + forge__weight_bytes(&ly->wv));
-    if (bytes >= FORGE__Q8_CHAIN_MAX_LAYER_BYTES) return false;
     return qkv && forge__uses_q8a(p, &ly->wo, 1) && forge__uses_q8a(p, &ly->gate_up, 1) && forge__uses_q8a(p, &ly->down, 1) &&
            forge__q8_out_fits(p, &ly->wo, H, 0, false) && forge__q8_out_fits(p, &ly->gate_up, F, 0, true) && forge__q8_out_fits(p, &ly->down, H, 0, false);
 }
