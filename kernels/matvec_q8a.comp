@@ -17,16 +17,17 @@
 // products do); used where the model is not `exact`.
 // Mapping: one output per subgroup at a time, ROWS outputs per workgroup; the lanes take the
 // row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane).
-// Q8_OUT (modules built with -DQ8_OUT): the product also quantizes its output row for the next product (one
-// dependent dispatch fewer: on the H100 each costs about 4 us, and a decode token of the 1B Q4_0
-// shape had 49 act_q8 dispatches, bench/RESULTS.md), in groups of 8 (G8: the ROWS = 8 outputs of
-// a workgroup, so that no workgroup waits for another's; blocks of 32 would span 4 workgroups,
-// and counting them done and reading them back cost about as much as the dispatch it saved).
-// Under Q8_OUT_NORM (flags 1024) times g, with its squares (act_q8's PRENORM, for the next RMS
-// norm). Needs M = 1, a product that writes all ldc columns of C, ldc % 32 == 0 and c_col0 % 8
-// == 0 (host). Built with -DA_G8 (matvec_q8a_g8_*): the activations come in that layout. (Each
-// a module: a flag tested in the loop, or the epilogue's code in the plain module, slowed the
-// plain products: the 8B shape's decode 303 -> 281, then 293 tok/s.)
+// Q8_OUT (the modules built with -DQ8_OUT): the product also quantizes its output row for the
+// next product (one dependent dispatch fewer: on the H100 each costs about 4 us, and a decode
+// token of the 1B Q4_0 shape had 49 act_q8 dispatches, bench/RESULTS.md), in groups of 8 (G8:
+// the ROWS = 8 outputs of a workgroup, so that no workgroup waits for another's; blocks of 32
+// would span 4 workgroups, and counting them done and reading them back cost about as much as
+// the dispatch saved). Under Q8_OUT_NORM (flags 1024) times g, with its squares (act_q8's
+// PRENORM, for the next RMS norm). Needs M = 1, a product that writes all ldc columns of C,
+// ldc % 32 == 0 and c_col0 % 8 == 0 (host). Built with -DA_G8 (matvec_q8a_g8_*): the
+// activations come in that layout. (Each a module: a flag tested in the loop, or the epilogue's
+// code in the plain module, slowed the plain products: the 8B shape's decode 303 -> 281, then
+// 293 tok/s.)
 // Activations (binding 0; act_q8.comp's layout, or the G8 one): the codes, 4 to a little-endian
 // word (element k at byte k), then at vec4 K / 16 per block of 32 vec4(d, d * sum of its codes,
 // sum of its A^2, 0); or (G8) per block of 32 two vec4 in two arrays, a value per group of 8:
