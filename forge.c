@@ -5372,7 +5372,7 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
     /* decode products of Q4_0 (+ 0) or Q8_0 (+ 4) weights on int8 activations (integer dot
      * products); in a layer's chain (forge__q8_chain) + 2: on a product's activations in groups of
-     * 8, + 1: quantizing the output for the next product (FORGE__Q8A_G8, FORGE__Q8A_OUT) */
+     * 8 (FORGE__LINEAR_A_G8), + 1: quantizing the output for the next product (FORGE__LINEAR_Q8_OUT) */
     FORGE__OP_MATVEC_Q8A,
     FORGE__OP_MATVEC_Q8A_LAST = FORGE__OP_MATVEC_Q8A + 7,
     FORGE__OP_RMSNORM,
