@@ -4698,6 +4698,9 @@ typedef struct forge__caps {
     uint32_t mem_device;          /* memory type index for weights and activations */
     uint32_t mem_upload;          /* host-visible, coherent: staging and per-step inputs */
     uint32_t mem_readback;        /* host-visible, cached if possible: logits */
+    uint32_t mem_step;            /* host-visible and coherent, device-local if possible: the per-step inputs that kernels
+                                   * read (position, tokens, penalty window), which in system memory every attention_decode
+                                   * workgroup fetched over PCIe before anything else */
     bool readback_coherent;
 } forge__caps;
 
@@ -4837,12 +4840,13 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
         if ((mp.memoryHeaps[h].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT) && mp.memoryHeaps[h].size > c->device_local_bytes)
             c->device_local_bytes = mp.memoryHeaps[h].size;
     /* Memory types: the first that has all `want` bits, preferring ones without `avoid`. */
-    uint32_t best_dev = UINT32_MAX, best_up = UINT32_MAX, best_rb = UINT32_MAX;
+    uint32_t best_dev = UINT32_MAX, best_up = UINT32_MAX, best_rb = UINT32_MAX, best_step = UINT32_MAX;
     for (uint32_t i = 0; i < mp.memoryTypeCount; i++) {
         VkMemoryPropertyFlags f = mp.memoryTypes[i].propertyFlags;
         if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && best_dev == UINT32_MAX) best_dev = i;
         if ((f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) && (f & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT)) {
             if (best_up == UINT32_MAX) best_up = i;
+            if ((f & VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT) && best_step == UINT32_MAX) best_step = i;
         }
         if (f & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) {
             bool cached = f & VK_MEMORY_PROPERTY_HOST_CACHED_BIT;
@@ -4853,6 +4857,7 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     c->mem_device = best_dev != UINT32_MAX ? best_dev : 0;
     c->mem_upload = best_up != UINT32_MAX ? best_up : c->mem_device;
     c->mem_readback = best_rb != UINT32_MAX ? best_rb : c->mem_upload;
+    c->mem_step = best_step != UINT32_MAX ? best_step : c->mem_upload;
     c->readback_coherent = mp.memoryTypes[c->mem_readback].propertyFlags & VK_MEMORY_PROPERTY_HOST_COHERENT_BIT;
     c->uma = (mp.memoryTypes[c->mem_device].propertyFlags & VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT) != 0;
 
@@ -8642,7 +8647,9 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
             s->kc[l] = s->kc[c->kv_source[l]];
             s->vc[l] = s->vc[c->kv_source[l]];
         }
-    if ((st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
+    /* (device memory the host sees is a small heap on some GPUs: system memory if it is full) */
+    if (forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_step, true, &s->mem, &m->mem_total, &s->io, &s->err) &&
+        (st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
         return st;
     s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
     s->penalty_r = (forge__range){s->io.buf, FORGE__IO_PENALTY_OFFSET, 4ull * FORGE__MAX_PENALTY_WINDOW};
@@ -9801,17 +9808,19 @@ static forge_status forge__sample(forge_session *s, const forge_generate_params 
 
 /* Writes to the io buffer the distinct ids among the last `window` tokens of the session's
  * history followed by `next` (the n_next tokens the coming step evaluates, which the penalty
- * window already covers). */
+ * window already covers). Gathered here, then copied: the io buffer may be device memory the
+ * host writes through PCIe and reads back a word per round trip (forge__caps.mem_step). */
 static uint32_t forge__penalty_ids(forge_session *s, const int32_t *next, int n_next, int window) {
-    uint32_t *ids = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    uint32_t ids[FORGE__MAX_PENALTY_WINDOW];
     uint32_t n = 0;
     int total = s->n_past + n_next, from = FORGE__MAX(0, total - window);
-    for (int i = total - 1; i >= from; i--) {
+    for (int i = total - 1; i >= from && n < FORGE__MAX_PENALTY_WINDOW; i--) {
         uint32_t t = (uint32_t)(i >= s->n_past ? next[i - s->n_past] : s->history[i]);
         bool seen = false;
         for (uint32_t j = 0; j < n && !seen; j++) seen = ids[j] == t;
         if (!seen) ids[n++] = t;
     }
+    memcpy((uint8_t *)s->io.mapped + s->penalty_r.offset, ids, 4ull * n);
     return n;
 }
 
