@@ -5237,6 +5237,7 @@ typedef struct forge__pc_rmsnorm {  /* rmsnorm.comp */
     float scale;
 } forge__pc_rmsnorm;
 #define FORGE__NORM_ADD 1u
+#define FORGE__NORM_RESID 4u /* (with ADD) add binding 3's row, not out's */
 #define FORGE__NORM_SCALE 2u
 typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off;
@@ -5375,6 +5376,9 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
     FORGE__OP_MATMUL_MOE = FORGE__OP_MATMUL_S + FORGE__W_COUNT,  /* experts' products grouped by expert (moe_group.comp's tiles) */
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    /* matvec_sg with a post-attention norm added to its input first (F32, F16, BF16: + forge__wfmt) */
+    FORGE__OP_MATVEC_SG_POST,
+    FORGE__OP_MATVEC_SG_POST_LAST = FORGE__OP_MATVEC_SG_POST + FORGE__W_BF16,
     /* decode products of Q4_0 (+ 0) or Q8_0 (+ 4) weights on int8 activations (integer dot
      * products); in a layer's chain (forge__q8_chain) + 2: on a product's activations in groups of
      * 8 (FORGE__LINEAR_A_G8), + 1: quantizing the output for the next product (FORGE__LINEAR_Q8_OUT) */
@@ -5511,7 +5515,12 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__Q8A_OP(4, q8_0) FORGE__Q8A_OP(5, out_q8_0) FORGE__Q8A_OP(6, g8_q8_0) FORGE__Q8A_OP(7, g8_out_q8_0)
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 3, sizeof(forge__pc_rmsnorm), 0, {0}},
+    [FORGE__OP_MATVEC_SG_POST] = {"matvec_sg_post_f32", FORGE__SPV(matvec_sg_post_f32), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_SG_POST + 1] = {"matvec_sg_post_f16", FORGE__SPV(matvec_sg_post_f16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
+                                      true},
+    [FORGE__OP_MATVEC_SG_POST + 2] = {"matvec_sg_post_bf16", FORGE__SPV(matvec_sg_post_bf16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
+                                      true},
+    [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 4, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
     [FORGE__OP_ATTN_SPLIT] = {"attention_split", FORGE__SPV(attention_split), 5, sizeof(forge__pc_attention), 1, {256}, false, true},
@@ -5693,7 +5702,8 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
-                                                        : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
+                          : op >= FORGE__OP_MATVEC_SG_POST ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_POST)
+                                                            : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
             uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
             /* expert products (the shape is one expert's): decode reads the expert of each pair
@@ -7335,6 +7345,9 @@ typedef struct forge__pass {
     forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
     bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
     forge__range act_q8_res;   /* one token's int8 activations of the residual stream, for a decode layer's chain (forge__q8_chain); unset: no chain */
+    forge__range post_p;       /* forge__linear, one token: x + rmsnorm(post_p) * post_w is the input, and goes to post_out
+                                * (matvec_sg's POST_ADD, forge__post_fused); unset: x */
+    forge__range post_w, post_out;
 } forge__pass;
 
 /* Whether two ranges share no byte. */
@@ -7506,6 +7519,12 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
                                col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0, 0, 0, 0, 0, 0};
         uint32_t gx, gy;
+        if (p->post_p.buf) { /* (forge__post_fused: one token on matvec_sg, F32 / F16 / BF16, K % 8 == 0, with a norm) */
+            forge__range bp[11] = {x, c->w, y, b[3], p->dummy, p->dummy, b[6], p->dummy, p->post_p, p->post_w, p->post_out};
+            forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
+            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG_POST + w->fmt), bp, &pc, gx, gy, 1);
+            continue;
+        }
         if (vec) {
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(p->r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
@@ -7566,7 +7585,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
  * (rmsnorm(a x) = x / sqrt(mean(x^2) + eps / a^2): a constant factor folded in exactly). */
 static void forge__rmsnorm_ex(const forge__pass *p, forge__range x, uint32_t x_row0, const forge__vec *w, forge__range out, uint32_t out_row0,
                               uint32_t rows, uint32_t dim, uint32_t flags, float scale, double eps) {
-    forge__range b[3] = {x, w->r, out};
+    forge__range b[4] = {x, w->r, out, out};
     forge__pc_rmsnorm pc = {dim, x_row0, out_row0, flags, (float)eps, 0, 0, 0, scale};
     uint32_t gx, gy;
     forge__grid(rows, &gx, &gy);
@@ -7579,12 +7598,20 @@ static void forge__rmsnorm(const forge__pass *p, forge__range x, uint32_t x_row0
     forge__rmsnorm_ex(p, x, x_row0, w, out, out_row0, rows, dim, flags, 1.0f, p->m->cfg.norm_eps);
 }
 
+/* out[0] = resid[0] + rmsnorm(x[0]) * w, one row of dim (a residual stream that a product with
+ * matvec_sg's POST_ADD wrote to resid, forge__post_fused). */
+static void forge__rmsnorm_resid(const forge__pass *p, forge__range x, const forge__vec *w, forge__range resid, forge__range out, uint32_t dim) {
+    forge__range b[4] = {x, w->r, out, resid};
+    forge__pc_rmsnorm pc = {dim, 0, 0, FORGE__NORM_ADD | FORGE__NORM_RESID, (float)p->m->cfg.norm_eps, 0, 0, 0, 1.0f};
+    forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, 1, 1, 1);
+}
+
 /* Per-head RMSNorm in place over `heads` heads of `dim` starting at column col0 of each fused
  * qkv row of `stride` columns. */
 static void forge__head_norm(const forge__pass *p, forge__range qkv, const forge__vec *w, uint32_t heads, uint32_t col0, uint32_t dim,
                              uint32_t stride) {
     uint32_t gx, gy;
-    forge__range b[3] = {qkv, w->r, qkv};
+    forge__range b[4] = {qkv, w->r, qkv, qkv};
     forge__pc_rmsnorm pc = {dim, 0, 0, 0, (float)p->m->cfg.norm_eps, heads, stride, col0, 1.0f};
     forge__grid((uint64_t)p->n * heads, &gx, &gy);
     forge__dispatch(p->r, FORGE__OP_RMSNORM, b, &pc, gx, gy, 1);
@@ -7809,6 +7836,23 @@ static forge__op forge__attn_cm_op(const forge__pass *p, uint32_t D) {
     return p->kv_f16 && p->m->attn_cm && forge__uses_a16(p->m) ? forge__attn_cm_head_op(D) : FORGE__OP_COUNT;
 }
 
+/* Gemma 2 / 3 decode: the post-attention norm added to the residual stream inside the gate|up
+ * product (matvec_sg's POST_ADD: it reads the residual and the attention block's output and
+ * writes their sum to a->gu, free in a fused gate|up product), and the post-MLP norm then adds
+ * that to its own output into a->x (rmsnorm's FORGE__NORM_RESID): one dependent rmsnorm dispatch
+ * fewer a layer (on the H100 each took 10.8 us; the Gemma3-1B shape's token had 52). One token
+ * on matvec_sg, F32 / F16 / BF16 weights (int8 activations norm their input in act_q8), no
+ * adapter on o or gate|up, nothing else between the norms (Gemma 4's experts, per-layer inputs
+ * and layer scalars). */
+static bool forge__post_fused(const forge__pass *p, int l, const forge__acts *a) {
+    const forge__config *c = &p->m->cfg;
+    const forge__layer *ly = &p->m->layers[l];
+    return c->sandwich_norms && p->n == 1 && !p->table && !p->train && p->fuse && ly->dense_mlp && ly->fused_gate_up && !c->ple_dim &&
+           !c->layer_moe[l] && ly->out_scale == 1.0f && ly->gate_up.fmt <= FORGE__W_BF16 && !forge__uses_q8a(p, &ly->gate_up, 1) &&
+           c->hidden % 8 == 0 && !forge__lora_any(p, l, FORGE__T_GU | (1u << FORGE__T_O)) && !a->x_mid.buf &&
+           a->gu.size >= 4ull * c->hidden && forge__apart(a->gu, a->x) && forge__apart(a->gu, a->o) && forge__apart(a->gu, a->h);
+}
+
 /* One layer: attention block, then the MLP, each added to the residual stream a->x. */
 static void forge__record_layer(const forge__pass *p, int l, const forge__acts *a) {
     forge_model *m = p->m;
@@ -7816,6 +7860,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     const forge__config *c = &m->cfg;
     const forge__layer *ly = &m->layers[l];
     bool shared = forge__kv_shared(c, l); /* Gemma 4's tail: queries only, attending to an earlier layer's cache */
+    bool post_fused = forge__post_fused(p, l, a);
     uint32_t n = p->n, H = (uint32_t)c->hidden, D = forge__hd(c, l), NH = (uint32_t)c->n_heads, NKV = forge__nkv(c, l);
     uint32_t QD = NH * D, KVD = NKV * D, QKVD = forge__qkv_dim(c, l), F = (uint32_t)c->layer_ffn[l];
     uint32_t gx, gy;
@@ -7918,7 +7963,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__lora_up(p, a, l, FORGE__T_O, a->o, H, 0, 1);
         }
         forge__barrier(r);
-        forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
+        if (!post_fused) forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
     } else if (chain) { /* ... and the residual quantized for gate|up */
         forge__linear_q8a(p, &ly->wo, a->att, 0, a->x, H, 0, &ly->bo, NULL,
                           FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
@@ -7945,6 +7990,12 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     } else if (chain) { /* the residual as o quantized it; the middle quantized for down */
         forge__linear_q8a(p, &ly->gate_up, a->x, 0, a->h, F, 0, NULL, &ly->ffn_norm,
                           FORGE__LINEAR_GATED | act_flag | FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_Q8_OUT, 0, NULL);
+    } else if (post_fused) { /* x + post_attn_norm(o) the product's input, and written to gu */
+        forge__pass pp = *p;
+        pp.post_p = a->o;
+        pp.post_w = ly->post_attn_norm.r;
+        pp.post_out = a->gu;
+        forge__linear(&pp, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
     } else if (p->fuse && ly->fused_gate_up && !lora_gu) {
         forge__linear(p, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
     } else {
@@ -8007,6 +8058,8 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__barrier(r);
             forge__rmsnorm_ex(p, a->mlp_sum, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale,
                               c->norm_eps);
+        } else if (post_fused) { /* x = gu (the residual after the attention block) + post_ffn_norm(d) */
+            forge__rmsnorm_resid(p, a->d, &ly->post_ffn_norm, a->gu, a->x, H);
         } else {
             forge__rmsnorm_ex(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale, c->norm_eps);
         }
@@ -8042,7 +8095,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, {0}, {0}, {0}};
     if (m->act_q8) {
         p.act_q8 = s->act_q8;
         p.act_q8_res = s->act_q8_res;
@@ -12361,7 +12414,7 @@ static void forge__record_train_fn(void *ctx, forge__rec *r) {
     const forge__config *c = &m->cfg;
     uint32_t n = ta->batch * ta->seq, H = (uint32_t)c->hidden;
     forge__pass p = {m, r, tr->r[FORGE__TB_DUMMY], tr->params_r, &tr->L.lora, n, ta->seq, ta->batch, false, true, ta->step,
-                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}};
+                     tr->r[FORGE__TB_GEMM_PART], 0, {0}, {0}, {0}, {0}, false, {0}, {0}, {0}, {0}};
     if (forge__uses_a16(m)) p.a16 = tr->r[FORGE__TB_A16];
     forge__range x = tr->r[FORGE__TB_X];
     forge__record_embed(&p, tr->tokens_r, x);

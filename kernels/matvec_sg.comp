@@ -28,10 +28,18 @@
 // choice) pair p = t * top_k + j. Workgroup z is the pair p: the product of its expert with
 // A row p / a_div (a_div = top_k: the token's activations; 1: the pair's own row) into C row p;
 // pairs of another chunk's experts are left alone.
+// POST_ADD (the modules matvec_sg_post_*, one token, plain formats): A' is first
+//   x + rmsnorm(p) * pw, p and pw bindings 8 and 9 (a sandwich-norm model's post-attention norm,
+// Gemma 2 / 3, whose output would otherwise be added to the residual stream x by an rmsnorm
+// dispatch before this product: on the H100 10.8 us each, 52 a token of the Gemma3-1B shape);
+// each subgroup takes p's RMS itself, and subgroup 0 of workgroup 0 writes that A' row to
+// binding 10 for the residual stream (the same value every subgroup forms: the rmsnorm
+// kernel's arithmetic, x + (p / rms) * pw, its sum of squares in another order).
 // Correct for any subgroup size. Built with MV_NO_SPLIT (the plain formats, which forge.c never
 // splits) the K split is left out.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
 //           3 bias f32 | 4, 5 MLX scales and biases | 6 g f32 [K] (PRENORM) | 7 route uvec2 [pairs]
+//           POST_ADD: 8 p f32 [K] | 9 pw f32 [K] | 10 A' f32 [K] (written)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh),
 //        512 EXPERTS
 // Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
@@ -68,6 +76,14 @@ layout(binding = 6) readonly buffer G_ { float g[]; };
 layout(binding = 6) readonly buffer G4_ { vec4 g4[]; };
 layout(binding = 7) readonly buffer R_ { uvec2 route[]; }; // (expert, floatBitsToUint(weight)) per pair
 
+#ifdef POST_ADD
+layout(binding = 8) readonly buffer P4_ { vec4 p4[]; };
+layout(binding = 9) readonly buffer PW4_ { vec4 pw4[]; };
+layout(binding = 10) writeonly buffer XO4_ { vec4 xo4[]; };
+float post_inv = 0.0;    // 1 / rms(p)
+bool post_write = false; // this subgroup writes A' (its first row's reads cover every k once)
+#endif
+
 const uint MAX_M = 8;
 #ifndef MV_STEPS
 #define MV_STEPS 4u   /* one_token, formats read 8 weights at a time: steps of k a lane has in flight */
@@ -79,6 +95,14 @@ void a8(uint m, uint k, bool vec_a, bool prenorm, out vec4 lo, out vec4 hi, inou
     if (vec_a) {
         lo = a4[ab >> 2];
         hi = a4[(ab >> 2) + 1u];
+#ifdef POST_ADD
+        lo += p4[k >> 2] * post_inv * pw4[k >> 2];
+        hi += p4[(k >> 2) + 1u] * post_inv * pw4[(k >> 2) + 1u];
+        if (post_write) {
+            xo4[k >> 2] = lo;
+            xo4[(k >> 2) + 1u] = hi;
+        }
+#endif
         if (prenorm) {
             ss += dot(lo, lo) + dot(hi, hi);
             lo *= g4[k >> 2];
@@ -295,9 +319,17 @@ void main() {
         return;
     }
 #endif
+#ifdef POST_ADD // (one token, K % 8 == 0: host)
+    float pss = 0.0;
+    for (uint i = lane; i < (pc.K >> 2); i += width) pss += dot(p4[i], p4[i]);
+    post_inv = 1.0 / sqrt(subgroupAdd(pss) / float(pc.K) + pc.eps);
+#endif
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
+#ifdef POST_ADD
+        post_write = wg == 0u && gl_SubgroupID == 0u && r == 0u;
+#endif
         if (pc.M == 1u) {
             float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated);
             if (lane == 0u) store(out_row, 0u, v);

@@ -4,13 +4,15 @@
 // Per-head q/k norms (heads > 0, in place): row gid is head gid % heads of token gid / heads,
 // at (token * row_stride + col0 + head * dim) in the fused qkv rows. flags: 1 add to out
 // (Gemma's post-norms feed the residual stream), 2 then multiply the row by `scale` (Gemma 4's
-// layer_scalar; its per-layer inputs' 2^-0.5).
-// Bindings: 0 x f32 | 1 w f32 [dim] | 2 out f32
+// layer_scalar; its per-layer inputs' 2^-0.5), 4 (with 1) add binding 3's row instead of out's (a
+// residual stream that a product wrote elsewhere: matvec_sg's POST_ADD).
+// Bindings: 0 x f32 | 1 w f32 [dim] | 2 out f32 | 3 the row added with flags 4 f32
 layout(local_size_x = 128) in;
 
 layout(binding = 0) readonly buffer X_ { float x[]; };
 layout(binding = 1) readonly buffer W_ { float w[]; };
 layout(binding = 2) buffer O_ { float o[]; };
+layout(binding = 3) readonly buffer R_ { float resid[]; };
 
 layout(push_constant) uniform PC {
     uint dim, x_row0, out_row0, flags;
@@ -37,7 +39,7 @@ void main() {
     float inv = 1.0 / sqrt(red[0] / float(pc.dim) + pc.eps);
     for (uint i = tid; i < pc.dim; i += 128u) {
         float v = x[xb + i] * inv * w[i];
-        if ((pc.flags & 1u) != 0u) v += o[ob + i];
+        if ((pc.flags & 1u) != 0u) v += (pc.flags & 4u) != 0u ? resid[ob + i] : o[ob + i];
         if ((pc.flags & 2u) != 0u) v *= pc.scale;
         o[ob + i] = v;
     }

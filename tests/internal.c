@@ -349,7 +349,7 @@ forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_r
     forge__range xb = ft_buf(&j, x, 4ull * x_rows * dim);
     forge__range wb = ft_buf(&j, w, 4ull * dim);
     forge__range ob = ft_buf(&j, out, 4ull * out_rows * dim);
-    forge__range binds[3] = {xb, wb, ob};
+    forge__range binds[4] = {xb, wb, ob, ob};
     forge__pc_rmsnorm pc = {dim, x_row0, out_row0, add, eps, 0, 0, 0, 1.0f};
     forge__dispatch(&j.rec, FORGE__OP_RMSNORM, binds, &pc, rows, 1, 1);
     return ft_end(&j, 2, out, 4ull * out_rows * dim, 0, NULL, 0);
@@ -842,7 +842,7 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     forge__range part = ft_buf(&j, NULL, 4ull * FORGE__GEMM_MAX_SPLITS * M * N); /* split-K when k is long */
     forge__lora lo = {0};
     lo.dropout = drop_p;
-    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, {0}, false, {0}};
+    forge__pass p = {NULL, &j.rec, pb, pb, &lo, 0, 0, 1, false, false, true, part, 0, {0}, {0}, {0}, {0}, false, {0}, {0}, {0}, {0}};
     forge__gemm(&p, (forge__mview){ab, strides[0], strides[1], strides[2]}, (forge__mview){bb, strides[3], strides[4], strides[5]},
                 (forge__mview){cb, strides[6], strides[7], strides[8]}, M, N, K, alpha, accumulate != 0, drop_on, drop_ld, stream);
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);

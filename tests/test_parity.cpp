@@ -95,7 +95,10 @@ TEST_P(Parity, AllPositionLogits) {
 /* The longest sequence: a prefill of 8 tokens, then one token per step (the recorded decode
  * step, replayed), compared with HF's rows at every later position; for the Gemma fixtures
  * (window 8) the decode runs well past the sliding window. Both decode attention kernels:
- * attention_decode.comp on subgroups (where the device has them) and attention_split.comp. */
+ * attention_decode.comp on subgroups (where the device has them) and attention_split.comp.
+ * Gemma 2 / 3 decode on subgroups adds the post-attention norm inside the gate|up product
+ * (matvec_sg_post_*, forge__post_fused): the profile must show it ran once a layer and step,
+ * with one rmsnorm dispatch a layer fewer. */
 TEST_P(Parity, PrefillThenDecode) {
     Fixture fx = read_fixture(ref_dir());
     ASSERT_FALSE(fx.seqs.empty());
@@ -105,7 +108,11 @@ TEST_P(Parity, PrefillThenDecode) {
     ASSERT_NE(m, nullptr);
     for (int subgroups : {1, 0}) {
         if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
-        forge_session *s = ft::session(m, 64, 8); /* n_batch 8: sliding layers keep window + 7 slots, the cache rotates */
+        forge_session_params sp = forge_session_default_params();
+        sp.n_ctx = 64;
+        sp.n_batch = 8; /* sliding layers keep window + 7 slots, the cache rotates */
+        sp.profile = 1;
+        forge_session *s = ft::session(m, sp);
         ASSERT_NE(s, nullptr);
         int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
         std::vector<float> got((size_t)n * V);
@@ -114,6 +121,26 @@ TEST_P(Parity, PrefillThenDecode) {
             ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
         expect_close(GetParam() + (subgroups ? " prefill+decode" : " prefill+decode (attention_split)"), got.data(), ref.data(), n, V,
                      1e-4, 0);
+        forge_model_info info;
+        ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+        std::string arch = info.architecture;
+        if (subgroups && (arch == "gemma2" || arch == "gemma3")) {
+            std::vector<char> prof(1 << 16);
+            size_t len = 0;
+            ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+            cJSON *pj = cJSON_Parse(prof.data());
+            ASSERT_NE(pj, nullptr);
+            cJSON *post = cJSON_GetObjectItem(pj, fx.bf16 ? "matvec_sg_post_bf16" : "matvec_sg_post_f32");
+            ASSERT_NE(post, nullptr) << prof.data();
+            EXPECT_EQ(cJSON_GetObjectItem(post, "calls")->valuedouble, (double)(n - k) * info.n_layers) << prof.data();
+            /* rmsnorm: the prefill's two post-norms a layer, and Gemma 3's q and k head norms (the
+             * others are fused into the products); a decode step's post-MLP norm a layer */
+            int prefill_norms = arch == "gemma3" ? 4 : 2;
+            EXPECT_EQ(cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "rmsnorm"), "calls")->valuedouble,
+                      (double)(prefill_norms + n - k) * info.n_layers)
+                << prof.data();
+            cJSON_Delete(pj);
+        }
         forge_session_free(s);
     }
     forge_model_free(m);
