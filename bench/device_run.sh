@@ -39,9 +39,18 @@ for p in "${PRESETS[@]}"; do
 done
 if [ $RUN_TESTS = 1 ]; then
     [ -d .fx/shared/quant-fixtures ] && mkdir -p ../shared && cp -r .fx/shared/quant-fixtures ../shared/
-    (mkdir -p /tmp/t && cd /tmp/t && FORGE_SOURCE_DIR=$REPO timeout "${TEST_TIMEOUT:-400}" "$BIN/forge_tests" \
-        --gtest_filter="${TESTS:--*QuantFixture*:Tok*:*Tokenizer*:*Chat*:*Cli*}" > "$OUT/tests.txt" 2>&1)
-    echo "tests exit $?"; grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.txt" | tail -12
+    # in shards, a process each: on the H100 machine vkCreateInstance began to fail
+    # (VK_ERROR_INCOMPATIBLE_DRIVER) after about 30 model loads in one process (2026-11-26, the
+    # binaries of e3d950d and dee5d54 alike), which failed every test after that point
+    rm -f "$OUT/tests.txt"
+    SHARDS=${TEST_SHARDS:-8}
+    for ((i = 0; i < SHARDS; i++)); do
+        (mkdir -p /tmp/t && cd /tmp/t && GTEST_TOTAL_SHARDS=$SHARDS GTEST_SHARD_INDEX=$i FORGE_SOURCE_DIR=$REPO \
+            timeout "${TEST_TIMEOUT:-400}" "$BIN/forge_tests" \
+            --gtest_filter="${TESTS:--*QuantFixture*:Tok*:*Tokenizer*:*Chat*:*Cli*}" >> "$OUT/tests.txt" 2>&1)
+        echo "tests, shard $i of $SHARDS: exit $?"
+    done
+    grep -E "^\[  (PASSED|FAILED) " "$OUT/tests.txt" | tail -12
 fi
 wait
 for p in "${PRESETS[@]}"; do

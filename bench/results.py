@@ -73,9 +73,15 @@ def section(out_dir, commit):
     tests = os.path.join(out_dir, "tests.txt")
     if os.path.exists(tests):
         with open(tests) as f:
-            summary = [l.strip() for l in f if l.startswith("[  PASSED") or l.startswith("[  FAILED  ] ") and "listed" not in l]
-        if summary:
-            o += ["", "The suite on the same GPU: " + "; ".join(s.rstrip(".") for s in summary[:8]) + "."]
+            lines = f.readlines()
+        # one "[  PASSED  ] N tests." a shard (device_run.sh runs the suite in several processes)
+        passed = sum(int(l.split()[3]) for l in lines if l.startswith("[  PASSED  ]"))
+        shards = sum(1 for l in lines if l.startswith("[==========] ") and "ran." in l)
+        failed = sorted({l.split("]", 1)[1].split(",")[0].split(" (")[0].strip() for l in lines
+                         if l.startswith("[  FAILED  ] ") and "listed" not in l and "(" in l})
+        if shards:
+            o += ["", f"The suite on the same GPU ({shards} processes): {passed} tests passed"
+                  + (f"; failed: {', '.join(failed[:8])}{' and more' if len(failed) > 8 else ''}." if failed else ".")]
     for p in PROFILED:
         prof = load(os.path.join(out_dir, f"profile_{p}.json"))
         if not prof or "profile" not in prof:
