@@ -5379,6 +5379,9 @@ typedef enum forge__op {
     /* matvec_sg with a post-attention norm added to its input first (F32, F16, BF16: + forge__wfmt) */
     FORGE__OP_MATVEC_SG_POST,
     FORGE__OP_MATVEC_SG_POST_LAST = FORGE__OP_MATVEC_SG_POST + FORGE__W_BF16,
+    /* ... with two rows a subgroup (F32, F16, BF16: + forge__wfmt), forge__matvec_pairs */
+    FORGE__OP_MATVEC_SG_PAIR,
+    FORGE__OP_MATVEC_SG_PAIR_LAST = FORGE__OP_MATVEC_SG_PAIR + FORGE__W_BF16,
     /* decode products of Q4_0 (+ 0) or Q8_0 (+ 4) weights on int8 activations (integer dot
      * products); in a layer's chain (forge__q8_chain) + 2: on a product's activations in groups of
      * 8 (FORGE__LINEAR_A_G8), + 1: quantizing the output for the next product (FORGE__LINEAR_Q8_OUT) */
@@ -5519,6 +5522,11 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_MATVEC_SG_POST + 1] = {"matvec_sg_post_f16", FORGE__SPV(matvec_sg_post_f16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
                                       true},
     [FORGE__OP_MATVEC_SG_POST + 2] = {"matvec_sg_post_bf16", FORGE__SPV(matvec_sg_post_bf16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
+                                      true},
+    [FORGE__OP_MATVEC_SG_PAIR] = {"matvec_sg_pair_f32", FORGE__SPV(matvec_sg_pair_f32), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_SG_PAIR + 1] = {"matvec_sg_pair_f16", FORGE__SPV(matvec_sg_pair_f16), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
+                                      true},
+    [FORGE__OP_MATVEC_SG_PAIR + 2] = {"matvec_sg_pair_bf16", FORGE__SPV(matvec_sg_pair_bf16), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
                                       true},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 4, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
@@ -5702,6 +5710,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
         if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
             const forge__pc_linear *pl = (const forge__pc_linear *)push;
             forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
+                          : op >= FORGE__OP_MATVEC_SG_PAIR ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_PAIR)
                           : op >= FORGE__OP_MATVEC_SG_POST ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_POST)
                                                             : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
@@ -5900,6 +5909,9 @@ struct forge_model {
     /* ... and one token's layers as a chain of such products, each quantizing its output for the
      * next (forge__q8_chain). Set at load; tests switch it off to compare the two. */
     bool q8_chain;
+    /* One-token products of at least this many outputs two rows a subgroup (forge__matvec_pairs):
+     * 4096 on GPUs, 0 (never) on CPU devices. Set at load; tests lower it. */
+    uint32_t pairs_min_outs;
     /* The prefill attention on tensor cores (forge__attn_cm_op) where the device has them. Set
      * at load; tests switch it off to compare with attention_tiled. */
     bool attn_cm;
@@ -7479,6 +7491,16 @@ static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge_
     forge__dispatch(r, FORGE__OP_LINEAR_REDUCE, b, &pr, gx, gy, 1);
 }
 
+/* matvec_sg_pair (two rows a subgroup, the activations loaded once for both, twice the loads in
+ * flight) for one token's products of plain-format weights with forge_model.pairs_min_outs
+ * outputs or more: on the H100 the F16 128256 x 2048 head went from 1.55 to 2.95 TB/s (decode,
+ * 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6 -> 431.1), and with
+ * Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B F16's products of
+ * 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600 (bench/RESULTS.md). */
+static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, uint32_t M, uint32_t outs, bool gated) {
+    return m->pairs_min_outs && M == 1 && !gated && w->fmt <= FORGE__W_BF16 && outs >= m->pairs_min_outs && outs % 2 == 0;
+}
+
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
  * forge__fuses_norm) x is RMS-normalized and scaled by norm first; GATED (the fused gate_up
@@ -7523,6 +7545,11 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
             forge__range bp[11] = {x, c->w, y, b[3], p->dummy, p->dummy, b[6], p->dummy, p->post_p, p->post_w, p->post_out};
             forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
             forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG_POST + w->fmt), bp, &pc, gx, gy, 1);
+            continue;
+        }
+        if (vec && sg && forge__matvec_pairs(m, w, M, outs, gated)) {
+            forge__grid((outs + 2 * rows_per_wg - 1) / (2 * rows_per_wg), &gx, &gy);
+            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG_PAIR + w->fmt), b, &pc, gx, gy, 1);
             continue;
         }
         if (vec) {
@@ -8990,6 +9017,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
     m->q8_chain = true;
+    m->pairs_min_outs = m->dev.caps.type != FORGE_DEVICE_CPU ? 4096 : 0;
     m->attn_cm = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);

@@ -35,6 +35,10 @@
 // each subgroup takes p's RMS itself, and subgroup 0 of workgroup 0 writes that A' row to
 // binding 10 for the residual stream (the same value every subgroup forms: the rmsnorm
 // kernel's arithmetic, x + (p / rms) * pw, its sum of squares in another order).
+// MV_PAIRS (the modules matvec_sg_pair_*, one token, plain formats, not gated, N even: host):
+// each subgroup takes two rows, 2 (wg ROWS + r) and the one after, as the gated mapping takes a
+// gate and an up row: the activations loaded once for both, twice the weight loads in flight
+// (on the H100 the F16 128256 x 2048 head: 1.55 TB/s one row a subgroup, 2.95 in pairs).
 // Correct for any subgroup size. Built with MV_NO_SPLIT (the plain formats, which forge.c never
 // splits) the K split is left out.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
@@ -197,17 +201,24 @@ void one_token_split(uint row0, uint R, uint lane, uint width, bool vec_a, bool 
 }
 #endif
 
+#ifdef MV_PAIRS
+const bool PAIRS = true;
+#else
+const bool PAIRS = false;
+#endif
+
 // One token, one output per subgroup: weight row w0 (gated: and the up row after it) times
-// A' row a_m, normalized and activated as the flags say; every lane returns it. In scalars so
-// that nothing spills to local memory.
-float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+// A' row a_m, normalized and activated as the flags say; every lane returns it (x). With PAIRS
+// rows w0 and w0 + 1 are two outputs (x, y). In scalars so that nothing spills to local memory.
+vec2 one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenorm, bool gated) {
+    bool two = gated || PAIRS; // (a second row's loads)
     float s0 = 0.0, s1 = 0.0, u0 = 0.0, u1 = 0.0, ss = 0.0;
 #ifdef W_PAIRED
     for (uint t = lane; t < (pc.K >> 4); t += width) {
         uint k = ((t >> 1) << 5) | ((t & 1u) << 3);
         vec4 wa0, wa1, wb0, wb1, ua0 = vec4(0.0), ua1 = vec4(0.0), ub0 = vec4(0.0), ub1 = vec4(0.0);
         w_get8x2(w0, k, pc.K, wa0, wa1, wb0, wb1);
-        if (gated) w_get8x2(w0 + 1u, k, pc.K, ua0, ua1, ub0, ub1);
+        if (two) w_get8x2(w0 + 1u, k, pc.K, ua0, ua1, ub0, ub1);
         vec4 alo, ahi;
         a8(a_m, k, vec_a, prenorm, alo, ahi, ss);
         s0 += dot(wa0, alo) + dot(wa1, ahi);
@@ -220,7 +231,7 @@ float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool preno
     // MV_STEPS steps of k a lane (gated: twice as many rows' loads) in flight: the loads of a
     // whole round first, then their products
     uint stride = width * 8u, k = lane * 8u;
-    if (vec_a && !gated) { // one row: twice the steps in the same registers
+    if (vec_a && !two) { // one row: twice the steps in the same registers
         for (; k + (2u * MV_STEPS - 1u) * stride < pc.K; k += 2u * MV_STEPS * stride) {
             vec4 wl[2u * MV_STEPS], wh[2u * MV_STEPS];
             [[unroll]] for (uint i = 0; i < 2u * MV_STEPS; i++) w_get8(w0, k + i * stride, pc.K, wl[i], wh[i]);
@@ -236,20 +247,20 @@ float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool preno
             vec4 wl[MV_STEPS], wh[MV_STEPS], ul[MV_STEPS], uh[MV_STEPS];
             [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
                 w_get8(w0, k + i * stride, pc.K, wl[i], wh[i]);
-                if (gated) w_get8(w0 + 1u, k + i * stride, pc.K, ul[i], uh[i]);
+                if (two) w_get8(w0 + 1u, k + i * stride, pc.K, ul[i], uh[i]);
             }
             [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
                 vec4 alo, ahi;
                 a8(a_m, k + i * stride, vec_a, prenorm, alo, ahi, ss);
                 s0 += dot(wl[i], alo) + dot(wh[i], ahi);
-                if (gated) u0 += dot(ul[i], alo) + dot(uh[i], ahi);
+                if (two) u0 += dot(ul[i], alo) + dot(uh[i], ahi);
             }
         }
     }
     for (; k < pc.K; k += stride) { // the rest a step at a time (and rows of K % 8 != 0)
         vec4 wa0, wa1, ua0 = vec4(0.0), ua1 = vec4(0.0);
         w_get8_any(w0, k, pc.K, wa0, wa1);
-        if (gated) w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
+        if (two) w_get8_any(w0 + 1u, k, pc.K, ua0, ua1);
         vec4 alo, ahi;
         a8(a_m, k, vec_a, prenorm, alo, ahi, ss);
         s1 += dot(wa0, alo) + dot(wa1, ahi);
@@ -260,7 +271,7 @@ float one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool preno
     float v = subgroupAdd(s0 + s1) * inv;
     float u = subgroupAdd(u0 + u1) * inv;
     if (gated) v = act(v) * u;
-    return v;
+    return vec2(v, u);
 }
 
 // Mixture of experts, one output per subgroup (the header's EXPERTS).
@@ -272,7 +283,7 @@ void experts(uint lane, uint width, bool vec_a, bool gated) {
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-        float v = one_token(w_expert + (gated ? 2u * out_row : out_row), z / pc.a_div, lane, width, vec_a, false, gated);
+        float v = one_token(w_expert + (gated ? 2u * out_row : out_row), z / pc.a_div, lane, width, vec_a, false, gated).x;
         if (lane == 0u) store(out_row, z, v);
     }
 }
@@ -319,6 +330,18 @@ void main() {
         return;
     }
 #endif
+#ifdef MV_PAIRS // (one token, not gated, N even: host)
+    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+        uint row = 2u * (wg * ROWS + r);
+        if (row >= pc.N) break; // uniform across the subgroup
+        vec2 v = one_token(row, 0u, lane, width, vec_a, prenorm, false);
+        if (lane == 0u) {
+            store(row, 0u, v.x);
+            store(row + 1u, 0u, v.y);
+        }
+    }
+    return;
+#endif
 #ifdef POST_ADD // (one token, K % 8 == 0: host)
     float pss = 0.0;
     for (uint i = lane; i < (pc.K >> 2); i += width) pss += dot(p4[i], p4[i]);
@@ -331,7 +354,7 @@ void main() {
         post_write = wg == 0u && gl_SubgroupID == 0u && r == 0u;
 #endif
         if (pc.M == 1u) {
-            float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated);
+            float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated).x;
             if (lane == 0u) store(out_row, 0u, v);
         } else {
             few_tokens(out_row, lane, width, vec_a, prenorm, gated);

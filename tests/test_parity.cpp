@@ -146,6 +146,39 @@ TEST_P(Parity, PrefillThenDecode) {
     forge_model_free(m);
 }
 
+/* One-token products two rows a subgroup (matvec_sg_pair: on GPUs the LM heads of 32768
+ * outputs and more), switched on here for every even product of plain-format weights: the
+ * prefill-then-decode logits against HF's as above, and the profile shows the kernel ran. */
+TEST(ParityPairs, OneTokenProductsTwoRowsASubgroup) {
+    for (const char *name : {"llama3_f32_untied", "llama3_bf16_tied", "qwen3_f32_sharded", "gemma3_text_f32"}) {
+        SCOPED_TRACE(name);
+        Fixture fx = read_fixture(fixture_path(name));
+        ASSERT_FALSE(fx.seqs.empty());
+        const Sequence &q = fx.seqs.back();
+        const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
+        forge_model *m = ft::load(fixture_path(name));
+        ASSERT_NE(m, nullptr);
+        ft_model_set_matvec_pairs(m, 2);
+        forge_session_params sp = forge_session_default_params();
+        sp.n_ctx = 64;
+        sp.profile = 1;
+        forge_session *s = ft::session(m, sp);
+        ASSERT_NE(s, nullptr);
+        int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
+        std::vector<float> got((size_t)n * V);
+        ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+        for (int p = k; p < n; p++)
+            ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+        expect_close(std::string(name) + " prefill+decode, row pairs", got.data(), ref.data(), n, V, 1e-4, 0);
+        std::vector<char> prof(1 << 16);
+        size_t len = 0;
+        ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+        EXPECT_NE(strstr(prof.data(), fx.bf16 ? "\"matvec_sg_pair_bf16\"" : "\"matvec_sg_pair_f32\""), nullptr) << prof.data();
+        forge_session_free(s);
+        forge_model_free(m);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(HF, Parity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
                                            "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32",
