@@ -35,6 +35,24 @@ void expect_close(const std::string &what, const float *got, const float *ref, i
     }
 }
 
+/* q's logits from session s: a prefill of k tokens, then one token a step (the recorded decode
+ * step, replayed). */
+void prefill_then_decode(forge_session *s, const Sequence &q, int V, int k, std::vector<float> &got) {
+    int n = (int)q.tokens.size();
+    got.assign((size_t)n * V, 0.0f);
+    ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
+    for (int p = k; p < n; p++)
+        ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+}
+
+/* A profiling session's kernel table (forge_session_profile) parsed; nullptr on failure. */
+cJSON *profile_of(forge_session *s) {
+    std::vector<char> prof(1 << 16);
+    size_t len = 0;
+    if (forge_session_profile(s, prof.data(), prof.size(), &len) != FORGE_OK) return nullptr;
+    return cJSON_Parse(prof.data());
+}
+
 std::string fixture_path(const std::string &name) {
     return ft::src(name.find('/') == std::string::npos ? "tests/fixtures/parity/" + name : "tests/fixtures/" + name);
 }
@@ -115,30 +133,24 @@ TEST_P(Parity, PrefillThenDecode) {
         forge_session *s = ft::session(m, sp);
         ASSERT_NE(s, nullptr);
         int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
-        std::vector<float> got((size_t)n * V);
-        ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-        for (int p = k; p < n; p++)
-            ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+        std::vector<float> got;
+        ASSERT_NO_FATAL_FAILURE(prefill_then_decode(s, q, V, k, got));
         expect_close(GetParam() + (subgroups ? " prefill+decode" : " prefill+decode (attention_split)"), got.data(), ref.data(), n, V,
                      1e-4, 0);
         forge_model_info info;
         ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
         std::string arch = info.architecture;
         if (subgroups && (arch == "gemma2" || arch == "gemma3")) {
-            std::vector<char> prof(1 << 16);
-            size_t len = 0;
-            ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
-            cJSON *pj = cJSON_Parse(prof.data());
+            cJSON *pj = profile_of(s);
             ASSERT_NE(pj, nullptr);
             cJSON *post = cJSON_GetObjectItem(pj, fx.bf16 ? "matvec_sg_post_bf16" : "matvec_sg_post_f32");
-            ASSERT_NE(post, nullptr) << prof.data();
-            EXPECT_EQ(cJSON_GetObjectItem(post, "calls")->valuedouble, (double)(n - k) * info.n_layers) << prof.data();
+            ASSERT_NE(post, nullptr);
+            EXPECT_EQ(cJSON_GetObjectItem(post, "calls")->valuedouble, (double)(n - k) * info.n_layers);
             /* rmsnorm: the prefill's two post-norms a layer, and Gemma 3's q and k head norms (the
              * others are fused into the products); a decode step's post-MLP norm a layer */
             int prefill_norms = arch == "gemma3" ? 4 : 2;
             EXPECT_EQ(cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "rmsnorm"), "calls")->valuedouble,
-                      (double)(prefill_norms + n - k) * info.n_layers)
-                << prof.data();
+                      (double)(prefill_norms + n - k) * info.n_layers);
             cJSON_Delete(pj);
         }
         forge_session_free(s);
@@ -164,16 +176,14 @@ TEST(ParityPairs, OneTokenProductsTwoRowsASubgroup) {
         sp.profile = 1;
         forge_session *s = ft::session(m, sp);
         ASSERT_NE(s, nullptr);
-        int V = fx.n_vocab, n = (int)q.tokens.size(), k = 8;
-        std::vector<float> got((size_t)n * V);
-        ASSERT_EQ(forge_eval(s, q.tokens.data(), k, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-        for (int p = k; p < n; p++)
-            ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK) << forge_session_errmsg(s);
+        int V = fx.n_vocab, n = (int)q.tokens.size();
+        std::vector<float> got;
+        ASSERT_NO_FATAL_FAILURE(prefill_then_decode(s, q, V, 8, got));
         expect_close(std::string(name) + " prefill+decode, row pairs", got.data(), ref.data(), n, V, 1e-4, 0);
-        std::vector<char> prof(1 << 16);
-        size_t len = 0;
-        ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
-        EXPECT_NE(strstr(prof.data(), fx.bf16 ? "\"matvec_sg_pair_bf16\"" : "\"matvec_sg_pair_f32\""), nullptr) << prof.data();
+        cJSON *pj = profile_of(s);
+        ASSERT_NE(pj, nullptr);
+        EXPECT_NE(cJSON_GetObjectItem(pj, fx.bf16 ? "matvec_sg_pair_bf16" : "matvec_sg_pair_f32"), nullptr);
+        cJSON_Delete(pj);
         forge_session_free(s);
         forge_model_free(m);
     }
