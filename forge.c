@@ -7534,27 +7534,21 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
-        forge__range b[8] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
-                             mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy, p->dummy};
+        bool post = p->post_p.buf; /* (forge__post_fused: one token on matvec_sg, F32 / F16 / BF16, with a norm) */
+        forge__range b[11] = {x, c->w, y, bias && bias->present ? bias->r : p->dummy, mlx ? c->scales : p->dummy,
+                              mlx ? c->biases : p->dummy, norm ? norm->r : p->dummy, p->dummy,
+                              post ? p->post_p : p->dummy, post ? p->post_w : p->dummy, post ? p->post_out : p->dummy};
         uint32_t split = forge__matvec_use_split(m->dev.caps.type == FORGE_DEVICE_CPU, w->fmt, M, outs, w->cols) ? forge__matvec_split_rows(outs) : 0;
         uint32_t rows_per_wg = forge__matvec_rows_per_wg(sg, split);
         forge__pc_linear pc = {M, w->cols, outs, a_row0, ldc, col_off + out0, flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0),
                                col_off + out0, softcap, w->bits, w->group, w->qflags, (float)m->cfg.norm_eps, split, 0, 0, 0, 0, 0, 0};
         uint32_t gx, gy;
-        if (p->post_p.buf) { /* (forge__post_fused: one token on matvec_sg, F32 / F16 / BF16, K % 8 == 0, with a norm) */
-            forge__range bp[11] = {x, c->w, y, b[3], p->dummy, p->dummy, b[6], p->dummy, p->post_p, p->post_w, p->post_out};
-            forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
-            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG_POST + w->fmt), bp, &pc, gx, gy, 1);
-            continue;
-        }
-        if (vec && sg && forge__matvec_pairs(m, w, M, outs, gated)) {
-            forge__grid((outs + 2 * rows_per_wg - 1) / (2 * rows_per_wg), &gx, &gy);
-            forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG_PAIR + w->fmt), b, &pc, gx, gy, 1);
-            continue;
-        }
-        if (vec) {
-            forge__grid((outs + rows_per_wg - 1) / rows_per_wg, &gx, &gy);
-            forge__dispatch(p->r, (forge__op)((sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC) + w->fmt), b, &pc, gx, gy, 1);
+        if (vec) { /* matvec_sg_post with the post-norm's input, matvec_sg_pair two rows a subgroup, else a row */
+            bool pairs = sg && !post && forge__matvec_pairs(m, w, M, outs, gated);
+            forge__op op = post ? FORGE__OP_MATVEC_SG_POST : pairs ? FORGE__OP_MATVEC_SG_PAIR : sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC;
+            uint32_t per_wg = pairs ? 2 * rows_per_wg : rows_per_wg;
+            forge__grid((outs + per_wg - 1) / per_wg, &gx, &gy);
+            forge__dispatch(p->r, (forge__op)(op + w->fmt), b, &pc, gx, gy, 1);
             continue;
         }
         /* 128 x 128 tiles once there are enough of them to fill a large GPU (on the H100:
