@@ -7491,14 +7491,17 @@ static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge_
     forge__dispatch(r, FORGE__OP_LINEAR_REDUCE, b, &pr, gx, gy, 1);
 }
 
-/* matvec_sg_pair (two rows a subgroup, the activations loaded once for both, twice the loads in
- * flight) for one token's products of plain-format weights with forge_model.pairs_min_outs
- * outputs or more: on the H100 the F16 128256 x 2048 head went from 1.55 to 2.95 TB/s (decode,
- * 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6 -> 431.1), and with
- * Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B F16's products of
- * 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600 (bench/RESULTS.md). */
+/* matvec_sg_pair (two outputs a subgroup: two rows, or gated four, the activations loaded once
+ * for them, twice the loads in flight) for one token's products of plain-format weights with
+ * forge_model.pairs_min_outs rows or more: on the H100 the F16 128256 x 2048 head went from 1.55
+ * to 2.95 TB/s (decode, 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6
+ * -> 431.1), and with Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B
+ * F16's products of 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600; the 1B
+ * F16's gate|up (16384 rows) 39.2 -> 29.3 us a call, Qwen3-0.6B's (6144) 12.4 -> 10.8
+ * (bench/RESULTS.md). The gated rows' loads take whole steps of 8 weights: K % 8 == 0. */
 static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, uint32_t M, uint32_t outs, bool gated) {
-    return m->pairs_min_outs && M == 1 && !gated && w->fmt <= FORGE__W_BF16 && outs >= m->pairs_min_outs && outs % 2 == 0;
+    return m->pairs_min_outs && M == 1 && w->fmt <= FORGE__W_BF16 && (gated ? 2 : 1) * outs >= m->pairs_min_outs && outs % 2 == 0 &&
+           (!gated || w->cols % 8 == 0);
 }
 
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
@@ -7546,7 +7549,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         if (vec) { /* matvec_sg_post with the post-norm's input, matvec_sg_pair two rows a subgroup, else a row */
             bool pairs = sg && !post && forge__matvec_pairs(m, w, M, outs, gated);
             forge__op op = post ? FORGE__OP_MATVEC_SG_POST : pairs ? FORGE__OP_MATVEC_SG_PAIR : sg ? FORGE__OP_MATVEC_SG : FORGE__OP_MATVEC;
-            uint32_t per_wg = pairs ? 2 * rows_per_wg : rows_per_wg;
+            uint32_t per_wg = pairs || post ? 2 * rows_per_wg : rows_per_wg; /* (matvec_sg_post: two gated outputs a subgroup) */
             forge__grid((outs + per_wg - 1) / per_wg, &gx, &gy);
             forge__dispatch(p->r, (forge__op)(op + w->fmt), b, &pc, gx, gy, 1);
             continue;
@@ -7868,6 +7871,8 @@ static forge__op forge__attn_cm_op(const forge__pass *p, uint32_t D) {
 static bool forge__post_fused(const forge__pass *p, int l, const forge__acts *a) {
     const forge__config *c = &p->m->cfg;
     const forge__layer *ly = &p->m->layers[l];
+    for (int i = 0; i < ly->gate_up.n_chunks; i++) /* matvec_sg_post takes two gated outputs (four rows) a subgroup */
+        if (ly->gate_up.chunks[i].rows % 4 != 0) return false;
     return c->sandwich_norms && p->n == 1 && !p->table && !p->train && p->fuse && ly->dense_mlp && ly->fused_gate_up && !c->ple_dim &&
            !c->layer_moe[l] && ly->out_scale == 1.0f && ly->gate_up.fmt <= FORGE__W_BF16 && !forge__uses_q8a(p, &ly->gate_up, 1) &&
            c->hidden % 8 == 0 && !forge__lora_any(p, l, FORGE__T_GU | (1u << FORGE__T_O)) && !a->x_mid.buf &&

@@ -28,17 +28,20 @@
 // choice) pair p = t * top_k + j. Workgroup z is the pair p: the product of its expert with
 // A row p / a_div (a_div = top_k: the token's activations; 1: the pair's own row) into C row p;
 // pairs of another chunk's experts are left alone.
-// POST_ADD (the modules matvec_sg_post_*, one token, plain formats): A' is first
+// POST_ADD (the modules matvec_sg_post_*, one token, plain formats, gated, N even): A' is first
 //   x + rmsnorm(p) * pw, p and pw bindings 8 and 9 (a sandwich-norm model's post-attention norm,
 // Gemma 2 / 3, whose output would otherwise be added to the residual stream x by an rmsnorm
 // dispatch before this product: on the H100 10.8 us each, 52 a token of the Gemma3-1B shape);
 // each subgroup takes p's RMS itself, and subgroup 0 of workgroup 0 writes that A' row to
 // binding 10 for the residual stream (the same value every subgroup forms: the rmsnorm
-// kernel's arithmetic, x + (p / rms) * pw, its sum of squares in another order).
-// MV_PAIRS (the modules matvec_sg_pair_*, one token, plain formats, not gated, N even: host):
-// each subgroup takes two rows, 2 (wg ROWS + r) and the one after, as the gated mapping takes a
-// gate and an up row: the activations loaded once for both, twice the weight loads in flight
-// (on the H100 the F16 128256 x 2048 head: 1.55 TB/s one row a subgroup, 2.95 in pairs).
+// kernel's arithmetic, x + (p / rms) * pw, its sum of squares in another order). Two outputs
+// a subgroup, as MV_PAIRS's gated products.
+// MV_PAIRS (the modules matvec_sg_pair_*, one token, plain formats, N even: host): each
+// subgroup takes two outputs, 2 (wg ROWS + r) and the one after: not gated their two rows, as
+// the gated mapping takes a gate and an up row; gated their four rows (one_token_gated_pair).
+// The activations are loaded once for the rows, twice the weight loads in flight (on the H100
+// the F16 128256 x 2048 head: 1.55 TB/s one row a subgroup, 2.95 in pairs; the 1B F16 gate|up
+// 16384 x 2048: 39.2 us, 1.71 TB/s, one output a subgroup, 29.3 us, 2.29 TB/s, two).
 // Correct for any subgroup size. Built with MV_NO_SPLIT (the plain formats, which forge.c never
 // splits) the K split is left out.
 // Bindings: 0 A [*, K] f32 | 1 W chunk [rows, K] (format per build) | 2 C [*, ldc] f32
@@ -274,6 +277,48 @@ vec2 one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenor
     return vec2(v, u);
 }
 
+#if defined(MV_PAIRS) || defined(POST_ADD)
+// One token, two gated outputs a subgroup: weight rows w0 .. w0 + 3 (gate, up, gate, up), the
+// activations loaded once for the four, twice the weight loads in flight of one_token's gated
+// mapping (MV_STEPS steps of four rows); K % 8 == 0 (host). Returns the two outputs.
+vec2 one_token_gated_pair(uint w0, uint lane, uint width, bool prenorm) {
+    float s0 = 0.0, u0 = 0.0, s1 = 0.0, u1 = 0.0, ss = 0.0;
+    uint stride = width * 8u, k = lane * 8u;
+    for (; k + (MV_STEPS - 1u) * stride < pc.K; k += MV_STEPS * stride) {
+        vec4 g0l[MV_STEPS], g0h[MV_STEPS], u0l[MV_STEPS], u0h[MV_STEPS], g1l[MV_STEPS], g1h[MV_STEPS], u1l[MV_STEPS], u1h[MV_STEPS];
+        [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
+            w_get8(w0, k + i * stride, pc.K, g0l[i], g0h[i]);
+            w_get8(w0 + 1u, k + i * stride, pc.K, u0l[i], u0h[i]);
+            w_get8(w0 + 2u, k + i * stride, pc.K, g1l[i], g1h[i]);
+            w_get8(w0 + 3u, k + i * stride, pc.K, u1l[i], u1h[i]);
+        }
+        [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
+            vec4 alo, ahi;
+            a8(0u, k + i * stride, true, prenorm, alo, ahi, ss);
+            s0 += dot(g0l[i], alo) + dot(g0h[i], ahi);
+            u0 += dot(u0l[i], alo) + dot(u0h[i], ahi);
+            s1 += dot(g1l[i], alo) + dot(g1h[i], ahi);
+            u1 += dot(u1l[i], alo) + dot(u1h[i], ahi);
+        }
+    }
+    for (; k < pc.K; k += stride) { // the rest a step at a time
+        vec4 g0lo, g0hi, u0lo, u0hi, g1lo, g1hi, u1lo, u1hi, alo, ahi;
+        w_get8(w0, k, pc.K, g0lo, g0hi);
+        w_get8(w0 + 1u, k, pc.K, u0lo, u0hi);
+        w_get8(w0 + 2u, k, pc.K, g1lo, g1hi);
+        w_get8(w0 + 3u, k, pc.K, u1lo, u1hi);
+        a8(0u, k, true, prenorm, alo, ahi, ss);
+        s0 += dot(g0lo, alo) + dot(g0hi, ahi);
+        u0 += dot(u0lo, alo) + dot(u0hi, ahi);
+        s1 += dot(g1lo, alo) + dot(g1hi, ahi);
+        u1 += dot(u1lo, alo) + dot(u1hi, ahi);
+    }
+    float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
+    float g0 = subgroupAdd(s0) * inv, up0 = subgroupAdd(u0) * inv, g1 = subgroupAdd(s1) * inv, up1 = subgroupAdd(u1) * inv;
+    return vec2(act(g0) * up0, act(g1) * up1);
+}
+#endif
+
 // Mixture of experts, one output per subgroup (the header's EXPERTS).
 void experts(uint lane, uint width, bool vec_a, bool gated) {
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x, z = gl_WorkGroupID.z;
@@ -330,11 +375,19 @@ void main() {
         return;
     }
 #endif
-#ifdef MV_PAIRS // (one token, not gated, N even: host)
+#if defined(MV_PAIRS) || defined(POST_ADD) // (one token, N even; gated: K % 8 == 0; POST_ADD: gated, K % 8 == 0: host)
+#ifdef POST_ADD
+    float pss = 0.0;
+    for (uint i = lane; i < (pc.K >> 2); i += width) pss += dot(p4[i], p4[i]);
+    post_inv = 1.0 / sqrt(subgroupAdd(pss) / float(pc.K) + pc.eps);
+#endif
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint row = 2u * (wg * ROWS + r);
         if (row >= pc.N) break; // uniform across the subgroup
-        vec2 v = one_token(row, 0u, lane, width, vec_a, prenorm, false);
+#ifdef POST_ADD
+        post_write = wg == 0u && gl_SubgroupID == 0u && r == 0u;
+#endif
+        vec2 v = gated ? one_token_gated_pair(2u * row, lane, width, prenorm) : one_token(row, 0u, lane, width, vec_a, prenorm, false);
         if (lane == 0u) {
             store(row, 0u, v.x);
             store(row + 1u, 0u, v.y);
@@ -342,17 +395,9 @@ void main() {
     }
     return;
 #endif
-#ifdef POST_ADD // (one token, K % 8 == 0: host)
-    float pss = 0.0;
-    for (uint i = lane; i < (pc.K >> 2); i += width) pss += dot(p4[i], p4[i]);
-    post_inv = 1.0 / sqrt(subgroupAdd(pss) / float(pc.K) + pc.eps);
-#endif
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-#ifdef POST_ADD
-        post_write = wg == 0u && gl_SubgroupID == 0u && r == 0u;
-#endif
         if (pc.M == 1u) {
             float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated).x;
             if (lane == 0u) store(out_row, 0u, v);
