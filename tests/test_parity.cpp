@@ -161,7 +161,7 @@ TEST_P(Parity, PrefillThenDecode) {
 /* One-token products two rows a subgroup (matvec_sg_pair: on GPUs the LM heads of 32768
  * outputs and more), switched on here for every even product of plain-format weights: the
  * prefill-then-decode logits against HF's as above, and the profile shows the kernel ran. */
-TEST(ParityPairs, OneTokenProductsTwoRowsASubgroup) {
+TEST(ParityPairs, OneTokenProductsTwoOutputsASubgroup) {
     for (const char *name : {"llama3_f32_untied", "llama3_bf16_tied", "qwen3_f32_sharded", "gemma3_text_f32"}) {
         SCOPED_TRACE(name);
         Fixture fx = read_fixture(fixture_path(name));
@@ -183,6 +183,14 @@ TEST(ParityPairs, OneTokenProductsTwoRowsASubgroup) {
         cJSON *pj = profile_of(s);
         ASSERT_NE(pj, nullptr);
         EXPECT_NE(cJSON_GetObjectItem(pj, fx.bf16 ? "matvec_sg_pair_bf16" : "matvec_sg_pair_f32"), nullptr);
+        /* the gated gate|up product (2 ffn rows) too: two outputs, four rows a subgroup; Gemma's
+         * in matvec_sg_post, which always takes them so */
+        forge_model_info info;
+        ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+        bool sandwich = !strncmp(info.architecture, "gemma", 5);
+        std::string gate_up = std::string(sandwich ? "matvec_sg_post_" : "matvec_sg_pair_") + (fx.bf16 ? "bf16 " : "f32 ") +
+                              std::to_string(2 * info.ffn) + "x" + std::to_string(info.hidden);
+        EXPECT_NE(cJSON_GetObjectItem(pj, gate_up.c_str()), nullptr) << gate_up;
         cJSON_Delete(pj);
         forge_session_free(s);
         forge_model_free(m);
