@@ -5384,9 +5384,10 @@ typedef enum forge__op {
     FORGE__OP_MATVEC_SG_PAIR_LAST = FORGE__OP_MATVEC_SG_PAIR + FORGE__W_BF16,
     /* decode products of Q4_0 (+ 0) or Q8_0 (+ 4) weights on int8 activations (integer dot
      * products); in a layer's chain (forge__q8_chain) + 2: on a product's activations in groups of
-     * 8 (FORGE__LINEAR_A_G8), + 1: quantizing the output for the next product (FORGE__LINEAR_Q8_OUT) */
+     * 8 (FORGE__LINEAR_A_G8), + 1: quantizing the output for the next product (FORGE__LINEAR_Q8_OUT);
+     * + 8: gated, two outputs a subgroup (forge__matvec_pairs) */
     FORGE__OP_MATVEC_Q8A,
-    FORGE__OP_MATVEC_Q8A_LAST = FORGE__OP_MATVEC_Q8A + 7,
+    FORGE__OP_MATVEC_Q8A_LAST = FORGE__OP_MATVEC_Q8A + 15,
     FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
@@ -5513,7 +5514,9 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_MLX, mlx)
     FORGE__CM_S_OP
 #define FORGE__Q8A_OP(i, name) \
-    [FORGE__OP_MATVEC_Q8A + (i)] = {"matvec_q8a_" #name, FORGE__SPV(matvec_q8a_##name), 6, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
+    [FORGE__OP_MATVEC_Q8A + (i)] = {"matvec_q8a_" #name, FORGE__SPV(matvec_q8a_##name), 6, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 0}, true}, \
+    [FORGE__OP_MATVEC_Q8A + 8 + (i)] = {"matvec_q8a_pair_" #name, FORGE__SPV(matvec_q8a_##name), 6, sizeof(forge__pc_linear), 3,   \
+                                        {0, 2 * FORGE__SG_PER_WG, 1}, true},
     FORGE__Q8A_OP(0, q4_0) FORGE__Q8A_OP(1, out_q4_0) FORGE__Q8A_OP(2, g8_q4_0) FORGE__Q8A_OP(3, g8_out_q4_0)
     FORGE__Q8A_OP(4, q8_0) FORGE__Q8A_OP(5, out_q8_0) FORGE__Q8A_OP(6, g8_q8_0) FORGE__Q8A_OP(7, g8_out_q8_0)
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
@@ -7429,6 +7432,24 @@ static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uin
     return true;
 }
 
+/* matvec_sg_pair (two outputs a subgroup: two rows, or gated four, the activations loaded once
+ * for them, twice the loads in flight) for one token's products of plain-format weights with
+ * forge_model.pairs_min_outs rows or more: on the H100 the F16 128256 x 2048 head went from 1.55
+ * to 2.95 TB/s (decode, 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6
+ * -> 431.1), and with Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B
+ * F16's products of 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600; the 1B
+ * F16's gate|up (16384 rows) 39.2 -> 29.3 us a call, Qwen3-0.6B's (6144) 12.4 -> 10.8
+ * (bench/RESULTS.md). The gated rows' loads take whole steps of 8 weights: K % 8 == 0.
+ * matvec_q8a (Q4_0 / Q8_0 on int8 activations) takes gated products' outputs in pairs by the
+ * same rule (forge__pair_outputs): the 1B Q4_0's gate|up 15.5 -> 13.8 us a call, decode +3%
+ * (noisy); the 8B's 28672 x 4096 unchanged (34.3 / 34.8 us), its decode within noise. */
+static bool forge__pair_outputs(const forge_model *m, uint32_t M, uint32_t outs, bool gated) {
+    return m->pairs_min_outs && M == 1 && (gated ? 2 : 1) * outs >= m->pairs_min_outs && outs % 2 == 0;
+}
+static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, uint32_t M, uint32_t outs, bool gated) {
+    return w->fmt <= FORGE__W_BF16 && forge__pair_outputs(m, M, outs, gated) && (!gated || w->cols % 8 == 0);
+}
+
 /* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
  * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's;
@@ -7462,8 +7483,10 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
         forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
                                flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
                                col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0, 0, 0, 0, 0, 0};
-        forge__grid((outs + FORGE__SG_PER_WG - 1) / FORGE__SG_PER_WG, &gx, &gy);
-        forge__dispatch(p->r, op, b, &pc, gx, gy, 1);
+        bool paired = gated && forge__pair_outputs(m, 1, outs, true); /* (+ 8: two outputs a subgroup, 16 a workgroup) */
+        uint32_t per_wg = paired ? 2 * FORGE__SG_PER_WG : FORGE__SG_PER_WG;
+        forge__grid((outs + per_wg - 1) / per_wg, &gx, &gy);
+        forge__dispatch(p->r, paired ? (forge__op)(op + 8) : op, b, &pc, gx, gy, 1);
     }
 }
 
@@ -7491,18 +7514,6 @@ static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge_
     forge__dispatch(r, FORGE__OP_LINEAR_REDUCE, b, &pr, gx, gy, 1);
 }
 
-/* matvec_sg_pair (two outputs a subgroup: two rows, or gated four, the activations loaded once
- * for them, twice the loads in flight) for one token's products of plain-format weights with
- * forge_model.pairs_min_outs rows or more: on the H100 the F16 128256 x 2048 head went from 1.55
- * to 2.95 TB/s (decode, 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6
- * -> 431.1), and with Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B
- * F16's products of 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600; the 1B
- * F16's gate|up (16384 rows) 39.2 -> 29.3 us a call, Qwen3-0.6B's (6144) 12.4 -> 10.8
- * (bench/RESULTS.md). The gated rows' loads take whole steps of 8 weights: K % 8 == 0. */
-static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, uint32_t M, uint32_t outs, bool gated) {
-    return m->pairs_min_outs && M == 1 && w->fmt <= FORGE__W_BF16 && (gated ? 2 : 1) * outs >= m->pairs_min_outs && outs % 2 == 0 &&
-           (!gated || w->cols % 8 == 0);
-}
 
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
  * that column too), one dispatch per row-chunk of W. With `norm` (only where

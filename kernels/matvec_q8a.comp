@@ -15,8 +15,9 @@
 // Q4_0 block is 5 aligned words (9 for Q8_0) and 32 activation bytes, 8 integer dot products.
 // Not exact: the activations are rounded to 8 bits per block of 32 (as llama.cpp's quantized
 // products do); used where the model is not `exact`.
-// Mapping: one output per subgroup at a time, ROWS outputs per workgroup; the lanes take the
-// row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane).
+// Mapping: one output per subgroup at a time (PAIRED: two), ROWS outputs per workgroup; the
+// lanes take the row's blocks in turn, two at a time (10 or 18 weight loads in flight per lane
+// and row).
 // Q8_OUT (the modules built with -DQ8_OUT): the product also quantizes its output row for the
 // next product (one dependent dispatch fewer: on the H100 each costs about 4 us, and a decode
 // token of the 1B Q4_0 shape had 49 act_q8 dispatches, bench/RESULTS.md), in groups of 8 (G8:
@@ -47,6 +48,10 @@
 #extension GL_EXT_spirv_intrinsics : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 16;
+// PAIRED (gated products, N even: host): a subgroup takes two outputs, four weight rows (gate,
+// up, gate, up), the activations loaded once for them, twice the weight loads in flight; ROWS
+// then 2 x the subgroups (Q8_OUT: ROWS / 8 groups a workgroup)
+layout(constant_id = 2) const bool PAIRED = false;
 
 layout(push_constant) uniform PC {
     uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
@@ -143,19 +148,22 @@ void main() {
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u;
     uint nb = pc.K >> 5, sa0 = pc.K >> 4;
-#ifdef Q8_OUT // the next norm's weight for this workgroup's group (Q8_OUT_NORM), loaded while the rows run
-    uint grp = (pc.c_col0 + wg * ROWS) >> 3;
+#ifdef Q8_OUT // the next norm's weight for a group of this workgroup's outputs (Q8_OUT_NORM), thread t
+               // group t, loaded while the rows run
+    uint t = gl_LocalInvocationIndex, grp = ((pc.c_col0 + wg * ROWS) >> 3) + t;
+    bool group_thread = t < ROWS / 8u && wg * ROWS + 8u * t < pc.N;
     vec4 g0 = vec4(1.0), g1 = vec4(1.0);
-    if ((pc.flags & 1024u) != 0u && gl_LocalInvocationIndex == 0u && wg * ROWS < pc.N) {
+    if ((pc.flags & 1024u) != 0u && group_thread) {
         g0 = g4[2u * grp];
         g1 = g4[2u * grp + 1u];
     }
 #endif
-    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+    uint outs_sg = PAIRED ? 2u : 1u; // outputs a subgroup
+    for (uint r = gl_SubgroupID * outs_sg; r < ROWS; r += gl_NumSubgroups * outs_sg) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
-        uint w0 = gated ? 2u * out_row : out_row; // the weight row (gated: and the up row after it)
-        float s = 0.0, u = 0.0, ss = 0.0;
+        uint w0 = gated ? 2u * out_row : out_row; // the weight row (gated: and the up row after it; PAIRED: two more)
+        float s = 0.0, u = 0.0, s2 = 0.0, u2 = 0.0, ss = 0.0;
         for (uint b = lane; b < nb; b += 2u * width) {
             uint b1 = b + width;
             bool has1 = b1 < nb;
@@ -182,22 +190,39 @@ void main() {
                 u += block_dot(w0 + 1u, b, nb, a0, a1, sa);
                 if (has1) u += block_dot(w0 + 1u, b1, nb, c0, c1, sc);
             }
+            if (PAIRED) {
+                s2 += block_dot(w0 + 2u, b, nb, a0, a1, sa);
+                u2 += block_dot(w0 + 3u, b, nb, a0, a1, sa);
+                if (has1) {
+                    s2 += block_dot(w0 + 2u, b1, nb, c0, c1, sc);
+                    u2 += block_dot(w0 + 3u, b1, nb, c0, c1, sc);
+                }
+            }
         }
         float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss) / float(pc.K) + pc.eps) : 1.0;
         float v = subgroupAdd(s) * inv;
         if (gated) v = act(v) * (subgroupAdd(u) * inv);
+        float v2 = PAIRED ? act(subgroupAdd(s2) * inv) * (subgroupAdd(u2) * inv) : 0.0;
 #ifdef Q8_OUT
-        if (lane == 0u) sm_out[r] = store(out_row, 0u, v);
+        if (lane == 0u) {
+            sm_out[r] = store(out_row, 0u, v);
+            if (PAIRED) sm_out[r + 1u] = store(out_row + 1u, 0u, v2);
+        }
 #else
-        if (lane == 0u) store(out_row, 0u, v);
+        if (lane == 0u) {
+            store(out_row, 0u, v);
+            if (PAIRED) store(out_row + 1u, 0u, v2);
+        }
 #endif
     }
 #ifdef Q8_OUT
     if (wg * ROWS >= pc.N) return; // (uniform across the workgroup)
-    // Q8_OUT: this workgroup's 8 outputs (ROWS = 8, all written: host) as one G8 group
+    // Q8_OUT: this workgroup's outputs (ROWS = 8 or 16, each group of 8 written whole: host) as
+    // G8 groups, thread t group t
     barrier();
-    if (gl_LocalInvocationIndex != 0u) return;
-    vec4 v0 = vec4(sm_out[0], sm_out[1], sm_out[2], sm_out[3]), v1 = vec4(sm_out[4], sm_out[5], sm_out[6], sm_out[7]);
+    if (!group_thread) return;
+    uint o = 8u * t;
+    vec4 v0 = vec4(sm_out[o], sm_out[o + 1u], sm_out[o + 2u], sm_out[o + 3u]), v1 = vec4(sm_out[o + 4u], sm_out[o + 5u], sm_out[o + 6u], sm_out[o + 7u]);
     float ss = dot(v0, v0) + dot(v1, v1);
     v0 *= g0; // (ones without Q8_OUT_NORM)
     v1 *= g1;

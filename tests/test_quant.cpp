@@ -352,18 +352,22 @@ class Int8Activations : public ::testing::TestWithParam<std::string> {};
  * activations to 8 bits the same way) and the exact reference, at the fixture's llama.cpp
  * tolerance and argmax positions. The error against the exact logits must not be zero: the
  * rounded path really ran; and the kernels that ran are counted from the session's profile.
- * Twice: with an act_q8 dispatch before each product, then as the default chain whose products
- * quantize their outputs for the next (matvec_q8a's Q8_OUT, in groups of 8), held to the same
- * references and to the first run's logits at llama.cpp's tolerance. */
+ * Three times: with an act_q8 dispatch before each product, then as the default chain whose
+ * products quantize their outputs for the next (matvec_q8a's Q8_OUT, in groups of 8), then the
+ * chain with the gated gate|up taking two outputs a subgroup (matvec_q8a_pair_*, 16 outputs a
+ * workgroup: two groups of 8), the last two held to the same references and to the first run's
+ * logits at llama.cpp's tolerance. Row pairs are off in the first two runs. */
 TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
     std::string name = GetParam();
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file(name, q));
     if (!ft_model_set_act_q8(q.m, 1)) GTEST_SKIP() << "the device has no integer dot products";
     std::vector<float> first;
-    for (int chain = 0; chain < 2; chain++) {
-        SCOPED_TRACE(chain ? "the chain" : "act_q8 dispatches");
+    for (int run = 0; run < 3; run++) {
+        bool chain = run > 0, pairs = run == 2;
+        SCOPED_TRACE(pairs ? "the chain, gated outputs in pairs" : chain ? "the chain" : "act_q8 dispatches");
         ft_model_set_q8_chain(q.m, chain);
+        ft_model_set_matvec_pairs(q.m, pairs ? 2 : 0);
         forge_session_params sp = forge_session_default_params();
         sp.profile = 1;
         forge_session *s = nullptr;
@@ -384,7 +388,7 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
         if (chain) {
             ASSERT_EQ(all.size(), first.size());
             double err = ft::rel_err(all.data(), first.data(), all.size());
-            printf("  the chain against act_q8 dispatches: max|d|/max|ref| = %.2e\n", err);
+            printf("  the chain%s against act_q8 dispatches: max|d|/max|ref| = %.2e\n", pairs ? " (gated pairs)" : "", err);
             cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(q.file, "refs"), "llamacpp"), 0);
             EXPECT_LE(err, cJSON_GetObjectItem(ref, "tol_rel")->valuedouble);
         } else {
@@ -402,6 +406,8 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
         double act_calls = cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "act_q8"), "calls")->valuedouble;
         EXPECT_EQ(act_calls, (double)steps * (chain ? 2 : layers * 3 + 1)) << prof.data();
         EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
+        /* the gate|up product's kernel: on the attention's quantized output (g8), quantizing its own */
+        EXPECT_EQ(cJSON_GetObjectItem(pj, ("matvec_q8a_pair_g8_out_" + name).c_str()) != nullptr, pairs) << prof.data();
         cJSON_Delete(pj);
         forge_session_free(s);
     }
