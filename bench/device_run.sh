@@ -1,8 +1,8 @@
 #!/bin/bash
 # device_run.sh: the bench matrix in one call on the GPU machine (see the device tool's README):
 # optionally forge's test suite on the real GPU, then every preset of tools/make_bench_model.py
-# written and measured with `forge bench -p 512 -n 128 -r 3`, the 1B and 8B Q4_0 files also
-# profiled, and bench/RESULTS.md rewritten (bench/results.py) into $OUT/RESULTS.md: copy it over
+# written and measured with `forge bench -p 512 -n 128 -r 3`, then profiled (`-r 1 --profile`),
+# and bench/RESULTS.md rewritten (bench/results.py) into $OUT/RESULTS.md: copy it over
 # bench/RESULTS.md after the call. Binaries come prebuilt in .devbin (the GPU machine has no
 # glslang), with the libraries of cJSON, PCRE2 and utf8proc beside them; the Vulkan loader and
 # the GL dispatch libraries as .debs in .gl; the commit in .devbin/COMMIT (the machine has no
@@ -59,10 +59,9 @@ for p in "${PRESETS[@]}"; do
     "$BIN/forge" bench "$M" -p 512 -n 128 -r 3 ${BENCH_ARGS:-} > "$WORK/bench_$p.json" 2> "$WORK/bench_$p.err"
     echo "$p: $(cat "$WORK/bench_$p.json") $(tail -c 300 "$WORK/bench_$p.err")"
     cat "$WORK/bench_$p.json" >> "$OUT/bench.jsonl"
-    case $p in llama1b-q4_0 | llama8b-q4_0)
-        "$BIN/forge" bench "$M" -p 512 -n 128 -r 1 --profile ${BENCH_ARGS:-} > "$WORK/profile_$p.json" 2>> "$WORK/bench_$p.err"
-        cp "$WORK/profile_$p.json" "$OUT/" ;;
-    esac
+    # every row profiled (results.py's decode account); the two Q4_0 files' profiles come back whole
+    "$BIN/forge" bench "$M" -p 512 -n 128 -r 1 --profile ${BENCH_ARGS:-} > "$WORK/profile_$p.json" 2>> "$WORK/bench_$p.err"
+    case $p in llama1b-q4_0 | llama8b-q4_0) cp "$WORK/profile_$p.json" "$OUT/" ;; esac
 done
 [ -f "$OUT/tests.txt" ] && cp "$OUT/tests.txt" "$WORK/"
 tail -n 5 "$WORK"/*.log "$WORK"/*.err "$WORK/devices.txt" > "$OUT/log.txt" 2>/dev/null

@@ -25,7 +25,8 @@ ROWS = [
     ("qwen3-0.6b-f16", "Qwen3-0.6B shape F16", 21000, 900, 14400, 512),
     ("gemma3-1b-bf16", "Gemma3-1B shape BF16", 20000, 700, None, None),
 ]
-PROFILED = ["llama1b-q4_0", "llama8b-q4_0"]
+PROFILED = ["llama1b-q4_0", "llama8b-q4_0"]  # kernel and product tables; every row gets the decode token's account
+READ_TB_S = 3.06  # what the H100 reads through Vulkan (research-notes/performance.md)
 
 
 def load(path):
@@ -48,6 +49,33 @@ def verdict(got, target, ref):
     if bar is None:
         return ""
     return "met" if got >= bar else f"{got / bar:.2f} of it"
+
+
+def decode_account(out_dir):
+    """Where one decode token's time goes, every row, from its profile run (timestamps after every
+    dispatch make that run slower than the bench's): the one-token products (rows a call 1), the
+    decode attention, and the rest (the other kernels and the gaps between dependent dispatches)
+    against what reading the weights would take at READ_TB_S."""
+    o = ["", "### A decode token, every row (`forge bench -p 512 -n 128 -r 1 --profile`: the warm-up's and the run's"
+         " decode steps)", "",
+         "| model (preset) | decode tok/s profiled | ms a token | one-token products: ms (GB, TB/s) | attention ms "
+         "| the rest ms | the weights at 3.06 TB/s, ms |", "|---|---|---|---|---|---|---|"]
+    rows = 0
+    for p, what, *_ in ROWS:
+        prof = load(os.path.join(out_dir, f"profile_{p}.json"))
+        if not prof or "profile" not in prof or not prof.get("decode_tok_s"):
+            continue
+        pr, steps = prof["profile"], 2 * (prof.get("n_gen", 128) - 1)
+        one = [v for k, v in pr.items() if " " in k and v.get("rows", 0) == v["calls"]]
+        prod_ms = sum(v["ms"] for v in one) / steps
+        prod_gb = sum(v.get("gb_s", 0) * v["ms"] for v in one) / 1e3 / steps
+        attn_ms = sum(v["ms"] for k, v in pr.items() if " " not in k and k.startswith("attention_decode")) / steps
+        token_ms = 1000 / prof["decode_tok_s"]
+        o.append(f"| {what} (`{p}`) | {prof['decode_tok_s']:.1f} | {token_ms:.2f} | {prod_ms:.2f} ({prod_gb:.2f}, "
+                 f"{prod_gb / prod_ms if prod_ms else 0:.2f}) | {attn_ms:.2f} | {token_ms - prod_ms - attn_ms:.2f} "
+                 f"| {prod_gb / READ_TB_S:.2f} |")
+        rows += 1
+    return o if rows else []
 
 
 def section(out_dir, commit):
@@ -82,6 +110,7 @@ def section(out_dir, commit):
         if shards:
             o += ["", f"The suite on the same GPU ({shards} processes): {passed} tests passed"
                   + (f"; failed: {', '.join(failed[:8])}{' and more' if len(failed) > 8 else ''}." if failed else ".")]
+    o += decode_account(out_dir)
     for p in PROFILED:
         prof = load(os.path.join(out_dir, f"profile_{p}.json"))
         if not prof or "profile" not in prof:
