@@ -5253,6 +5253,7 @@ typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.co
     uint32_t flags;                 /* 1: write each query's log-sum-exp (training); 2: the row table (batch generation);
                                      * attention_decode: FORGE__ATTN_ROPE_* */
     float eps;                      /* attention_decode, FORGE__ATTN_QK_NORM: the head norms' */
+    uint32_t min_run;               /* attention_decode: keys a workgroup takes at least (below one round: one round) */
 } forge__pc_attention;
 /* attention_decode.comp rotates one token's query itself (q from the raw q | k | v row), in
  * adjacent pairs, and takes the new key and value from that row too (writing them to the cache) */
@@ -7240,6 +7241,16 @@ static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
     uint64_t per_split = 4ull * m->cfg.n_heads * (m->cfg.head_dim_max + 2);
     return (uint32_t)FORGE__MAX(1, FORGE__MIN((uint64_t)splits, m->dev.caps.max_storage_range / per_split));
 }
+/* Keys an attention_decode workgroup takes at least (its runs' length at short contexts): 32 for
+ * models whose query row is 4096 wide or more, else one round of the workgroup (16 on the
+ * H100). At 512-640 positions the Llama-3.1-8B shape (32 heads of 128) decoded 316-319 tok/s
+ * with 64 splits (runs of 16), 323-324 with 32, 328-330 with 16, while the 1B Q4_0 (32 heads of
+ * 64), Qwen3-0.6B (16 of 128) and Gemma3-1B (4 of 256) shapes were fastest or level with 64; a
+ * minimum run keeps long contexts on all 64 splits: the 8B shape, min_run 0 / 32, 319-321 /
+ * 328-331 tok/s at 512-640 positions, 270-271 / 267-268 at 4096-4224 (bench/RESULTS.md). */
+static uint32_t forge__attn_min_run(const forge_model *m) {
+    return (uint64_t)m->cfg.n_heads * m->cfg.head_dim_max >= 4096 ? 32 : 0;
+}
 static uint32_t forge__topk_chunks(const forge_model *m) {
     return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
 }
@@ -7965,7 +7976,8 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                               (c->qk_norm ? FORGE__ATTN_QK_NORM : 0) | (c->qk_norm && c->v_norm && !shared ? FORGE__ATTN_V_NORM : 0);
     forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
                               (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
-                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps};
+                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps,
+                              forge__attn_min_run(m)};
     /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
     bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n);
     if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */

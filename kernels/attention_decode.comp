@@ -12,10 +12,10 @@
 // workgroup's subgroups take its keys in turn and merge their states through shared memory.
 // Query t, head h (causal, GQA, window, soft-cap, rotating slots: as attention_tiled.comp):
 // the keys lo..p are cut into n_splits runs of equal length, at least NSG * U keys each (one
-// round of the workgroup; a short context leaves the last splits empty); workgroup (s, h, t) takes run s
-// and writes part[((t * H + h) * S + s)] = {m, l, acc[D]}: m = max score, l = sum exp(score -
-// m), acc = sum exp(score - m) V (m = -inf, l = 0, acc = 0: no keys). attention_combine.comp
-// merges the runs.
+// round of the workgroup) and at least min_run (a short context leaves the last splits empty);
+// workgroup (s, h, t) takes run s and writes part[((t * H + h) * S + s)] = {m, l, acc[D]}: m =
+// max score, l = sum exp(score - m), acc = sum exp(score - m) V (m = -inf, l = 0, acc = 0: no
+// keys). attention_combine.comp merges the runs.
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
 // RoPE fused (one token, flags 4: a dispatch and its barrier fewer a layer than rope.comp
@@ -93,6 +93,7 @@ layout(push_constant) uniform PC {
     uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
     uint kv_batch_stride, flags;
     float eps;       // flags 32, 64: the head norms' epsilon
+    uint min_run;    // keys a workgroup takes at least (host: forge__attn_min_run)
 } pc;
 
 const uint NC = (DMAX / 4u + W - 1u) / W;   // vec4 pieces of a row per lane
@@ -146,8 +147,8 @@ void main() {
         kv0 = params.tab[TAB + 2u * t + 1u] * pc.cache_slots;
     }
     uint lo = (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u;
-    // at least one round of keys (NSG * U) a workgroup: splits past the keys exit at once
-    uint run = max(NSG * U, (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits);
+    // at least one round of keys (NSG * U) a workgroup, and min_run: splits past the keys exit at once
+    uint run = max(max(NSG * U, pc.min_run), (p + 1u - lo + pc.n_splits - 1u) / pc.n_splits);
     uint k_begin = lo + s * run, k_end = min(p + 1u, k_begin + run);
     bool merge = (pc.flags & 128u) != 0u;
     if (merge && k_begin >= k_end) return; // past a short context: not counted (the whole workgroup)

@@ -415,7 +415,7 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
     forge__range kb = ft_buf(&j, kc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range vb = ft_buf(&j, vc, (f16 ? 2ull : 4ull) * slots * Hkv * D);
     forge__range ob = ft_buf(&j, NULL, 4ull * n * H * D);
-    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0, 0};
+    forge__pc_attention pc = {n, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, H * D, 0, 0, 0, 0};
     if (split >= 4) { /* the tensor cores' prefill kernel */
         if (split == 5) { /* batch prefill's row table (flags 2): rows at pos0 + t of sequence 1, whose cache follows sequence 0's slots (NaN) */
             uint32_t *words = (uint32_t *)calloc(16 + 2 * (size_t)n, 4);
@@ -449,6 +449,7 @@ static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uin
             forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
             forge__barrier(&j.rec);
             binds[10] = ob;
+            pc.min_run = 40; /* the second in runs of 40 keys or more (forge__attn_min_run), not rounds of the workgroup */
             forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
         } else {
             forge__dispatch(&j.rec, op, binds, &pc, FORGE__ATTN_SPLITS, H, n);
@@ -797,7 +798,7 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
     forge__range ob = ft_buf(&j, NULL, 4ull * H * D);
     uint32_t flags = FORGE__ATTN_ROPE_Q | (adjacent ? FORGE__ATTN_ROPE_ADJACENT : 0) | (key_from_row ? FORGE__ATTN_ROPE_KEY : 0) |
                      (qk_norm ? FORGE__ATTN_QK_NORM : 0) | (qk_norm && v_norm ? FORGE__ATTN_V_NORM : 0);
-    forge__pc_attention pc = {1, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, row, 0, flags, eps};
+    forge__pc_attention pc = {1, H, Hkv, D, slots, window, scale, softcap, FORGE__ATTN_SPLITS, row, 0, flags, eps, 0};
     forge__range nq = qk_norm ? ft_buf(&j, qk_norm, 4ull * D) : ft_buf(&j, NULL, 16);
     forge__range nk = qk_norm ? ft_buf(&j, qk_norm + D, 4ull * D) : ft_buf(&j, NULL, 16);
     forge__range done = ft_buf(&j, NULL, 4ull * H); /* the runs merged as decode merges them (the counters zeroed) */
@@ -901,7 +902,7 @@ forge_status ft_attention_train(ft_ctx *c, const float *qkv, uint32_t B, uint32_
     forge__range gb = ft_buf(&j, NULL, 4ull * n * S);              /* 7 */
     free(k);
     free(v);
-    forge__pc_attention pa = {T, H, Hkv, D, T, window, scale, softcap, FORGE__ATTN_SPLITS, S, T * KVD, 1, 0};
+    forge__pc_attention pa = {T, H, Hkv, D, T, window, scale, softcap, FORGE__ATTN_SPLITS, S, T * KVD, 1, 0, 0};
     forge__range ba[6] = {pb, qb, kb, vb, ob, lb};
     forge__dispatch(&j.rec, FORGE__OP_ATTENTION, ba, &pa, (T + 7) / 8, H, B);
     forge__barrier(&j.rec);

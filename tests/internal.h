@@ -68,7 +68,7 @@ forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t
  * 2 the same on subgroups (attention_decode + combine; FORGE_ERR_UNSUPPORTED where the device
  * has no subgroup arithmetic), 3 attention_decode merging its runs itself (FORGE__ATTN_MERGE, as
  * decode runs it), dispatched twice into two outputs (the second relies on the counters the
- * first leaves at zero). */
+ * first leaves at zero, and takes runs of at least 40 keys: the min_run of forge__attn_min_run). */
 forge_status ft_attention(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const float *kc,
                           const float *vc, uint32_t slots, uint32_t pos0, uint32_t window, float scale, float softcap,
                           float *out, int split);
