@@ -5913,9 +5913,10 @@ struct forge_model {
     /* ... and one token's layers as a chain of such products, each quantizing its output for the
      * next (forge__q8_chain). Set at load; tests switch it off to compare the two. */
     bool q8_chain;
-    /* One-token products of at least this many outputs two rows a subgroup (forge__matvec_pairs):
-     * 4096 on GPUs, 0 (never) on CPU devices. Set at load; tests lower it. */
-    uint32_t pairs_min_outs;
+    /* One-token products of at least this many weight rows (gated: two an output) two outputs a
+     * subgroup (forge__pair_outputs): 4096 on GPUs, 0 (never) on CPU devices. Set at load; tests
+     * lower it. */
+    uint32_t pairs_min_rows;
     /* The prefill attention on tensor cores (forge__attn_cm_op) where the device has them. Set
      * at load; tests switch it off to compare with attention_tiled. */
     bool attn_cm;
@@ -7445,7 +7446,7 @@ static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uin
 
 /* matvec_sg_pair (two outputs a subgroup: two rows, or gated four, the activations loaded once
  * for them, twice the loads in flight) for one token's products of plain-format weights with
- * forge_model.pairs_min_outs rows or more: on the H100 the F16 128256 x 2048 head went from 1.55
+ * forge_model.pairs_min_rows rows or more: on the H100 the F16 128256 x 2048 head went from 1.55
  * to 2.95 TB/s (decode, 1B F16 617.7 -> 633.8 tok/s, Qwen3-0.6B 630.4 -> 656.4, Gemma3-1B 402.6
  * -> 431.1), and with Qwen3-0.6B's 4096-output q|k|v paired too 662-666 -> 679-681; but the 1B
  * F16's products of 2048 outputs paired (128 workgroups for 132 SMs) fell to 594-600; the 1B
@@ -7455,7 +7456,7 @@ static bool forge__q8_out_fits(const forge__pass *p, const forge__weight *w, uin
  * same rule (forge__pair_outputs): the 1B Q4_0's gate|up 15.5 -> 13.8 us a call, decode +3%
  * (noisy); the 8B's 28672 x 4096 unchanged (34.3 / 34.8 us), its decode within noise. */
 static bool forge__pair_outputs(const forge_model *m, uint32_t M, uint32_t outs, bool gated) {
-    return m->pairs_min_outs && M == 1 && (gated ? 2 : 1) * outs >= m->pairs_min_outs && outs % 2 == 0;
+    return m->pairs_min_rows && M == 1 && (gated ? 2 : 1) * outs >= m->pairs_min_rows && outs % 2 == 0;
 }
 static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, uint32_t M, uint32_t outs, bool gated) {
     return w->fmt <= FORGE__W_BF16 && forge__pair_outputs(m, M, outs, gated) && (!gated || w->cols % 8 == 0);
@@ -7524,7 +7525,6 @@ static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge_
     forge__grid((threads + 255) / 256, &gx, &gy);
     forge__dispatch(r, FORGE__OP_LINEAR_REDUCE, b, &pr, gx, gy, 1);
 }
-
 
 /* y[M, ldc] (+)= x[a_row0 .., K] . W^T into columns col_off.. of y (the bias is indexed by
  * that column too), one dispatch per row-chunk of W. With `norm` (only where
@@ -9039,7 +9039,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->sample_on_host = m->dev.caps.type == FORGE_DEVICE_CPU;
     m->act_q8 = !m->exact && m->dev.caps.int_dot && m->dev.caps.subgroup_arith && m->dev.caps.type != FORGE_DEVICE_CPU;
     m->q8_chain = true;
-    m->pairs_min_outs = m->dev.caps.type != FORGE_DEVICE_CPU ? 4096 : 0;
+    m->pairs_min_rows = m->dev.caps.type != FORGE_DEVICE_CPU ? 4096 : 0;
     m->attn_cm = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);

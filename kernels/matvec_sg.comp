@@ -393,8 +393,7 @@ void main() {
             store(row + 1u, 0u, v.y);
         }
     }
-    return;
-#endif
+#else
     for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
         uint out_row = wg * ROWS + r;
         if (out_row >= pc.N) break; // uniform across the subgroup
@@ -405,4 +404,5 @@ void main() {
             few_tokens(out_row, lane, width, vec_a, prenorm, gated);
         }
     }
+#endif
 }

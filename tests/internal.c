@@ -989,7 +989,7 @@ int ft_model_set_act_q8(forge_model *m, int on) {
 }
 
 void ft_model_set_q8_chain(forge_model *m, int on) { m->q8_chain = on != 0; }
-void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_outs) { m->pairs_min_outs = min_outs; }
+void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows) { m->pairs_min_rows = min_rows; }
 
 int ft_model_set_attn_cm(forge_model *m, int on) {
     m->attn_cm = on != 0;

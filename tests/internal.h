@@ -224,9 +224,10 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* One token's layers as a chain of int8 products quantizing their outputs for the next (1, the
  * default) or an act_q8 dispatch before each product (0), for the sessions created after the call. */
 void ft_model_set_q8_chain(forge_model *m, int on);
-/* One-token products of plain-format weights with at least min_outs outputs two rows a
- * subgroup (matvec_sg_pair; 0: never), for the sessions created after the call. */
-void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_outs);
+/* One-token products with at least min_rows weight rows (gated: two an output) two outputs a
+ * subgroup (matvec_sg_pair, and gated matvec_q8a_pair; 0: never), for the sessions created after
+ * the call. */
+void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows);
 /* The prefill attention on tensor cores (1, the default where the device has them) or
  * attention_tiled (0), for the sessions created after the call; returns whether the device and
  * model can take the first at all (tensor cores, not exact). */
