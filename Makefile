@@ -35,7 +35,7 @@ $(BUILD)/forge_kernels.h: $(KERNELS)
 	@mkdir -p $(BUILD)
 	sh tools/build_kernels.sh $(GLSLANG) kernels $@
 
-$(BUILD)/forge.o: forge.c forge.h $(BUILD)/forge_kernels.h
+$(BUILD)/forge.o: forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h
 	$(CC) $(CFLAGS_FORGE) -c forge.c -o $@
 
 $(BUILD)/libforge.a: $(BUILD)/forge.o
@@ -58,7 +58,7 @@ $(BUILD)/example_chat: examples/chat.cpp forge.h $(BUILD)/libforge.a
 
 # Tests reach internals: tests/internal.c includes forge.c with FORGE_TESTING.
 TEST_SRCS := $(wildcard tests/test_*.cpp)
-$(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
+$(BUILD)/internal_test.o: tests/internal.c tests/internal.h forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h
 	$(CC) -std=c11 $(OPT) $(WARN) -DFORGE_TESTING -I. -I$(BUILD) -c tests/internal.c -o $@
 
 $(BUILD)/forge_tests: $(TEST_SRCS) $(wildcard tests/*.h) $(BUILD)/internal_test.o

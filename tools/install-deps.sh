@@ -8,8 +8,18 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 MESA_FROM=""
 if [ -r /etc/os-release ] && . /etc/os-release && [ "${VERSION_CODENAME:-}" = bookworm ]; then
-    echo "deb http://deb.debian.org/debian bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/forge-bookworm-backports.list >/dev/null
-    MESA_FROM="-t bookworm-backports"
+    # The backports suite comes from the Debian mirror this machine already uses: the first
+    # URI that serves bookworm, in deb822 (*.sources) or one-line (*.list) form.
+    mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '
+        /^URIs:/ { uri = $2 } /^Suites:/ { for (i = 2; i <= NF; i++) if ($i == "bookworm" && !found) { print uri; found = 1 } }')
+    [ -n "$mirror" ] || mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+        awk '$1 == "deb" && $0 !~ /backports/ { for (i = 2; i <= NF; i++) if ($i ~ /:\/\// && $(i + 1) == "bookworm") { print $i; exit } }')
+    if [ -n "$mirror" ]; then
+        echo "deb $mirror bookworm-backports main" | $SUDO tee /etc/apt/sources.list.d/forge-bookworm-backports.list >/dev/null
+        MESA_FROM="-t bookworm-backports"
+    else
+        echo "install-deps: no configured Debian source serves bookworm; installing without backports (Mesa 22, Go from Debian 12)" >&2
+    fi
 fi
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \

@@ -1,0 +1,423 @@
+/* src/batch.c: Batch generation.
+ * Owns: forge_generate_batch.
+ * May call: base.c, tokenizer.c, device.c, ops.c, model.c, session.c, exec.c, api.c, generate.c.
+ *
+ * Several sequences on one session, each in its own place of the KV cache (n_seq places of
+ * slots[l] slots in every layer). A prompt is prefilled into its place alone; then every decode
+ * step runs the current token of each live sequence as one row of the same products, and the
+ * attention of each row reads its own place. The row table (position, place per row), written
+ * into the io buffer after the step params, is what rope and the attention kernels read in
+ * place of pos0. Each output row ends in the device's reduction as generate's decode step does
+ * (candidates and normalizer, at the row's own temperature), and the host draws with
+ * generate's rules; a step where some sequence has a repeat penalty reads back the logits
+ * rows instead and applies it on the host. Stop rules and callbacks are generate's, per
+ * sequence. A finished sequence leaves its place to the next item.
+ */
+
+/* One place: the item it runs and that item's generate state. */
+typedef struct forge__bseq {
+    int item;                      /* -1: the place is free */
+    forge_generate_params p;
+    int32_t *hist;                 /* [n_ctx] the tokens in the place's cache */
+    int n_past;
+    int32_t next;                  /* the drawn token the next step evaluates */
+    uint64_t rng[4];
+    forge__stopper stop;
+    forge_detok_stream ds;
+    forge_metrics mt;
+    double t0, t_first;
+} forge__bseq;
+
+/* The host scratch of a call. */
+typedef struct forge__bwork {
+    forge__cand *cands;            /* [n_vocab] */
+    double *probs;                 /* [n_vocab] */
+    float *row;                    /* [n_vocab] a row after the repeat penalty, or fetched for a draw */
+    uint32_t *red;                 /* [n_seq, 1 + FORGE__CANDIDATES] uvec2: the device's reduction per row */
+    int32_t *tokens;               /* [n_seq] the rows of a decode step */
+    int *place;                    /* [n_seq] the place of each row */
+    char piece[512];
+} forge__bwork;
+
+/* Row `row` of the table: position `pos` of the sequence in place `place`. */
+static void forge__batch_row(forge_session *s, uint32_t row, uint32_t pos, uint32_t place) {
+    uint32_t *t = (uint32_t *)((uint8_t *)s->io.mapped + FORGE__IO_PENALTY_OFFSET);
+    t[2 * row] = pos;
+    t[2 * row + 1] = place;
+}
+
+/* Whether a batch mode reads back logits rows (else the reduction of each row). */
+static bool forge__batch_logits_mode(forge__out_mode mode) {
+    return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
+}
+
+/* 1 / temperature of out row `row` (greedy: 0, the best candidate alone), which the device's
+ * reduction reads. */
+static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
+    float inv = temperature > 0.0f ? 1.0f / temperature : 0.0f;
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
+}
+
+/* Runs n rows (their table and temperatures written). Logits modes point *logits at the n_out
+ * logits rows read back; the others copy each row's reduction to w->red. */
+static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                      forge__out_mode mode, const float **logits, uint32_t *red) {
+    forge__device *d = &s->m->dev;
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
+    if (st) return st;
+    forge__step_params p = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    memcpy(s->io.mapped, &p, sizeof p);
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
+    const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
+    uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    if (forge__batch_logits_mode(mode)) *logits = (const float *)rb;
+    else memcpy(red, rb, (size_t)bytes); /* the readback then serves a row's logits (forge__batch_fetch_row) */
+    return FORGE_OK;
+}
+
+/* Copies logits row `row` of the last step to the host: a draw past the candidates. */
+static forge_status forge__batch_fetch_row(forge_session *s, uint32_t row, float *out) {
+    forge__device *d = &s->m->dev;
+    uint64_t bytes = 4ull * s->m->cfg.n_vocab;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->vk.vkBeginCommandBuffer(cb, &bi);
+    forge__rec r = {.dev = d, .cb = cb, .err = &s->err};
+    forge__copy(&r, (forge__range){s->logits.buf, s->logits.offset + bytes * row, bytes}, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0},
+                bytes);
+    forge__host_barrier(&r);
+    d->vk.vkEndCommandBuffer(cb);
+    forge_status st = forge__submit_wait(d, cb, s->fence, &s->err);
+    d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
+    if (st) return st;
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    memcpy(out, (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+    return FORGE_OK;
+}
+
+/* Keeps the best of (logit, id) in a min-heap of k (the worst at the root). */
+static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) {
+    if (*n == k) {
+        if (forge__cmp_cand(&c, &h[0]) >= 0) return; /* not better than the worst kept */
+        int i = 0;                                   /* replace the root, sift down */
+        for (;;) {
+            int l = 2 * i + 1, r = l + 1, w = i;
+            forge__cand *best = &c;
+            if (l < k && forge__cmp_cand(&h[l], best) > 0) { w = l; best = &h[l]; }
+            if (r < k && forge__cmp_cand(&h[r], best) > 0) w = r;
+            if (w == i) break;
+            h[i] = h[w];
+            i = w;
+        }
+        h[i] = c;
+        return;
+    }
+    int i = (*n)++;
+    while (i > 0 && forge__cmp_cand(&c, &h[(i - 1) / 2]) > 0) { /* c is worse than its parent: up */
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+/* Draws a sequence's next token as forge__sample does: from the device's reduction of out row
+ * `out_row` (red: its normalizer and candidates), the row's logits fetched only when the draw
+ * needs them; or, in a logits step (red NULL), from the logits row after the repeat penalty over
+ * the sequence's last repeat_window tokens, candidates and normalizer made on the host. */
+static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, const uint32_t *red, uint32_t out_row,
+                                      forge__bwork *w, int32_t *out) {
+    const forge_generate_params *p = &q->p;
+    int V = s->m->cfg.n_vocab;
+    if (red) {
+        float M, S;
+        memcpy(&M, &red[0], 4);
+        memcpy(&S, &red[1], 4);
+        int n = FORGE__MIN(FORGE__CANDIDATES, V);
+        for (int i = 0; i < n; i++) {
+            memcpy(&w->cands[i].logit, &red[2 + 2 * i], 4);
+            w->cands[i].id = (int32_t)red[3 + 2 * i];
+        }
+        int32_t tok = forge__sample_candidates(w->cands, n, n == V, M, S, p, q->rng, w->probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            forge_status st = forge__batch_fetch_row(s, out_row, w->row);
+            if (st) return st;
+            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){w->row[i], i};
+            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            tok = forge__sample_candidates(w->cands, V, 1, M, S, p, q->rng, w->probs);
+        }
+        if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+        *out = tok;
+        return FORGE_OK;
+    }
+    if (p->repeat_penalty != 1.0f) {
+        memcpy(w->row, row, 4ull * V);
+        int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
+        for (int i = q->n_past - 1; i >= FORGE__MAX(0, q->n_past - window); i--) {
+            int32_t t = q->hist[i];
+            bool seen = false; /* each distinct id once, as penalty.comp gets them */
+            for (int j = q->n_past - 1; j > i && !seen; j--) seen = q->hist[j] == t;
+            if (seen || t < 0 || t >= V) continue;
+            float l = w->row[t];
+            w->row[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+        }
+        row = w->row;
+    }
+    int32_t tok = -1;
+    if (p->temperature <= 0.0f) { /* the argmax, ties to the lower id */
+        tok = 0;
+        for (int i = 1; i < V; i++)
+            if (row[i] > row[tok]) tok = i;
+    } else {
+        float mx = row[0];
+        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        double inv_t = 1.0 / p->temperature, S = 0;
+        for (int i = 0; i < V; i++) S += exp(((double)row[i] - mx) * inv_t);
+        int k = FORGE__MIN(FORGE__CANDIDATES, V), n = 0;
+        for (int i = 0; i < V; i++) forge__cand_heap_push(w->cands, &n, k, (forge__cand){row[i], i});
+        qsort(w->cands, (size_t)n, sizeof *w->cands, forge__cmp_cand);
+        tok = forge__sample_candidates(w->cands, n, n == V, mx, S, p, q->rng, w->probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){row[i], i};
+            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            tok = forge__sample_candidates(w->cands, V, 1, mx, S, p, q->rng, w->probs);
+        }
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
+/* Takes the token a sequence drew through generate's stop rules and callback: true when the
+ * sequence goes on with it, false when it has ended (q->mt.stop_reason says why). */
+static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, forge__bwork *w) {
+    forge_model *m = s->m;
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL;
+    if (q->mt.generated_tokens == 0 && !q->t_first) {
+        q->t_first = forge__now_s();
+        q->mt.ttft_ms = (q->t_first - q->t0) * 1e3;
+    }
+    forge_stop_reason why;
+    if (forge__is_stop_token(tk, &q->p, tok, &why)) { q->mt.stop_reason = why; return false; }
+    q->mt.generated_tokens++;
+    size_t plen = 0;
+    if (!tk || forge_detok_stream_next(m, &q->ds, tok, w->piece, sizeof w->piece, &plen) != FORGE_OK) plen = 0;
+    bool found = false;
+    size_t release = forge__stopper_push(&q->stop, w->piece, plen, &found);
+    if (q->p.on_token && q->p.on_token(q->p.user_data, tok, q->stop.buf, release)) {
+        forge__stopper_consume(&q->stop, release);
+        q->mt.stop_reason = FORGE_STOP_CALLBACK;
+        return false;
+    }
+    forge__stopper_consume(&q->stop, release);
+    if (found) { q->mt.stop_reason = FORGE_STOP_STRING; q->stop.len = 0; return false; }
+    if (q->mt.generated_tokens >= q->p.max_tokens) { q->mt.stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
+    if (q->n_past >= s->n_ctx) { q->mt.stop_reason = FORGE_STOP_CONTEXT; return false; }
+    if (forge__cancelled(q->p.cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; return false; }
+    q->next = tok;
+    return true;
+}
+
+/* Ends a sequence: the held-back text as generate delivers it, the metrics, the place freed. */
+static void forge__batch_finish(forge_session *s, forge__bseq *q, forge_batch_result *res, forge__bwork *w) {
+    forge_model *m = s->m;
+    if (q->mt.stop_reason != FORGE_STOP_STRING && q->mt.stop_reason != FORGE_STOP_CALLBACK) {
+        size_t plen = 0, release = q->stop.len;
+        bool found = false;
+        if (m->tok.n_vocab && forge_detok_stream_flush(m, &q->ds, w->piece, sizeof w->piece, &plen) == FORGE_OK && plen)
+            release = forge__stopper_push(&q->stop, w->piece, plen, &found);
+        if (found) q->mt.stop_reason = FORGE_STOP_STRING;
+        else release = q->stop.len;
+        if (release && q->p.on_token) q->p.on_token(q->p.user_data, -1, q->stop.buf, release);
+    }
+    double t_end = forge__now_s();
+    q->mt.decode_ms = q->mt.generated_tokens > 0 ? (t_end - q->t_first) * 1e3 : 0;
+    q->mt.decode_tok_s = q->mt.generated_tokens > 1 && q->mt.decode_ms > 0 ? (q->mt.generated_tokens - 1) / (q->mt.decode_ms * 1e-3) : 0;
+    q->mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
+    q->mt.prompt_cache_hits = s->prompt_cache_hits;
+    res->status = FORGE_OK;
+    res->metrics = q->mt;
+    s->metrics = q->mt;
+    free(q->stop.buf);
+    q->stop.buf = NULL;
+    q->item = -1;
+}
+
+/* Starts item `it` in place b: checks it, prefills its prompt, draws its first token. A failure
+ * of the item goes to res (FORGE_OK returned); a device failure is returned. */
+static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, const forge_batch_item *it, int idx,
+                                       forge_batch_result *res, forge__bwork *w) {
+    forge_model *m = s->m;
+    int32_t *owned = NULL;
+    const int32_t *prompt = it->tokens;
+    int n = it->n_tokens;
+    forge_status st = FORGE_OK;
+    int32_t *hist = q->hist;
+    memset(q, 0, sizeof *q);
+    q->hist = hist;
+    q->item = -1;
+    FORGE__COPY_PARAMS(q->p, it->params, forge_generate_default_params);
+    const forge_generate_params *p = &q->p;
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, p->max_tokens, p->repeat_window, p->temperature, p->top_p, p->min_p, p->repeat_penalty, p->top_k)) {
+        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: generate params: %s", idx, fault);
+        return FORGE_OK;
+    }
+    if (it->text || it->text_len) {
+        size_t nt = 0;
+        st = forge__tokenize_alloc(m, it->text, it->text_len, p->add_special, &owned, &nt);
+        if (st == FORGE_ERR_OUT_OF_MEMORY) {
+            free(owned);
+            return forge__fail(&s->err, st, "out of host memory");
+        }
+        if (st) {
+            res->status = forge__fail(&s->err, st, "batch item %d: tokenizing the prompt: %s", idx, forge_model_errmsg(m));
+            free(owned);
+            return FORGE_OK;
+        }
+        prompt = owned;
+        n = (int)FORGE__MIN(nt, (size_t)INT32_MAX);
+    }
+    if (!prompt || n <= 0) {
+        res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: the prompt is empty", idx);
+    } else if (n > s->n_ctx) {
+        res->status = forge__fail(&s->err, FORGE_ERR_LIMIT, "batch item %d: the prompt has %d tokens; the session's context holds %d",
+                                  idx, n, s->n_ctx);
+    } else if (forge__check_token_ids(s, prompt, n)) {
+        res->status = forge__wrap(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d", idx);
+    }
+    if (res->status) {
+        free(owned);
+        return FORGE_OK;
+    }
+    q->item = idx;
+    q->t0 = forge__now_s();
+    q->mt.prompt_tokens = n;
+    q->stop = (forge__stopper){&q->p, NULL, 0, 0};
+    forge__rng_seed(q->rng, p->seed);
+    forge_detok_stream_init(&q->ds, 0);
+    memcpy(q->hist, prompt, 4ull * n);
+    const float *logits = NULL;
+    bool host_penalty = p->repeat_penalty != 1.0f;
+    forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_PREFILL_LOGITS : FORGE__OUT_BATCH_PREFILL;
+    int chunk = FORGE__MIN(s->n_batch, FORGE__BATCH_MAX_SEQ);
+    for (int done = 0; done < n && !st;) {
+        if (forge__cancelled(p->cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+        int step = FORGE__MIN(n - done, chunk);
+        bool last = done + step == n;
+        for (int i = 0; i < step; i++) forge__batch_row(s, (uint32_t)i, (uint32_t)(done + i), (uint32_t)b);
+        forge__batch_temp(s, 0, p->temperature);
+        st = forge__batch_step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, last ? mode : FORGE__OUT_BATCH_PREFILL_LOGITS,
+                               &logits, w->red);
+        done += step;
+        q->n_past = done;
+    }
+    double t_prefill = forge__now_s();
+    q->mt.prefill_ms = (t_prefill - q->t0) * 1e3;
+    q->mt.prefill_tok_s = q->mt.prefill_ms > 0 ? q->n_past / (q->mt.prefill_ms * 1e-3) : 0;
+    if (!st && m->tok.n_vocab && !forge_token_is_special(m, prompt[n - 1])) { /* the text continues the prompt's */
+        size_t primed = 0;
+        forge_detok_stream_next(m, &q->ds, prompt[n - 1], w->piece, sizeof w->piece, &primed);
+    }
+    free(owned);
+    if (st) return st;
+    int32_t tok;
+    if (q->mt.stop_reason == FORGE_STOP_CANCELLED) {
+        forge__batch_finish(s, q, res, w);
+    } else if ((st = forge__batch_draw(s, q, logits, host_penalty ? NULL : w->red, 0, w, &tok))) {
+        return st;
+    } else if (!forge__batch_take(s, q, tok, w)) {
+        forge__batch_finish(s, q, res, w);
+    }
+    return FORGE_OK;
+}
+
+static forge_status forge__batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab, NS = s->n_seq;
+    if (n_items < 0 || (n_items > 0 && (!items || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch generate: items and results are needed for n_items > 0");
+    if (!forge__head_dims_by4(&m->cfg))
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "batch generate needs head_dim a multiple of 4; this model's is %d", m->cfg.head_dim);
+    memset(results, 0, sizeof *results * (size_t)n_items);
+    forge__bwork w = {0};
+    forge__bseq *q = (forge__bseq *)calloc((size_t)NS, sizeof *q);
+    int32_t *hist = (int32_t *)malloc(4ull * (size_t)NS * (size_t)s->n_ctx);
+    w.cands = (forge__cand *)malloc(sizeof *w.cands * (size_t)V);
+    w.probs = (double *)malloc(sizeof *w.probs * (size_t)V);
+    w.row = (float *)malloc(4ull * (size_t)V);
+    w.red = (uint32_t *)malloc(8ull * (size_t)NS * (1 + FORGE__CANDIDATES));
+    w.tokens = (int32_t *)malloc(4ull * (size_t)NS);
+    w.place = (int *)malloc(sizeof *w.place * (size_t)NS);
+    forge_status st = q && hist && w.cands && w.probs && w.row && w.red && w.tokens && w.place ? FORGE_OK
+                                                                                       : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int b = 0; !st && b < NS; b++) {
+        q[b].item = -1;
+        q[b].hist = hist + (size_t)b * s->n_ctx;
+    }
+    s->n_past = 0; /* the cache is scratch: place 0 is the session's own sequence */
+    int next = 0;
+    while (!st) {
+        for (int b = 0; b < NS && !st; b++)
+            while (q[b].item < 0 && next < n_items && !st) {
+                st = forge__batch_start(s, &q[b], b, &items[next], next, &results[next], &w);
+                next++;
+            }
+        uint32_t M = 0;
+        bool host_penalty = false; /* a sequence with a repeat penalty: the step reads back the logits */
+        for (int b = 0; b < NS; b++)
+            if (q[b].item >= 0) {
+                w.tokens[M] = q[b].next;
+                w.place[M] = b;
+                forge__batch_row(s, M, (uint32_t)q[b].n_past, (uint32_t)b);
+                forge__batch_temp(s, M, q[b].p.temperature);
+                host_penalty |= q[b].p.repeat_penalty != 1.0f;
+                M++;
+            }
+        if (st || M == 0) break; /* (M == 0: every item has run) */
+        const float *logits = NULL;
+        forge__out_mode mode = host_penalty ? FORGE__OUT_BATCH_DECODE_LOGITS : FORGE__OUT_BATCH_DECODE;
+        if ((st = forge__batch_step(s, w.tokens, M, 0, M, mode, &logits, w.red))) break;
+        for (uint32_t r = 0; r < M && !st; r++) {
+            forge__bseq *sq = &q[w.place[r]];
+            sq->hist[sq->n_past++] = sq->next;
+            int32_t tok;
+            const uint32_t *red = host_penalty ? NULL : w.red + (size_t)r * 2 * (1 + FORGE__CANDIDATES);
+            if ((st = forge__batch_draw(s, sq, host_penalty ? logits + (size_t)r * V : NULL, red, r, &w, &tok))) break;
+            if (!forge__batch_take(s, sq, tok, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
+        }
+    }
+    for (int b = 0; q && b < NS; b++) /* a device failure: the unfinished items share it */
+        if (q[b].item >= 0) {
+            results[q[b].item].status = st;
+            free(q[b].stop.buf);
+        }
+    for (int i = next; st && i < n_items; i++) results[i].status = st;
+    s->n_past = 0;
+    free(q);
+    free(hist);
+    free(w.cands);
+    free(w.probs);
+    free(w.row);
+    free(w.red);
+    free(w.tokens);
+    free(w.place);
+    return st;
+}
+
+FORGE_API forge_status forge_batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__batch_generate(s, items, n_items, results);
+    forge__slot_release(s->m);
+    return st;
+}
+

@@ -1,0 +1,423 @@
+/* src/chat.c: Chat.
+ * Owns: the families' chat templates and forge_chat.
+ * May call: base.c, config.c, model.c, session.c, api.c, generate.c.
+ *
+ * The native templates, in C: each follows its Jinja original line for line (trim is
+ * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
+ * handling). The test suite renders the same conversations with transformers and compares.
+ */
+
+typedef enum forge__chat_family {
+    FORGE__CHAT_NONE = 0,
+    FORGE__CHAT_LLAMA3,
+    FORGE__CHAT_CHATML,
+    FORGE__CHAT_GEMMA,  /* Gemma 2 and 3: <start_of_turn> */
+    FORGE__CHAT_GEMMA4, /* Gemma 4: <|turn> ... <turn|>, a system turn, the thinking switch */
+} forge__chat_family;
+
+typedef struct forge__chat_style {
+    forge__chat_family family;
+    bool gemma4_empty_thought;    /* Gemma 4's 12B / 26B-A4B / 31B template: an empty thought block opens the reply when thinking is off */
+    bool qwen3;                   /* Qwen 3's template: <think> handling, the enable_thinking switch */
+    bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
+    const char *default_system;   /* ChatML templates that add one when the first message is not system */
+    const char *bos;              /* the BOS text the template writes (Llama 3, Gemma) */
+    bool llama3_gen_always;       /* Llama 3.0's first template: the assistant header even without add_generation_prompt */
+    bool llama3_dated;            /* Llama 3.1+: a system block with the knowledge cutoff and today's date, always */
+    char date[16];                /* its "Today Date" ("%d %b %Y"): the template's date_string, or today (strftime_now) */
+} forge__chat_style;
+
+/* A growing string (chat rendering is not on the hot path). */
+typedef struct forge__sb {
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} forge__sb;
+
+static void forge__sb_put(forge__sb *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *nb = (char *)realloc(b->buf, cap);
+        if (!nb) { b->oom = true; return; }
+        b->buf = nb;
+        b->cap = cap;
+    }
+    memcpy(b->buf + b->len, s, n);
+    b->len += n;
+    b->buf[b->len] = 0;
+}
+static void forge__sb_puts(forge__sb *b, const char *s) { forge__sb_put(b, s, strlen(s)); }
+
+/* Python's str.isspace for the code point at s (its UTF-8 length in *n). */
+static bool forge__py_space(const unsigned char *s, size_t avail, size_t *n) {
+    *n = 1;
+    unsigned c = s[0];
+    if (c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f)) return true;
+    if (c < 0x80) return false;
+    uint32_t cp;
+    if ((c & 0xe0) == 0xc0 && avail >= 2) { cp = (c & 0x1f) << 6 | (s[1] & 0x3f); *n = 2; }
+    else if ((c & 0xf0) == 0xe0 && avail >= 3) { cp = (c & 0x0f) << 12 | (s[1] & 0x3f) << 6 | (s[2] & 0x3f); *n = 3; }
+    else return false;
+    return cp == 0x85 || cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+/* Jinja's trim (str.strip()): [*s, *s + *n) without leading and trailing whitespace. */
+static void forge__py_strip(const char **s, size_t *n) {
+    const unsigned char *p = (const unsigned char *)*s;
+    size_t len = *n, k;
+    while (len && forge__py_space(p, len, &k)) { p += k; len -= k; }
+    while (len) { /* find the last code point */
+        size_t start = len - 1;
+        while (start && (p[start] & 0xc0) == 0x80) start--;
+        if (!forge__py_space(p + start, len - start, &k)) break;
+        len = start;
+    }
+    *s = (const char *)p;
+    *n = len;
+}
+
+/* Appends s[0..n) as Jinja's `| trim` leaves it. */
+static void forge__sb_put_trimmed(forge__sb *b, const char *s, size_t n) {
+    forge__py_strip(&s, &n);
+    forge__sb_put(b, s, n);
+}
+
+/* str.strip / lstrip / rstrip of one character ('\n') */
+static void forge__strip_char(const char **s, size_t *n, char c, bool left, bool right) {
+    while (left && *n && **s == c) { (*s)++; (*n)--; }
+    while (right && *n && (*s)[*n - 1] == c) (*n)--;
+}
+
+static const char *forge__memmem(const char *h, size_t hn, const char *needle) {
+    size_t nn = strlen(needle);
+    for (size_t i = 0; i + nn <= hn; i++)
+        if (!memcmp(h + i, needle, nn)) return h + i;
+    return NULL;
+}
+static const char *forge__memmem_last(const char *h, size_t hn, const char *needle) {
+    size_t nn = strlen(needle);
+    for (size_t i = hn; i-- > 0;)
+        if (i + nn <= hn && !memcmp(h + i, needle, nn)) return h + i;
+    return NULL;
+}
+
+static bool forge__role_is(const forge_chat_message *m, const char *role) { return m->role && !strcmp(m->role, role); }
+
+/* Python's json.dumps(s, ensure_ascii=False), which transformers' tojson filter is. */
+static void forge__sb_json_string(forge__sb *b, const char *s) {
+    forge__sb_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = NULL;
+        char u[8];
+        switch (*p) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        default:
+            if (*p < 0x20) { snprintf(u, sizeof u, "\\u%04x", *p); esc = u; }
+        }
+        if (esc) forge__sb_puts(b, esc);
+        else forge__sb_put(b, (const char *)p, 1);
+    }
+    forge__sb_puts(b, "\"");
+}
+
+/* One Llama 3 turn: the role's header, the trimmed content, <|eot_id|>. */
+static void forge__llama3_turn(forge__sb *b, const char *role, const char *content) {
+    forge__sb_puts(b, "<|start_header_id|>");
+    forge__sb_puts(b, role);
+    forge__sb_puts(b, "<|end_header_id|>\n\n");
+    forge__sb_put_trimmed(b, content, strlen(content));
+    forge__sb_puts(b, "<|eot_id|>");
+}
+
+FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
+                                                forge__sb *b, forge__err *err) {
+    bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
+    if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_THINKING_ON and FORGE_CHAT_THINKING_OFF together");
+    for (int i = 0; i < n; i++)
+        if (!msgs[i].role || !msgs[i].content)
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
+    if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
+        /* Llama 3.1 / 3.2 / 3.3 without tools: BOS, a system block that always exists (cutoff,
+         * date, then the first message's content when that is a system message), the turns;
+         * tool results go out as an ipython turn holding the content as a JSON string. */
+        if (n == 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "the conversation has no messages");
+        int first = forge__role_is(&msgs[0], "system") ? 1 : 0;
+        forge__sb_puts(b, st->bos);
+        forge__sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ");
+        forge__sb_puts(b, st->date);
+        forge__sb_puts(b, "\n\n");
+        if (first) {
+            forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
+        }
+        forge__sb_puts(b, "<|eot_id|>");
+        for (int i = first; i < n; i++) {
+            if (forge__role_is(&msgs[i], "tool") || forge__role_is(&msgs[i], "ipython")) {
+                forge__sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+                forge__sb_json_string(b, msgs[i].content);
+                forge__sb_puts(b, "<|eot_id|>");
+            } else {
+                forge__llama3_turn(b, msgs[i].role, msgs[i].content);
+            }
+        }
+        if (gen) forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    } else if (st->family == FORGE__CHAT_LLAMA3) {
+        for (int i = 0; i < n; i++) {
+            if (i == 0) forge__sb_puts(b, st->bos);
+            forge__llama3_turn(b, msgs[i].role, msgs[i].content);
+        }
+        if (gen || st->llama3_gen_always) forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    } else if (st->family == FORGE__CHAT_GEMMA) {
+        int first = 0;
+        const char *prefix = NULL;
+        if (n > 0 && forge__role_is(&msgs[0], "system")) {
+            if (st->gemma_no_system) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "System role not supported");
+            prefix = msgs[0].content;
+            first = 1;
+        }
+        forge__sb_puts(b, st->bos);
+        for (int i = first; i < n; i++) {
+            bool user = forge__role_is(&msgs[i], "user");
+            if (user != ((i - first) % 2 == 0))
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Conversation roles must alternate user/assistant/user/assistant/...");
+            forge__sb_puts(b, "<start_of_turn>");
+            forge__sb_puts(b, forge__role_is(&msgs[i], "assistant") ? "model" : msgs[i].role);
+            forge__sb_puts(b, "\n");
+            if (i == first && prefix) {
+                forge__sb_puts(b, prefix);
+                forge__sb_puts(b, "\n\n");
+            }
+            forge__sb_put_trimmed(b, msgs[i].content, strlen(msgs[i].content));
+            forge__sb_puts(b, "<end_of_turn>\n");
+        }
+        if (gen) forge__sb_puts(b, "<start_of_turn>model\n");
+    } else if (st->family == FORGE__CHAT_GEMMA4) {
+        /* Gemma 4's chat_template.jinja (2026-07-09) for messages of text: a system turn first
+         * when thinking is on or the first message is a system or developer message; then one
+         * turn per message (assistant as model; consecutive assistant messages share one turn,
+         * their thought channels stripped); the reply opens with <|turn>model. */
+        bool think = (flags & FORGE_CHAT_THINKING_ON) != 0;
+        int first = n > 0 && (forge__role_is(&msgs[0], "system") || forge__role_is(&msgs[0], "developer")) ? 1 : 0;
+        for (int i = first; i < n; i++)
+            if (forge__role_is(&msgs[i], "tool"))
+                return forge__fail(err, FORGE_ERR_UNSUPPORTED,
+                                   "message %d: Gemma 4's template places a tool result after the assistant's tool call, which forge's messages do not carry", i);
+        forge__sb_puts(b, st->bos);
+        if (think || first) {
+            forge__sb_puts(b, "<|turn>system\n");
+            if (think) forge__sb_puts(b, "<|think|>\n");
+            if (first) {
+                forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
+            }
+            forge__sb_puts(b, "<turn|>\n");
+        }
+        for (int i = first; i < n; i++) {
+            bool model = forge__role_is(&msgs[i], "assistant");
+            if (!(model && i > first && forge__role_is(&msgs[i - 1], "assistant"))) {
+                forge__sb_puts(b, "<|turn>");
+                forge__sb_puts(b, model ? "model" : msgs[i].role);
+                forge__sb_puts(b, "\n");
+            }
+            if (model) { /* strip_thinking: every <|channel>...<channel|> span out, then trim */
+                forge__sb kept = {0};
+                const char *p = msgs[i].content;
+                for (;;) {
+                    const char *close = strstr(p, "<channel|>");
+                    size_t len = close ? (size_t)(close - p) : strlen(p);
+                    const char *open = forge__memmem(p, len, "<|channel>");
+                    forge__sb_put(&kept, p, open ? (size_t)(open - p) : len);
+                    if (!close) break;
+                    p = close + strlen("<channel|>");
+                }
+                forge__sb_put_trimmed(b, kept.buf ? kept.buf : "", kept.len);
+                b->oom |= kept.oom;
+                free(kept.buf);
+            } else {
+                forge__sb_put_trimmed(b, msgs[i].content, strlen(msgs[i].content));
+            }
+            if (!(model && i + 1 < n && forge__role_is(&msgs[i + 1], "assistant"))) forge__sb_puts(b, "<turn|>\n");
+        }
+        if (gen) {
+            forge__sb_puts(b, "<|turn>model\n");
+            if (st->gemma4_empty_thought && !think) forge__sb_puts(b, "<|channel>thought\n<channel|>");
+        }
+    } else if (st->family == FORGE__CHAT_CHATML) {
+        if (n > 0 && forge__role_is(&msgs[0], "system")) {
+            forge__sb_puts(b, "<|im_start|>system\n");
+            forge__sb_puts(b, msgs[0].content);
+            forge__sb_puts(b, "<|im_end|>\n");
+        } else if (st->default_system) {
+            forge__sb_puts(b, "<|im_start|>system\n");
+            forge__sb_puts(b, st->default_system);
+            forge__sb_puts(b, "<|im_end|>\n");
+        }
+        /* Qwen 3: the last user query that is not a tool response */
+        int last_query = n - 1;
+        if (st->qwen3)
+            for (int i = n - 1; i >= 0; i--) {
+                const char *c = msgs[i].content;
+                size_t cn = strlen(c);
+                bool tool_resp = cn >= 32 && !strncmp(c, "<tool_response>", 15) && !strcmp(c + cn - 16, "</tool_response>");
+                if (forge__role_is(&msgs[i], "user") && !tool_resp) { last_query = i; break; }
+            }
+        for (int i = 0; i < n; i++) {
+            const forge_chat_message *m = &msgs[i];
+            if (forge__role_is(m, "user") || (forge__role_is(m, "system") && i > 0)) {
+                forge__sb_puts(b, "<|im_start|>");
+                forge__sb_puts(b, m->role);
+                forge__sb_puts(b, "\n");
+                forge__sb_puts(b, m->content);
+                forge__sb_puts(b, "<|im_end|>\n");
+            } else if (forge__role_is(m, "assistant")) {
+                const char *content = m->content, *reason = "";
+                size_t cn = strlen(content), rn = 0;
+                if (st->qwen3) {
+                    const char *end = forge__memmem(m->content, cn, "</think>");
+                    if (end) { /* content after the last </think>; reasoning before the first, after its last <think> */
+                        const char *last = forge__memmem_last(m->content, strlen(m->content), "</think>");
+                        content = last + 8;
+                        cn = strlen(content);
+                        forge__strip_char(&content, &cn, '\n', true, false);
+                        reason = m->content;
+                        rn = (size_t)(end - m->content);
+                        forge__strip_char(&reason, &rn, '\n', false, true);
+                        const char *open = forge__memmem_last(reason, rn, "<think>");
+                        if (open) { rn -= (size_t)(open + 7 - reason); reason = open + 7; }
+                        forge__strip_char(&reason, &rn, '\n', true, false);
+                    }
+                }
+                forge__sb_puts(b, "<|im_start|>assistant\n");
+                if (st->qwen3 && i > last_query && (i == n - 1 || rn > 0)) {
+                    forge__strip_char(&reason, &rn, '\n', true, true);
+                    forge__sb_puts(b, "<think>\n");
+                    forge__sb_put(b, reason, rn);
+                    forge__sb_puts(b, "\n</think>\n\n");
+                    forge__strip_char(&content, &cn, '\n', true, false);
+                }
+                forge__sb_put(b, content, cn);
+                forge__sb_puts(b, "<|im_end|>\n");
+            } else if (forge__role_is(m, "tool")) {
+                if (i == 0 || !forge__role_is(&msgs[i - 1], "tool")) forge__sb_puts(b, "<|im_start|>user");
+                forge__sb_puts(b, "\n<tool_response>\n");
+                forge__sb_puts(b, m->content);
+                forge__sb_puts(b, "\n</tool_response>");
+                if (i == n - 1 || !forge__role_is(&msgs[i + 1], "tool")) forge__sb_puts(b, "<|im_end|>\n");
+            }
+        }
+        if (gen) {
+            forge__sb_puts(b, "<|im_start|>assistant\n");
+            if (st->qwen3 && (flags & FORGE_CHAT_THINKING_OFF)) forge__sb_puts(b, "<think>\n\n</think>\n\n");
+        }
+    } else {
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
+    }
+    if (b->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return FORGE_OK;
+}
+
+/* The "Today Date" of a Llama 3.1+ template: today, as transformers' strftime_now("%d %b %Y")
+ * gives it (local time; English month names whatever the C locale), when the template asks
+ * for it; else the date_string it sets ("26 Jul 2024" in 3.1 and 3.3). */
+static void forge__template_date(const char *tmpl, char out[16]) {
+    static const char *months[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+    snprintf(out, 16, "26 Jul 2024");
+    if (strstr(tmpl, "strftime_now")) {
+        time_t now = time(NULL);
+        struct tm tm;
+        if (localtime_r(&now, &tm)) snprintf(out, 16, "%02d %s %04d", tm.tm_mday, months[tm.tm_mon % 12], (tm.tm_year + 1900) % 10000);
+        return;
+    }
+    const char *set = strstr(tmpl, "set date_string = \"");
+    if (set) {
+        set += strlen("set date_string = \"");
+        const char *end = strchr(set, '"');
+        if (end && end - set < 16) snprintf(out, 16, "%.*s", (int)(end - set), set);
+    }
+}
+
+/* The chat format of a model: from its tokenizer's special tokens, refined by the
+ * checkpoint's own template text where it has one. */
+static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style *st) {
+    memset(st, 0, sizeof *st);
+    const char *tmpl = m->chat_template ? m->chat_template : "";
+    forge_special_tokens sp;
+    forge_model_special_tokens(m, &sp);
+    const char *bos = sp.bos >= 0 ? forge_token_piece(m, sp.bos) : NULL;
+    if (forge_token_id(m, "<|turn>") >= 0) {
+        st->family = FORGE__CHAT_GEMMA4;
+        st->bos = bos ? bos : "<bos>";
+        /* the larger models' template, which alone writes this block after the reply's opening */
+        st->gemma4_empty_thought = strstr(tmpl, "'<|channel>thought\\n<channel|>'") != NULL;
+    } else if (forge_token_id(m, "<start_of_turn>") >= 0) {
+        st->family = FORGE__CHAT_GEMMA;
+        st->gemma_no_system = strstr(tmpl, "System role not supported") != NULL ||
+                              (!m->chat_template && m->cfg.arch == FORGE__ARCH_GEMMA2);
+        st->bos = bos ? bos : "<bos>";
+    } else if (forge_token_id(m, "<|im_start|>") >= 0) {
+        st->family = FORGE__CHAT_CHATML;
+        st->qwen3 = strstr(tmpl, "enable_thinking") != NULL || (!m->chat_template && m->cfg.arch == FORGE__ARCH_QWEN3);
+        if (strstr(tmpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
+            st->default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+        else if (strstr(tmpl, "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>") ||
+                 strstr(tmpl, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>"))
+            st->default_system = "You are a helpful assistant.";
+    } else if (forge_token_id(m, "<|start_header_id|>") >= 0) {
+        st->family = FORGE__CHAT_LLAMA3;
+        st->bos = bos ? bos : "<|begin_of_text|>";
+        st->llama3_gen_always = !strstr(tmpl, "add_generation_prompt");
+        st->llama3_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
+        if (st->llama3_dated) forge__template_date(tmpl, st->date);
+    } else {
+        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
+    }
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                         char *out, size_t capacity, size_t *len) {
+    if (!forge__model_ready(m) || !len || n_messages < 0 || (n_messages && !messages)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge__chat_style st;
+    forge_status s = forge__chat_style_of(m, &st);
+    if (s) return s;
+    forge__sb b = {0};
+    forge__err err;
+    s = forge__chat_render(&st, messages, n_messages, flags, &b, &err);
+    if (s) {
+        free(b.buf);
+        return forge__model_fail(m, s, "%s", err.msg);
+    }
+    *len = b.len;
+    if (!out || capacity < b.len + 1) s = FORGE_ERR_BUFFER_TOO_SMALL;
+    else memcpy(out, b.buf ? b.buf : "", b.len + 1);
+    free(b.buf);
+    return s;
+}
+
+FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                  const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_model *m = s->m;
+    forge__chat_style st;
+    forge_status rc = forge__chat_style_of(m, &st);
+    if (rc) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(m));
+    forge__sb b = {0};
+    if ((rc = forge__chat_render(&st, messages, n_messages, flags, &b, &s->err))) {
+        free(b.buf);
+        return rc;
+    }
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    p.add_special = 0; /* the template wrote BOS */
+    rc = forge_generate(s, b.buf ? b.buf : "", b.len, &p, metrics);
+    free(b.buf);
+    return rc;
+}
+

@@ -1,0 +1,208 @@
+/* src/classify.c: Classify.
+ * Owns: forge_classify.
+ * May call: base.c, tokenizer.c, device.c, model.c, session.c, exec.c, api.c, generate.c.
+ *
+ * Many prompts, one forward pass per batch, no decode loop. A batch is B prompts right-padded
+ * to T tokens and run as B sequences at positions 0 .. T-1 (the pass's batch mode, as the
+ * trainer runs it: keys of sequence b in cache rows b*T .., the session's cache used as
+ * scratch); then each prompt's last real row is gathered, normed and put through the head
+ * (FORGE__OUT_CLASSIFY in forward.c). Padding rows come after every real row of their
+ * sequence, so causal attention never lets a real token see one.
+ */
+
+FORGE_API forge_classify_params forge_classify_default_params(void) {
+    forge_classify_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.add_special = 1;
+    return p;
+}
+
+/* Draws from one full logits row: the argmax at temperature 0 (ties to the lower id), else
+ * the generate sampler over the sorted row with its exact normalizer. NaN counts as -inf, as
+ * in the device reduction; -1 when no logit is finite-or-+inf. */
+static int32_t forge__classify_draw(const float *row, int V, const forge_classify_params *cp, uint64_t rng[4], forge__cand *cands,
+                                    double *probs) {
+    int best = -1;
+    for (int i = 0; i < V; i++)
+        if (!isnan(row[i]) && row[i] > -INFINITY && (best < 0 || row[i] > row[best])) best = i;
+    if (best < 0 || cp->temperature <= 0.0f) return best;
+    forge_generate_params gp = forge_generate_default_params();
+    gp.temperature = cp->temperature;
+    gp.top_k = cp->top_k;
+    gp.top_p = cp->top_p;
+    gp.min_p = cp->min_p;
+    double M = row[best], S = 0;
+    if (!isfinite(M)) return best; /* +inf: all the probability on the first such logit */
+    for (int i = 0; i < V; i++) {
+        float l = isnan(row[i]) ? -INFINITY : row[i];
+        cands[i] = (forge__cand){l, i};
+        S += exp(((double)l - M) / cp->temperature);
+    }
+    qsort(cands, (size_t)V, sizeof *cands, forge__cmp_cand);
+    return forge__sample_candidates(cands, V, 1, M, S, &gp, rng, probs);
+}
+
+/* The text of `tok` continuing a prompt that ends in `prev` (primed as generation primes its
+ * stream), appended NUL-terminated to out. */
+static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t tok, forge__buf *out) {
+    char piece[1024];
+    size_t len = 0, more = 0;
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    forge_status st = FORGE_OK;
+    if (!forge_token_is_special(m, prev)) st = forge_detok_stream_next(m, &ds, prev, piece, sizeof piece, &len);
+    if (!st) st = forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &len);
+    if (!st) st = forge_detok_stream_flush(m, &ds, piece + len, sizeof piece - len, &more);
+    if (st) return st;
+    forge__buf_put(out, piece, len + more + 1);
+    return out->oom ? FORGE_ERR_OUT_OF_MEMORY : FORGE_OK;
+}
+
+static forge_status forge__classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
+                                    const forge_classify_params *params, forge_classify_result *results) {
+    if (n_prompts < 0 || (n_prompts > 0 && (!prompts || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
+    forge_classify_params p;
+    FORGE__COPY_PARAMS(p, params, forge_classify_default_params);
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, 0, 0, p.temperature, p.top_p, p.min_p, 1.0f, p.top_k))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params: %s", fault);
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab;
+    if (p.logits && p.logits_capacity < (size_t)n_prompts * (size_t)V)
+        return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %d prompts x %d need %zu", p.logits_capacity,
+                           n_prompts, V, (size_t)n_prompts * (size_t)V);
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no text */
+    double t0 = forge__now_s();
+    s->n_past = 0; /* the cache is scratch from here on */
+    s->n_dropped = 0;
+    s->class_text.n = 0;
+    /* every prompt's ids (text tokenized here, token prompts borrowed) */
+    int32_t **ids = (int32_t **)calloc((size_t)n_prompts + 1, sizeof *ids);
+    int *lens = (int *)calloc((size_t)n_prompts + 1, sizeof *lens);
+    int *order = (int *)malloc(sizeof *order * ((size_t)n_prompts + 1));
+    size_t *text_at = (size_t *)malloc(sizeof *text_at * ((size_t)n_prompts + 1));
+    forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    float *rows = (float *)malloc(sizeof *rows * (size_t)V * (size_t)FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW));
+    forge_status st = FORGE_OK;
+    if (!ids || !lens || !order || !text_at || !cands || !probs || !rows) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    int64_t total = 0;
+    for (int i = 0; i < n_prompts && !st; i++) {
+        const forge_classify_prompt *q = &prompts[i];
+        if (q->text && !tk) {
+            st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is text, and the model has no tokenizer: give token ids", i);
+        } else if (q->text) {
+            size_t n = 0;
+            st = forge__tokenize_alloc(m, q->text, q->text_len, p.add_special, &ids[i], &n);
+            if (st == FORGE_ERR_OUT_OF_MEMORY) forge__fail(&s->err, st, "out of host memory");
+            else if (st) forge__fail(&s->err, st, "prompt %d: tokenizing: %s", i, forge_model_errmsg(m));
+            lens[i] = (int)FORGE__MIN(n, (size_t)INT_MAX);
+        } else {
+            if (q->n_tokens > 0 && !q->tokens) { st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: n_tokens %d but no tokens", i, q->n_tokens); break; }
+            lens[i] = q->n_tokens;
+        }
+        if (st) break;
+        const int32_t *t = q->text ? ids[i] : q->tokens;
+        if (lens[i] <= 0) st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is empty (and the tokenizer adds no BOS)", i);
+        else if (lens[i] > s->n_batch)
+            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens; a classify batch holds %d (the session's n_batch)", i, lens[i], s->n_batch);
+        for (int j = 0; j < lens[i] && !st; j++)
+            if (t[j] < 0 || t[j] >= V)
+                st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: token %d (at index %d) is outside the vocabulary of %d", i, t[j], j, V);
+        order[i] = i;
+        total += lens[i];
+    }
+    /* batches of prompts of similar length: sorted by length (stable), then cut where
+     * B x T (T the longest, rounded up to 8) would pass n_batch or B the output rows */
+    for (int i = 1; i < n_prompts && !st; i++) /* insertion sort: stable, and n is small */
+        for (int j = i; j > 0 && lens[order[j - 1]] > lens[order[j]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    const int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
+    uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
+    uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    for (int b0 = 0; b0 < n_prompts && !st;) {
+        if (forge__cancelled(p.cancel)) {
+            st = forge__fail(&s->err, FORGE_ERR_CANCELLED, "classify was cancelled after %d of %d prompts", b0, n_prompts);
+            break;
+        }
+        int B = 0, T = 0;
+        while (b0 + B < n_prompts && B < max_b) {
+            int t = (int)FORGE__MIN(forge__align_up((uint64_t)lens[order[b0 + B]], 8), (uint64_t)s->n_batch);
+            if ((int64_t)(B + 1) * t > s->n_batch) break;
+            T = t; /* sorted: the newest prompt is the longest */
+            B++;
+        }
+        memset(io_tokens, 0, 4ull * (size_t)B * (size_t)T);
+        for (int k = 0; k < B; k++) {
+            int i = order[b0 + k];
+            memcpy(io_tokens + (size_t)k * (size_t)T, prompts[i].text ? ids[i] : prompts[i].tokens, 4ull * (size_t)lens[i]);
+            io_rows[k] = (uint32_t)(k * T + lens[i] - 1);
+        }
+        forge__recording *rc;
+        if ((st = forge__get_recording(s, (uint32_t)(B * T), (uint32_t)T, (uint32_t)B, FORGE__OUT_CLASSIFY, &rc))) break;
+        forge__step_params sp = {0, (uint32_t)(B * T), 0, 1.0f, 1.0f, 0, {0, 0}};
+        memcpy(s->io.mapped, &sp, sizeof sp);
+        if ((st = forge__submit_wait(&m->dev, rc->cb, s->fence, &s->err))) break;
+        if (rc->qpool) forge__profile_collect(&m->dev, &s->prof, rc);
+        uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)V;
+        forge__readback_invalidate(&m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+        memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+        for (int k = 0; k < B && !st; k++) {
+            int i = order[b0 + k];
+            const float *row = rows + (size_t)k * (size_t)V;
+            if (p.logits) memcpy(p.logits + (size_t)i * (size_t)V, row, 4ull * (size_t)V);
+            uint64_t rng[4];
+            forge__rng_seed(rng, p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+            int32_t tok = forge__classify_draw(row, V, &p, rng, cands, probs);
+            if (tok < 0 || tok >= V) { st = forge__fail(&s->err, FORGE_ERR_DEVICE, "prompt %d: no token drawn (non-finite logits?)", i); break; }
+            results[i] = (forge_classify_result){tok, lens[i], NULL, 0};
+            text_at[i] = SIZE_MAX;
+            if (tk) {
+                const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
+                text_at[i] = s->class_text.n;
+                if ((st = forge__classify_text(m, t[lens[i] - 1], tok, &s->class_text)))
+                    forge__fail(&s->err, st, "prompt %d: the text of token %d: %s", i, tok, forge_model_errmsg(m));
+                else results[i].text_len = s->class_text.n - 1 - text_at[i];
+            }
+        }
+        b0 += B;
+    }
+    /* the texts' addresses once the buffer stops growing */
+    for (int i = 0; i < n_prompts && !st; i++)
+        if (text_at[i] != SIZE_MAX) results[i].text = s->class_text.p + text_at[i];
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
+    mt.prefill_ms = (forge__now_s() - t0) * 1e3;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
+    mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    s->metrics = mt;
+    for (int i = 0; ids && i < n_prompts; i++) free(ids[i]);
+    free(ids);
+    free(lens);
+    free(order);
+    free(text_at);
+    free(cands);
+    free(probs);
+    free(rows);
+    return st;
+}
+
+FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
+                                      const forge_classify_params *params, forge_classify_result *results) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__classify(s, prompts, n_prompts, params, results);
+    forge__slot_release(s->m);
+    return st;
+}
+

@@ -1,0 +1,539 @@
+/* src/generate.c: Generation.
+ * Owns: the sampler (the random generator, the host draw), stop strings, the prompt cache
+ * match, forge_generate.
+ * May call: base.c, tokenizer.c, device.c, ops.c, model.c, session.c, exec.c, api.c.
+ *
+ * A generate call: find the longest exact prefix of the prompt the cache already holds
+ * (rotating sliding-window layers permitting), prefill the rest, then one replayed decode
+ * step per token. Each step ends in the device's reduction (penalty, top-k candidates and
+ * the softmax normalizer); the host draws from the candidates. Stop rules: the family's end
+ * tokens, the caller's tokens and strings (matched on text across tokens, never emitted),
+ * max tokens, the callback, a full context (unless the session slides it: exec.c; then
+ * a prompt continuing the slid sequence is matched without the dropped tokens).
+ */
+
+FORGE_API forge_generate_params forge_generate_default_params(void) {
+    forge_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.max_tokens = 256;
+    p.temperature = 0.0f;
+    p.top_p = 1.0f;
+    p.repeat_penalty = 1.0f;
+    p.repeat_window = 64;
+    p.add_special = 1;
+    return p;
+}
+
+/* ---- the random generator: xoshiro256**, seeded through splitmix64 ---- */
+
+static uint64_t forge__splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static void forge__rng_seed(uint64_t s[4], uint64_t seed) {
+    for (int i = 0; i < 4; i++) s[i] = forge__splitmix64(&seed);
+}
+static uint64_t forge__rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t forge__rng_next(uint64_t s[4]) {
+    uint64_t r = forge__rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = forge__rotl(s[3], 45);
+    return r;
+}
+static double forge__rng_uniform(uint64_t s[4]) { return (double)(forge__rng_next(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---- the host side of sampling ----
+ * Input: candidates (logit after the penalty, id), best first, and the row's normalizer
+ * (M, S: S = sum over the vocabulary of exp((l - M) / T)). Probabilities of candidates are
+ * exact. Returns the id, or -1 when the draw needs tokens beyond the candidates. */
+
+typedef struct forge__cand {
+    float logit;
+    int32_t id;
+} forge__cand;
+
+FORGE__INTERNAL int32_t forge__sample_candidates(const forge__cand *c, int n, int complete, double M, double S,
+                                                 const forge_generate_params *p, uint64_t rng[4], double *probs) {
+    if (n <= 0) return -1;
+    if (p->temperature <= 0.0f) return c[0].id;
+    double inv_t = 1.0 / p->temperature;
+    for (int i = 0; i < n; i++) probs[i] = exp(((double)c[i].logit - M) * inv_t) / S;
+    int k = n;
+    bool cut = complete != 0;                /* is the kept set decided within the candidates? */
+    if (p->top_k > 0) {
+        if (p->top_k > n && !complete) return -1;
+        k = FORGE__MIN(p->top_k, n);
+        cut = true;
+    }
+    double mass = 0;                         /* of the top-k set (1 when top-k is off and complete) */
+    for (int i = 0; i < k; i++) mass += probs[i];
+    if (p->top_p < 1.0f) {
+        /* HF: drop the tokens whose cumulative probability from the bottom is <= 1 - top_p,
+         * probabilities renormalized over the top-k set; i.e. keep from the top until the
+         * cumulative reaches top_p. */
+        double total = cut ? mass : 1.0, cum = 0;
+        int keep = 0;
+        while (keep < k) {
+            cum += probs[keep] / total;
+            keep++;
+            if (cum >= (double)p->top_p) break;
+        }
+        if (cum < (double)p->top_p && !cut) return -1; /* the nucleus reaches past the candidates */
+        if (cum >= (double)p->top_p) cut = true;
+        k = keep;
+    }
+    if (p->min_p > 0.0f) {
+        double floor_p = (double)p->min_p * probs[0];
+        int keep = 1;
+        while (keep < k && probs[keep] >= floor_p) keep++;
+        if (keep == k && !cut && probs[k - 1] >= floor_p) return -1; /* tail tokens may qualify */
+        if (keep < k || probs[k - 1] < floor_p) cut = true;
+        k = keep;
+    }
+    double total = 0;
+    for (int i = 0; i < k; i++) total += probs[i];
+    double u = forge__rng_uniform(rng);
+    if (!cut) { /* a plain draw from the whole distribution: the tail holds 1 - total */
+        if (u >= total) return -1;
+        total = 1.0;
+    } else {
+        u *= total;
+    }
+    double acc = 0;
+    for (int i = 0; i < k; i++) {
+        acc += probs[i];
+        if (u < acc) return c[i].id;
+    }
+    return c[k - 1].id;
+}
+
+static int forge__cmp_cand(const void *a, const void *b) {
+    const forge__cand *x = (const forge__cand *)a, *y = (const forge__cand *)b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* Copies logits row 0 (after the penalty) to the host: the sampler's fallback. */
+static forge_status forge__fetch_logits_row(forge_session *s, float *out) {
+    forge__device *d = &s->m->dev;
+    if (!s->copy_logits_cb) {
+        VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                           .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+        if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &s->copy_logits_cb) != VK_SUCCESS)
+            return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+        VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
+        d->vk.vkBeginCommandBuffer(s->copy_logits_cb, &bi);
+        forge__rec r = {.dev = d, .cb = s->copy_logits_cb, .err = &s->err};
+        forge__copy(&r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0}, 4ull * s->m->cfg.n_vocab);
+        forge__host_barrier(&r);
+        d->vk.vkEndCommandBuffer(s->copy_logits_cb);
+    }
+    forge_status st = forge__submit_wait(d, s->copy_logits_cb, s->fence, &s->err);
+    if (st) return st;
+    forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
+    memcpy(out, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, 4ull * s->m->cfg.n_vocab);
+    return FORGE_OK;
+}
+
+/* The device reduction's work on the host (forge_model.sample_on_host): of row[V], the best n
+ * candidates in topk_merge.comp's order (value descending, id ascending; NaN as -inf) into
+ * out[n], through a heap whose root is the worst kept, and the normalizer M = max,
+ * S = sum exp((l - M) * inv_t) over the row. */
+FORGE__INTERNAL void forge__reduce_row_on_host(const float *row, int V, int n, double inv_t, forge__cand *out, double *M,
+                                               double *S) {
+    int kept = 0;
+    for (int i = 0; i < V; i++) {
+        forge__cand c = {isnan(row[i]) ? -INFINITY : row[i], i};
+        int at;
+        if (kept < n) { /* sift up from the new leaf */
+            at = kept++;
+            while (at > 0 && forge__cmp_cand(&out[(at - 1) / 2], &c) < 0) {
+                out[at] = out[(at - 1) / 2];
+                at = (at - 1) / 2;
+            }
+        } else if (forge__cmp_cand(&c, &out[0]) < 0) { /* better than the worst kept: sift down */
+            at = 0;
+            for (;;) {
+                int child = 2 * at + 1;
+                if (child >= n) break;
+                if (child + 1 < n && forge__cmp_cand(&out[child + 1], &out[child]) > 0) child++;
+                if (forge__cmp_cand(&out[child], &c) <= 0) break;
+                out[at] = out[child];
+                at = child;
+            }
+        } else {
+            continue;
+        }
+        out[at] = c;
+    }
+    qsort(out, (size_t)kept, sizeof *out, forge__cmp_cand);
+    *M = kept ? out[0].logit : 0;
+    double sum = 0;
+    if (isfinite(*M))
+        for (int i = 0; i < V; i++)
+            if (!isnan(row[i])) sum += exp(((double)row[i] - *M) * inv_t);
+    *S = sum;
+}
+
+/* Draws the next token from the last step's reduction (the device's, or the host's over the
+ * read-back row). `scratch` holds n_vocab candidates and probabilities for the rare full-row
+ * fallback. */
+static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
+                                  int32_t *out) {
+    int V = s->m->cfg.n_vocab, n = FORGE__MIN(FORGE__CANDIDATES, V);
+    double M, S;
+    const float *host_row = NULL;
+    if (s->m->sample_on_host) {
+        forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * V);
+        host_row = (const float *)((const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET);
+        forge__reduce_row_on_host(host_row, V, n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, scratch, &M, &S);
+    } else {
+        forge__readback_invalidate(&s->m->dev, &s->readback, 0, 8ull * (1 + FORGE__CANDIDATES));
+        const uint32_t *rb = (const uint32_t *)s->readback.mapped;
+        float Mf, Sf;
+        memcpy(&Mf, &rb[0], 4);
+        memcpy(&Sf, &rb[1], 4);
+        M = Mf;
+        S = Sf;
+        for (int i = 0; i < n; i++) {
+            memcpy(&scratch[i].logit, &rb[2 + 2 * i], 4);
+            scratch[i].id = (int32_t)rb[3 + 2 * i];
+        }
+    }
+    int32_t tok = forge__sample_candidates(scratch, n, n == V, M, S, p, s->rng, probs);
+    if (tok < 0) { /* the draw reaches past the candidates: take the whole row */
+        const float *row = host_row;
+        if (!row) {
+            float *fetched = (float *)probs; /* probs has room for n_vocab doubles */
+            forge_status st = forge__fetch_logits_row(s, fetched);
+            if (st) return st;
+            row = fetched;
+        }
+        for (int i = 0; i < V; i++) scratch[i] = (forge__cand){isnan(row[i]) ? -INFINITY : row[i], i}; /* NaN as -inf, as topk.comp */
+        qsort(scratch, (size_t)V, sizeof *scratch, forge__cmp_cand);
+        tok = forge__sample_candidates(scratch, V, 1, M, S, p, s->rng, probs);
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
+/* Writes to the io buffer the distinct ids among the last `window` tokens of the session's
+ * history followed by `next` (the n_next tokens the coming step evaluates, which the penalty
+ * window already covers). Gathered here, then copied: the io buffer may be device memory the
+ * host writes through PCIe and reads back a word per round trip (forge__caps.mem_step). */
+static uint32_t forge__penalty_ids(forge_session *s, const int32_t *next, int n_next, int window) {
+    uint32_t ids[FORGE__MAX_PENALTY_WINDOW];
+    uint32_t n = 0;
+    int total = s->n_past + n_next, from = FORGE__MAX(0, total - window);
+    for (int i = total - 1; i >= from && n < FORGE__MAX_PENALTY_WINDOW; i--) {
+        uint32_t t = (uint32_t)(i >= s->n_past ? next[i - s->n_past] : s->history[i]);
+        bool seen = false;
+        for (uint32_t j = 0; j < n && !seen; j++) seen = ids[j] == t;
+        if (!seen) ids[n++] = t;
+    }
+    memcpy((uint8_t *)s->io.mapped + s->penalty_r.offset, ids, 4ull * n);
+    return n;
+}
+
+/* ---- stop strings ---- */
+
+typedef struct forge__stopper {
+    const forge_generate_params *p;
+    char *buf;          /* text not yet given to the callback */
+    size_t len, cap;
+} forge__stopper;
+
+/* Appends text; returns the number of leading bytes that may be released now, and whether a
+ * stop string was found (then only the text before it is released). */
+static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n, bool *stopped) {
+    if (st->len + n > st->cap) {
+        size_t cap = (st->len + n) * 2 + 64;
+        char *b = (char *)realloc(st->buf, cap);
+        if (!b) return 0;
+        st->buf = b;
+        st->cap = cap;
+    }
+    if (n) memcpy(st->buf + st->len, text, n); /* (an empty piece may come with no buffer yet) */
+    st->len += n;
+    *stopped = false;
+    size_t release = st->len;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        if (!sl) continue;
+        for (size_t at = 0; at + sl <= st->len; at++)
+            if (!memcmp(st->buf + at, ss, sl)) {
+                if (!*stopped || at < release) release = at;
+                *stopped = true;
+                break;
+            }
+    }
+    if (*stopped) return release;
+    /* hold back the longest suffix that is a prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < st->p->n_stop_strings; i++) {
+        const char *ss = st->p->stop_strings[i];
+        size_t sl = ss ? strlen(ss) : 0;
+        for (size_t k = FORGE__MIN(sl - (sl > 0), st->len); k > hold; k--)
+            if (!memcmp(st->buf + st->len - k, ss, k)) { hold = k; break; }
+    }
+    return st->len - hold;
+}
+
+static void forge__stopper_consume(forge__stopper *st, size_t n) {
+    if (st->len > n) memmove(st->buf, st->buf + n, st->len - n);
+    st->len -= n;
+}
+
+/* ---- the generate loop ---- */
+
+/* `tk` is the model's tokenizer, NULL when it has none (then no end tokens). */
+static bool forge__is_stop_token(const forge__tokenizer *tk, const forge_generate_params *p, int32_t tok, forge_stop_reason *why) {
+    for (int i = 0; i < p->n_stop_tokens; i++)
+        if (p->stop_tokens[i] == tok) { *why = FORGE_STOP_TOKEN; return true; }
+    if (!p->ignore_eos && tk)
+        for (int i = 0; i < tk->n_eos; i++)
+            if (tk->eos_ids[i] == tok) { *why = FORGE_STOP_EOS; return true; }
+    return false;
+}
+
+/* Keeps what the cache holds of an exact prefix of `prompt`; returns how many tokens are kept.
+ * Sliding-window layers whose rotating cache has overwritten keys the continuation needs make
+ * the prefix unusable: then nothing is kept and *wrapped is set. */
+static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, int *wrapped) {
+    int common = 0;
+    while (common < s->n_past && common < n && s->history[common] == prompt[common]) common++;
+    if (common == n) common = n - 1; /* the last prompt token is evaluated again for its logits */
+    *wrapped = 0;
+    if (common > 0 && common < s->n_past && !forge__truncate_valid(s, common)) {
+        *wrapped = 1;
+        common = 0;
+    }
+    s->n_past = common;
+    return common;
+}
+
+/* After slides the cache holds the sequence without the span the slides dropped. A prompt that
+ * continues the whole sequence (the kept tokens, the dropped ones, then more) is run without
+ * that span: returns it in *owned (malloc'd, NULL when the prompt is used as it is) and its
+ * length in *n. A prompt that does not continue it forgets the record. */
+static forge_status forge__skip_dropped(forge_session *s, const int32_t *prompt, int *n, int32_t **owned) {
+    int k = s->drop_at, D = s->n_dropped;
+    *owned = NULL;
+    if (!D) return FORGE_OK;
+    if (*n <= k + D || memcmp(prompt, s->history, 4ull * (size_t)k) || memcmp(prompt + k, s->dropped, 4ull * (size_t)D)) {
+        s->n_dropped = 0;
+        return FORGE_OK;
+    }
+    if (!(*owned = (int32_t *)malloc(4ull * (size_t)(*n - D)))) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(*owned, prompt, 4ull * (size_t)k);
+    memcpy(*owned + k, prompt + k + D, 4ull * (size_t)(*n - k - D));
+    *n -= D;
+    return FORGE_OK;
+}
+
+/* The first sampling parameter out of its range, named with its value and the range, into msg;
+ * false when all are in range. (Classify passes the ones it has no use for at their defaults.) */
+static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repeat_window, float temperature, float top_p,
+                                  float min_p, float repeat_penalty, int top_k) {
+    if (max_tokens < 0) snprintf(msg, n, "max_tokens %d (must be >= 0)", max_tokens);
+    else if (repeat_window < 0) snprintf(msg, n, "repeat_window %d (must be >= 0)", repeat_window);
+    else if (!(temperature >= 0)) snprintf(msg, n, "temperature %g (must be >= 0)", (double)temperature);
+    else if (!(top_p > 0 && top_p <= 1)) snprintf(msg, n, "top_p %g (must be in (0, 1])", (double)top_p);
+    else if (!(min_p >= 0 && min_p <= 1)) snprintf(msg, n, "min_p %g (must be in [0, 1])", (double)min_p);
+    else if (!(repeat_penalty > 0)) snprintf(msg, n, "repeat_penalty %g (must be > 0)", (double)repeat_penalty);
+    else if (top_k < 0) snprintf(msg, n, "top_k %d (must be >= 0)", top_k);
+    else return false;
+    return true;
+}
+
+static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                          const forge_generate_params *params, forge_metrics *metrics) {
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    forge_model *m = s->m;
+    const int V = m->cfg.n_vocab;
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    double t0 = forge__now_s();
+    if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
+    if (n_prompt > s->n_ctx && s->overflow == FORGE_OVERFLOW_FAIL)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
+    char fault[96];
+    if (forge__sampling_fault(fault, sizeof fault, p.max_tokens, p.repeat_window, p.temperature, p.top_p, p.min_p, p.repeat_penalty, p.top_k))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: %s", fault);
+    forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
+    if (bad) return bad;
+    forge__rng_seed(s->rng, p.seed);
+    mt.prompt_tokens = n_prompt;
+    int32_t *continued = NULL; /* the prompt without what slides dropped */
+    if ((bad = forge__skip_dropped(s, prompt, &n_prompt, &continued))) return bad;
+    if (continued) prompt = continued;
+    int slides0 = s->slides;
+    mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
+    if (mt.cached_tokens > 0) s->prompt_cache_hits++;
+    forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    forge__stopper stop = {&p, NULL, 0, 0};
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
+    forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
+    int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
+    /* prefill: all but the last chunk without outputs, the last one sampled */
+    int done = mt.cached_tokens;
+    while (!st && done < n_prompt) {
+        if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+        if (s->n_past == s->n_ctx && (st = forge__make_room(s, 1))) break; /* slides (prompts over n_ctx) */
+        int step = FORGE__MIN(FORGE__MIN(n_prompt - done, s->n_batch), s->n_ctx - s->n_past);
+        bool last = done + step == n_prompt;
+        if (last) /* the penalty window includes the prompt */
+            sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, prompt + done, step, window) : 0;
+        st = forge__step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u,
+                         last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp, NULL);
+        done += step;
+    }
+    double t_prefill = forge__now_s();
+    mt.prefill_ms = (t_prefill - t0) * 1e3;
+    int evaluated = n_prompt - mt.cached_tokens;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? evaluated / (mt.prefill_ms * 1e-3) : 0;
+    forge_detok_stream ds;
+    forge_detok_stream_init(&ds, 0);
+    char piece[512];
+    /* The text continues the prompt: the stream starts after its last token (when that is
+     * ordinary text), so a decoder that strips the space at the start of a text (SentencePiece's
+     * Strip) keeps the one between the prompt and the first generated word. */
+    size_t primed = 0;
+    if (tk && !forge_token_is_special(m, prompt[n_prompt - 1])) forge_detok_stream_next(m, &ds, prompt[n_prompt - 1], piece, sizeof piece, &primed);
+    double t_first = t_prefill;
+    if (p.max_tokens == 0 && !mt.stop_reason) mt.stop_reason = FORGE_STOP_MAX_TOKENS; /* the prompt only */
+    while (!st && !mt.stop_reason) {
+        int32_t tok;
+        if ((st = forge__sample(s, &p, cands, probs, &tok))) break;
+        if (mt.generated_tokens == 0) {
+            t_first = forge__now_s();
+            mt.ttft_ms = (t_first - t0) * 1e3;
+        }
+        forge_stop_reason why;
+        if (forge__is_stop_token(tk, &p, tok, &why)) { mt.stop_reason = why; break; }
+        mt.generated_tokens++;
+        size_t plen = 0;
+        if (!tk || forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
+        bool found = false;
+        size_t release = forge__stopper_push(&stop, piece, plen, &found);
+        if (p.on_token && p.on_token(p.user_data, tok, stop.buf, release)) { /* non-zero: stop */
+            forge__stopper_consume(&stop, release);
+            mt.stop_reason = FORGE_STOP_CALLBACK;
+            break;
+        }
+        forge__stopper_consume(&stop, release);
+        if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
+        if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
+        if (s->n_past >= s->n_ctx) {
+            if (s->overflow == FORGE_OVERFLOW_FAIL) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
+            if ((st = forge__make_room(s, 1))) break;
+        }
+        if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, &tok, 1, window) : 0;
+        st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+    }
+    if (!st && mt.stop_reason != FORGE_STOP_STRING && mt.stop_reason != FORGE_STOP_CALLBACK) {
+        /* an unfinished character at the end, then held-back text that never became a stop string */
+        size_t plen = 0, release = stop.len;
+        bool found = false;
+        if (tk && forge_detok_stream_flush(m, &ds, piece, sizeof piece, &plen) == FORGE_OK && plen)
+            release = forge__stopper_push(&stop, piece, plen, &found);
+        if (found) mt.stop_reason = FORGE_STOP_STRING;
+        else release = stop.len;
+        if (release && p.on_token) p.on_token(p.user_data, -1, stop.buf, release);
+    }
+    double t_end = forge__now_s();
+    mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;
+    mt.decode_tok_s = mt.generated_tokens > 1 && mt.decode_ms > 0 ? (mt.generated_tokens - 1) / (mt.decode_ms * 1e-3) : 0;
+    mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    mt.context_slides = s->slides - slides0;
+    s->metrics = mt;
+    if (metrics) *metrics = mt;
+    free(continued);
+    free(stop.buf);
+    free(cands);
+    free(probs);
+    return st;
+}
+
+/* The ids of text into a malloc'd array (*ids, *n); the model's message on failure. */
+static forge_status forge__tokenize_alloc(forge_model *m, const char *text, size_t len, int add_special, int32_t **ids, size_t *n) {
+    uint32_t flags = add_special ? FORGE_TOKENIZE_ADD_SPECIAL : 0;
+    size_t cap = len + 16;
+    *n = 0;
+    *ids = (int32_t *)malloc(sizeof **ids * cap);
+    if (!*ids) return FORGE_ERR_OUT_OF_MEMORY;
+    forge_status st = forge_tokenize(m, text ? text : "", len, flags, *ids, cap, n);
+    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
+        int32_t *bigger = (int32_t *)realloc(*ids, sizeof **ids * *n);
+        if (!bigger) return FORGE_ERR_OUT_OF_MEMORY;
+        *ids = bigger;
+        cap = *n;
+        st = forge_tokenize(m, text ? text : "", len, flags, *ids, cap, n);
+    }
+    return st;
+}
+
+FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+                                             const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__generate_tokens(s, prompt, n_prompt, params, metrics);
+    forge__slot_release(s->m);
+    return st;
+}
+
+FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
+                                      const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    forge_status st = forge__tokenize_alloc(s->m, prompt, prompt_len, p.add_special, &ids, &n);
+    if (st == FORGE_ERR_OUT_OF_MEMORY) {
+        forge__fail(&s->err, st, "out of host memory");
+    } else if (st) {
+        forge__fail(&s->err, st, "tokenizing the prompt: %s", forge_model_errmsg(s->m));
+    } else if (n == 0) {
+        st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "the prompt is empty and the tokenizer adds no BOS: nothing to generate from");
+    } else {
+        st = forge_generate_tokens(s, ids, (int)n, &p, metrics);
+    }
+    free(ids);
+    return st;
+}
+
+FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n_tokens) {
+    if (!s || !tokens || n_tokens <= 0) return FORGE_ERR_INVALID_ARGUMENT;
+    int32_t *continued = NULL; /* the tokens without what slides dropped */
+    forge_status st = forge__skip_dropped(s, tokens, &n_tokens, &continued);
+    if (st) return st;
+    if (continued) tokens = continued;
+    int wrapped = 0;
+    int kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
+    if (kept < n_tokens) st = forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+    free(continued);
+    return st;
+}
+
+FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metrics *metrics) {
+    if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
+    *metrics = s->metrics;
+    return FORGE_OK;
+}
+
