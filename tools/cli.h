@@ -1,6 +1,6 @@
 /* cli.h: what the CLI's source files share: tools/forge_cli.c (the verbs and main),
  * tools/cli_common.c (model loading, option and value parsing), tools/cli_train.c
- * (`forge train`), tools/cli_batch.c (`forge run --batch-file`) and bench/bench.c (`forge bench`, `forge bench-tokenize`). */
+ * (`forge train`), tools/cli_batch.c (`forge run --batch-file`) and tools/cli_bench.c (`forge bench`, `forge bench-tokenize`). */
 #ifndef FORGE_CLI_H
 #define FORGE_CLI_H
 
@@ -61,8 +61,8 @@ void forge_cli_json_cstr(const char *s);
 
 /* The verbs that live outside tools/forge_cli.c. */
 int cmd_train(int argc, char **argv);                  /* tools/cli_train.c */
-int forge_bench_main(int argc, char **argv);           /* bench/bench.c */
-int forge_bench_tokenize_main(int argc, char **argv);  /* bench/bench.c */
+int forge_bench_main(int argc, char **argv);           /* tools/cli_bench.c */
+int forge_bench_tokenize_main(int argc, char **argv);  /* tools/cli_bench.c */
 /* `forge run PATH --batch-file FILE`: the file's lines generated together on `places` sequences
  * (0: as many as lines, at most 16) with gp's sampling; tools/cli_batch.c. Returns the exit code. */
 int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *file, const forge_generate_params *gp, int places,

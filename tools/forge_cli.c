@@ -2,7 +2,7 @@
  * options (`forge help`, `forge help COMMAND`); the README's "The CLI" and "JSON output" sections
  * say the same at more length. `--json` output is stable: one schema per command. The verbs
  * live here except train (tools/cli_train.c), run --batch-file (tools/cli_batch.c) and bench,
- * bench-tokenize (bench/bench.c). */
+ * bench-tokenize (tools/cli_bench.c). */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 

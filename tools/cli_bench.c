@@ -1,4 +1,4 @@
-/* bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]`.
+/* cli_bench.c: `forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]`.
  *
  * Measures, from token ids alone (no tokenizer), with forge_generate_tokens on one session:
  *   prefill: P prompt tokens (pseudo-random ids) from an empty cache, through the first
@@ -34,7 +34,7 @@
  *
  * Both take --adapter DIR [--merge-adapter] (the model's adapter), --device and -v. */
 #define _POSIX_C_SOURCE 200809L
-#include "tools/cli.h"
+#include "cli.h"
 
 #include <limits.h>
 #include <stdio.h>
