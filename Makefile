@@ -25,7 +25,7 @@ VERSION := $(VERSION_MAJOR).$(call version_part,MINOR).$(call version_part,PATCH
 
 KERNELS := $(wildcard kernels/*.comp kernels/*.glsl) kernels/kernels.list tools/build_kernels.sh
 
-.PHONY: all lib cli tests test test-python test-go install clean fuzz examples sanitize
+.PHONY: all lib cli tests test test-python test-go install clean fuzz examples sanitize dist check-dist
 all: lib cli tests examples
 lib: $(BUILD)/libforge.a $(BUILD)/libforge.so
 cli: $(BUILD)/forge
@@ -37,6 +37,19 @@ $(BUILD)/forge_kernels.h: $(KERNELS)
 
 $(BUILD)/forge.o: forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h
 	$(CC) $(CFLAGS_FORGE) -c forge.c -o $@
+
+# The drop-in single file for embedders: dist/forge.c (forge.c's sections with the SPIR-V
+# embedded: compiling it needs no glslang) and dist/forge.h. DIST_LINES=1 adds #line directives.
+dist: dist/forge.c dist/forge.h
+dist/forge.c: forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h tools/amalgamate.sh
+	@mkdir -p dist
+	sh tools/amalgamate.sh $(BUILD)/forge_kernels.h $@ $(if $(DIST_LINES),--line)
+dist/forge.h: forge.h
+	@mkdir -p dist
+	cp forge.h $@
+# dist/forge.c compiled and run as an embedder would, with glslang out of reach (CI runs it).
+check-dist: dist
+	sh tools/check_dist.sh
 
 $(BUILD)/libforge.a: $(BUILD)/forge.o
 	ar rcs $@ $^
