@@ -2,19 +2,31 @@
 """results.py: bench/RESULTS.md's generated section from one bench/device_run.sh call.
 
     python3 bench/results.py OUT_DIR RESULTS.md COMMIT > NEW_RESULTS.md
+    python3 bench/results.py --readme SOURCE README.md [COMMIT] > NEW_README.md
 
 OUT_DIR holds what device_run.sh wrote: bench_PRESET.json (`forge bench MODEL -p 512 -n 128
 -r 3`), profile_PRESET.json (the same with --profile, -r 1) and tests.txt when the suite ran.
 The section (between the two MARK lines) replaces the one RESULTS.md has, or goes after its
 title; the hand-written history below it stays. Targets and llama.cpp's figures are issue
-10's (llama.cpp 3f545be, Vulkan with NV_coopmat2, the same machine kind and shapes)."""
+10's (llama.cpp 3f545be, Vulkan with NV_coopmat2, the same machine kind and shapes).
+
+--readme writes README.md with its speed table (between the two README_* MARK lines) made from
+the same data: SOURCE is an OUT_DIR (then COMMIT is needed, as above) or a RESULTS.md, whose
+generated section is read back (its device, date, commit and matrix rows). After a device run:
+
+    python3 bench/results.py --readme bench/RESULTS.md README.md > README.new && mv README.new README.md
+
+tests/test_docs.cpp checks that README.md's table is what this writes from bench/RESULTS.md."""
 import json
 import os
+import re
 import sys
 import time
 
 BEGIN = "<!-- bench/results.py: generated section, begin -->"
 END = "<!-- bench/results.py: generated section, end -->"
+README_BEGIN = "<!-- speed-table:begin: written by bench/results.py --readme from bench/RESULTS.md -->"
+README_END = "<!-- speed-table:end -->"
 
 # preset: (what it is, target pp512, target tg128, llama.cpp pp512, llama.cpp tg128)
 ROWS = [
@@ -78,12 +90,61 @@ def decode_account(out_dir):
     return o if rows else []
 
 
-def section(out_dir, commit):
+def matrix(out_dir, commit):
+    """The matrix of one device_run.sh call: its device, driver, date, commit and per preset
+    (prefill tok/s, decode tok/s), None where a preset did not run."""
     runs = {p: load(os.path.join(out_dir, f"bench_{p}.json")) for p, *_ in ROWS}
     any_run = next((r for r in runs.values() if r), None)
-    device = any_run["device"] if any_run else "unknown device"
-    driver = any_run["driver"] if any_run else "unknown driver"
-    day = time.strftime("%Y-%m-%d", time.gmtime())
+    return {"device": any_run["device"] if any_run else "unknown device",
+            "driver": any_run["driver"] if any_run else "unknown driver",
+            "day": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
+            "rows": {p: ((runs[p] or {}).get("prefill_tok_s"), (runs[p] or {}).get("decode_tok_s")) for p, *_ in ROWS}}
+
+
+def matrix_from_results(text):
+    """The matrix back from a RESULTS.md's generated section (what section() wrote)."""
+    if BEGIN not in text or END not in text:
+        sys.exit("results.py: no generated section in the RESULTS.md given")
+    gen = text[text.index(BEGIN):text.index(END)]
+    head = re.search(r"^## Now: the bench matrix \((\S+), commit (\S+)\)$", gen, re.M)
+    where = re.search(r" call on (.*) \((.*)\):$", gen, re.M)
+    if not head or not where:
+        sys.exit("results.py: the generated section has no date, commit or device line")
+
+    def value(cell):
+        return None if cell.strip() in ("n/a", "") else float(cell.replace(",", ""))
+    rows = {}
+    for p, what, *_ in ROWS:
+        line = next((l for l in gen.splitlines() if l.startswith(f"| {what} (`{p}`) | ")), None)
+        if line is None:
+            rows[p] = (None, None)
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        rows[p] = (value(cells[1]), value(cells[5]))
+    return {"device": where.group(1), "driver": where.group(2), "day": head.group(1), "commit": head.group(2),
+            "rows": rows}
+
+
+def readme_table(m):
+    """README.md's speed table: the matrix beside llama.cpp's figures, no history."""
+    o = [README_BEGIN,
+         f"{m['device']} ({m['driver']}), commit {m['commit']}, {m['day']}: `forge bench MODEL -p 512 -n 128 -r 3`",
+         "on random-weight models of these shapes (`tools/make_bench_model.py`), median of 3, default settings;",
+         "llama.cpp's figures: its Vulkan backend (3f545be) on the same kind of machine and shapes.",
+         "",
+         "| model | prefill tok/s | llama.cpp pp512 | decode tok/s | llama.cpp tg128 |",
+         "|---|---:|---:|---:|---:|"]
+    for p, what, _tpp, _ttg, lpp, ltg in ROWS:
+        pp, tg = m["rows"].get(p, (None, None))
+        o.append(f"| {what} | {num(pp)} | {num(lpp)} | {num(tg, 1)} | {num(ltg)} |")
+    o.append(README_END)
+    return "\n".join(o)
+
+
+def section(out_dir, commit):
+    m = matrix(out_dir, commit)
+    runs = {p: {"prefill_tok_s": pp, "decode_tok_s": tg} for p, (pp, tg) in m["rows"].items()}
+    device, driver, day = m["device"], m["driver"], m["day"]
     o = [BEGIN, f"## Now: the bench matrix ({day}, commit {commit})", ""]
     o.append(f"Written by `bench/results.py` from one `bash bench/device_run.sh` call on {device} ({driver}):")
     o.append("`tools/make_bench_model.py PRESET` writes each model, `forge bench MODEL -p 512 -n 128 -r 3`")
@@ -133,9 +194,30 @@ def section(out_dir, commit):
     return "\n".join(o)
 
 
+def readme_main(args):
+    if len(args) not in (2, 3):
+        sys.exit("usage: results.py --readme (RESULTS.md | OUT_DIR COMMIT) README.md")
+    source, readme = args[0], args[1]
+    if os.path.isdir(source):
+        if len(args) != 3:
+            sys.exit("results.py --readme OUT_DIR README.md COMMIT: the commit is needed with raw results")
+        m = matrix(source, args[2])
+    else:
+        with open(source) as f:
+            m = matrix_from_results(f.read())
+    with open(readme) as f:
+        text = f.read()
+    if README_BEGIN not in text or README_END not in text:
+        sys.exit(f"results.py: {readme} has no speed table markers ({README_BEGIN} ... {README_END})")
+    text = text[: text.index(README_BEGIN)] + readme_table(m) + text[text.index(README_END) + len(README_END):]
+    sys.stdout.write(text)
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--readme":
+        return readme_main(sys.argv[2:])
     if len(sys.argv) != 4:
-        sys.exit("usage: results.py OUT_DIR RESULTS.md COMMIT")
+        sys.exit("usage: results.py OUT_DIR RESULTS.md COMMIT\n       results.py --readme (RESULTS.md | OUT_DIR) README.md [COMMIT]")
     out_dir, results, commit = sys.argv[1:]
     with open(results) as f:
         text = f.read()
