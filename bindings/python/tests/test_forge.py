@@ -403,6 +403,21 @@ def test_example_streams_the_story(model):
     assert "tokens/s" in run.stdout and "no chat template" in run.stdout
 
 
+def test_tour_runs(tmp_path, model):
+    """examples/tour.py, which bindings/python/README.md shows (tests/test_docs.cpp holds the README
+    to the file), run where it finds models/ and writes its adapter."""
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "bindings" / "python"), FORGE_LIBRARY=str(library_path()))
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "tour.py")], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == f"llama {model.info.n_params} {model.special_tokens.bos}"
+    assert lines[2] == "CALLBACK"
+    assert lines[3] == greedy(model, "Lily", 1)[0]
+    assert (tmp_path / "zora-adapter" / "adapter_model.safetensors").is_file()
+
+
 def test_example_chats(chat_model_dir):
     run = run_example(str(chat_model_dir), "Hi")
     assert run.returncode == 0, run.stderr
@@ -442,27 +457,51 @@ def test_the_library_is_found_on_the_system_path(tmp_path):
     assert run.returncode != 0 and "FORGE_LIBRARY=" + str(tmp_path / "nope.so") in run.stderr
 
 
+def readme_install_commands():
+    """The indented block of bindings/python/README.md that makes a venv and installs into it."""
+    blocks, block = [], []
+    for line in (ROOT / "bindings" / "python" / "README.md").read_text().splitlines() + [""]:
+        if line.startswith("    "):
+            block.append(line[4:])
+        elif block:
+            blocks.append(block)
+            block = []
+    return next((b for b in blocks if any(" -m venv " in c for c in b)), [])
+
+
 def test_pip_installs_offline_into_a_venv_and_finds_the_packaged_copy(tmp_path):
-    """The README's commands: a venv seeing Debian's setuptools, pip without build isolation
-    and without an index; setup.py ships the library named by $FORGE_LIBRARY at build time
-    inside the package, where the installed package finds it with no environment variable."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
-    python = str(venv / "bin" / "python")
-    src = tmp_path / "src"  # a copy, so that pip's build files stay out of the checkout
-    src.mkdir()
+    """The README's commands, read from bindings/python/README.md and run as written in a directory
+    laid out as the checkout after `make` (a copy of the package, the build's library as
+    build/libforge.so, models/ and examples/), pip kept off the network (PIP_NO_INDEX): a venv
+    of Debian's Python seeing its setuptools and wheel, pip without build isolation, then the
+    example. setup.py ships build/libforge.so inside the package, where the installed package
+    finds it with no environment variable."""
+    commands = readme_install_commands()
+    assert len(commands) == 3 and commands[0].startswith("/usr/bin/python3 -m venv "), commands
+    if not Path("/usr/bin/python3").exists():
+        pytest.skip("no /usr/bin/python3 (Debian's Python, which the README's commands name)")
+    src = tmp_path / "bindings" / "python"  # a copy, so that pip's build files stay out of the checkout
+    (src / "forge").mkdir(parents=True)
     for name in ("pyproject.toml", "setup.py", "README.md"):
         (src / name).write_bytes((ROOT / "bindings" / "python" / name).read_bytes())
-    (src / "forge").mkdir()
     for f in (ROOT / "bindings" / "python" / "forge").iterdir():
         if f.is_file() and not f.name.startswith("libforge"):
             (src / "forge" / f.name).write_bytes(f.read_bytes())
-    pip = subprocess.run([python, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index", str(src)],
-                         capture_output=True, text=True, timeout=300, env=python_env(FORGE_LIBRARY=str(library_path())))
-    assert pip.returncode == 0, pip.stdout + pip.stderr
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "libforge.so").symlink_to(library_path())
+    (tmp_path / "models").symlink_to(ROOT / "models")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    for command in commands:
+        run = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                             env=python_env(PIP_NO_INDEX="1"))
+        assert run.returncode == 0, command + "\n" + run.stdout + run.stderr
+    with forge.Model(MODEL) as m:
+        story, _ = greedy(m, ONCE, 64)
+    assert run.stdout.startswith(ONCE + story + "\n")  # the last command: examples/stream.py
+    python = str(tmp_path / ".venv" / "bin" / "python")
     where = subprocess.run([python, "-c", "import forge, os; print(os.path.dirname(forge.__file__))"],
                            capture_output=True, text=True, cwd=tmp_path, env=python_env(), check=True).stdout.strip()
-    assert where.startswith(str(venv))
+    assert where.startswith(str(tmp_path / ".venv"))
     assert (Path(where) / "libforge.so").read_bytes() == library_path().read_bytes()
     code = f"import forge; m = forge.Model({str(MODEL)!r}, vocab_only=True); print(forge._ffi.lib()._name, m.tokenize('Lily'))"
     run = subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=python_env())
