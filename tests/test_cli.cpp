@@ -179,7 +179,7 @@ TEST(Cli, BadValueNamesItsParameter) {
     EXPECT_EQ(forge_cli("run -n 3 --kv f16").status, 0);
 }
 
-/* --json: each verb's output parses, and its values are the library's (README, "JSON output") */
+/* --json: each verb's output parses, and its values are the library's (docs/json.md) */
 TEST(Cli, JsonOutputs) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
     const std::string model = bundled();

@@ -504,7 +504,7 @@ namespace {
 /* forge reads a model's files only while forge_model_load runs (weights go to the device, the
  * vocabulary, templates and fingerprint to the model's own memory): a file truncated after the
  * load changes nothing. (Truncated during the load, a mapped page past the new end raises SIGBUS
- * in the process, which forge cannot turn into an error: README, "Files".) */
+ * in the process, which forge cannot turn into an error: docs/features.md, "Files".) */
 TEST(FileChangedAfterLoad, TruncatedModelFileIsNotReadAgain) {
     std::string dir = ft::tmpdir("truncated_after_load"), path = dir + "/model.gguf";
     std::vector<uint8_t> bytes = ft::read_file(ft::src("models/stories260K/stories260K.gguf"));

@@ -409,7 +409,7 @@ TEST(TrainZora, FineTuneStories260K) {
     forge_model_free(tuned);
 }
 
-/* The README's three-line fine-tune through the CLI binary beside the tests (the build tree's
+/* docs/cli.md's three-line fine-tune through the CLI binary beside the tests (the build tree's
  * ./forge), shortened to a few steps: it trains, saves PEFT files, and runs with them. */
 TEST(TrainCli, ReadmeFineTune) {
     if (!ft::exists("./forge")) GTEST_SKIP() << "no ./forge binary in the working directory (the build tree)";

@@ -1,8 +1,8 @@
 /* forge: the command-line tool. usage_text below is the reference for the commands and their
- * options (`forge help`, `forge help COMMAND`); the README's "The CLI" and "JSON output" sections
- * say the same at more length. `--json` output is stable: one schema per command. The verbs
- * live here except train (tools/cli_train.c), run --batch-file (tools/cli_batch.c) and bench,
- * bench-tokenize (tools/cli_bench.c). */
+ * options (`forge help`, `forge help COMMAND`); docs/cli.md (which shows that text) and
+ * docs/json.md say the same at more length. `--json` output is stable: one schema per
+ * command. The verbs live here except train (tools/cli_train.c), run --batch-file
+ * (tools/cli_batch.c) and bench, bench-tokenize (tools/cli_bench.c). */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
