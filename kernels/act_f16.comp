@@ -11,6 +11,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 layout(local_size_x = 256) in;
 
+// push constants: forge__pc_act_f16 (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint K, a_row0, M;
 } pc;

@@ -15,7 +15,7 @@ layout(binding = 0) writeonly buffer H_ { float h[]; };
 layout(binding = 1) readonly buffer U_ { float u[]; };
 layout(binding = 2) readonly buffer U2_ { float u2[]; };
 
-layout(push_constant) uniform PC { uint count, act, layout_, ffn, up_stride, up_col0; } pc;
+#include "pc_act.glsl"
 
 void main() {
     uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;

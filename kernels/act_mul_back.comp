@@ -17,7 +17,7 @@ layout(binding = 0) readonly buffer DH_ { float dh[]; };
 layout(binding = 1) readonly buffer GU_ { float gu[]; };
 layout(binding = 2) writeonly buffer DGU_ { float dgu[]; };
 
-layout(push_constant) uniform PC { uint count, act, layout_, ffn; } pc;
+#include "pc_act.glsl"
 
 void main() {
     uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 256u;

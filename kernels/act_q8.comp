@@ -17,6 +17,7 @@ layout(local_size_x = 64) in;
 
 #include "common.glsl"
 
+// push constants: forge__pc_act_q8 (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint K, a_row0, flags;
 } pc;

@@ -25,6 +25,7 @@ layout(binding = 3) buffer V_ { float v[]; };
 layout(binding = 4) readonly buffer O_ { float decay, one_minus_b1, b2, one_minus_b2, step_size, bc2_sqrt, eps, max_norm; } opt;
 layout(binding = 5) buffer N_ { float norm[]; };
 
+// push constants: forge__pc_adamw (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint count, mode, part0, n_parts; } pc;
 
 shared float red[256];

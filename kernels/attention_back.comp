@@ -31,6 +31,7 @@ layout(binding = 4) readonly buffer DO_ { float dout[]; };
 layout(binding = 5) buffer S_ { float stats[]; };
 layout(binding = 6) buffer G_ { float grad[]; };
 
+// push constants: forge__pc_attn_back (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, window;
     float scale, softcap;

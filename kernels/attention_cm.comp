@@ -39,13 +39,7 @@ layout(binding = 3) readonly buffer V_ { uvec4 vc8[]; };
 layout(binding = 4) buffer O_ { float o[]; };
 layout(binding = 5) writeonly buffer L_ { float lse[]; };
 
-layout(push_constant) uniform PC {
-    uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
-    float scale, softcap;
-    uint n_splits;
-    uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
-    uint kv_batch_stride, flags;
-} pc;
+#include "pc_attention.glsl"
 
 #ifndef HD
 #error "attention_cm: HD (the head size) is set per module"

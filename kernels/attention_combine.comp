@@ -20,6 +20,7 @@ layout(binding = 1) writeonly buffer O_ { float o[]; };
 layout(binding = 2) writeonly buffer Q8_ { uvec4 q8[]; };
 layout(binding = 2) writeonly buffer Q8S_ { vec4 q8s[]; };
 
+// push constants: forge__pc_combine (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint n_heads, head_dim, n_splits, flags; } pc;
 
 #define MERGE_DMAX 512u   // forge.c FORGE__MAX_HEAD_DIM

@@ -86,15 +86,7 @@ layout(binding = 11) writeonly buffer Q8_ { uvec4 q8[]; };
 layout(binding = 11) writeonly buffer Q8S_ { vec4 q8s[]; };
 layout(binding = 12) coherent buffer N_ { uint done[]; };
 
-layout(push_constant) uniform PC {
-    uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
-    float scale, softcap;
-    uint n_splits;
-    uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
-    uint kv_batch_stride, flags;
-    float eps;       // flags 32, 64: the head norms' epsilon
-    uint min_run;    // keys a workgroup takes at least (host: forge__attn_min_run)
-} pc;
+#include "pc_attention.glsl"
 
 const uint NC = (DMAX / 4u + W - 1u) / W;   // vec4 pieces of a row per lane
 const uint NSG = 64u / W;                   // subgroups per workgroup

@@ -38,13 +38,7 @@ layout(binding = 3) readonly buffer V_ { float vc[]; };
 layout(binding = 4) writeonly buffer O_ { float o[]; };
 layout(binding = 5) writeonly buffer L_ { float lse[]; };
 
-layout(push_constant) uniform PC {
-    uint n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
-    float scale, softcap;
-    uint n_splits;
-    uint q_stride;   // floats between the query rows of two tokens (the fused qkv rows)
-    uint kv_batch_stride, flags;
-} pc;
+#include "pc_attention.glsl"
 
 layout(constant_id = 0) const uint DMAX = 256; // head_dim rounded up to a multiple of 8 (the model's, pinned at pipeline creation)
 const bool WIDE = DMAX > 256u;

@@ -7,6 +7,7 @@
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
+// push constants: forge__pc_embed (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint n_tokens, hidden, row_begin, row_count;
     float scale;

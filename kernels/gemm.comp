@@ -29,6 +29,7 @@ layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer P_ { uint pos0, n_tok, n_penalty; float penalty, inv_temp; uint seed; } params;   // the step params
 layout(binding = 4) buffer Part_ { float part[]; };
 
+// push constants: forge__pc_gemm (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint M, N, K;
     uint a_off, a_sm, a_sk;

@@ -1,5 +1,6 @@
-// linear_out.glsl: the epilogue of the matrix-vector kernels (matvec_sg, matvec_q8a), which
-// share forge__pc_linear's push constants (pc) and bindings 2 C f32 and 3 bias f32.
+// linear_out.glsl: the epilogue of the matrix-vector kernels (matvec_sg, matvec_q8a), of matmul
+// and linear_reduce, which include pc_linear.glsl (forge__pc_linear's push constants, pc) before
+// it and share bindings 2 C f32 and 3 bias f32.
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, bit 5 the gated activation (0 SiLU, 1 GELU-tanh)
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };

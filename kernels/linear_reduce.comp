@@ -11,14 +11,7 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;
-    float eps;
-    uint rows_per_wg;
-    uint k_split;                 // the number of splits
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #include "linear_out.glsl"

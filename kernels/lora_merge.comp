@@ -15,6 +15,7 @@ layout(binding = 0) buffer W_ { uint w[]; };
 layout(binding = 1) readonly buffer A_ { float a[]; };
 layout(binding = 2) readonly buffer B_ { float b[]; };
 
+// push constants: forge__pc_merge (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint K, n_elems, chunk_row0, t_row0, t_rows, row_step, row_phase, rank, a_el, b_el, fmt;
     float scale;

@@ -20,6 +20,7 @@ layout(binding = 1) readonly buffer T_ { float targets[]; };
 layout(binding = 2) readonly buffer W_ { float weights[]; };
 layout(binding = 3) writeonly buffer O_ { float loss[]; };
 
+// push constants: forge__pc_loss (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint n, row0, rows, mode, flags; float softcap; } pc;
 
 shared float red[256];

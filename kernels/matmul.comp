@@ -18,16 +18,7 @@
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-    float eps;                    // (matvec_sg only)
-    uint rows_per_wg;             // (matvec_sg only)
-    uint k_split;                 // flags 64: k per split
-    uint e0, n_exp, top_k, a_div; // MOE: the chunk's experts, (top_k unused), the A row divisor
-    uint order_off;               // MOE: where the sorted pairs start in binding 6 (words)
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #define W_BINDING 1

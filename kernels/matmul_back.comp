@@ -11,24 +11,7 @@
 //           3, 4 MLX scales and biases, unused by other formats
 // flags: 1 accumulate into C.
 #extension GL_GOOGLE_include_directive : require
-layout(local_size_x = 256) in;
-
-layout(push_constant) uniform PC {
-    uint M, K, N, y_col0, ldy, ldc, c_col0, flags;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-} pc;
-
-#include "common.glsl"
-#define W_BINDING 1
-#define AUX0_BINDING 3
-#define AUX1_BINDING 4
-#define QBITS pc.qbits
-#define QGROUP pc.qgroup
-#define QFLAGS pc.qflags
-#include "weights.glsl"
-
-layout(binding = 0) readonly buffer Y_ { float dy[]; };
-layout(binding = 2) buffer C_ { float c[]; };
+#include "matmul_back_common.glsl"
 
 const uint BM = 64, BK = 64, BN = 32;
 shared vec4 Ys[BN][BM / 4];   // Ys[n][m/4]: dY tile, transposed

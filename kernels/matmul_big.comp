@@ -11,12 +11,7 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 256) in;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-    float eps;                    // (matvec_sg only)
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #define W_BINDING 1

@@ -65,14 +65,7 @@
 #define THREADS (WARPS_M * WARPS_N * 32)
 layout(local_size_x = THREADS) in;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-    float eps;                    // (matvec_sg only)
-    uint rows_per_wg;             // (matvec_sg only)
-    uint k_split;                 // flags 64: k per split
-} pc;
+#include "pc_linear.glsl"
 
 #define FORGE_F16_TYPES 1
 #include "common.glsl"

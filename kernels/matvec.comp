@@ -10,12 +10,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 0) const uint WG = 128;
 layout(constant_id = 1) const uint ROWS = 1;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-    float eps;                    // (matvec_sg only)
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #define W_BINDING 1

@@ -53,13 +53,7 @@ layout(constant_id = 1) const uint ROWS = 16;
 // then 2 x the subgroups (Q8_OUT: ROWS / 8 groups a workgroup)
 layout(constant_id = 2) const bool PAIRED = false;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;
-    float eps;
-    uint rows_per_wg;
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #define W_BINDING 1

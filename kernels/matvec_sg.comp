@@ -57,15 +57,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 16;
 
-layout(push_constant) uniform PC {
-    uint M, K, N, a_row0, ldc, c_col0, flags, bias_off;
-    float softcap;
-    uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
-    float eps;                    // PRENORM
-    uint rows_per_wg;             // M = 1: outputs per workgroup (<= MAX_R), K split; 0: as M > 1
-    uint k_split;                 // (matmul only)
-    uint e0, n_exp, top_k, a_div; // EXPERTS: the chunk's experts, (choices per token), A row divisor
-} pc;
+#include "pc_linear.glsl"
 
 #include "common.glsl"
 #define W_BINDING 1

@@ -9,6 +9,7 @@ layout(binding = 0) readonly buffer R_ { uvec2 route[]; };
 layout(binding = 1) readonly buffer Y_ { float y[]; };
 layout(binding = 2) buffer O_ { float o[]; };
 
+// push constants: forge__pc_moe_combine (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint n_tokens, dim, top_k, flags; } pc;
 
 void main() {

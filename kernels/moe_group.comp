@@ -15,6 +15,7 @@ const uint MAXE = 1024;  // forge.c FORGE__MAX_EXPERTS
 layout(binding = 0) readonly buffer R_ { uvec2 route[]; };
 layout(binding = 1) buffer M_ { uint moe[]; };
 
+// push constants: forge__pc_moe_group (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint n_pairs, n_experts, bm, order_off; } pc;
 
 shared uint cnt[MAXE];

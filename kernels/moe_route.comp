@@ -17,6 +17,7 @@ layout(binding = 0) readonly buffer L_ { float logits[]; };
 layout(binding = 1) writeonly buffer R_ { uvec2 route[]; };
 layout(binding = 2) readonly buffer S_ { float expert_scale[]; };
 
+// push constants: forge__pc_moe_route (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC { uint n_experts, top_k, flags, n_tokens; } pc;
 
 shared float prob[MAXE];

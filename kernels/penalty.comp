@@ -10,6 +10,7 @@ layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint n_penalty; 
 layout(binding = 1) readonly buffer I_ { uint ids[]; };
 layout(binding = 2) buffer L_ { float logits[]; };
 
+// push constants: the host pushes one uint32_t (src/forward.c), its op row's size (checked against the block's)
 layout(push_constant) uniform PC { uint n_vocab; } pc;
 
 void main() {

@@ -14,6 +14,7 @@ layout(binding = 1) readonly buffer W_ { float w[]; };
 layout(binding = 2) buffer O_ { float o[]; };
 layout(binding = 3) readonly buffer R_ { float resid[]; };
 
+// push constants: forge__pc_rmsnorm (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint dim, x_row0, out_row0, flags;
     float eps;

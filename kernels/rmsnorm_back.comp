@@ -16,6 +16,7 @@ layout(binding = 1) readonly buffer W_ { float w[]; };
 layout(binding = 2) readonly buffer DY_ { float dy[]; };
 layout(binding = 3) buffer O_ { float o[]; };
 
+// push constants: forge__pc_norm_back (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint dim, flags;
     float eps;

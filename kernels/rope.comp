@@ -34,6 +34,7 @@ layout(binding = 3) writeonly buffer KC_ { float kc[]; };
 layout(binding = 4) writeonly buffer VC_ { float vc[]; };
 #endif
 
+// push constants: forge__pc_rope (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, cache_slots, stride, k_off, v_off, seq_len, table;
 } pc;

@@ -26,6 +26,7 @@ layout(binding = 2) buffer X_ { uint xw[]; };
 layout(binding = 2) buffer X_ { float x[]; };
 #endif
 
+// push constants: forge__pc_rope_back (src/ops.c), field for field (checked against its size)
 layout(push_constant) uniform PC {
     uint n_tokens, n_heads, n_kv_heads, head_dim, adjacent, stride, k_off, seq_len;
 } pc;

@@ -19,6 +19,7 @@ layout(binding = 1) readonly buffer L_ { float logits[]; };
 layout(binding = 2) writeonly buffer C_ { uvec2 cand[]; };  // (floatBitsToUint(value), index)
 layout(binding = 3) writeonly buffer S_ { vec2 stats[]; };
 
+// push constants: the host pushes uint32_t[3] (src/forward.c), its op row's size (checked against the block's)
 layout(push_constant) uniform PC { uint n_vocab, C, temp_word; } pc;
 
 shared float sv[CHUNK];

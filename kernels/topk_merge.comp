@@ -21,6 +21,7 @@ layout(binding = 1) readonly buffer C_ { uvec2 cand[]; };  // (value bits, index
 layout(binding = 2) readonly buffer S_ { vec2 stats[]; };
 layout(binding = 3) writeonly buffer O_ { uvec2 outv[]; }; // [0] = (M bits, S bits), then (value bits, index)
 
+// push constants: the host pushes uint32_t[3] (src/forward.c), its op row's size (checked against the block's)
 layout(push_constant) uniform PC { uint n_chunks, C, temp_word; } pc;
 
 shared uint cnt[256];

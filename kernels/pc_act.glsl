@@ -1,0 +1,10 @@
+// pc_act.glsl: the push constants of the gated MLP's middle (pc), mirrored field for field by
+// forge__pc_act (src/ops.c), which the host pushes whole to both kernels that use it:
+// act_mul.comp and act_mul_back.comp (which reads count, act, layout_ and ffn: it knows no
+// layout 3). tools/build_kernels.sh records each module's block size
+// (FORGE_SPV_PUSH_BYTES_<module>) and src/ops.c checks it equals sizeof(forge__pc_act).
+// layout_: forge__pc_act's `layout` (a GLSL keyword): 1 gate|up pairs, 2 halves, 3 apart.
+layout(push_constant) uniform PC {
+    uint count, act, layout_, ffn;
+    uint up_stride, up_col0;   // layout 3: the ups' rows in binding 2 (act_mul)
+} pc;
