@@ -9,8 +9,11 @@
  * counting mode: a command buffer's descriptor pool is sized exactly before it is recorded.
  */
 
-/* Push constants, mirroring the `PC` blocks of the kernels. */
-typedef struct forge__pc_linear {   /* matvec.comp, matvec_sg.comp, matmul.comp */
+/* Push constants, mirroring the `PC` blocks of the kernels field for field: a family that several
+ * kernels share is declared once in kernels/pc_*.glsl (or matmul_back_common.glsl), the others in
+ * their kernel. The host pushes the whole struct; each module's block is checked to be exactly
+ * its size (the static asserts after forge__ops, and tests/test_push_constants.cpp per op row). */
+typedef struct forge__pc_linear {   /* kernels/pc_linear.glsl: matvec, matvec_sg, matvec_q8a, matmul (_big, _cm), linear_reduce */
     uint32_t M, K, N, a_row0, ldc, c_col0, flags, bias_off;
     float softcap;
     uint32_t qbits, qgroup, qflags; /* MLX affine */
@@ -48,7 +51,7 @@ typedef struct forge__pc_rope {     /* rope.comp */
     uint32_t seq_len;               /* training batches: tokens per sequence (0: one sequence) */
     uint32_t table;                 /* batch generation: positions and sequences from the row table */
 } forge__pc_rope;
-typedef struct forge__pc_attention { /* attention_tiled.comp, attention_split.comp (which reads n_splits) */
+typedef struct forge__pc_attention { /* kernels/pc_attention.glsl: attention_tiled, _split, _cm, _decode (n_splits: the split ones) */
     uint32_t n_tokens, n_heads, n_kv_heads, head_dim, cache_slots, window;
     float scale, softcap;
     uint32_t n_splits;
@@ -82,7 +85,7 @@ _Static_assert(FORGE__ATTN_SPLITS <= 64 && FORGE__ATTN_SPLITS_BATCH <= FORGE__AT
 #ifndef FORGE__ATTN_SPLITS_CPU
 #define FORGE__ATTN_SPLITS_CPU 2    /* ... on CPU devices */
 #endif
-typedef struct forge__pc_act {      /* act_mul.comp, act_mul_back.comp */
+typedef struct forge__pc_act {      /* kernels/pc_act.glsl: act_mul.comp, act_mul_back.comp */
     uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups), 3 apart */
     uint32_t up_stride, up_col0;        /* layout 3: the ups' rows in binding 2 */
 } forge__pc_act;
@@ -101,7 +104,7 @@ typedef struct forge__pc_moe_combine { /* moe_combine.comp */
 } forge__pc_moe_combine;
 
 /* The backward kernels (training) */
-typedef struct forge__pc_back {     /* matmul_back.comp: C (+)= dY . W */
+typedef struct forge__pc_back {     /* kernels/matmul_back_common.glsl: matmul_back(_big).comp, C (+)= dY . W */
     uint32_t M, K, N, y_col0, ldy, ldc, c_col0, flags;
     uint32_t qbits, qgroup, qflags;
 } forge__pc_back;
@@ -365,6 +368,88 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
     [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
 };
+/* Each module's push-constant block, as tools/build_kernels.sh read its size from the SPIR-V
+ * (FORGE_SPV_PUSH_BYTES_<module>), is the struct its rows push. Equal, not merely no larger: a
+ * block shorter than the range pushed is valid Vulkan (the kernel ignores the tail), and that is
+ * how the copies of a block drifted apart; with each family's block in one place, a difference
+ * means a field went into one side only. (The rows' push_bytes themselves: test_push_constants.cpp.) */
+#define FORGE__PUSH_IS(module, type) \
+    _Static_assert(FORGE_SPV_PUSH_BYTES_##module == sizeof(type), "kernels: the push constants of " #module " are not " #type " (src/ops.c)")
+#define FORGE__WEIGHT_PUSH(name)                          \
+    FORGE__PUSH_IS(embed_##name, forge__pc_embed);        \
+    FORGE__PUSH_IS(matvec_##name, forge__pc_linear);      \
+    FORGE__PUSH_IS(matvec_sg_##name, forge__pc_linear);   \
+    FORGE__PUSH_IS(matmul_##name, forge__pc_linear);      \
+    FORGE__PUSH_IS(matmul_s_##name, forge__pc_linear);    \
+    FORGE__PUSH_IS(matmul_moe_##name, forge__pc_linear);  \
+    FORGE__PUSH_IS(matmul_big_##name, forge__pc_linear);  \
+    FORGE__PUSH_IS(matmul_back_##name, forge__pc_back);   \
+    FORGE__PUSH_IS(matmul_back_big_##name, forge__pc_back)
+FORGE__WEIGHT_PUSH(f32);
+FORGE__WEIGHT_PUSH(f16);
+FORGE__WEIGHT_PUSH(bf16);
+FORGE__WEIGHT_PUSH(q4_0);
+FORGE__WEIGHT_PUSH(q8_0);
+FORGE__WEIGHT_PUSH(q4_k);
+FORGE__WEIGHT_PUSH(q6_k);
+FORGE__WEIGHT_PUSH(mlx);
+#if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
+FORGE__PUSH_IS(matmul_cm_f32, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_f16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_bf16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_q4_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_q6_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_mlx, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_s_f16, forge__pc_linear);
+FORGE__PUSH_IS(act_f16, forge__pc_act_f16);
+FORGE__PUSH_IS(attention_cm_d64, forge__pc_attention);
+FORGE__PUSH_IS(attention_cm_d128, forge__pc_attention);
+FORGE__PUSH_IS(attention_cm_d256, forge__pc_attention);
+#endif
+FORGE__PUSH_IS(matvec_sg_post_f32, forge__pc_linear);
+FORGE__PUSH_IS(matvec_sg_post_f16, forge__pc_linear);
+FORGE__PUSH_IS(matvec_sg_post_bf16, forge__pc_linear);
+FORGE__PUSH_IS(matvec_sg_pair_f32, forge__pc_linear);
+FORGE__PUSH_IS(matvec_sg_pair_f16, forge__pc_linear);
+FORGE__PUSH_IS(matvec_sg_pair_bf16, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_out_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_g8_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_g8_out_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_out_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_g8_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_g8_out_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(linear_reduce, forge__pc_linear);
+FORGE__PUSH_IS(act_q8, forge__pc_act_q8);
+FORGE__PUSH_IS(rmsnorm, forge__pc_rmsnorm);
+FORGE__PUSH_IS(rope, forge__pc_rope);
+FORGE__PUSH_IS(rope_kv16, forge__pc_rope);
+FORGE__PUSH_IS(attention_tiled, forge__pc_attention);
+FORGE__PUSH_IS(attention_tiled_kv16, forge__pc_attention);
+FORGE__PUSH_IS(attention_split, forge__pc_attention);
+FORGE__PUSH_IS(attention_split_kv16, forge__pc_attention);
+FORGE__PUSH_IS(attention_decode, forge__pc_attention);
+FORGE__PUSH_IS(attention_decode_kv16, forge__pc_attention);
+FORGE__PUSH_IS(attention_combine, forge__pc_combine);
+FORGE__PUSH_IS(act_mul, forge__pc_act);
+FORGE__PUSH_IS(moe_route, forge__pc_moe_route);
+FORGE__PUSH_IS(moe_group, forge__pc_moe_group);
+FORGE__PUSH_IS(moe_combine, forge__pc_moe_combine);
+FORGE__PUSH_IS(penalty, uint32_t);     /* src/forward.c pushes n_vocab alone */
+FORGE__PUSH_IS(topk, uint32_t[3]);     /* ... and {n, candidates, temp_word} */
+FORGE__PUSH_IS(topk_merge, uint32_t[3]);
+FORGE__PUSH_IS(gemm, forge__pc_gemm);
+FORGE__PUSH_IS(rmsnorm_back, forge__pc_norm_back);
+FORGE__PUSH_IS(rope_back, forge__pc_rope_back);
+FORGE__PUSH_IS(rope_shift_kv16, forge__pc_rope_back);
+FORGE__PUSH_IS(attention_back, forge__pc_attn_back);
+FORGE__PUSH_IS(act_mul_back, forge__pc_act);
+FORGE__PUSH_IS(loss, forge__pc_loss);
+FORGE__PUSH_IS(adamw, forge__pc_adamw);
+FORGE__PUSH_IS(lora_merge, forge__pc_merge);
 #define FORGE__MAX_BINDINGS 13 /* attention_decode's */
 #define FORGE__MATVEC_MAX_M 8     /* matvec.comp MAX_M: more rows of A go to matmul */
 

@@ -691,7 +691,7 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
     if (s) return s;
     if (date) snprintf(st.date, sizeof st.date, "%s", date);
     forge__sb b = {0};
-    s = forge__chat_render(&st, msgs, n, flags, &b, &err);
+    s = forge__chat_render_caller(&st, msgs, n, flags, &b, &err);
     *out = b.buf;
     *len = b.len;
     return s;
@@ -1250,6 +1250,38 @@ forge_status ft_discover_mem(const uint8_t *data, size_t size) {
     return forge_discover(ft_discover_dir, NULL, ft_discover_count, &loadable, err, sizeof err);
 }
 
+
+/* ---- push constants ---- */
+typedef struct ft_module_rec {
+    const char *name;
+    const uint32_t *words;
+    size_t bytes;
+    uint32_t block_bytes;
+} ft_module_rec;
+#define FT_MODULE_REC(name) {#name, forge_spv_##name, sizeof forge_spv_##name, FORGE_SPV_PUSH_BYTES_##name},
+static const ft_module_rec ft_modules[] = {FORGE_SPV_MODULES(FT_MODULE_REC)};
+
+int ft_module_count(void) { return (int)(sizeof ft_modules / sizeof ft_modules[0]); }
+
+int ft_module(int i, const char **name, const uint32_t **words, size_t *n_words, uint32_t *block_bytes) {
+    if (i < 0 || i >= ft_module_count()) return 0;
+    *name = ft_modules[i].name;
+    *words = ft_modules[i].words;
+    *n_words = ft_modules[i].bytes / 4;
+    *block_bytes = ft_modules[i].block_bytes;
+    return 1;
+}
+
+int ft_op_count(void) { return FORGE__OP_COUNT; }
+
+void ft_op(int op, const char **name, int *module, uint32_t *push_bytes) {
+    const forge__op_desc *d = &forge__ops[op];
+    *name = d->name;
+    *push_bytes = d->push_bytes;
+    *module = -1;
+    for (int i = 0; i < ft_module_count(); i++)
+        if (d->spv && ft_modules[i].words == d->spv) *module = i;
+}
 
 /* ---- kernel timing (tests/test_kernel_bench.cpp, run by hand on a GPU) ----
  * Device-local operands filled on the device: A [M, K] = 1.0f, W [N, K] with the 32-bit

@@ -280,6 +280,18 @@ forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, u
 forge_status ft_rope_shift16(ft_ctx *c, uint16_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d,
                              int adjacent);
 
+/* ---- push constants (tests/test_push_constants.cpp) ---- */
+/* Module i (0 .. ft_module_count() - 1) of the generated kernel header: its name, SPIR-V words,
+ * and the size of its push-constant block as tools/build_kernels.sh recorded it
+ * (FORGE_SPV_PUSH_BYTES_<name>). 0 past the end. */
+int ft_module_count(void);
+int ft_module(int i, const char **name, const uint32_t **words, size_t *n_words, uint32_t *block_bytes);
+/* Op `op` of forge__ops (0 .. ft_op_count() - 1): its name, the module it runs (as ft_module's
+ * index; -1 where this build has none, the row left empty) and the bytes the host pushes to it
+ * (its row's push_bytes). */
+int ft_op_count(void);
+void ft_op(int op, const char **name, int *module, uint32_t *push_bytes);
+
 #ifdef __cplusplus
 }
 #ifdef __cplusplus
