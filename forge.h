@@ -17,8 +17,27 @@
  * caller asked for go into caller buffers; a buffer that is too small gives
  * FORGE_ERR_BUFFER_TOO_SMALL and the size needed.
  *
- * Parameters. Parameter structs come from forge_*_default_params(); their first field is
- * their size in bytes, so old binaries keep working when fields are added at the end.
+ * Structs grow at their end. Every struct forge reads or writes starts with
+ * `uint32_t struct_size`, its size as the caller's forge.h declared it, so a binary built
+ * against an older forge.h keeps working with a newer library (and the other way round):
+ *   - parameter structs come from forge_*_default_params(), which set it;
+ *   - structs forge fills (forge_metrics, forge_model_info, forge_memory_stats, ...) and the
+ *     elements of arrays forge reads or fills (forge_chat_message, forge_classify_prompt,
+ *     forge_classify_result, forge_batch_item, forge_batch_result, forge_device_info): the
+ *     caller sets struct_size = sizeof(T) before the call (`forge_metrics m = {sizeof m};`).
+ *     In an array the first element's struct_size is every element's size (the stride).
+ *   forge writes at most struct_size bytes into a struct it fills and zeroes the bytes it has no
+ *   field for; it reads at most struct_size bytes of a struct it reads, taking the fields past
+ *   them as zero. struct_size 0 gives FORGE_ERR_INVALID_ARGUMENT naming the struct, before the
+ *   call does anything. A struct that ends in another forge struct (forge_batch_result's
+ *   metrics) grows only through that one. Bindings check their mirrors at load with
+ *   forge_struct_size() and forge_version_number().
+ *
+ * Linking. Build forge.c (or the drop-in dist/forge.c) into a static or shared library: the
+ * forge_* functions are exported with default visibility, everything else is static. To make
+ * forge private to one translation unit instead, `#define FORGE_STATIC` and `#include "forge.c"`
+ * in it: every forge_* function is then static too (nothing is exported; unused functions may
+ * warn under -Wunused-function). Defining FORGE_API yourself overrides both.
  *
  * Callbacks. A callback that can stop its call returns 0 to go on and non-zero to stop, as
  * sqlite3_exec's and libcurl's do (forge_token_fn). Callbacks that only report (log, load
@@ -71,6 +90,9 @@ extern "C" {
 #define FORGE_VERSION_MAJOR 0
 #define FORGE_VERSION_MINOR 1
 #define FORGE_VERSION_PATCH 0
+/* The version as one number, MAJOR * 1000000 + MINOR * 1000 + PATCH (0.1.0 is 1000), for
+ * comparisons at compile time; forge_version_number() gives the library's at run time. */
+#define FORGE_VERSION_NUMBER (FORGE_VERSION_MAJOR * 1000000 + FORGE_VERSION_MINOR * 1000 + FORGE_VERSION_PATCH)
 
 /* ---------------------------------------------------------------------------------------
  * Status codes
@@ -95,6 +117,13 @@ FORGE_API const char *forge_status_name(forge_status status);
 
 /* Library version string, "MAJOR.MINOR.PATCH". Constant, never NULL. */
 FORGE_API const char *forge_version(void);
+
+/* The library's FORGE_VERSION_NUMBER (which may differ from the header's a caller was built with). */
+FORGE_API int forge_version_number(void);
+
+/* sizeof the named public struct in the library ("forge_metrics", "forge_model_params", ...),
+ * or 0 for a name forge.h does not define: what an FFI binding compares its mirrors with. */
+FORGE_API size_t forge_struct_size(const char *name);
 
 /* Log levels for forge_log_fn. */
 typedef enum forge_log_level {
@@ -124,6 +153,7 @@ typedef enum forge_device_type {
 } forge_device_type;
 
 typedef struct forge_device_info {
+    uint32_t struct_size;          /* set by the caller in out[0]: sizeof(forge_device_info) */
     int index;                     /* index to pass as forge_model_params.device_index */
     char name[256];                /* e.g. "NVIDIA H100 80GB HBM3", "llvmpipe (LLVM 15.0.6, 256 bits)" */
     char driver[256];              /* driver name and version, e.g. "NVIDIA 580.159.4" */
@@ -143,7 +173,7 @@ typedef struct forge_device_info {
 } forge_device_info;
 
 /* Lists the Vulkan devices. Writes up to `capacity` entries to `out` (may be NULL when capacity
- * is 0) and the total number found to *count. Devices are in the order the default choice
+ * is 0; else out[0].struct_size gives the entries' size) and the total number found to *count. Devices are in the order the default choice
  * prefers them: discrete, integrated, virtual, CPU. Fails with FORGE_ERR_DEVICE when no Vulkan
  * loader or driver is present; errmsg (if not NULL) receives the reason. */
 FORGE_API forge_status forge_list_devices(forge_device_info *out, int capacity, int *count,
@@ -234,6 +264,7 @@ FORGE_API void forge_model_free(forge_model *model);
 FORGE_API const char *forge_model_errmsg(const forge_model *model);
 
 typedef struct forge_memory_stats {
+    uint32_t struct_size;          /* set by the caller: sizeof(forge_memory_stats) */
     uint64_t host_arena_bytes;     /* host memory forge holds for this object (arena, tables) */
     uint64_t device_planned_bytes; /* device memory the plan needs */
     uint64_t device_in_use_bytes;  /* device memory allocated now */
@@ -245,6 +276,7 @@ typedef struct forge_memory_stats {
 } forge_memory_stats;
 
 typedef struct forge_model_info {
+    uint32_t struct_size;          /* set by the caller: sizeof(forge_model_info) */
     char architecture[32];         /* "llama", "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "gemma4" */
     char source_format[16];        /* "safetensors" or "gguf" */
     char weight_dtype[16];         /* dominant storage type of the matrices: "f32", "bf16", "q4_k", ... */
@@ -264,11 +296,14 @@ typedef struct forge_model_info {
     uint64_t weight_bytes;         /* bytes of weights on the device */
     char device_name[256];
     char device_driver[256];
-    forge_memory_stats memory;
 } forge_model_info;
 
-/* Fills *info. Cannot fail on a loaded model. */
+/* Fills *info. Fails only on a NULL or failed model, a vocab_only one, or struct_size 0. */
 FORGE_API forge_status forge_model_get_info(const forge_model *model, forge_model_info *info);
+
+/* The model's memory: its host arena and the device memory of its weights (planned, in use),
+ * and the peak of the model and everything made from it (sessions, trainers). */
+FORGE_API forge_status forge_model_memory(const forge_model *model, forge_memory_stats *stats);
 FORGE_API int forge_model_n_vocab(const forge_model *model);
 FORGE_API int forge_model_n_ctx_train(const forge_model *model);
 
@@ -295,6 +330,7 @@ typedef struct forge_discover_params {
 } forge_discover_params;
 
 typedef struct forge_discovered_model {
+    uint32_t struct_size;          /* set by forge: sizeof(forge_discovered_model) (read fields within it) */
     const char *path;              /* the model directory or .gguf file: `dir` joined with the path below it */
     forge_model_format format;
     const char *format_name;       /* "safetensors" or "gguf" */
@@ -467,6 +503,7 @@ FORGE_API forge_status forge_session_load(forge_session *session, const char *pa
 /* Attention-K inspection (go-mlx's AttentionInspector): the keys one layer's KV cache holds,
  * after RoPE, for the positions it still holds of the session's sequence. */
 typedef struct forge_keys_info {
+    uint32_t struct_size;  /* set by the caller: sizeof(forge_keys_info) */
     int n_layers;     /* the model's layers */
     int n_kv_heads;   /* KV heads (fewer than query heads under GQA) */
     int head_dim;
@@ -598,6 +635,7 @@ FORGE_API int32_t forge_token_id(const forge_model *model, const char *piece);
 FORGE_API int forge_token_is_special(const forge_model *model, int32_t token);
 
 typedef struct forge_special_tokens {
+    uint32_t struct_size; /* set by the caller: sizeof(forge_special_tokens) */
     int32_t bos;          /* -1 when the model has none */
     int32_t eos;
     int32_t eot;          /* end of turn: <|eot_id|>, <|im_end|>, <end_of_turn>; -1 if none */
@@ -679,6 +717,7 @@ FORGE_API forge_generate_params forge_generate_default_params(void);
 
 /* Per-call numbers; also kept on the session for forge_session_metrics. */
 typedef struct forge_metrics {
+    uint32_t struct_size;             /* set by the caller: sizeof(forge_metrics) */
     int prompt_tokens;                /* tokens of the prompt (after the chat template) */
     int cached_tokens;                /* of which reused from the session's cache (exact prefix) */
     int generated_tokens;
@@ -734,6 +773,7 @@ FORGE_API forge_status forge_session_metrics(const forge_session *session, forge
  * ------------------------------------------------------------------------------------- */
 
 typedef struct forge_batch_item {
+    uint32_t struct_size;                /* sizeof(forge_batch_item); items[0]'s is every item's */
     const char *text;                    /* UTF-8 prompt (tokenized as forge_generate does), or NULL: */
     size_t text_len;
     const int32_t *tokens;               /* token ids when text is NULL */
@@ -744,10 +784,12 @@ typedef struct forge_batch_item {
 } forge_batch_item;
 
 typedef struct forge_batch_result {
+    uint32_t struct_size;                /* sizeof(forge_batch_result), set by the caller in results[0] */
     forge_status status;                 /* this item's: FORGE_ERR_LIMIT for a prompt over n_ctx,
                                           * FORGE_ERR_INVALID_ARGUMENT for an empty prompt, a token outside
                                           * the vocabulary or params out of range (the others still run) */
-    forge_metrics metrics;               /* as forge_generate's; ttft_ms from when the item got its place */
+    forge_metrics metrics;               /* as forge_generate's; ttft_ms from when the item got its place.
+                                          * The last field: forge_batch_result grows only through it. */
 } forge_batch_result;
 
 /* Generates for items[0 .. n_items), results into results[0 .. n_items). Items start in order as
@@ -776,6 +818,7 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * ------------------------------------------------------------------------------------- */
 
 typedef struct forge_chat_message {
+    uint32_t struct_size;  /* sizeof(forge_chat_message); messages[0]'s is every message's */
     const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool"; Gemma 4: also "developer") */
     const char *content;   /* UTF-8 */
 } forge_chat_message;
@@ -815,6 +858,7 @@ FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_messa
  * ------------------------------------------------------------------------------------- */
 
 typedef struct forge_classify_prompt {
+    uint32_t struct_size;         /* sizeof(forge_classify_prompt); prompts[0]'s is every prompt's */
     const char *text;             /* UTF-8 text (tokenized as forge_generate does), or NULL: */
     size_t text_len;
     const int32_t *tokens;        /* token ids when text is NULL */
@@ -838,6 +882,7 @@ typedef struct forge_classify_params {
 FORGE_API forge_classify_params forge_classify_default_params(void);
 
 typedef struct forge_classify_result {
+    uint32_t struct_size;         /* sizeof(forge_classify_result), set by the caller in results[0] */
     int32_t token;                /* drawn from the logits after the prompt's last token */
     int n_tokens;                 /* the prompt's tokens (after tokenizing) */
     const char *text;             /* the token's text as it continues the prompt (NUL-terminated;
@@ -929,6 +974,7 @@ FORGE_API forge_train_params forge_train_default_params(void);
 
 /* One batch: n_seqs sequences of up to seq_len tokens, row-major [n_seqs, seq_len]. */
 typedef struct forge_train_batch {
+    uint32_t struct_size;         /* set by the caller: sizeof(forge_train_batch) */
     int n_seqs;
     int seq_len;                  /* the row length of tokens, labels and mask */
     const int32_t *tokens;        /* [n_seqs, seq_len] token ids; padding past a row's length is ignored */
@@ -941,6 +987,7 @@ typedef struct forge_train_batch {
 } forge_train_batch;
 
 typedef struct forge_train_stats {
+    uint32_t struct_size;         /* set by the caller: sizeof(forge_train_stats) */
     double loss;                  /* the batch's mean loss (before the update) */
     int64_t tokens;               /* counted targets (cross-entropy) or positions (MSE) */
     double grad_norm;             /* global L2 norm of the step's gradient before clipping

@@ -49,7 +49,8 @@ int main(int argc, char **argv) {
     params.max_tokens = 48;
     params.on_token = stream_token;
     params.user_data = &reply;
-    forge_metrics metrics;
+    forge_metrics metrics{};
+    metrics.struct_size = sizeof metrics; // structs forge fills say their size (forge.h)
     std::fputs(prompt.c_str(), stdout);
     if ((st = forge_generate(session.get(), prompt.data(), prompt.size(), &params, &metrics)) != FORGE_OK) {
         std::fprintf(stderr, "\n%s: %s\n", forge_status_name(st), forge_session_errmsg(session.get()));
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
     std::vector<forge_chat_message> chat; // points into conversation: rebuilt after every change
     auto rebuild = [&] {
         chat.clear();
-        for (auto &[role, text] : conversation) chat.push_back({role.c_str(), text.c_str()});
+        for (auto &[role, text] : conversation) chat.push_back({sizeof(forge_chat_message), role.c_str(), text.c_str()});
     };
     rebuild();
     size_t need = 0;

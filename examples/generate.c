@@ -34,7 +34,7 @@ int main(int argc, char **argv) {
     forge_generate_params gp = forge_generate_default_params(); /* greedy, 256 tokens at most */
     gp.max_tokens = 64;
     gp.on_token = print_token;
-    forge_metrics mt;
+    forge_metrics mt = {.struct_size = sizeof mt}; /* structs forge fills say their size (forge.h) */
     fputs(prompt, stdout);
     forge_status st = forge_generate(session, prompt, strlen(prompt), &gp, &mt);
     if (st == FORGE_OK)
@@ -44,7 +44,8 @@ int main(int argc, char **argv) {
 
     /* Chat: the whole conversation on every call, rendered in the model's own template; the
      * session's prompt cache prefills only the new turn. The bundled story model has no template. */
-    forge_chat_message chat[] = {{"system", "You are a storyteller."}, {"user", "Tell me a story about a cat."}};
+    forge_chat_message chat[] = {{sizeof(forge_chat_message), "system", "You are a storyteller."},
+                                 {sizeof(forge_chat_message), "user", "Tell me a story about a cat."}};
     size_t need;
     char probe[1];
     if (st == FORGE_OK && forge_chat_render(model, chat, 2, 0, probe, sizeof probe, &need) == FORGE_ERR_UNSUPPORTED) {

@@ -366,9 +366,19 @@ static void forge__slot_release(forge_model *m) {
     pthread_mutex_unlock(&m->slot_lock);
 }
 
-FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_info *info) {
-    if (!info || !forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+/* A caller's struct for a model-level call says its size, else the reason goes on the model. */
+static forge_status forge__model_check_sized(const forge_model *m, const void *p, const char *type) {
+    forge__err err;
+    forge_status st = forge__check_sized(p, type, &err);
+    return st ? forge__model_fail(m, st, "%s", err.msg) : FORGE_OK;
+}
+
+FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_info *out) {
+    if (!out || !forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__model_check_sized(m, out, "forge_model_info");
+    if (st) return st;
     if (!forge__model_has_weights(m, "forge_model_get_info")) return FORGE_ERR_UNSUPPORTED;
+    forge_model_info full, *info = &full;
     memset(info, 0, sizeof *info);
     const forge__config *c = &m->cfg;
     snprintf(info->architecture, sizeof info->architecture, "%s", forge__arch_names[c->arch]);
@@ -390,7 +400,17 @@ FORGE_API forge_status forge_model_get_info(const forge_model *m, forge_model_in
     info->weight_bytes = m->weight_bytes;
     snprintf(info->device_name, sizeof info->device_name, "%s", m->dev.info.name);
     snprintf(info->device_driver, sizeof info->device_driver, "%s", m->dev.info.driver);
-    info->memory = (forge_memory_stats){m->arena.bytes, m->mem.planned, m->mem.in_use, forge__mem_peak(&m->mem_total), m->mem.n_buffers, m->mem.n_allocations, 0, 0};
+    FORGE__PUT(out, full);
+    return FORGE_OK;
+}
+
+FORGE_API forge_status forge_model_memory(const forge_model *m, forge_memory_stats *out) {
+    if (!out || !forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__model_check_sized(m, out, "forge_memory_stats");
+    if (st) return st;
+    forge_memory_stats full = {sizeof full, m->arena.bytes, m->mem.planned, m->mem.in_use, forge__mem_peak(&m->mem_total),
+                               m->mem.n_buffers, m->mem.n_allocations, 0, 0};
+    FORGE__PUT(out, full);
     return FORGE_OK;
 }
 
@@ -399,6 +419,7 @@ FORGE_API int forge_model_n_ctx_train(const forge_model *m) { return forge__mode
 
 FORGE_API forge_status forge_session_plan(forge_model *m, const forge_session_params *params, forge_memory_stats *plan) {
     if (!forge__model_ready(m) || !plan) return FORGE_ERR_INVALID_ARGUMENT;
+    if (forge__model_check_sized(m, plan, "forge_memory_stats")) return FORGE_ERR_INVALID_ARGUMENT;
     if (!forge__model_has_weights(m, "forge_session_plan")) return FORGE_ERR_UNSUPPORTED;
     forge_session_params p;
     FORGE__COPY_PARAMS(p, params, forge_session_default_params);
@@ -410,11 +431,12 @@ FORGE_API forge_status forge_session_plan(forge_model *m, const forge_session_pa
     forge__pack pack = {0};
     st = forge__session_pack(m, &sp, &pack, &a, &err);
     if (!st) {
-        memset(plan, 0, sizeof *plan);
-        plan->device_planned_bytes = forge__pack_total(&pack) + forge__session_host_visible_bytes(m, &sp);
-        plan->host_arena_bytes = a.bytes;
-        plan->device_buffers = (uint64_t)pack.n_blocks + 2;
-        forge__session_kv_bytes(m, &sp, &plan->kv_cache_bytes, &plan->kv_sliding_bytes);
+        forge_memory_stats full = {.struct_size = sizeof full};
+        full.device_planned_bytes = forge__pack_total(&pack) + forge__session_host_visible_bytes(m, &sp);
+        full.host_arena_bytes = a.bytes;
+        full.device_buffers = (uint64_t)pack.n_blocks + 2;
+        forge__session_kv_bytes(m, &sp, &full.kv_cache_bytes, &full.kv_sliding_bytes);
+        FORGE__PUT(plan, full);
     } else {
         forge__model_fail(m, st, "%s", err.msg);
     }
@@ -494,10 +516,14 @@ FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, 
     return forge__profile_json(&s->prof, out, capacity, len);
 }
 
-FORGE_API forge_status forge_session_memory(const forge_session *s, forge_memory_stats *st) {
-    if (!s || !st) return FORGE_ERR_INVALID_ARGUMENT;
-    *st = (forge_memory_stats){s->arena.bytes, s->mem.planned, s->mem.in_use, s->mem.peak, s->mem.n_buffers, s->mem.n_allocations,
-                               s->kv_bytes, s->kv_sliding_bytes};
+FORGE_API forge_status forge_session_memory(const forge_session *cs, forge_memory_stats *out) {
+    if (!cs || !out) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_session *s = (forge_session *)cs; /* the error slot is the one part a const call may write */
+    forge_status st = forge__check_sized(out, "forge_memory_stats", &s->err);
+    if (st) return st;
+    forge_memory_stats full = {sizeof full, s->arena.bytes, s->mem.planned, s->mem.in_use, s->mem.peak, s->mem.n_buffers,
+                               s->mem.n_allocations, s->kv_bytes, s->kv_sliding_bytes};
+    FORGE__PUT(out, full);
     return FORGE_OK;
 }
 
@@ -710,18 +736,23 @@ FORGE_API int forge_token_is_special(const forge_model *m, int32_t token) {
 }
 
 FORGE_API forge_status forge_model_special_tokens(const forge_model *m, forge_special_tokens *out) {
-    if (!out) return FORGE_ERR_INVALID_ARGUMENT;
-    memset(out, 0, sizeof *out);
-    out->bos = out->eos = out->eot = out->pad = out->unk = out->sot = -1;
+    if (!out || forge__struct_size(out) < sizeof(uint32_t)) {
+        if (out && forge__model_ready(m)) forge__model_check_sized(m, out, "forge_special_tokens");
+        return FORGE_ERR_INVALID_ARGUMENT;
+    }
+    forge_special_tokens full = {.struct_size = sizeof full};
+    full.bos = full.eos = full.eot = full.pad = full.unk = full.sot = -1;
     const forge__tokenizer *tk = forge__model_tokenizer(m);
-    if (!tk) return FORGE_ERR_INVALID_ARGUMENT;
-    out->bos = tk->bos;
-    out->eos = tk->eos;
-    out->eot = tk->eot;
-    out->pad = tk->pad;
-    out->unk = tk->unk;
-    out->sot = tk->sot;
-    out->n_eos = tk->n_eos;
-    memcpy(out->eos_ids, tk->eos_ids, sizeof(int32_t) * (size_t)tk->n_eos);
-    return FORGE_OK;
+    if (tk) {
+        full.bos = tk->bos;
+        full.eos = tk->eos;
+        full.eot = tk->eot;
+        full.pad = tk->pad;
+        full.unk = tk->unk;
+        full.sot = tk->sot;
+        full.n_eos = tk->n_eos;
+        memcpy(full.eos_ids, tk->eos_ids, sizeof(int32_t) * (size_t)tk->n_eos);
+    }
+    FORGE__PUT(out, full);
+    return tk ? FORGE_OK : FORGE_ERR_INVALID_ARGUMENT;
 }

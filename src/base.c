@@ -36,6 +36,21 @@ FORGE_API const char *forge_status_name(forge_status status) {
 FORGE_API const char *forge_version(void) {
     return FORGE__XSTR(FORGE_VERSION_MAJOR) "." FORGE__XSTR(FORGE_VERSION_MINOR) "." FORGE__XSTR(FORGE_VERSION_PATCH);
 }
+FORGE_API int forge_version_number(void) { return FORGE_VERSION_NUMBER; }
+
+/* Every public struct, by name, for forge_struct_size: bindings check their mirrors with it. */
+#define FORGE__PUBLIC_STRUCTS(X)                                                                                                 \
+    X(forge_device_info) X(forge_model_params) X(forge_memory_stats) X(forge_model_info) X(forge_discover_params)               \
+    X(forge_discovered_model) X(forge_session_params) X(forge_keys_info) X(forge_detok_stream) X(forge_special_tokens)          \
+    X(forge_generate_params) X(forge_metrics) X(forge_batch_item) X(forge_batch_result) X(forge_chat_message)                   \
+    X(forge_classify_prompt) X(forge_classify_params) X(forge_classify_result) X(forge_train_params) X(forge_train_batch)      \
+    X(forge_train_stats)
+FORGE_API size_t forge_struct_size(const char *name) {
+#define FORGE__STRUCT_SIZE(T) if (name && !strcmp(name, #T)) return sizeof(T);
+    FORGE__PUBLIC_STRUCTS(FORGE__STRUCT_SIZE)
+#undef FORGE__STRUCT_SIZE
+    return 0;
+}
 
 /* An error slot: the message of the last failure on the object that owns it. */
 typedef struct forge__err {
@@ -69,6 +84,60 @@ static forge_status forge__wrap(forge__err *err, forge_status status, const char
     snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
     return status;
 }
+
+/* ---- Structs that grow at their end (forge.h: "Structs grow at their end") ----
+ * A caller's struct declares its size in its first field; forge reads and writes at most that
+ * many bytes of it, so a binary built against an older (smaller) struct is never written past. */
+
+static uint32_t forge__struct_size(const void *p) {
+    uint32_t n;
+    memcpy(&n, p, sizeof n);
+    return n;
+}
+/* A struct (or an array's first element) the caller passes must say its size: checked before a
+ * call does anything. NULL passes: a NULL output is one the caller did not ask for. */
+static forge_status forge__check_sized(const void *p, const char *type, forge__err *err) {
+    if (p && forge__struct_size(p) < sizeof(uint32_t))
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s.struct_size is %u: set it to sizeof(%s) before the call", type,
+                           forge__struct_size(p), type);
+    return FORGE_OK;
+}
+/* Writes forge's `full` (size bytes, struct_size first) as a caller's struct of n bytes at out:
+ * the first n bytes of it, the bytes past forge's fields zeroed, struct_size set to n. */
+static void forge__put_sized(void *out, uint32_t n, const void *full, size_t size) {
+    memcpy(out, &n, sizeof n);
+    if (n > size) memset((char *)out + size, 0, n - size);
+    size_t k = FORGE__MIN((size_t)n, size);
+    if (k > sizeof n) memcpy((char *)out + sizeof n, (const char *)full + sizeof n, k - sizeof n);
+}
+/* Fills the caller's struct at out (its own struct_size) from forge's `full`. */
+#define FORGE__PUT(out, full) forge__put_sized((out), forge__struct_size(out), &(full), sizeof(full))
+/* Element i of a caller's array whose elements are `stride` bytes. */
+#define FORGE__ELEM(base, i, stride) ((void *)((char *)(base) + (size_t)(i) * (stride)))
+/* Reads the caller's struct at in (n bytes) into forge's `full` (size bytes): fields past n are 0. */
+static void forge__get_sized(void *full, size_t size, const void *in, uint32_t n) {
+    memset(full, 0, size);
+    memcpy(full, in, FORGE__MIN((size_t)n, size));
+    uint32_t own = (uint32_t)size;
+    memcpy(full, &own, sizeof own);
+}
+/* A caller's array of n structs (stride: its first element's struct_size) as forge's own structs
+ * of `size` bytes: a calloc'd copy (free it), or NULL when out of host memory. */
+static void *forge__array_in(const void *arr, int n, size_t size) {
+    void *full = calloc(n > 0 ? (size_t)n : 1, size);
+    if (!full || n <= 0) return full;
+    uint32_t stride = forge__struct_size(arr);
+    for (int i = 0; i < n; i++) forge__get_sized((char *)full + (size_t)i * size, size, FORGE__ELEM(arr, i, stride), stride);
+    return full;
+}
+/* Writes forge's array of n structs (`size` bytes each) into the caller's, whose first element's
+ * struct_size is every element's: each gets that struct_size. */
+static void forge__array_out(void *arr, const void *full, int n, size_t size) {
+    if (n <= 0) return;
+    uint32_t stride = forge__struct_size(arr);
+    for (int i = 0; i < n; i++) forge__put_sized(FORGE__ELEM(arr, i, stride), stride, (const char *)full + (size_t)i * size, size);
+}
+
 
 typedef struct forge__logger {
     forge_log_fn fn;

@@ -342,8 +342,6 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
 static forge_status forge__batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
     forge_model *m = s->m;
     const int V = m->cfg.n_vocab, NS = s->n_seq;
-    if (n_items < 0 || (n_items > 0 && (!items || !results)))
-        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch generate: items and results are needed for n_items > 0");
     if (!forge__head_dims_by4(&m->cfg))
         return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "batch generate needs head_dim a multiple of 4; this model's is %d", m->cfg.head_dim);
     memset(results, 0, sizeof *results * (size_t)n_items);
@@ -414,10 +412,32 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
 
 FORGE_API forge_status forge_batch_generate(forge_session *s, const forge_batch_item *items, int n_items, forge_batch_result *results) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
-    forge_status st = forge__slot_acquire(s->m, &s->err);
-    if (st) return st;
-    st = forge__batch_generate(s, items, n_items, results);
-    forge__slot_release(s->m);
+    if (n_items < 0 || (n_items > 0 && (!items || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch generate: items and results are needed for n_items > 0");
+    forge_status st;
+    if (n_items > 0 && ((st = forge__check_sized(items, "forge_batch_item", &s->err)) ||
+                        (st = forge__check_sized(results, "forge_batch_result", &s->err))))
+        return st;
+    /* the caller's arrays as forge's structs (their sizes may be an older forge.h's) */
+    forge_batch_item *own_items = (forge_batch_item *)forge__array_in(items, n_items, sizeof *own_items);
+    forge_batch_result *own_results = (forge_batch_result *)calloc(n_items > 0 ? (size_t)n_items : 1, sizeof *own_results);
+    if (!own_items || !own_results) {
+        free(own_items);
+        free(own_results);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    st = forge__slot_acquire(s->m, &s->err);
+    if (!st) {
+        st = forge__batch_generate(s, own_items, n_items, own_results);
+        forge__slot_release(s->m);
+        /* each result's metrics say the size the caller's struct has room for */
+        size_t stride = forge__struct_size(results), off = offsetof(forge_batch_result, metrics);
+        for (int i = 0; i < n_items; i++)
+            own_results[i].metrics.struct_size = stride > off ? (uint32_t)FORGE__MIN(sizeof own_results[i].metrics, stride - off) : 0;
+        forge__array_out(results, own_results, n_items, sizeof *own_results);
+    }
+    free(own_items);
+    free(own_results);
     return st;
 }
 

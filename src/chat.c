@@ -348,7 +348,7 @@ static void forge__template_date(const char *tmpl, char out[16]) {
 static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style *st) {
     memset(st, 0, sizeof *st);
     const char *tmpl = m->chat_template ? m->chat_template : "";
-    forge_special_tokens sp;
+    forge_special_tokens sp = {.struct_size = sizeof sp};
     forge_model_special_tokens(m, &sp);
     const char *bos = sp.bos >= 0 ? forge_token_piece(m, sp.bos) : NULL;
     if (forge_token_id(m, "<|turn>") >= 0) {
@@ -381,15 +381,29 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
     return FORGE_OK;
 }
 
+/* Renders the caller's messages (an array of their struct_size) with the model's style into b. */
+static forge_status forge__chat_render_caller(const forge__chat_style *st, const forge_chat_message *messages, int n_messages,
+                                              uint32_t flags, forge__sb *b, forge__err *err) {
+    if (n_messages < 0 || (n_messages && !messages))
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "a chat needs messages for n_messages (%d) >= 0", n_messages);
+    forge_status rc = n_messages ? forge__check_sized(messages, "forge_chat_message", err) : FORGE_OK;
+    if (rc) return rc;
+    forge_chat_message *own = (forge_chat_message *)forge__array_in(messages, n_messages, sizeof *own);
+    if (!own) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    rc = forge__chat_render(st, own, n_messages, flags, b, err);
+    free(own);
+    return rc;
+}
+
 FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_message *messages, int n_messages, uint32_t flags,
                                          char *out, size_t capacity, size_t *len) {
-    if (!forge__model_ready(m) || !len || n_messages < 0 || (n_messages && !messages)) return FORGE_ERR_INVALID_ARGUMENT;
+    if (!forge__model_ready(m) || !len) return FORGE_ERR_INVALID_ARGUMENT;
     forge__chat_style st;
     forge_status s = forge__chat_style_of(m, &st);
     if (s) return s;
     forge__sb b = {0};
     forge__err err;
-    s = forge__chat_render(&st, messages, n_messages, flags, &b, &err);
+    s = forge__chat_render_caller(&st, messages, n_messages, flags, &b, &err);
     if (s) {
         free(b.buf);
         return forge__model_fail(m, s, "%s", err.msg);
@@ -405,11 +419,12 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
                                   const forge_generate_params *params, forge_metrics *metrics) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
     forge_model *m = s->m;
+    forge_status rc = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (rc) return rc;
     forge__chat_style st;
-    forge_status rc = forge__chat_style_of(m, &st);
-    if (rc) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(m));
+    if ((rc = forge__chat_style_of(m, &st))) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(m));
     forge__sb b = {0};
-    if ((rc = forge__chat_render(&st, messages, n_messages, flags, &b, &s->err))) {
+    if ((rc = forge__chat_render_caller(&st, messages, n_messages, flags, &b, &s->err))) {
         free(b.buf);
         return rc;
     }

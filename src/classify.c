@@ -63,8 +63,6 @@ static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t t
 
 static forge_status forge__classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
                                     const forge_classify_params *params, forge_classify_result *results) {
-    if (n_prompts < 0 || (n_prompts > 0 && (!prompts || !results)))
-        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
     forge_classify_params p;
     FORGE__COPY_PARAMS(p, params, forge_classify_default_params);
     char fault[96];
@@ -162,7 +160,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             forge__rng_seed(rng, p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
             int32_t tok = forge__classify_draw(row, V, &p, rng, cands, probs);
             if (tok < 0 || tok >= V) { st = forge__fail(&s->err, FORGE_ERR_DEVICE, "prompt %d: no token drawn (non-finite logits?)", i); break; }
-            results[i] = (forge_classify_result){tok, lens[i], NULL, 0};
+            results[i] = (forge_classify_result){sizeof results[i], tok, lens[i], NULL, 0};
             text_at[i] = SIZE_MAX;
             if (tk) {
                 const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
@@ -179,6 +177,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         if (text_at[i] != SIZE_MAX) results[i].text = s->class_text.p + text_at[i];
     forge_metrics mt;
     memset(&mt, 0, sizeof mt);
+    mt.struct_size = sizeof mt;
     mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
     mt.prefill_ms = (forge__now_s() - t0) * 1e3;
     mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
@@ -199,10 +198,28 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
 FORGE_API forge_status forge_classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
                                       const forge_classify_params *params, forge_classify_result *results) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
-    forge_status st = forge__slot_acquire(s->m, &s->err);
-    if (st) return st;
-    st = forge__classify(s, prompts, n_prompts, params, results);
-    forge__slot_release(s->m);
+    if (n_prompts < 0 || (n_prompts > 0 && (!prompts || !results)))
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify needs prompts and results for n_prompts (%d) >= 0", n_prompts);
+    forge_status st;
+    if (n_prompts > 0 && ((st = forge__check_sized(prompts, "forge_classify_prompt", &s->err)) ||
+                          (st = forge__check_sized(results, "forge_classify_result", &s->err))))
+        return st;
+    /* the caller's arrays as forge's structs (their sizes may be an older forge.h's) */
+    forge_classify_prompt *own_prompts = (forge_classify_prompt *)forge__array_in(prompts, n_prompts, sizeof *own_prompts);
+    forge_classify_result *own_results = (forge_classify_result *)calloc(n_prompts > 0 ? (size_t)n_prompts : 1, sizeof *own_results);
+    if (!own_prompts || !own_results) {
+        free(own_prompts);
+        free(own_results);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    st = forge__slot_acquire(s->m, &s->err);
+    if (!st) {
+        st = forge__classify(s, own_prompts, n_prompts, params, own_results);
+        forge__slot_release(s->m);
+        if (!st) forge__array_out(results, own_results, n_prompts, sizeof *own_results);
+    }
+    free(own_prompts);
+    free(own_results);
     return st;
 }
 

@@ -159,6 +159,7 @@ static bool forge__runs_attn_decode(const forge__caps *c) {
 static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forge__caps *c, forge_device_info *info) {
     memset(c, 0, sizeof *c);
     memset(info, 0, sizeof *info);
+    info->struct_size = sizeof *info;
     VkPhysicalDeviceMaintenance3Properties m3 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_3_PROPERTIES};
     VkPhysicalDeviceMaintenance4Properties m4 = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_PROPERTIES, .pNext = &m3};
     VkPhysicalDeviceSubgroupProperties sg = {.sType = VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES, .pNext = &m4};
@@ -294,7 +295,12 @@ FORGE_API forge_status forge_list_devices(forge_device_info *out, int capacity, 
     forge__vkfn vk;
     VkInstance inst = VK_NULL_HANDLE;
     if (count) *count = 0;
-    forge_status st = forge__vk_load(&vk, &err);
+    forge_status st = capacity > 0 && out ? forge__check_sized(out, "forge_device_info", &err) : FORGE_OK;
+    if (st) {
+        if (errmsg && errmsg_size) snprintf(errmsg, errmsg_size, "%s", err.msg);
+        return st;
+    }
+    st = forge__vk_load(&vk, &err);
     if (!st) st = forge__vk_instance(&vk, &inst, &err);
     if (!st) {
         VkPhysicalDevice pds[FORGE__MAX_DEVICES];
@@ -304,7 +310,7 @@ FORGE_API forge_status forge_list_devices(forge_device_info *out, int capacity, 
         st = forge__enumerate(&vk, inst, pds, caps, infos, FORGE__MAX_DEVICES, &n, &err);
         if (!st) {
             if (n == 0) st = forge__fail(&err, FORGE_ERR_DEVICE, "no Vulkan device found (install a driver; mesa-vulkan-drivers gives a CPU device)");
-            for (int i = 0; i < n && i < capacity && out; i++) out[i] = infos[i];
+            if (out) forge__array_out(out, infos, FORGE__MIN(n, capacity), sizeof infos[0]);
             if (count) *count = n;
         }
         vk.vkDestroyInstance(inst, NULL);

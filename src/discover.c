@@ -252,6 +252,7 @@ static void forge__probe_safetensors(forge_model *m, const char *dir, forge__pro
 /* Fills r->out for the candidate. */
 static void forge__probe_candidate(const forge__discovery *d, const forge__candidate *c, forge__probe *r) {
     memset(r, 0, sizeof *r);
+    r->out.struct_size = sizeof r->out;
     r->out.path = c->path;
     r->out.format = c->gguf ? FORGE_FORMAT_GGUF : FORGE_FORMAT_SAFETENSORS;
     r->out.format_name = c->gguf ? "gguf" : "safetensors";

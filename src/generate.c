@@ -363,6 +363,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     const int V = m->cfg.n_vocab;
     forge_metrics mt;
     memset(&mt, 0, sizeof mt);
+    mt.struct_size = sizeof mt;
     double t0 = forge__now_s();
     if (!prompt || n_prompt <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate needs a prompt of at least one token");
     if (n_prompt > s->n_ctx && s->overflow == FORGE_OVERFLOW_FAIL)
@@ -461,7 +462,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     mt.prompt_cache_hits = s->prompt_cache_hits;
     mt.context_slides = s->slides - slides0;
     s->metrics = mt;
-    if (metrics) *metrics = mt;
+    if (metrics) FORGE__PUT(metrics, mt);
     free(continued);
     free(stop.buf);
     free(cands);
@@ -490,7 +491,9 @@ static forge_status forge__tokenize_alloc(forge_model *m, const char *text, size
 FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
                                              const forge_generate_params *params, forge_metrics *metrics) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
-    forge_status st = forge__slot_acquire(s->m, &s->err);
+    forge_status st = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (st) return st;
+    st = forge__slot_acquire(s->m, &s->err);
     if (st) return st;
     st = forge__generate_tokens(s, prompt, n_prompt, params, metrics);
     forge__slot_release(s->m);
@@ -500,11 +503,13 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
 FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
                                       const forge_generate_params *params, forge_metrics *metrics) {
     if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status st = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (st) return st;
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
     int32_t *ids = NULL;
     size_t n = 0;
-    forge_status st = forge__tokenize_alloc(s->m, prompt, prompt_len, p.add_special, &ids, &n);
+    st = forge__tokenize_alloc(s->m, prompt, prompt_len, p.add_special, &ids, &n);
     if (st == FORGE_ERR_OUT_OF_MEMORY) {
         forge__fail(&s->err, st, "out of host memory");
     } else if (st) {
@@ -531,9 +536,12 @@ FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n
     return st;
 }
 
-FORGE_API forge_status forge_session_metrics(const forge_session *s, forge_metrics *metrics) {
-    if (!s || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
-    *metrics = s->metrics;
+FORGE_API forge_status forge_session_metrics(const forge_session *cs, forge_metrics *metrics) {
+    if (!cs || !metrics) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_session *s = (forge_session *)cs; /* the error slot is the one part a const call may write */
+    forge_status st = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (st) return st;
+    FORGE__PUT(metrics, s->metrics);
     return FORGE_OK;
 }
 

@@ -581,16 +581,18 @@ static forge_status forge__session_keys(forge_session *s, int l, int first, int 
     return st;
 }
 
-FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *out, size_t capacity, forge_keys_info *info) {
+FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *out, size_t capacity, forge_keys_info *info_out) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
     const forge__config *c = &s->m->cfg;
-    if (!info) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: no info");
+    if (!info_out) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: no info");
+    forge_status st = forge__check_sized(info_out, "forge_keys_info", &s->err);
+    if (st) return st;
     if (layer < 0 || layer >= c->n_layers)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: layer %d is outside the model's layers 0..%d", layer,
                            c->n_layers - 1);
     if (forge__state_supported(s)) return FORGE_ERR_UNSUPPORTED;
     const int first = forge__kv_first(s, layer), rows = s->n_past - first;
-    memset(info, 0, sizeof *info);
+    forge_keys_info full = {.struct_size = sizeof full}, *info = &full;
     info->n_layers = c->n_layers;
     info->n_kv_heads = c->n_kv_heads;
     info->head_dim = c->head_dim;
@@ -598,13 +600,13 @@ FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *ou
     info->n_rows = rows;
     info->window = c->layer_sliding[layer] ? c->sliding_window : 0;
     info->n_floats = (size_t)c->n_kv_heads * (size_t)rows * (size_t)c->head_dim;
+    FORGE__PUT(info_out, full);
     if (!out) return FORGE_OK;
     if (capacity < info->n_floats)
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "forge_session_keys: layer %d's keys need %zu floats; the buffer holds %zu", layer,
                            info->n_floats, capacity);
     if (!rows) return FORGE_OK;
-    forge_status st = forge__slot_acquire(s->m, &s->err);
-    if (st) return st;
+    if ((st = forge__slot_acquire(s->m, &s->err))) return st;
     st = forge__session_keys(s, layer, first, rows, out);
     forge__slot_release(s->m);
     return st;

@@ -263,6 +263,7 @@ static forge_status forge__train_memory_check(forge_model *m, uint64_t need, for
 
 FORGE_API forge_status forge_trainer_plan(forge_model *m, const forge_train_params *params, forge_memory_stats *plan) {
     if (!forge__model_ready(m) || !plan) return FORGE_ERR_INVALID_ARGUMENT;
+    if (forge__model_check_sized(m, plan, "forge_memory_stats")) return FORGE_ERR_INVALID_ARGUMENT;
     if (!forge__model_has_weights(m, "forge_trainer_plan")) return FORGE_ERR_UNSUPPORTED;
     forge_train_params p;
     FORGE__COPY_PARAMS(p, params, forge_train_default_params);
@@ -273,10 +274,11 @@ FORGE_API forge_status forge_trainer_plan(forge_model *m, const forge_train_para
     forge_status st = forge__train_layout_make(m, &p, &a, &L, &err);
     if (!st) st = forge__train_pack(m, &L, &pack, &a, &err);
     if (!st) {
-        memset(plan, 0, sizeof *plan);
-        plan->device_planned_bytes = forge__pack_total(&pack) + forge__train_io_offset(m, &L, 6) + forge__train_readback_bytes(&L);
-        plan->host_arena_bytes = a.bytes;
-        plan->device_buffers = (uint64_t)pack.n_blocks + 2;
+        forge_memory_stats full = {.struct_size = sizeof full};
+        full.device_planned_bytes = forge__pack_total(&pack) + forge__train_io_offset(m, &L, 6) + forge__train_readback_bytes(&L);
+        full.host_arena_bytes = a.bytes;
+        full.device_buffers = (uint64_t)pack.n_blocks + 2;
+        FORGE__PUT(plan, full);
     } else {
         forge__model_fail(m, st, "%s", err.msg);
     }
@@ -917,6 +919,7 @@ static forge_status forge__train_step(forge_trainer *tr, const forge_train_batch
     if (st) return st;
     forge_train_stats ts;
     memset(&ts, 0, sizeof ts);
+    ts.struct_size = sizeof ts;
     if ((st = forge__train_run(tr, (uint32_t)b->n_seqs, T, true, count, &ts.loss))) return st;
     tr->n_micro++;
     ts.tokens = count;
@@ -942,27 +945,40 @@ static forge_status forge__train_step(forge_trainer *tr, const forge_train_batch
     ts.step = tr->step;
     ts.ms = (forge__now_s() - t0) * 1e3;
     ts.peak_device_bytes = forge__mem_peak(&tr->m->mem_total);
-    if (stats) *stats = ts;
+    if (stats) FORGE__PUT(stats, ts);
     return FORGE_OK;
+}
+
+/* The caller's batch (its struct_size) as forge's struct, into *own. */
+static forge_status forge__train_batch_in(forge_trainer *tr, const forge_train_batch *b, forge_train_batch *own) {
+    if (!b) return forge__fail(&tr->err, FORGE_ERR_INVALID_ARGUMENT, "no batch");
+    forge_status st = forge__check_sized(b, "forge_train_batch", &tr->err);
+    if (!st) forge__get_sized(own, sizeof *own, b, forge__struct_size(b));
+    return st;
 }
 
 FORGE_API forge_status forge_train_step(forge_trainer *tr, const forge_train_batch *b, forge_train_stats *stats) {
     if (!tr) return FORGE_ERR_INVALID_ARGUMENT;
-    forge_status st = forge__slot_acquire(tr->m, &tr->err);
+    forge_train_batch own;
+    forge_status st = forge__train_batch_in(tr, b, &own);
+    if (!st) st = forge__check_sized(stats, "forge_train_stats", &tr->err);
     if (st) return st;
-    st = forge__train_step(tr, b, stats);
+    if ((st = forge__slot_acquire(tr->m, &tr->err))) return st;
+    st = forge__train_step(tr, &own, stats);
     forge__slot_release(tr->m);
     return st;
 }
 
 FORGE_API forge_status forge_train_eval(forge_trainer *tr, const forge_train_batch *b, double *loss, int64_t *tokens) {
     if (!tr || !loss) return FORGE_ERR_INVALID_ARGUMENT;
-    forge_status st = forge__slot_acquire(tr->m, &tr->err);
+    forge_train_batch own;
+    forge_status st = forge__train_batch_in(tr, b, &own);
     if (st) return st;
+    if ((st = forge__slot_acquire(tr->m, &tr->err))) return st;
     uint32_t T;
     int64_t count;
-    st = forge__train_fill(tr, b, &T, &count);
-    if (!st) st = forge__train_run(tr, (uint32_t)b->n_seqs, T, false, count, loss);
+    st = forge__train_fill(tr, &own, &T, &count);
+    if (!st) st = forge__train_run(tr, (uint32_t)own.n_seqs, T, false, count, loss);
     if (!st && tokens) *tokens = count;
     forge__slot_release(tr->m);
     return st;
@@ -999,9 +1015,14 @@ FORGE_API forge_status forge_trainer_save(forge_trainer *tr, const char *dir, fo
     return st;
 }
 
-FORGE_API forge_status forge_trainer_memory(const forge_trainer *tr, forge_memory_stats *st) {
-    if (!tr || !st) return FORGE_ERR_INVALID_ARGUMENT;
-    *st = (forge_memory_stats){tr->arena.bytes, tr->mem.planned, tr->mem.in_use, tr->mem.peak, tr->mem.n_buffers, tr->mem.n_allocations, 0, 0};
+FORGE_API forge_status forge_trainer_memory(const forge_trainer *ctr, forge_memory_stats *out) {
+    if (!ctr || !out) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_trainer *tr = (forge_trainer *)ctr; /* the error slot is the one part a const call may write */
+    forge_status st = forge__check_sized(out, "forge_memory_stats", &tr->err);
+    if (st) return st;
+    forge_memory_stats full = {sizeof full, tr->arena.bytes, tr->mem.planned, tr->mem.in_use, tr->mem.peak, tr->mem.n_buffers,
+                               tr->mem.n_allocations, 0, 0};
+    FORGE__PUT(out, full);
     return FORGE_OK;
 }
 

@@ -691,7 +691,7 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
     if (s) return s;
     if (date) snprintf(st.date, sizeof st.date, "%s", date);
     forge__sb b = {0};
-    s = forge__chat_render(&st, msgs, n, flags, &b, &err);
+    s = forge__chat_render_caller(&st, msgs, n, flags, &b, &err);
     *out = b.buf;
     *len = b.len;
     return s;

@@ -35,7 +35,7 @@ struct Item {
 
 struct Gen {
     Out out;
-    forge_metrics mt{};
+    forge_metrics mt = ft::sized<forge_metrics>();
     forge_status st = FORGE_OK;
 };
 
@@ -70,15 +70,15 @@ std::vector<Gen> run_batch(forge_model *m, std::vector<Item> items, int n_ctx, i
     forge_session *s = nullptr;
     EXPECT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
     if (!s) return runs;
-    std::vector<forge_batch_item> bi(items.size());
+    std::vector<forge_batch_item> bi(items.size(), ft::sized<forge_batch_item>());
     for (size_t i = 0; i < items.size(); i++) {
         Item &it = items[i];
         runs[i].out.stop_after = it.stop_after;
         it.p.on_token = Out::cb;
         it.p.user_data = &runs[i].out;
-        bi[i] = {it.text.empty() ? nullptr : it.text.data(), it.text.size(), it.tokens.data(), (int)it.tokens.size(), &it.p};
+        bi[i] = {sizeof(forge_batch_item), it.text.empty() ? nullptr : it.text.data(), it.text.size(), it.tokens.data(), (int)it.tokens.size(), &it.p};
     }
-    std::vector<forge_batch_result> res(items.size());
+    std::vector<forge_batch_result> res(items.size(), ft::sized<forge_batch_result>());
     EXPECT_EQ(forge_batch_generate(s, bi.data(), (int)bi.size(), res.data()), FORGE_OK) << forge_session_errmsg(s);
     for (size_t i = 0; i < items.size(); i++) {
         runs[i].st = res[i].status;
@@ -209,7 +209,7 @@ TEST(Batch, ItemErrorsAreTheItemsAlone) {
     EXPECT_EQ(forge_session_create(st.m, &sp, &s), FORGE_ERR_LIMIT);
     EXPECT_NE(std::string(forge_model_errmsg(st.m)).find("n_seq_max"), std::string::npos) << forge_model_errmsg(st.m);
     /* the KV cache grows with the places */
-    forge_memory_stats one_place{}, four{};
+    forge_memory_stats one_place = ft::sized<forge_memory_stats>(), four = ft::sized<forge_memory_stats>();
     sp.n_seq_max = 1;
     ASSERT_EQ(forge_session_plan(st.m, &sp, &one_place), FORGE_OK);
     sp.n_seq_max = 4;

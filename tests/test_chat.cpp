@@ -73,7 +73,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         std::vector<forge_chat_message> msgs;
         cJSON *mj;
         cJSON_ArrayForEach(mj, cJSON_GetObjectItem(c, "messages"))
-            msgs.push_back({cJSON_GetStringValue(cJSON_GetObjectItem(mj, "role")), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content"))});
+            msgs.push_back({sizeof(forge_chat_message), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "role")), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content"))});
         uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
         cJSON *think = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking");
         if (cJSON_IsFalse(think)) flags |= FORGE_CHAT_THINKING_OFF;
@@ -114,7 +114,7 @@ TEST(Chat, BufferTooSmallAndNoFormat) {
     for (const char *fam : {"gemma3", "gemma2"}) {
         forge_model *g = vocab(data + "/" + fam);
         ASSERT_NE(g, nullptr);
-        forge_special_tokens sp;
+        forge_special_tokens sp = ft::sized<forge_special_tokens>();
         ASSERT_EQ(forge_model_special_tokens(g, &sp), FORGE_OK);
         int32_t eot = forge_token_id(g, "<end_of_turn>");
         bool ends = false;
@@ -122,12 +122,12 @@ TEST(Chat, BufferTooSmallAndNoFormat) {
         EXPECT_TRUE(ends) << fam;
         forge_model_free(g);
     }
-    forge_chat_message msg = {"user", "Hello"};
+    forge_chat_message msg = {sizeof(forge_chat_message), "user", "Hello"};
     size_t len = 0;
     char small[8];
     EXPECT_EQ(forge_chat_render(m, &msg, 1, 0, small, sizeof small, &len), FORGE_ERR_BUFFER_TOO_SMALL);
     EXPECT_EQ(len, strlen("<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n"));
-    forge_chat_message bad[2] = {{"user", "a"}, {"user", "b"}};
+    forge_chat_message bad[2] = {{sizeof(forge_chat_message), "user", "a"}, {sizeof(forge_chat_message), "user", "b"}};
     std::vector<char> out(256);
     EXPECT_EQ(forge_chat_render(m, bad, 2, 0, out.data(), out.size(), &len), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("must alternate"), std::string::npos);
@@ -146,7 +146,7 @@ TEST(Chat, Gemma4EndOfTurnAndRefusals) {
     ASSERT_FALSE(data.empty());
     forge_model *m = gemma4_vocab(data);
     ASSERT_NE(m, nullptr);
-    forge_special_tokens sp;
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
     bool ends = false;
     for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == forge_token_id(m, "<turn|>");
@@ -154,10 +154,10 @@ TEST(Chat, Gemma4EndOfTurnAndRefusals) {
     EXPECT_EQ(forge_token_id(m, "<turn|>"), 106);
     std::vector<char> out(512);
     size_t len = 0;
-    forge_chat_message tool[3] = {{"user", "Weather?"}, {"assistant", "Let me check."}, {"tool", "sunny"}};
+    forge_chat_message tool[3] = {{sizeof(forge_chat_message), "user", "Weather?"}, {sizeof(forge_chat_message), "assistant", "Let me check."}, {sizeof(forge_chat_message), "tool", "sunny"}};
     EXPECT_EQ(forge_chat_render(m, tool, 3, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("message 2"), std::string::npos) << forge_model_errmsg(m);
-    forge_chat_message hi = {"user", "Hi"};
+    forge_chat_message hi = {sizeof(forge_chat_message), "user", "Hi"};
     EXPECT_EQ(forge_chat_render(m, &hi, 1, FORGE_CHAT_THINKING_ON | FORGE_CHAT_THINKING_OFF, out.data(), out.size(), &len),
               FORGE_ERR_INVALID_ARGUMENT);
     ASSERT_EQ(forge_chat_render(m, &hi, 1, FORGE_CHAT_THINKING_OFF, out.data(), out.size(), &len), FORGE_OK); /* its default */
@@ -190,7 +190,7 @@ TEST(Chat, Llama31DateLine) {
     };
     auto date_line = [&](const std::string &tmpl) {
         ft_model_set_chat_template(m, tmpl.c_str());
-        forge_chat_message msg = {"user", "Hi"};
+        forge_chat_message msg = {sizeof(forge_chat_message), "user", "Hi"};
         std::vector<char> out(4096);
         size_t len = 0;
         EXPECT_EQ(forge_chat_render(m, &msg, 1, 0, out.data(), out.size(), &len), FORGE_OK) << forge_model_errmsg(m);
@@ -280,19 +280,19 @@ TEST_P(ChatModel, MultiTurnReusesTheCache) {
     std::string reply;
     p.on_token = [](void *u, int32_t, const char *t, size_t n) { ((std::string *)u)->append(t, n); return 0; };
     p.user_data = &reply;
-    forge_chat_message turn1[1] = {{"user", "Hello there!"}};
-    forge_metrics m1, m2;
+    forge_chat_message turn1[1] = {{sizeof(forge_chat_message), "user", "Hello there!"}};
+    forge_metrics m1 = ft::sized<forge_metrics>(), m2 = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_chat(s, turn1, 1, 0, &p, &m1), FORGE_OK) << forge_session_errmsg(s);
     EXPECT_EQ(m1.cached_tokens, 0);
     EXPECT_GT(m1.prompt_tokens, 5);
-    forge_chat_message turn2[3] = {{"user", "Hello there!"}, {"assistant", reply.c_str()}, {"user", "Tell me more."}};
+    forge_chat_message turn2[3] = {{sizeof(forge_chat_message), "user", "Hello there!"}, {sizeof(forge_chat_message), "assistant", reply.c_str()}, {sizeof(forge_chat_message), "user", "Tell me more."}};
     std::string reply2;
     p.user_data = &reply2;
     ASSERT_EQ(forge_chat(s, turn2, 3, 0, &p, &m2), FORGE_OK) << forge_session_errmsg(s);
     EXPECT_GE(m2.cached_tokens, m1.prompt_tokens); /* the whole first prompt (and what of the reply tokenizes the same) */
     EXPECT_GT(m2.prompt_tokens, m2.cached_tokens);
     EXPECT_EQ(m2.prompt_cache_hits, 1u);
-    forge_special_tokens sp;
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
     int32_t eot = forge_token_id(m, GetParam() == "gemma3" ? "<end_of_turn>" : "<|eot_id|>");
     EXPECT_EQ(sp.eot, eot);

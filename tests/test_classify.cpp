@@ -41,13 +41,13 @@ std::vector<std::pair<int, int>> mixed_prefixes(const Ref &r) {
  * against the reference row and the token against its argmax; returns the logits. */
 std::vector<float> classify_prefixes(forge_session *s, const Ref &r, const std::vector<std::pair<int, int>> &pre, const std::string &what) {
     const int V = r.n_vocab, n = (int)pre.size();
-    std::vector<forge_classify_prompt> prompts(n);
-    for (int i = 0; i < n; i++) prompts[i] = {nullptr, 0, r.seqs[pre[i].first].data(), pre[i].second};
+    std::vector<forge_classify_prompt> prompts(n, ft::sized<forge_classify_prompt>());
+    for (int i = 0; i < n; i++) prompts[i] = {sizeof(forge_classify_prompt), nullptr, 0, r.seqs[pre[i].first].data(), pre[i].second};
     std::vector<float> lg((size_t)n * V);
     forge_classify_params cp = forge_classify_default_params();
     cp.logits = lg.data();
     cp.logits_capacity = lg.size();
-    std::vector<forge_classify_result> res(n);
+    std::vector<forge_classify_result> res(n, ft::sized<forge_classify_result>());
     EXPECT_EQ(forge_classify(s, prompts.data(), n, &cp, res.data()), FORGE_OK) << forge_session_errmsg(s);
     double worst = 0;
     for (int i = 0; i < n; i++) {
@@ -151,11 +151,11 @@ TEST(Classify, TextPromptsContinueAsGenerationDoes) {
     const char *texts[] = {"Once upon a time, there was a little girl named", "Once upon a time", "Lily wanted to", "The sun",
                            "Tom and his mom went to the"};
     const int n = 5;
-    std::vector<forge_classify_prompt> prompts(n);
-    for (int i = 0; i < n; i++) prompts[i] = {texts[i], strlen(texts[i]), nullptr, 0};
+    std::vector<forge_classify_prompt> prompts(n, ft::sized<forge_classify_prompt>());
+    for (int i = 0; i < n; i++) prompts[i] = {sizeof(forge_classify_prompt), texts[i], strlen(texts[i]), nullptr, 0};
     forge_session *s = ft::session(st.m, 128);
     ASSERT_NE(s, nullptr);
-    std::vector<forge_classify_result> res(n);
+    std::vector<forge_classify_result> res(n, ft::sized<forge_classify_result>());
     ASSERT_EQ(forge_classify(s, prompts.data(), n, nullptr, res.data()), FORGE_OK) << forge_session_errmsg(s);
     std::vector<std::string> got_text;
     for (int i = 0; i < n; i++) {
@@ -203,8 +203,8 @@ TEST(Classify, SamplingIsSeededPerPrompt) {
     ASSERT_NE(st.m, nullptr);
     const int n = 48;
     std::vector<int32_t> toks = {1, 403, 407, 261, 428, 349, 389, 261, 409, 2, 9, 337};
-    std::vector<forge_classify_prompt> prompts(n);
-    for (int i = 0; i < n; i++) prompts[i] = {nullptr, 0, toks.data(), 1 + i % (int)toks.size()};
+    std::vector<forge_classify_prompt> prompts(n, ft::sized<forge_classify_prompt>());
+    for (int i = 0; i < n; i++) prompts[i] = {sizeof(forge_classify_prompt), nullptr, 0, toks.data(), 1 + i % (int)toks.size()};
     auto run = [&](int n_batch, int n_out, float temp, int top_k, uint64_t seed) {
         forge_session_params sp = forge_session_default_params();
         sp.n_ctx = 64;
@@ -216,7 +216,7 @@ TEST(Classify, SamplingIsSeededPerPrompt) {
         cp.temperature = temp;
         cp.top_k = top_k;
         cp.seed = seed;
-        std::vector<forge_classify_result> res(n);
+        std::vector<forge_classify_result> res(n, ft::sized<forge_classify_result>());
         EXPECT_EQ(forge_classify(s, prompts.data(), n, &cp, res.data()), FORGE_OK) << forge_session_errmsg(s);
         std::vector<int32_t> out;
         for (auto &r : res) out.push_back(r.token);
@@ -235,16 +235,16 @@ TEST(Classify, BadInputIsAnErrorNamingThePrompt) {
     forge_session *s = ft::session(st.m, 64, 16);
     ASSERT_NE(s, nullptr);
     std::vector<int32_t> ok = {1, 403, 407}, bad = {1, 99999}, longer(17, 403);
-    std::vector<forge_classify_result> res(3);
+    std::vector<forge_classify_result> res(3, ft::sized<forge_classify_result>());
     auto classify = [&](std::vector<forge_classify_prompt> p, const forge_classify_params *cp = nullptr) {
         return forge_classify(s, p.data(), (int)p.size(), cp, res.data());
     };
-    forge_classify_prompt good = {nullptr, 0, ok.data(), 3};
-    EXPECT_EQ(classify({good, {nullptr, 0, bad.data(), 2}}), FORGE_ERR_INVALID_ARGUMENT);
+    forge_classify_prompt good = {sizeof(forge_classify_prompt), nullptr, 0, ok.data(), 3};
+    EXPECT_EQ(classify({good, {sizeof(forge_classify_prompt), nullptr, 0, bad.data(), 2}}), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("prompt 1: token 99999"), std::string::npos) << forge_session_errmsg(s);
-    EXPECT_EQ(classify({good, good, {nullptr, 0, ok.data(), 0}}), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(classify({good, good, {sizeof(forge_classify_prompt), nullptr, 0, ok.data(), 0}}), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("prompt 2 is empty"), std::string::npos) << forge_session_errmsg(s);
-    EXPECT_EQ(classify({{nullptr, 0, longer.data(), 17}}), FORGE_ERR_LIMIT);
+    EXPECT_EQ(classify({{sizeof(forge_classify_prompt), nullptr, 0, longer.data(), 17}}), FORGE_ERR_LIMIT);
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("prompt 0 has 17 tokens"), std::string::npos) << forge_session_errmsg(s);
     forge_classify_params cp = forge_classify_default_params();
     std::vector<float> small(forge_model_n_vocab(st.m));
@@ -266,11 +266,11 @@ TEST(Classify, BadInputIsAnErrorNamingThePrompt) {
     forge_model *m = ft::load(ft::src("tests/fixtures/parity/llama3_f32_untied"));
     ASSERT_NE(m, nullptr);
     s = ft::session(m, 32);
-    forge_classify_prompt text = {"hello", 5, nullptr, 0};
+    forge_classify_prompt text = {sizeof(forge_classify_prompt), "hello", 5, nullptr, 0};
     EXPECT_EQ(forge_classify(s, &text, 1, nullptr, res.data()), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("no tokenizer"), std::string::npos) << forge_session_errmsg(s);
     std::vector<int32_t> small_ids = {1, 3, 7};
-    forge_classify_prompt ids = {nullptr, 0, small_ids.data(), 3};
+    forge_classify_prompt ids = {sizeof(forge_classify_prompt), nullptr, 0, small_ids.data(), 3};
     ASSERT_EQ(forge_classify(s, &ids, 1, nullptr, res.data()), FORGE_OK);
     EXPECT_EQ(res[0].text, nullptr);
     forge_session_free(s);
@@ -294,13 +294,13 @@ TEST(Classify, Cli) {
     ASSERT_NE(st.m, nullptr);
     forge_session *s = ft::session(st.m, 64);
     std::vector<int32_t> ids = {1, 403, 407};
-    std::vector<forge_classify_prompt> prompts = {{"Once upon a time", 16, nullptr, 0}, {nullptr, 0, ids.data(), 3}, {"Lily", 4, nullptr, 0}};
+    std::vector<forge_classify_prompt> prompts = {{sizeof(forge_classify_prompt), "Once upon a time", 16, nullptr, 0}, {sizeof(forge_classify_prompt), nullptr, 0, ids.data(), 3}, {sizeof(forge_classify_prompt), "Lily", 4, nullptr, 0}};
     const int V = forge_model_n_vocab(st.m);
     std::vector<float> lg(3 * (size_t)V);
     forge_classify_params cp = forge_classify_default_params();
     cp.logits = lg.data();
     cp.logits_capacity = lg.size();
-    std::vector<forge_classify_result> res(3);
+    std::vector<forge_classify_result> res(3, ft::sized<forge_classify_result>());
     ASSERT_EQ(forge_classify(s, prompts.data(), 3, &cp, res.data()), FORGE_OK);
     for (int i = 0; i < 3; i++) {
         cJSON *o = cJSON_GetArrayItem(arr, i);

@@ -185,7 +185,7 @@ TEST(Cli, JsonOutputs) {
     const std::string model = bundled();
     forge_model *m = nullptr;
     ASSERT_EQ(forge_model_load(model.c_str(), nullptr, &m), FORGE_OK);
-    forge_model_info in;
+    forge_model_info in = ft::sized<forge_model_info>();
     forge_model_get_info(m, &in);
 
     /* devices: an array, each entry's index its position; the model's device is among them */
@@ -214,7 +214,7 @@ TEST(Cli, JsonOutputs) {
     EXPECT_EQ(num(info, "n_vocab"), in.n_vocab);
     EXPECT_EQ(num(info, "n_params"), (double)in.n_params);
     EXPECT_EQ(num(info, "weight_bytes"), (double)in.weight_bytes);
-    EXPECT_EQ(num(cJSON_GetObjectItem(info, "memory"), "device_planned_bytes"), (double)in.memory.device_planned_bytes);
+    EXPECT_EQ(num(cJSON_GetObjectItem(info, "memory"), "device_planned_bytes"), (double)ft::model_memory(m).device_planned_bytes);
     const cJSON *sess = cJSON_GetObjectItem(info, "session");
     EXPECT_EQ(num(sess, "n_ctx"), 2048); /* n_ctx_train, under the 4096 default cap */
     EXPECT_GT(num(sess, "kv_cache_bytes"), 0);

@@ -219,7 +219,7 @@ TEST(ModelLoad, TinyModelLoadsAndRuns) {
     ft::TinyModel tm;
     forge_model *m = ft::load(tm.write("tiny_ok"));
     ASSERT_NE(m, nullptr);
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
     EXPECT_STREQ(info.architecture, "llama");
     EXPECT_EQ(info.n_vocab, 40);
@@ -342,7 +342,7 @@ TEST(ModelLoad, FailedModelRejectsUse) {
     forge_session *s = nullptr;
     EXPECT_EQ(forge_session_create(m, nullptr, &s), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_EQ(s, nullptr);
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     EXPECT_EQ(forge_model_get_info(m, &info), FORGE_ERR_INVALID_ARGUMENT);
     forge_model_free(m);
 }
@@ -381,12 +381,12 @@ TEST(Session, LimitsAndBadCalls) {
 TEST(Session, MemoryPlanIsWhatGetsAllocated) {
     forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
     ASSERT_NE(m, nullptr);
-    forge_model_info before;
-    forge_model_get_info(m, &before);
-    EXPECT_EQ(before.memory.device_planned_bytes, before.memory.device_in_use_bytes);
+    forge_memory_stats mem_before = ft::model_memory(m);
+    EXPECT_EQ(mem_before.device_planned_bytes, mem_before.device_in_use_bytes);
+    EXPECT_GT(mem_before.device_in_use_bytes, 0u);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = 300;
-    forge_memory_stats plan, used;
+    forge_memory_stats plan = ft::sized<forge_memory_stats>(), used = ft::sized<forge_memory_stats>();
     ASSERT_EQ(forge_session_plan(m, &sp, &plan), FORGE_OK);
     forge_session *s = nullptr;
     ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK);
@@ -401,10 +401,9 @@ TEST(Session, MemoryPlanIsWhatGetsAllocated) {
     forge_session_memory(s, &used);
     EXPECT_EQ(used.device_in_use_bytes, used.device_peak_bytes); /* nothing allocated while running */
     forge_session_free(s);
-    forge_model_info after;
-    forge_model_get_info(m, &after);
-    EXPECT_EQ(after.memory.device_in_use_bytes, before.memory.device_in_use_bytes);
-    EXPECT_GE(after.memory.device_peak_bytes, before.memory.device_in_use_bytes + plan.device_planned_bytes);
+    forge_memory_stats mem_after = ft::model_memory(m);
+    EXPECT_EQ(mem_after.device_in_use_bytes, mem_before.device_in_use_bytes);
+    EXPECT_GE(mem_after.device_peak_bytes, mem_before.device_in_use_bytes + plan.device_planned_bytes);
     forge_model_free(m);
 }
 
@@ -416,9 +415,7 @@ TEST(Limits, TensorsLargerThanTheBindingRange) {
     forge_model *b = ft::load(path, 16384, 65536);
     ASSERT_NE(a, nullptr);
     ASSERT_NE(b, nullptr);
-    forge_model_info ib;
-    forge_model_get_info(b, &ib);
-    EXPECT_GE(ib.memory.device_buffers, 18u); /* 1.1 MiB of weights in blocks of at most 64 KiB */
+    EXPECT_GE(ft::model_memory(b).device_buffers, 18u); /* 1.1 MiB of weights in blocks of at most 64 KiB */
     forge_session *sa = ft::session(a, 64), *sb = ft::session(b, 64);
     ASSERT_TRUE(sa && sb);
     std::vector<int32_t> toks = {1, 403, 407, 261, 378, 429, 271, 266, 2, 400, 33, 7, 100, 101, 102, 300, 12, 9, 77, 5,

@@ -166,7 +166,7 @@ TEST(Generate, GreedyMatchesArgmaxOfEval) {
     Collect c;
     p.on_token = Collect::cb;
     p.user_data = &c;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(a, &bos, 1, &p, &mt), FORGE_OK) << forge_session_errmsg(a);
     EXPECT_EQ(mt.generated_tokens, 60);
     EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
@@ -255,7 +255,7 @@ TEST(Generate, StopStringAcrossTokensIsNotEmitted) {
     Collect c;
     p.on_token = Collect::cb;
     p.user_data = &c;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
     EXPECT_EQ(mt.stop_reason, FORGE_STOP_STRING);
     EXPECT_EQ(c.text, "Once upon a time, there was a ");
@@ -272,7 +272,7 @@ TEST(Generate, CallbackStopsAndSessionStaysUsable) {
     c.stop_after = 5;
     p.on_token = Collect::cb;
     p.user_data = &c;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
     EXPECT_EQ(mt.stop_reason, FORGE_STOP_CALLBACK);
     EXPECT_EQ(mt.generated_tokens, 5);
@@ -296,7 +296,7 @@ TEST(Generate, PromptCacheReusesExactPrefixWithIdenticalLogits) {
     ASSERT_EQ(forge_warm(a, prefix.data(), (int)prefix.size()), FORGE_OK);
     forge_generate_params p = forge_generate_default_params();
     p.max_tokens = 8;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(a, full.data(), (int)full.size(), &p, &mt), FORGE_OK);
     EXPECT_EQ(mt.cached_tokens, (int)prefix.size());
     EXPECT_EQ(mt.prompt_cache_hits, 1u);
@@ -323,7 +323,7 @@ TEST(Generate, ContextLimits) {
     EXPECT_NE(msg.find("holds 32"), std::string::npos) << msg;
     p.max_tokens = 1000;
     p.ignore_eos = 1;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(s, prompt.data(), 20, &p, &mt), FORGE_OK);
     EXPECT_EQ(mt.stop_reason, FORGE_STOP_CONTEXT);
     EXPECT_EQ(forge_session_n_past(s), 32);
@@ -364,7 +364,7 @@ TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
     ASSERT_NE(m, nullptr);
     forge_session *s = ft::session(m, 64, 8), *fresh = ft::session(m, 64, 8);
     ASSERT_TRUE(s && fresh);
-    forge_memory_stats ms;
+    forge_memory_stats ms = ft::sized<forge_memory_stats>();
     forge_session_memory(s, &ms);
     EXPECT_EQ(ms.kv_sliding_bytes, 2ull * 2 * 15 * 2 * 16 * 4); /* 2 sliding layers, K+V, 8 + 8 - 1 slots, 2 kv heads x 16 */
     std::vector<int32_t> prompt;
@@ -372,7 +372,7 @@ TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
     forge_generate_params p = forge_generate_default_params();
     p.max_tokens = 2;
     p.ignore_eos = 1;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(s, prompt.data(), 30, &p, &mt), FORGE_OK);
     ASSERT_EQ(forge_session_n_past(s), 31);
     std::vector<int32_t> q(prompt.begin(), prompt.begin() + 29);
@@ -416,7 +416,7 @@ TEST(Generate, TextInTextOutStories) {
     Collect a;
     p.on_token = Collect::cb;
     p.user_data = &a;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate(s, "", 0, &p, &mt), FORGE_OK) << forge_session_errmsg(s);
     EXPECT_EQ(mt.prompt_tokens, 1); /* BOS */
     EXPECT_EQ(a.text.substr(0, strlen(kStory)), kStory);
@@ -448,7 +448,7 @@ TEST(Generate, CallbackReturningZeroGoesOn) {
         if (tok >= 0) ++*(int *)u;
         return 0;
     };
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, &mt), FORGE_OK);
     EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
     EXPECT_EQ(mt.generated_tokens, 40);

@@ -36,7 +36,7 @@ std::vector<float> keys_of(forge_session *s, int layer, forge_keys_info *info) {
 /* Layer l of the session against the reference rows of positions info.first ..: the shape
  * and the parity metric over the layer. Returns the error. */
 double expect_layer(forge_session *s, const KeysRef &ref, int l, int want_first, int want_rows, const std::string &what) {
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     std::vector<float> got = keys_of(s, l, &info);
     EXPECT_EQ(info.n_kv_heads, ref.n_kv) << what;
     EXPECT_EQ(info.head_dim, ref.head_dim) << what;
@@ -54,7 +54,7 @@ double expect_layer(forge_session *s, const KeysRef &ref, int l, int want_first,
 
 KeysRef read_keys(const std::string &dir, const ft::Fixture &fx, forge_session *s) {
     KeysRef r;
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     EXPECT_EQ(forge_session_keys(s, 0, nullptr, 0, &info), FORGE_OK) << errmsg(s);
     r.n_layers = info.n_layers;
     r.n_kv = info.n_kv_heads;
@@ -68,7 +68,7 @@ KeysRef read_keys(const std::string &dir, const ft::Fixture &fx, forge_session *
 /* The window of each layer (0: full attention), as forge_session_keys reports it. */
 std::vector<int> windows_of(forge_session *s, int n_layers) {
     std::vector<int> w;
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     for (int l = 0; l < n_layers; l++) {
         EXPECT_EQ(forge_session_keys(s, l, nullptr, 0, &info), FORGE_OK);
         w.push_back(info.window);
@@ -136,7 +136,7 @@ TEST(Keys, SizeQueryAndErrors) {
     ASSERT_NE(m, nullptr);
     forge_session *s = ft::session(m, 64, 2);
     ASSERT_NE(s, nullptr);
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     ASSERT_EQ(forge_session_keys(s, 1, nullptr, 0, &info), FORGE_OK);
     EXPECT_EQ(info.n_layers, 4);
     EXPECT_EQ(info.n_rows, 0);
@@ -154,7 +154,7 @@ TEST(Keys, SizeQueryAndErrors) {
     EXPECT_EQ(info.head_dim, 16);
     EXPECT_EQ(info.n_floats, 2u * 9 * 16);
     std::vector<float> buf(info.n_floats + 1, -1.0f);
-    memset(&info, 0, sizeof info);
+    info = ft::sized<forge_keys_info>();
     EXPECT_EQ(forge_session_keys(s, 0, buf.data(), 2 * 9 * 16 - 1, &info), FORGE_ERR_BUFFER_TOO_SMALL);
     EXPECT_EQ(info.n_floats, 2u * 9 * 16); /* the size needed, still */
     EXPECT_NE(errmsg(s).find("288"), std::string::npos) << errmsg(s);
@@ -197,7 +197,7 @@ TEST(Keys, FollowTruncateAndDecode) {
     auto check = [&](int n, int sliding_first, int ref_rows, const char *what) {
         for (int l = 0; l < ref.n_layers; l++) {
             int first = win[l] ? sliding_first : 0;
-            forge_keys_info info;
+            forge_keys_info info = ft::sized<forge_keys_info>();
             std::vector<float> got = keys_of(s, l, &info);
             EXPECT_EQ(info.first, first) << what << " layer " << l;
             EXPECT_EQ(info.n_rows, n - first) << what << " layer " << l;

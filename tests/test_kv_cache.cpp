@@ -31,7 +31,7 @@ std::vector<int32_t> tokens(int n, int V, int seed) {
 
 /* Layer l's keys as forge_session_keys gives them (f32, whatever the cache holds). */
 std::vector<float> keys(forge_session *s, int l) {
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     EXPECT_EQ(forge_session_keys(s, l, nullptr, 0, &info), FORGE_OK);
     std::vector<float> k(info.n_floats);
     EXPECT_EQ(forge_session_keys(s, l, k.data(), k.size(), &info), FORGE_OK) << forge_session_errmsg(s);
@@ -50,7 +50,7 @@ TEST(KvCache, TypeResolvesAndF16HalvesTheCache) {
         ASSERT_NE(s, nullptr);
         EXPECT_EQ(forge_session_kv_type(s), exact || ft_model_on_cpu(m) ? FORGE_KV_F32 : FORGE_KV_F16) << "exact " << exact;
         forge_session_free(s);
-        forge_memory_stats p32, p16;
+        forge_memory_stats p32 = ft::sized<forge_memory_stats>(), p16 = ft::sized<forge_memory_stats>();
         forge_session_params sp = forge_session_default_params();
         sp.n_ctx = 256;
         sp.kv_type = FORGE_KV_F32;
@@ -63,7 +63,7 @@ TEST(KvCache, TypeResolvesAndF16HalvesTheCache) {
         s = kv_session(m, FORGE_KV_F16, 256);
         ASSERT_NE(s, nullptr);
         EXPECT_EQ(forge_session_kv_type(s), FORGE_KV_F16);
-        forge_memory_stats ms;
+        forge_memory_stats ms = ft::sized<forge_memory_stats>();
         ASSERT_EQ(forge_session_memory(s, &ms), FORGE_OK);
         EXPECT_EQ(ms.kv_cache_bytes, p16.kv_cache_bytes);
         forge_session_free(s);
@@ -122,7 +122,7 @@ TEST(KvCache, StateFilesLoadIntoEitherType) {
     forge_model *m = ft::load(ft::src(kStories));
     ASSERT_NE(m, nullptr);
     int V = forge_model_n_vocab(m);
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
     std::vector<int32_t> prompt = tokens(40, V, 3);
     std::string dir = ft::tmpdir("kv_state"), f16_file = dir + "/f16.state", f32_file = dir + "/f32.state";

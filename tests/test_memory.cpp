@@ -20,7 +20,7 @@ forge_status load_with_budget(uint64_t budget, forge_model **m) {
 uint64_t session_plan_bytes(forge_model *m, int n_ctx) {
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = n_ctx;
-    forge_memory_stats plan;
+    forge_memory_stats plan = ft::sized<forge_memory_stats>();
     EXPECT_EQ(forge_session_plan(m, &sp, &plan), FORGE_OK) << forge_model_errmsg(m);
     return plan.device_planned_bytes;
 }
@@ -38,9 +38,9 @@ TEST(DeviceMemory, SessionOverWhatIsLeftIsRefusedAtCreate) {
     /* the sizes without a budget first */
     forge_model *m = nullptr;
     ASSERT_EQ(load_with_budget(0, &m), FORGE_OK) << forge_model_errmsg(m);
-    forge_model_info info;
-    ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
-    uint64_t weights = info.memory.device_in_use_bytes, small = session_plan_bytes(m, 64), large = session_plan_bytes(m, 4096);
+    forge_memory_stats mem = ft::sized<forge_memory_stats>();
+    ASSERT_EQ(forge_model_memory(m, &mem), FORGE_OK);
+    uint64_t weights = mem.device_in_use_bytes, small = session_plan_bytes(m, 64), large = session_plan_bytes(m, 4096);
     ASSERT_GT(large, small + small / 2);
     forge_model_free(m);
     /* room for the weights and one small session only */

@@ -154,7 +154,7 @@ TEST(Overflow, GenerateRunsPastTheContext) {
             if (tok >= 0) ((std::vector<int32_t> *)u)->push_back(tok);
             return 0;
         };
-        forge_metrics mt;
+        forge_metrics mt = ft::sized<forge_metrics>();
         ASSERT_EQ(forge_generate_tokens(s, prompt.data(), (int)prompt.size(), &p, &mt), FORGE_OK) << forge_session_errmsg(s);
         EXPECT_EQ(mt.generated_tokens, 120);
         EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS);
@@ -193,7 +193,7 @@ TEST(Overflow, GenerateRunsPastTheContext) {
 TEST(Overflow, ShiftMatchesRecomputeInTheFirstLayer) {
     forge_model *m = ft::load(ft::src(kStories)); /* GGUF llama: adjacent pairs */
     ASSERT_NE(m, nullptr);
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
     ASSERT_GE(info.n_layers, 2);
     forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_SHIFT, 4);
@@ -343,7 +343,7 @@ TEST(Overflow, SlidingWindowModelsSlideInBothModes) {
         forge_model *m = ft::load(ft::src(std::string("tests/fixtures/parity/") + fixture));
         ASSERT_NE(m, nullptr);
         int V = forge_model_n_vocab(m);
-        forge_model_info info;
+        forge_model_info info = ft::sized<forge_model_info>();
         ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
         size_t row = (size_t)info.n_kv_heads * info.head_dim;
         forge_session *s = overflow_session(m, 32, 8, FORGE_OVERFLOW_RECOMPUTE, 1);

@@ -137,7 +137,7 @@ TEST_P(Parity, PrefillThenDecode) {
         ASSERT_NO_FATAL_FAILURE(prefill_then_decode(s, q, V, k, got));
         expect_close(GetParam() + (subgroups ? " prefill+decode" : " prefill+decode (attention_split)"), got.data(), ref.data(), n, V,
                      1e-4, 0);
-        forge_model_info info;
+        forge_model_info info = ft::sized<forge_model_info>();
         ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
         std::string arch = info.architecture;
         if (subgroups && (arch == "gemma2" || arch == "gemma3")) {
@@ -185,7 +185,7 @@ TEST(ParityPairs, OneTokenProductsTwoOutputsASubgroup) {
         EXPECT_NE(cJSON_GetObjectItem(pj, fx.bf16 ? "matvec_sg_pair_bf16" : "matvec_sg_pair_f32"), nullptr);
         /* the gated gate|up product (2 ffn rows) too: two outputs, four rows a subgroup; Gemma's
          * in matvec_sg_post, which always takes them so */
-        forge_model_info info;
+        forge_model_info info = ft::sized<forge_model_info>();
         ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
         bool sandwich = !strncmp(info.architecture, "gemma", 5);
         std::string gate_up = std::string(sandwich ? "matvec_sg_post_" : "matvec_sg_pair_") + (fx.bf16 ? "bf16 " : "f32 ") +
@@ -286,11 +286,11 @@ TEST(ParityGemma4, WhatMixedLayerShapesRefuseOrRecompute) {
     std::string dir = ft::tmpdir("gemma4_state");
     EXPECT_EQ(forge_session_save(s, (dir + "/s.safetensors").c_str()), FORGE_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("architecture gemma4"), std::string::npos) << forge_session_errmsg(s);
-    forge_keys_info info;
+    forge_keys_info info = ft::sized<forge_keys_info>();
     EXPECT_EQ(forge_session_keys(s, 0, nullptr, 0, &info), FORGE_ERR_UNSUPPORTED);
     forge_session_free(s);
     forge_train_params tp = forge_train_default_params();
-    forge_memory_stats plan;
+    forge_memory_stats plan = ft::sized<forge_memory_stats>();
     EXPECT_EQ(forge_trainer_plan(m, &tp, &plan), FORGE_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("training is not supported for architecture gemma4"), std::string::npos)
         << forge_model_errmsg(m);

@@ -323,12 +323,13 @@ class QuantFixture : public ::testing::TestWithParam<std::string> {};
 TEST_P(QuantFixture, MatchesExactAndLlamaCpp) {
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file(GetParam(), q));
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     forge_model_get_info(q.m, &info);
     /* packed on the device: weight bytes are the file's tensor bytes, not the dequantized size */
     EXPECT_LE(info.weight_bytes, (uint64_t)cJSON_GetObjectItem(q.file, "bytes")->valuedouble);
-    EXPECT_GE(info.memory.device_in_use_bytes, info.weight_bytes);
-    EXPECT_LE(info.memory.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
+    forge_memory_stats mem = ft::model_memory(q.m);
+    EXPECT_GE(mem.device_in_use_bytes, info.weight_bytes);
+    EXPECT_LE(mem.device_in_use_bytes, info.weight_bytes + info.weight_bytes / 4 + 65536);
     forge_session *s = nullptr;
     ASSERT_EQ(forge_session_create(q.m, nullptr, &s), FORGE_OK);
     for (int seq = 0; seq < 2; seq++) {

@@ -143,7 +143,7 @@ TEST(State, StoriesContinuesBitExact) {
     prompt.push_back(42);
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = 4;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(forge_session_load(fresh, a.file.c_str()), FORGE_OK);
     ASSERT_EQ(forge_generate_tokens(fresh, prompt.data(), (int)prompt.size(), &gp, &mt), FORGE_OK);
     EXPECT_EQ(mt.cached_tokens, 48);
@@ -178,7 +178,7 @@ TEST(State, GenerateAfterLoadMatchesUninterrupted) {
         gp.seed = 7;
         gp.max_tokens = 16;
         gp.on_token = C::cb;
-        forge_metrics ma, mb;
+        forge_metrics ma = ft::sized<forge_metrics>(), mb = ft::sized<forge_metrics>();
         gp.user_data = &ca;
         ASSERT_EQ(forge_generate_tokens(a, cont.data(), (int)cont.size(), &gp, &ma), FORGE_OK);
         gp.user_data = &cb;
@@ -233,7 +233,7 @@ TEST(State, PartialPrefixAfterLoadStaysExact) {
                 return 0;
             }
         } ca, cb;
-        forge_metrics mt;
+        forge_metrics mt = ft::sized<forge_metrics>();
         gp.on_token = C::cb;
         gp.user_data = &ca;
         ASSERT_EQ(forge_generate_tokens(s, q.data(), (int)q.size(), &gp, &mt), FORGE_OK);
@@ -627,7 +627,7 @@ TEST(State, MaxTokensZeroGeneratesNothing) {
         return 0;
     };
     gp.user_data = &calls;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     std::vector<int32_t> p = seq(6, 512);
     p[0] = 1;
     ASSERT_EQ(forge_generate_tokens(s, p.data(), 6, &gp, &mt), FORGE_OK);

@@ -20,7 +20,7 @@ TEST(Stories, GreedyFromBosMatchesPublishedText) {
     ASSERT_NE(m, nullptr);
     forge_session *s = ft::session(m, 256);
     ASSERT_NE(s, nullptr);
-    forge_special_tokens sp_ids;
+    forge_special_tokens sp_ids = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(m, &sp_ids), FORGE_OK);
     ASSERT_EQ(sp_ids.bos, 1);
     int V = forge_model_n_vocab(m);

@@ -54,9 +54,9 @@ Outcome run_job(forge_model *m, forge_session *s, int t, int j) {
         forge_classify_prompt ps[3];
         for (int i = 0; i < 3; i++) {
             const char *txt = kPrompts[(t + j + i) % kNumPrompts];
-            ps[i] = {txt, strlen(txt), nullptr, 0};
+            ps[i] = {sizeof(forge_classify_prompt), txt, strlen(txt), nullptr, 0};
         }
-        forge_classify_result rs[3];
+        forge_classify_result rs[3] = {ft::sized<forge_classify_result>()};
         o.logits.resize((size_t)3 * V);
         forge_classify_params cp = forge_classify_default_params();
         cp.temperature = (j % 2) ? 0.9f : 0.0f;
@@ -81,7 +81,7 @@ Outcome run_job(forge_model *m, forge_session *s, int t, int j) {
         }
         gp.on_token = collect_token;
         gp.user_data = &c;
-        forge_metrics mt;
+        forge_metrics mt = ft::sized<forge_metrics>();
         o.status = forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         o.stop = mt.stop_reason;
     }
@@ -248,7 +248,7 @@ TEST(Threads, CancelMidPrefillAndMidDecodeLeavesTheSessionUsable) {
     };
     forge_session *ref = ft::session(m, 256, 32);
     std::vector<int32_t> expected;
-    forge_metrics mt;
+    forge_metrics mt = ft::sized<forge_metrics>();
     ASSERT_EQ(greedy(ref, &expected, &mt, nullptr, 0, nullptr), FORGE_OK);
     ASSERT_EQ(expected.size(), 16u);
 
@@ -291,8 +291,8 @@ TEST(Threads, CancelMidPrefillAndMidDecodeLeavesTheSessionUsable) {
     EXPECT_GT(mt.cached_tokens, 0);
 
     /* classify: a set flag is FORGE_ERR_CANCELLED, then the session classifies as before */
-    forge_classify_prompt cp = {"Once upon a time", 16, nullptr, 0};
-    forge_classify_result r;
+    forge_classify_prompt cp = {sizeof(forge_classify_prompt), "Once upon a time", 16, nullptr, 0};
+    forge_classify_result r = ft::sized<forge_classify_result>();
     forge_classify_params params = forge_classify_default_params();
     params.cancel = &flag;
     flag = 1;
@@ -300,7 +300,7 @@ TEST(Threads, CancelMidPrefillAndMidDecodeLeavesTheSessionUsable) {
     EXPECT_NE(std::string(forge_session_errmsg(s)).find("cancelled"), std::string::npos);
     flag = 0;
     ASSERT_EQ(forge_classify(s, &cp, 1, &params, &r), FORGE_OK);
-    forge_classify_result r_ref;
+    forge_classify_result r_ref = ft::sized<forge_classify_result>();
     ASSERT_EQ(forge_classify(ref, &cp, 1, nullptr, &r_ref), FORGE_OK);
     EXPECT_EQ(r.token, r_ref.token);
     forge_session_free(s);

@@ -215,7 +215,7 @@ TEST(TokApi, SampleIdsAndSpecialTokens) {
         ASSERT_NE(m, nullptr);
         EXPECT_EQ(ft::encode(m, "Hello world"), w.ids) << w.fam;
     }
-    forge_special_tokens st;
+    forge_special_tokens st = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(family("llama3"), &st), FORGE_OK);
     EXPECT_EQ(st.bos, 128000);
     EXPECT_EQ(st.eot, 128009);
@@ -378,13 +378,13 @@ TEST(TokApi, VocabOnlyModel) {
     std::string d = ft::tok_data();
     forge_model *m = ft::load_vocab(d + "/qwen3/tokenizer.json"); /* the file itself */
     ASSERT_NE(m, nullptr);
-    forge_model_info info;
+    forge_model_info info = ft::sized<forge_model_info>();
     EXPECT_EQ(forge_model_get_info(m, &info), FORGE_ERR_UNSUPPORTED);
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("vocab_only"), std::string::npos);
     forge_session *s = nullptr;
     EXPECT_EQ(forge_session_create(m, nullptr, &s), FORGE_ERR_UNSUPPORTED);
     EXPECT_EQ(s, nullptr);
-    forge_memory_stats plan;
+    forge_memory_stats plan = ft::sized<forge_memory_stats>();
     EXPECT_EQ(forge_session_plan(m, nullptr, &plan), FORGE_ERR_UNSUPPORTED);
     EXPECT_EQ(ft::encode(m, "Hello world"), (std::vector<int32_t>{9707, 1879}));
     forge_model_free(m);
@@ -504,7 +504,7 @@ TEST(TokLoad, PostProcessorIdsOutsideTheVocabulary) {
     ft::write_file(dir + "/generation_config.json", cfg, strlen(cfg));
     forge_model *m = nullptr;
     ASSERT_EQ(forge_model_load(dir.c_str(), &p, &m), FORGE_OK) << forge_model_errmsg(m);
-    forge_special_tokens sp;
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
     bool has3 = false;
     for (int i = 0; i < sp.n_eos; i++) {

@@ -101,7 +101,7 @@ LoraCase read_case(const std::string &name) {
 }
 
 forge_train_batch batch_of(const MicroBatch &m) {
-    forge_train_batch b = {};
+    forge_train_batch b = ft::sized<forge_train_batch>();
     b.n_seqs = m.n_seqs;
     b.seq_len = m.seq_len;
     b.tokens = m.tokens.data();
@@ -174,7 +174,7 @@ TEST_P(LoraParity, ThreeAdamWSteps) {
     ASSERT_EQ(forge_trainer_create(m, &c.params, &tr), FORGE_OK) << forge_model_errmsg(m);
     for (size_t s = 0; s < c.steps.size(); s++) {
         double sum = 0;
-        forge_train_stats st = {};
+        forge_train_stats st = ft::sized<forge_train_stats>();
         for (const MicroBatch &mb : c.steps[s].micro) {
             forge_train_batch b = batch_of(mb);
             ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
@@ -294,7 +294,7 @@ std::vector<std::vector<int32_t>> read_texts(forge_model *m, const std::string &
     std::vector<std::vector<int32_t>> out;
     std::ifstream f(path);
     std::string line;
-    forge_special_tokens sp;
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
     EXPECT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
     while (std::getline(f, line)) {
         cJSON *o = cJSON_Parse(line.c_str());
@@ -315,7 +315,7 @@ std::vector<std::vector<int32_t>> read_texts(forge_model *m, const std::string &
 /* Rows first..first+B of `data` (cycling) as a right-padded batch. */
 struct Batch {
     std::vector<int32_t> tokens, lengths;
-    forge_train_batch b = {};
+    forge_train_batch b = ft::sized<forge_train_batch>();
 };
 Batch make_batch(const std::vector<std::vector<int32_t>> &data, size_t first, int B) {
     Batch out;
@@ -388,7 +388,7 @@ TEST(TrainZora, FineTuneStories260K) {
     forge_trainer *tr = nullptr;
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
     double v0 = val_loss(tr, valid, 8);
-    forge_train_stats st = {};
+    forge_train_stats st = ft::sized<forge_train_stats>();
     for (int step = 0; step < 30; step++) {
         Batch b = make_batch(train, (size_t)step * 8, 8);
         ASSERT_EQ(forge_train_step(tr, &b.b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
@@ -552,7 +552,7 @@ TEST(TrainAdapters, SavesPeftAndMlxFilesAtomically) {
     forge_trainer *tr = nullptr;
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
     std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8};
-    forge_train_batch b = {1, 8, toks.data(), nullptr, nullptr, nullptr, nullptr};
+    forge_train_batch b = {sizeof(forge_train_batch), 1, 8, toks.data(), nullptr, nullptr, nullptr, nullptr};
     ASSERT_EQ(forge_train_step(tr, &b, nullptr), FORGE_OK) << forge_trainer_errmsg(tr);
     for (forge_adapter_format fmt : {FORGE_ADAPTER_PEFT, FORGE_ADAPTER_MLX}) {
         std::string d = ft::tmpdir(fmt == FORGE_ADAPTER_PEFT ? "save_peft" : "save_mlx");
@@ -616,7 +616,7 @@ TEST(TrainParams, BadParamsAndBatchesAreNamed) {
     forge_trainer *tr = nullptr;
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
     std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6, 7, 8}, labels(8, -100), lens = {8};
-    forge_train_batch b = {1, 8, toks.data(), lens.data(), nullptr, nullptr, nullptr};
+    forge_train_batch b = {sizeof(forge_train_batch), 1, 8, toks.data(), lens.data(), nullptr, nullptr, nullptr};
     toks[3] = 256;
     EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
     EXPECT_NE(std::string(forge_trainer_errmsg(tr)).find(" 256 "), std::string::npos) << forge_trainer_errmsg(tr);
@@ -634,11 +634,11 @@ TEST(TrainParams, BadParamsAndBatchesAreNamed) {
     lens[0] = 9;
     EXPECT_EQ(forge_train_step(tr, &b, nullptr), FORGE_ERR_INVALID_ARGUMENT);
     lens[0] = 8;
-    forge_train_stats st;
+    forge_train_stats st = ft::sized<forge_train_stats>();
     ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
     EXPECT_EQ(st.tokens, 7);
     EXPECT_EQ(st.applied, 1);
-    forge_memory_stats ms, plan;
+    forge_memory_stats ms = ft::sized<forge_memory_stats>(), plan = ft::sized<forge_memory_stats>();
     ASSERT_EQ(forge_trainer_memory(tr, &ms), FORGE_OK);
     ASSERT_EQ(forge_trainer_plan(m, &p, &plan), FORGE_OK);
     EXPECT_EQ(plan.device_planned_bytes, ms.device_planned_bytes);
@@ -662,7 +662,7 @@ TEST(TrainParams, DropoutIsSeededAndRecomputedExactly) {
     ASSERT_NE(m, nullptr);
     std::vector<int32_t> toks(2 * 12);
     for (size_t i = 0; i < toks.size(); i++) toks[i] = (int32_t)((i * 37 + 11) % 256);
-    forge_train_batch b = {2, 12, toks.data(), nullptr, nullptr, nullptr, nullptr};
+    forge_train_batch b = {sizeof(forge_train_batch), 2, 12, toks.data(), nullptr, nullptr, nullptr, nullptr};
     std::vector<float> grads[2];
     double first_loss[2] = {0, 0};
     for (int ckpt = 0; ckpt < 2; ckpt++) {
@@ -675,7 +675,7 @@ TEST(TrainParams, DropoutIsSeededAndRecomputedExactly) {
         p.grad_checkpoint = ckpt;
         forge_trainer *tr = nullptr;
         ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
-        forge_train_stats st;
+        forge_train_stats st = ft::sized<forge_train_stats>();
         ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK); /* B becomes non-zero: the masks matter from here */
         first_loss[ckpt] = st.loss;
         double loss;
@@ -696,7 +696,7 @@ TEST(TrainParams, DropoutIsSeededAndRecomputedExactly) {
     p.max_seq = 12;
     forge_trainer *tr = nullptr;
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK);
-    forge_train_stats st;
+    forge_train_stats st = ft::sized<forge_train_stats>();
     ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK);
     EXPECT_NEAR(st.loss, first_loss[0], 1e-6 * st.loss);
     double loss;
@@ -726,7 +726,7 @@ TEST(TrainParams, SquaredErrorLosses) {
     p.max_seq = T;
     forge_trainer *tr = nullptr;
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
-    forge_train_batch b = {1, T, toks.data(), lens.data(), nullptr, mask.data(), targets.data()};
+    forge_train_batch b = {sizeof(forge_train_batch), 1, T, toks.data(), lens.data(), nullptr, mask.data(), targets.data()};
     double loss, want = 0;
     int64_t n;
     ASSERT_EQ(forge_train_eval(tr, &b, &loss, &n), FORGE_OK) << forge_trainer_errmsg(tr);
@@ -743,7 +743,7 @@ TEST(TrainParams, SquaredErrorLosses) {
     ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
     std::vector<float> zeros((size_t)T * H, 0.0f);
     b.targets = zeros.data();
-    forge_train_stats st;
+    forge_train_stats st = ft::sized<forge_train_stats>();
     double l0 = 0, l1 = 0;
     for (int s = 0; s < 8; s++) {
         ASSERT_EQ(forge_train_step(tr, &b, &st), FORGE_OK) << forge_trainer_errmsg(tr);

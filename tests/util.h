@@ -28,6 +28,20 @@ inline std::string src(const std::string &rel) { return src_dir() + "/" + rel; }
 /* ../shared beside the checkout (CI puts it there). */
 inline std::string shared(const std::string &rel) { return src_dir() + "/../shared/" + rel; }
 
+/* A forge struct with its struct_size set (forge.h: "Structs grow at their end"), the rest zero. */
+template <class T> T sized() {
+    T t{};
+    t.struct_size = sizeof(T);
+    return t;
+}
+
+/* forge_model_memory of a loaded model (zero on failure, which the caller's checks then show). */
+inline forge_memory_stats model_memory(const forge_model *m) {
+    forge_memory_stats ms = sized<forge_memory_stats>();
+    forge_model_memory(m, &ms);
+    return ms;
+}
+
 inline bool exists(const std::string &p) {
     FILE *f = fopen(p.c_str(), "rb");
     if (f) fclose(f);

@@ -68,6 +68,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
     forge_session *s = NULL;
     forge_batch_item *items = calloc((size_t)n, sizeof *items);
     forge_batch_result *res = calloc((size_t)n, sizeof *res);
+    if (res) res[0].struct_size = sizeof *res; /* the array's element size (forge.h) */
     forge_generate_params *ps = calloc((size_t)n, sizeof *ps);
     batch_out *outs = calloc((size_t)n, sizeof *outs);
     if (m && items && res && ps && outs) {
@@ -82,7 +83,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
             ps[i] = *gp;
             ps[i].on_token = batch_collect;
             ps[i].user_data = &outs[i];
-            items[i] = (forge_batch_item){lines[i], strlen(lines[i]), NULL, 0, &ps[i]};
+            items[i] = (forge_batch_item){sizeof(forge_batch_item), lines[i], strlen(lines[i]), NULL, 0, &ps[i]};
         }
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -99,6 +99,13 @@ static forge_status trainer_profile(const void *t, char *out, size_t cap, size_t
     return forge_trainer_profile((const forge_trainer *)t, out, cap, len);
 }
 
+/* The device memory peak of the model and everything made from it so far. */
+static uint64_t model_peak_bytes(const forge_model *m) {
+    forge_memory_stats mem = {.struct_size = sizeof mem};
+    forge_model_memory(m, &mem);
+    return mem.device_peak_bytes;
+}
+
 typedef struct train_bench {
     int batch, seq, rank, grad_checkpoint;
     const char *targets;
@@ -106,7 +113,7 @@ typedef struct train_bench {
 
 /* `forge bench MODEL --train`: see the top of the file. */
 static int bench_train(forge_model *m, const char *path, const train_bench *tb, int R, int profile, double load_s) {
-    forge_model_info info;
+    forge_model_info info = {.struct_size = sizeof info};
     forge_model_get_info(m, &info);
     forge_train_params tp = forge_train_default_params();
     tp.lr = 1e-4;
@@ -136,12 +143,11 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
         rng = rng * 1664525u + 1013904223u;
         tokens[i] = (int32_t)((rng >> 8) % (uint32_t)info.n_vocab);
     }
-    forge_train_batch b = {0};
+    forge_train_batch b = {.struct_size = sizeof b};
     b.n_seqs = tb->batch;
     b.seq_len = tb->seq;
     b.tokens = tokens;
-    forge_train_stats stats;
-    memset(&stats, 0, sizeof stats);
+    forge_train_stats stats = {.struct_size = sizeof stats};
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
         double t0 = now_s();
         st = forge_train_step(t, &b, &stats);
@@ -192,6 +198,7 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)B * (size_t)P);
     forge_batch_item *items = calloc((size_t)B, sizeof *items);
     forge_batch_result *res = calloc((size_t)B, sizeof *res);
+    if (res) res[0].struct_size = sizeof *res; /* the array's element size (forge.h) */
     double *agg = malloc(sizeof(double) * (size_t)R), out = 0;
     uint32_t rng = 777;
     for (size_t i = 0; ids && i < (size_t)B * (size_t)P; i++) {
@@ -201,7 +208,7 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = N;
     gp.ignore_eos = 1;
-    for (int b = 0; items && ids && b < B; b++) items[b] = (forge_batch_item){NULL, 0, ids + (size_t)b * P, P, &gp};
+    for (int b = 0; items && ids && b < B; b++) items[b] = (forge_batch_item){sizeof(forge_batch_item), NULL, 0, ids + (size_t)b * P, P, &gp};
     int ok = ids && items && res && agg;
     for (int r = 0; r <= R && ok; r++) { /* r = 0 is a warm-up */
         forge_status st = forge_batch_generate(s, items, B, res);
@@ -281,7 +288,7 @@ int forge_bench_main(int argc, char **argv) {
         forge_model_free(m);
         return rc;
     }
-    forge_model_info info;
+    forge_model_info info = {.struct_size = sizeof info};
     forge_model_get_info(m, &info);
     int V = info.n_vocab;
     forge_session_params sp = forge_session_default_params();
@@ -310,7 +317,7 @@ int forge_bench_main(int argc, char **argv) {
     gp.ignore_eos = 1; /* greedy, sampled on the device, exactly N tokens */
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
         forge_session_truncate(s, 0);      /* no prompt-cache reuse between repetitions */
-        forge_metrics mt;
+        forge_metrics mt = {.struct_size = sizeof mt};
         if (forge_generate_tokens(s, prompt, P, &gp, &mt) != FORGE_OK || mt.generated_tokens != N) { rc = 1; break; }
         if (r > 0) {
             pre[r - 1] = mt.prefill_tok_s;
@@ -320,12 +327,12 @@ int forge_bench_main(int argc, char **argv) {
     }
     int32_t *cls_ids = malloc(sizeof(int32_t) * CLASSIFY_PROMPTS * CLASSIFY_LEN);
     forge_classify_prompt cls_prompts[CLASSIFY_PROMPTS];
-    forge_classify_result cls_res[CLASSIFY_PROMPTS];
+    forge_classify_result cls_res[CLASSIFY_PROMPTS] = {{.struct_size = sizeof cls_res[0]}};
     for (int i = 0; i < CLASSIFY_PROMPTS * CLASSIFY_LEN; i++) {
         rng = rng * 1664525u + 1013904223u;
         cls_ids[i] = (int32_t)((rng >> 8) % (uint32_t)V);
     }
-    for (int i = 0; i < CLASSIFY_PROMPTS; i++) cls_prompts[i] = (forge_classify_prompt){NULL, 0, cls_ids + i * CLASSIFY_LEN, CLASSIFY_LEN};
+    for (int i = 0; i < CLASSIFY_PROMPTS; i++) cls_prompts[i] = (forge_classify_prompt){sizeof(forge_classify_prompt), NULL, 0, cls_ids + i * CLASSIFY_LEN, CLASSIFY_LEN};
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
         double t = now_s();
         if (forge_classify(s, cls_prompts, CLASSIFY_PROMPTS, NULL, cls_res) != FORGE_OK) { rc = 1; break; }
@@ -351,7 +358,7 @@ int forge_bench_main(int argc, char **argv) {
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"classify_prompts_s\": %.2f", median(cls, R));
         if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);
-        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)info.memory.device_peak_bytes, load_s);
+        printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)model_peak_bytes(m), load_s);
         if (profile) print_profile(s, session_profile);
         if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
         printf("}\n");

@@ -163,9 +163,9 @@ static data_ctx data_ctx_for(forge_model *m, int mask_prompt, int seq) {
     size_t n_probe = 0;
     forge_status st = forge_tokenize(m, "a", 1, 0, probe, 16, &n_probe);
     c.has_tokenizer = st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL;
-    forge_special_tokens sp;
+    forge_special_tokens sp = {.struct_size = sizeof sp};
     if (c.has_tokenizer && forge_model_special_tokens(m, &sp) == FORGE_OK) c.eos = sp.eos;
-    forge_chat_message hello = {"user", "hello"};
+    forge_chat_message hello = {sizeof hello, "user", "hello"};
     size_t need = 0;
     st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
     c.has_chat = c.has_tokenizer && st != FORGE_ERR_UNSUPPORTED; /* a template rejects a conversation later, by line */
@@ -348,7 +348,7 @@ static int parse_line(const data_ctx *c, const char *file, long ln, const char *
             if (!role) { line_error(file, ln, "messages[%d] has no string \"role\"", k); break; }
             if (!content) { line_error(file, ln, "messages[%d] has no string \"content\"", k); break; }
             n_assistant += !strcmp(role, "assistant");
-            msgs[k++] = (forge_chat_message){role, content};
+            msgs[k++] = (forge_chat_message){sizeof(forge_chat_message), role, content};
         }
         if (k == n) {
             if (c->mask_prompt && !n_assistant)
@@ -364,7 +364,7 @@ static int parse_line(const data_ctx *c, const char *file, long ln, const char *
         } else if (!prompt || !completion) {
             line_error(file, ln, "\"%s\" is not a string", prompt ? "completion" : "prompt");
         } else if (c->has_chat) {
-            forge_chat_message msgs[2] = {{"user", prompt}, {"assistant", completion}};
+            forge_chat_message msgs[2] = {{sizeof(forge_chat_message), "user", prompt}, {sizeof(forge_chat_message), "assistant", completion}};
             rc = chat_example(c, file, ln, msgs, 2, tok, lab, 1);
         } else {
             /* No chat format: prompt (with BOS as the tokenizer declares), completion, EOS. */
@@ -586,6 +586,7 @@ static int64_t fill_batch(const dataset *d, const int *idx, int n, batch_buf *b,
         real += e->n;
     }
     memset(out, 0, sizeof *out);
+    out->struct_size = sizeof *out;
     out->n_seqs = n;
     out->seq_len = T;
     out->tokens = b->tokens;
@@ -779,7 +780,7 @@ static int evaluate(forge_trainer *t, const dataset *v, int batch, batch_buf *bb
         if (g_stop) return 130;
         int n = v->n - i < batch ? v->n - i : batch;
         for (int k = 0; k < n; k++) idx[k] = i + k;
-        forge_train_batch b;
+        forge_train_batch b = {.struct_size = sizeof b};
         fill_batch(v, idx, n, bb, &b);
         double l = 0;
         int64_t tk = 0;
@@ -870,7 +871,7 @@ int cmd_train(int argc, char **argv) {
 
     forge_model *m = forge_cli_load(a.model, &a.common);
     if (!m) goto out;
-    forge_model_info info;
+    forge_model_info info = {.struct_size = sizeof info};
     forge_model_get_info(m, &info);
     if (a.tp.n_layers > info.n_layers) {
         rc = usage_error("--layers %d: the model has %d layers", a.tp.n_layers, info.n_layers);
@@ -921,11 +922,10 @@ int cmd_train(int argc, char **argv) {
     for (step = 1; step <= a.steps; step++) {
         double t0 = now_s(), loss_sum = 0;
         int64_t targets = 0, fed = 0;
-        forge_train_stats stats;
-        memset(&stats, 0, sizeof stats);
+        forge_train_stats stats = {.struct_size = sizeof stats};
         for (int micro = 0; micro < a.tp.accum_steps; micro++) {
             for (int k = 0; k < a.batch; k++) idx[k] = sampler_next(&smp);
-            forge_train_batch b;
+            forge_train_batch b = {.struct_size = sizeof b};
             fed += fill_batch(&train, idx, a.batch, &bb, &b);
             st = forge_train_step(t, &b, &stats);
             if (st != FORGE_OK) {

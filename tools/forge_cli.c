@@ -146,7 +146,7 @@ static int cmd_devices(int argc, char **argv) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else { fprintf(stderr, "forge devices: unexpected argument '%s'\n", argv[i]); return 2; }
     }
-    forge_device_info devs[16];
+    forge_device_info devs[16] = {{.struct_size = sizeof devs[0]}};
     int n = 0;
     char err[512];
     if (forge_list_devices(devs, 16, &n, err, sizeof err) != FORGE_OK) {
@@ -182,7 +182,7 @@ static void print_bytes(const char *label, unsigned long long b) {
 }
 
 /* forge info --json: one object (README, "JSON output"). */
-static void info_json(const forge_model_info *in, const forge_memory_stats *plan, int ctx, int slots) {
+static void info_json(const forge_model_info *in, const forge_memory_stats *mem, const forge_memory_stats *plan, int ctx, int slots) {
     printf("{\"name\": ");
     forge_cli_json_cstr(in->name);
     printf(", \"format\": \"%s\", \"architecture\": ", in->source_format);
@@ -199,8 +199,8 @@ static void info_json(const forge_model_info *in, const forge_memory_stats *plan
     forge_cli_json_cstr(in->device_driver);
     printf(",\n \"memory\": {\"host_arena_bytes\": %llu, \"device_planned_bytes\": %llu, \"device_in_use_bytes\": %llu, "
            "\"device_buffers\": %llu}",
-           (unsigned long long)in->memory.host_arena_bytes, (unsigned long long)in->memory.device_planned_bytes,
-           (unsigned long long)in->memory.device_in_use_bytes, (unsigned long long)in->memory.device_buffers);
+           (unsigned long long)mem->host_arena_bytes, (unsigned long long)mem->device_planned_bytes,
+           (unsigned long long)mem->device_in_use_bytes, (unsigned long long)mem->device_buffers);
     if (plan)
         printf(",\n \"session\": {\"n_ctx\": %d, \"device_planned_bytes\": %llu, \"kv_cache_bytes\": %llu, \"kv_sliding_bytes\": %llu, "
                "\"sliding_positions\": %d}",
@@ -226,12 +226,14 @@ static int cmd_info(int argc, char **argv) {
     }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
-    forge_model_info in;
+    forge_model_info in = {.struct_size = sizeof in};
     forge_model_get_info(m, &in);
+    forge_memory_stats mem = {.struct_size = sizeof mem};
+    forge_model_memory(m, &mem);
     forge_session_params sp = forge_session_default_params();
     sp.n_ctx = o.n_ctx;
     sp.kv_type = o.kv_type;
-    forge_memory_stats plan;
+    forge_memory_stats plan = {.struct_size = sizeof plan};
     int planned = forge_session_plan(m, &sp, &plan) == FORGE_OK;
     int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
     int nb = sp.n_batch ? sp.n_batch : 512;
@@ -239,7 +241,7 @@ static int cmd_info(int argc, char **argv) {
     /* a sliding layer's cache rotates through window + n_batch - 1 positions, not n_ctx */
     int slots = !in.n_sliding_layers ? 0 : in.sliding_window + nb - 1 < ctx ? in.sliding_window + nb - 1 : ctx;
     if (json) {
-        info_json(&in, planned ? &plan : NULL, ctx, slots);
+        info_json(&in, &mem, planned ? &plan : NULL, ctx, slots);
         if (!planned) fprintf(stderr, "forge info: session plan: %s\n", forge_model_errmsg(m));
         forge_model_free(m);
         return 0;
@@ -261,10 +263,10 @@ static int cmd_info(int argc, char **argv) {
     printf("parameters       %llu\n", (unsigned long long)in.n_params);
     printf("device           %s (%s)\n", in.device_name, in.device_driver);
     printf("memory plan\n");
-    print_bytes("host arena (model)", in.memory.host_arena_bytes);
-    print_bytes("device weights planned", in.memory.device_planned_bytes);
-    print_bytes("device weights in use", in.memory.device_in_use_bytes);
-    printf("  %-28s %llu buffers\n", "device weight blocks", (unsigned long long)in.memory.device_buffers);
+    print_bytes("host arena (model)", mem.host_arena_bytes);
+    print_bytes("device weights planned", mem.device_planned_bytes);
+    print_bytes("device weights in use", mem.device_in_use_bytes);
+    printf("  %-28s %llu buffers\n", "device weight blocks", (unsigned long long)mem.device_buffers);
     if (planned) {
         char label[64];
         snprintf(label, sizeof label, "session (n_ctx %d)", ctx);
@@ -277,7 +279,7 @@ static int cmd_info(int argc, char **argv) {
             printf("  %-28s %d positions each (window %d + n_batch %d - 1), not n_ctx\n", "  rotating KV cache", slots,
                    in.sliding_window, nb);
         }
-        print_bytes("total device (model+session)", in.memory.device_planned_bytes + plan.device_planned_bytes);
+        print_bytes("total device (model+session)", mem.device_planned_bytes + plan.device_planned_bytes);
     } else {
         printf("  session plan: %s\n", forge_model_errmsg(m));
     }
@@ -485,7 +487,7 @@ static int cmd_logits(int argc, char **argv) {
 
 /* Prints one layer's keys: a line of shape and positions, or with json its JSON object. */
 static int print_keys(forge_session *s, int layer, int json) {
-    forge_keys_info in;
+    forge_keys_info in = {.struct_size = sizeof in};
     forge_status st = forge_session_keys(s, layer, NULL, 0, &in);
     float *k = st ? NULL : malloc(sizeof(float) * (in.n_floats ? in.n_floats : 1));
     if (!st) st = forge_session_keys(s, layer, k, in.n_floats, &in);
@@ -541,7 +543,7 @@ static int cmd_keys(int argc, char **argv) {
     if (!m) { free(ids); return 1; }
     forge_session *s = tokens_session(m, &o, n);
     int rc = 1;
-    forge_keys_info in;
+    forge_keys_info in = {.struct_size = sizeof in};
     forge_status st;
     if (s && (st = forge_eval(s, ids, n, 0, NULL, 0)) != FORGE_OK) {
         fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
@@ -800,6 +802,7 @@ static int cmd_classify(int argc, char **argv) {
     }
     forge_classify_prompt *prompts = calloc((size_t)n + 1, sizeof *prompts);
     for (int i = 0; i < n; i++) {
+        prompts[i].struct_size = sizeof *prompts;
         if (!stdin_json) {
             prompts[i].text = args[i];
             prompts[i].text_len = strlen(args[i]);
@@ -837,6 +840,7 @@ static int cmd_classify(int argc, char **argv) {
         forge_session *s = NULL;
         int V = forge_model_n_vocab(m);
         forge_classify_result *res = calloc((size_t)n + 1, sizeof *res);
+        if (res) res[0].struct_size = sizeof *res; /* the array's element size (forge.h) */
         float *lg = want_logits ? malloc(sizeof(float) * (size_t)(n ? n : 1) * (size_t)V) : NULL;
         cp.logits = lg;
         cp.logits_capacity = lg ? (size_t)n * (size_t)V : 0;
@@ -864,7 +868,7 @@ static int cmd_classify(int argc, char **argv) {
                 puts("]");
                 rc = 0;
                 if (o.verbose) {
-                    forge_metrics mt;
+                    forge_metrics mt = {.struct_size = sizeof mt};
                     forge_session_metrics(s, &mt);
                     fprintf(stderr, "[%d prompts, %d tokens in %.1f ms, %.1f tok/s]\n", n, mt.prompt_tokens, mt.prefill_ms, mt.prefill_tok_s);
                 }
@@ -1120,8 +1124,7 @@ static int cmd_run(int argc, char **argv) {
         run_output out = {.last = -1, .json = json};
         gp.on_token = stream_stdout;
         gp.user_data = &out;
-        forge_metrics mt;
-        memset(&mt, 0, sizeof mt);
+        forge_metrics mt = {.struct_size = sizeof mt};
         if (!json) fputs(prompt, stdout);
         forge_status st = load_state ? generate_continuing(s, m, prompt, &gp, &mt) : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
@@ -1224,11 +1227,10 @@ static int cmd_chat(int argc, char **argv) {
     int cap = 64, n = 0;
     forge_chat_message *msgs = malloc(sizeof *msgs * (size_t)cap);
     char **owned = malloc(sizeof *owned * (size_t)cap); /* our copies of the contents */
-    if (system_prompt) { msgs[n] = (forge_chat_message){"system", system_prompt}; owned[n++] = NULL; }
+    if (system_prompt) { msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "system", system_prompt}; owned[n++] = NULL; }
     int first = n;
     int interactive = isatty(0);
-    forge_metrics last;
-    memset(&last, 0, sizeof last);
+    forge_metrics last = {.struct_size = sizeof last};
     char line[8192];
     int rc = 0;
     for (;;) {
@@ -1250,7 +1252,7 @@ static int cmd_chat(int argc, char **argv) {
             owned = realloc(owned, sizeof *owned * (size_t)cap);
         }
         owned[n] = strdup(line);
-        msgs[n] = (forge_chat_message){"user", owned[n]};
+        msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "user", owned[n]};
         n++;
         chat_reply reply = {0};
         gp.on_token = chat_stream;
@@ -1271,7 +1273,7 @@ static int cmd_chat(int argc, char **argv) {
         }
         if (g_interrupted) fprintf(stderr, "[stopped]\n");
         owned[n] = reply.text ? reply.text : strdup("");
-        msgs[n] = (forge_chat_message){"assistant", owned[n]};
+        msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "assistant", owned[n]};
         n++;
     }
     for (int i = first; i < n; i++) free(owned[i]);

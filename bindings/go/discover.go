@@ -57,6 +57,9 @@ func discovered(m *C.forge_discovered_model) DiscoveredModel {
 // (quick: headers and config only), so a model that cannot load is reported with its Err.
 // Models come in path order. It fails with StatusIO when dir is not a readable directory.
 func Discover(dir string, maxDepth int, quick bool) ([]DiscoveredModel, error) {
+	if abiErr != nil {
+		return nil, abiErr
+	}
 	var a cmem
 	defer a.free()
 	p := (*C.forge_discover_params)(a.alloc(C.sizeof_forge_discover_params))

@@ -69,6 +69,9 @@ func Version() string { return C.GoString(C.forge_version()) }
 // (discrete, integrated, virtual, CPU). It fails with StatusDevice when there is no Vulkan
 // loader or driver.
 func Devices() ([]Device, error) {
+	if abiErr != nil {
+		return nil, abiErr
+	}
 	var count C.int
 	var errbuf [512]C.char
 	st := C.forge_list_devices(nil, 0, &count, &errbuf[0], C.size_t(len(errbuf)))
@@ -76,6 +79,7 @@ func Devices() ([]Device, error) {
 		return nil, newError(st, &errbuf[0])
 	}
 	infos := make([]C.forge_device_info, int(count))
+	infos[0].struct_size = C.sizeof_forge_device_info // the array's element size (forge.h)
 	st = C.forge_list_devices(&infos[0], count, &count, &errbuf[0], C.size_t(len(errbuf)))
 	if st != C.FORGE_OK {
 		return nil, newError(st, &errbuf[0])
@@ -149,6 +153,9 @@ type Model struct {
 // It fails with an *Error: StatusIO for a missing file, StatusFormat for a malformed one,
 // StatusDevice when there is no usable Vulkan device, ...
 func LoadModel(path string, opts ...LoadOption) (*Model, error) {
+	if abiErr != nil {
+		return nil, abiErr
+	}
 	cfg := LoadConfig{DeviceIndex: -1}
 	for _, o := range opts {
 		o(&cfg)
@@ -183,9 +190,10 @@ func LoadModel(path string, opts ...LoadOption) (*Model, error) {
 		return nil, err
 	}
 	m := &Model{path: path, cfg: cfg, c: cm, sessions: map[*Session]struct{}{}, trainers: map[*Trainer]struct{}{}}
-	var info C.forge_model_info
-	if st := C.forge_model_get_info(cm, &info); st == C.FORGE_OK {
-		m.info = modelInfo(&info)
+	info := C.forge_model_info{struct_size: C.sizeof_forge_model_info}
+	mem := C.forge_memory_stats{struct_size: C.sizeof_forge_memory_stats}
+	if C.forge_model_get_info(cm, &info) == C.FORGE_OK && C.forge_model_memory(cm, &mem) == C.FORGE_OK {
+		m.info = modelInfo(&info, &mem)
 	}
 	return m, nil
 }
@@ -392,11 +400,11 @@ func (m *Model) Memory() (MemoryStats, error) {
 		return MemoryStats{}, err
 	}
 	defer m.release()
-	var info C.forge_model_info
-	if st := C.forge_model_get_info(cm, &info); st != C.FORGE_OK {
+	mem := C.forge_memory_stats{struct_size: C.sizeof_forge_memory_stats}
+	if st := C.forge_model_memory(cm, &mem); st != C.FORGE_OK {
 		return MemoryStats{}, m.errorf(cm, st)
 	}
-	return memoryStats(&info.memory), nil
+	return memoryStats(&mem), nil
 }
 
 // Tokenize returns the token ids of text as HuggingFace tokenizers' encode(text,
@@ -489,7 +497,7 @@ func (m *Model) SpecialTokens() (SpecialTokens, error) {
 		return SpecialTokens{}, err
 	}
 	defer m.release()
-	var sp C.forge_special_tokens
+	sp := C.forge_special_tokens{struct_size: C.sizeof_forge_special_tokens}
 	if st := C.forge_model_special_tokens(cm, &sp); st != C.FORGE_OK {
 		return SpecialTokens{}, m.errorf(cm, st)
 	}
@@ -541,6 +549,7 @@ func (a *cmem) messages(messages []Message) *C.forge_chat_message {
 	p := (*C.forge_chat_message)(a.alloc(uintptr(len(messages)) * C.sizeof_forge_chat_message))
 	cs := unsafe.Slice(p, len(messages))
 	for i, msg := range messages {
+		cs[i].struct_size = C.sizeof_forge_chat_message
 		cs[i].role = a.str(msg.Role)
 		cs[i].content = a.str(msg.Content)
 	}

@@ -308,6 +308,7 @@ func (s *Session) run(ctx context.Context, cfg *GenerateConfig, st *stream, call
 	C.forge_go_set_callback(p, C.uintptr_t(h))
 	p.cancel = s.cancel
 	cmet := (*C.forge_metrics)(a.alloc(C.sizeof_forge_metrics))
+	cmet.struct_size = C.sizeof_forge_metrics
 	stop := s.watch(ctx)
 	status := call(cs, &a, p, cmet)
 	stop()
@@ -372,6 +373,7 @@ func (s *Session) Classify(ctx context.Context, prompts []string, opts ...Genera
 	cp := (*C.forge_classify_prompt)(a.alloc(uintptr(n) * C.sizeof_forge_classify_prompt))
 	for i, text := range prompts {
 		q := &unsafe.Slice(cp, n)[i]
+		q.struct_size = C.sizeof_forge_classify_prompt
 		q.text, q.text_len = a.str(text), C.size_t(len(text))
 	}
 	par := (*C.forge_classify_params)(a.alloc(C.sizeof_forge_classify_params))
@@ -387,10 +389,11 @@ func (s *Session) Classify(ctx context.Context, prompts []string, opts ...Genera
 		par.logits, par.logits_capacity = logits, C.size_t(n*nv)
 	}
 	res := (*C.forge_classify_result)(a.alloc(uintptr(n) * C.sizeof_forge_classify_result))
+	res.struct_size = C.sizeof_forge_classify_result // the array's element size (forge.h)
 	stop := s.watch(ctx)
 	status := C.forge_classify(cs, cp, C.int(n), par, res)
 	stop()
-	var cmet C.forge_metrics
+	cmet := C.forge_metrics{struct_size: C.sizeof_forge_metrics}
 	if C.forge_session_metrics(cs, &cmet) == C.FORGE_OK {
 		s.setResult(metrics(&cmet), nil, false)
 	}
@@ -453,9 +456,11 @@ func (s *Session) BatchGenerate(ctx context.Context, prompts []string, opts ...G
 		C.forge_go_set_callback(p, C.uintptr_t(h))
 		p.cancel = s.cancel
 		it := &unsafe.Slice(items, n)[i]
+		it.struct_size = C.sizeof_forge_batch_item
 		it.text, it.text_len, it.params = a.str(text), C.size_t(len(text)), p
 	}
 	results := (*C.forge_batch_result)(a.alloc(uintptr(n) * C.sizeof_forge_batch_result))
+	results.struct_size = C.sizeof_forge_batch_result // the array's element size (forge.h)
 	start := time.Now()
 	stop := s.watch(ctx)
 	status := C.forge_batch_generate(cs, items, C.int(n), results)
@@ -578,7 +583,7 @@ func (s *Session) Memory() (MemoryStats, error) {
 		return MemoryStats{}, err
 	}
 	defer s.end()
-	var st C.forge_memory_stats
+	st := C.forge_memory_stats{struct_size: C.sizeof_forge_memory_stats}
 	if status := C.forge_session_memory(cs, &st); status != C.FORGE_OK {
 		return MemoryStats{}, newError(status, C.forge_session_errmsg(cs))
 	}

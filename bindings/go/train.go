@@ -260,6 +260,7 @@ func (a *cmem) cBatch(b TrainBatch) (*C.forge_train_batch, error) {
 		return nil
 	}
 	cb := (*C.forge_train_batch)(a.alloc(C.sizeof_forge_train_batch))
+	cb.struct_size = C.sizeof_forge_train_batch
 	cb.n_seqs, cb.seq_len = C.int(n), C.int(width)
 	tokens := unsafe.Slice((*int32)(a.alloc(uintptr(4*n*width))), n*width)
 	lengths := unsafe.Slice((*int32)(a.alloc(uintptr(4*n))), n)
@@ -304,7 +305,7 @@ func (t *Trainer) Step(b TrainBatch) (TrainStats, error) {
 	if err != nil {
 		return TrainStats{}, err
 	}
-	var s C.forge_train_stats
+	s := C.forge_train_stats{struct_size: C.sizeof_forge_train_stats}
 	if err := t.call(func(c *C.forge_trainer) C.forge_status { return C.forge_train_step(c, cb, &s) }); err != nil {
 		return TrainStats{}, err
 	}

@@ -109,7 +109,7 @@ func cstr(p *C.char, n int) string {
 	return string(b)
 }
 
-func modelInfo(i *C.forge_model_info) ModelInfo {
+func modelInfo(i *C.forge_model_info, mem *C.forge_memory_stats) ModelInfo {
 	return ModelInfo{
 		Architecture:     cstr(&i.architecture[0], len(i.architecture)),
 		SourceFormat:     cstr(&i.source_format[0], len(i.source_format)),
@@ -130,7 +130,7 @@ func modelInfo(i *C.forge_model_info) ModelInfo {
 		WeightBytes:      uint64(i.weight_bytes),
 		DeviceName:       cstr(&i.device_name[0], len(i.device_name)),
 		DeviceDriver:     cstr(&i.device_driver[0], len(i.device_driver)),
-		Memory:           memoryStats(&i.memory),
+		Memory:           memoryStats(mem),
 	}
 }
 

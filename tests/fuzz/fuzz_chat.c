@@ -40,6 +40,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         while (j < size && (uint8_t)buf[j] != 0xFF) j++;
         buf[j] = 0; /* (j == size: the terminator already there) */
         uint8_t r = (uint8_t)buf[i];
+        msgs[n].struct_size = sizeof msgs[n];
         if (r < 0xC0) {
             msgs[n].role = roles[r % 4];
             msgs[n].content = buf + i + 1 <= buf + j ? buf + i + 1 : buf + j;

@@ -287,11 +287,14 @@ class Completion:
     error: Optional[Error] = None
 
 
-def _convert(struct: ctypes.Structure, cls: type) -> Any:
+def _convert(struct: ctypes.Structure, cls: type, **extra: Any) -> Any:
     """A dataclass of the same field names from a ctypes struct (char arrays to str, nested
-    structs to their dataclass, int flags to bool where the dataclass says bool)."""
-    values = {}
+    structs to their dataclass, int flags to bool where the dataclass says bool); `extra`
+    gives the fields the struct does not have."""
+    values = dict(extra)
     for f in fields(cls):
+        if f.name in extra:
+            continue
         v = getattr(struct, f.name)
         if isinstance(v, bytes):
             v = _ffi.text(v)
@@ -348,7 +351,7 @@ def devices() -> list[Device]:
     err = ctypes.create_string_buffer(512)
     status = lib.forge_list_devices(None, 0, ctypes.byref(count), err, len(err))
     if status == _ffi.OK and count.value:
-        found = (_ffi.DeviceInfo * count.value)()
+        found = _ffi.sized_array(_ffi.DeviceInfo, count.value)
         status = lib.forge_list_devices(found, count.value, ctypes.byref(count), err, len(err))
     if status != _ffi.OK:
         raise _error(status, _ffi.text(err.value))
@@ -451,11 +454,14 @@ class Model:
     @property
     def info(self) -> ModelInfo:
         """Architecture, shapes, parameter count, weight bytes, device and memory."""
-        info = _ffi.ModelInfo()
+        info = _ffi.sized(_ffi.ModelInfo)
         status = self._lib.forge_model_get_info(self._h(), ctypes.byref(info))
+        memory = _ffi.sized(_ffi.MemoryStats)
+        if status == _ffi.OK:
+            status = self._lib.forge_model_memory(self._h(), ctypes.byref(memory))
         if status != _ffi.OK:
             self._raise(status)
-        return _convert(info, ModelInfo)
+        return _convert(info, ModelInfo, memory=_convert(memory, MemoryStats))
 
     @property
     def n_vocab(self) -> int:
@@ -464,7 +470,7 @@ class Model:
     @property
     def special_tokens(self) -> SpecialTokens:
         """The tokenizer's special ids: bos, eos, eot (end of turn), pad, unk, sot, eos_ids."""
-        sp = _ffi.SpecialTokens()
+        sp = _ffi.sized(_ffi.SpecialTokens)
         status = self._lib.forge_model_special_tokens(self._h(), ctypes.byref(sp))
         if status != _ffi.OK:
             self._raise(status)
@@ -568,7 +574,7 @@ class Model:
         """The device memory a Trainer with these options would need, without allocating it
         (forge_trainer_plan): adapters, gradients, AdamW moments, activations, scratch."""
         params, keep = _train_params(self._lib, **options)
-        plan = _ffi.MemoryStats()
+        plan = _ffi.sized(_ffi.MemoryStats)
         status = self._lib.forge_trainer_plan(self._h(), ctypes.byref(params), ctypes.byref(plan))
         if status != _ffi.OK:
             self._raise(status)
@@ -577,7 +583,7 @@ class Model:
 
 def _chat_messages(messages: Sequence[Mapping[str, str]]) -> tuple[ctypes.Array, list[bytes]]:
     keep: list[bytes] = []
-    msgs = (_ffi.ChatMessage * max(len(messages), 1))()
+    msgs = _ffi.sized_array(_ffi.ChatMessage, len(messages))
     for i, m in enumerate(messages):
         try:
             role, content = m["role"], m["content"]
@@ -732,7 +738,7 @@ class Session(_ModelChild):
     def metrics(self) -> Metrics:
         """The metrics of the session's last generate or chat call."""
         self._settle()
-        m = _ffi.Metrics()
+        m = _ffi.sized(_ffi.Metrics)
         status = self._lib.forge_session_metrics(self._h(), ctypes.byref(m))
         if status != _ffi.OK:
             self._raise(status)
@@ -741,7 +747,7 @@ class Session(_ModelChild):
     @property
     def memory(self) -> MemoryStats:
         self._settle()
-        stats = _ffi.MemoryStats()
+        stats = _ffi.sized(_ffi.MemoryStats)
         status = self._lib.forge_session_memory(self._h(), ctypes.byref(stats))
         if status != _ffi.OK:
             self._raise(status)
@@ -833,7 +839,7 @@ class Session(_ModelChild):
         n = len(prompts)
         if n == 0:
             return []
-        c_prompts = (_ffi.ClassifyPrompt * n)()
+        c_prompts = _ffi.sized_array(_ffi.ClassifyPrompt, n)
         keep: list = []
         for i, prompt in enumerate(prompts):
             if isinstance(prompt, str):
@@ -853,7 +859,7 @@ class Session(_ModelChild):
         if logits:
             out_logits = (ctypes.c_float * (n * n_vocab))()
             params.logits, params.logits_capacity = out_logits, n * n_vocab
-        results = (_ffi.ClassifyResult * n)()
+        results = _ffi.sized_array(_ffi.ClassifyResult, n)
         status = self._lib.forge_classify(h, c_prompts, n, ctypes.byref(params), results)
         if status != _ffi.OK:
             self._raise(status)
@@ -902,7 +908,7 @@ class Session(_ModelChild):
         params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
                                         repeat_window, seed, stop, stop_tokens, ignore_eos, add_special)
         per_item = (_ffi.GenerateParams * n)()
-        items = (_ffi.BatchItem * n)()
+        items = _ffi.sized_array(_ffi.BatchItem, n)
         for i, prompt in enumerate(prompts):
             per_item[i] = params  # a copy
             per_item[i].on_token, per_item[i].user_data = callback, i + 1
@@ -916,7 +922,7 @@ class Session(_ModelChild):
                 arr = _ffi.int32_array(toks)
                 keep.append(arr)
                 items[i].tokens, items[i].n_tokens = arr, len(toks)
-        results = (_ffi.BatchResult * n)()
+        results = _ffi.sized_array(_ffi.BatchResult, n)
         status = self._lib.forge_batch_generate(h, items, n, results)
         if raised:
             raise raised[0]
@@ -993,7 +999,7 @@ class _StreamState:
         self.call = call
         self.params = params
         self.keep = keep
-        self.metrics_c = _ffi.Metrics()
+        self.metrics_c = _ffi.sized(_ffi.Metrics)
         self.items: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.go = threading.Semaphore(0)
         self.stop = False
@@ -1299,7 +1305,8 @@ class Trainer(_ModelChild):
                 raise ValueError(f"targets has {got} floats, the batch needs {n} x {width} x {dim} = {want}")
         elif targets is not None:
             raise ValueError("targets go with the MSE losses (loss='mse_hidden' or 'mse_logits')")
-        batch = _ffi.TrainBatch(n, width, tokens, lengths, lab, msk, tgt)
+        batch = _ffi.sized(_ffi.TrainBatch, n_seqs=n, seq_len=width, tokens=tokens, lengths=lengths, labels=lab, mask=msk,
+                           targets=tgt)
         return batch, [tokens, lengths, lab, msk, tgt]
 
     def step(self, sequences: Sequence[Union[str, Sequence[int]]], labels: Optional[Sequence[Sequence[int]]] = None,
@@ -1308,7 +1315,7 @@ class Trainer(_ModelChild):
         adapters (stats.applied). Raises LimitError past max_batch / max_seq,
         InvalidArgumentError on an id outside the vocabulary or a batch with nothing counted."""
         batch, keep = self._batch(sequences, labels, mask, targets)
-        stats = _ffi.TrainStats()
+        stats = _ffi.sized(_ffi.TrainStats)
         status = self._lib.forge_train_step(self._h(), ctypes.byref(batch), ctypes.byref(stats))
         del keep
         if status != _ffi.OK:
@@ -1338,7 +1345,7 @@ class Trainer(_ModelChild):
 
     @property
     def memory(self) -> MemoryStats:
-        stats = _ffi.MemoryStats()
+        stats = _ffi.sized(_ffi.MemoryStats)
         status = self._lib.forge_trainer_memory(self._h(), ctypes.byref(stats))
         if status != _ffi.OK:
             self._raise(status)

@@ -1,9 +1,10 @@
 """ctypes mirror of forge.h: the library lookup, the structs, the prototypes.
 
-Every struct here is laid out field for field as in forge.h (same order, same C types); the
-structs with a struct_size field are checked against what the library's own
-*_default_params() report when the library loads, so a header change that this file missed
-fails loudly instead of corrupting memory. Only the calls the Python API uses are declared.
+Every struct here is laid out field for field as in forge.h (same order, same C types), and every
+one is checked against the library's own sizeof (forge_struct_size) when the library loads, so
+a header change that this file missed fails loudly instead of corrupting memory. Structs start
+with struct_size (forge.h, "Structs grow at their end"): make them with sized() and
+sized_array(), which set it. Only the calls the Python API uses are declared.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ token_fn = CFUNCTYPE(c_int, c_void_p, c_int32, POINTER(c_char), c_size_t)
 
 class DeviceInfo(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("index", c_int),
         ("name", c_char * 256),
         ("driver", c_char * 256),
@@ -106,6 +108,7 @@ class ModelParams(Structure):
 
 class MemoryStats(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("host_arena_bytes", c_uint64),
         ("device_planned_bytes", c_uint64),
         ("device_in_use_bytes", c_uint64),
@@ -119,6 +122,7 @@ class MemoryStats(Structure):
 
 class ModelInfo(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("architecture", c_char * 32),
         ("source_format", c_char * 16),
         ("weight_dtype", c_char * 16),
@@ -138,7 +142,6 @@ class ModelInfo(Structure):
         ("weight_bytes", c_uint64),
         ("device_name", c_char * 256),
         ("device_driver", c_char * 256),
-        ("memory", MemoryStats),
     ]
 
 
@@ -158,6 +161,7 @@ class SessionParams(Structure):
 
 class SpecialTokens(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("bos", c_int32),
         ("eos", c_int32),
         ("eot", c_int32),
@@ -194,6 +198,7 @@ class GenerateParams(Structure):
 
 class Metrics(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("prompt_tokens", c_int),
         ("cached_tokens", c_int),
         ("generated_tokens", c_int),
@@ -212,6 +217,7 @@ class Metrics(Structure):
 
 class BatchItem(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("text", c_char_p),
         ("text_len", c_size_t),
         ("tokens", POINTER(c_int32)),
@@ -221,15 +227,16 @@ class BatchItem(Structure):
 
 
 class BatchResult(Structure):
-    _fields_ = [("status", forge_status), ("metrics", Metrics)]
+    _fields_ = [("struct_size", c_uint32), ("status", forge_status), ("metrics", Metrics)]
 
 
 class ChatMessage(Structure):
-    _fields_ = [("role", c_char_p), ("content", c_char_p)]
+    _fields_ = [("struct_size", c_uint32), ("role", c_char_p), ("content", c_char_p)]
 
 
 class ClassifyPrompt(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("text", c_char_p),
         ("text_len", c_size_t),
         ("tokens", POINTER(c_int32)),
@@ -254,6 +261,7 @@ class ClassifyParams(Structure):
 
 class ClassifyResult(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("token", c_int32),
         ("n_tokens", c_int),
         ("text", POINTER(c_char)),
@@ -291,6 +299,7 @@ class TrainParams(Structure):
 
 class TrainBatch(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("n_seqs", c_int),
         ("seq_len", c_int),
         ("tokens", POINTER(c_int32)),
@@ -303,6 +312,7 @@ class TrainBatch(Structure):
 
 class TrainStats(Structure):
     _fields_ = [
+        ("struct_size", c_uint32),
         ("loss", c_double),
         ("tokens", c_int64),
         ("grad_norm", c_double),
@@ -318,12 +328,15 @@ _P = POINTER
 _PROTOTYPES = {
     "forge_status_name": (c_char_p, [forge_status]),
     "forge_version": (c_char_p, []),
+    "forge_version_number": (c_int, []),
+    "forge_struct_size": (c_size_t, [c_char_p]),
     "forge_list_devices": (forge_status, [_P(DeviceInfo), c_int, _P(c_int), c_char_p, c_size_t]),
     "forge_model_default_params": (ModelParams, []),
     "forge_model_load": (forge_status, [c_char_p, _P(ModelParams), _P(c_void_p)]),
     "forge_model_free": (None, [c_void_p]),
     "forge_model_errmsg": (c_char_p, [c_void_p]),
     "forge_model_get_info": (forge_status, [c_void_p, _P(ModelInfo)]),
+    "forge_model_memory": (forge_status, [c_void_p, _P(MemoryStats)]),
     "forge_model_n_vocab": (c_int, [c_void_p]),
     "forge_model_special_tokens": (forge_status, [c_void_p, _P(SpecialTokens)]),
     "forge_session_default_params": (SessionParams, []),
@@ -362,14 +375,41 @@ _PROTOTYPES = {
     "forge_trainer_profile": (forge_status, [c_void_p, _P(c_char), c_size_t, _P(c_size_t)]),
 }
 
-# (default-params function, struct): checked at load, sizeof against the struct_size it sets.
-_SIZED = [
-    ("forge_model_default_params", ModelParams),
-    ("forge_session_default_params", SessionParams),
-    ("forge_generate_default_params", GenerateParams),
-    ("forge_classify_default_params", ClassifyParams),
-    ("forge_train_default_params", TrainParams),
-]
+# Every mirror, by its name in forge.h: checked at load against the library's sizeof.
+_MIRRORS = {
+    "forge_device_info": DeviceInfo,
+    "forge_model_params": ModelParams,
+    "forge_memory_stats": MemoryStats,
+    "forge_model_info": ModelInfo,
+    "forge_session_params": SessionParams,
+    "forge_special_tokens": SpecialTokens,
+    "forge_generate_params": GenerateParams,
+    "forge_metrics": Metrics,
+    "forge_batch_item": BatchItem,
+    "forge_batch_result": BatchResult,
+    "forge_chat_message": ChatMessage,
+    "forge_classify_prompt": ClassifyPrompt,
+    "forge_classify_params": ClassifyParams,
+    "forge_classify_result": ClassifyResult,
+    "forge_train_params": TrainParams,
+    "forge_train_batch": TrainBatch,
+    "forge_train_stats": TrainStats,
+}
+
+
+def sized(struct: type, **fields):
+    """A struct forge reads or fills, its struct_size set (the rest zero, or `fields`)."""
+    value = struct(**fields)
+    value.struct_size = ctypes.sizeof(struct)
+    return value
+
+
+def sized_array(struct: type, n: int) -> ctypes.Array:
+    """An array of n (at least 1) such structs, each one's struct_size set."""
+    arr = (struct * max(n, 1))()
+    for item in arr:
+        item.struct_size = ctypes.sizeof(struct)
+    return arr
 
 
 class LibraryNotFoundError(OSError):
@@ -435,12 +475,13 @@ def _declare(handle: ctypes.CDLL, path: str) -> None:
             raise LibraryNotFoundError(f"{path} has no {name}: an older libforge than this package") from e
         fn.restype = restype
         fn.argtypes = argtypes
-    for name, struct in _SIZED:
-        size = getattr(handle, name)().struct_size
+    for name, struct in _MIRRORS.items():
+        size = handle.forge_struct_size(name.encode())
         if size != ctypes.sizeof(struct):
             raise LibraryNotFoundError(
-                f"{path}: {name}() reports struct_size {size}, the Python mirror {struct.__name__} is "
-                f"{ctypes.sizeof(struct)} bytes: the package and the library disagree on forge.h"
+                f"{path}: the library's {name} is {size} bytes, the Python mirror {struct.__name__} is "
+                f"{ctypes.sizeof(struct)}: the package and the library disagree on forge.h "
+                f"(library {handle.forge_version().decode()})"
             )
 
 

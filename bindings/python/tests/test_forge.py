@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import inspect
+import re
 import json
 import math
 import os
@@ -61,9 +62,20 @@ def greedy(model, prompt, max_tokens):
 
 
 def test_struct_mirror_and_status_names_match_the_library():
-    lib = _ffi.lib()  # loading checks sizeof against every struct_size the defaults report
-    for name, mirror in _ffi._SIZED:
-        assert getattr(lib, name)().struct_size == ctypes.sizeof(mirror)
+    lib = _ffi.lib()  # loading checks every mirror's sizeof against the library's
+    # every struct forge.h defines (the names forge_struct_size knows) has a mirror, or is one
+    # the package does not use (a header change shows up here either way)
+    header = (Path(__file__).resolve().parents[3] / "forge.h").read_text()
+    defined = set(re.findall(r"^typedef struct (forge_[a-z_]+) \{", header, re.M))
+    unused = {"forge_discover_params", "forge_discovered_model", "forge_keys_info", "forge_detok_stream"}
+    assert defined == set(_ffi._MIRRORS) | unused
+    for name, mirror in _ffi._MIRRORS.items():
+        assert lib.forge_struct_size(name.encode()) == ctypes.sizeof(mirror), name
+    assert lib.forge_struct_size(b"forge_no_such_struct") == 0
+    for name in ("forge_model_default_params", "forge_session_default_params", "forge_generate_default_params",
+                 "forge_classify_default_params", "forge_train_default_params"):
+        assert getattr(lib, name)().struct_size == lib.forge_struct_size(name[:-len("_default_params")].encode() + b"_params")
+    assert lib.forge_version_number() == 1000  # 0.1.0
     for status in forge.Status:
         assert forge.status_name(status) == status.c_name
     assert forge.library_version() == "0.1.0"
