@@ -273,6 +273,8 @@ typedef struct forge_memory_stats {
     uint64_t device_allocations;   /* number of VkDeviceMemory allocations */
     uint64_t kv_cache_bytes;       /* sessions: device bytes of the KV cache (all layers) */
     uint64_t kv_sliding_bytes;     /* sessions: of which sliding-window layers (bounded by the window) */
+    uint64_t state_bytes;          /* sessions: device bytes of the recurrent state of linear-attention layers (Qwen 3.5),
+                                    * fixed whatever the context, beside the KV cache */
 } forge_memory_stats;
 
 typedef struct forge_model_info {
@@ -461,7 +463,11 @@ FORGE_API int forge_session_n_past(const forge_session *session);
 /* The type the session's KV cache holds (FORGE_KV_F32 or FORGE_KV_F16: DEFAULT resolved). */
 FORGE_API forge_kv_type forge_session_kv_type(const forge_session *session);
 
-/* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). */
+/* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). A model with
+ * linear-attention layers (Qwen 3.5), whose recurrent state cannot go back to an earlier position,
+ * evaluates the n_keep tokens again from the start (a prefill; takes a parallel slot). Its prompt
+ * cache likewise serves a prompt that extends the whole cached sequence, and evaluates any other
+ * from the start. */
 FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);
 
 FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);

@@ -409,7 +409,7 @@ FORGE_API forge_status forge_model_memory(const forge_model *m, forge_memory_sta
     forge_status st = forge__model_check_sized(m, out, "forge_memory_stats");
     if (st) return st;
     forge_memory_stats full = {sizeof full, m->arena.bytes, m->mem.planned, m->mem.in_use, forge__mem_peak(&m->mem_total),
-                               m->mem.n_buffers, m->mem.n_allocations, 0, 0};
+                               m->mem.n_buffers, m->mem.n_allocations, 0, 0, 0};
     FORGE__PUT(out, full);
     return FORGE_OK;
 }
@@ -435,7 +435,7 @@ FORGE_API forge_status forge_session_plan(forge_model *m, const forge_session_pa
         full.device_planned_bytes = forge__pack_total(&pack) + forge__session_host_visible_bytes(m, &sp);
         full.host_arena_bytes = a.bytes;
         full.device_buffers = (uint64_t)pack.n_blocks + 2;
-        forge__session_kv_bytes(m, &sp, &full.kv_cache_bytes, &full.kv_sliding_bytes);
+        forge__session_kv_bytes(m, &sp, &full.kv_cache_bytes, &full.kv_sliding_bytes, &full.state_bytes);
         FORGE__PUT(plan, full);
     } else {
         forge__model_fail(m, st, "%s", err.msg);
@@ -489,6 +489,7 @@ FORGE_API forge_kv_type forge_session_kv_type(const forge_session *s) { return s
 static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     const forge__config *c = &s->m->cfg;
     if (n_keep == 0 || n_keep >= s->n_past) return true;
+    if (forge__has_linear(c)) return false; /* a recurrent state cannot go back to an earlier position */
     if (s->kv_from > FORGE__MAX(0, n_keep - c->sliding_window + 1)) return false; /* not restored (state.c), or turned by a shift (forge__slide) */
     for (int l = 0; l < c->n_layers; l++) {
         if ((int)s->slots[l] >= s->n_ctx) continue; /* not rotating */
@@ -496,19 +497,6 @@ static bool forge__truncate_valid(const forge_session *s, int n_keep) {
         if (need_from + (int)s->slots[l] < s->kv_high) return false;
     }
     return true;
-}
-
-FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
-    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
-    if (n_keep < 0 || n_keep > s->n_past)
-        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
-    if (!forge__truncate_valid(s, n_keep))
-        return forge__fail(&s->err, FORGE_ERR_LIMIT,
-                           "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
-                           "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
-    s->n_past = n_keep;
-    if (n_keep <= s->drop_at) s->n_dropped = 0;
-    return FORGE_OK;
 }
 
 FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, size_t capacity, size_t *len) {
@@ -522,7 +510,7 @@ FORGE_API forge_status forge_session_memory(const forge_session *cs, forge_memor
     forge_status st = forge__check_sized(out, "forge_memory_stats", &s->err);
     if (st) return st;
     forge_memory_stats full = {sizeof full, s->arena.bytes, s->mem.planned, s->mem.in_use, s->mem.peak, s->mem.n_buffers,
-                               s->mem.n_allocations, s->kv_bytes, s->kv_sliding_bytes};
+                               s->mem.n_allocations, s->kv_bytes, s->kv_sliding_bytes, s->state_bytes};
     FORGE__PUT(out, full);
     return FORGE_OK;
 }
@@ -571,6 +559,35 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
     st = forge__eval(s, tokens, n_tokens, flags, logits, logits_capacity);
     forge__slot_release(s->m);
     return st;
+}
+
+FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    if (n_keep < 0 || n_keep > s->n_past)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
+    if (forge__has_linear(&s->m->cfg) && n_keep > 0 && n_keep < s->n_past) {
+        /* Qwen 3.5: a linear-attention layer's recurrent state cannot be cut back; the kept tokens
+         * are evaluated again from position 0 (exact, at the cost of their prefill) */
+        int32_t *kept = (int32_t *)malloc(4ull * (size_t)n_keep);
+        if (!kept) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        memcpy(kept, s->history, 4ull * (size_t)n_keep);
+        s->n_past = 0;
+        s->n_dropped = 0;
+        forge_status st = forge__slot_acquire(s->m, &s->err);
+        if (!st) {
+            st = forge__eval(s, kept, n_keep, 0, NULL, 0);
+            forge__slot_release(s->m);
+        }
+        free(kept);
+        return st;
+    }
+    if (!forge__truncate_valid(s, n_keep))
+        return forge__fail(&s->err, FORGE_ERR_LIMIT,
+                           "cannot keep %d of %d tokens: the sliding-window layers' rotating cache has overwritten the keys "
+                           "that continuing there needs (truncate to 0 instead)", n_keep, s->n_past);
+    s->n_past = n_keep;
+    if (n_keep <= s->drop_at) s->n_dropped = 0;
+    return FORGE_OK;
 }
 
 /* ---- The tokenizer's public calls (tokenizer.c does the work; the model holds the tokenizer) ---- */

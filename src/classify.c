@@ -122,7 +122,10 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             order[j] = order[j - 1];
             order[j - 1] = t;
         }
-    const int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
+    int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
+    /* Qwen 3.5's linear-attention layers keep each prompt's recurrent state in a place of the
+     * session's (n_seq_max of them): a batch holds at most that many prompts */
+    if (forge__has_linear(&m->cfg)) max_b = FORGE__MIN(max_b, s->n_seq);
     uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
     uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
     for (int b0 = 0; b0 < n_prompts && !st;) {

@@ -14,17 +14,27 @@ typedef enum forge__arch {
     FORGE__ARCH_GEMMA3,
     FORGE__ARCH_QWEN3MOE,
     FORGE__ARCH_GEMMA4,
+    FORGE__ARCH_MISTRAL,     /* Llama's layers, a sliding window on every layer (or none) */
+    FORGE__ARCH_QWEN35,      /* Qwen 3.5 / 3.6: linear-attention (Gated DeltaNet) and gated full-attention layers */
+    FORGE__ARCH_QWEN35MOE,   /* ... with a mixture of experts and a shared expert in every layer */
     FORGE__ARCH_COUNT
 } forge__arch;
 
-/* As GGUF's general.architecture names them (and forge_model_info reports them). */
-static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gemma4"};
+/* As GGUF's general.architecture names them (and forge_model_info reports them). GGUF files of
+ * Mistral 7B say "llama" (llama.cpp's converter writes them so), and load as such. */
+static const char *const forge__arch_names[FORGE__ARCH_COUNT] = {"llama", "qwen2", "qwen3", "gemma2", "gemma3", "qwen3moe", "gemma4",
+                                                                 "mistral", "qwen35", "qwen35moe"};
+
+static bool forge__arch_qwen35(int arch) { return arch == FORGE__ARCH_QWEN35 || arch == FORGE__ARCH_QWEN35MOE; }
 
 typedef enum forge__rope_scaling {
     FORGE__ROPE_NONE = 0,
     FORGE__ROPE_LINEAR,   /* positions divided by factor */
     FORGE__ROPE_LLAMA3,   /* Llama 3.1 frequency-dependent scaling */
     FORGE__ROPE_PROPORTIONAL, /* Gemma 4: the first partial * head_dim / 2 pairs rotate at 1 / theta^(2i / head_dim), the rest not at all */
+    FORGE__ROPE_PARTIAL,  /* Qwen 3.5: the first R = partial * head_dim dims rotate as a head of R would (HF pairs (i, i + R/2) at
+                           * 1 / theta^(2i / R)); q and k are permuted per head at load (forge__rope_perm) so that those pairs are
+                           * forge's (i, i + head_dim/2): the first R/2 pairs rotate, the rest not at all */
 } forge__rope_scaling;
 
 typedef struct forge__rope {
@@ -32,7 +42,7 @@ typedef struct forge__rope {
     forge__rope_scaling scaling;
     double factor, low_freq_factor, high_freq_factor;
     int original_max_pos;
-    double partial;               /* PROPORTIONAL: partial_rotary_factor */
+    double partial;               /* PROPORTIONAL, PARTIAL: partial_rotary_factor */
 } forge__rope;
 
 typedef enum forge__act { FORGE__ACT_SILU = 0, FORGE__ACT_GELU_TANH = 1 } forge__act;
@@ -85,7 +95,26 @@ typedef struct forge__config {
     /* Gemma 4 */
     int ple_dim;                  /* hidden_size_per_layer_input: per-layer input embeddings of this width (0: none) */
     int ple_vocab;                /* rows of the per-layer embedding table */
+    /* Qwen 3.5: linear-attention layers (Gated DeltaNet), which keep a recurrent state per sequence
+     * instead of a KV cache: q and k of lin_k_heads heads of lin_k_dim, v of lin_v_heads heads of
+     * lin_v_dim (each key head serves lin_v_heads / lin_k_heads consecutive value heads), a causal
+     * depthwise convolution of lin_conv taps over q|k|v; the state [lin_v_heads, lin_k_dim, lin_v_dim] */
+    uint8_t layer_linear[FORGE__MAX_LAYERS];
+    int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    bool attn_gate;               /* Qwen 3.5's full attention: q_proj gives each head's query and an output gate (sigmoid) */
+    int shared_ffn;               /* Qwen 3.5-MoE: the shared expert's width beside the experts (0: none), its output times
+                                   * sigmoid(x . shared_expert_gate) */
 } forge__config;
+
+/* Qwen 3.5's linear-attention widths: the convolved q|k|v row, the value row. */
+static uint32_t forge__lin_conv_dim(const forge__config *c) { return (uint32_t)(2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim); }
+static uint32_t forge__lin_v_dim(const forge__config *c) { return (uint32_t)(c->lin_v_heads * c->lin_v_dim); }
+/* Whether any layer is a linear-attention layer (a recurrent state, not a KV cache). */
+static bool forge__has_linear(const forge__config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_linear[l]) return true;
+    return false;
+}
 
 /* Layer l's attention shape. A KV-shared layer (kv_source != l) projects only queries. */
 static uint32_t forge__hd(const forge__config *c, int l) { return c->layer_head_dim[l]; }
@@ -93,20 +122,21 @@ static uint32_t forge__nkv(const forge__config *c, int l) { return c->layer_kv_h
 static bool forge__kv_shared(const forge__config *c, int l) { return c->kv_source[l] != l; }
 static uint32_t forge__q_dim(const forge__config *c, int l) { return (uint32_t)c->n_heads * forge__hd(c, l); }
 static uint32_t forge__kv_dim(const forge__config *c, int l) { return forge__nkv(c, l) * forge__hd(c, l); }
-/* The fused q|k|v row of layer l (q only on a KV-shared layer). */
+/* The fused q|k|v row of layer l (q only on a KV-shared layer; Qwen 3.5: then each head's output gate). */
 static uint32_t forge__qkv_dim(const forge__config *c, int l) {
-    return forge__q_dim(c, l) + (forge__kv_shared(c, l) ? 0 : 2 * forge__kv_dim(c, l));
+    return forge__q_dim(c, l) + (forge__kv_shared(c, l) ? 0 : 2 * forge__kv_dim(c, l)) + (c->attn_gate ? forge__q_dim(c, l) : 0);
 }
 /* Whether every layer caches its own keys and values in rows of one shape (every family but
  * Gemma 4): what the context shift, state files and key inspection read and write. */
 static bool forge__uniform_kv(const forge__config *c) {
+    if (forge__has_linear(c)) return false; /* Qwen 3.5: linear layers keep a recurrent state, not keys and values */
     for (int l = 0; l < c->n_layers; l++)
         if (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads) return false;
     return true;
 }
 /* ... and the same MLP, no experts, no Gemma 4 extras (what training and adapters assume). */
 static bool forge__uniform_layers(const forge__config *c) {
-    if (c->n_experts || c->ple_dim || c->v_norm || !forge__uniform_kv(c)) return false;
+    if (c->n_experts || c->ple_dim || c->v_norm || c->attn_gate || !forge__uniform_kv(c)) return false;
     for (int l = 0; l < c->n_layers; l++)
         if (c->layer_ffn[l] != c->ffn || c->layer_k_eq_v[l]) return false;
     return true;
@@ -125,6 +155,9 @@ static double forge__round_to_dtype(double x, forge__dtype t) {
 #define FORGE__MAX_TRAIN_HEAD_DIM 256
 #define FORGE__MAX_EXPERTS 1024     /* moe_route.comp: one router row in shared memory */
 #define FORGE__MAX_EXPERTS_USED 32  /* moe_route.comp MAXK */
+#define FORGE__MAX_LINEAR_HEAD_DIM 256 /* delta_rule.comp: a key head's row in shared memory, a value head's columns a workgroup */
+#define FORGE__MAX_LINEAR_CONV 8       /* conv1d.comp: the taps a channel keeps in registers */
+#define FORGE__MAX_LINEAR_VALUE_HEADS 1024
 
 /* Limits of the kernels and of 32-bit indexing, checked for every config whatever its source
  * (after forge__config_finish has filled the per-layer shapes). */
@@ -165,6 +198,30 @@ static forge_status forge__config_validate(const forge__config *c, const char *p
     if (!(c->norm_eps > 0 && c->norm_eps < 1)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: rms norm epsilon %g out of range", path, c->norm_eps);
     if (!(c->rope_full.theta > 1) || !(c->rope_sliding.theta > 1))
         return forge__fail(err, FORGE_ERR_FORMAT, "%s: rope theta must be > 1", path);
+    if (c->rope_full.scaling == FORGE__ROPE_PARTIAL) {
+        int rot = (int)(c->head_dim * c->rope_full.partial);
+        if (rot < 2 || rot % 2 || rot > c->head_dim)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: partial_rotary_factor %g of head_dim %d rotates %d dims (an even number >= 2 is needed)",
+                               path, c->rope_full.partial, c->head_dim, rot);
+    }
+    if (forge__has_linear(c)) {
+        struct { const char *name; int v, lo, hi; } g[] = {
+            {"linear_num_key_heads", c->lin_k_heads, 1, FORGE__MAX_LINEAR_VALUE_HEADS},
+            {"linear_num_value_heads", c->lin_v_heads, 1, FORGE__MAX_LINEAR_VALUE_HEADS},
+            {"linear_key_head_dim", c->lin_k_dim, 2, FORGE__MAX_LINEAR_HEAD_DIM}, {"linear_value_head_dim", c->lin_v_dim, 2, FORGE__MAX_LINEAR_HEAD_DIM},
+            {"linear_conv_kernel_dim", c->lin_conv, 1, FORGE__MAX_LINEAR_CONV},
+        };
+        for (size_t i = 0; i < FORGE__ARRAY_LEN(g); i++)
+            if (g[i].v < g[i].lo || g[i].v > g[i].hi)
+                return forge__fail(err, g[i].v > g[i].hi ? FORGE_ERR_UNSUPPORTED : FORGE_ERR_FORMAT, "%s: %s %d is outside what forge supports [%d, %d]",
+                                   path, g[i].name, g[i].v, g[i].lo, g[i].hi);
+        if (c->lin_v_heads % c->lin_k_heads)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: linear_num_value_heads %d must be a multiple of linear_num_key_heads %d", path,
+                               c->lin_v_heads, c->lin_k_heads);
+        if (c->lin_k_dim % 4 || c->lin_v_dim % 4)
+            return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: linear key and value head dims (%d, %d) must be multiples of 4", path, c->lin_k_dim,
+                               c->lin_v_dim);
+    }
     return FORGE_OK;
 }
 
@@ -362,6 +419,56 @@ static forge_status forge__config_gemma4_json(const cJSON *o, const char *path, 
     return FORGE_OK;
 }
 
+/* Qwen 3.5's text config `o` (transformers' Qwen3_5TextConfig / Qwen3_5MoeTextConfig): layer_types
+ * (or full_attention_interval, default 4: every fourth layer full attention), the linear layers'
+ * heads and convolution, partial RoPE (partial_rotary_factor, default 0.25, in rope_parameters or
+ * beside it; the multimodal RoPE sections do not matter for text, whose three position ids are
+ * equal), the experts and the shared expert. */
+static forge_status forge__config_qwen35_json(const cJSON *o, const char *path, forge__config *c, forge__err *err) {
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
+    if (cJSON_IsArray(lt)) {
+        if (cJSON_GetArraySize(lt) != c->n_layers)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: layer_types has %d entries for %d layers", path, cJSON_GetArraySize(lt), c->n_layers);
+        for (int i = 0; i < c->n_layers; i++) {
+            const cJSON *x = cJSON_GetArrayItem(lt, i);
+            if (!cJSON_IsString(x) || (strcmp(x->valuestring, "linear_attention") && strcmp(x->valuestring, "full_attention")))
+                return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: layer_types[%d] is not 'linear_attention' or 'full_attention'", path, i);
+            c->layer_linear[i] = strcmp(x->valuestring, "linear_attention") == 0;
+        }
+    } else {
+        int interval = forge__json_int(o, "full_attention_interval", 4);
+        if (interval <= 0) return forge__fail(err, FORGE_ERR_FORMAT, "%s: full_attention_interval %d must be positive", path, interval);
+        for (int i = 0; i < c->n_layers; i++) c->layer_linear[i] = (i + 1) % interval != 0;
+    }
+    c->lin_k_heads = forge__json_int(o, "linear_num_key_heads", 16);
+    c->lin_v_heads = forge__json_int(o, "linear_num_value_heads", 32);
+    c->lin_k_dim = forge__json_int(o, "linear_key_head_dim", 128);
+    c->lin_v_dim = forge__json_int(o, "linear_value_head_dim", 128);
+    c->lin_conv = forge__json_int(o, "linear_conv_kernel_dim", 4);
+    c->attn_gate = true;
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(o, "rope_parameters");
+    double partial = forge__json_num(cJSON_IsObject(rp) ? rp : o, "partial_rotary_factor", forge__json_num(o, "partial_rotary_factor", 0.25));
+    if (!(partial > 0 && partial <= 1)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: partial_rotary_factor %g must be in (0, 1]", path, partial);
+    if (c->rope_full.scaling != FORGE__ROPE_NONE)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: Qwen 3.5 with a scaled RoPE is not supported (rope_type default)", path);
+    c->rope_full.scaling = FORGE__ROPE_PARTIAL;
+    c->rope_full.partial = partial;
+    c->rope_sliding = c->rope_full;
+    if (c->arch == FORGE__ARCH_QWEN35MOE) {
+        c->n_experts = forge__json_int(o, "num_experts", 0);
+        c->n_experts_used = forge__json_int(o, "num_experts_per_tok", 0);
+        c->moe_ffn = forge__json_int(o, "moe_intermediate_size", 0);
+        c->shared_ffn = forge__json_int(o, "shared_expert_intermediate_size", 0);
+        c->moe_norm_topk = true; /* Qwen3_5MoeTopKRouter always renormalizes the chosen weights */
+        c->router = FORGE__ROUTER_SOFTMAX;
+        if (c->n_experts <= 0 || c->shared_ffn < 0)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: qwen3_5_moe needs num_experts > 0 (%d) and shared_expert_intermediate_size >= 0 (%d)",
+                               path, c->n_experts, c->shared_ffn);
+        memset(c->layer_moe, 1, (size_t)c->n_layers);
+    }
+    return FORGE_OK;
+}
+
 /* Parses an HF config.json (text) into *c. `path` names the file in messages. */
 FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t len, const char *path,
                                                         forge__config *c, forge__err *err) {
@@ -378,15 +485,20 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         st = forge__fail(err, FORGE_ERR_FORMAT, "%s: field 'model_type' is missing", path);
         goto done;
     }
-    if (!strcmp(mt, "gemma3") || !strcmp(mt, "gemma4")) { /* multimodal wrapper: the text model's config is nested */
+    if (!strcmp(mt, "gemma3") || !strcmp(mt, "gemma4") || !strcmp(mt, "qwen3_5") || !strcmp(mt, "qwen3_5_moe")) {
+        /* multimodal wrapper: the text model's config is nested */
         o = cJSON_GetObjectItemCaseSensitive(root, "text_config");
         if (!cJSON_IsObject(o)) {
             st = forge__fail(err, FORGE_ERR_FORMAT, "%s: model_type '%s' needs a 'text_config' object", path, mt);
             goto done;
         }
-        c->arch = !strcmp(mt, "gemma3") ? FORGE__ARCH_GEMMA3 : FORGE__ARCH_GEMMA4;
+        c->arch = !strcmp(mt, "gemma3") ? FORGE__ARCH_GEMMA3 : !strcmp(mt, "gemma4") ? FORGE__ARCH_GEMMA4
+                : !strcmp(mt, "qwen3_5") ? FORGE__ARCH_QWEN35 : FORGE__ARCH_QWEN35MOE;
         c->multimodal = true;
     } else if (!strcmp(mt, "llama")) c->arch = FORGE__ARCH_LLAMA;
+    else if (!strcmp(mt, "mistral")) c->arch = FORGE__ARCH_MISTRAL;
+    else if (!strcmp(mt, "qwen3_5_text")) c->arch = FORGE__ARCH_QWEN35;
+    else if (!strcmp(mt, "qwen3_5_moe_text")) c->arch = FORGE__ARCH_QWEN35MOE;
     else if (!strcmp(mt, "qwen2")) c->arch = FORGE__ARCH_QWEN2;
     else if (!strcmp(mt, "qwen3")) c->arch = FORGE__ARCH_QWEN3;
     else if (!strcmp(mt, "qwen3_moe")) c->arch = FORGE__ARCH_QWEN3MOE;
@@ -395,8 +507,8 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
     else if (!strcmp(mt, "gemma4_text")) c->arch = FORGE__ARCH_GEMMA4;
     else {
         st = forge__fail(err, FORGE_ERR_UNSUPPORTED,
-                         "%s: model_type '%s' is not supported (llama, qwen2, qwen3, qwen3_moe, gemma2, gemma3, gemma3_text, gemma4, "
-                         "gemma4_text)", path, mt);
+                         "%s: model_type '%s' is not supported (llama, mistral, qwen2, qwen3, qwen3_moe, qwen3_5, qwen3_5_text, "
+                         "qwen3_5_moe, qwen3_5_moe_text, gemma2, gemma3, gemma3_text, gemma4, gemma4_text)", path, mt);
         goto done;
     }
     bool gemma = c->arch == FORGE__ARCH_GEMMA2 || c->arch == FORGE__ARCH_GEMMA3 || c->arch == FORGE__ARCH_GEMMA4;
@@ -405,6 +517,9 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
     c->n_heads = forge__json_int(o, "num_attention_heads", 0);
     c->n_kv_heads = forge__json_int(o, "num_key_value_heads", c->n_heads);
     c->ffn = forge__json_int(o, "intermediate_size", 0);
+    /* Qwen 3.5-MoE has no dense MLP but the shared expert: the layers' dense MLP is that one */
+    if (c->arch == FORGE__ARCH_QWEN35MOE && !cJSON_GetObjectItemCaseSensitive(o, "intermediate_size"))
+        c->ffn = forge__json_int(o, "shared_expert_intermediate_size", 0);
     c->n_vocab = forge__json_int(o, "vocab_size", 0);
     c->n_ctx_train = forge__json_int(o, "max_position_embeddings", 2048);
     c->norm_eps = forge__json_num(o, "rms_norm_eps", 1e-6);
@@ -436,8 +551,9 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
     c->qkv_bias = c->arch == FORGE__ARCH_QWEN2 || forge__json_bool(o, "attention_bias", false);
     c->o_bias = c->arch == FORGE__ARCH_LLAMA && forge__json_bool(o, "attention_bias", false);
     c->qk_norm = c->arch == FORGE__ARCH_QWEN3 || c->arch == FORGE__ARCH_QWEN3MOE || c->arch == FORGE__ARCH_GEMMA3 ||
-                 c->arch == FORGE__ARCH_GEMMA4;
-    c->norm_plus_one = gemma && c->arch != FORGE__ARCH_GEMMA4; /* Gemma 4's RMSNorm multiplies by w itself */
+                 c->arch == FORGE__ARCH_GEMMA4 || forge__arch_qwen35(c->arch);
+    /* Gemma 2 / 3 and Qwen 3.5 (zero-centred) multiply by (1 + w); Gemma 4's RMSNorm by w itself */
+    c->norm_plus_one = (gemma && c->arch != FORGE__ARCH_GEMMA4) || forge__arch_qwen35(c->arch);
     c->sandwich_norms = gemma;
     c->act = FORGE__ACT_SILU;
     if (gemma) {
@@ -517,6 +633,18 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         if (c->sliding_window <= 0) memset(c->layer_sliding, 0, sizeof c->layer_sliding);
     }
     if (c->arch == FORGE__ARCH_GEMMA4 && (st = forge__config_gemma4_json(o, path, c, err))) goto done;
+    if (forge__arch_qwen35(c->arch) && (st = forge__config_qwen35_json(o, path, c, err))) goto done;
+    if (c->arch == FORGE__ARCH_MISTRAL) { /* sliding_window: null (v0.2 on) for full attention, else that window on every layer */
+        const cJSON *sw = cJSON_GetObjectItemCaseSensitive(o, "sliding_window");
+        if (sw && !cJSON_IsNull(sw)) {
+            c->sliding_window = forge__json_int(o, "sliding_window", -1);
+            if (c->sliding_window <= 0) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: sliding_window must be null or a positive integer", path);
+                goto done;
+            }
+            memset(c->layer_sliding, 1, (size_t)c->n_layers);
+        }
+    }
     if (c->arch == FORGE__ARCH_QWEN3MOE) {
         c->n_experts = forge__json_int(o, "num_experts", forge__json_int(o, "num_local_experts", 0));
         c->n_experts_used = forge__json_int(o, "num_experts_per_tok", 0);

@@ -430,7 +430,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->slots = (uint32_t *)forge__arena_alloc(&s->arena, sizeof(uint32_t) * (size_t)c->n_layers, 16);
     if (!s->history || !s->kc || !s->vc || !s->slots) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     memcpy(s->slots, sp->slots, sizeof(uint32_t) * (size_t)c->n_layers);
-    forge__session_kv_bytes(m, sp, &s->kv_bytes, &s->kv_sliding_bytes);
+    forge__session_kv_bytes(m, sp, &s->kv_bytes, &s->kv_sliding_bytes, &s->state_bytes);
     if ((st = forge__session_pack(m, sp, &s->pack, &s->arena, &s->err))) return st;
     s->mem.planned = forge__pack_total(&s->pack) + forge__session_host_visible_bytes(m, sp);
     if ((st = forge__memory_check(m, s->mem.planned, "the session", "lower n_ctx, n_batch, n_outputs_max or n_seq_max", &s->err))) return st;
@@ -448,7 +448,8 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_ACT_Q8_RES] = &s->act_q8_res, [FORGE__SB_A16] = &s->a16,
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
-        [FORGE__SB_PLE_G] = &s->ple_g,
+        [FORGE__SB_PLE_G] = &s->ple_g, [FORGE__SB_LIN_MIX] = &s->lin_mix, [FORGE__SB_LIN_QKV] = &s->lin_qkv, [FORGE__SB_LIN_OUT] = &s->lin_out,
+        [FORGE__SB_SHARED_S] = &s->shared_s,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {

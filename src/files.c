@@ -332,7 +332,8 @@ static const char *forge__hf_canonical_name(const char *name, char *buf, size_t 
     static const char *skip[] = {"vision_tower.", "vision_model.", "multi_modal_projector.",
                                  "model.vision_tower.", "model.multi_modal_projector.",
                                  "audio_tower.", "model.audio_tower.", "embed_vision.",
-                                 "model.embed_vision.", "embed_audio.", "model.embed_audio."};
+                                 "model.embed_vision.", "embed_audio.", "model.embed_audio.",
+                                 "model.visual.", "visual.", "mtp."}; /* Qwen 3.5: the vision tower, multi-token prediction */
     for (size_t i = 0; i < FORGE__ARRAY_LEN(skip); i++)
         if (strncmp(name, skip[i], strlen(skip[i])) == 0) return NULL;
     if (strncmp(name, "language_model.", 15) == 0) {
@@ -410,6 +411,9 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
             break;
         }
         int nd = cJSON_GetArraySize(js);
+        char nbuf[512];
+        const char *canon = forge__hf_canonical_name(key, nbuf, sizeof nbuf);
+        if (!canon) continue; /* another tower's weights (vision, audio: a video patch embedding has 5 dimensions) */
         if (nd > FORGE__MAX_DIMS) {
             st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has %d dimensions (at most %d)", path,
                              key, nd, FORGE__MAX_DIMS);
@@ -454,9 +458,6 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
         }
         t.data = f->avail == f->size ? data + begin : NULL;
         t.nbytes = end - begin;
-        char nbuf[512];
-        const char *canon = forge__hf_canonical_name(key, nbuf, sizeof nbuf);
-        if (!canon) continue; /* another tower's weights */
         t.name = forge__arena_strdup(arena, canon);
         if (!t.name) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
         if ((st = forge__tensor_add(table, arena, &t, err))) break;

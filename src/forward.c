@@ -75,6 +75,12 @@ typedef struct forge__acts {
     forge__range ple;          /* [n, layers * P] every layer's input (forge__record_ple) */
     forge__range ple_tmp;      /* [n, layers * P] scratch */
     forge__range ple_g;        /* [n, P] the layer's gate */
+    /* Qwen 3.5 */
+    forge__range lin_mix;      /* [n, conv_dim + VD + 2 NV] a linear layer's in-projection: q|k|v, z, b, a */
+    forge__range lin_qkv;      /* [n, conv_dim] q|k|v after the convolution and SiLU */
+    forge__range lin_out;      /* [n, VD] the delta rule's gated-norm output, out_proj's input */
+    forge__range shared_s;     /* [n] x . shared_expert_gate (MoE) */
+    /* kc, vc: a linear layer's convolution and delta-rule states (forge_session.kc) */
 } forge__acts;
 
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
@@ -401,12 +407,16 @@ static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
 
 /* h = act(gate) * up over `count` elements of rows of `ffn`, the gates and ups in gu as `layout`
  * (FORGE__GU_PAIRS, FORGE__GU_HALVES) places them (act_mul.comp). */
-static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__range gu, uint32_t count, uint32_t ffn, uint32_t layout) {
+static void forge__record_act_mul_ex(const forge__pass *p, forge__range h, forge__range gu, forge__range u2, uint32_t count, uint32_t ffn,
+                                     uint32_t layout, uint32_t act, uint32_t u2_stride, uint32_t u2_col0) {
     uint32_t gx, gy;
-    forge__pc_act pc = {count, (uint32_t)p->m->cfg.act, layout, ffn, 0, 0};
-    forge__range b[3] = {h, gu, p->dummy};
+    forge__pc_act pc = {count, act, layout, ffn, u2_stride, u2_col0};
+    forge__range b[3] = {h, gu, u2.buf ? u2 : p->dummy};
     forge__grid(((uint64_t)count + 255) / 256, &gx, &gy);
     forge__dispatch(p->r, FORGE__OP_ACT_MUL, b, &pc, gx, gy, 1);
+}
+static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__range gu, uint32_t count, uint32_t ffn, uint32_t layout) {
+    forge__record_act_mul_ex(p, h, gu, (forge__range){0}, count, ffn, layout, (uint32_t)p->m->cfg.act, 0, 0);
 }
 
 /* ---- Mixture of experts ----
@@ -501,6 +511,51 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
     forge__dispatch(r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
 }
 
+/* ---- Qwen 3.5's linear attention (Gated DeltaNet) ----
+ * In place of a layer's attention: x += out_proj(gated_norm(delta_rule(silu(conv(q|k|v)), z, b, a))),
+ * q|k|v, z, b, a from one in-projection of norm(x). The recurrent states (the convolution's last
+ * inputs, the delta rule's S) are the layer's in the session (kc, vc), per sequence: the step's
+ * rows come in groups of one sequence each, taken in order by conv1d.comp and delta_rule.comp:
+ * all rows (one sequence's prefill or decode step), seq rows each (a classify batch, every
+ * sequence from position 0), or batch generation's rows (one prompt's, or one row per
+ * sequence). A sequence whose group starts at position 0 starts from zero states. */
+static void forge__record_linear(const forge__pass *p, int l, const forge__acts *a) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, CD = forge__lin_conv_dim(c), VD = forge__lin_v_dim(c), NV = (uint32_t)c->lin_v_heads;
+    uint32_t MIX = (uint32_t)forge__lin_mix_dim(c);
+    forge__range in = a->x;
+    const forge__vec *norm = &ly->attn_norm;
+    if (!p->fuse) {
+        forge__rmsnorm(p, a->x, 0, &ly->attn_norm, a->xn, 0, n, H, 0);
+        forge__barrier(r);
+        in = a->xn;
+        norm = NULL;
+    }
+    if (ly->fused_lin) {
+        forge__linear(p, &ly->lin_in, in, 0, n, a->lin_mix, MIX, 0, NULL, norm, 0, 0);
+    } else {
+        forge__linear(p, &ly->lin_qkv, in, 0, n, a->lin_mix, MIX, 0, NULL, norm, 0, 0);
+        forge__linear(p, &ly->lin_z, in, 0, n, a->lin_mix, MIX, CD, NULL, norm, 0, 0);
+        forge__linear(p, &ly->lin_b, in, 0, n, a->lin_mix, MIX, CD + VD, NULL, norm, 0, 0);
+        forge__linear(p, &ly->lin_a, in, 0, n, a->lin_mix, MIX, CD + VD + NV, NULL, norm, 0, 0);
+    }
+    forge__barrier(r);
+    uint32_t group = p->table == FORGE__TABLE_DECODE ? 1 : p->seq ? p->seq : n, table = p->table ? 1u : 0u;
+    forge__pc_conv pc = {n, CD, (uint32_t)c->lin_conv, MIX, group, table};
+    forge__range bc[5] = {p->params, a->lin_mix, ly->conv_w.r, a->kc, a->lin_qkv};
+    forge__dispatch(r, FORGE__OP_CONV1D, bc, &pc, (CD + 63) / 64, n / group, 1);
+    forge__barrier(r);
+    forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, (uint32_t)c->lin_k_dim, (uint32_t)c->lin_v_dim, group, table,
+                          MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps};
+    forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};
+    forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
+    forge__barrier(r);
+    forge__linear(p, &ly->wo, a->lin_out, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+}
+
 /* ---- One layer ---- */
 
 /* Whether layer l of a one-token decode runs as a chain of int8 products that quantize their
@@ -524,7 +579,7 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
     if (l < 0 || l >= c->n_layers) return false;
     const forge__layer *ly = &m->layers[l];
     if (!m->q8_chain || p->n != 1 || p->table || p->train || !p->fuse || !p->act_q8_res.buf || !ly->dense_mlp || !ly->fused_gate_up || c->sandwich_norms ||
-        c->ple_dim || forge__kv_shared(c, l))
+        c->ple_dim || forge__kv_shared(c, l) || ly->linear || c->attn_gate || c->layer_moe[l])
         return false;
     uint32_t H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l];
     bool qkv = ly->fused_qkv ? forge__uses_q8a(p, &ly->wqkv, 1)
@@ -575,116 +630,125 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     uint32_t QD = NH * D, KVD = NKV * D, QKVD = forge__qkv_dim(c, l), F = (uint32_t)c->layer_ffn[l];
     uint32_t gx, gy;
     if (a->x_in.buf) forge__copy(r, a->x, a->x_in, 4ull * n * H);
-    forge__range qkv_in = a->x;
-    const forge__vec *qkv_norm = &ly->attn_norm;
-    if (!p->fuse) {
-        forge__rmsnorm(p, a->x, 0, &ly->attn_norm, a->xn, 0, n, H, 0);
-        forge__barrier(r);
-        qkv_in = a->xn;
-        qkv_norm = NULL;
-    }
-    const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
     /* a chain of int8 products (forge__q8_chain): x comes quantized by the layer before */
-    bool chain = forge__q8_chain(p, l), chained_in = chain && forge__q8_chain(p, l - 1);
-    uint32_t qkv_flags = chained_in ? FORGE__LINEAR_QUANTIZED_RES : 0;
-    if (ly->fused_qkv) {
-        forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
+    bool chain = forge__q8_chain(p, l);
+    if (ly->linear) { /* Qwen 3.5: linear attention in place of attention */
+        forge__record_linear(p, l, a);
     } else {
-        forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
-        if (!shared) {
-            forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, qkv_flags, 0);
-            forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, qkv_flags, 0);
-        }
-    }
-    if (forge__lora_any(p, l, FORGE__T_QKV)) {
-        for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, a->xn);
-        forge__barrier(r);
-        forge__lora_up(p, a, l, FORGE__T_Q, a->qkv, QKVD, 0, 1);
-        forge__lora_up(p, a, l, FORGE__T_K, a->qkv, QKVD, QD, 1);
-        forge__lora_up(p, a, l, FORGE__T_V, a->qkv, QKVD, QD + KVD, 1);
-    }
-    forge__barrier(r);
-    /* One token's decode on subgroups: RoPE (and the q / k / v head norms) in attention_decode
-     * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). */
-    bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
-    bool rope_fused = decode && !p->table && m->attn_subgroups && D % 4 == 0;
-    if (c->qk_norm && !rope_fused) {
-        if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
-            forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);
+        forge__range qkv_in = a->x;
+        const forge__vec *qkv_norm = &ly->attn_norm;
+        if (!p->fuse) {
+            forge__rmsnorm(p, a->x, 0, &ly->attn_norm, a->xn, 0, n, H, 0);
             forge__barrier(r);
+            qkv_in = a->xn;
+            qkv_norm = NULL;
         }
-        forge__head_norm(p, a->qkv, &ly->q_norm, NH, 0, D, QKVD);
-        if (!shared) forge__head_norm(p, a->qkv, &ly->k_norm, NKV, QD, D, QKVD);
-        /* Gemma 4's values: RMSNorm without weight (k = v layers: of the keys' raw projection) */
-        if (c->v_norm && !shared) forge__head_norm(p, a->qkv, &m->ones, NKV, QD + KVD, D, QKVD);
-        forge__barrier(r);
-    }
-    /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch (a KV-shared
-     * layer: the queries only) */
-    const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-    uint32_t rope_kv = shared ? 0 : NKV;
-    if (!rope_fused) {
-        forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
-        forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
-        uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
-        forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
-        forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
-        forge__barrier(r);
-    }
-    uint32_t seq = p->seq ? p->seq : n;
-    uint32_t splits = forge__attn_splits(m, p->table != 0);
-    uint32_t rope_flags = !rope_fused ? 0
-                        : FORGE__ATTN_ROPE_Q | (c->rope_adjacent_pairs ? FORGE__ATTN_ROPE_ADJACENT : 0) | (shared ? 0 : FORGE__ATTN_ROPE_KEY) |
-                              (c->qk_norm ? FORGE__ATTN_QK_NORM : 0) | (c->qk_norm && c->v_norm && !shared ? FORGE__ATTN_V_NORM : 0);
-    forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
-                              (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
-                              (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps,
-                              forge__attn_min_run(m)};
-    /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
-    bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n);
-    if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
-        forge__range ba[13] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, rope->r, a->kc, a->vc,
-                               c->qk_norm ? ly->q_norm.r : p->dummy, c->qk_norm && !shared ? ly->k_norm.r : p->dummy,
-                               a->att, o_quantized ? p->act_q8 : p->dummy, a->attn_done};
-        if (m->attn_subgroups) {
-            /* the runs merged by the last workgroup of each head: no combine dispatch (on the H100
-             * 1B F16 decode 565 -> 577 tok/s, 1B Q4_0 877 -> 917, 8B Q4_0 301 -> 302) */
-            pa.flags |= FORGE__ATTN_MERGE | (o_quantized ? FORGE__ATTN_MERGE_Q8 : 0);
-            forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE, ba, &pa, splits, NH, n);
+        const forge__vec *bqkv = c->qkv_bias ? &ly->bqkv : NULL;
+        bool chained_in = chain && forge__q8_chain(p, l - 1);
+        uint32_t qkv_flags = chained_in ? FORGE__LINEAR_QUANTIZED_RES : 0;
+        if (ly->fused_qkv) {
+            forge__linear(p, &ly->wqkv, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
         } else {
-            forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
-            forge__barrier(r);
-            forge__pc_combine pcm = {NH, D, splits, o_quantized ? 1u : 0u};
-            forge__range bc[3] = {a->attn_part, a->att, o_quantized ? p->act_q8 : p->dummy};
-            forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
+            forge__linear(p, &ly->wq, qkv_in, 0, n, a->qkv, QKVD, 0, bqkv, qkv_norm, qkv_flags, 0);
+            if (!shared) {
+                forge__linear(p, &ly->wk, qkv_in, 0, n, a->qkv, QKVD, QD, bqkv, qkv_norm, qkv_flags, 0);
+                forge__linear(p, &ly->wv, qkv_in, 0, n, a->qkv, QKVD, QD + KVD, bqkv, qkv_norm, qkv_flags, 0);
+            }
         }
-    } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
-        forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-        forge__op cm = forge__attn_cm_op(p, D);
-        uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
-        forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
-                        p->batch);
-    }
-    forge__barrier(r);
-    if (c->sandwich_norms) {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
-        if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
-            forge__lora_down(p, a, l, FORGE__T_O, a->att);
+        if (forge__lora_any(p, l, FORGE__T_QKV)) {
+            for (int t = FORGE__T_Q; t <= FORGE__T_V; t++) forge__lora_down(p, a, l, (forge__target)t, a->xn);
             forge__barrier(r);
-            forge__lora_up(p, a, l, FORGE__T_O, a->o, H, 0, 1);
+            forge__lora_up(p, a, l, FORGE__T_Q, a->qkv, QKVD, 0, 1);
+            forge__lora_up(p, a, l, FORGE__T_K, a->qkv, QKVD, QD, 1);
+            forge__lora_up(p, a, l, FORGE__T_V, a->qkv, QKVD, QD + KVD, 1);
         }
         forge__barrier(r);
-        if (!post_fused) forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
-    } else if (chain) { /* ... and the residual quantized for gate|up */
-        forge__linear_q8a(p, &ly->wo, a->att, 0, a->x, H, 0, &ly->bo, NULL,
-                          FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
-    } else {
-        forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
-                      FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
-        if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
-            forge__lora_down(p, a, l, FORGE__T_O, a->att);
+        /* One token's decode on subgroups: RoPE (and the q / k / v head norms) in attention_decode
+         * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). */
+        bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+        bool rope_fused = decode && !p->table && m->attn_subgroups && D % 4 == 0;
+        if (c->qk_norm && !rope_fused) {
+            if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
+                forge__copy(r, a->qkv, a->qkv_raw, 4ull * n * QKVD);
+                forge__barrier(r);
+            }
+            forge__head_norm(p, a->qkv, &ly->q_norm, NH, 0, D, QKVD);
+            if (!shared) forge__head_norm(p, a->qkv, &ly->k_norm, NKV, QD, D, QKVD);
+            /* Gemma 4's values: RMSNorm without weight (k = v layers: of the keys' raw projection) */
+            if (c->v_norm && !shared) forge__head_norm(p, a->qkv, &m->ones, NKV, QD + KVD, D, QKVD);
             forge__barrier(r);
-            forge__lora_up(p, a, l, FORGE__T_O, a->x, H, 0, 1);
+        }
+        /* RoPE on q in place, and k (rotated) and v into the cache: one dispatch (a KV-shared
+         * layer: the queries only) */
+        const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
+        uint32_t rope_kv = shared ? 0 : NKV;
+        if (!rope_fused) {
+            forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
+            forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
+            uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
+            forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
+            forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
+            forge__barrier(r);
+        }
+        uint32_t seq = p->seq ? p->seq : n;
+        uint32_t splits = forge__attn_splits(m, p->table != 0);
+        uint32_t rope_flags = !rope_fused ? 0
+                            : FORGE__ATTN_ROPE_Q | (c->rope_adjacent_pairs ? FORGE__ATTN_ROPE_ADJACENT : 0) | (shared ? 0 : FORGE__ATTN_ROPE_KEY) |
+                                  (c->qk_norm ? FORGE__ATTN_QK_NORM : 0) | (c->qk_norm && c->v_norm && !shared ? FORGE__ATTN_V_NORM : 0);
+        forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
+                                  (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
+                                  (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps,
+                                  forge__attn_min_run(m)};
+        /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
+        bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate;
+        if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
+            forge__range ba[13] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, rope->r, a->kc, a->vc,
+                                   c->qk_norm ? ly->q_norm.r : p->dummy, c->qk_norm && !shared ? ly->k_norm.r : p->dummy,
+                                   a->att, o_quantized ? p->act_q8 : p->dummy, a->attn_done};
+            if (m->attn_subgroups) {
+                /* the runs merged by the last workgroup of each head: no combine dispatch (on the H100
+                 * 1B F16 decode 565 -> 577 tok/s, 1B Q4_0 877 -> 917, 8B Q4_0 301 -> 302) */
+                pa.flags |= FORGE__ATTN_MERGE | (o_quantized ? FORGE__ATTN_MERGE_Q8 : 0);
+                forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE, ba, &pa, splits, NH, n);
+            } else {
+                forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
+                forge__barrier(r);
+                forge__pc_combine pcm = {NH, D, splits, o_quantized ? 1u : 0u};
+                forge__range bc[3] = {a->attn_part, a->att, o_quantized ? p->act_q8 : p->dummy};
+                forge__dispatch(r, FORGE__OP_ATTN_COMBINE, bc, &pcm, NH, n, 1);
+            }
+        } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
+            forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
+            forge__op cm = forge__attn_cm_op(p, D);
+            uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
+            forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
+                            p->batch);
+        }
+        forge__barrier(r);
+        if (c->attn_gate) { /* Qwen 3.5: each head's output times sigmoid of its gate (the q|k|v row's last QD columns) */
+            forge__record_act_mul_ex(p, a->att, a->att, a->qkv, n * QD, QD, FORGE__GU_APART_GATE, FORGE__ACT_SIGMOID, QKVD, QD + 2 * KVD);
+            forge__barrier(r);
+        }
+        if (c->sandwich_norms) {
+            forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
+            if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
+                forge__lora_down(p, a, l, FORGE__T_O, a->att);
+                forge__barrier(r);
+                forge__lora_up(p, a, l, FORGE__T_O, a->o, H, 0, 1);
+            }
+            forge__barrier(r);
+            if (!post_fused) forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
+        } else if (chain) { /* ... and the residual quantized for gate|up */
+            forge__linear_q8a(p, &ly->wo, a->att, 0, a->x, H, 0, &ly->bo, NULL,
+                              FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
+        } else {
+            forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
+                          FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
+            if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
+                forge__lora_down(p, a, l, FORGE__T_O, a->att);
+                forge__barrier(r);
+                forge__lora_up(p, a, l, FORGE__T_O, a->x, H, 0, 1);
+            }
         }
     }
     forge__barrier(r);
@@ -696,6 +760,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     /* the MLP: h = act(gate . x') * (up . x'), x' the normed residual */
     uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
     bool lora_gu = forge__lora_any(p, l, FORGE__T_GU);
+    bool shared_expert = c->layer_moe[l] && c->shared_ffn > 0; /* Qwen 3.5-MoE: the dense MLP is the shared expert, beside the experts */
     if (!ly->dense_mlp) {
         /* Qwen3-MoE's sparse layers: the experts alone, added to the residual */
     } else if (chain) { /* the residual as o quantized it; the middle quantized for down */
@@ -707,12 +772,12 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         pp.post_w = ly->post_attn_norm.r;
         pp.post_out = a->gu;
         forge__linear(&pp, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
-    } else if (p->fuse && ly->fused_gate_up && !lora_gu) {
+    } else if (p->fuse && ly->fused_gate_up && !lora_gu && !shared_expert) {
         forge__linear(p, &ly->gate_up, a->x, 0, n, a->h, F, 0, NULL, &ly->ffn_norm, FORGE__LINEAR_GATED | act_flag, 0);
     } else {
         forge__range mlp_in = a->x;
         const forge__vec *mlp_norm = &ly->ffn_norm;
-        if (!p->fuse) {
+        if (!p->fuse || shared_expert) { /* (the experts read the normed row too) */
             forge__rmsnorm(p, a->x, 0, &ly->ffn_norm, a->xn, 0, n, H, 0);
             forge__barrier(r);
             mlp_in = a->xn;
@@ -735,8 +800,13 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__lora_up(p, a, l, FORGE__T_GATE, a->gu, 2 * F, 0, pairs ? 2 : 1);
             forge__lora_up(p, a, l, FORGE__T_UP, a->gu, 2 * F, pairs ? 1 : F, pairs ? 2 : 1);
         }
+        if (shared_expert) /* Qwen 3.5-MoE: the shared expert's gate, x . shared_expert_gate, scales each row below */
+            forge__linear(p, &ly->shared_gate, mlp_in, 0, n, a->shared_s, 1, 0, NULL, mlp_norm, 0, 0);
         forge__barrier(r);
-        forge__record_act_mul(p, a->h, a->gu, n * F, F, layout);
+        if (shared_expert)
+            forge__record_act_mul_ex(p, a->h, a->gu, a->shared_s, n * F, F, layout, (uint32_t)c->act | FORGE__ACT_ROW_SIGMOID, 1, 0);
+        else
+            forge__record_act_mul(p, a->h, a->gu, n * F, F, layout);
     }
     forge__barrier(r);
     bool lora_down = forge__lora_any(p, l, 1u << FORGE__T_DOWN);
@@ -784,6 +854,11 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__barrier(r);
             forge__lora_up(p, a, l, FORGE__T_DOWN, a->x, H, 0, 1);
         }
+        if (shared_expert) { /* the routed experts beside it, on the same normed row (xn), added to x too */
+            forge__barrier(r);
+            forge__record_route(p, l, a, a->xn);
+            forge__record_experts(p, l, a, a->xn, a->x, true);
+        }
     }
     forge__barrier(r);
     if (ple) { /* Gemma 4: x += norm(proj(act(gate(x)) * the layer's per-layer input)), times layer_scalar */
@@ -821,7 +896,8 @@ static forge__acts forge__session_acts(forge_session *s, int l) {
     return (forge__acts){.x = s->x, .xn = s->xn, .qkv = s->qkv, .att = s->att, .gu = s->gu, .h = s->h, .kc = s->kc[l], .vc = s->vc[l],
                          .slots = s->slots[l], .attn_part = s->attn_part, .attn_done = s->attn_done, .u = s->lora_u, .o = s->xn, .d = s->xn,
                          .router = s->router, .route = s->route, .moe = s->moe, .moe_y = s->moe_y, .moe_out = s->moe_out,
-                         .mlp_sum = s->mlp_sum, .ple = s->ple, .ple_tmp = s->ple_tmp, .ple_g = s->ple_g};
+                         .mlp_sum = s->mlp_sum, .ple = s->ple, .ple_tmp = s->ple_tmp, .ple_g = s->ple_g, .lin_mix = s->lin_mix,
+                         .lin_qkv = s->lin_qkv, .lin_out = s->lin_out, .shared_s = s->shared_s};
 }
 
 /* Rows `tokens` (u32) of the table emb into x [n, dim], times scale (rounded as the model's

@@ -313,6 +313,10 @@ static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, i
     while (common < s->n_past && common < n && s->history[common] == prompt[common]) common++;
     if (common == n) common = n - 1; /* the last prompt token is evaluated again for its logits */
     *wrapped = 0;
+    /* Qwen 3.5's linear-attention layers hold the state after all n_past tokens and cannot go
+     * back: the cache serves a prompt that extends the whole cached sequence, else the prompt is
+     * evaluated from the start */
+    if (forge__has_linear(&s->m->cfg) && common < s->n_past) common = 0;
     if (common > 0 && common < s->n_past && !forge__truncate_valid(s, common)) {
         *wrapped = 1;
         common = 0;

@@ -60,6 +60,17 @@ typedef struct forge__layer {
     forge__weight exp_gate_up; /* [n_experts * 2 moe_ffn, hidden]: expert e's rows from 2 e moe_ffn, its gate and up rows
                                 * interleaved as in gate_up; row-chunks hold whole experts */
     forge__weight exp_down;  /* [n_experts * hidden, moe_ffn]: expert e's rows from e hidden */
+    /* Qwen 3.5 */
+    forge__weight shared_gate; /* Qwen 3.5-MoE: shared_expert_gate [1, hidden]; the shared expert is the layer's dense MLP */
+    bool linear;             /* a linear-attention (Gated DeltaNet) layer: the mixer below, wo its out_proj [hidden, lin_v_dim] */
+    forge__weight lin_in;    /* in_proj_qkv | in_proj_z | in_proj_b | in_proj_a rows [conv_dim + VD + 2 NV, hidden], when
+                              * fused_lin; else the four apart, each filling its columns of the same row */
+    forge__weight lin_qkv, lin_z, lin_b, lin_a;
+    bool fused_lin;
+    forge__vec conv_w;       /* conv1d taps [conv_dim, lin_conv] */
+    forge__vec lin_neg_a;    /* -exp(A_log) [NV] (the decay's rate, computed at load) */
+    forge__vec dt_bias;      /* [NV] */
+    forge__vec lin_norm;     /* RMSNormGated's weight [lin_v_dim], shared by the value heads */
 } forge__layer;
 
 /* ---- LoRA adapters ----
@@ -176,6 +187,9 @@ typedef enum forge__role {
     FORGE__R_LAYER_SCALAR, FORGE__R_PLE_EMBED, FORGE__R_PLE_MODEL_PROJ, FORGE__R_PLE_PROJ_NORM,
     FORGE__R_PLE_GATE, FORGE__R_PLE_PROJ, FORGE__R_PLE_NORM,
     FORGE__R_PRE_FFN_NORM_2, FORGE__R_POST_FFN_NORM_1, FORGE__R_POST_FFN_NORM_2,
+    /* Qwen 3.5 */
+    FORGE__R_LIN_QKV, FORGE__R_LIN_Z, FORGE__R_LIN_B, FORGE__R_LIN_A, FORGE__R_LIN_CONV, FORGE__R_LIN_DT, FORGE__R_LIN_ALOG,
+    FORGE__R_LIN_NORM, FORGE__R_LIN_OUT, FORGE__R_SHARED_GATE,
     FORGE__R_COUNT
 } forge__role;
 
@@ -196,6 +210,11 @@ static const char *const forge__names_hf[FORGE__R_COUNT] = {
     "model.layers.%d.per_layer_projection.weight", "model.layers.%d.post_per_layer_input_norm.weight",
     "model.layers.%d.pre_feedforward_layernorm_2.weight", "model.layers.%d.post_feedforward_layernorm_1.weight",
     "model.layers.%d.post_feedforward_layernorm_2.weight",
+    "model.layers.%d.linear_attn.in_proj_qkv.weight", "model.layers.%d.linear_attn.in_proj_z.weight",
+    "model.layers.%d.linear_attn.in_proj_b.weight", "model.layers.%d.linear_attn.in_proj_a.weight",
+    "model.layers.%d.linear_attn.conv1d.weight", "model.layers.%d.linear_attn.dt_bias", "model.layers.%d.linear_attn.A_log",
+    "model.layers.%d.linear_attn.norm.weight", "model.layers.%d.linear_attn.out_proj.weight",
+    "model.layers.%d.mlp.shared_expert_gate.weight",
 };
 
 static const char *const forge__names_gguf[FORGE__R_COUNT] = {
@@ -209,6 +228,10 @@ static const char *const forge__names_gguf[FORGE__R_COUNT] = {
     "blk.%d.layer_output_scale.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight",
     "per_layer_proj_norm.weight", "blk.%d.inp_gate.weight", "blk.%d.proj.weight", "blk.%d.post_norm.weight",
     "blk.%d.pre_ffw_norm_2.weight", "blk.%d.post_ffw_norm_1.weight", "blk.%d.post_ffw_norm_2.weight",
+    /* llama.cpp's qwen35: the norms are stored with their 1 added, ssm_a is -exp(A_log) */
+    "blk.%d.attn_qkv.weight", "blk.%d.attn_gate.weight", "blk.%d.ssm_beta.weight", "blk.%d.ssm_alpha.weight",
+    "blk.%d.ssm_conv1d.weight", "blk.%d.ssm_dt.bias", "blk.%d.ssm_a", "blk.%d.ssm_norm.weight", "blk.%d.ssm_out.weight",
+    "blk.%d.ffn_gate_inp_shexp.weight",
 };
 
 typedef struct forge__loader {
@@ -238,6 +261,14 @@ typedef struct forge__upload {
 static void forge__name(const forge__loader *L, forge__role role, int layer, char *buf, size_t size) {
     const char *fmt = L->gguf ? forge__names_gguf[role] : forge__names_hf[role];
     if (!L->gguf && role == FORGE__R_FFN_NORM && L->m->cfg.sandwich_norms) fmt = "model.layers.%d.pre_feedforward_layernorm.weight";
+    if (L->m->cfg.arch == FORGE__ARCH_QWEN35MOE && (role == FORGE__R_GATE || role == FORGE__R_UP || role == FORGE__R_DOWN)) {
+        /* Qwen 3.5-MoE's dense MLP is its shared expert */
+        static const char *const hf[3] = {"model.layers.%d.mlp.shared_expert.gate_proj.weight", "model.layers.%d.mlp.shared_expert.up_proj.weight",
+                                          "model.layers.%d.mlp.shared_expert.down_proj.weight"};
+        static const char *const gg[3] = {"blk.%d.ffn_gate_shexp.weight", "blk.%d.ffn_up_shexp.weight", "blk.%d.ffn_down_shexp.weight"};
+        fmt = (L->gguf ? gg : hf)[role - FORGE__R_GATE];
+    }
+    if (L->gguf && role == FORGE__R_FFN_NORM && forge__arch_qwen35(L->m->cfg.arch)) fmt = "blk.%d.post_attention_norm.weight";
     snprintf(buf, size, fmt ? fmt : "", layer);
 }
 
@@ -647,6 +678,253 @@ static forge_status forge__plan_weight_role(forge__loader *L, forge__weight *w, 
     return forge__plan_weight(L, w, t, rows, cols, why);
 }
 
+/* ---- Weights made of row runs: fused projections, rows permuted at load ---- */
+
+/* Rows [row0, row0 + rows) of a described source weight. */
+typedef struct forge__run {
+    const forge__wsrc *src;
+    uint32_t row0, rows;
+} forge__run;
+
+/* Plans w [sum of the runs' rows, w->cols] (described like its sources: one format) as the runs'
+ * rows in order, split into row-chunks that fit one binding; a chunk's rows come from as many
+ * runs as it crosses, copied one after the other into its range. */
+static forge_status forge__plan_runs(forge__loader *L, forge__weight *w, const forge__run *runs, int n_runs) {
+    forge_model *m = L->m;
+    forge_status st = FORGE_OK;
+    uint64_t wrow = 0, arow = 0;
+    if (w->fmt == FORGE__W_MLX) {
+        wrow = (uint64_t)w->cols * w->bits / 8;
+        arow = (uint64_t)(w->cols / w->group) * 2;
+    } else {
+        forge__row_bytes(runs[0].src->t->dtype, w->cols, &wrow);
+    }
+    w->rows = 0;
+    for (int i = 0; i < n_runs; i++) w->rows += runs[i].rows;
+    uint64_t limit = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc) - 16;
+    uint64_t per_chunk = limit / wrow;
+    if (per_chunk == 0)
+        return forge__fail(&m->err, FORGE_ERR_LIMIT, "tensor '%s': one row of %llu bytes exceeds the device binding limit", w->name,
+                           (unsigned long long)wrow);
+    w->n_chunks = (int)((w->rows + per_chunk - 1) / per_chunk);
+    w->chunks = (forge__wchunk *)forge__arena_alloc(&m->arena, sizeof *w->chunks * (size_t)w->n_chunks, 16);
+    forge__part *pw = (forge__part *)calloc(3 * (size_t)n_runs, sizeof *pw), *ps = pw + n_runs, *pb = ps + n_runs;
+    if (!w->chunks || !pw) {
+        free(pw);
+        return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    for (int c = 0; c < w->n_chunks && !st; c++) {
+        forge__wchunk *ch = &w->chunks[c];
+        ch->row0 = (uint32_t)(c * per_chunk);
+        ch->rows = (uint32_t)FORGE__MIN(per_chunk, w->rows - ch->row0);
+        uint32_t start = 0;
+        for (int i = 0; i < n_runs; i++) { /* the rows of run i inside this chunk */
+            uint32_t a = FORGE__MAX(ch->row0, start), b = FORGE__MIN(ch->row0 + ch->rows, start + runs[i].rows);
+            uint32_t n = b > a ? b - a : 0, r0 = runs[i].row0 + (a - start);
+            const forge__wsrc *src = runs[i].src;
+            pw[i] = (forge__part){n ? forge__tensor_at(src->t, r0 * wrow) : NULL, n * wrow, NULL, 0};
+            if (w->fmt == FORGE__W_MLX) {
+                ps[i] = (forge__part){n ? forge__tensor_at(src->scales, r0 * arow) : NULL, n * arow, NULL, 0};
+                pb[i] = (forge__part){n ? forge__tensor_at(src->biases, r0 * arow) : NULL, n * arow, NULL, 0};
+            }
+            start += runs[i].rows;
+        }
+        st = forge__upload_parts(L, pw, n_runs, runs[0].src->t->dtype, false, 0, &ch->w);
+        if (!st && w->fmt == FORGE__W_MLX) st = forge__upload_parts(L, ps, n_runs, runs[0].src->scales->dtype, false, 0, &ch->scales);
+        if (!st && w->fmt == FORGE__W_MLX) st = forge__upload_parts(L, pb, n_runs, runs[0].src->biases->dtype, false, 0, &ch->biases);
+    }
+    free(pw);
+    return st;
+}
+
+/* Whether described weights can be one fused weight: one format, bits, group and dtype. */
+static bool forge__same_storage(const forge__weight *a, const forge__tensor *ta, const forge__weight *b, const forge__tensor *tb) {
+    return a->fmt == b->fmt && a->bits == b->bits && a->group == b->group && a->qflags == b->qflags && ta->dtype == tb->dtype;
+}
+
+/* Counts a source tensor (and its MLX scales and biases) in the model's parameters and bytes. */
+static void forge__count_weight(forge_model *m, const forge__wsrc *src, uint64_t rows, uint64_t cols) {
+    m->n_params += rows * cols;
+    m->weight_bytes += src->t->nbytes + (src->scales ? src->scales->nbytes + src->biases->nbytes : 0);
+}
+
+/* Qwen 3.5's partial RoPE (FORGE__ROPE_PARTIAL): the order forge keeps a head's D dims in, as
+ * runs of HF's dims, [0, R/2), [R, R + (D - R)/2), [R/2, R), [R + (D - R)/2, D), which puts
+ * HF's rotated pairs (i, i + R/2) at forge's (i, i + D/2) and the dims RoPE leaves alone at the
+ * pairs past R/2 (rotated by no angle). Attention is unchanged: q and k are permuted alike.
+ * Writes the runs' first dims and lengths (4; empty ones included). */
+static void forge__rope_perm_runs(uint32_t D, uint32_t R, uint32_t first[4], uint32_t len[4]) {
+    uint32_t rest = (D - R) / 2;
+    first[0] = 0, len[0] = R / 2;
+    first[1] = R, len[1] = rest;
+    first[2] = R / 2, len[2] = R / 2;
+    first[3] = R + rest, len[3] = D - R - rest;
+}
+/* The rotated dims of a head: all of them but under PARTIAL. */
+static uint32_t forge__rope_dims(const forge__config *c, uint32_t D) {
+    return c->rope_full.scaling == FORGE__ROPE_PARTIAL ? (uint32_t)(D * c->rope_full.partial) : D;
+}
+
+/* A per-head vector [D] (q_norm, k_norm) in forge's dim order (forge__rope_perm_runs). */
+static forge_status forge__plan_head_vec(forge__loader *L, forge__vec *v, forge__role role, int layer, uint32_t D, float add, const char *why) {
+    forge_model *m = L->m;
+    forge_status st = FORGE_OK;
+    forge__tensor *t = forge__lookup(L, role, layer, true, &st);
+    if (st) return st;
+    if ((st = forge__expect_shape(m, t, 1, D, 0, why))) return st;
+    if (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16)
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads vectors in f32, f16 or bf16", t->file,
+                           t->name, forge__dtype_name(t->dtype));
+    uint32_t first[4], len[4], esz = forge__dtype_info(t->dtype).block_bytes;
+    forge__rope_perm_runs(D, forge__rope_dims(&m->cfg, D), first, len);
+    forge__part parts[4];
+    for (int i = 0; i < 4; i++) parts[i] = (forge__part){t->data ? t->data + (uint64_t)first[i] * esz : NULL, 4ull * len[i], NULL, 0};
+    *v = (forge__vec){.n = D, .present = true};
+    m->n_params += D;
+    m->weight_bytes += 4ull * D;
+    return forge__upload_parts(L, parts, 4, t->dtype, true, add, &v->r);
+}
+
+/* Qwen 3.5's full attention as one weight, rows [q | k | v | gate] (the q|k|v row forward.c reads,
+ * then each head's output gate): q_proj holds per head its query rows and then its gate rows;
+ * the query and key rows of every head in forge's dim order (forge__rope_perm_runs). */
+static forge_status forge__plan_qkv_gated(forge__loader *L, forge__layer *ly, int layer, uint32_t H, const char *why_q, const char *why_kv) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    uint32_t D = forge__hd(c, layer), NH = (uint32_t)c->n_heads, NKV = forge__nkv(c, layer);
+    forge_status st = FORGE_OK;
+    forge__tensor *t[3];
+    forge__weight w[3];
+    forge__wsrc src[3];
+    const forge__role roles[3] = {FORGE__R_WQ, FORGE__R_WK, FORGE__R_WV};
+    const uint32_t rows[3] = {2 * NH * D, NKV * D, NKV * D};
+    for (int i = 0; i < 3; i++) {
+        if (!(t[i] = forge__lookup(L, roles[i], layer, true, &st))) return st;
+        if ((st = forge__weight_describe(L, &w[i], t[i], rows[i], H, i ? why_kv : why_q, &src[i]))) return st;
+        if (i && !forge__same_storage(&w[0], t[0], &w[i], t[i]))
+            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: layer %d's q, k and v projections are stored in different formats ('%s' is %s)",
+                               t[i]->file, layer, t[i]->name, forge__dtype_name(t[i]->dtype));
+    }
+    uint32_t first[4], len[4];
+    forge__rope_perm_runs(D, forge__rope_dims(c, D), first, len);
+    int n_runs = 0;
+    forge__run *runs = (forge__run *)calloc(4 * NH + 4 * NKV + 1 + NH, sizeof *runs);
+    if (!runs) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (uint32_t h = 0; h < NH; h++)
+        for (int r = 0; r < 4; r++) runs[n_runs++] = (forge__run){&src[0], h * 2 * D + first[r], len[r]};
+    for (uint32_t h = 0; h < NKV; h++)
+        for (int r = 0; r < 4; r++) runs[n_runs++] = (forge__run){&src[1], h * D + first[r], len[r]};
+    runs[n_runs++] = (forge__run){&src[2], 0, NKV * D};
+    for (uint32_t h = 0; h < NH; h++) runs[n_runs++] = (forge__run){&src[0], h * 2 * D + D, D};
+    ly->wqkv = w[0];
+    ly->fused_qkv = true;
+    st = forge__plan_runs(L, &ly->wqkv, runs, n_runs);
+    free(runs);
+    for (int i = 0; i < 3 && !st; i++) forge__count_weight(m, &src[i], rows[i], H);
+    return st;
+}
+
+/* A small f32 vector computed on the host (arena) and uploaded. */
+static forge_status forge__plan_host_vec(forge__loader *L, forge__vec *v, const float *values, uint32_t n) {
+    forge_model *m = L->m;
+    float *copy = (float *)forge__arena_alloc(&m->arena, 4ull * n, 16);
+    if (!copy) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    memcpy(copy, values, 4ull * n);
+    *v = (forge__vec){.n = n, .present = true};
+    return forge__upload_add(L, (const uint8_t *)copy, 4ull * n, FORGE__F32, true, 0, &v->r);
+}
+
+/* One element of an f32 / f16 / bf16 tensor, as f32. */
+static float forge__tensor_f32(const forge__tensor *t, uint64_t i) {
+    if (t->dtype == FORGE__F32) {
+        float v;
+        memcpy(&v, t->data + 4 * i, 4);
+        return v;
+    }
+    uint16_t h;
+    memcpy(&h, t->data + 2 * i, 2);
+    return t->dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+}
+
+/* Qwen 3.5's linear-attention (Gated DeltaNet) layer: the four in-projections (one weight when
+ * stored alike: rows [q|k|v (conv_dim) | z (VD) | b (NV) | a (NV)]), the convolution's taps, the
+ * decay's rate -exp(A_log) (GGUF stores it so), dt_bias, the gated norm's weight, out_proj. */
+static forge_status forge__plan_linear(forge__loader *L, forge__layer *ly, int l, uint32_t H) {
+    forge_model *m = L->m;
+    const forge__config *c = &m->cfg;
+    uint32_t CD = forge__lin_conv_dim(c), VD = forge__lin_v_dim(c), NV = (uint32_t)c->lin_v_heads, K = (uint32_t)c->lin_conv;
+    forge_status st = FORGE_OK;
+    char why[160];
+    snprintf(why, sizeof why, "linear attention: %d key heads x %d, %d value heads x %d, hidden %u", c->lin_k_heads, c->lin_k_dim, c->lin_v_heads,
+             c->lin_v_dim, H);
+    const forge__role roles[4] = {FORGE__R_LIN_QKV, FORGE__R_LIN_Z, FORGE__R_LIN_B, FORGE__R_LIN_A};
+    const uint32_t rows[4] = {CD, VD, NV, NV};
+    forge__weight *ws[4] = {&ly->lin_qkv, &ly->lin_z, &ly->lin_b, &ly->lin_a};
+    forge__tensor *t[4];
+    forge__wsrc src[4];
+    bool same = true;
+    for (int i = 0; i < 4; i++) {
+        if (!(t[i] = forge__lookup(L, roles[i], l, true, &st))) return st;
+        if ((st = forge__weight_describe(L, ws[i], t[i], rows[i], H, why, &src[i]))) return st;
+        same &= !i || forge__same_storage(ws[0], t[0], ws[i], t[i]);
+    }
+    if (same) {
+        forge__run runs[4];
+        for (int i = 0; i < 4; i++) runs[i] = (forge__run){&src[i], 0, rows[i]};
+        ly->lin_in = *ws[0];
+        ly->fused_lin = true;
+        if ((st = forge__plan_runs(L, &ly->lin_in, runs, 4))) return st;
+        for (int i = 0; i < 4; i++) forge__count_weight(m, &src[i], rows[i], H);
+    } else {
+        for (int i = 0; i < 4; i++)
+            if ((st = forge__weight_plan_chunks(L, ws[i], &src[i], NULL))) return st;
+    }
+    /* the convolution's taps: HF's conv1d weight [conv_dim, 1, K] (GGUF: [conv_dim, K]) as [conv_dim, K] f32 */
+    forge__tensor *tc = forge__lookup(L, FORGE__R_LIN_CONV, l, true, &st);
+    if (!tc) return st;
+    bool conv_shape = (tc->n_dims == 3 && tc->shape[0] == CD && tc->shape[1] == 1 && tc->shape[2] == K) ||
+                      (tc->n_dims == 2 && tc->shape[0] == CD && tc->shape[1] == K);
+    if (!conv_shape || (tc->dtype != FORGE__F32 && tc->dtype != FORGE__F16 && tc->dtype != FORGE__BF16)) {
+        char got[96];
+        forge__shape_str(tc, got, sizeof got);
+        return forge__fail(&m->err, FORGE_ERR_MODEL, "%s: tensor '%s' is %s %s but the config (%s, conv kernel %u) needs f32/f16/bf16 [%u, 1, %u]",
+                           tc->file, tc->name, forge__dtype_name(tc->dtype), got, why, K, CD, K);
+    }
+    ly->conv_w = (forge__vec){.n = CD * K, .present = true};
+    m->n_params += (uint64_t)CD * K;
+    m->weight_bytes += 4ull * CD * K;
+    if ((st = forge__upload_add(L, tc->data, 4ull * CD * K, tc->dtype, true, 0, &ly->conv_w.r))) return st;
+    char why_v[64];
+    snprintf(why_v, sizeof why_v, "%u value heads", NV);
+    if ((st = forge__plan_vec_role(L, &ly->dt_bias, FORGE__R_LIN_DT, l, NV, true, 0, why_v))) return st;
+    forge__tensor *ta = forge__lookup(L, FORGE__R_LIN_ALOG, l, true, &st);
+    if (!ta) return st;
+    if ((st = forge__expect_shape(m, ta, 1, NV, 0, why_v))) return st;
+    if (ta->dtype != FORGE__F32 && ta->dtype != FORGE__F16 && ta->dtype != FORGE__BF16)
+        return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s; forge reads vectors in f32, f16 or bf16", ta->file, ta->name,
+                           forge__dtype_name(ta->dtype));
+    if (ta->data) { /* (discovery plans without the data) */
+        float neg_a[FORGE__MAX_LINEAR_VALUE_HEADS];
+        if (NV > FORGE__MAX_LINEAR_VALUE_HEADS)
+            return forge__fail(&m->err, FORGE_ERR_UNSUPPORTED, "%u linear value heads (forge supports up to %d)", NV, FORGE__MAX_LINEAR_VALUE_HEADS);
+        for (uint32_t h = 0; h < NV; h++) {
+            float a = forge__tensor_f32(ta, h);
+            neg_a[h] = L->gguf ? a : -expf(a); /* GGUF's ssm_a is -exp(A_log) already */
+        }
+        if ((st = forge__plan_host_vec(L, &ly->lin_neg_a, neg_a, NV))) return st;
+    } else {
+        ly->lin_neg_a = (forge__vec){.n = NV, .present = true};
+        if ((st = forge__upload_add(L, NULL, 4ull * NV, FORGE__F32, true, 0, &ly->lin_neg_a.r))) return st;
+    }
+    m->n_params += NV;
+    m->weight_bytes += ta->nbytes;
+    snprintf(why_v, sizeof why_v, "linear value head dim %d", c->lin_v_dim);
+    if ((st = forge__plan_vec_role(L, &ly->lin_norm, FORGE__R_LIN_NORM, l, (uint32_t)c->lin_v_dim, true, 0, why_v))) return st;
+    char why_o[128];
+    snprintf(why_o, sizeof why_o, "hidden %u, %u value heads x %d", H, NV, c->lin_v_dim);
+    return forge__plan_weight_role(L, &ly->wo, FORGE__R_LIN_OUT, l, H, VD, why_o);
+}
+
 /* ---- Mixture-of-experts weights ----
  * A layer's experts become two weights whose rows hold one expert after another: gate|up
  * [E * 2 moe_ffn, hidden] (each expert's gate and up rows interleaved, as gate_up) and down
@@ -795,7 +1073,8 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
     forge_status st = FORGE_OK;
     char base[96], name[256], why_gu[128], why_d[128];
     /* where the experts sit: Qwen3-MoE under mlp., Gemma 4 beside the dense mlp */
-    snprintf(base, sizeof base, c->arch == FORGE__ARCH_QWEN3MOE ? "model.layers.%d.mlp." : "model.layers.%d.", l);
+    bool under_mlp = c->arch == FORGE__ARCH_QWEN3MOE || c->arch == FORGE__ARCH_QWEN35MOE;
+    snprintf(base, sizeof base, under_mlp ? "model.layers.%d.mlp." : "model.layers.%d.", l);
     snprintf(why_gu, sizeof why_gu, "%d experts x expert intermediate %u, hidden %u", E, I, H);
     snprintf(why_d, sizeof why_d, "%d experts x hidden %u, expert intermediate %u", E, H, I);
     forge__xpart *parts = (forge__xpart *)calloc(3 * (size_t)E, sizeof *parts);
@@ -803,7 +1082,7 @@ static forge_status forge__plan_experts(forge__loader *L, forge__layer *ly, int 
     forge__xpart *gate = parts, *up = parts + E, *down = parts + 2 * E;
     forge__weight dg, du, dd;
     forge__wsrc sg, su, sd;
-    const char *mlx_dir = c->arch == FORGE__ARCH_QWEN3MOE ? "switch_mlp" : "experts.switch_glu";
+    const char *mlx_dir = under_mlp ? "switch_mlp" : "experts.switch_glu";
     /* gate and up: fused 3-D, separate 3-D, or per expert */
     if (L->gguf) snprintf(name, sizeof name, "blk.%d.ffn_gate_up_exps.weight", l);
     else snprintf(name, sizeof name, "%sexperts.gate_up_proj", base);
@@ -913,8 +1192,12 @@ static void forge__rope_inv_freq(const forge__rope *r, int head_dim, const float
     /* proportional (transformers _compute_proportional_rope_parameters): rope_angles =
      * int(partial * head_dim // 2) pairs rotate, the exponent over the whole head_dim */
     int rotating = r->scaling == FORGE__ROPE_PROPORTIONAL ? (int)floor(r->partial * head_dim / 2.0) : half;
+    /* partial (Qwen 3.5): R = int(partial * head_dim) dims rotate as a head of R would, the exponent
+     * over R; the q and k dims are permuted at load so that those pairs come first (forge__rope_perm_runs) */
+    int rot_dims = r->scaling == FORGE__ROPE_PARTIAL ? (int)(head_dim * r->partial) : head_dim;
+    if (r->scaling == FORGE__ROPE_PARTIAL) rotating = rot_dims / 2;
     for (int i = 0; i < half; i++) {
-        float inv = i < rotating ? (float)(1.0 / pow(r->theta, (double)(2 * i) / (double)head_dim)) : 0.0f;
+        float inv = i < rotating ? (float)(1.0 / pow(r->theta, (double)(2 * i) / (double)rot_dims)) : 0.0f;
         if (r->scaling == FORGE__ROPE_PROPORTIONAL) {
             inv = (float)(inv / r->factor);
         } else if (r->scaling == FORGE__ROPE_LINEAR) {
@@ -1043,25 +1326,38 @@ static forge_status forge__plan_model(forge__loader *L) {
         ly->out_scale = 1.0f;
         bool shared = forge__kv_shared(c, i);
         if ((st = forge__plan_vec_role(L, &ly->attn_norm, FORGE__R_ATTN_NORM, i, H, true, norm_add, why))) break;
-        if (shared) { /* queries only: the keys and values are layer kv_source's */
-            if ((st = forge__plan_weight_role(L, &ly->wq, FORGE__R_WQ, i, q_dim, H, why_q))) break;
-        } else if ((st = forge__plan_qkv(L, ly, i, q_dim, kv_dim, H, why_q, why_kv))) {
-            break;
-        }
-        if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, q_dim, why_o))) break;
-        if (c->qkv_bias && (st = forge__plan_qkv_bias(L, ly, i, q_dim, kv_dim))) break;
-        if (c->o_bias && (st = forge__plan_vec_role(L, &ly->bo, FORGE__R_BO, i, H, true, 0, why))) break;
-        if (c->qk_norm) {
-            if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, D, true, norm_add, why_hd))) break;
-            if (!shared && (st = forge__plan_vec_role(L, &ly->k_norm, FORGE__R_K_NORM, i, D, true, norm_add, why_hd))) break;
+        ly->linear = c->layer_linear[i];
+        if (ly->linear) { /* Qwen 3.5's Gated DeltaNet in place of attention */
+            if ((st = forge__plan_linear(L, ly, i, H))) break;
+        } else {
+            if (c->attn_gate) { /* Qwen 3.5: q | k | v | each head's output gate */
+                if ((st = forge__plan_qkv_gated(L, ly, i, H, why_q, why_kv))) break;
+            } else if (shared) { /* queries only: the keys and values are layer kv_source's */
+                if ((st = forge__plan_weight_role(L, &ly->wq, FORGE__R_WQ, i, q_dim, H, why_q))) break;
+            } else if ((st = forge__plan_qkv(L, ly, i, q_dim, kv_dim, H, why_q, why_kv))) {
+                break;
+            }
+            if ((st = forge__plan_weight_role(L, &ly->wo, FORGE__R_WO, i, H, q_dim, why_o))) break;
+            if (c->qkv_bias && (st = forge__plan_qkv_bias(L, ly, i, q_dim, kv_dim))) break;
+            if (c->o_bias && (st = forge__plan_vec_role(L, &ly->bo, FORGE__R_BO, i, H, true, 0, why))) break;
+            if (c->qk_norm && c->rope_full.scaling == FORGE__ROPE_PARTIAL) { /* in forge's dim order, as q and k */
+                if ((st = forge__plan_head_vec(L, &ly->q_norm, FORGE__R_Q_NORM, i, D, norm_add, why_hd))) break;
+                if ((st = forge__plan_head_vec(L, &ly->k_norm, FORGE__R_K_NORM, i, D, norm_add, why_hd))) break;
+            } else if (c->qk_norm) {
+                if ((st = forge__plan_vec_role(L, &ly->q_norm, FORGE__R_Q_NORM, i, D, true, norm_add, why_hd))) break;
+                if (!shared && (st = forge__plan_vec_role(L, &ly->k_norm, FORGE__R_K_NORM, i, D, true, norm_add, why_hd))) break;
+            }
         }
         if (c->sandwich_norms) {
             if ((st = forge__plan_vec_role(L, &ly->post_attn_norm, FORGE__R_POST_ATTN_NORM, i, H, true, norm_add, why))) break;
             if ((st = forge__plan_vec_role(L, &ly->post_ffn_norm, FORGE__R_POST_FFN_NORM, i, H, true, norm_add, why))) break;
         }
         if ((st = forge__plan_vec_role(L, &ly->ffn_norm, FORGE__R_FFN_NORM, i, H, true, norm_add, why))) break;
-        /* the dense MLP: every layer but Qwen3-MoE's sparse ones (Gemma 4 runs it beside the experts) */
-        ly->dense_mlp = !c->layer_moe[i] || c->router == FORGE__ROUTER_GEMMA4;
+        /* the dense MLP: every layer but Qwen3-MoE's sparse ones (Gemma 4 runs it beside the experts, Qwen 3.5-MoE's is
+         * the shared expert) */
+        ly->dense_mlp = !c->layer_moe[i] || c->router == FORGE__ROUTER_GEMMA4 || c->shared_ffn > 0;
+        if (c->layer_moe[i] && c->shared_ffn > 0 &&
+            (st = forge__plan_weight_role(L, &ly->shared_gate, FORGE__R_SHARED_GATE, i, 1, H, why))) break;
         if (ly->dense_mlp) {
             if ((st = forge__plan_gate_up(L, ly, i, F, H, why_ffn))) break;
             if ((st = forge__plan_weight_role(L, &ly->down, FORGE__R_DOWN, i, H, F, why_down))) break;

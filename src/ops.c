@@ -92,6 +92,19 @@ typedef struct forge__pc_act {      /* kernels/pc_act.glsl: act_mul.comp, act_mu
 #define FORGE__GU_PAIRS 1u
 #define FORGE__GU_HALVES 2u
 #define FORGE__GU_APART 3u
+#define FORGE__GU_APART_GATE 4u  /* act_mul: the ups in binding 1, the gates in binding 2's rows (Qwen 3.5's attention output gate) */
+#define FORGE__ACT_SIGMOID 2u    /* act_mul's act beside forge__act's SiLU and GELU */
+#define FORGE__ACT_ROW_SIGMOID 8u /* act_mul, added to act: every row times sigmoid(binding 2's scalar of the row) */
+typedef struct forge__pc_conv {     /* conv1d.comp */
+    uint32_t n_tokens, channels, taps, in_stride;
+    uint32_t group_rows;            /* rows per sequence of the step (conv1d.comp's groups) */
+    uint32_t table;                 /* batch generation: positions and places from the row table */
+} forge__pc_conv;
+typedef struct forge__pc_delta {    /* delta_rule.comp */
+    uint32_t n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
+    uint32_t mix_stride, z_off, b_off, a_off; /* the in-projection's row: z, b and a columns */
+    float eps;
+} forge__pc_delta;
 typedef struct forge__pc_moe_route { /* moe_route.comp */
     uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */
     uint32_t n_tokens;
@@ -220,6 +233,8 @@ typedef enum forge__op {
     FORGE__OP_MOE_ROUTE,          /* mixture of experts: each token's experts and weights, */
     FORGE__OP_MOE_GROUP,          /* the prefill's pairs grouped by expert, */
     FORGE__OP_MOE_COMBINE,        /* and the experts' outputs weighted and summed */
+    FORGE__OP_CONV1D,             /* Qwen 3.5's linear attention: the causal convolution of q|k|v, */
+    FORGE__OP_DELTA_RULE,         /* then the gated delta rule and the gated norm */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -356,6 +371,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_MOE_ROUTE] = {"moe_route", FORGE__SPV(moe_route), 3, sizeof(forge__pc_moe_route), 0, {0}},
     [FORGE__OP_MOE_GROUP] = {"moe_group", FORGE__SPV(moe_group), 2, sizeof(forge__pc_moe_group), 0, {0}},
     [FORGE__OP_MOE_COMBINE] = {"moe_combine", FORGE__SPV(moe_combine), 3, sizeof(forge__pc_moe_combine), 0, {0}},
+    [FORGE__OP_CONV1D] = {"conv1d", FORGE__SPV(conv1d), 5, sizeof(forge__pc_conv), 0, {0}},
+    [FORGE__OP_DELTA_RULE] = {"delta_rule", FORGE__SPV(delta_rule), 8, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
@@ -435,6 +452,8 @@ FORGE__PUSH_IS(attention_decode, forge__pc_attention);
 FORGE__PUSH_IS(attention_decode_kv16, forge__pc_attention);
 FORGE__PUSH_IS(attention_combine, forge__pc_combine);
 FORGE__PUSH_IS(act_mul, forge__pc_act);
+FORGE__PUSH_IS(conv1d, forge__pc_conv);
+FORGE__PUSH_IS(delta_rule, forge__pc_delta);
 FORGE__PUSH_IS(moe_route, forge__pc_moe_route);
 FORGE__PUSH_IS(moe_group, forge__pc_moe_group);
 FORGE__PUSH_IS(moe_combine, forge__pc_moe_combine);

@@ -95,9 +95,14 @@ struct forge_session {
     forge__range logits;                /* [n_out_max, vocab] */
     forge__range router, route, moe, moe_y, moe_out, mlp_sum; /* mixture of experts (forge__session_pack) */
     forge__range ple, ple_tmp, ple_g;   /* Gemma 4's per-layer inputs [n_batch, layers * ple_dim], their scratch, one layer's gate */
-    forge__range *kc, *vc;            /* per layer [slots, n_kv_heads, head_dim], f32 or (kv_f16) f16 */
+    forge__range lin_mix, lin_qkv, lin_out; /* Qwen 3.5's linear layers: the in-projection's rows [n_batch, conv_dim + VD + 2 NV],
+                                             * the convolved q|k|v [n_batch, conv_dim], the mixer's output [n_batch, VD] */
+    forge__range shared_s;              /* Qwen 3.5-MoE: x . shared_expert_gate per row [n_batch] */
+    forge__range *kc, *vc;            /* per layer [n_seq, slots, n_kv_heads, head_dim], f32 or (kv_f16) f16; a linear-attention
+                                       * layer (Qwen 3.5) holds its recurrent state there instead, always f32: kc the convolution's
+                                       * last inputs [n_seq, lin_conv - 1, conv_dim], vc the delta rule's [n_seq, NV, lin_k_dim, lin_v_dim] */
     bool kv_f16;                      /* forge_session_params.kv_type resolved (forge__session_sizes) */
-    uint64_t kv_bytes, kv_sliding_bytes;
+    uint64_t kv_bytes, kv_sliding_bytes, state_bytes;
     uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
     VkCommandPool cmd_pool;
     VkFence fence;
@@ -131,6 +136,12 @@ typedef struct forge__session_plan {
 
 /* Bytes of one position of layer l's K (or V) cache. */
 static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { return (f16 ? 2ull : 4ull) * forge__kv_dim(c, l); }
+
+/* Qwen 3.5's linear-attention layers: the in-projection's row (q|k|v, z, b, a), and per sequence
+ * the convolution's state (its last lin_conv - 1 inputs) and the delta rule's state. */
+static uint64_t forge__lin_mix_dim(const forge__config *c) { return forge__lin_conv_dim(c) + forge__lin_v_dim(c) + 2ull * c->lin_v_heads; }
+static uint64_t forge__conv_state_bytes(const forge__config *c) { return 4ull * (uint64_t)(c->lin_conv - 1) * forge__lin_conv_dim(c); }
+static uint64_t forge__delta_state_bytes(const forge__config *c) { return 4ull * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim; }
 
 /* The widest rows of the per-layer activations over all layers: the fused q|k|v row, the
  * attention's output, and the MLP's middle (a mixture-of-experts layer's middle holds
@@ -170,6 +181,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     uint64_t widest = FORGE__MAX(FORGE__MAX((uint64_t)c->hidden, 2 * forge__max_ffn(c)), forge__max_qkv(c)) * 4;
     if (c->ple_dim) widest = FORGE__MAX(widest, 4ull * c->n_layers * c->ple_dim);
     if (c->n_experts) widest = FORGE__MAX(widest, FORGE__MAX(4ull * c->n_experts, 4ull * c->n_experts_used * c->hidden));
+    if (forge__has_linear(c)) widest = FORGE__MAX(widest, 4ull * forge__lin_mix_dim(c));
     if ((uint64_t)sp->n_batch * widest > range) sp->n_batch = (int)(range / widest); /* every activation fits one binding */
     if (sp->n_batch < 1)
         return forge__fail(err, FORGE_ERR_LIMIT, "one activation row of %llu bytes exceeds the binding limit %llu",
@@ -191,6 +203,14 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     sp->kv_f16 = p->kv_type == FORGE_KV_F16 ||
                  (p->kv_type == FORGE_KV_DEFAULT && forge__head_dims_by4(c) && !m->exact && caps->type != FORGE_DEVICE_CPU);
     for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_linear[l]) { /* a recurrent state of fixed size, not a cache of positions */
+            uint64_t b = FORGE__MAX(forge__conv_state_bytes(c), forge__delta_state_bytes(c)) * (uint64_t)sp->n_seq;
+            if (b > range)
+                return forge__fail(err, FORGE_ERR_LIMIT, "n_seq_max %d needs a recurrent state of %llu bytes per linear-attention layer, over the device "
+                                   "binding limit of %llu bytes: lower n_seq_max", sp->n_seq, (unsigned long long)b, (unsigned long long)range);
+            sp->slots[l] = 0;
+            continue;
+        }
         uint64_t kv_row = forge__kv_row_bytes(c, l, sp->kv_f16);
         uint64_t s = (uint64_t)sp->n_ctx;
         if (c->layer_sliding[l] && c->sliding_window > 0)
@@ -257,7 +277,8 @@ typedef enum forge__session_buf {
     FORGE__SB_CAND, FORGE__SB_CAND_STATS, FORGE__SB_SAMPLE_OUT, FORGE__SB_ATTN_PART, FORGE__SB_ATTN_DONE, FORGE__SB_LORA_U, FORGE__SB_ACT_Q8,
     FORGE__SB_ACT_Q8_RES, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
-    FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_COUNT
+    FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_LIN_MIX, FORGE__SB_LIN_QKV, FORGE__SB_LIN_OUT, FORGE__SB_SHARED_S,
+    FORGE__SB_COUNT
 } forge__session_buf;
 
 #define FORGE__MOE_BM 64 /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
@@ -302,21 +323,30 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_PLE] = c->ple_dim ? nb * c->n_layers * c->ple_dim * 4 : 16,
         [FORGE__SB_PLE_TMP] = c->ple_dim ? nb * c->n_layers * c->ple_dim * 4 : 16,
         [FORGE__SB_PLE_G] = c->ple_dim ? nb * c->ple_dim * 4 : 16,
+        /* Qwen 3.5's linear layers: the in-projection's rows, the convolved q|k|v, the mixer's output;
+         * the MoE's shared-expert gate per row */
+        [FORGE__SB_LIN_MIX] = forge__has_linear(c) ? nb * forge__lin_mix_dim(c) * 4 : 16,
+        [FORGE__SB_LIN_QKV] = forge__has_linear(c) ? nb * forge__lin_conv_dim(c) * 4 : 16,
+        [FORGE__SB_LIN_OUT] = forge__has_linear(c) ? nb * forge__lin_v_dim(c) * 4 : 16,
+        [FORGE__SB_SHARED_S] = c->shared_ffn ? FORGE__MAX(nb * 4, 16) : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++) /* a KV-shared layer's cache is its source's (16 bytes held in its place) */
-        for (int kv = 0; kv < 2; kv++)
-            if (forge__pack_add(pack, a, forge__kv_shared(c, l) ? 16 : (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16)) < 0)
-                return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int kv = 0; kv < 2; kv++) {
+            uint64_t b = forge__kv_shared(c, l) ? 16 : (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16);
+            if (c->layer_linear[l]) b = FORGE__MAX(16, (uint64_t)sp->n_seq * (kv ? forge__delta_state_bytes(c) : forge__conv_state_bytes(c)));
+            if (forge__pack_add(pack, a, b) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        }
     return forge__pack_plan(pack, a, &m->dev.caps, err);
 }
 
-static void forge__session_kv_bytes(const forge_model *m, const forge__session_plan *sp, uint64_t *all, uint64_t *sliding) {
+static void forge__session_kv_bytes(const forge_model *m, const forge__session_plan *sp, uint64_t *all, uint64_t *sliding, uint64_t *state) {
     const forge__config *c = &m->cfg;
-    *all = *sliding = 0;
+    *all = *sliding = *state = 0;
     for (int l = 0; l < c->n_layers; l++) {
-        if (forge__kv_shared(c, l)) continue;
+        if (c->layer_linear[l]) *state += (uint64_t)sp->n_seq * (forge__conv_state_bytes(c) + forge__delta_state_bytes(c));
+        if (forge__kv_shared(c, l) || c->layer_linear[l]) continue;
         uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16);
         *all += b;
         if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;

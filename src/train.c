@@ -1021,7 +1021,7 @@ FORGE_API forge_status forge_trainer_memory(const forge_trainer *ctr, forge_memo
     forge_status st = forge__check_sized(out, "forge_memory_stats", &tr->err);
     if (st) return st;
     forge_memory_stats full = {sizeof full, tr->arena.bytes, tr->mem.planned, tr->mem.in_use, tr->mem.peak, tr->mem.n_buffers,
-                               tr->mem.n_allocations, 0, 0};
+                               tr->mem.n_allocations, 0, 0, 0};
     FORGE__PUT(out, full);
     return FORGE_OK;
 }

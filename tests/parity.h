@@ -12,6 +12,8 @@ struct Sequence {
     std::vector<int32_t> tokens;
     std::vector<float> logits;       /* HF, in the checkpoint's dtype */
     std::vector<float> logits_f64;   /* bf16 checkpoints: the f64 forward of the same weights */
+    double bf16_vs_f64 = 0;          /* bf16 checkpoints: how far HF's own bf16 forward is from the f64 one */
+    std::vector<int32_t> generated;  /* HF's greedy generate from the tokens (fixtures that record one) */
 };
 
 struct Fixture {
@@ -41,8 +43,16 @@ inline Fixture read_fixture(const std::string &dir) {
         cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "tokens")) q.tokens.push_back(t->valueint);
         q.logits = ft::read_f32(dir + "/" + cJSON_GetStringValue(cJSON_GetObjectItem(s, "logits")));
         if (cJSON *f = cJSON_GetObjectItem(s, "logits_f64")) q.logits_f64 = ft::read_f32(dir + "/" + cJSON_GetStringValue(f));
+        if (cJSON *r = cJSON_GetObjectItem(s, "bf16_vs_f64_rel")) q.bf16_vs_f64 = r->valuedouble;
         EXPECT_EQ(q.logits.size(), q.tokens.size() * (size_t)fx.n_vocab) << dir;
         fx.seqs.push_back(q);
+    }
+    /* "generate": per sequence, HF's greedy new tokens */
+    size_t i = 0;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItem(root, "generate")) {
+        cJSON *t;
+        if (i < fx.seqs.size()) cJSON_ArrayForEach(t, cJSON_GetObjectItem(s, "new_tokens")) fx.seqs[i].generated.push_back(t->valueint);
+        i++;
     }
     cJSON_Delete(root);
     return fx;

@@ -17,11 +17,12 @@ namespace {
 
 /* Compares forge's rows with a reference: the error bound, and argmax at every position whose
  * top-1/top-2 margin exceeds `margin_tol` * 2 * max|ref| (0: every position). */
-void expect_close(const std::string &what, const float *got, const float *ref, int n_tokens, int V, double tol, double margin_tol) {
+void expect_close(const std::string &what, const float *got, const float *ref, int n_tokens, int V, double tol, double margin_tol,
+                  bool bound = true) {
     size_t n = (size_t)n_tokens * V;
     double err = ft::rel_err(got, ref, n);
-    EXPECT_LE(err, tol) << what;
-    printf("  %-48s max|d|/max|ref| = %.2e (tolerance %.0e)\n", what.c_str(), err, tol);
+    if (bound) EXPECT_LE(err, tol) << what;
+    printf("  %-48s max|d|/max|ref| = %.2e (tolerance %.0e%s)\n", what.c_str(), err, tol, bound ? "" : ": argmax only");
     double max_ref = 0;
     for (size_t i = 0; i < n; i++) max_ref = std::fmax(max_ref, std::fabs(ref[i]));
     for (int p = 0; p < n_tokens; p++) {
@@ -99,7 +100,9 @@ TEST_P(Parity, AllPositionLogits) {
         ASSERT_EQ(forge_eval(s, q.tokens.data(), n, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
         std::string what = case_name(::testing::TestParamInfo<std::string>(GetParam(), 0)) + " seq" + std::to_string(i);
         if (fx.bf16) {
-            expect_close(what + " vs HF bf16", got.data(), q.logits.data(), n, fx.n_vocab, 2e-2, 2e-2);
+            /* where HF's own bf16 forward is further than 2e-2 from the f64 one (Qwen 3.5's recurrent state
+             * accumulates bf16 rounding: 0.10 and 0.23), only its clear argmax is a reference */
+            expect_close(what + " vs HF bf16", got.data(), q.logits.data(), n, fx.n_vocab, 2e-2, 2e-2, q.bf16_vs_f64 <= 2e-2);
             ASSERT_FALSE(q.logits_f64.empty());
             expect_close(what + " vs f64", got.data(), q.logits_f64.data(), n, fx.n_vocab, 1e-4, 0);
         } else {
@@ -127,7 +130,7 @@ TEST_P(Parity, PrefillThenDecode) {
     for (int subgroups : {1, 0}) {
         if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
         forge_session_params sp = forge_session_default_params();
-        sp.n_ctx = 64;
+        sp.n_ctx = std::max(64, (int)q.tokens.size()); /* (Qwen 3.5's fixtures run past a 64-token chunk) */
         sp.n_batch = 8; /* sliding layers keep window + 7 slots, the cache rotates */
         sp.profile = 1;
         forge_session *s = ft::session(m, sp);
@@ -197,11 +200,47 @@ TEST(ParityPairs, OneTokenProductsTwoOutputsASubgroup) {
     }
 }
 
+/* HF's own greedy generate (with its cache: for Qwen 3.5 the chunked prefill, then the recurrent
+ * decode step) from each sequence, where the fixture records one: forge_generate_tokens gives the
+ * same tokens. */
+class ParityGenerate : public Parity {};
+TEST_P(ParityGenerate, GreedyGenerateEqualsHF) {
+    Fixture fx = read_fixture(ref_dir());
+    bool any = false;
+    for (const Sequence &q : fx.seqs) any |= !q.generated.empty();
+    ASSERT_TRUE(any) << GetParam() << " records no HF generate";
+    forge_model *m = ft::load(model_path());
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 256);
+    ASSERT_NE(s, nullptr);
+    for (const Sequence &q : fx.seqs) {
+        if (q.generated.empty()) continue;
+        std::vector<int32_t> got;
+        forge_generate_params gp = forge_generate_default_params();
+        gp.max_tokens = (int)q.generated.size();
+        gp.ignore_eos = 1;
+        gp.user_data = &got;
+        gp.on_token = [](void *u, int32_t tok, const char *, size_t) {
+            if (tok >= 0) static_cast<std::vector<int32_t> *>(u)->push_back(tok);
+            return 0;
+        };
+        ASSERT_EQ(forge_generate_tokens(s, q.tokens.data(), (int)q.tokens.size(), &gp, nullptr), FORGE_OK) << forge_session_errmsg(s);
+        EXPECT_EQ(got, q.generated) << GetParam() << ": from " << q.tokens.size() << " tokens";
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
 INSTANTIATE_TEST_SUITE_P(HF, Parity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded",
                                            "gemma2_f32", "gemma3_text_f32", "gemma3_text_pattern_f32", "gemma3_mm_f32",
-                                           "qwen3_moe_f32", "gemma4_text_f32", "gemma4_moe_f32", "gemma4_wide_f32"),
+                                           "qwen3_moe_f32", "gemma4_text_f32", "gemma4_moe_f32", "gemma4_wide_f32", "mistral_window_f32",
+                                           "mistral_v03_bf16", "qwen3_5_text_f32", "qwen3_5_mm_bf16", "qwen3_5_moe_f32"),
                          case_name);
+
+/* The fixtures that record HF's greedy generate. */
+INSTANTIATE_TEST_SUITE_P(HF, ParityGenerate,
+                         ::testing::Values("mistral_window_f32", "mistral_v03_bf16", "qwen3_5_text_f32", "qwen3_5_moe_f32"), case_name);
 
 /* MLX affine checkpoints (tools/fixtures/mlx_quant.py follows mlx.core.quantize); references are
  * HF forwards of the exactly dequantized weights. */

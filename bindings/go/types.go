@@ -60,6 +60,7 @@ type MemoryStats struct {
 	DeviceAllocations  uint64 // number of VkDeviceMemory allocations
 	KVCacheBytes       uint64 // sessions: device bytes of the KV cache
 	KVSlidingBytes     uint64 // sessions: of which sliding-window layers
+	StateBytes         uint64 // sessions: the recurrent state of linear-attention layers (Qwen 3.5)
 }
 
 func memoryStats(m *C.forge_memory_stats) MemoryStats {
@@ -72,6 +73,7 @@ func memoryStats(m *C.forge_memory_stats) MemoryStats {
 		DeviceAllocations:  uint64(m.device_allocations),
 		KVCacheBytes:       uint64(m.kv_cache_bytes),
 		KVSlidingBytes:     uint64(m.kv_sliding_bytes),
+		StateBytes:         uint64(m.state_bytes),
 	}
 }
 

@@ -182,6 +182,7 @@ class MemoryStats:
     device_allocations: int
     kv_cache_bytes: int
     kv_sliding_bytes: int
+    state_bytes: int  # sessions: the recurrent state of linear-attention layers (Qwen 3.5)
 
 
 @dataclass(frozen=True)

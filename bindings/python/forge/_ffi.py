@@ -117,6 +117,7 @@ class MemoryStats(Structure):
         ("device_allocations", c_uint64),
         ("kv_cache_bytes", c_uint64),
         ("kv_sliding_bytes", c_uint64),
+        ("state_bytes", c_uint64),
     ]
 
 
