@@ -900,8 +900,10 @@ typedef struct forge_classify_result {
 
 /* Classifies n_prompts prompts into results[0 .. n_prompts). Prompt i draws from a generator
  * seeded by (seed, i), so results do not depend on how the prompts are batched.
- * FORGE_ERR_LIMIT for a prompt longer than n_batch, FORGE_ERR_INVALID_ARGUMENT for an empty
- * prompt or a token outside the vocabulary (the message names the prompt),
+ * FORGE_ERR_LIMIT for a prompt longer than the model's context (n_ctx_train), the session's n_ctx
+ * or its n_batch (the message names the prompt, its length and the limit; nothing runs then),
+ * FORGE_ERR_INVALID_ARGUMENT for an empty prompt or a token outside the vocabulary (the message
+ * names the prompt),
  * FORGE_ERR_BUFFER_TOO_SMALL when logits is set and logits_capacity < n_prompts * n_vocab. */
 FORGE_API forge_status forge_classify(forge_session *session, const forge_classify_prompt *prompts, int n_prompts,
                                       const forge_classify_params *params, forge_classify_result *results);

@@ -106,6 +106,11 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         if (st) break;
         const int32_t *t = q->text ? ids[i] : q->tokens;
         if (lens[i] <= 0) st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is empty (and the tokenizer adds no BOS)", i);
+        else if (lens[i] > m->cfg.n_ctx_train)
+            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens, more than the model's context of %d (n_ctx_train)", i, lens[i],
+                             m->cfg.n_ctx_train);
+        else if (lens[i] > s->n_ctx)
+            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens, more than the session's context of %d (n_ctx)", i, lens[i], s->n_ctx);
         else if (lens[i] > s->n_batch)
             st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens; a classify batch holds %d (the session's n_batch)", i, lens[i], s->n_batch);
         for (int j = 0; j < lens[i] && !st; j++)

@@ -7,6 +7,7 @@
 
 #include "parity.h"
 #include "util.h"
+#include "writers.h"
 
 namespace {
 
@@ -273,6 +274,38 @@ TEST(Classify, BadInputIsAnErrorNamingThePrompt) {
     forge_classify_prompt ids = {sizeof(forge_classify_prompt), nullptr, 0, small_ids.data(), 3};
     ASSERT_EQ(forge_classify(s, &ids, 1, nullptr, res.data()), FORGE_OK);
     EXPECT_EQ(res[0].text, nullptr);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Issue 42: a prompt longer than the model's context (n_ctx_train) or the session's (n_ctx) is
+ * refused before any batch runs, naming the prompt, its length and the limit (the CLI made a
+ * session as long as its longest prompt, past the model's 2048, and ran a 30k-token prompt
+ * for 900 s). */
+TEST(Classify, PromptLongerThanTheContextIsRefused) {
+    ft::TinyModel tm; /* its context: max_position_embeddings 64 */
+    forge_model *m = ft::load(tm.write("classify_ctx"));
+    ASSERT_NE(m, nullptr);
+    const int train = forge_model_n_ctx_train(m);
+    ASSERT_EQ(train, 64);
+    forge_session *s = ft::session(m, 2 * train, 2 * train); /* n_ctx and n_batch past the model's context */
+    ASSERT_NE(s, nullptr);
+    std::vector<int32_t> ok = {1, 3, 7}, longer(train + 1, 5);
+    std::vector<forge_classify_result> res(2, ft::sized<forge_classify_result>());
+    std::vector<forge_classify_prompt> p = {{sizeof(forge_classify_prompt), nullptr, 0, ok.data(), 3},
+                                            {sizeof(forge_classify_prompt), nullptr, 0, longer.data(), train + 1}};
+    EXPECT_EQ(forge_classify(s, p.data(), 2, nullptr, res.data()), FORGE_ERR_LIMIT);
+    EXPECT_EQ(std::string(forge_session_errmsg(s)), "prompt 1 has 65 tokens, more than the model's context of 64 (n_ctx_train)");
+    p[1].n_tokens = train; /* the whole context: it runs */
+    ASSERT_EQ(forge_classify(s, p.data(), 2, nullptr, res.data()), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(res[1].n_tokens, train);
+    forge_session_free(s);
+    /* a session shorter than the model's context: its n_ctx is the limit */
+    s = ft::session(m, 32, 32);
+    ASSERT_NE(s, nullptr);
+    p[1].n_tokens = 33;
+    EXPECT_EQ(forge_classify(s, p.data(), 2, nullptr, res.data()), FORGE_ERR_LIMIT);
+    EXPECT_EQ(std::string(forge_session_errmsg(s)), "prompt 1 has 33 tokens, more than the session's context of 32 (n_ctx)");
     forge_session_free(s);
     forge_model_free(m);
 }
