@@ -8,8 +8,60 @@
  * file is checked against the file's size before it is used: a hostile file gets an error
  * naming the file and field, never a crash. The result of this section is a tensor table
  * (name -> dtype, shape, bytes in the mapping), whatever the format (config.c reads
- * the configuration).
+ * the configuration). A string read from a file (a key, a tensor name, a dtype) goes into a
+ * message through forge__esc, escaped: a corrupted header's bytes are shown, not written raw.
  */
+
+/* ---- a file's strings in messages ---- */
+
+/* Bytes of the well-formed UTF-8 character at s[0 .. n), code point U+00A0 or above (so no C1
+ * control); 0 when there is none. */
+static size_t forge__utf8_printable(const unsigned char *s, size_t n) {
+    unsigned c = s[0];
+    size_t len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    for (size_t i = 1; i < len; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] > 0x8f))
+        return 0; /* overlong, a surrogate, past U+10FFFF */
+    if (c == 0xc2 && s[1] < 0xa0) return 0; /* U+0080 .. U+009F: C1 controls */
+    return len;
+}
+
+/* s[0 .. len) as a message shows it, into out (size >= 8): printable ASCII and well-formed UTF-8
+ * as they are, a backslash as \\, every other byte (control characters, bytes of no valid UTF-8
+ * character) as \xNN, so that a corrupted key reads 'to\x94eniz\x9ar.ggml.tokens'; cut with
+ * "..." when it does not fit. Returns out. Every place a file's string goes into a message uses
+ * it. */
+static const char *forge__esc(char *out, size_t size, const char *s, size_t len) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        char piece[8];
+        size_t n = 1, pn = 1;
+        if (u[i] >= 0x20 && u[i] < 0x7f && u[i] != '\\') piece[0] = (char)u[i];
+        else if (u[i] == '\\') memcpy(piece, "\\\\", pn = 2);
+        else if ((n = forge__utf8_printable(u + i, len - i)) > 0) memcpy(piece, s + i, pn = n);
+        else {
+            snprintf(piece, sizeof piece, "\\x%02x", u[i]);
+            n = 1;
+            pn = 4;
+        }
+        size_t room = size - 1 - o;
+        if (pn > room || (i + n < len && pn + 3 > room)) {
+            if (room >= 3) memcpy(out + o, "...", 3), o += 3;
+            break;
+        }
+        memcpy(out + o, piece, pn);
+        o += pn;
+        i += n;
+    }
+    out[o] = 0;
+    return out;
+}
+
+/* A NUL-terminated file string escaped into a local buffer: FORGE__ESC(buf, s). */
+#define FORGE__ESC(buf, s) forge__esc((buf), sizeof(buf), (s), strlen(s))
 
 typedef struct forge__file {
     char *path;
@@ -263,8 +315,9 @@ static forge__tensor *forge__tensor_find(const forge__tensor_table *t, const cha
 /* Adds a tensor; names are unique across all shards of a checkpoint. */
 static forge_status forge__tensor_add(forge__tensor_table *t, forge__arena *a, const forge__tensor *src,
                                       forge__err *err) {
+    char en[256];
     if (forge__tensor_find(t, src->name))
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' appears twice", src->file, src->name);
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' appears twice", src->file, FORGE__ESC(en, src->name));
     if (t->count == t->capacity) {
         int cap = t->capacity ? t->capacity * 2 : 256;
         forge__tensor *items = (forge__tensor *)forge__arena_alloc(a, sizeof *items * (size_t)cap, 16);
@@ -381,6 +434,8 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
     for (cJSON *it = root->child; it; it = it->next) {
         const char *key = it->string;
         if (!key) continue;
+        char ek[256], ed[64]; /* the key and the dtype, escaped for messages */
+        FORGE__ESC(ek, key);
         if (strcmp(key, "__metadata__") == 0) {
             if (!cJSON_IsObject(it)) {
                 st = forge__fail(err, FORGE_ERR_FORMAT, "%s: __metadata__ is not an object", path);
@@ -390,7 +445,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
             continue;
         }
         if (!cJSON_IsObject(it)) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: entry '%s' is not an object", path, key);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: entry '%s' is not an object", path, ek);
             break;
         }
         cJSON *jd = cJSON_GetObjectItemCaseSensitive(it, "dtype");
@@ -398,7 +453,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
         cJSON *jo = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
         if (!cJSON_IsString(jd) || !cJSON_IsArray(js) || !cJSON_IsArray(jo) || cJSON_GetArraySize(jo) != 2) {
             st = forge__fail(err, FORGE_ERR_FORMAT,
-                             "%s: tensor '%s' lacks a string dtype, a shape array or two data_offsets", path, key);
+                             "%s: tensor '%s' lacks a string dtype, a shape array or two data_offsets", path, ek);
             break;
         }
         forge__tensor t;
@@ -406,8 +461,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
         t.file = fpath;
         t.dtype = forge__safetensors_dtype(jd->valuestring);
         if (t.dtype == FORGE__DTYPE_INVALID) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, key,
-                             jd->valuestring);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", path, ek, FORGE__ESC(ed, jd->valuestring));
             break;
         }
         int nd = cJSON_GetArraySize(js);
@@ -416,7 +470,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
         if (!canon) continue; /* another tower's weights (vision, audio: a video patch embedding has 5 dimensions) */
         if (nd > FORGE__MAX_DIMS) {
             st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has %d dimensions (at most %d)", path,
-                             key, nd, FORGE__MAX_DIMS);
+                             ek, nd, FORGE__MAX_DIMS);
             break;
         }
         t.n_dims = nd;
@@ -433,27 +487,27 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
             if (!forge__mul_ok(nel, (uint64_t)t.shape[d], &nel)) { shape_ok = false; break; }
         }
         if (!shape_ok) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has an invalid or overflowing shape", path, key);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has an invalid or overflowing shape", path, ek);
             break;
         }
         double b = cJSON_GetArrayItem(jo, 0)->valuedouble, e = cJSON_GetArrayItem(jo, 1)->valuedouble;
         if (!cJSON_IsNumber(cJSON_GetArrayItem(jo, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(jo, 1)) || b < 0 ||
             e < b || e > 1.8e19 || b != floor(b) || e != floor(e)) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has invalid data_offsets", path, key);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has invalid data_offsets", path, ek);
             break;
         }
         uint64_t begin = (uint64_t)b, end = (uint64_t)e, expect = 0;
         if (end > data_size) {
             st = forge__fail(err, FORGE_ERR_FORMAT,
                              "%s: tensor '%s' data_offsets [%llu, %llu] run past the end of the data (%llu bytes)",
-                             path, key, (unsigned long long)begin, (unsigned long long)end,
+                             path, ek, (unsigned long long)begin, (unsigned long long)end,
                              (unsigned long long)data_size);
             break;
         }
         if (!forge__mul_ok(nel, forge__dtype_info(t.dtype).block_bytes, &expect) || expect != end - begin) {
             st = forge__fail(err, FORGE_ERR_FORMAT,
-                             "%s: tensor '%s' holds %llu bytes but its shape and dtype %s need %llu", path, key,
-                             (unsigned long long)(end - begin), jd->valuestring, (unsigned long long)expect);
+                             "%s: tensor '%s' holds %llu bytes but its shape and dtype %s need %llu", path, ek,
+                             (unsigned long long)(end - begin), FORGE__ESC(ed, jd->valuestring), (unsigned long long)expect);
             break;
         }
         t.data = f->avail == f->size ? data + begin : NULL;
@@ -542,7 +596,8 @@ typedef struct forge__reader {
 static bool forge__rd(forge__reader *r, void *dst, uint64_t n, const char *what) {
     if (r->failed) return false;
     if ((uint64_t)(r->end - r->p) < n) {
-        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: truncated while reading %s", r->path, what);
+        char ew[256]; /* `what` may be a key read from the file */
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: truncated while reading %s", r->path, FORGE__ESC(ew, what));
         r->failed = r->at_end = true;
         return false;
     }
@@ -555,7 +610,8 @@ static bool forge__rd_str(forge__reader *r, const char **s, uint64_t *len, const
     uint64_t n;
     if (!forge__rd(r, &n, 8, what)) return false;
     if ((uint64_t)(r->end - r->p) < n) {
-        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: %s of %llu bytes runs past the end of the file", r->path, what,
+        char ew[256];
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: %s of %llu bytes runs past the end of the file", r->path, FORGE__ESC(ew, what),
                     (unsigned long long)n);
         r->failed = r->at_end = true;
         return false;
@@ -569,8 +625,9 @@ static bool forge__rd_str(forge__reader *r, const char **s, uint64_t *len, const
 /* Skips a value of `type`; arrays are checked element by element for strings, by size
  * otherwise. Nested arrays are not part of the GGUF spec and are rejected. */
 static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, const char *key, int depth) {
+    char ek[256];
     if ((unsigned)type >= FORGE__GGUF_TYPE_COUNT) {
-        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has unknown value type %u", r->path, key, (unsigned)type);
+        forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has unknown value type %u", r->path, FORGE__ESC(ek, key), (unsigned)type);
         r->failed = true;
         return false;
     }
@@ -584,7 +641,7 @@ static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, cons
         uint64_t count;
         if (!forge__rd(r, &et, 4, key) || !forge__rd(r, &count, 8, key)) return false;
         if (depth > 0 || et == FORGE__GGUF_ARRAY || et >= FORGE__GGUF_TYPE_COUNT) {
-            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has an array of unsupported type %u", r->path, key, et);
+            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' has an array of unsupported type %u", r->path, FORGE__ESC(ek, key), et);
             r->failed = true;
             return false;
         }
@@ -595,7 +652,7 @@ static bool forge__gguf_skip_value(forge__reader *r, forge__gguf_type type, cons
         }
         uint64_t bytes;
         if (!forge__mul_ok(count, forge__gguf_type_size[et], &bytes)) {
-            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' array length overflows", r->path, key);
+            forge__fail(r->err, FORGE_ERR_FORMAT, "%s: key '%s' array length overflows", r->path, FORGE__ESC(ek, key));
             r->failed = true;
             return false;
         }
@@ -626,8 +683,9 @@ static forge_status forge__gguf_read_kv(forge__reader *r, forge__gguf *g, forge_
         kv->value = r->p + 12;
     }
     if (!forge__gguf_skip_value(r, (forge__gguf_type)type, kv->key, 0)) return FORGE_ERR_FORMAT;
+    char ek[256];
     if (!forge__strset_insert(keys, kv->key))
-        return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' appears twice", r->path, kv->key);
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' appears twice", r->path, FORGE__ESC(ek, kv->key));
     if (strcmp(kv->key, "general.alignment") == 0) {
         if (type != FORGE__GGUF_UINT32) return forge__fail(err, FORGE_ERR_FORMAT, "%s: general.alignment is not a uint32", r->path);
         memcpy(&g->alignment, kv->value, 4);
@@ -676,8 +734,9 @@ static forge_status forge__gguf_read(forge__reader *r, const forge__file *f, for
             break;
         }
         if (ti->nd == 0 || ti->nd > FORGE__MAX_DIMS) {
-            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%.*s' has %u dimensions", f->path, (int)FORGE__MIN(ti->len, 200),
-                             ti->name, ti->nd);
+            char en[256];
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' has %u dimensions", f->path, forge__esc(en, sizeof en, ti->name, (size_t)ti->len),
+                             ti->nd);
             break;
         }
         if (!forge__rd(r, ti->ne, 8ull * ti->nd, "tensor shape") || !forge__rd(r, &ti->type, 4, "tensor type") ||
@@ -700,10 +759,12 @@ static forge_status forge__gguf_read(forge__reader *r, const forge__file *f, for
         t.file = fpath;
         t.name = forge__arena_strndup(arena, ti->name, (size_t)ti->len);
         if (!t.name) { st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
+        char en[256]; /* the name, escaped for messages */
+        forge__esc(en, sizeof en, ti->name, (size_t)ti->len);
         forge__dtype_traits tr = ti->type < FORGE__GGUF_TYPE_END ? forge__dtype_info((forge__dtype)ti->type)
                                                                  : (forge__dtype_traits){NULL, 0, 0};
         if (!tr.name) {
-            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown GGUF type %u", f->path, t.name, ti->type);
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has unknown GGUF type %u", f->path, en, ti->type);
             break;
         }
         t.dtype = (forge__dtype)ti->type;
@@ -718,19 +779,19 @@ static forge_status forge__gguf_read(forge__reader *r, const forge__file *f, for
         if (!ok || !forge__row_bytes(t.dtype, ti->ne[0], &row_bytes) || !forge__mul_ok(row_bytes, rows, &t.nbytes)) {
             st = forge__fail(err, FORGE_ERR_FORMAT,
                              "%s: tensor '%s' has an invalid shape for type %s (row of %llu elements, blocks of %u)",
-                             f->path, t.name, tr.name, (unsigned long long)ti->ne[0], tr.block);
+                             f->path, en, tr.name, (unsigned long long)ti->ne[0], tr.block);
             break;
         }
         uint64_t end;
         if (ti->off % g->alignment) {
             st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' offset %llu is not a multiple of the alignment %u",
-                             f->path, t.name, (unsigned long long)ti->off, g->alignment);
+                             f->path, en, (unsigned long long)ti->off, g->alignment);
             break;
         }
         if (!forge__add_ok(ti->off, t.nbytes, &end) || end > data_size) {
             st = forge__fail(err, FORGE_ERR_FORMAT,
                              "%s: tensor '%s' (offset %llu, %llu bytes) runs past the end of the data (%llu bytes)",
-                             f->path, t.name, (unsigned long long)ti->off, (unsigned long long)t.nbytes,
+                             f->path, en, (unsigned long long)ti->off, (unsigned long long)t.nbytes,
                              (unsigned long long)data_size);
             break;
         }

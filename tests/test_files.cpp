@@ -132,6 +132,35 @@ TEST(Gguf, MalformedFieldsAreNamed) {
     { ft::Gguf g = tiny_gguf(); g.key("bad.type", 99); EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_FORMAT); EXPECT_NE(msg.find("unknown value type 99"), std::string::npos) << msg; }
 }
 
+/* Issue 42: a file's strings go into messages escaped: a corrupted key's bytes read as \xNN (they
+ * were written raw: "to\x94eniz\x9ar.ggml.tokens" on the terminal), a backslash doubled,
+ * well-formed UTF-8 kept, a long name cut with "..." */
+TEST(Gguf, FileStringsInMessagesAreEscaped) {
+    std::string msg;
+    { ft::Gguf g = tiny_gguf(); g.key("to\x94" "eniz\x9a" "r.ggml.tokens", 99);
+      EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_FORMAT);
+      EXPECT_NE(msg.find("key 'to\\x94eniz\\x9ar.ggml.tokens' has unknown value type 99"), std::string::npos) << msg; }
+    { ft::Gguf g = tiny_gguf(); g.key(std::string("a\tb\x01" "c\\d\x7f\0e", 10), 99);
+      EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_FORMAT);
+      EXPECT_NE(msg.find("key 'a\\x09b\\x01c\\\\d\\x7f' has"), std::string::npos) << msg; } /* the key ends at its NUL */
+    { ft::Gguf g = tiny_gguf(); g.key("caf\xc3\xa9 \xe2\x82\xac \xc2\x85 \xed\xa0\x80 \xc3", 99); /* é, €, a C1 control, a surrogate, a cut character */
+      EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_FORMAT);
+      EXPECT_NE(msg.find("key 'caf\xc3\xa9 \xe2\x82\xac \\xc2\\x85 \\xed\\xa0\\x80 \\xc3' has"), std::string::npos) << msg; }
+    { ft::Gguf g = tiny_gguf(); g.tensors[0].name = "bad\x1b[31mname"; g.tensors[0].type = 77;
+      EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_UNSUPPORTED);
+      EXPECT_NE(msg.find("tensor 'bad\\x1b[31mname' has unknown GGUF type 77"), std::string::npos) << msg; }
+    { ft::Gguf g = tiny_gguf(); g.key(std::string(1000, '\xff'), 99);
+      EXPECT_EQ(parse_gguf(g.bytes(), msg), FORGE_ERR_FORMAT);
+      size_t at = msg.find("key '\\xff\\xff"), end = msg.find("...' has unknown value type 99");
+      EXPECT_TRUE(at != std::string::npos && end != std::string::npos && end - at < 300) << msg; }
+    for (unsigned char c : msg) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << msg; /* nothing raw reaches the message */
+    /* safetensors: a key and a dtype */
+    std::map<std::string, Tensor> ts = {{"w", ft::f32_tensor({1}, 1, 1)}};
+    EXPECT_EQ(parse_st(ft::safetensors_bytes(ts, "{\"w\\u0001\":{\"dtype\":\"F\\u001b32\",\"shape\":[1],\"data_offsets\":[0,4]}}"), msg),
+              FORGE_ERR_FORMAT);
+    EXPECT_NE(msg.find("tensor 'w\\x01' has unknown dtype 'F\\x1b32'"), std::string::npos) << msg;
+}
+
 /* ---- config.json ---- */
 
 TEST(Config, ErrorsNameTheField) {
