@@ -211,8 +211,8 @@ TEST(Chat, Llama31DateLine) {
 }
 
 /* A random-weight f16 checkpoint of the given family beside a real tokenizer: hidden 32, one
- * layer, vocab of the tokenizer. */
-static std::string chat_model(const std::string &family, const std::string &data) {
+ * layer, vocab of the tokenizer. (tests/test_cli_chat.cpp chats with it through the CLI.) */
+std::string chat_model(const std::string &family, const std::string &data) {
     std::string dir = ft::tmpdir("chat_" + family);
     if (ft::sh("cp " + data + "/" + family + "/tokenizer.json " + data + "/" + family + "/tokenizer_config.json " + dir + "/") != 0) return "";
     bool gemma = family == "gemma3";

@@ -363,3 +363,122 @@ TEST(Cli, ProgressBarOnlyOnATerminal) {
     EXPECT_NE(file.err.find("step 2/2: loss "), std::string::npos) << file.err;
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }
+
+/* Issue 42: every verb names an argument it does not take, then prints its own usage (forge help
+ * VERB's text), not the whole command list; exit status 2. */
+TEST(Cli, UnexpectedArgumentNamesItAndTheVerbsUsage) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "bench", "train", "tokenize",
+                             "bench-tokenize"}) {
+        SCOPED_TRACE(verb);
+        Split s = forge_split(std::string(verb) + " --bogus");
+        EXPECT_EQ(s.status, 2) << s.err;
+        EXPECT_EQ(s.out, "");
+        EXPECT_EQ(s.err.rfind(std::string("forge ") + verb + ": unexpected argument '--bogus'\n", 0), 0u) << s.err;
+        EXPECT_NE(s.err.find(std::string("\nusage: forge ") + verb + " "), std::string::npos) << s.err;
+        EXPECT_EQ(s.err.find("usage: forge <command>"), std::string::npos) << s.err; /* not the global usage */
+        /* the same usage as forge help VERB prints */
+        Split help = forge_split(std::string("help ") + verb);
+        EXPECT_EQ(s.err.substr(s.err.find('\n') + 1), help.out);
+    }
+    /* after a MODEL too, and for the options that used to print the global usage */
+    const std::string model = bundled();
+    for (const char *args : {"logits MODEL --tokens '1 2' --bogus", "keys MODEL --tokens '1 2' --bogus", "tokenize MODEL --bogus hello"}) {
+        std::string a = args;
+        a.replace(a.find("MODEL"), 5, model);
+        Split s = forge_split(a);
+        EXPECT_EQ(s.status, 2) << a;
+        EXPECT_NE(s.err.find(": unexpected argument '--bogus'"), std::string::npos) << a << ": " << s.err;
+        EXPECT_EQ(s.err.find("usage: forge <command>"), std::string::npos) << s.err;
+    }
+    /* logits and bench print JSON anyway: --json is taken, as classify takes it */
+    Split lg = forge_split("logits " + model + " --tokens '1 2' --json");
+    EXPECT_EQ(lg.status, 0) << lg.err;
+    EXPECT_EQ(lg.out, forge_split("logits " + model + " --tokens '1 2'").out);
+    /* what is missing is named, with the verb's usage */
+    Split none = forge_split("logits " + model);
+    EXPECT_EQ(none.status, 2);
+    EXPECT_EQ(none.err.rfind("forge logits: --tokens \"1 2 3\" is required\nusage: forge logits ", 0), 0u) << none.err;
+    Split tok = forge_split("tokenize " + model);
+    EXPECT_EQ(tok.status, 2);
+    EXPECT_EQ(tok.err.rfind("forge tokenize: no TEXT given (or --stdin-json)\nusage: forge tokenize ", 0), 0u) << tok.err;
+    /* a TEXT may start with one dash */
+    EXPECT_EQ(forge_split("tokenize " + model + " '-5 degrees'").status, 0);
+}
+
+/* Issue 42: messages that named no range or no reason */
+TEST(Cli, ValueAndFileErrorsSayWhy) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    /* 3000000000 is an integer >= 0: the message names the range it is out of */
+    Split n = forge_split("run -n 3000000000");
+    EXPECT_EQ(n.status, 2);
+    EXPECT_EQ(n.err, "forge run: -n: '3000000000' must be an integer in 0..2147483647\n");
+    EXPECT_NE(forge_split("bench -r 0").err.find("-r: '0' must be an integer in 1..1000000"), std::string::npos);
+    /* a file that cannot be read: the reason */
+    Split nope = forge_split("run --batch-file nope.txt");
+    EXPECT_EQ(nope.status, 2);
+    EXPECT_EQ(nope.err, "forge run: --batch-file: cannot read 'nope.txt': No such file or directory\n");
+    std::string d = ft::tmpdir("cli_why");
+    Split dir = forge_split("run --batch-file " + d);
+    EXPECT_EQ(dir.status, 2);
+    EXPECT_NE(dir.err.find("cannot read '" + d + "': Is a directory"), std::string::npos) << dir.err;
+    EXPECT_NE(forge_split("bench-tokenize " + bundled() + " nope.txt").err.find("cannot read 'nope.txt': No such file or directory"),
+              std::string::npos);
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+/* Issue 42: a prompt the context cannot hold is refused before anything is printed (a 100 kB
+ * prompt was echoed in full, then refused) */
+TEST(Cli, RefusedPromptIsNotEchoed) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string prompt;
+    while (prompt.size() < 100000) prompt += "Once upon a time ";
+    Split s = forge_split("run " + bundled() + " -p '" + prompt + "' -n 3");
+    EXPECT_EQ(s.status, 1) << s.err;
+    EXPECT_EQ(s.out, "");
+    EXPECT_NE(s.err.find("(FORGE_ERR_LIMIT)"), std::string::npos) << s.err;
+    /* a prompt that fits is echoed as before, ahead of its continuation */
+    Split ok = forge_split("run " + bundled() + " -p 'Once upon' -n 3");
+    EXPECT_EQ(ok.status, 0) << ok.err;
+    EXPECT_EQ(ok.out.rfind("Once upon ", 0), 0u) << ok.out;
+    EXPECT_EQ(forge_split("run " + bundled() + " -p 'Once upon' -n 0").out, "Once upon\n");
+}
+
+/* Issue 42: classify sized its session to the longest prompt, past the model's context (a 30k-token
+ * prompt ran 900 s on a 2048-token model); now that prompt is refused at once, naming it */
+TEST(Cli, ClassifyRefusesAPromptLongerThanTheContext) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    Split info = forge_split("info --json " + model);
+    cJSON *in = json_of(info);
+    const int n_ctx_train = (int)num(in, "n_ctx_train");
+    cJSON_Delete(in);
+    ASSERT_EQ(n_ctx_train, 2048);
+    std::string prompt;
+    while (prompt.size() < 12000) prompt += "Once upon a time "; /* about 2800 tokens */
+    Split s = forge_split("classify " + model + " 'Once upon' '" + prompt + "'");
+    EXPECT_EQ(s.status, 1) << s.err;
+    EXPECT_EQ(s.out, "");
+    EXPECT_NE(s.err.find("prompt 1 has "), std::string::npos) << s.err;
+    EXPECT_NE(s.err.find(" tokens, more than the model's context of 2048 (n_ctx_train) (FORGE_ERR_LIMIT)"), std::string::npos) << s.err;
+    /* --ctx: its context is the limit */
+    Split c = forge_split("classify " + model + " --ctx 4 'Once upon a time there' 'Once'");
+    EXPECT_EQ(c.status, 1);
+    EXPECT_NE(c.err.find("prompt 0 has 6 tokens, more than the session's context of 4 (n_ctx) (FORGE_ERR_LIMIT)"), std::string::npos) << c.err;
+    EXPECT_EQ(forge_split("classify " + model + " --ctx 8 'Once upon a time there' 'Once'").status, 0);
+}
+
+/* Issue 42: the help says what a new user asked */
+TEST(Cli, HelpTextsSayTheDefaults) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    for (const char *verb : {"run", "chat", "classify"})
+        EXPECT_NE(forge_cli(std::string("help ") + verb).text.find("--seed is fixed, 0"), std::string::npos) << verb;
+    std::string bench = forge_cli("bench --help").text;
+    EXPECT_NE(bench.find("[--profile]"), std::string::npos) << bench;
+    /* --json's schemas moved from the README to docs/json.md */
+    for (const char *args : {"help", "train --help"}) {
+        std::string h = forge_cli(args).text;
+        EXPECT_NE(h.find("(docs/json.md)"), std::string::npos) << args;
+        EXPECT_EQ(h.find("README"), std::string::npos) << args;
+    }
+}

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Options every model command takes; forge_cli_take_common consumes them from argv. */
 typedef struct forge_cli_opts {
@@ -33,7 +34,8 @@ forge_model *forge_cli_load(const char *path, const forge_cli_opts *o);
 forge_model *forge_cli_load_vocab(const char *path, int verbose);
 
 /* Value parsers for flags: each parses the whole of `s`, checks the range and returns 0, or
- * prints "forge CMD: FLAG: 'S' is not ..." and returns 2 (a usage error). */
+ * prints what is wrong with it, naming the range ("forge CMD: FLAG: 'S' must be an integer in
+ * LO..HI", "... is not a number in [LO, HI]"), and returns 2 (a usage error). */
 int forge_cli_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out);
 int forge_cli_parse_u64(const char *cmd, const char *flag, const char *s, uint64_t *out);
 /* lo_open / hi_open: the bound itself is excluded. */
@@ -54,6 +56,27 @@ int forge_cli_bar(char *out, size_t size, const char *label, double fraction);
 
 /* The JSON name of a stop reason ("eos", "max_tokens", ...), as run --json and --batch-file print it. */
 const char *forge_cli_stop_name(forge_stop_reason r);
+
+/* Ctrl-C, one mechanism for every verb that stops early (run, run --batch-file, chat, classify,
+ * bench, train). forge_cli_catch_sigint clears the flag and installs a handler for the next
+ * SIGINT: it sets the flag (forge_cli_cancel_flag() points at it: what the cancel fields of
+ * forge_generate_params and forge_classify_params take), writes `note` (a string that outlives
+ * the handler, or NULL) on stderr and restores the default action, so a second Ctrl-C kills the
+ * program. The handler is async-signal-safe: a sig_atomic_t store, signal() and write().
+ * Interrupted system calls restart (SA_RESTART: a write to a full pipe is not lost), unless
+ * interrupt_reads: then a read blocked on the terminal (chat's prompt) returns EINTR.
+ * forge_cli_release_sigint restores the default action and clears the flag. */
+void forge_cli_catch_sigint(const char *note, int interrupt_reads);
+void forge_cli_release_sigint(void);
+const int *forge_cli_cancel_flag(void);
+int forge_cli_interrupted(void); /* the flag: non-zero after a caught Ctrl-C */
+
+/* forge VERB with an argument it does not take: prints "forge VERB: unexpected argument 'ARG'"
+ * and VERB's usage (forge help VERB's text) on stderr; returns 2 (tools/forge_cli.c). */
+int forge_cli_unexpected(const char *verb, const char *arg);
+/* Prints VERB's usage (the usage text's entries of VERB and the common options) on f; 0, or 2
+ * when there is no such verb (tools/forge_cli.c). */
+int forge_cli_verb_help(const char *verb, FILE *f);
 
 /* Writes s[0..n) to stdout as a JSON string (quoted, escaped). */
 void forge_cli_json_string(const char *s, size_t n);

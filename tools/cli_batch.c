@@ -1,10 +1,12 @@
 /* cli_batch.c: `forge run MODEL --batch-file FILE`: every line of FILE a prompt, generated
  * together (forge_batch_generate) with the run's sampling options, each sequence's output
  * printed in the file's order once all have finished: labelled text, or with --json one JSON
- * object. */
+ * object. Ctrl-C stops every sequence at its next token (FORGE_STOP_CANCELLED; those not started
+ * yet with no tokens); the outputs are printed as after any stop, and the exit status is 130. */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +33,8 @@ static int batch_collect(void *user, int32_t token, const char *text, size_t len
     return 0;
 }
 
-/* The non-empty lines of `path` (without their line ends) into *lines; their count, or -1. */
+/* The non-empty lines of `path` (without their line ends) into *lines; their count, or -1 with
+ * errno saying why (a directory: EISDIR). */
 static int read_lines(const char *path, char ***lines) {
     FILE *f = fopen(path, "rb");
     if (!f) return -1;
@@ -51,9 +54,16 @@ static int read_lines(const char *path, char ***lines) {
         }
         l[n++] = strdup(line);
     }
+    int err = !l ? ENOMEM : ferror(f) ? errno : 0;
     free(line);
     fclose(f);
+    if (err && l) {
+        for (int i = 0; i < n; i++) free(l[i]);
+        free(l);
+        l = NULL;
+    }
     *lines = l;
+    errno = err;
     return l ? n : -1;
 }
 
@@ -61,7 +71,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
                         int json, int show_metrics) {
     char **lines = NULL;
     int n = read_lines(file, &lines);
-    if (n < 0) { fprintf(stderr, "forge run: --batch-file: cannot read '%s'\n", file); return 2; }
+    if (n < 0) { fprintf(stderr, "forge run: --batch-file: cannot read '%s': %s\n", file, strerror(errno)); return 2; }
     if (n == 0) { fprintf(stderr, "forge run: --batch-file: '%s' holds no prompt\n", file); free(lines); return 2; }
     forge_model *m = forge_cli_load(path, o);
     int rc = 1, n_places = places > 0 ? places : (n < 16 ? n : 16);
@@ -83,10 +93,12 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
             ps[i] = *gp;
             ps[i].on_token = batch_collect;
             ps[i].user_data = &outs[i];
+            ps[i].cancel = forge_cli_cancel_flag(); /* Ctrl-C stops every sequence at its next token */
             items[i] = (forge_batch_item){sizeof(forge_batch_item), lines[i], strlen(lines[i]), NULL, 0, &ps[i]};
         }
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
+        forge_cli_catch_sigint(NULL, 0);
         forge_status st = forge_batch_generate(s, items, n, res);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-6;
@@ -128,7 +140,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
                         ms > 0 ? (double)total / (ms * 1e-3) : 0.0);
         }
         if (failed) fprintf(stderr, "forge: %d of %d prompts failed; the last: %s\n", failed, n, forge_session_errmsg(s));
-        rc = st == FORGE_OK && !failed ? 0 : 1;
+        rc = st != FORGE_OK || failed ? 1 : forge_cli_interrupted() ? 130 : 0;
         forge_session_free(s);
     }
     for (int i = 0; i < n; i++) {

@@ -32,10 +32,13 @@
  * time), "train_loss" (of the last step), "peak_device_bytes", "load_s", and with --profile
  * "profile" (forge_trainer_profile).
  *
- * Both take --adapter DIR [--merge-adapter] (the model's adapter), --device and -v. */
+ * Both take --adapter DIR [--merge-adapter] (the model's adapter), --device and -v.
+ * Ctrl-C (after the model has loaded) stops at the next token, classify batch or training step
+ * and exits with 130, printing no result: the medians need every repetition. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +152,7 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
     b.tokens = tokens;
     forge_train_stats stats = {.struct_size = sizeof stats};
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
+        if (forge_cli_interrupted()) { rc = 130; break; } /* a step is not cancellable: Ctrl-C stops between them */
         double t0 = now_s();
         st = forge_train_step(t, &b, &stats);
         double dt = now_s() - t0;
@@ -159,6 +163,7 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
             ms[r - 1] = dt * 1e3;
         }
     }
+    if (!rc && forge_cli_interrupted()) rc = 130;
     if (!rc) {
         double step_ms = median(ms, R);
         /* forge_train_params.grad_checkpoint -1 resolves as forge.h documents it */
@@ -208,6 +213,7 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = N;
     gp.ignore_eos = 1;
+    gp.cancel = forge_cli_cancel_flag();
     for (int b = 0; items && ids && b < B; b++) items[b] = (forge_batch_item){sizeof(forge_batch_item), NULL, 0, ids + (size_t)b * P, P, &gp};
     int ok = ids && items && res && agg;
     for (int r = 0; r <= R && ok; r++) { /* r = 0 is a warm-up */
@@ -217,7 +223,7 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
             if (st != FORGE_OK || res[b].status != FORGE_OK || res[b].metrics.generated_tokens != N) ok = 0;
             else if (res[b].metrics.decode_ms < lockstep_ms) lockstep_ms = res[b].metrics.decode_ms;
         }
-        if (!ok) fprintf(stderr, "forge bench: --batch %d: %s\n", B, forge_session_errmsg(s));
+        if (!ok && !forge_cli_interrupted()) fprintf(stderr, "forge bench: --batch %d: %s\n", B, forge_session_errmsg(s));
         else if (r > 0) agg[r - 1] = lockstep_ms > 0 ? (double)B * (N - 1) / (lockstep_ms * 1e-3) : 0;
     }
     if (ok) out = median(agg, R);
@@ -233,13 +239,6 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
     free(agg);
     forge_session_free(s);
     return out;
-}
-
-static void bench_usage(void) {
-    fprintf(stderr, "usage: forge bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile] [--kv f16|f32] [--adapter DIR [--merge-adapter]]\n"
-                    "                         [--device D]\n"
-                    "       forge bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
-                    "                         [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile] [--device D]\n");
 }
 
 int forge_bench_main(int argc, char **argv) {
@@ -269,12 +268,17 @@ int forge_bench_main(int argc, char **argv) {
         else if (!strcmp(a, "--targets") && has) { bad = forge_cli_check_targets("bench", a, argv[++i]); tb.targets = argv[i]; train_set = 1; }
         else if (!strcmp(a, "--grad-checkpoint")) { tb.grad_checkpoint = 1; train_set = 1; }
         else if (!strcmp(a, "--no-grad-checkpoint")) { tb.grad_checkpoint = 0; train_set = 1; }
+        else if (!strcmp(a, "--json")) continue; /* the output is JSON already; accepted as every verb's is */
         else if (!path && a[0] != '-') path = a;
-        else { fprintf(stderr, "forge bench: unexpected argument '%s'\n", a); bench_usage(); return 2; }
+        else return forge_cli_unexpected("bench", a);
         if (bad) return 2;
     }
     if (!path) path = forge_cli_env_model();
-    if (!path) { bench_usage(); return 2; }
+    if (!path) {
+        fprintf(stderr, "forge bench: no MODEL given (and FORGE_MODEL is not set)\n");
+        forge_cli_verb_help("bench", stderr);
+        return 2;
+    }
     if (train && pn_set) { fprintf(stderr, "forge bench: -p and -n do not apply to --train (use --batch and --seq)\n"); return 2; }
     if (!train && train_set) { fprintf(stderr, "forge bench: --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
     if (!train && batch_set && tb.batch > 512) { fprintf(stderr, "forge bench: --batch: at most 512 sequences generate together\n"); return 2; }
@@ -283,8 +287,10 @@ int forge_bench_main(int argc, char **argv) {
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
     double load_s = now_s() - t0;
+    forge_cli_catch_sigint(NULL, 0); /* Ctrl-C: stop at the next token, batch or step; no result */
     if (train) {
         int rc = bench_train(m, path, &tb, R, profile, load_s);
+        if (rc == 130) fprintf(stderr, "forge bench: interrupted: no result (the measurement did not finish)\n");
         forge_model_free(m);
         return rc;
     }
@@ -315,10 +321,13 @@ int forge_bench_main(int argc, char **argv) {
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = N;
     gp.ignore_eos = 1; /* greedy, sampled on the device, exactly N tokens */
+    gp.cancel = forge_cli_cancel_flag();
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
         forge_session_truncate(s, 0);      /* no prompt-cache reuse between repetitions */
         forge_metrics mt = {.struct_size = sizeof mt};
-        if (forge_generate_tokens(s, prompt, P, &gp, &mt) != FORGE_OK || mt.generated_tokens != N) { rc = 1; break; }
+        forge_status st = forge_generate_tokens(s, prompt, P, &gp, &mt);
+        if (forge_cli_interrupted()) { rc = 130; break; }
+        if (st != FORGE_OK || mt.generated_tokens != N) { rc = 1; break; }
         if (r > 0) {
             pre[r - 1] = mt.prefill_tok_s;
             dec[r - 1] = mt.decode_tok_s;
@@ -333,9 +342,13 @@ int forge_bench_main(int argc, char **argv) {
         cls_ids[i] = (int32_t)((rng >> 8) % (uint32_t)V);
     }
     for (int i = 0; i < CLASSIFY_PROMPTS; i++) cls_prompts[i] = (forge_classify_prompt){sizeof(forge_classify_prompt), NULL, 0, cls_ids + i * CLASSIFY_LEN, CLASSIFY_LEN};
+    forge_classify_params cp = forge_classify_default_params();
+    cp.cancel = forge_cli_cancel_flag();
     for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
         double t = now_s();
-        if (forge_classify(s, cls_prompts, CLASSIFY_PROMPTS, NULL, cls_res) != FORGE_OK) { rc = 1; break; }
+        forge_status st = forge_classify(s, cls_prompts, CLASSIFY_PROMPTS, &cp, cls_res);
+        if (forge_cli_interrupted()) { rc = 130; break; }
+        if (st != FORGE_OK) { rc = 1; break; }
         if (r > 0) cls[r - 1] = CLASSIFY_PROMPTS / (now_s() - t);
     }
     free(cls_ids);
@@ -344,10 +357,14 @@ int forge_bench_main(int argc, char **argv) {
     if (!rc && batch_set) {
         batch_tok_s = bench_batch(m, tb.batch, P, N, R, o.kv_type, profile, &batch_profile);
         batch1_tok_s = batch_tok_s > 0 ? bench_batch(m, 1, P, N, R, o.kv_type, 0, NULL) : 0;
-        if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
+        if (forge_cli_interrupted()) rc = 130;
+        else if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
     }
+    if (!rc && forge_cli_interrupted()) rc = 130; /* after the last repetition: no result all the same */
     if (rc == 2) {
         rc = 1;
+    } else if (rc == 130) {
+        fprintf(stderr, "forge bench: interrupted: no result (the measurement did not finish)\n");
     } else if (rc) {
         fprintf(stderr, "forge bench: %s\n", forge_session_errmsg(s));
     } else {
@@ -388,20 +405,22 @@ int forge_bench_tokenize_main(int argc, char **argv) {
             if (forge_cli_parse_int("bench-tokenize", "-r", argv[++i], 1, 1000000, &r)) return 2;
             R = (int)r;
         }
+        else if (argv[i][0] == '-' && argv[i][1]) return forge_cli_unexpected("bench-tokenize", argv[i]);
         else if (!path) path = argv[i];
         else if (!file) file = argv[i];
-        else { fprintf(stderr, "forge bench-tokenize: unexpected argument '%s'\n", argv[i]); return 2; }
+        else return forge_cli_unexpected("bench-tokenize", argv[i]);
     }
     if (path && !file && forge_cli_env_model()) { /* TEXTFILE alone: FORGE_MODEL is PATH */
         file = path;
         path = forge_cli_env_model();
     }
-    if (!path || !file || R < 1) {
-        fprintf(stderr, "usage: forge bench-tokenize PATH TEXTFILE [-r 3]\n");
+    if (!path || !file) {
+        fprintf(stderr, "forge bench-tokenize: give PATH and TEXTFILE (PATH may come from FORGE_MODEL)\n");
+        forge_cli_verb_help("bench-tokenize", stderr);
         return 2;
     }
     FILE *f = fopen(file, "rb");
-    if (!f) { fprintf(stderr, "forge bench-tokenize: cannot open %s\n", file); return 1; }
+    if (!f) { fprintf(stderr, "forge bench-tokenize: cannot read '%s': %s\n", file, strerror(errno)); return 1; }
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, 0, SEEK_SET);

@@ -1,11 +1,12 @@
 /* cli_common.c: what the CLI's verbs share (see cli.h): loading a model with the common
- * options, taking those options out of argv, checking flag values, JSON strings. */
-#define _POSIX_C_SOURCE 200809L
+ * options, taking those options out of argv, checking flag values, Ctrl-C, JSON strings. */
+#define _XOPEN_SOURCE 700 /* POSIX 2008 and SA_RESTART */
 #include "cli.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,8 +119,8 @@ int forge_cli_parse_int(const char *cmd, const char *flag, const char *s, long l
     errno = 0;
     long long v = strtoll(s, &end, 10);
     if (!*s || *end || errno || v < lo || v > hi) {
-        if (hi == LLONG_MAX || hi == INT_MAX) fprintf(stderr, "forge %s: %s: '%s' is not an integer >= %lld\n", cmd, flag, s, lo);
-        else fprintf(stderr, "forge %s: %s: '%s' is not an integer in [%lld, %lld]\n", cmd, flag, s, lo, hi);
+        /* the range, both ends: -n 3000000000 is an integer >= 0, but not one that fits */
+        fprintf(stderr, "forge %s: %s: '%s' must be an integer in %lld..%lld\n", cmd, flag, s, lo, hi);
         return 2;
     }
     *out = v;
@@ -197,6 +198,51 @@ void forge_cli_json_string(const char *s, size_t n) {
 }
 
 void forge_cli_json_cstr(const char *s) { forge_cli_json_string(s, strlen(s)); }
+
+/* ---- Ctrl-C (cli.h) ---- */
+
+/* The cancel flag. The library reads it through a const int * with an atomic load; sig_atomic_t
+ * is int here, so the pointer is to an int. */
+static volatile sig_atomic_t g_sigint = 0;
+#if defined(__GNUC__)
+_Static_assert(__builtin_types_compatible_p(sig_atomic_t, int), "the cancel flag is an int (forge_generate_params.cancel)");
+#endif
+static const char *g_sigint_note = NULL; /* set before the handler is installed */
+static size_t g_sigint_note_len = 0;
+
+static void on_sigint(int sig) {
+    int saved = errno; /* the interrupted code may be about to read errno */
+    g_sigint = 1;
+    signal(sig, SIG_DFL); /* a second Ctrl-C: the default action */
+    if (g_sigint_note_len) {
+        ssize_t r = write(2, g_sigint_note, g_sigint_note_len);
+        (void)r;
+    }
+    errno = saved;
+}
+
+void forge_cli_catch_sigint(const char *note, int interrupt_reads) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL); /* no handler while the note changes */
+    g_sigint_note = note;
+    g_sigint_note_len = note ? strlen(note) : 0;
+    g_sigint = 0;
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = interrupt_reads ? 0 : SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+}
+
+void forge_cli_release_sigint(void) {
+    signal(SIGINT, SIG_DFL);
+    g_sigint = 0;
+}
+
+const int *forge_cli_cancel_flag(void) { return (const int *)&g_sigint; }
+
+int forge_cli_interrupted(void) { return g_sigint != 0; }
 
 const char *forge_cli_stop_name(forge_stop_reason r) {
     static const char *why[] = {"none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"};

@@ -14,7 +14,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +76,7 @@ static void train_usage(FILE *f) {
             "  --save-every N           also save every N steps (default 0: at the end only)\n"
             "  --eval-every N           validate every N steps (default 0: at the end only)\n"
             "  --json                   stdout: one JSON object per step, per validation and at the end\n"
-            "                           (README, \"JSON output\"); otherwise progress goes to stderr, a bar\n"
+            "                           (docs/json.md); otherwise progress goes to stderr, a bar\n"
             "                           redrawn in place when stderr is a terminal\n"
             "  --device INDEX|NAME      choose the Vulkan device\n"
             "  -v                       log to stderr\n"
@@ -595,18 +594,9 @@ static int64_t fill_batch(const dataset *d, const int *idx, int n, batch_buf *b,
     return real;
 }
 
-/* ---- Ctrl-C ---- */
-
-static volatile sig_atomic_t g_stop = 0;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    if (g_stop) _exit(130);
-    g_stop = 1;
-    static const char msg[] = "\nforge train: interrupted: finishing this step, then saving (Ctrl-C again quits without saving)\n";
-    ssize_t r = write(2, msg, sizeof msg - 1);
-    (void)r;
-}
+/* Ctrl-C (cli_common.c's handler): the step finishes, the adapter is saved, the status is 130;
+ * a second Ctrl-C kills (the default action). */
+static const char sigint_note[] = "\nforge train: interrupted: finishing this step, then saving (Ctrl-C again quits without saving)\n";
 
 /* ---- the command ---- */
 
@@ -639,7 +629,8 @@ typedef struct train_args {
     forge_cli_opts common;
 } train_args;
 
-/* Parses argv into a; 0, 1 for --help (printed), or 2 after printing the usage error. */
+/* Parses argv into a; 0, 1 for --help, 2 after printing the usage error, or 3 after printing
+ * that an argument is not one train takes (the caller prints the usage). */
 static int parse_args(int argc, char **argv, train_args *a) {
     forge_train_params *tp = &a->tp;
     if (forge_cli_take_common("train", &argc, argv, &a->common, 0)) return 2;
@@ -665,7 +656,10 @@ static int parse_args(int argc, char **argv, train_args *a) {
                                            "--eval-every", "--format"};
         size_t k = 0;
         while (k < sizeof with_value / sizeof with_value[0] && strcmp(f, with_value[k])) k++;
-        if (k == sizeof with_value / sizeof with_value[0]) return usage_error("unknown option '%s'", f);
+        if (k == sizeof with_value / sizeof with_value[0]) {
+            usage_error("unexpected argument '%s'", f);
+            return 3; /* the caller prints the whole usage */
+        }
         if (i + 1 >= argc) return usage_error("%s needs a value", f);
         const char *s = argv[++i];
         if (!strcmp(f, "--data")) a->data = s;
@@ -777,7 +771,7 @@ static int evaluate(forge_trainer *t, const dataset *v, int batch, batch_buf *bb
     double sum = 0;
     int64_t count = 0;
     for (int i = 0; i < v->n; i += batch) {
-        if (g_stop) return 130;
+        if (forge_cli_interrupted()) return 130;
         int n = v->n - i < batch ? v->n - i : batch;
         for (int k = 0; k < n; k++) idx[k] = i + k;
         forge_train_batch b = {.struct_size = sizeof b};
@@ -852,6 +846,7 @@ int cmd_train(int argc, char **argv) {
     a.format_name = "peft";
     int prc = parse_args(argc, argv, &a);
     if (prc == 1) { train_usage(stdout); return 0; }
+    if (prc == 3) { train_usage(stderr); return 2; }
     if (prc) {
         fputs("usage: forge train MODEL --data FILE.jsonl --out DIR [options]  (forge train --help lists them)\n", stderr);
         return prc;
@@ -911,11 +906,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, " of %d sequence%s of up to %d tokens\n", a.batch, a.batch == 1 ? "" : "s", a.seq);
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
+    forge_cli_catch_sigint(sigint_note, 0);
 
     int step = 0, last_saved = -1, last_eval = -1;
     double train_s = 0;
@@ -972,12 +963,12 @@ int cmd_train(int argc, char **argv) {
                 fprintf(stderr, "\r%s%*s", line, p.last_len > len ? p.last_len - len : 0, "");
                 fflush(stderr);
                 p.last_len = len;
-            } else if (step % 10 == 0 || step == a.steps || g_stop) {
+            } else if (step % 10 == 0 || step == a.steps || forge_cli_interrupted()) {
                 fprintf(stderr, "step %d/%d: loss %.4f, lr %.3g, grad norm %.3g, %.0f tok/s, peak %.1f MiB, ETA %s\n", step, a.steps,
                         loss, stats.lr, stats.grad_norm, tok_s, peak_mib, eta);
             }
         }
-        if (a.eval_every && step % a.eval_every == 0 && !g_stop) {
+        if (a.eval_every && step % a.eval_every == 0 && !forge_cli_interrupted()) {
             int e = report_eval(t, &valid, &a, step, &bb, idx, &p);
             if (e == 1) goto out;
             if (e == 0) last_eval = step;
@@ -986,23 +977,23 @@ int cmd_train(int argc, char **argv) {
             if (save(t, &a, step, &p)) goto out;
             last_saved = step;
         }
-        if (g_stop) break;
+        if (forge_cli_interrupted()) break;
     }
     if (step > a.steps) step = a.steps;
-    if (!g_stop && a.valid && last_eval != step && report_eval(t, &valid, &a, step, &bb, idx, &p) == 1) goto out;
+    if (!forge_cli_interrupted() && a.valid && last_eval != step && report_eval(t, &valid, &a, step, &bb, idx, &p) == 1) goto out;
     /* Interrupted (Ctrl-C): the steps done so far are saved all the same. */
     if (last_saved != step && save(t, &a, step, &p)) goto out;
     progress_break(&p);
     if (a.json) {
-        printf(g_stop ? "{\"done\": false, \"interrupted\": true, \"steps\": %d, \"out\": " : "{\"done\": true, \"steps\": %d, \"out\": ",
+        printf(forge_cli_interrupted() ? "{\"done\": false, \"interrupted\": true, \"steps\": %d, \"out\": " : "{\"done\": true, \"steps\": %d, \"out\": ",
                step);
         forge_cli_json_cstr(a.out);
         printf("}\n");
         fflush(stdout);
-    } else if (g_stop) {
+    } else if (forge_cli_interrupted()) {
         fprintf(stderr, "forge train: interrupted after step %d; the adapter is in %s\n", step, a.out);
     }
-    rc = g_stop ? 130 : 0;
+    rc = forge_cli_interrupted() ? 130 : 0;
 out:
     progress_break(&p);
     free(smp.order);

@@ -22,27 +22,35 @@ static const char usage_text[] =
             "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
             "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE] [--json]\n"
             "                                   generate text, streamed to stdout (default model: FORGE_MODEL,\n"
-            "                                   else the bundled stories260K; greedy unless --temp > 0);\n"
+            "                                   else the bundled stories260K; greedy unless --temp > 0;\n"
+            "                                   -n default 256; the default --seed is fixed, 0: a sampled\n"
+            "                                   run gives the same text until --seed changes);\n"
             "                                   --json: the text and the metrics as one JSON object at the end;\n"
             "                                   stops at a full context unless --ctx-overflow slides it;\n"
             "                                   --load-state continues a saved session (the prompt\n"
             "                                   follows its tokens), --save-state saves the session\n"
-            "                                   (prompt and generated text) after generating\n"
+            "                                   (prompt and generated text) after generating; Ctrl-C stops\n"
+            "                                   at the next token, then prints and saves as any stop does\n"
             "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
             "                                   every line of FILE a prompt, generated together (K at once,\n"
             "                                   default min(lines, 16)); each output labelled, or with\n"
-            "                                   --json one JSON object each\n"
+            "                                   --json one JSON object each; Ctrl-C stops every sequence at\n"
+            "                                   its next token, then prints them\n"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] [--ctx-overflow MODE] [--keep N] ...\n"
-            "                                   interactive chat in the model's own template; Ctrl-C stops\n"
-            "                                   a reply; /metrics, /reset, /quit; a full context slides\n"
-            "                                   (shift by default), so a chat runs indefinitely\n"
+            "                                   interactive chat in the model's own template (a model with\n"
+            "                                   none is refused); sampling options as run's (the default\n"
+            "                                   --seed is fixed, 0), -n default 1024; --think / --no-think:\n"
+            "                                   the family's thinking switch (Gemma 4 / Qwen 3); Ctrl-C stops\n"
+            "                                   a reply; /help, /metrics, /reset, /quit; a full context\n"
+            "                                   slides (shift by default), so a chat runs indefinitely\n"
             "  devices [--json]                 list Vulkan devices, preferred first\n"
             "  info MODEL [--json]              architecture, shapes, device and memory plan\n"
             "  discover DIR [--json] [--depth N] [--follow-symlinks] [--quick]\n"
             "                                   the models under DIR (safetensors directories, .gguf files)\n"
             "                                   and whether forge can load each, read from their headers\n"
             "  logits MODEL --tokens \"1 2 3\" [--all] [--adapter DIR]\n"
-            "                                   logits of the last (or every) position as JSON\n"
+            "                                   logits of the last (or every) position as JSON (one pass:\n"
+            "                                   Ctrl-C ends it at once)\n"
             "  keys MODEL --tokens \"1 2 3\" [--layer L] [--json] [--adapter DIR]\n"
             "                                   after the tokens, every layer's (or layer L's) attention keys\n"
             "                                   (post-RoPE, per KV head): the shape and the positions its cache\n"
@@ -51,13 +59,18 @@ static const char usage_text[] =
             "      [--min-p M] [--seed S] [--no-special] [--json]\n"
             "                                   the next token of each prompt, in batched forward passes:\n"
             "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
-            "                                   a JSON array of strings or token-id arrays\n"
-            "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B]\n"
+            "                                   a JSON array of strings or token-id arrays; greedy unless\n"
+            "                                   --temp > 0 (the default --seed is fixed, 0); a prompt longer\n"
+            "                                   than the model's context (or --ctx) is refused; Ctrl-C stops\n"
+            "                                   between batches, printing no results\n"
+            "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile]\n"
             "                                   prefill and decode speed as one JSON object (--batch: also\n"
-            "                                   the aggregate decode speed of B sequences generated together)\n"
+            "                                   the aggregate decode speed of B sequences generated together;\n"
+            "                                   --profile: also the device time of every kernel and shape)\n"
             "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
-            "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5]\n"
-            "                                   LoRA training step time and tok/s as one JSON object\n"
+            "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile]\n"
+            "                                   LoRA training step time and tok/s as one JSON object;\n"
+            "                                   Ctrl-C stops either at the next token or step, printing nothing\n"
             "  train MODEL --data FILE.jsonl --out DIR [--valid FILE.jsonl] [--rank R] [--steps N] ...\n"
             "                                   LoRA fine-tuning; `forge train --help` lists the options\n"
             "  tokenize PATH [--special] [--no-parse-special] [--json] (TEXT | --stdin-json)\n"
@@ -82,8 +95,9 @@ static const char usage_text[] =
             "         --exact               every product in f32 (no tensor cores, no int8 activations: slower, no rounding)\n"
             "         --kv f16|f32          the KV cache's type (default: f16 on GPUs, f32 on CPUs and with --exact)\n"
             "         --json                run, devices, info, discover, keys, classify, tokenize, train: the\n"
-            "                               results as JSON on stdout, one schema per command (README,\n"
-            "                               \"JSON output\"); logits and bench always print JSON\n"
+            "                               results as JSON on stdout, one schema per command\n"
+            "                               (docs/json.md); logits and bench always print JSON (and take\n"
+            "                               --json as well)\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file;\n"
             "       -m MODEL or --model MODEL may stand for it; when the command line names none, the\n"
@@ -91,13 +105,14 @@ static const char usage_text[] =
             "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
             "progress: a bar on stderr while a model loads and while forge train steps, only when stderr\n"
             "       is a terminal\n"
-            "exit status: 0 done, 1 a runtime error (forge: ... on stderr), 2 a usage error\n";
+            "exit status: 0 done, 1 a runtime error (forge: ... on stderr), 2 a usage error, 130 stopped by\n"
+            "       Ctrl-C (a second Ctrl-C kills at once)\n";
 
 static void usage(FILE *f) { fputs(usage_text, f); }
 
-/* forge help VERB, forge VERB --help: the entries of that command and the options. 0 when the
- * command exists. */
-static int verb_help(const char *verb, FILE *f) {
+/* forge help VERB, forge VERB --help: the entries of that command and the options (cli.h). 0
+ * when the command exists. */
+int forge_cli_verb_help(const char *verb, FILE *f) {
     size_t vl = strlen(verb);
     bool in = false, found = false;
     for (const char *l = usage_text; *l;) {
@@ -114,6 +129,21 @@ static int verb_help(const char *verb, FILE *f) {
     if (found) fputs(strstr(usage_text, "options:"), f);
     return found ? 0 : 2;
 }
+
+int forge_cli_unexpected(const char *verb, const char *arg) {
+    fprintf(stderr, "forge %s: unexpected argument '%s'\n", verb, arg);
+    forge_cli_verb_help(verb, stderr);
+    return 2;
+}
+
+/* A usage error other than an unexpected argument: "forge VERB: MESSAGE", then VERB's usage. 2. */
+static int verb_usage_error(const char *verb, const char *message) {
+    fprintf(stderr, "forge %s: %s\n", verb, message);
+    forge_cli_verb_help(verb, stderr);
+    return 2;
+}
+
+static const char no_model[] = "no MODEL given (and FORGE_MODEL is not set)";
 
 static const char *type_name(forge_device_type t) {
     switch (t) {
@@ -144,7 +174,7 @@ static int cmd_devices(int argc, char **argv) {
     int json = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
-        else { fprintf(stderr, "forge devices: unexpected argument '%s'\n", argv[i]); return 2; }
+        else return forge_cli_unexpected("devices", argv[i]);
     }
     forge_device_info devs[16] = {{.struct_size = sizeof devs[0]}};
     int n = 0;
@@ -181,7 +211,7 @@ static void print_bytes(const char *label, unsigned long long b) {
     printf("  %-28s %llu bytes (%.2f MiB)\n", label, b, (double)b / (1 << 20));
 }
 
-/* forge info --json: one object (README, "JSON output"). */
+/* forge info --json: one object (docs/json.md). */
 static void info_json(const forge_model_info *in, const forge_memory_stats *mem, const forge_memory_stats *plan, int ctx, int slots) {
     printf("{\"name\": ");
     forge_cli_json_cstr(in->name);
@@ -218,11 +248,10 @@ static int cmd_info(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) json = 1;
         else if (!path && argv[i][0] != '-') path = argv[i];
-        else { fprintf(stderr, "forge info: unexpected argument '%s'\n", argv[i]); return 2; }
+        else return forge_cli_unexpected("info", argv[i]);
     }
     if (!path && !(path = forge_cli_env_model())) {
-        fprintf(stderr, "forge info: no MODEL given (and FORGE_MODEL is not set)\n");
-        return 2;
+        return verb_usage_error("info", no_model);
     }
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
@@ -369,9 +398,9 @@ static int cmd_discover(int argc, char **argv) {
             if (forge_cli_parse_int("discover", "--depth", argv[++i], 0, 1000, &v)) return 2;
             p.max_depth = (int)v;
         } else if (a[0] != '-' && !dir) dir = a;
-        else { fprintf(stderr, "forge discover: unexpected argument '%s'\n", a); dir = NULL; break; }
+        else return forge_cli_unexpected("discover", a);
     }
-    if (!dir) { fprintf(stderr, "usage: forge discover DIR [--json] [--depth N] [--follow-symlinks] [--quick] [-v]\n"); return 2; }
+    if (!dir) return verb_usage_error("discover", "no DIR given");
     if (o.json) printf("[");
     char err[512];
     forge_status st = forge_discover(dir, &p, discover_found, &o, err, sizeof err);
@@ -448,11 +477,13 @@ static int cmd_logits(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) toks = argv[++i];
         else if (!strcmp(argv[i], "--all")) all = 1;
-        else if (!path) path = argv[i];
-        else { usage(stderr); return 2; }
+        else if (!strcmp(argv[i], "--json")) continue; /* the output is JSON already; accepted as every verb's is */
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else return forge_cli_unexpected("logits", argv[i]);
     }
     if (!path) path = forge_cli_env_model();
-    if (!path || !toks) { usage(stderr); return 2; }
+    if (!path) return verb_usage_error("logits", no_model);
+    if (!toks) return verb_usage_error("logits", "--tokens \"1 2 3\" is required");
     int n;
     int32_t *ids = parse_tokens(toks, &n);
     if (!ids) return 2;
@@ -531,11 +562,12 @@ static int cmd_keys(int argc, char **argv) {
             if (*end || end == argv[i] || v < 0 || v > 1000000) { fprintf(stderr, "forge: --layer: '%s' is not a layer number\n", argv[i]); return 2; }
             layer = (int)v;
         } else if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!path) path = argv[i];
-        else { usage(stderr); return 2; }
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else return forge_cli_unexpected("keys", argv[i]);
     }
     if (!path) path = forge_cli_env_model();
-    if (!path || !toks) { usage(stderr); return 2; }
+    if (!path) return verb_usage_error("keys", no_model);
+    if (!toks) return verb_usage_error("keys", "--tokens \"1 2 3\" is required");
     int n;
     int32_t *ids = parse_tokens(toks, &n);
     if (!ids) return 2;
@@ -649,9 +681,11 @@ static int cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode")) decode = 1;
         else if (!strcmp(argv[i], "--json")) json = 1;
         else if (!strcmp(argv[i], "-v")) verbose = 1;
+        /* "--x" is an option; a TEXT may start with one dash ("-5 degrees") */
+        else if (!strncmp(argv[i], "--", 2) && argv[i][2]) return forge_cli_unexpected("tokenize", argv[i]);
         else if (!path) path = argv[i];
         else if (!have_arg) { arg = argv[i]; have_arg = 1; }
-        else { usage(stderr); return 2; }
+        else return forge_cli_unexpected("tokenize", argv[i]);
     }
     /* FORGE_MODEL stands for PATH when the arguments leave no room for it: TEXT alone, or nothing with --stdin-json */
     const char *env = forge_cli_env_model();
@@ -660,7 +694,9 @@ static int cmd_tokenize(int argc, char **argv) {
         have_arg = !stdin_json;
         path = env;
     }
-    if (!path || (stdin_json == have_arg)) { usage(stderr); return 2; }
+    if (!path) return verb_usage_error("tokenize", "no PATH given (and FORGE_MODEL is not set)");
+    if (stdin_json && have_arg) return verb_usage_error("tokenize", "--stdin-json reads stdin: no TEXT or IDS argument goes with it");
+    if (!stdin_json && !have_arg) return verb_usage_error("tokenize", decode ? "no IDS given (or --stdin-json)" : "no TEXT given (or --stdin-json)");
     forge_model *m = forge_cli_load_vocab(path, verbose);
     if (!m) return 1;
     int rc = 0;
@@ -774,14 +810,12 @@ static int cmd_classify(int argc, char **argv) {
             cp.seed = u;
         } else if (!path && a[0] != '-') path = a;
         else if (path && a[0] != '-') args[n_args++] = argv[i];
-        else { fprintf(stderr, "forge classify: unexpected argument '%s'\n", a); usage(stderr); free(args); return 2; }
+        else { free(args); return forge_cli_unexpected("classify", a); }
     }
     if (!path) path = forge_cli_env_model(); /* --stdin-json alone (with PROMPTs main put FORGE_MODEL first) */
     if (!path || stdin_json == (n_args > 0)) {
-        fprintf(stderr, "forge classify: give MODEL and either --stdin-json or one or more PROMPTs\n");
-        usage(stderr);
         free(args);
-        return 2;
+        return verb_usage_error("classify", "give MODEL and either --stdin-json or one or more PROMPTs");
     }
     /* the prompts: strings (text) or arrays of ids */
     int n = stdin_json ? 0 : n_args, rc = 1;
@@ -822,7 +856,9 @@ static int cmd_classify(int argc, char **argv) {
     forge_model *m = rc == 2 ? NULL : forge_cli_load(path, &o);
     if (m) {
         /* a batch must hold the longest prompt: n_batch at least its length; the KV cache is
-         * scratch for one batch, so n_ctx need not be more than n_batch */
+         * scratch for one batch, so n_ctx need not be more than n_batch. Neither goes past the
+         * model's context (or --ctx): forge_classify refuses a longer prompt (FORGE_ERR_LIMIT,
+         * naming it) before any batch runs, instead of a session sized to it running for ever. */
         int longest = 0;
         for (int i = 0; i < n; i++) {
             int len = prompts[i].n_tokens;
@@ -833,8 +869,12 @@ static int cmd_classify(int argc, char **argv) {
             }
             if (len > longest) longest = len;
         }
+        int limit = forge_model_n_ctx_train(m);
+        if (limit <= 0 || (o.n_ctx && o.n_ctx < limit)) limit = o.n_ctx ? o.n_ctx : 4096;
+        if (longest > limit) longest = limit;
         forge_session_params sp = forge_session_default_params();
         sp.n_batch = longest > 512 ? (longest + 7) / 8 * 8 : 512;
+        if (sp.n_batch > limit && longest > 512) sp.n_batch = limit;
         sp.n_ctx = o.n_ctx ? o.n_ctx : sp.n_batch;
         sp.kv_type = o.kv_type;
         forge_session *s = NULL;
@@ -844,12 +884,15 @@ static int cmd_classify(int argc, char **argv) {
         float *lg = want_logits ? malloc(sizeof(float) * (size_t)(n ? n : 1) * (size_t)V) : NULL;
         cp.logits = lg;
         cp.logits_capacity = lg ? (size_t)n * (size_t)V : 0;
+        cp.cancel = forge_cli_cancel_flag(); /* Ctrl-C: stop between batches (no results) */
         if (forge_session_create(m, &sp, &s) != FORGE_OK) {
             fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
         } else {
+            forge_cli_catch_sigint(NULL, 0);
             forge_status st = forge_classify(s, prompts, n, &cp, res);
             if (st != FORGE_OK) {
                 fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+                if (st == FORGE_ERR_CANCELLED) rc = 130;
             } else {
                 putchar('[');
                 for (int i = 0; i < n; i++) {
@@ -866,7 +909,7 @@ static int cmd_classify(int argc, char **argv) {
                     putchar('}');
                 }
                 puts("]");
-                rc = 0;
+                rc = forge_cli_interrupted() ? 130 : 0; /* Ctrl-C during the last batch: all printed, then 130 */
                 if (o.verbose) {
                     forge_metrics mt = {.struct_size = sizeof mt};
                     forge_session_metrics(s, &mt);
@@ -916,6 +959,7 @@ static const char *bundled_model(void) {
 typedef struct run_output {
     int32_t last;
     int json;
+    const char *echo;          /* the prompt, until it is printed before the first text */
     char *text;
     size_t len, cap;
     int failed;                /* out of memory collecting the text */
@@ -926,6 +970,8 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
     run_output *r = (run_output *)user;
     if (token >= 0) r->last = token;
     if (!r->json) {
+        if (r->echo) fputs(r->echo, stdout);
+        r->echo = NULL;
         fwrite(text, 1, len, stdout);
         fflush(stdout);
         return 0; /* go on */
@@ -942,7 +988,7 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
     return 0;
 }
 
-/* forge run --json: one object (README, "JSON output"). */
+/* forge run --json: one object (docs/json.md). */
 static void run_json(const char *prompt, const run_output *r, forge_status st, const forge_metrics *m) {
     printf("{\"prompt\": ");
     forge_cli_json_cstr(prompt);
@@ -1053,6 +1099,21 @@ static int32_t *tokenize_plain(forge_model *m, const char *text, size_t *n) {
     return ids;
 }
 
+/* The context of a session made with o (forge_session_params.n_ctx 0: the model's, at most 4096). */
+static int session_ctx(const forge_model *m, const forge_cli_opts *o) {
+    if (o->n_ctx) return o->n_ctx;
+    int train = forge_model_n_ctx_train(m);
+    return train <= 0 ? 4096 : train < 4096 ? train : 4096;
+}
+
+/* Whether the prompt (after the tokens a loaded state holds, when continuing) fits n_ctx. */
+static int prompt_fits(forge_model *m, forge_session *s, const char *prompt, int continuing, int n_ctx) {
+    size_t held = 0, n = 0;
+    if (continuing) forge_session_tokens(s, NULL, 0, &held);
+    forge_status st = forge_tokenize(m, prompt, strlen(prompt), continuing ? 0 : FORGE_TOKENIZE_ADD_SPECIAL, NULL, 0, &n);
+    return (st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL) && held + n <= (size_t)n_ctx;
+}
+
 /* --load-state: the saved tokens followed by the prompt's (no BOS: it continues them). */
 static forge_status generate_continuing(forge_session *s, forge_model *m, const char *prompt, forge_generate_params *gp, forge_metrics *mt) {
     size_t n_saved = 0, n_new = 0;
@@ -1097,7 +1158,7 @@ static int cmd_run(int argc, char **argv) {
             if (forge_cli_parse_int("run", "--parallel", argv[++i], 1, 512, &places)) return 2;
         }
         else if (!path && argv[i][0] != '-') path = argv[i];
-        else { fprintf(stderr, "forge run: unexpected argument '%s'\n", argv[i]); usage(stderr); return 2; }
+        else return forge_cli_unexpected("run", argv[i]);
     }
     if (!path) path = forge_cli_env_model();
     if (!path && !(path = bundled_model())) {
@@ -1121,15 +1182,25 @@ static int cmd_run(int argc, char **argv) {
     } else if (load_state && forge_session_load(s, load_state) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
     } else {
-        run_output out = {.last = -1, .json = json};
+        /* The prompt is echoed before generating when it fits the context; otherwise (the
+         * library refuses it, FORGE_ERR_LIMIT) only before the first text, should it run:
+         * a refused prompt is not printed (a 100 kB one was, in full, before its error). */
+        run_output out = {.last = -1, .json = json, .echo = json ? NULL : prompt};
+        if (out.echo && prompt_fits(m, s, prompt, load_state != NULL, session_ctx(m, &o))) {
+            fputs(prompt, stdout);
+            fflush(stdout);
+            out.echo = NULL;
+        }
         gp.on_token = stream_stdout;
         gp.user_data = &out;
+        gp.cancel = forge_cli_cancel_flag(); /* Ctrl-C: stop at the next token, then as any stop */
         forge_metrics mt = {.struct_size = sizeof mt};
-        if (!json) fputs(prompt, stdout);
+        forge_cli_catch_sigint(NULL, 0);
         forge_status st = load_state ? generate_continuing(s, m, prompt, &gp, &mt) : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
+        if (st == FORGE_OK && out.echo) fputs(out.echo, stdout); /* no text came: the prompt alone */
         if (json) run_json(prompt, &out, st, &mt);
-        else printf("\n");
+        else if (st == FORGE_OK || !out.echo) printf("\n");
         fflush(stdout);
         free(out.text);
         int32_t last = out.last;
@@ -1148,29 +1219,20 @@ static int cmd_run(int argc, char **argv) {
                 rc = 1;
             }
         }
+        if (!rc && forge_cli_interrupted()) rc = 130; /* printed and saved as any stop; then the status says so */
     }
     forge_session_free(s);
     forge_model_free(m);
     return rc;
 }
 
-/* ---- forge chat: a REPL. Ctrl-C while a reply streams stops the reply (the callback returns
- * non-zero, the session stays usable); at the prompt it ends the program. ---- */
-
-#include <signal.h>
-
-static volatile sig_atomic_t g_interrupted = 0;
-static volatile sig_atomic_t g_generating = 0;
-
-static void on_sigint(int sig) {
-    (void)sig;
-    if (!g_generating) _exit(130);
-    g_interrupted = 1;
-}
+/* ---- forge chat: a REPL. Ctrl-C while a reply streams stops the reply (the cancel flag:
+ * FORGE_STOP_CANCELLED, the session stays usable); at the prompt it ends the program (130). ---- */
 
 typedef struct chat_reply {
     char *text;
     size_t len, cap;
+    int failed;                /* out of host memory keeping the reply */
 } chat_reply;
 
 static int chat_stream(void *user, int32_t token, const char *text, size_t len) {
@@ -1179,14 +1241,43 @@ static int chat_stream(void *user, int32_t token, const char *text, size_t len) 
     fwrite(text, 1, len, stdout);
     fflush(stdout);
     if (r->len + len + 1 > r->cap) {
-        r->cap = (r->len + len + 1) * 2;
-        r->text = realloc(r->text, r->cap);
+        size_t cap = (r->len + len + 1) * 2;
+        char *t = realloc(r->text, cap);
+        if (!t) { r->failed = 1; return 1; }
+        r->text = t;
+        r->cap = cap;
     }
     memcpy(r->text + r->len, text, len);
     r->len += len;
     r->text[r->len] = 0;
-    return g_interrupted; /* non-zero stops the reply */
+    return 0;
 }
+
+/* The rendered probe conversation ([system,] user "Hi") with `flags`, malloc'd; NULL after the
+ * library's message on stderr (no chat format: FORGE_ERR_UNSUPPORTED; a conversation the
+ * template refuses: FORGE_ERR_INVALID_ARGUMENT). */
+static char *chat_probe(forge_model *m, const char *system_prompt, uint32_t flags) {
+    forge_chat_message probe[2];
+    int n = 0;
+    if (system_prompt) probe[n++] = (forge_chat_message){sizeof(forge_chat_message), "system", system_prompt};
+    probe[n++] = (forge_chat_message){sizeof(forge_chat_message), "user", "Hi"};
+    size_t len = 0;
+    forge_status st = forge_chat_render(m, probe, n, flags, NULL, 0, &len);
+    char *out = st == FORGE_ERR_BUFFER_TOO_SMALL ? malloc(len + 1) : NULL;
+    if (out) st = forge_chat_render(m, probe, n, flags, out, len + 1, &len);
+    if (st != FORGE_OK) {
+        if (st == FORGE_ERR_BUFFER_TOO_SMALL) st = FORGE_ERR_OUT_OF_MEMORY;
+        fprintf(stderr, "forge: %s (%s)\n", st == FORGE_ERR_OUT_OF_MEMORY ? "out of host memory" : forge_model_errmsg(m),
+                forge_status_name(st));
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static const char chat_help[] = "commands: /help (this list), /metrics (the last reply's numbers), /reset (forget the\n"
+                                "conversation, keep --system), /quit or /exit (end; so does end of input); Ctrl-C stops a\n"
+                                "reply, and at the prompt ends the chat; any other line is a message\n";
 
 static int cmd_chat(int argc, char **argv) {
     forge_cli_opts o = {0};
@@ -1199,22 +1290,39 @@ static int cmd_chat(int argc, char **argv) {
     forge_session_params sp = forge_session_default_params();
     sp.overflow = FORGE_OVERFLOW_SHIFT; /* a chat runs indefinitely: a full context slides */
     if (take_overflow("chat", &argc, argv, &sp)) return 2;
-    const char *path = NULL, *system_prompt = NULL;
+    const char *path = NULL, *system_prompt = NULL, *think_flag = NULL;
     uint32_t flags = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--system") && i + 1 < argc) system_prompt = argv[++i];
-        else if (!strcmp(argv[i], "--no-think")) flags |= FORGE_CHAT_THINKING_OFF; /* Qwen 3 */
-        else if (!strcmp(argv[i], "--think")) flags |= FORGE_CHAT_THINKING_ON;     /* Gemma 4 */
+        else if (!strcmp(argv[i], "--no-think") || !strcmp(argv[i], "--think")) {
+            flags |= argv[i][2] == 'n' ? FORGE_CHAT_THINKING_OFF : FORGE_CHAT_THINKING_ON; /* Qwen 3's default is on, Gemma 4's off */
+            think_flag = argv[i];
+        }
         else if (!path && argv[i][0] != '-') path = argv[i];
-        else { fprintf(stderr, "forge chat: unexpected argument '%s'\n", argv[i]); return 2; }
+        else return forge_cli_unexpected("chat", argv[i]);
     }
+    if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
+        return verb_usage_error("chat", "--think and --no-think contradict each other");
     if (!path) path = forge_cli_env_model();
-    if (!path) {
-        fprintf(stderr, "usage: forge chat MODEL [--system S] [--think | --no-think] [--adapter DIR [--merge-adapter]] [--ctx-overflow MODE] [--keep N] [sampling options]\n");
-        return 2;
-    }
+    if (!path) return verb_usage_error("chat", no_model);
     forge_model *m = forge_cli_load(path, &o);
     if (!m) return 1;
+    /* Refused at start-up what every message would fail on: no chat format (the story model),
+     * a system message the template rejects (Gemma 2). */
+    char *probe = chat_probe(m, system_prompt, flags);
+    if (!probe) {
+        forge_model_free(m);
+        return 1;
+    }
+    if (think_flag) { /* a family with a thinking switch renders its two settings differently */
+        char *on = chat_probe(m, system_prompt, FORGE_CHAT_THINKING_ON), *off = on ? chat_probe(m, system_prompt, FORGE_CHAT_THINKING_OFF) : NULL;
+        if (on && off && !strcmp(on, off))
+            fprintf(stderr, "forge chat: %s is ignored: this model's chat format has no thinking switch (Qwen 3 and Gemma 4 have one)\n",
+                    think_flag);
+        free(on);
+        free(off);
+    }
+    free(probe);
     sp.n_ctx = o.n_ctx;
     sp.kv_type = o.kv_type;
     forge_session *s = NULL;
@@ -1223,33 +1331,50 @@ static int cmd_chat(int argc, char **argv) {
         forge_model_free(m);
         return 1;
     }
-    signal(SIGINT, on_sigint);
     int cap = 64, n = 0;
     forge_chat_message *msgs = malloc(sizeof *msgs * (size_t)cap);
     char **owned = malloc(sizeof *owned * (size_t)cap); /* our copies of the contents */
+    if (!msgs || !owned) {
+        fprintf(stderr, "forge: out of host memory\n");
+        free(msgs);
+        free(owned);
+        forge_session_free(s);
+        forge_model_free(m);
+        return 1;
+    }
     if (system_prompt) { msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "system", system_prompt}; owned[n++] = NULL; }
     int first = n;
     int interactive = isatty(0);
     forge_metrics last = {.struct_size = sizeof last};
     char line[8192];
     int rc = 0;
+    gp.cancel = forge_cli_cancel_flag();
+    forge_cli_catch_sigint(NULL, 1); /* at the prompt, Ctrl-C interrupts the read (EINTR) */
     for (;;) {
         if (interactive) { printf("> "); fflush(stdout); }
-        if (!fgets(line, sizeof line, stdin)) break;
+        if (forge_cli_interrupted() || !fgets(line, sizeof line, stdin)) break;
         size_t ll = strlen(line);
         while (ll && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
         if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
+        if (!strcmp(line, "/help")) { fputs(chat_help, stdout); fflush(stdout); continue; }
         if (!strcmp(line, "/metrics")) { print_metrics(&last); continue; }
         if (!strcmp(line, "/reset")) {
+            int dropped = n - first;
             for (int i = first; i < n; i++) free(owned[i]);
             n = first;
+            printf("[reset: %d message%s forgotten%s; the next message starts a new conversation]\n", dropped, dropped == 1 ? "" : "s",
+                   system_prompt ? ", the system prompt kept" : "");
+            fflush(stdout);
             continue;
         }
         if (!ll) continue;
         if (n + 2 > cap) {
+            forge_chat_message *mm = realloc(msgs, sizeof *msgs * (size_t)cap * 2);
+            if (mm) msgs = mm;
+            char **oo = mm ? realloc(owned, sizeof *owned * (size_t)cap * 2) : NULL;
+            if (oo) owned = oo;
+            if (!mm || !oo) { fprintf(stderr, "forge: out of host memory\n"); rc = 1; break; }
             cap *= 2;
-            msgs = realloc(msgs, sizeof *msgs * (size_t)cap);
-            owned = realloc(owned, sizeof *owned * (size_t)cap);
         }
         owned[n] = strdup(line);
         msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "user", owned[n]};
@@ -1257,25 +1382,33 @@ static int cmd_chat(int argc, char **argv) {
         chat_reply reply = {0};
         gp.on_token = chat_stream;
         gp.user_data = &reply;
-        g_interrupted = 0;
-        g_generating = 1;
         forge_status st = forge_chat(s, msgs, n, flags, &gp, &last);
-        g_generating = 0;
         printf("\n");
         fflush(stdout);
+        if (st == FORGE_OK && reply.failed) st = FORGE_ERR_OUT_OF_MEMORY;
         if (st != FORGE_OK) {
-            fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
+            fprintf(stderr, "forge: %s (%s)\n", reply.failed ? "out of host memory keeping the reply" : forge_session_errmsg(s),
+                    forge_status_name(st));
             free(owned[--n]);
             free(reply.text);
             rc = 1;
             if (!interactive) break;
+            if (forge_cli_interrupted()) forge_cli_catch_sigint(NULL, 1);
             continue;
         }
-        if (g_interrupted) fprintf(stderr, "[stopped]\n");
+        if (forge_cli_interrupted()) {
+            fprintf(stderr, "[stopped]\n");
+            forge_cli_catch_sigint(NULL, 1); /* the next Ctrl-C: the next reply, or the prompt */
+        }
         owned[n] = reply.text ? reply.text : strdup("");
         msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "assistant", owned[n]};
         n++;
     }
+    if (forge_cli_interrupted()) {
+        if (interactive) printf("\n");
+        rc = 130;
+    }
+    forge_cli_release_sigint();
     for (int i = first; i < n; i++) free(owned[i]);
     free(owned);
     free(msgs);
@@ -1295,14 +1428,14 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "help")) {
         if (argc < 3) { usage(stdout); return 0; }
         if (!strcmp(argv[2], "train")) { char *h[] = {(char *)"--help", NULL}; return cmd_train(1, h); }
-        if (verb_help(argv[2], stdout)) { fprintf(stderr, "forge help: unknown command '%s'\n", argv[2]); return 2; }
+        if (forge_cli_verb_help(argv[2], stdout)) { fprintf(stderr, "forge help: unknown command '%s'\n", argv[2]); return 2; }
         return 0;
     }
     /* forge VERB --help (forge train --help lists its own options); an option's value is not one */
     for (int i = 2; i < argc && strcmp(cmd, "train"); i++) {
         if (strcmp(argv[i], "--help") && strcmp(argv[i], "-h")) continue;
         if (i > 2 && argv[i - 1][0] == '-' && strcmp(argv[i - 1], "--metrics") && strcmp(argv[i - 1], "--json")) continue;
-        if (verb_help(cmd, stdout)) break; /* not a command: the unknown-command error below */
+        if (forge_cli_verb_help(cmd, stdout)) break; /* not a command: the unknown-command error below */
         return 0;
     }
     /* -m MODEL / --model MODEL (llama.cpp's spelling) is the positional MODEL: the verbs take their

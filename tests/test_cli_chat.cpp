@@ -1,0 +1,116 @@
+// forge chat through the binary (issue 42): a model without a chat template is refused at
+// start-up (it answered every message with the error, for ever); /help lists the commands and
+// /reset says what it did (the one went to the model as a message, the other printed nothing);
+// --think on a family without a thinking switch is said to be ignored, once; Ctrl-C stops a
+// reply, and at the prompt ends the chat with 130. The model with a template is
+// tests/test_chat.cpp's random-weight Llama with the real Llama 3 tokenizer.
+#include "cli_process.h"
+#include "tok_util.h"
+
+std::string chat_model(const std::string &family, const std::string &data); /* tests/test_chat.cpp */
+
+namespace {
+
+using ft::Forge;
+
+size_t count(const std::string &s, const std::string &what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + what.size())) n++;
+    return n;
+}
+
+/* The Llama 3 chat model, made once. */
+const std::string &llama_chat_model() {
+    static const std::string dir = [] {
+        std::string data = ft::tok_data();
+        return data.empty() ? std::string() : chat_model("llama3", data);
+    }();
+    return dir;
+}
+
+} // namespace
+
+TEST(CliChat, NoTemplateIsRefusedAtStartUp) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string d = ft::tmpdir("cli_chat_none");
+    {
+        /* stdin stays open and empty: the refusal does not wait for a message */
+        Forge f(d, {"chat", ft::src("models/stories260K/stories260K.gguf")});
+        EXPECT_EQ(f.wait_exit(60), 1) << f.stderr_text();
+        EXPECT_EQ(f.stdout_text(), ""); /* no prompt, no reply */
+        std::string err = f.stderr_text();
+        EXPECT_EQ(err, "forge: the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4) (FORGE_ERR_UNSUPPORTED)\n");
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+TEST(CliChat, HelpAndResetAreCommands) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string &model = llama_chat_model();
+    ASSERT_FALSE(model.empty());
+    std::string d = ft::tmpdir("cli_chat_commands");
+    for (bool with_system : {false, true}) {
+        std::vector<std::string> args = {"chat", model, "-n", "3"};
+        if (with_system) args.insert(args.end(), {"--system", "Be brief."});
+        Forge f(d, args);
+        for (const char *line : {"/help", "/reset", "Hi", "/reset", "/metrics", "/quit"}) f.write_line(line);
+        EXPECT_EQ(f.wait_exit(60), 0) << f.stderr_text();
+        std::string out = f.stdout_text(), err = f.stderr_text();
+        /* /help: the commands, not a reply of the model's (the first /reset finds no message) */
+        EXPECT_EQ(out.rfind("commands: /help (this list), /metrics", 0), 0u) << out;
+        for (const char *cmd : {"/metrics", "/reset", "/quit", "Ctrl-C"}) EXPECT_NE(out.find(cmd), std::string::npos) << cmd;
+        std::string kept = with_system ? ", the system prompt kept" : "";
+        EXPECT_NE(out.find("[reset: 0 messages forgotten" + kept + "; the next message starts a new conversation]\n"), std::string::npos) << out;
+        EXPECT_NE(out.find("[reset: 2 messages forgotten" + kept + "; the next message starts a new conversation]\n"), std::string::npos) << out;
+        EXPECT_EQ(count(err, "[prompt "), 1u) << err; /* /metrics: the one reply's */
+        EXPECT_EQ(err.find("forge:"), std::string::npos) << err;
+        EXPECT_EQ(err.find("think"), std::string::npos) << err;
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+TEST(CliChat, ThinkWithoutASwitchIsSaidOnce) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string &model = llama_chat_model();
+    ASSERT_FALSE(model.empty());
+    std::string d = ft::tmpdir("cli_chat_think");
+    for (const char *flag : {"--think", "--no-think"}) {
+        Forge f(d, {"chat", model, "-n", "2", flag});
+        for (const char *line : {"Hi", "Hello again"}) f.write_line(line);
+        f.close_input();
+        EXPECT_EQ(f.wait_exit(60), 0) << f.stderr_text();
+        std::string err = f.stderr_text();
+        EXPECT_EQ(count(err, std::string("forge chat: ") + flag + " is ignored: this model's chat format has no thinking switch"), 1u) << err;
+    }
+    /* both: a usage error */
+    Forge both(d, {"chat", model, "--think", "--no-think"});
+    EXPECT_EQ(both.wait_exit(60), 2);
+    EXPECT_EQ(both.stderr_text().rfind("forge chat: --think and --no-think contradict each other\nusage: forge chat ", 0), 0u)
+        << both.stderr_text();
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+TEST(CliChat, CtrlCStopsAReplyThenEndsAtThePrompt) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string &model = llama_chat_model();
+    ASSERT_FALSE(model.empty());
+    std::string d = ft::tmpdir("cli_chat_ctrlc");
+    {
+        /* sampled: the random model's text keeps coming (a greedy one may repeat a token that prints nothing) */
+        Forge f(d, {"chat", model, "-n", "100000", "--temp", "1"});
+        f.write_line("Tell me a long story.");
+        ASSERT_TRUE(f.wait_for([&] { return f.stdout_text().size() > 100; })) << f.stderr_text();
+        f.interrupt();
+        ASSERT_TRUE(f.wait_for([&] { return f.stderr_text().find("[stopped]") != std::string::npos; })) << f.stderr_text();
+        /* the chat goes on: a command is answered, so Ctrl-C is caught again */
+        f.write_line("/help");
+        ASSERT_TRUE(f.wait_for([&] { return f.stdout_text().find("commands: /help") != std::string::npos; })) << f.stderr_text();
+        f.write_line("/metrics");
+        ASSERT_TRUE(f.wait_for([&] { return f.stderr_text().find("stop: cancelled") != std::string::npos; })) << f.stderr_text();
+        /* at the prompt: the end, 130 */
+        f.interrupt();
+        EXPECT_EQ(f.wait_exit(60), 130) << f.stderr_text();
+        EXPECT_EQ(f.stderr_text().find("forge:"), std::string::npos) << f.stderr_text();
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
