@@ -12,7 +12,7 @@ with forge.Model("models/stories260K/stories260K.gguf") as model:  # device=, ad
             print(token, end="")                                     # a str, with token.id
             if i == 20:
                 break                 # stops before the next token; the session stays usable
-        print("\n" + session.metrics.stop_reason.name)               # CALLBACK
+        print("\n" + str(session.metrics.stop_reason))              # callback (an IntEnum: == 5)
         print(session.classify(["Lily", "Tom"])[0].text)             # one batched pass, no decode
         for done in session.batch_generate(["Lily", "Tom"], max_tokens=16):
             print(done.text, done.metrics.decode_tok_s)

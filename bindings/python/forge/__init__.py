@@ -158,7 +158,10 @@ def _close_models_at_exit() -> None:
 
 
 class StopReason(enum.IntEnum):
-    """forge_stop_reason: why a generate or chat call stopped."""
+    """forge_stop_reason: why a generate or chat call stopped. An IntEnum (it compares equal to
+    the C value, 5 for CALLBACK) whose str() is the name `forge run --json` prints as its
+    "stop_reason" (docs/json.md): "none", "eos", "stop_token", "stop_string", "max_tokens",
+    "callback", "context", "cancelled"; `.name` is the member's ("CALLBACK")."""
 
     NONE = 0
     EOS = 1          # the model produced one of its end tokens
@@ -168,6 +171,12 @@ class StopReason(enum.IntEnum):
     CALLBACK = 5     # the consumer stopped (broke out of the stream, closed it)
     CONTEXT = 6      # the session's context is full
     CANCELLED = 7
+
+    def __str__(self) -> str:
+        return {"TOKEN": "stop_token", "STRING": "stop_string"}.get(self.name, self.name.lower())
+
+    def __format__(self, spec: str) -> str:  # f"{reason}" as str(), not the number
+        return format(str(self), spec)
 
 
 @dataclass(frozen=True)
@@ -267,14 +276,20 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Classification:
-    """One prompt's result from Session.classify: the token drawn after its last token (the
-    argmax at temperature 0), that token's text as it continues the prompt, the prompt's token
-    count and, when asked for, the logits after its last token."""
+    """One prompt's result from Session.classify: `id`, the token drawn after its last token
+    (the argmax at temperature 0; "id" in `forge classify`'s JSON), that token's `text` as it
+    continues the prompt, the prompt's token count and, when asked for, the logits after its
+    last token. `token` is a read-only alias of `id` (its earlier name)."""
 
-    token: int
+    id: int
     text: str
     n_tokens: int
     logits: Optional[array] = None  # array('f') of n_vocab floats
+
+    @property
+    def token(self) -> int:
+        """The same as `id` (the field's name before it matched the CLI's JSON); read-only."""
+        return self.id
 
 
 @dataclass
@@ -871,7 +886,7 @@ class Session(_ModelChild):
             row = None
             if out_logits is not None:
                 row = array("f", bytes(memoryview(out_logits).cast("B")[4 * i * n_vocab: 4 * (i + 1) * n_vocab]))
-            found.append(Classification(token=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row))
+            found.append(Classification(id=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row))
         return found
 
     def batch_generate(self, prompts: Sequence[Prompt], *, max_tokens: int = 256, temperature: float = 0.0,

@@ -199,10 +199,45 @@ def test_classify_agrees_with_greedy_generate(model):
         assert s.n_past == 0
     for prompt, r in zip(prompts, results):
         text, ids = greedy(model, prompt, 1)
-        assert (r.token, r.text) == (ids[0], text)
+        assert (r.id, r.text) == (ids[0], text)
         assert len(r.logits) == model.n_vocab
-        assert max(range(len(r.logits)), key=r.logits.__getitem__) == r.token
+        assert max(range(len(r.logits)), key=r.logits.__getitem__) == r.id
     assert results[3].n_tokens == len(prompts[3])
+
+
+def test_classification_names_its_token_id_as_the_cli_does(model):
+    """Classification.id is the JSON's "id" (forge classify); token is a read-only alias of it."""
+    with model.session(n_ctx=64) as s:
+        r = s.classify(["Lily"])[0]
+    assert r.token == r.id and isinstance(r.id, int)
+    with pytest.raises(AttributeError):
+        r.token = 3
+    assert [f.name for f in forge.Classification.__dataclass_fields__.values()] == ["id", "text", "n_tokens", "logits"]
+    if CLI.exists():
+        out = subprocess.run([str(CLI), "classify", str(ROOT / "models" / "stories260K" / "stories260K.gguf"), "Lily"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == [{"id": r.id, "text": r.text}]
+
+
+def test_stop_reason_prints_the_name_the_cli_json_prints(session):
+    """str(StopReason) is forge run --json's "stop_reason" (docs/json.md), not the number; it stays
+    an IntEnum, equal to the C value."""
+    names = ["none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"]
+    assert [str(r) for r in forge.StopReason] == names
+    assert f"{forge.StopReason.CALLBACK}" == "callback" and "%s" % forge.StopReason.EOS == "eos"
+    assert forge.StopReason.CALLBACK == 5 and int(forge.StopReason.CALLBACK) == 5 and forge.StopReason(5) is forge.StopReason.CALLBACK
+    assert forge.StopReason.CALLBACK.name == "CALLBACK" and forge.StopReason.CALLBACK < forge.StopReason.CONTEXT
+    json_md = (ROOT / "docs" / "json.md").read_text()
+    listed = json_md[json_md.index("`stop_reason` one of"):].split(".\n")[0]
+    assert re.findall(r"`(\w+)`", listed)[1:] == names[1:]
+    session.generate(ONCE, max_tokens=3).read()
+    assert str(session.metrics.stop_reason) == "max_tokens"
+    if CLI.exists():
+        out = subprocess.run([str(CLI), "run", str(ROOT / "models" / "stories260K" / "stories260K.gguf"), "-p", ONCE, "-n", "3",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["stop_reason"] == str(session.metrics.stop_reason)
 
 
 def test_batch_generate_agrees_with_generate(model):
@@ -425,7 +460,7 @@ def test_tour_runs(tmp_path, model):
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert lines[0] == f"llama {model.info.n_params} {model.special_tokens.bos}"
-    assert lines[2] == "CALLBACK"
+    assert lines[2] == "callback"
     assert lines[3] == greedy(model, "Lily", 1)[0]
     assert (tmp_path / "zora-adapter" / "adapter_model.safetensors").is_file()
 
