@@ -483,8 +483,11 @@ FORGE_API forge_status forge_session_tokens(const forge_session *session, int32_
  * layer holds), as a safetensors file whose __metadata__ names the format ("forge-state"), its
  * version, the model (a fingerprint of its config, tensor headers and weight bytes, and of the
  * adapter if one is loaded), n_past and the cache layout. Keys and values are in the session's
- * KV type (F32, or F16 for an f16 cache). Size: 4 n_past bytes plus 8 kv_heads head_dim bytes
- * (4 for f16) per layer and position held. The file is written to
+ * KV type (F32, or F16 for an f16 cache). A linear-attention layer (Qwen 3.5) holds its
+ * recurrent state instead, in F32 whatever n_past: the convolution's last inputs
+ * [conv_kernel - 1, conv_dim] and the delta rule's [value heads, key dim, value dim]. Size: 4
+ * n_past bytes plus 8 kv_heads head_dim bytes (4 for f16) per attention layer and position held,
+ * plus the recurrent states. The file is written to
  * `path`.tmp-XXXXXX (mode 0600) in the same directory, synced and renamed over `path`: a failed
  * or interrupted save leaves `path` as it was and no partial file. The cache is read back a
  * layer at a time through a staging buffer of at most 16 MiB.
@@ -527,8 +530,9 @@ typedef struct forge_keys_info {
  * order from info->first. With out NULL only *info is filled (the size query). The keys are
  * those attention reads: after k_norm and RoPE, in HF's rotate-half order (a GGUF `llama`
  * checkpoint's adjacent pairs are put back), so for a safetensors checkpoint they equal
- * transformers' past_key_values keys. Errors: FORGE_ERR_INVALID_ARGUMENT (no info, a layer
- * out of range: the message names it), FORGE_ERR_BUFFER_TOO_SMALL (*info still filled). An
+ * transformers' past_key_values keys (a partial RoPE's dims too). Errors: FORGE_ERR_INVALID_ARGUMENT
+ * (no info, a layer out of range, a linear-attention layer, which keeps no keys: the message names
+ * it), FORGE_ERR_BUFFER_TOO_SMALL (*info still filled). An
  * empty session gives n_rows 0. Reads the cache back through a staging buffer (as
  * forge_session_save does); takes a parallel slot when it reads. */
 FORGE_API forge_status forge_session_keys(forge_session *session, int layer, float *out, size_t capacity, forge_keys_info *info);

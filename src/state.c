@@ -10,7 +10,10 @@
  * headers and a few bytes of each, and the adapter's identity) and the layout; the tensors
  * are "tokens" I32 [n_past] and per layer l "layers.l.k" and "layers.l.v" F32 [rows, kv heads,
  * head_dim]: the keys (after RoPE) and values of the last `rows` positions in position order,
- * all n_past of them for full-attention layers, what the ring holds for sliding-window ones.
+ * all n_past of them for full-attention layers, what the ring holds for sliding-window ones;
+ * a linear-attention layer (Qwen 3.5) holds its recurrent state instead, whatever n_past:
+ * "layers.l.conv" F32 [lin_conv - 1, conv_dim] (the convolution's last inputs, oldest first,
+ * channels in in_proj_qkv's order) and "layers.l.delta" F32 [value heads, key dim, value dim].
  * Reading goes through files.c's parser, and every field is checked against the model and
  * the session before anything is copied; writing goes to a temporary file beside the target,
  * renamed over it once complete and flushed. The same readback hands one layer's keys to the
@@ -22,6 +25,24 @@
 #define FORGE__STATE_STAGE_BYTES ((uint64_t)16 << 20) /* the staging buffer: at most this much, a layer at a time */
 
 /* ---- The header ---- */
+
+/* Bytes of one position of an attention layer's K or V rows (every attention layer's: see
+ * forge__state_supported). */
+static uint64_t forge__state_kv_row(const forge__config *c, bool f16) { return (f16 ? 2ull : 4ull) * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim; }
+
+/* A linear-attention layer's two recurrent states: the convolution's (tensor 0) and the delta
+ * rule's (1), each of sequence 0 at the start of the layer's kc / vc range. */
+static uint64_t forge__state_recurrent_bytes(const forge__config *c, int which) {
+    return which ? forge__delta_state_bytes(c) : forge__conv_state_bytes(c);
+}
+static const char *const forge__state_recurrent_names[2] = {"conv", "delta"};
+static void forge__state_recurrent_shape(const forge__config *c, int which, int64_t shape[3], int *n_dims) {
+    if (which) {
+        shape[0] = c->lin_v_heads, shape[1] = c->lin_k_dim, shape[2] = c->lin_v_dim, *n_dims = 3;
+    } else {
+        shape[0] = c->lin_conv - 1, shape[1] = forge__lin_conv_dim(c), shape[2] = 0, *n_dims = 2;
+    }
+}
 
 /* The KV rows state files hold of a layer: all n_past positions, or for a sliding-window layer
  * at least what continuing reads (positions n_past - window + 1 ..). */
@@ -37,7 +58,7 @@ static int forge__state_rows_needed(const forge__config *c, int layer, int n_pas
 FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx, int n_past, const int *rows, bool kv_f16, uint8_t **out,
                                                  size_t *size, forge__err *err) {
     const forge__config *c = &m->cfg;
-    const uint64_t kv_row = forge__kv_row_bytes(c, 0, kv_f16);
+    const uint64_t kv_row = forge__state_kv_row(c, kv_f16);
     char num[64], *windows = (char *)malloc(12ull * (size_t)c->n_layers + 1), *rowlist = (char *)malloc(12ull * (size_t)c->n_layers + 1);
     cJSON *h = cJSON_CreateObject(), *md = cJSON_CreateObject();
     *out = NULL;
@@ -81,6 +102,15 @@ FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx
             double shape[1] = {n_past};
             cJSON_AddItemToObject(t, "shape", cJSON_CreateDoubleArray(shape, 1));
             bytes = 4ull * (uint64_t)n_past;
+        } else if (c->layer_linear[i / 2]) {
+            int64_t dims[3];
+            int nd;
+            forge__state_recurrent_shape(c, i % 2, dims, &nd);
+            snprintf(name, sizeof name, "layers.%d.%s", i / 2, forge__state_recurrent_names[i % 2]);
+            cJSON_AddStringToObject(t, "dtype", "F32");
+            double shape[3] = {(double)dims[0], (double)dims[1], (double)dims[2]};
+            cJSON_AddItemToObject(t, "shape", cJSON_CreateDoubleArray(shape, nd));
+            bytes = forge__state_recurrent_bytes(c, i % 2);
         } else {
             int l = i / 2;
             snprintf(name, sizeof name, "layers.%d.%c", l, i % 2 ? 'v' : 'k');
@@ -116,7 +146,8 @@ FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx
 /* A state file read and checked: pointers into its mapping (not aligned). */
 typedef struct forge__state_layer {
     int rows;                   /* positions n_past - rows .. n_past - 1 */
-    const uint8_t *k, *v;       /* [rows, kv heads, head_dim] f32, or f16 (forge__state.kv_f16) */
+    const uint8_t *k, *v;       /* [rows, kv heads, head_dim] f32, or f16 (forge__state.kv_f16); a linear-attention
+                                 * layer's: the convolution's state and the delta rule's (forge__state_recurrent_shape) */
 } forge__state_layer;
 
 typedef struct forge__state {
@@ -214,16 +245,51 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
         out->layers = (forge__state_layer *)forge__arena_alloc(arena, sizeof *out->layers * (size_t)c->n_layers, 16);
         if (!out->layers) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    /* the keys and values are all f32 or all f16, as the first layer's keys say */
-    forge__tensor *k0 = st ? NULL : forge__tensor_find(&table, "layers.0.k");
+    /* the keys and values are all f32 or all f16, as the first attention layer's keys say */
+    int first_attn = 0;
+    while (first_attn < c->n_layers && c->layer_linear[first_attn]) first_attn++;
+    char k0_name[48];
+    snprintf(k0_name, sizeof k0_name, "layers.%d.k", first_attn);
+    forge__tensor *k0 = st ? NULL : forge__tensor_find(&table, k0_name);
     if (k0 && k0->dtype == FORGE__F16) out->kv_f16 = true;
     const forge__dtype kv_dtype = out->kv_f16 ? FORGE__F16 : FORGE__F32;
-    const uint64_t kv_row = forge__kv_row_bytes(c, 0, out->kv_f16);
+    const uint64_t kv_row = forge__state_kv_row(c, out->kv_f16);
     for (int l = 0; !st && l < c->n_layers; l++) {
         int window = c->layer_sliding[l] ? c->sliding_window : 0;
         if (!forge__list_int(windows, l, &v) || v != window) {
             st = forge__fail(err, FORGE_ERR_FORMAT, "%s: __metadata__ layer_windows does not give layer %d's window %d", path, l, window);
             break;
+        }
+        if (c->layer_linear[l]) { /* the recurrent states, of fixed shapes */
+            const uint8_t *data[2] = {NULL, NULL};
+            for (int i = 0; i < 2 && !st; i++) {
+                char tn[48];
+                int64_t want[3];
+                int nd;
+                forge__state_recurrent_shape(c, i, want, &nd);
+                snprintf(tn, sizeof tn, "layers.%d.%s", l, forge__state_recurrent_names[i]);
+                forge__tensor *t = forge__tensor_find(&table, tn);
+                if (!t) {
+                    st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no tensor '%s' (layer %d is a linear-attention layer: its recurrent state)", path, tn, l);
+                    break;
+                }
+                t->used = true;
+                bool same = t->dtype == FORGE__F32 && t->n_dims == nd;
+                for (int d = 0; same && d < nd; d++) same = t->shape[d] == want[d];
+                if (!same) {
+                    char need[96];
+                    forge__shape_str(t, shape, sizeof shape);
+                    if (nd == 2) snprintf(need, sizeof need, "[%lld, %lld]", (long long)want[0], (long long)want[1]);
+                    else snprintf(need, sizeof need, "[%lld, %lld, %lld]", (long long)want[0], (long long)want[1], (long long)want[2]);
+                    st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' is %s %s; this model's linear-attention layer needs F32 %s", path, tn,
+                                     forge__dtype_name(t->dtype), shape, need);
+                }
+                data[i] = t->data;
+            }
+            if (!st && (!forge__list_int(rowlist, l, &v) || v != 0))
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: __metadata__ layer_rows does not give linear-attention layer %d's 0 rows", path, l);
+            if (!st) out->layers[l] = (forge__state_layer){0, data[0], data[1]};
+            continue;
         }
         forge__tensor *kv[2];
         for (int i = 0; i < 2 && !st; i++) {
@@ -237,7 +303,7 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
                 forge__shape_str(t, shape, sizeof shape);
                 st = forge__fail(err, FORGE_ERR_FORMAT, "%s: tensor '%s' is %s %s; this model needs %s [rows <= n_past %lld, %d, %d]%s%s", path, tn,
                                  forge__dtype_name(t->dtype), shape, forge__dtype_name(kv_dtype), n_past, c->n_kv_heads, c->head_dim,
-                                 i ? ", as many rows as the keys" : "", l || i ? " (the type of layers.0.k)" : "");
+                                 i ? ", as many rows as the keys" : "", l > first_attn || i ? " (the type of the first layer's keys)" : "");
             }
             if (t) t->used = true;
         }
@@ -287,18 +353,21 @@ typedef struct forge__state_io {
     forge_session *s;
     forge__buffer stage;        /* host-visible: readback memory to save, upload memory to load */
     uint64_t kv_row;            /* bytes of one position of K or V in the session's cache */
-    uint32_t rows_cap;          /* rows the stage holds */
     VkCommandBuffer cb;
 } forge__state_io;
 
+/* A stage for moving at most most_rows positions of K or V at a time, or a linear-attention
+ * layer's recurrent state (the largest piece one move needs, at most FORGE__STATE_STAGE_BYTES). */
 static forge_status forge__state_io_open(forge__state_io *io, forge_session *s, int most_rows, bool to_device) {
     forge__device *d = &s->m->dev;
+    const forge__config *c = &s->m->cfg;
     memset(io, 0, sizeof *io);
     io->s = s;
-    io->kv_row = forge__kv_row_bytes(&s->m->cfg, 0, s->kv_f16);
-    io->rows_cap = (uint32_t)FORGE__MAX(1, FORGE__MIN((uint64_t)most_rows, FORGE__STATE_STAGE_BYTES / io->kv_row));
-    forge_status st = forge__buffer_create(d, io->rows_cap * io->kv_row, to_device ? d->caps.mem_upload : d->caps.mem_readback, true, &s->mem,
-                                           &s->m->mem_total, &io->stage, &s->err);
+    io->kv_row = forge__state_kv_row(c, s->kv_f16);
+    uint64_t most = (uint64_t)FORGE__MAX(1, most_rows) * io->kv_row;
+    if (forge__has_linear(c)) most = FORGE__MAX(most, FORGE__MAX(forge__conv_state_bytes(c), forge__delta_state_bytes(c)));
+    forge_status st = forge__buffer_create(d, FORGE__MIN(most, FORGE__STATE_STAGE_BYTES), to_device ? d->caps.mem_upload : d->caps.mem_readback,
+                                           true, &s->mem, &s->m->mem_total, &io->stage, &s->err);
     if (st) return st;
     VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
                                        .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
@@ -336,29 +405,43 @@ static forge_status forge__state_copy(forge__state_io *io, forge__range r, uint6
     return st;
 }
 
+/* Moves `bytes` at offset `off` of the device range `r` between the device and the host, a
+ * stage at a time: to `fp` (or with fp NULL, to *dst, advanced) when reading, from *src
+ * (advanced) when loading. */
+static forge_status forge__state_bytes(forge__state_io *io, forge__range r, uint64_t off, uint64_t bytes, FILE *fp, uint8_t **dst,
+                                       const uint8_t **src, const char *path) {
+    while (bytes > 0) {
+        uint64_t n = FORGE__MIN(bytes, io->stage.size);
+        forge_status st;
+        if (src) {
+            memcpy(io->stage.mapped, *src, (size_t)n);
+            *src += n;
+            st = forge__state_copy(io, r, off, n, true);
+        } else {
+            st = forge__state_copy(io, r, off, n, false);
+            if (!st && !fp) {
+                memcpy(*dst, io->stage.mapped, (size_t)n);
+                *dst += n;
+            } else if (!st && !forge__write_all(fp, io->stage.mapped, (size_t)n)) {
+                st = forge__fail(&io->s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
+            }
+        }
+        if (st) return st;
+        off += n;
+        bytes -= n;
+    }
+    return FORGE_OK;
+}
+
 /* Moves the K or V rows of positions [first, first + count) of one layer between its cache
  * (position p in slot p % slots) and the host: to `fp` (or with fp NULL, to `dst`) when
  * reading, from `src` when loading. */
 static forge_status forge__state_rows(forge__state_io *io, forge__range cache, uint32_t slots, int first, int count, FILE *fp,
                                       uint8_t *dst, const uint8_t *src, const char *path) {
-    while (count > 0) {
+    while (count > 0) { /* a run of slots up to the ring's end */
         uint32_t slot = (uint32_t)first % slots;
-        uint32_t k = (uint32_t)FORGE__MIN((uint32_t)count, FORGE__MIN(slots - slot, io->rows_cap));
-        uint64_t bytes = k * io->kv_row;
-        forge_status st;
-        if (src) {
-            memcpy(io->stage.mapped, src, (size_t)bytes);
-            src += bytes;
-            st = forge__state_copy(io, cache, slot * io->kv_row, bytes, true);
-        } else {
-            st = forge__state_copy(io, cache, slot * io->kv_row, bytes, false);
-            if (!st && !fp) {
-                memcpy(dst, io->stage.mapped, (size_t)bytes);
-                dst += bytes;
-            } else if (!st && !forge__write_all(fp, io->stage.mapped, (size_t)bytes)) {
-                st = forge__fail(&io->s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
-            }
-        }
+        uint32_t k = (uint32_t)FORGE__MIN((uint32_t)count, slots - slot);
+        forge_status st = forge__state_bytes(io, cache, slot * io->kv_row, k * io->kv_row, fp, &dst, src ? &src : NULL, path);
         if (st) return st;
         first += (int)k;
         count -= (int)k;
@@ -392,11 +475,17 @@ static int forge__kv_first(const forge_session *s, int l) {
     return FORGE__MIN(s->n_past, first);
 }
 
-/* State files hold one row shape for every layer's keys and values (see forge.h). */
+/* State files hold one row shape for every attention layer's keys and values (see forge.h);
+ * linear-attention layers hold their recurrent state. */
 static forge_status forge__state_supported(forge_session *s) {
-    if (forge__uniform_kv(&s->m->cfg)) return FORGE_OK;
+    const forge__config *c = &s->m->cfg;
+    bool uniform = true;
+    for (int l = 0; l < c->n_layers; l++)
+        if (!c->layer_linear[l] && (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads))
+            uniform = false;
+    if (uniform) return FORGE_OK;
     return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "state files and key inspection are not supported for architecture %s: its layers "
-                       "cache keys of different shapes or share caches", forge__arch_names[s->m->cfg.arch]);
+                       "cache keys of different shapes or share caches", forge__arch_names[c->arch]);
 }
 
 static forge_status forge__session_save(forge_session *s, const char *path) {
@@ -407,7 +496,7 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     if (strlen(path) > 4096) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "save: the path is longer than 4096 bytes");
     int *rows = (int *)malloc(sizeof(int) * (size_t)c->n_layers), most = 1;
     if (!rows) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int l = 0; l < c->n_layers; l++) most = FORGE__MAX(most, rows[l] = n - forge__kv_first(s, l));
+    for (int l = 0; l < c->n_layers; l++) most = FORGE__MAX(most, rows[l] = c->layer_linear[l] ? 0 : n - forge__kv_first(s, l));
     uint8_t *header = NULL;
     size_t header_size = 0;
     forge__state_io io = {0};
@@ -429,7 +518,8 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
         st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
     for (int l = 0; l < c->n_layers && !st; l++)
         for (int kv = 0; kv < 2 && !st; kv++)
-            st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - rows[l], rows[l], fp, NULL, NULL, path);
+            st = c->layer_linear[l] ? forge__state_bytes(&io, (kv ? s->vc : s->kc)[l], 0, forge__state_recurrent_bytes(c, kv), fp, NULL, NULL, path)
+                                    : forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - rows[l], rows[l], fp, NULL, NULL, path);
     if (fp) {
         if (!st && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
             st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
@@ -477,12 +567,19 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, most, true);
     const size_t per_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    const uint64_t file_row = forge__kv_row_bytes(c, 0, state->kv_f16);
+    const uint64_t file_row = forge__state_kv_row(c, state->kv_f16);
     uint8_t *converted = NULL; /* a layer's rows in the session's type, where the file's differs */
     if (!st && state->kv_f16 != s->kv_f16 && !(converted = (uint8_t *)malloc((size_t)most * per_row * 4)))
         st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers && !st; l++) {
         const forge__state_layer *sl = &state->layers[l];
+        if (c->layer_linear[l]) { /* sequence 0's recurrent states */
+            for (int i = 0; i < 2 && !st; i++) {
+                const uint8_t *src = i ? sl->v : sl->k;
+                st = forge__state_bytes(&io, (i ? s->vc : s->kc)[l], 0, forge__state_recurrent_bytes(c, i), NULL, NULL, &src, NULL);
+            }
+            continue;
+        }
         int keep = FORGE__MIN(sl->rows, (int)s->slots[l]); /* a smaller ring than the saving session's keeps the latest */
         uint64_t skip = (uint64_t)(sl->rows - keep) * file_row;
         for (int kv = 0; kv < 2 && !st; kv++) {
@@ -551,7 +648,9 @@ FORGE_API forge_status forge_session_tokens(const forge_session *s, int32_t *tok
 /* Reads layer l's cached keys, positions first .. first + rows - 1, into out[kv head][row][d]:
  * [rows, kv heads, head_dim] through the stage into `tmp`, then transposed per head. A GGUF
  * `llama` checkpoint's keys rotate adjacent pairs (its q/k rows are permuted: config.c); they
- * go back to HF's rotate-half order here: element k*half + i of a head is adjacent 2i + k. */
+ * go back to HF's rotate-half order here: element k*half + i of a head is adjacent 2i + k.
+ * Under a partial RoPE (Qwen 3.5) forge's head dims are HF's in the runs of
+ * forge__rope_perm_runs; they go back to HF's order likewise. */
 static forge_status forge__session_keys(forge_session *s, int l, int first, int rows, float *out) {
     const forge__config *c = &s->m->cfg;
     const int H = c->n_kv_heads, D = c->head_dim, half = D / 2;
@@ -564,10 +663,20 @@ static forge_status forge__session_keys(forge_session *s, int l, int first, int 
     if (!st) st = forge__state_rows(&io, s->kc[l], s->slots[l], first, rows, NULL, raw, NULL, NULL);
     forge__state_io_close(&io);
     if (!st && s->kv_f16) forge__kv_convert(raw, true, (uint8_t *)tmp, n);
+    uint32_t run_first[4], run_len[4];
+    const bool partial = c->rope_full.scaling == FORGE__ROPE_PARTIAL;
+    if (partial) forge__rope_perm_runs((uint32_t)D, forge__rope_dims(c, (uint32_t)D), run_first, run_len);
     for (int h = 0; h < H && !st; h++)
         for (int r = 0; r < rows; r++) {
             const float *src = tmp + ((size_t)r * H + h) * D;
             float *dst = out + ((size_t)h * rows + r) * D;
+            if (partial) {
+                for (int k = 0; k < 4; k++) {
+                    memcpy(dst + run_first[k], src, 4ull * run_len[k]);
+                    src += run_len[k];
+                }
+                continue;
+            }
             if (!c->rope_adjacent_pairs) {
                 memcpy(dst, src, 4ull * (size_t)D);
                 continue;
@@ -591,6 +700,10 @@ FORGE_API forge_status forge_session_keys(forge_session *s, int layer, float *ou
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "forge_session_keys: layer %d is outside the model's layers 0..%d", layer,
                            c->n_layers - 1);
     if (forge__state_supported(s)) return FORGE_ERR_UNSUPPORTED;
+    if (c->layer_linear[layer])
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT,
+                           "forge_session_keys: layer %d is a linear-attention layer (Gated DeltaNet): it keeps a recurrent state, not keys; "
+                           "ask a full-attention layer", layer);
     const int first = forge__kv_first(s, layer), rows = s->n_past - first;
     forge_keys_info full = {.struct_size = sizeof full}, *info = &full;
     info->n_layers = c->n_layers;

@@ -219,9 +219,10 @@ TEST(Batch, ItemErrorsAreTheItemsAlone) {
 
 class BatchParity : public ::testing::TestWithParam<std::string> {};
 
-/* Token prompts (prefixes of the fixture's sequences) on tiny checkpoints of three families,
- * generating past Gemma 3's window of 8 (its sliding layers' caches rotate): greedy and seeded,
- * five items through three places. */
+/* Token prompts (prefixes of the fixture's sequences) on tiny checkpoints of five families,
+ * generating past Gemma 3's and Mistral's windows of 8 (their sliding layers' caches rotate),
+ * Qwen 3.5's recurrent states one per place (what a finished item leaves must not reach the
+ * next one in its place): greedy and seeded, five items through three places. */
 TEST_P(BatchParity, EqualsEachPromptAlone) {
     std::string dir = ft::src("tests/fixtures/parity/" + GetParam());
     ft::Fixture fx = ft::read_fixture(dir);
@@ -246,7 +247,9 @@ TEST_P(BatchParity, EqualsEachPromptAlone) {
     forge_model_free(m);
 }
 
-INSTANTIATE_TEST_SUITE_P(HF, BatchParity, ::testing::Values("llama3_f32_untied", "qwen3_f32_sharded", "gemma3_text_pattern_f32"),
+INSTANTIATE_TEST_SUITE_P(HF, BatchParity,
+                         ::testing::Values("llama3_f32_untied", "qwen3_f32_sharded", "gemma3_text_pattern_f32", "mistral_window_f32",
+                                           "qwen3_5_text_f32", "qwen3_5_moe_f32"),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 /* `forge run --batch-file`: each line's text (JSON) is what forge_generate gives it alone. */

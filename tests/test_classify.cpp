@@ -67,7 +67,9 @@ std::vector<float> classify_prefixes(forge_session *s, const Ref &r, const std::
 class ClassifyParity : public ::testing::TestWithParam<std::string> {};
 
 /* One batch (the default n_batch), then the same prompts split into many batches (n_batch =
- * the longest prompt, at most two prompts a batch): both equal HF, and each other. */
+ * the longest prompt, at most two prompts a batch), then four sequence places (a model with
+ * linear-attention layers batches at most that many prompts, each in its own recurrent state,
+ * padding kept out of it): all equal HF, and each other. */
 TEST_P(ClassifyParity, LastPositionLogitsOfMixedLengths) {
     std::string dir = ft::src("tests/fixtures/parity/" + GetParam());
     Ref r = read_parity(dir);
@@ -75,24 +77,33 @@ TEST_P(ClassifyParity, LastPositionLogitsOfMixedLengths) {
     forge_model *m = ft::load(dir);
     ASSERT_NE(m, nullptr);
     std::vector<std::pair<int, int>> pre = mixed_prefixes(r);
-    forge_session *s = ft::session(m, 64);
+    const int n_ctx = std::max(64, (int)r.seqs.back().size());
+    forge_session *s = ft::session(m, n_ctx);
     ASSERT_NE(s, nullptr);
     std::vector<float> one = classify_prefixes(s, r, pre, GetParam() + " one batch");
     forge_session_free(s);
     forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 64;
+    sp.n_ctx = n_ctx;
     sp.n_batch = (int)r.seqs.back().size();
     sp.n_outputs_max = 2;
     ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
     std::vector<float> many = classify_prefixes(s, r, pre, GetParam() + " batches of <= 2");
     EXPECT_LE(ft::rel_err(one.data(), many.data(), one.size()), 1e-5);
     forge_session_free(s);
+    sp = forge_session_default_params();
+    sp.n_ctx = n_ctx;
+    sp.n_seq_max = 4;
+    ASSERT_EQ(forge_session_create(m, &sp, &s), FORGE_OK) << forge_model_errmsg(m);
+    std::vector<float> places = classify_prefixes(s, r, pre, GetParam() + " 4 places");
+    EXPECT_LE(ft::rel_err(one.data(), places.data(), one.size()), 1e-5);
+    forge_session_free(s);
     forge_model_free(m);
 }
 
 INSTANTIATE_TEST_SUITE_P(HF, ClassifyParity,
                          ::testing::Values("llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32",
-                                           "gemma3_text_f32", "gemma3_text_pattern_f32"),
+                                           "gemma3_text_f32", "gemma3_text_pattern_f32", "mistral_window_f32", "qwen3_5_text_f32",
+                                           "qwen3_5_moe_f32"),
                          [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 /* With a LoRA adapter (PEFT's, trained three steps): the logits PEFT's model gives. */

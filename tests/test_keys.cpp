@@ -130,6 +130,58 @@ TEST(Keys, GgufMatchesReference) {
     check_fixture("gemma2_f32", ft::src("tests/fixtures/gguf/gemma2_f32.gguf"), 2);
 }
 
+/* Qwen 3.5 (layers linear, linear, linear, full): the full-attention layer's keys, whose head
+ * dims forge keeps permuted for the partial RoPE, come back in HF's order and equal the
+ * reference (the file holds the full-attention layers only); a linear-attention layer keeps no
+ * keys and says so. After a truncation (which re-evaluates the kept tokens: the recurrent state
+ * cannot be cut back) and the rest prefilled again, the keys are the reference's again. */
+TEST(Keys, Qwen35FullLayersMatchLinearLayersRefuse) {
+    std::string dir = parity_dir("qwen3_5_text_f32");
+    ft::Fixture fx = ft::read_fixture(dir);
+    std::vector<uint8_t> cfg = ft::read_file(dir + "/config.json");
+    cJSON *root = cJSON_ParseWithLength((const char *)cfg.data(), cfg.size());
+    ASSERT_NE(root, nullptr);
+    std::vector<bool> linear;
+    cJSON *lt;
+    cJSON_ArrayForEach(lt, cJSON_GetObjectItem(root, "layer_types")) linear.push_back(strcmp(lt->valuestring, "linear_attention") == 0);
+    cJSON_Delete(root);
+    ASSERT_EQ(linear, std::vector<bool>({true, true, true, false}));
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 64);
+    ASSERT_NE(s, nullptr);
+    const std::vector<int32_t> &t = fx.seqs[0].tokens;
+    const int n = (int)t.size();
+    KeysRef ref;
+    ref.n_layers = 1, ref.n_kv = 2, ref.head_dim = 32, ref.n_tokens = n;
+    ref.k = ft::read_f32(dir + "/keys_seq0.f32");
+    ASSERT_EQ(ref.k.size(), (size_t)ref.n_kv * n * ref.head_dim);
+    auto check = [&](const char *what) {
+        for (int l = 0; l < (int)linear.size(); l++) {
+            forge_keys_info info = ft::sized<forge_keys_info>();
+            if (linear[l]) {
+                EXPECT_EQ(forge_session_keys(s, l, nullptr, 0, &info), FORGE_ERR_INVALID_ARGUMENT) << what;
+                EXPECT_NE(errmsg(s).find("layer " + std::to_string(l) + " is a linear-attention layer"), std::string::npos) << errmsg(s);
+                continue;
+            }
+            std::vector<float> got = keys_of(s, l, &info);
+            ASSERT_EQ(info.n_rows, n) << what;
+            ASSERT_EQ(got.size(), ref.k.size()) << what;
+            double err = ft::rel_err(got.data(), ref.k.data(), ref.k.size());
+            EXPECT_LE(err, 1e-4) << what;
+            printf("  qwen3_5_text_f32 layer %d (%s): max|d|/max|ref| %.2e\n", l, what, err);
+        }
+    };
+    ASSERT_EQ(forge_eval(s, t.data(), n, 0, nullptr, 0), FORGE_OK) << errmsg(s);
+    check("prefill");
+    ASSERT_EQ(forge_session_truncate(s, 5), FORGE_OK) << errmsg(s);
+    ASSERT_EQ(forge_session_n_past(s), 5);
+    ASSERT_EQ(forge_eval(s, t.data() + 5, n - 5, 0, nullptr, 0), FORGE_OK) << errmsg(s);
+    check("truncated to 5, the rest prefilled");
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
 /* The size query, a too-small buffer, bad layers, no info, an empty session. */
 TEST(Keys, SizeQueryAndErrors) {
     forge_model *m = ft::load(parity_dir("gemma2_f32"));

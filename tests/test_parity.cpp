@@ -21,7 +21,9 @@ void expect_close(const std::string &what, const float *got, const float *ref, i
                   bool bound = true) {
     size_t n = (size_t)n_tokens * V;
     double err = ft::rel_err(got, ref, n);
-    if (bound) EXPECT_LE(err, tol) << what;
+    if (bound) {
+        EXPECT_LE(err, tol) << what;
+    }
     printf("  %-48s max|d|/max|ref| = %.2e (tolerance %.0e%s)\n", what.c_str(), err, tol, bound ? "" : ": argmax only");
     double max_ref = 0;
     for (size_t i = 0; i < n; i++) max_ref = std::fmax(max_ref, std::fabs(ref[i]));

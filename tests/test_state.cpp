@@ -210,6 +210,97 @@ TEST(State, SlidingWindowRingsContinueBitExact) {
     for (forge_session *s : {big, small, flat}) forge_session_free(s);
 }
 
+/* Qwen 3.5 (linear, linear, linear, full attention): the file holds each linear-attention
+ * layer's recurrent states (the convolution's [3, conv_dim] and the delta rule's [4, 16, 16],
+ * F32) and the full layer's keys and values. Loaded into a fresh session with another n_batch
+ * and into a used one, the next steps and a prefill chunk give the uninterrupted logits bit for
+ * bit; a prompt extending the saved tokens reuses them all, one that leaves them is evaluated
+ * from the start (a recurrent state cannot be cut back) and gives a fresh session's tokens; a
+ * file without a linear layer's state is refused naming the tensor. */
+TEST(State, Qwen35RecurrentStatesContinueBitExact) {
+    Saved a(ft::src("tests/fixtures/parity/qwen3_5_text_f32"), "state_qwen35", 128, 0, 70, 5);
+    ASSERT_TRUE(a.m && a.s);
+    std::vector<uint8_t> file = ft::read_file(a.file);
+    cJSON *h = cJSON_ParseWithLength((const char *)file.data() + 8, header_len(file));
+    ASSERT_NE(h, nullptr);
+    auto shape = [&](const char *name) {
+        std::vector<int> v;
+        cJSON *t = cJSON_GetObjectItem(h, name), *d;
+        if (!t) return v;
+        EXPECT_STREQ(cJSON_GetObjectItem(t, "dtype")->valuestring, "F32") << name;
+        cJSON_ArrayForEach(d, cJSON_GetObjectItem(t, "shape")) v.push_back(d->valueint);
+        return v;
+    };
+    for (int l = 0; l < 3; l++) {
+        EXPECT_EQ(shape(("layers." + std::to_string(l) + ".conv").c_str()), std::vector<int>({3, 128})); /* 2 x 2 x 16 + 4 x 16 channels */
+        EXPECT_EQ(shape(("layers." + std::to_string(l) + ".delta").c_str()), std::vector<int>({4, 16, 16}));
+        EXPECT_EQ(cJSON_GetObjectItem(h, ("layers." + std::to_string(l) + ".k").c_str()), nullptr);
+    }
+    EXPECT_EQ(shape("layers.3.k"), std::vector<int>({75, 2, 32}));
+    EXPECT_STREQ(cJSON_GetObjectItem(cJSON_GetObjectItem(h, "__metadata__"), "layer_rows")->valuestring, "0,0,0,75");
+    cJSON_Delete(h);
+    std::vector<int32_t> hist = tokens_of(a.s);
+    forge_session *fresh = ft::session(a.m, 128, 16), *used = ft::session(a.m, 96, 0);
+    ASSERT_TRUE(fresh && used);
+    std::vector<int32_t> other = seq(30, a.V, 5, 3);
+    ASSERT_EQ(forge_eval(used, other.data(), 30, 0, nullptr, 0), FORGE_OK);
+    ASSERT_EQ(forge_session_load(fresh, a.file.c_str()), FORGE_OK) << errmsg(fresh);
+    ASSERT_EQ(forge_session_load(used, a.file.c_str()), FORGE_OK) << errmsg(used);
+    EXPECT_EQ(tokens_of(fresh), hist);
+    std::vector<int32_t> next = seq(6, a.V, 29, 7);
+    std::vector<float> la = decode(a.s, next, a.V);
+    EXPECT_TRUE(bit_equal(la, decode(fresh, next, a.V)));
+    EXPECT_TRUE(bit_equal(la, decode(used, next, a.V)));
+    std::vector<float> pa(a.V), pb(a.V);
+    std::vector<int32_t> chunk = seq(10, a.V, 3, 1);
+    ASSERT_EQ(forge_eval(a.s, chunk.data(), 10, 0, pa.data(), pa.size()), FORGE_OK);
+    ASSERT_EQ(forge_eval(fresh, chunk.data(), 10, 0, pb.data(), pb.size()), FORGE_OK);
+    EXPECT_TRUE(bit_equal(pa, pb));
+    /* the prompt cache after a load: an extension reuses all 75 tokens; a prompt that leaves them
+     * at 50 is evaluated from the start, as in a new session */
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = 4;
+    struct C {
+        std::vector<int32_t> t;
+        static int cb(void *u, int32_t tok, const char *, size_t) {
+            if (tok >= 0) ((C *)u)->t.push_back(tok);
+            return 0;
+        }
+    } c0, c1, c2;
+    gp.on_token = C::cb;
+    gp.user_data = &c0;
+    forge_metrics mt = ft::sized<forge_metrics>();
+    std::vector<int32_t> prompt = hist;
+    prompt.push_back(42);
+    ASSERT_EQ(forge_session_load(fresh, a.file.c_str()), FORGE_OK);
+    ASSERT_EQ(forge_generate_tokens(fresh, prompt.data(), (int)prompt.size(), &gp, &mt), FORGE_OK);
+    EXPECT_EQ(mt.cached_tokens, 75);
+    std::vector<int32_t> leave(hist.begin(), hist.begin() + 50);
+    leave.push_back(43);
+    ASSERT_EQ(forge_session_load(fresh, a.file.c_str()), FORGE_OK);
+    gp.user_data = &c1;
+    ASSERT_EQ(forge_generate_tokens(fresh, leave.data(), (int)leave.size(), &gp, &mt), FORGE_OK);
+    EXPECT_EQ(mt.cached_tokens, 0);
+    forge_session *newer = ft::session(a.m, 128, 16);
+    ASSERT_NE(newer, nullptr);
+    gp.user_data = &c2;
+    ASSERT_EQ(forge_generate_tokens(newer, leave.data(), (int)leave.size(), &gp, &mt), FORGE_OK);
+    EXPECT_EQ(c1.t, c2.t);
+    EXPECT_EQ((int)c1.t.size(), 4);
+    /* a linear layer's state missing */
+    std::vector<uint8_t> cut = edit_header(file, [](cJSON *hh) { cJSON_DeleteItemFromObject(hh, "layers.1.delta"); });
+    std::string bad = a.dir + "/no_delta.safetensors";
+    FILE *fp = fopen(bad.c_str(), "wb");
+    ASSERT_NE(fp, nullptr);
+    fwrite(cut.data(), 1, cut.size(), fp);
+    fclose(fp);
+    EXPECT_EQ(forge_session_load(newer, bad.c_str()), FORGE_ERR_FORMAT);
+    EXPECT_NE(errmsg(newer).find("layers.1.delta"), std::string::npos) << errmsg(newer);
+    forge_session_free(newer);
+    forge_session_free(fresh);
+    forge_session_free(used);
+}
+
 /* After a load, a prompt that shares only part of the saved tokens reuses the prefix only
  * where the restored rows cover it (the rows before are not in the file); either way the
  * tokens are those of a fresh session. */
