@@ -405,7 +405,9 @@ typedef struct forge_session forge_session;
  *              still reach a kept token, that slide recomputes instead (as does one whose ring
  *              does not fit the session's largest activation buffer); after a ring turned, the
  *              prompt cache cannot go back to a point whose window reaches the kept tokens
- *              (forge_session_truncate says so; generate re-prefills).
+ *              (forge_session_truncate says so; generate re-prefills). A model with
+ *              linear-attention layers (Qwen 3.5) always recomputes: a recurrent state holds
+ *              every token it has seen and cannot drop some.
  *   RECOMPUTE: the kept tokens are evaluated again from scratch: exact (the logits equal a fresh
  *              session's on the kept tokens), at the cost of a prefill of about n_ctx / 2 tokens. */
 typedef enum forge_overflow {

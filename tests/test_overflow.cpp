@@ -386,6 +386,23 @@ TEST(Overflow, SlidingWindowModelsSlideInBothModes) {
     }
 }
 
+/* Qwen 3.5: a recurrent state cannot drop tokens, so SHIFT recomputes as RECOMPUTE does; in
+ * both modes every slide's logits equal a fresh session's on the kept tokens, bit for bit. */
+TEST(Overflow, LinearAttentionModelsRecomputeInBothModes) {
+    forge_model *m = ft::load(ft::src("tests/fixtures/parity/qwen3_5_text_f32"));
+    ASSERT_NE(m, nullptr);
+    for (forge_overflow mode : {FORGE_OVERFLOW_RECOMPUTE, FORGE_OVERFLOW_SHIFT}) {
+        SCOPED_TRACE(mode);
+        forge_session *s = overflow_session(m, 32, 8, mode, 2);
+        ASSERT_NE(s, nullptr);
+        int slides = 0;
+        EXPECT_EQ(slide_vs_fresh(m, s, 32, 8, tokens(60, forge_model_n_vocab(m), 5), &slides), 0.0);
+        EXPECT_GE(slides, 2);
+        forge_session_free(s);
+    }
+    forge_model_free(m);
+}
+
 /* The CLI: `forge run` stops at a full context by default and slides with --ctx-overflow. */
 TEST(Overflow, CliRunSlidesWhenAsked) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
