@@ -274,7 +274,8 @@ typedef struct forge_memory_stats {
     uint64_t kv_cache_bytes;       /* sessions: device bytes of the KV cache (all layers) */
     uint64_t kv_sliding_bytes;     /* sessions: of which sliding-window layers (bounded by the window) */
     uint64_t state_bytes;          /* sessions: device bytes of the recurrent state of linear-attention layers (Qwen 3.5),
-                                    * fixed whatever the context, beside the KV cache */
+                                    * fixed whatever the context, beside the KV cache: one per sequence place, and one
+                                    * more, the prompt cache's checkpoint (see forge_session_truncate) */
 } forge_memory_stats;
 
 typedef struct forge_model_info {
@@ -467,9 +468,13 @@ FORGE_API forge_kv_type forge_session_kv_type(const forge_session *session);
 
 /* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). A model with
  * linear-attention layers (Qwen 3.5), whose recurrent state cannot go back to an earlier position,
- * evaluates the n_keep tokens again from the start (a prefill; takes a parallel slot). Its prompt
- * cache likewise serves a prompt that extends the whole cached sequence, and evaluates any other
- * from the start. */
+ * evaluates the n_keep tokens again (a prefill; takes a parallel slot), from the session's
+ * checkpoint when it lies within them, else from the start. The checkpoint is the recurrent
+ * state after the first tokens of the last generation's prompt: up to where forge_chat's reply
+ * opens (so a chat's next turn, whose template renders the last reply anew, prefills from there),
+ * for other prompts all but the last token. Its prompt cache likewise serves a prompt that extends
+ * the whole cached sequence, restarts one that shares the checkpoint's tokens there, and
+ * evaluates any other from the start. */
 FORGE_API forge_status forge_session_truncate(forge_session *session, int n_keep);
 
 FORGE_API forge_status forge_session_memory(const forge_session *session, forge_memory_stats *stats);

@@ -567,17 +567,21 @@ FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "truncate to %d tokens: the session holds %d", n_keep, s->n_past);
     if (forge__has_linear(&s->m->cfg) && n_keep > 0 && n_keep < s->n_past) {
         /* Qwen 3.5: a linear-attention layer's recurrent state cannot be cut back; the kept tokens
-         * are evaluated again from position 0 (exact, at the cost of their prefill) */
-        int32_t *kept = (int32_t *)malloc(4ull * (size_t)n_keep);
-        if (!kept) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-        memcpy(kept, s->history, 4ull * (size_t)n_keep);
-        s->n_past = 0;
-        s->n_dropped = 0;
+         * are evaluated again, from the prompt cache's checkpoint where it lies within them, else
+         * from position 0 (exact, at the cost of their prefill) */
         forge_status st = forge__slot_acquire(s->m, &s->err);
-        if (!st) {
-            st = forge__eval(s, kept, n_keep, 0, NULL, 0);
-            forge__slot_release(s->m);
+        if (st) return st;
+        int from = forge__ckpt_restart(s, s->history, n_keep);
+        int32_t *kept = (int32_t *)malloc(4ull * (size_t)(n_keep - from) + 4);
+        if (kept) {
+            memcpy(kept, s->history + from, 4ull * (size_t)(n_keep - from));
+            s->n_past = from;
+            s->n_dropped = 0;
+            st = from < n_keep ? forge__eval(s, kept, n_keep - from, 0, NULL, 0) : FORGE_OK;
+        } else {
+            st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         }
+        forge__slot_release(s->m);
         free(kept);
         return st;
     }

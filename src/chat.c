@@ -428,10 +428,21 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
         free(b.buf);
         return rc;
     }
+    /* where the reply's opening begins: the conversation rendered without it, when that is a
+     * prefix (a model with linear-attention layers checkpoints its prompt cache there) */
+    size_t head = 0;
+    if (!(flags & FORGE_CHAT_NO_GENERATION_PROMPT) && forge__has_linear(&m->cfg)) {
+        forge__sb h = {0};
+        forge__err ignored = {0};
+        if (!forge__chat_render_caller(&st, messages, n_messages, flags | FORGE_CHAT_NO_GENERATION_PROMPT, &h, &ignored) && h.len < b.len &&
+            !memcmp(h.buf, b.buf, h.len))
+            head = h.len;
+        free(h.buf);
+    }
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
     p.add_special = 0; /* the template wrote BOS */
-    rc = forge_generate(s, b.buf ? b.buf : "", b.len, &p, metrics);
+    rc = forge__generate_text(s, b.buf ? b.buf : "", b.len, head, &p, metrics);
     free(b.buf);
     return rc;
 }

@@ -214,6 +214,74 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     return FORGE_OK;
 }
 
+/* ---- The prompt cache's checkpoint (Qwen 3.5) ----
+ * A linear-attention layer's recurrent state holds every token it has seen and cannot go back
+ * to an earlier position: without help, a prompt that leaves the cached tokens anywhere would
+ * be evaluated from position 0. So the session keeps one checkpoint, sequence 0's recurrent
+ * states after the first ckpt_pos tokens. Generation takes it where the reply opens: forge_chat
+ * marks where its generation prompt begins (a chat's next turn, whose template renders the
+ * last reply anew, restarts there), any other prompt after all but its last token. A prompt or
+ * a truncation that keeps at least those tokens restarts from it. The checkpoint stays valid
+ * whatever the session does next: the states are a function of the tokens alone (the model and
+ * its adapter do not change), which ckpt_tokens records; the attention layers' rows before
+ * ckpt_pos are the cache's own, which the caller has checked still hold those tokens. */
+
+typedef struct forge__ckpt_args {
+    forge_session *s;
+    bool restore; /* checkpoint -> states, else states -> checkpoint */
+} forge__ckpt_args;
+
+static void forge__record_ckpt_fn(void *ctx, forge__rec *r) {
+    const forge__ckpt_args *a = (const forge__ckpt_args *)ctx;
+    forge_session *s = a->s;
+    const forge__config *c = &s->m->cfg;
+    uint64_t off = 0;
+    forge__barrier(r);
+    for (int l = 0; l < c->n_layers; l++)
+        for (int i = 0; i < 2 && c->layer_linear[l]; i++) { /* sequence 0's: the start of the layer's range */
+            uint64_t bytes = i ? forge__delta_state_bytes(c) : forge__conv_state_bytes(c);
+            forge__range state = (i ? s->vc : s->kc)[l], ckpt = {s->lin_ckpt.buf, s->lin_ckpt.offset + off, bytes};
+            state.size = bytes;
+            forge__copy(r, a->restore ? ckpt : state, a->restore ? state : ckpt, bytes);
+            off += bytes;
+        }
+    forge__barrier(r);
+}
+
+static forge_status forge__ckpt_copy(forge_session *s, bool restore) {
+    forge__recording rc = {0};
+    forge__ckpt_args args = {s, restore};
+    forge_status st = forge__record(s->m, s->cmd_pool, false, forge__record_ckpt_fn, &args, &rc, &s->err);
+    if (!st) st = forge__submit_wait(&s->m->dev, rc.cb, s->fence, &s->err);
+    forge__recording_free(&s->m->dev, s->cmd_pool, &rc);
+    return st;
+}
+
+/* Checkpoints the states after the session's n_past tokens (a model with linear layers). */
+static forge_status forge__ckpt_take(forge_session *s) {
+    if (!forge__has_linear(&s->m->cfg) || s->n_past <= 0) return FORGE_OK;
+    if (s->ckpt_pos == s->n_past && !memcmp(s->ckpt_tokens, s->history, 4ull * (size_t)s->n_past)) return FORGE_OK;
+    s->ckpt_pos = -1;
+    forge_status st = forge__ckpt_copy(s, false);
+    if (st) return st;
+    memcpy(s->ckpt_tokens, s->history, 4ull * (size_t)s->n_past);
+    s->ckpt_pos = s->n_past;
+    return FORGE_OK;
+}
+
+/* Restarts sequence 0 from the checkpoint when its tokens begin tokens[0, common) (which the
+ * cache holds): n_past becomes ckpt_pos, which is returned; 0 when it cannot (no checkpoint,
+ * another prefix, a device error: the caller then evaluates from position 0). */
+static int forge__ckpt_restart(forge_session *s, const int32_t *tokens, int common) {
+    if (s->ckpt_pos <= 0 || s->ckpt_pos > common || memcmp(s->ckpt_tokens, tokens, 4ull * (size_t)s->ckpt_pos)) return 0;
+    if (forge__ckpt_copy(s, true)) {
+        s->ckpt_pos = -1;
+        return 0;
+    }
+    s->n_past = s->ckpt_pos;
+    return s->ckpt_pos;
+}
+
 /* ---- Sliding a full context (forge_overflow) ----
  * The kept tokens are history[0, keep) and history[keep + d, n_past); they end at n_past - d.
  * SHIFT moves the cache rows of the second run down d rows (transfer copies in chunks of d
@@ -425,6 +493,9 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->n_seq = sp->n_seq;
     s->kv_f16 = sp->kv_f16;
     s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);
+    s->ckpt_pos = -1;
+    if (forge__has_linear(c) && !(s->ckpt_tokens = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16)))
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     s->kc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
     s->vc = (forge__range *)forge__arena_alloc(&s->arena, sizeof(forge__range) * (size_t)c->n_layers, 16);
     s->slots = (uint32_t *)forge__arena_alloc(&s->arena, sizeof(uint32_t) * (size_t)c->n_layers, 16);
@@ -449,7 +520,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
         [FORGE__SB_PLE_G] = &s->ple_g, [FORGE__SB_LIN_MIX] = &s->lin_mix, [FORGE__SB_LIN_QKV] = &s->lin_qkv, [FORGE__SB_LIN_OUT] = &s->lin_out,
-        [FORGE__SB_SHARED_S] = &s->shared_s,
+        [FORGE__SB_SHARED_S] = &s->shared_s, [FORGE__SB_LIN_CKPT] = &s->lin_ckpt,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {

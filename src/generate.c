@@ -314,9 +314,10 @@ static int forge__reuse_prefix(forge_session *s, const int32_t *prompt, int n, i
     if (common == n) common = n - 1; /* the last prompt token is evaluated again for its logits */
     *wrapped = 0;
     /* Qwen 3.5's linear-attention layers hold the state after all n_past tokens and cannot go
-     * back: the cache serves a prompt that extends the whole cached sequence, else the prompt is
-     * evaluated from the start */
-    if (forge__has_linear(&s->m->cfg) && common < s->n_past) common = 0;
+     * back: the cache serves a prompt that extends the whole cached sequence, else the prompt
+     * restarts from the checkpoint (exec.c) when that lies within the common tokens, else from
+     * position 0 */
+    if (forge__has_linear(&s->m->cfg) && common < s->n_past) common = forge__ckpt_restart(s, prompt, common);
     if (common > 0 && common < s->n_past && !forge__truncate_valid(s, common)) {
         *wrapped = 1;
         common = 0;
@@ -359,7 +360,9 @@ static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repea
     return true;
 }
 
-static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt,
+/* Generates from prompt; a model with linear-attention layers checkpoints the prompt cache
+ * (exec.c) after the first `snap` prompt tokens (-1: all but the last). */
+static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt, int snap,
                                           const forge_generate_params *params, forge_metrics *metrics) {
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
@@ -392,12 +395,17 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
-    /* prefill: all but the last chunk without outputs, the last one sampled */
+    /* prefill: all but the last chunk without outputs, the last one sampled; a step ends where
+     * the checkpoint goes */
     int done = mt.cached_tokens;
+    if (!forge__has_linear(&m->cfg)) snap = -1;
+    else if (snap < 0 || snap >= n_prompt) snap = n_prompt - 1;
     while (!st && done < n_prompt) {
         if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+        if (done == snap && (st = forge__ckpt_take(s))) break;
         if (s->n_past == s->n_ctx && (st = forge__make_room(s, 1))) break; /* slides (prompts over n_ctx) */
         int step = FORGE__MIN(FORGE__MIN(n_prompt - done, s->n_batch), s->n_ctx - s->n_past);
+        if (done < snap) step = FORGE__MIN(step, snap - done);
         bool last = done + step == n_prompt;
         if (last) /* the penalty window includes the prompt */
             sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, prompt + done, step, window) : 0;
@@ -499,32 +507,46 @@ FORGE_API forge_status forge_generate_tokens(forge_session *s, const int32_t *pr
     if (st) return st;
     st = forge__slot_acquire(s->m, &s->err);
     if (st) return st;
-    st = forge__generate_tokens(s, prompt, n_prompt, params, metrics);
+    st = forge__generate_tokens(s, prompt, n_prompt, -1, params, metrics);
     forge__slot_release(s->m);
     return st;
 }
 
-FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
-                                      const forge_generate_params *params, forge_metrics *metrics) {
+/* forge_generate; with snap_len > 0 (forge_chat: where its generation prompt begins) the prompt
+ * cache's checkpoint goes after the tokens of the text's first snap_len bytes, when they begin
+ * the prompt's tokens. */
+static forge_status forge__generate_text(forge_session *s, const char *prompt, size_t prompt_len, size_t snap_len,
+                                         const forge_generate_params *params, forge_metrics *metrics) {
     if (!s || (!prompt && prompt_len)) return FORGE_ERR_INVALID_ARGUMENT;
     forge_status st = forge__check_sized(metrics, "forge_metrics", &s->err);
     if (st) return st;
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
-    int32_t *ids = NULL;
-    size_t n = 0;
+    int32_t *ids = NULL, *head = NULL;
+    size_t n = 0, n_head = 0;
+    int snap = -1;
     st = forge__tokenize_alloc(s->m, prompt, prompt_len, p.add_special, &ids, &n);
+    if (!st && snap_len > 0 && snap_len < prompt_len && forge__has_linear(&s->m->cfg) &&
+        !forge__tokenize_alloc(s->m, prompt, snap_len, p.add_special, &head, &n_head) && n_head < n && !memcmp(head, ids, 4 * n_head))
+        snap = (int)n_head;
+    free(head);
     if (st == FORGE_ERR_OUT_OF_MEMORY) {
         forge__fail(&s->err, st, "out of host memory");
     } else if (st) {
         forge__fail(&s->err, st, "tokenizing the prompt: %s", forge_model_errmsg(s->m));
     } else if (n == 0) {
         st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "the prompt is empty and the tokenizer adds no BOS: nothing to generate from");
-    } else {
-        st = forge_generate_tokens(s, ids, (int)n, &p, metrics);
+    } else if (!(st = forge__slot_acquire(s->m, &s->err))) {
+        st = forge__generate_tokens(s, ids, (int)n, snap, &p, metrics);
+        forge__slot_release(s->m);
     }
     free(ids);
     return st;
+}
+
+FORGE_API forge_status forge_generate(forge_session *s, const char *prompt, size_t prompt_len,
+                                      const forge_generate_params *params, forge_metrics *metrics) {
+    return forge__generate_text(s, prompt, prompt_len, 0, params, metrics);
 }
 
 FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n_tokens) {
@@ -533,9 +555,12 @@ FORGE_API forge_status forge_warm(forge_session *s, const int32_t *tokens, int n
     forge_status st = forge__skip_dropped(s, tokens, &n_tokens, &continued);
     if (st) return st;
     if (continued) tokens = continued;
-    int wrapped = 0;
-    int kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
-    if (kept < n_tokens) st = forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
+    int wrapped = 0, kept = 0;
+    if (!(st = forge__slot_acquire(s->m, &s->err))) { /* the prefix may restart from a checkpoint, on the device */
+        kept = forge__reuse_prefix(s, tokens, n_tokens, &wrapped);
+        forge__slot_release(s->m);
+    }
+    if (!st && kept < n_tokens) st = forge_eval(s, tokens + kept, n_tokens - kept, 0, NULL, 0);
     free(continued);
     return st;
 }

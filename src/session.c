@@ -98,6 +98,10 @@ struct forge_session {
     forge__range lin_mix, lin_qkv, lin_out; /* Qwen 3.5's linear layers: the in-projection's rows [n_batch, conv_dim + VD + 2 NV],
                                              * the convolved q|k|v [n_batch, conv_dim], the mixer's output [n_batch, VD] */
     forge__range shared_s;              /* Qwen 3.5-MoE: x . shared_expert_gate per row [n_batch] */
+    forge__range lin_ckpt;              /* Qwen 3.5: the prompt cache's checkpoint, sequence 0's recurrent states after the
+                                         * first ckpt_pos tokens: per linear layer its convolution's state, then its delta rule's */
+    int ckpt_pos;                       /* -1: no checkpoint */
+    int32_t *ckpt_tokens;               /* [n_ctx] the tokens the checkpoint follows (ckpt_pos of them) */
     forge__range *kc, *vc;            /* per layer [n_seq, slots, n_kv_heads, head_dim], f32 or (kv_f16) f16; a linear-attention
                                        * layer (Qwen 3.5) holds its recurrent state there instead, always f32: kc the convolution's
                                        * last inputs [n_seq, lin_conv - 1, conv_dim], vc the delta rule's [n_seq, NV, lin_k_dim, lin_v_dim] */
@@ -142,6 +146,12 @@ static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { r
 static uint64_t forge__lin_mix_dim(const forge__config *c) { return forge__lin_conv_dim(c) + forge__lin_v_dim(c) + 2ull * c->lin_v_heads; }
 static uint64_t forge__conv_state_bytes(const forge__config *c) { return 4ull * (uint64_t)(c->lin_conv - 1) * forge__lin_conv_dim(c); }
 static uint64_t forge__delta_state_bytes(const forge__config *c) { return 4ull * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim; }
+/* One sequence's recurrent states over all linear layers (the checkpoint's size). */
+static uint64_t forge__recurrent_seq_bytes(const forge__config *c) {
+    uint64_t n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->layer_linear[l] ? forge__conv_state_bytes(c) + forge__delta_state_bytes(c) : 0;
+    return n;
+}
 
 /* The widest rows of the per-layer activations over all layers: the fused q|k|v row, the
  * attention's output, and the MLP's middle (a mixture-of-experts layer's middle holds
@@ -278,7 +288,7 @@ typedef enum forge__session_buf {
     FORGE__SB_ACT_Q8_RES, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
     FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_LIN_MIX, FORGE__SB_LIN_QKV, FORGE__SB_LIN_OUT, FORGE__SB_SHARED_S,
-    FORGE__SB_COUNT
+    FORGE__SB_LIN_CKPT, FORGE__SB_COUNT
 } forge__session_buf;
 
 #define FORGE__MOE_BM 64 /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
@@ -329,6 +339,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_LIN_QKV] = forge__has_linear(c) ? nb * forge__lin_conv_dim(c) * 4 : 16,
         [FORGE__SB_LIN_OUT] = forge__has_linear(c) ? nb * forge__lin_v_dim(c) * 4 : 16,
         [FORGE__SB_SHARED_S] = c->shared_ffn ? FORGE__MAX(nb * 4, 16) : 16,
+        [FORGE__SB_LIN_CKPT] = FORGE__MAX(forge__recurrent_seq_bytes(c), 16),
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -343,7 +354,8 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
 
 static void forge__session_kv_bytes(const forge_model *m, const forge__session_plan *sp, uint64_t *all, uint64_t *sliding, uint64_t *state) {
     const forge__config *c = &m->cfg;
-    *all = *sliding = *state = 0;
+    *all = *sliding = 0;
+    *state = forge__recurrent_seq_bytes(c); /* the prompt cache's checkpoint */
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_linear[l]) *state += (uint64_t)sp->n_seq * (forge__conv_state_bytes(c) + forge__delta_state_bytes(c));
         if (forge__kv_shared(c, l) || c->layer_linear[l]) continue;

@@ -1158,6 +1158,16 @@ static void ft_kv_copy_fn(void *ctx, forge__rec *r) {
     forge__host_barrier(r);
 }
 
+forge_status ft_generate_checkpointed(forge_session *s, const int32_t *prompt, int n, int snap, const forge_generate_params *p,
+                                      forge_metrics *mt, int *ckpt_pos) {
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__generate_tokens(s, prompt, n, snap, p, mt);
+    forge__slot_release(s->m);
+    *ckpt_pos = s->ckpt_pos;
+    return st;
+}
+
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out) {
     forge__device *d = &s->m->dev;
     uint64_t row = forge__kv_row_bytes(&s->m->cfg, layer, s->kv_f16);

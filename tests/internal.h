@@ -264,6 +264,11 @@ void ft_model_set_chat_template(forge_model *m, const char *tmpl);
  * *out is malloc'd (free it), NULL when nothing was rendered. */
 forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
                                char **out, size_t *len);
+/* forge_generate_tokens with the prompt cache's checkpoint (a model with linear-attention
+ * layers) after the first `snap` prompt tokens, as forge_chat places it (-1: all but the last);
+ * *ckpt_pos gets where the session's checkpoint then is (-1: none). */
+forge_status ft_generate_checkpointed(forge_session *s, const int32_t *prompt, int n, int snap, const forge_generate_params *p,
+                                      forge_metrics *mt, int *ckpt_pos);
 /* ---- sessions (context overflow) ---- */
 /* The tokens the session's cache holds, in cache order (n_past of them) into out[0..cap). */
 int ft_session_history(const forge_session *s, int32_t *out, int cap);

@@ -311,6 +311,84 @@ TEST(Generate, PromptCacheReusesExactPrefixWithIdenticalLogits) {
     forge_session_free(b);
 }
 
+/* Qwen 3.5's prompt cache: a recurrent state cannot go back, so a prompt that leaves the cached
+ * tokens restarts from the session's checkpoint when it lies within the common tokens, else from
+ * position 0; either way the greedy tokens are a fresh session's. A chat-like second turn (the
+ * first turn's reply opening, checkpointed before, rendered anew, then the reply and a new
+ * message) restarts at the checkpoint; a regenerate of the same prompt restarts one token before
+ * its end; a prompt leaving the tokens before the checkpoint starts over; a truncation restarts
+ * there too (then checked against a fresh session's logits). */
+TEST(Generate, Qwen35PromptCacheRestartsFromItsCheckpoint) {
+    forge_model *m = ft::load(ft::src("tests/fixtures/parity/qwen3_5_text_f32"));
+    ASSERT_NE(m, nullptr);
+    const int V = forge_model_n_vocab(m);
+    forge_session *s = ft::session(m, 128, 16);
+    ASSERT_NE(s, nullptr);
+    auto toks = [&](int n, int mul, int add) {
+        std::vector<int32_t> v;
+        for (int i = 0; i < n; i++) v.push_back((i * mul + add) % V);
+        return v;
+    };
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = 6;
+    gp.ignore_eos = 1;
+    gp.on_token = Collect::cb;
+    /* what a new session generates from p */
+    auto fresh = [&](const std::vector<int32_t> &p) {
+        forge_session *f = ft::session(m, 128, 16);
+        Collect c;
+        forge_generate_params g = gp;
+        g.user_data = &c;
+        EXPECT_EQ(forge_generate_tokens(f, p.data(), (int)p.size(), &g, nullptr), FORGE_OK);
+        forge_session_free(f);
+        return c.tokens;
+    };
+    auto run = [&](const std::vector<int32_t> &p, int snap, int want_cached, int want_ckpt, const char *what) {
+        Collect c;
+        forge_generate_params g = gp;
+        g.user_data = &c;
+        forge_metrics mt = ft::sized<forge_metrics>();
+        int ckpt = -2;
+        ASSERT_EQ(ft_generate_checkpointed(s, p.data(), (int)p.size(), snap, &g, &mt, &ckpt), FORGE_OK) << forge_session_errmsg(s);
+        EXPECT_EQ(mt.cached_tokens, want_cached) << what;
+        EXPECT_EQ(ckpt, want_ckpt) << what;
+        EXPECT_EQ(c.tokens, fresh(p)) << what;
+        c.tokens.clear();
+    };
+    std::vector<int32_t> head = toks(30, 7, 3), open1 = {5, 6, 7}, open2 = {5, 6}, msg = toks(9, 11, 1);
+    std::vector<int32_t> turn1 = head;
+    turn1.insert(turn1.end(), open1.begin(), open1.end());
+    run(turn1, 30, 0, 30, "first turn");
+    std::vector<int32_t> turn2 = head, reply = toks(6, 13, 2);
+    turn2.insert(turn2.end(), open2.begin(), open2.end()); /* the reply's opening rendered anew */
+    turn2.insert(turn2.end(), reply.begin(), reply.end());
+    turn2.insert(turn2.end(), msg.begin(), msg.end());
+    turn2.insert(turn2.end(), open1.begin(), open1.end());
+    run(turn2, (int)turn2.size() - 3, 30, (int)turn2.size() - 3, "second turn");
+    run(turn2, -1, (int)turn2.size() - 3, (int)turn2.size() - 1, "the same prompt, its reply regenerated");
+    run(turn2, -1, (int)turn2.size() - 1, (int)turn2.size() - 1, "and again");
+    std::vector<int32_t> other(turn2.begin(), turn2.begin() + 20);
+    other.push_back(99);
+    run(other, -1, 0, 20, "leaving the tokens before the checkpoint");
+    /* a truncation within the checkpointed tokens' reach restarts from the checkpoint */
+    ASSERT_EQ(forge_session_truncate(s, 20 + 1 + 3), FORGE_OK) << forge_session_errmsg(s);
+    std::vector<int32_t> kept(other.begin(), other.end());
+    std::vector<int32_t> hist(24);
+    size_t n_hist = 0;
+    ASSERT_EQ(forge_session_tokens(s, hist.data(), hist.size(), &n_hist), FORGE_OK);
+    ASSERT_EQ(n_hist, 24u);
+    std::vector<float> a(V), b(V);
+    int32_t next = 17;
+    ASSERT_EQ(forge_eval(s, &next, 1, 0, a.data(), a.size()), FORGE_OK);
+    forge_session *f = ft::session(m, 128, 16);
+    ASSERT_EQ(forge_eval(f, hist.data(), 24, 0, nullptr, 0), FORGE_OK);
+    ASSERT_EQ(forge_eval(f, &next, 1, 0, b.data(), b.size()), FORGE_OK);
+    EXPECT_LE(ft::rel_err(a.data(), b.data(), V), 1e-5);
+    forge_session_free(f);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
 TEST(Generate, ContextLimits) {
     Stories st;
     ASSERT_NE(st.m, nullptr);
