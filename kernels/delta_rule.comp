@@ -4,7 +4,8 @@
 // sequence's rows in order, as conv1d.comp groups them), the head's state S [k_dim, v_dim] in
 // the state buffer (the sequence's place), read and written column by column. Per row t, with
 // key head kh = h / (v_heads / k_heads) (each key head serves consecutive value heads, as
-// transformers' repeat_interleave does):
+// transformers' repeat_interleave does), or kh = h % k_heads with v_tiled (llama.cpp's GGUF
+// files order the value heads so, for ggml's broadcast):
 //   q = l2norm(q_kh) / sqrt(k_dim), k = l2norm(k_kh) (l2norm: x / sqrt(sum x^2 + 1e-6))
 //   beta = sigmoid(b_h), decay = exp(neg_a_h * softplus(a_h + dt_bias_h))   (neg_a = -exp(A_log))
 //   S = decay S;  delta = (v_h - S^T k) beta;  S += k delta^T;  o = S^T q
@@ -33,6 +34,7 @@ layout(push_constant) uniform PC {
     uint n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
     uint mix_stride, z_off, b_off, a_off;
     float eps;
+    uint v_tiled;
 } pc;
 
 const uint WG = 128u;
@@ -44,7 +46,7 @@ void main() {
     uint tid = gl_LocalInvocationID.x;
     uint h = gl_WorkGroupID.x, g = gl_WorkGroupID.y;
     uint DK = pc.k_dim, DV = pc.v_dim, KD = pc.k_heads * DK;
-    uint kh = h / (pc.v_heads / pc.k_heads);
+    uint kh = pc.v_tiled != 0u ? h % pc.k_heads : h / (pc.v_heads / pc.k_heads);
     uint row0 = g * pc.group_rows;
     uint place = pc.table != 0u ? params.tab[TAB + 2u * row0 + 1u] : g;
     uint pos = pc.table != 0u ? params.tab[TAB + 2u * row0] : params.pos0;

@@ -101,6 +101,9 @@ typedef struct forge__config {
      * depthwise convolution of lin_conv taps over q|k|v; the state [lin_v_heads, lin_k_dim, lin_v_dim] */
     uint8_t layer_linear[FORGE__MAX_LAYERS];
     int lin_k_heads, lin_v_heads, lin_k_dim, lin_v_dim, lin_conv;
+    bool lin_v_tiled;             /* llama.cpp's qwen35 files order the value heads tiled (value head h uses key head
+                                   * h % lin_k_heads: the V heads' rows, z, b, a, dt, A, the conv channels and out_proj's
+                                   * columns alike), not grouped as transformers does (key head h / (v_heads / k_heads)) */
     bool attn_gate;               /* Qwen 3.5's full attention: q_proj gives each head's query and an output gate (sigmoid) */
     int shared_ffn;               /* Qwen 3.5-MoE: the shared expert's width beside the experts (0: none), its output times
                                    * sigmoid(x . shared_expert_gate) */
@@ -806,6 +809,73 @@ static forge_status forge__config_gemma4_gguf(const forge__gguf *g, const forge_
     return FORGE_OK;
 }
 
+/* Qwen 3.5 from llama.cpp's `qwen35` / `qwen35moe` GGUF keys (its converter's Qwen3NextModel and
+ * Qwen3_5TextModel; read as src/models/qwen35.cpp does): the layer types from
+ * attention.recurrent_layers (one bool a layer, true: linear attention) or else
+ * full_attention_interval (default 4: every fourth layer full attention); the linear layers from
+ * ssm.conv_kernel, ssm.state_size (the key head dim), ssm.group_count (key heads),
+ * ssm.time_step_rank (value heads) and ssm.inner_size (value heads x value head dim), their value
+ * heads tiled (lin_v_tiled); partial RoPE over rope.dimension_count of the head (NEOX pairs within
+ * them; the multimodal sections do not matter for text, whose positions are equal); the shared
+ * expert's width expert_shared_feed_forward_length (else feed_forward_length). The norms hold
+ * their 1 already (the converter adds it) and ssm_a is -exp(A_log) (model.c). */
+static forge_status forge__config_qwen35_gguf(const forge__gguf *g, const char *path, const char *arch, int n_all, forge__config *c,
+                                              forge__err *err) {
+    char key[160];
+    int64_t v;
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", arch);
+    const forge__gguf_kv *rk = forge__gguf_find(g, key);
+    if (rk && rk->type == FORGE__GGUF_ARRAY) {
+        /* one entry for each block of the file, the multi-token-prediction blocks' (false) included */
+        if (rk->count != (uint64_t)n_all || (rk->elem_type != FORGE__GGUF_BOOL && rk->elem_type != FORGE__GGUF_UINT8 && rk->elem_type != FORGE__GGUF_INT8))
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be %d bools (one per block; true: a linear-attention layer)", path, key, n_all);
+        for (int l = 0; l < c->n_layers; l++) c->layer_linear[l] = rk->value[l] != 0;
+    } else if (rk) {
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s must be an array of bools", path, key);
+    } else {
+        snprintf(key, sizeof key, "%s.full_attention_interval", arch);
+        int64_t interval = forge__gguf_get_int(g, key, &v) ? v : 4;
+        if (interval <= 0 || interval > INT32_MAX) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld must be positive", path, key, (long long)interval);
+        for (int l = 0; l < c->n_layers; l++) c->layer_linear[l] = (l + 1) % interval != 0;
+    }
+    static const char *const ssm_keys[5] = {"ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size"};
+    int ssm[5];
+    for (int i = 0; i < 5; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, ssm_keys[i]);
+        if (!forge__gguf_get_int(g, key, &v)) return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' is missing", path, key);
+        if (v <= 0 || v > INT32_MAX) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld is out of range", path, key, (long long)v);
+        ssm[i] = (int)v;
+    }
+    if (ssm[4] % ssm[3])
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s.ssm.inner_size %d is not a multiple of %s.ssm.time_step_rank %d (the value heads)", path,
+                           arch, ssm[4], arch, ssm[3]);
+    c->lin_conv = ssm[0], c->lin_k_dim = ssm[1], c->lin_k_heads = ssm[2], c->lin_v_heads = ssm[3], c->lin_v_dim = ssm[4] / ssm[3];
+    c->lin_v_tiled = c->lin_k_heads != c->lin_v_heads;
+    c->attn_gate = true;
+    c->qk_norm = true; /* (layer 0 is usually a linear layer, without attn_q_norm) */
+    snprintf(key, sizeof key, "%s.attention.value_length", arch);
+    if (forge__gguf_get_int(g, key, &v) && v != c->head_dim)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %s = %lld differs from the key length %d", path, key, (long long)v, c->head_dim);
+    if (c->rope_full.scaling != FORGE__ROPE_NONE)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: Qwen 3.5 with a scaled RoPE (%s.rope.scaling.type) is not supported", path, arch);
+    snprintf(key, sizeof key, "%s.rope.dimension_count", arch);
+    int64_t n_rot = forge__gguf_get_int(g, key, &v) ? v : c->head_dim;
+    if (n_rot < 2 || n_rot > c->head_dim || n_rot % 2)
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld must be even and in [2, %d] (the head size)", path, key, (long long)n_rot, c->head_dim);
+    c->rope_full.scaling = FORGE__ROPE_PARTIAL;
+    c->rope_full.partial = (double)n_rot / c->head_dim;
+    if ((int64_t)(c->head_dim * c->rope_full.partial) != n_rot) c->rope_full.partial = nextafter(c->rope_full.partial, 2.0);
+    c->rope_sliding = c->rope_full;
+    if (c->arch == FORGE__ARCH_QWEN35MOE) { /* the experts' keys are read as qwen3moe's; every layer's MLP is the shared expert's */
+        snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+        c->shared_ffn = forge__gguf_get_int(g, key, &v) ? (int)FORGE__MIN(FORGE__MAX(v, -1), INT32_MAX) : c->ffn;
+        if (c->shared_ffn <= 0)
+            return forge__fail(err, FORGE_ERR_FORMAT, "%s: metadata key '%s' (or %s.feed_forward_length) is missing or not positive", path, key, arch);
+        c->ffn = c->shared_ffn;
+    }
+    return FORGE_OK;
+}
+
 /* Fills *c from GGUF metadata (llama.cpp's keys: "{arch}.embedding_length", ...). */
 FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const forge__tensor_table *tt,
                                                      const char *path, forge__config *c, forge__err *err) {
@@ -821,7 +891,7 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         if (!strcmp(arch, forge__arch_names[i])) a = i;
     if (a < 0)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported in GGUF files (llama, qwen2, qwen3, qwen3moe, "
-                           "gemma2, gemma3, gemma4)", path, arch);
+                           "gemma2, gemma3, gemma4, qwen35, qwen35moe)", path, arch);
     c->arch = (forge__arch)a;
     char key[160];
     int64_t v;
@@ -834,15 +904,16 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     FORGE__GGUF_INT(hidden, "embedding_length", true)
     FORGE__GGUF_INT(n_layers, "block_count", true)
     FORGE__GGUF_INT(n_heads, "attention.head_count", true)
-    FORGE__GGUF_INT(ffn, "feed_forward_length", a != FORGE__ARCH_GEMMA4) /* gemma4: maybe one a layer (below) */
+    /* gemma4: maybe one a layer (below); qwen35moe: the shared expert's width may stand in (forge__config_qwen35_gguf) */
+    FORGE__GGUF_INT(ffn, "feed_forward_length", a != FORGE__ARCH_GEMMA4 && a != FORGE__ARCH_QWEN35MOE)
     FORGE__GGUF_INT(n_ctx_train, "context_length", false)
     c->n_kv_heads = c->n_heads;
     if (a != FORGE__ARCH_GEMMA4) { FORGE__GGUF_INT(n_kv_heads, "attention.head_count_kv", false) }
     c->head_dim = c->hidden / c->n_heads;
     FORGE__GGUF_INT(head_dim, "attention.key_length", false)
     FORGE__GGUF_INT(n_vocab, "vocab_size", false)
-    if (c->arch == FORGE__ARCH_QWEN3MOE) {
-        /* llama.cpp's qwen3moe graph: softmax over all experts, the top expert_used_count
+    if (c->arch == FORGE__ARCH_QWEN3MOE || c->arch == FORGE__ARCH_QWEN35MOE) {
+        /* llama.cpp's qwen3moe and qwen35moe graphs: softmax over all experts, the top expert_used_count
          * renormalized (norm_topk_prob is not stored; expert_weights_norm where a file has it) */
         FORGE__GGUF_INT(n_experts, "expert_count", true)
         FORGE__GGUF_INT(n_experts_used, "expert_used_count", true)
@@ -853,6 +924,12 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
         c->moe_norm_topk = !forge__gguf_get_int(g, key, &v) || v != 0;
     }
 #undef FORGE__GGUF_INT
+    int n_all = c->n_layers; /* the file's blocks: Qwen 3.5's multi-token-prediction blocks come after the decoder's */
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+    if (forge__arch_qwen35(a) && forge__gguf_get_int(g, key, &v)) {
+        if (v < 0 || v >= n_all) return forge__fail(err, FORGE_ERR_FORMAT, "%s: %s = %lld must be in [0, %d)", path, key, (long long)v, n_all);
+        c->n_layers -= (int)v; /* forge runs the decoder and leaves them alone */
+    }
     if (c->n_layers > FORGE__MAX_LAYERS)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: %d layers (forge supports up to %d)", path, c->n_layers, FORGE__MAX_LAYERS);
     for (int l = 0; l < c->n_layers; l++) {
@@ -904,6 +981,10 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     if (c->arch == FORGE__ARCH_GEMMA4) {
         forge_status st4 = forge__config_gemma4_gguf(g, tt, path, arch, c, err);
         if (st4) return st4;
+    }
+    if (forge__arch_qwen35(c->arch)) {
+        forge_status st35 = forge__config_qwen35_gguf(g, path, arch, n_all, c, err);
+        if (st35) return st35;
     }
     if (gemma) {
         snprintf(key, sizeof key, "%s.attention.sliding_window", arch);

@@ -549,7 +549,7 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     forge__dispatch(r, FORGE__OP_CONV1D, bc, &pc, (CD + 63) / 64, n / group, 1);
     forge__barrier(r);
     forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, (uint32_t)c->lin_k_dim, (uint32_t)c->lin_v_dim, group, table,
-                          MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps};
+                          MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps, c->lin_v_tiled ? 1u : 0u};
     forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};
     forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
     forge__barrier(r);

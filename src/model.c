@@ -360,6 +360,8 @@ static forge__tensor *forge__lookup(forge__loader *L, forge__role role, int laye
 static forge_status forge__expect_shape(forge_model *m, const forge__tensor *t, int n_dims, int64_t d0, int64_t d1,
                                         const char *why) {
     bool ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims < 2 || t->shape[1] == d1);
+    /* a matrix of one row may come as a vector (Qwen 3.5-MoE's shared expert gate, llama.cpp's ffn_gate_inp_shexp) */
+    ok |= n_dims == 2 && d0 == 1 && t->n_dims == 1 && t->shape[0] == d1;
     if (ok) return FORGE_OK;
     char got[96];
     forge__shape_str(t, got, sizeof got);

@@ -104,6 +104,7 @@ typedef struct forge__pc_delta {    /* delta_rule.comp */
     uint32_t n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
     uint32_t mix_stride, z_off, b_off, a_off; /* the in-projection's row: z, b and a columns */
     float eps;
+    uint32_t v_tiled;               /* value head h reads key head h % k_heads (llama.cpp's order), not h / (v_heads / k_heads) */
 } forge__pc_delta;
 typedef struct forge__pc_moe_route { /* moe_route.comp */
     uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */

@@ -5,6 +5,9 @@
  * position; and prefill-then-decode must give the same logits as the full prefill. */
 #include <cjson/cJSON.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "internal.h"
 #include "parity.h"
 #include "util.h"
@@ -70,7 +73,9 @@ std::string case_name(const ::testing::TestParamInfo<std::string> &i) {
 } // namespace
 
 /* A case is a fixture directory (reference.json, logits, and the checkpoint itself), or
- * "gguf/NAME": the GGUF conversion in tests/fixtures/gguf checked against parity/NAME's logits. */
+ * "gguf/NAME": the GGUF conversion in tests/fixtures/gguf checked against parity/NAME's logits,
+ * or against gguf/NAME/'s where a quantized file has its own (the float64 forward of its exactly
+ * dequantized weights). */
 class Parity : public ::testing::TestWithParam<std::string> {
   protected:
     std::string model_path() const {
@@ -80,7 +85,8 @@ class Parity : public ::testing::TestWithParam<std::string> {
     }
     std::string ref_dir() const {
         const std::string &p = GetParam();
-        if (p.rfind("gguf/", 0) == 0) return fixture_path(p.substr(5));
+        if (p.rfind("gguf/", 0) == 0)
+            return ft::exists(ft::src("tests/fixtures/" + p + "/reference.json")) ? ft::src("tests/fixtures/" + p) : fixture_path(p.substr(5));
         return fixture_path(p);
     }
 };
@@ -254,7 +260,9 @@ INSTANTIATE_TEST_SUITE_P(MLX, Parity,
 /* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */
 INSTANTIATE_TEST_SUITE_P(GGUF, Parity,
                          ::testing::Values("gguf/llama3_f32_untied", "gguf/qwen2_f32_tied", "gguf/qwen3_f32_sharded", "gguf/gemma2_f32",
-                                           "gguf/gemma3_text_f32", "gguf/qwen3_moe_f32", "gguf/gemma4_text_f32", "gguf/gemma4_moe_f32"),
+                                           "gguf/gemma3_text_f32", "gguf/qwen3_moe_f32", "gguf/gemma4_text_f32", "gguf/gemma4_moe_f32",
+                                           "gguf/qwen3_5_text_f32", "gguf/qwen3_5_moe_f32", "gguf/mistral_v03_bf16",
+                                           "gguf/qwen3_5_text_q8_0", "gguf/qwen3_5_text_q4_0", "gguf/qwen3_5_moe_q8_0"),
                          case_name);
 
 /* The default (fast) settings: on devices with tensor cores the prefill rounds activations to
@@ -336,4 +344,26 @@ TEST(ParityGemma4, WhatMixedLayerShapesRefuseOrRecompute) {
     EXPECT_NE(std::string(forge_model_errmsg(m)).find("training is not supported for architecture gemma4"), std::string::npos)
         << forge_model_errmsg(m);
     forge_model_free(m);
+}
+
+/* A qwen35 GGUF without one of the keys its linear layers need is refused, naming the key: each
+ * key of the fixture renamed in turn (one letter changed in the file's bytes). */
+TEST(ParityGGUFQwen35, MissingMetadataKeyIsNamed) {
+    std::vector<uint8_t> bytes = ft::read_file(ft::src("tests/fixtures/gguf/qwen3_5_text_f32.gguf"));
+    ASSERT_FALSE(bytes.empty());
+    std::string dir = ft::tmpdir("gguf_qwen35_keys");
+    for (const char *key : {"qwen35.ssm.conv_kernel", "qwen35.ssm.state_size", "qwen35.ssm.group_count", "qwen35.ssm.time_step_rank",
+                            "qwen35.ssm.inner_size"}) {
+        std::vector<uint8_t> b = bytes;
+        auto at = std::search(b.begin(), b.end(), key, key + strlen(key));
+        ASSERT_NE(at, b.end()) << key;
+        at[strlen(key) - 1] ^= 0x20; /* the last letter's case: another key */
+        std::string path = dir + "/renamed.gguf";
+        ft::write_file(path, b.data(), b.size());
+        forge_model *m = nullptr;
+        EXPECT_EQ(forge_model_load(path.c_str(), nullptr, &m), FORGE_ERR_FORMAT) << key;
+        std::string msg = forge_model_errmsg(m);
+        EXPECT_NE(msg.find(std::string("metadata key '") + key + "' is missing"), std::string::npos) << msg;
+        forge_model_free(m);
+    }
 }

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """HF checkpoint -> GGUF, following llama.cpp's converter conventions; numpy only.
 
-    python3 tools/hf_to_gguf.py HF_DIR OUT.gguf [--outtype f32|f16]
+    python3 tools/hf_to_gguf.py HF_DIR OUT.gguf [--outtype f32|f16|q8_0|q4_0]
     python3 tools/hf_to_gguf.py --verify OUT.gguf PARITY_DIR [--tol 1e-4]  # float64 forward vs HF logits
     python3 tools/hf_to_gguf.py --make-fixtures tests/fixtures   # the committed GGUF fixtures
 
-Architectures: llama, qwen2, qwen3, qwen3moe, gemma2, gemma3 (text), gemma4 (text). This is a numpy re-statement of
+Architectures: llama (Mistral too), qwen2, qwen3, qwen3moe, gemma2, gemma3 (text), gemma4 (text), qwen35,
+qwen35moe. This is a numpy re-statement of
 what llama.cpp's `convert_hf_to_gguf.py` (now the `conversion/` package: base.py TextModel,
 llama.py LlamaModel, qwen.py Qwen2Model/Qwen3Model, gemma.py Gemma2Model/Gemma3Model) and
 gguf-py (constants.py, tensor_mapping.py, gguf_writer.py) do; see tests/fixtures/gguf/README.md
@@ -40,6 +41,16 @@ for the keys written per architecture and where each convention comes from.
     rest; the per-layer input, layer_output_scale and MoE tensors (router ffn_gate_inp F32 with
     its .scale, experts kept fused as ffn_gate_up_exps, per_expert_scale as ffn_down_exps.scale);
     the multimodal towers dropped. tests/fixtures/gguf/README.md lists them.
+  * mistral: MistralForCausalLM is LlamaModel's (arch llama); its sliding window is not written.
+  * qwen35 / qwen35moe (Qwen3_5TextModel / Qwen3_5MoeTextModel: _LinearAttentionVReorderBase over
+    Qwen3NextModel over Qwen2MoeModel): the ssm.* keys, full_attention_interval, the rotated part of
+    a head as rope.dimension_count, rope.dimension_sections; the linear layers as attn_qkv,
+    attn_gate, ssm_beta, ssm_alpha, ssm_conv1d [conv_dim, K], ssm_dt.bias, ssm_a = -exp(A_log),
+    ssm_norm, ssm_out, their value heads reordered from grouped to tiled; post_attention_layernorm as
+    post_attention_norm; every norm but the gated one + 1; the shared expert as *_shexp. Extension:
+    attention.recurrent_layers where the layer types are not what full_attention_interval says.
+  * outtype q8_0 (the converter's) / q4_0 (as llama-quantize --pure): 2-D weights quantized with the
+    reference quantizers below, F16 where a row is not whole 32-blocks.
 
 The module also holds the GGUF writer (streaming, tensor by tensor), a validating reader, and
 llama.cpp's reference Q4_0 / Q8_0 quantizers (ggml-quants.c quantize_row_q4_0_ref /
@@ -386,7 +397,10 @@ class GGUFFile:
 # HF config -> conversion plan (what convert_hf_to_gguf.py would do)
 
 ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma2": "gemma2",
-         "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma4_text": "gemma4", "gemma4": "gemma4"}
+         "gemma3_text": "gemma3", "gemma3": "gemma3", "gemma4_text": "gemma4", "gemma4": "gemma4",
+         "mistral": "llama",  # MistralForCausalLM is registered to LlamaModel
+         "qwen3_5_text": "qwen35", "qwen3_5": "qwen35", "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe"}
+QWEN35 = ("qwen35", "qwen35moe")
 
 
 def hparams_of(config):
@@ -522,7 +536,8 @@ def gguf_metadata(w, config, outtype, name):
         if hp.get("max_position_embeddings") is not None:
             w.add(a + "context_length", U32, hp["max_position_embeddings"])
         w.add(a + "embedding_length", U32, hp["hidden_size"])
-        w.add(a + "feed_forward_length", U32, hp["intermediate_size"])
+        if hp.get("intermediate_size") is not None:  # (Qwen 3.5-MoE has none)
+            w.add(a + "feed_forward_length", U32, hp["intermediate_size"])
         w.add(a + "attention.head_count", U32, hp["num_attention_heads"])
         if hp.get("num_key_value_heads") is not None:
             w.add(a + "attention.head_count_kv", U32, hp["num_key_value_heads"])
@@ -533,6 +548,9 @@ def gguf_metadata(w, config, outtype, name):
             w.add(a + "rope.scaling.factor", F32V, float(full["factor"]))
         elif rtype not in (None, "default", "llama3"):
             raise NotImplementedError(f"rope_type {rtype}")
+        if "mrope_section" in rp:  # padded to 4 (INT32 array, as gguf-py writes a list of ints)
+            sec = list(rp["mrope_section"])[:4]
+            w.add(a + "rope.dimension_sections", ARRAY, (I32, sec + [0] * (4 - len(sec))))
         if full.get("rope_theta") is not None:
             w.add(a + "rope.freq_base", F32V, float(full["rope_theta"]))
         if rp.get("sliding_attention", {}).get("rope_theta") is not None:
@@ -544,17 +562,24 @@ def gguf_metadata(w, config, outtype, name):
             w.add(a + "attention.value_length", U32, head_dim)
         w.add("general.file_type", U32, ftype)
 
-    if arch in ("llama", "qwen2", "qwen3", "qwen3moe"):
+    if arch in ("llama", "qwen2", "qwen3", "qwen3moe") + QWEN35:
         text_model_params()
-        if arch == "qwen3moe":  # Qwen2MoeModel.set_gguf_parameters
+        if arch in ("qwen3moe", "qwen35moe"):  # TextModel / Qwen2MoeModel.set_gguf_parameters
             w.add(a + "expert_count", U32, n_experts_of(hp))
             w.add(a + "expert_used_count", U32, hp["num_experts_per_tok"])
             w.add(a + "expert_feed_forward_length", U32, hp["moe_intermediate_size"])
-            if not hp.get("norm_topk_prob", False):
+            if arch == "qwen3moe" and not hp.get("norm_topk_prob", False):
                 w.add(a + "expert_weights_norm", BOOL, False)
+            if hp.get("shared_expert_intermediate_size") is not None:
+                w.add(a + "expert_shared_feed_forward_length", U32, hp["shared_expert_intermediate_size"])
+        if arch in QWEN35:
+            qwen35_metadata(w, hp, rp)
         if arch == "llama":  # LlamaModel.set_gguf_parameters
             w.add(a + "vocab_size", U32, hp["vocab_size"])
             w.add(a + "rope.dimension_count", U32, head_dim or hp["hidden_size"] // hp["num_attention_heads"])
+            if hp.get("sliding_window") is not None and hp.get("model_type") == "mistral":
+                print(f"note: {name}: sliding_window {hp['sliding_window']} is not written (llama.cpp's llama architecture has "
+                      "none: the file attends to every earlier position)", file=sys.stderr)
     elif arch == "gemma2":  # Gemma2Model.set_gguf_parameters (no super(): no rope keys)
         w.add(a + "context_length", U32, hp["max_position_embeddings"])
         w.add(a + "embedding_length", U32, hp["hidden_size"])
@@ -641,9 +666,61 @@ def gguf_metadata(w, config, outtype, name):
             raise NotImplementedError("gemma3 with scaled local RoPE")
 
 
+def qwen35_layer_types(hp):
+    """Qwen 3.5's layer types as transformers builds them: layer_types, else every
+    full_attention_interval-th layer (default 4) full attention."""
+    n = hp["num_hidden_layers"]
+    if hp.get("layer_types"):
+        return list(hp["layer_types"])
+    iv = hp.get("full_attention_interval", 4)
+    return ["full_attention" if (i + 1) % iv == 0 else "linear_attention" for i in range(n)]
+
+
+def qwen35_metadata(w, hp, rp):
+    """Qwen3NextModel.set_gguf_parameters (the linear layers' ssm.* keys, full_attention_interval,
+    rope.dimension_count = the rotated part of a head) and _Qwen35MRopeMixin (the default
+    multimodal RoPE sections where the config has none). Extension: where the layer types are not
+    every full_attention_interval-th layer full (llama.cpp's converter reads only the interval, 4 by
+    default), attention.recurrent_layers (a bool a layer), which llama.cpp reads first."""
+    a = "{arch}."
+    w.add(a + "ssm.conv_kernel", U32, hp["linear_conv_kernel_dim"])
+    w.add(a + "ssm.state_size", U32, hp["linear_key_head_dim"])
+    w.add(a + "ssm.group_count", U32, hp["linear_num_key_heads"])
+    w.add(a + "ssm.time_step_rank", U32, hp["linear_num_value_heads"])
+    w.add(a + "ssm.inner_size", U32, hp["linear_value_head_dim"] * hp["linear_num_value_heads"])
+    interval = hp.get("full_attention_interval", 4)
+    w.add(a + "full_attention_interval", U32, interval)
+    head_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    w.add(a + "rope.dimension_count", U32, int(head_dim * hp.get("partial_rotary_factor", 0.25)))
+    if "mrope_section" not in rp:
+        w.add(a + "rope.dimension_sections", ARRAY, (I32, [11, 11, 10, 0]))
+    lt = qwen35_layer_types(hp)
+    if lt != ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(len(lt))]:
+        w.add(a + "attention.recurrent_layers", ARRAY, (BOOL, [t == "linear_attention" for t in lt]))
+
+
+def qwen35_v_tiled(x, dim, hp, head_dim):
+    """_LinearAttentionVReorderBase._reorder_v_heads: the value heads along axis `dim` (each
+    head_dim long) from transformers' grouped order (key head g's value heads together) to
+    ggml's tiled order (new head r * n_k + g = old head g * (n_v / n_k) + r)."""
+    nk, nv = hp["linear_num_key_heads"], hp["linear_num_value_heads"]
+    if nk == nv:
+        return x
+    shape = x.shape
+    y = x.reshape(shape[:dim] + (nk, nv // nk, head_dim) + shape[dim + 1:])
+    return np.ascontiguousarray(np.swapaxes(y, dim, dim + 1)).reshape(shape)
+
+
 GEMMA4_GLOBAL = {"model.embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
                  "model.per_layer_model_projection.weight": "per_layer_model_proj.weight",
                  "model.per_layer_projection_norm.weight": "per_layer_proj_norm.weight"}
+QWEN35_LAYER = {  # tensor_mapping.py's qwen3.5 / qwen3next entries (dt_bias is renamed dt_proj.bias first)
+    "linear_attn.in_proj_qkv": "attn_qkv.weight", "linear_attn.in_proj_z": "attn_gate.weight",
+    "linear_attn.in_proj_b": "ssm_beta.weight", "linear_attn.in_proj_a": "ssm_alpha.weight",
+    "linear_attn.conv1d": "ssm_conv1d.weight", "linear_attn.dt_bias": "ssm_dt.bias", "linear_attn.A_log": "ssm_a",
+    "linear_attn.norm": "ssm_norm.weight", "linear_attn.out_proj": "ssm_out.weight",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp.weight",
+}
 GEMMA4_LAYER = {  # tensor_mapping.py's Gemma 3n / Gemma 4 entries, and Gemma4Model.modify_tensors
     "pre_feedforward_layernorm_2.weight": "pre_ffw_norm_2.weight",
     "post_feedforward_layernorm_1.weight": "post_ffw_norm_1.weight",
@@ -660,6 +737,14 @@ def gguf_tensor_name(hf, arch):
     """tensor_mapping.py for the names these architectures use; None = not written."""
     if hf.startswith("language_model."):
         hf = hf[len("language_model."):]
+    if arch in QWEN35:
+        if hf.startswith("model.language_model."):  # the published multimodal layout
+            hf = "model." + hf[len("model.language_model."):]
+        elif hf.startswith(("model.visual.", "mtp.", "model.mtp.")):
+            return None  # the vision tower goes to the --mmproj file; the MTP block is not converted (--no-mtp)
+        m = re.match(r"model\.layers\.(\d+)\.(linear_attn\.[^.]*|mlp\.shared_expert_gate)(?:\.(weight|bias))?$", hf)
+        if m and m.group(2) in QWEN35_LAYER:
+            return f"blk.{m.group(1)}.{QWEN35_LAYER[m.group(2)]}"
     if arch == "gemma4":
         if hf.startswith("model.language_model."):  # transformers 5's multimodal checkpoint
             hf = "model." + hf[len("model.language_model."):]
@@ -688,7 +773,10 @@ def gguf_tensor_name(hf, arch):
         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output",
         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-        "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+        # qwen35's tensor list has ATTN_POST_NORM, not FFN_NORM (both map post_attention_layernorm)
+        "post_attention_layernorm": "post_attention_norm" if gemma or arch in QWEN35 else "ffn_norm",
+        "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+        "mlp.shared_expert.down_proj": "ffn_down_shexp",
         "pre_feedforward_layernorm": "ffn_norm",
         "post_feedforward_layernorm": "post_ffw_norm",
         "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
@@ -717,6 +805,8 @@ def transform(hf_name, data, src_dtype, arch, hp):
             x = llama_permute(x, nh, nh)
         elif hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             x = llama_permute(x, nh, nkv)
+    if arch in QWEN35:
+        x = qwen35_transform(hf_name, x, src_dtype, hp)
     if arch in ("gemma2", "gemma3") and hf_name.endswith("norm.weight"):
         # prepare_tensors converts BF16 (any dtype but F16/F32) to F32 *before* modify_tensors,
         # so the +1 is exact for BF16 sources and rounded to F16 for F16 sources
@@ -726,12 +816,45 @@ def transform(hf_name, data, src_dtype, arch, hp):
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def out_type(gguf_name, ndim, outtype):
-    """prepare_tensors: 1-D tensors, norms, MoE routers (ffn_gate_inp) and names not ending in
-    .weight (Gemma 4's .scale tensors) stay F32."""
-    if ndim <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp." in gguf_name or outtype == "f32" \
-            or not gguf_name.endswith(".weight"):
+def qwen35_transform(hf_name, x, src_dtype, hp):
+    """_LinearAttentionVReorderBase then Qwen3NextModel.modify_tensors: the value heads tiled
+    (qwen35_v_tiled) where the key and value heads differ in number; A_log -> -exp(A_log); the
+    convolution squeezed to [conv_dim, K]; every norm but the gated one (linear_attn.norm) + 1.
+    BF16 sources are F32 by then (prepare_tensors), F16 ones stay F16 (results rounded to it)."""
+    nk, dk = hp["linear_num_key_heads"], hp["linear_key_head_dim"]
+    dv = hp["linear_value_head_dim"]
+    if ".linear_attn." in hf_name:
+        if hf_name.endswith("in_proj_qkv.weight"):
+            x = np.concatenate([x[:2 * nk * dk], qwen35_v_tiled(x[2 * nk * dk:], 0, hp, dv)])
+        elif hf_name.endswith("in_proj_z.weight"):
+            x = qwen35_v_tiled(x, 0, hp, dv)
+        elif hf_name.endswith(("in_proj_b.weight", "in_proj_a.weight", ".A_log", ".dt_bias")):
+            x = qwen35_v_tiled(x, 0, hp, 1)
+        elif hf_name.endswith("conv1d.weight"):
+            x = x.reshape(x.shape[0], -1)
+            x = np.concatenate([x[:2 * nk * dk], qwen35_v_tiled(x[2 * nk * dk:], 0, hp, dv)])
+        elif hf_name.endswith("out_proj.weight"):
+            x = qwen35_v_tiled(x, 1, hp, dv)
+    f16 = src_dtype == "F16"
+    if hf_name.endswith(".A_log"):
+        x = -np.exp(x.astype(np.float16) if f16 else x).astype(np.float32)
+    elif hf_name.endswith("norm.weight") and not hf_name.endswith("linear_attn.norm.weight"):
+        x = x + np.float32(1)
+        if f16:
+            x = x.astype(np.float16).astype(np.float32)
+    return x
+
+
+def out_type(gguf_name, shape, outtype):
+    """prepare_tensors: 1-D tensors, norms, MoE routers (ffn_gate_inp), the SSM convolution and names
+    not ending in .weight (Gemma 4's .scale tensors) stay F32 (llama-quantize keeps the same ones).
+    q8_0 / q4_0: a row that is not a whole number of 32-blocks falls back to F16 (the converter's
+    QuantError fallback)."""
+    if len(shape) <= 1 or gguf_name.endswith("_norm.weight") or ".ffn_gate_inp." in gguf_name or ".ssm_conv1d." in gguf_name \
+            or outtype == "f32" or not gguf_name.endswith(".weight"):
         return GGML_F32
+    if outtype in ("q8_0", "q4_0") and shape[-1] % 32:
+        return GGML_F16
     return OUT_GGML[outtype]
 
 
@@ -785,7 +908,7 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
         w.add_tensor(gname, arr.shape, GGML_F32)
     experts = {}  # (layer, "gate" | "up" | "down") -> {expert: array}
     for hf_name in tensors:  # file order, like the converter
-        m = None if arch == "gemma4" else re.match(r"(?:language_model\.)?model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate|up|down)_proj\.weight|(gate_up|down)_proj)$", hf_name)
+        m = None if arch == "gemma4" else re.match(r"(?:language_model\.)?model\.(?:language_model\.)?layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.(gate|up|down)_proj\.weight|(gate_up|down)_proj)$", hf_name)
         if m:
             dt, a = tensors[hf_name]
             f32 = mq.bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
@@ -804,7 +927,7 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
                     gname = f"blk.{bid}.ffn_{k}_exps.weight"
                     x = np.ascontiguousarray(np.stack([experts[(bid, k)][e] for e in range(n_experts_of(hp))]), dtype=np.float32)
                     data[gname] = x
-                    w.add_tensor(gname, x.shape, out_type(gname, x.ndim, outtype))
+                    w.add_tensor(gname, x.shape, out_type(gname, x.shape, outtype))
                     del experts[(bid, k)]
             continue
         gname = gguf_tensor_name(hf_name, arch)
@@ -814,7 +937,7 @@ def convert(hf_dir, out_path, outtype="f32", name=None):
         f32 = mq.bf16_bits_to_f32(a) if dt == "BF16" else a.astype(np.float32)
         x = transform(hf_name, f32, dt, arch, hp)
         data[gname] = x
-        w.add_tensor(gname, x.shape, out_type(gname, x.ndim, outtype))
+        w.add_tensor(gname, x.shape, out_type(gname, x.shape, outtype))
     if experts:
         raise ValueError(f"incomplete experts: {sorted(experts)}")
     w.write(out_path, lambda n, shape, gt: [encode(data[n], gt)])
@@ -956,6 +1079,136 @@ def _gemma4_forward(g, W, tokens, mutate):
     return lg
 
 
+def _attention_keys(g):
+    """(embedding_length, head_count, head_count_kv, key_length, rope.dimension_count, rms eps,
+    rope.freq_base) with llama.cpp's defaults."""
+    E = int(_kv(g, "{arch}.embedding_length"))
+    H = int(_kv(g, "{arch}.attention.head_count"))
+    D = int(_kv(g, "{arch}.attention.key_length", E // H))
+    return (E, H, int(_kv(g, "{arch}.attention.head_count_kv", H)), D, int(_kv(g, "{arch}.rope.dimension_count", D)),
+            float(_kv(g, "{arch}.attention.layer_norm_rms_epsilon")), float(_kv(g, "{arch}.rope.freq_base", 10000.0)))
+
+
+def _qwen35_forward(g, W, tokens, mutate):
+    """gguf_forward for qwen35 / qwen35moe, as llama.cpp's graph (src/models/qwen35.cpp,
+    qwen35moe.cpp) reads the file: layer types from attention.recurrent_layers, else every
+    full_attention_interval-th layer full (the first block_count - nextn_predict_layers blocks);
+    norms as stored (their 1 added); linear layers: attn_qkv -> causal depthwise conv over
+    ssm_conv1d's K taps + SiLU, q/k L2-normed (eps = the rms eps; q times 1/sqrt(state_size)),
+    value head h reading key head h % group_count (the tiled order), beta = sigmoid(ssm_beta x),
+    decay = exp(ssm_a * softplus(ssm_alpha x + ssm_dt.bias)) with ssm_a = -exp(A_log) as stored,
+    the delta rule, RMSNorm(o) * ssm_norm * silu(attn_gate x), ssm_out; full layers: attn_q gives
+    per head the query then its gate, q/k RMS-normed, NEOX RoPE over the first
+    rope.dimension_count dims (text: the multimodal sections all see the same position), scale
+    1/sqrt(key_length), output times sigmoid(gate); MLP (SiLU) or experts (softmax, top k
+    renormalized) plus the shared expert times sigmoid(ffn_gate_inp_shexp x)."""
+    arch = g.kv["general.architecture"]
+    n_all = int(_kv(g, "{arch}.block_count"))
+    L = n_all - int(_kv(g, "{arch}.nextn_predict_layers", 0))
+    E, H, HKV, D, n_rot, eps, base = _attention_keys(g)
+    K, DK = int(_kv(g, "{arch}.ssm.conv_kernel")), int(_kv(g, "{arch}.ssm.state_size"))
+    NK, NV = int(_kv(g, "{arch}.ssm.group_count")), int(_kv(g, "{arch}.ssm.time_step_rank"))
+    DV = int(_kv(g, "{arch}.ssm.inner_size")) // NV
+    rl = _kv(g, "{arch}.attention.recurrent_layers")
+    if rl is not None:
+        linear = [bool(x) for x in rl][:L]
+    else:
+        iv = int(_kv(g, "{arch}.full_attention_interval", 4))
+        linear = [(i + 1) % iv != 0 for i in range(L)]
+    n_used = int(_kv(g, "{arch}.expert_used_count", 0) or 0)
+
+    def norm(x, w):
+        y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+        return y * (w + 1.0 if "norm_plus_one" in mutate else w)
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def lin(name, x):
+        return x @ W[name].T
+
+    def l2(x):
+        return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = W["token_embd.weight"][tokens]
+    qi, ki = np.arange(T)[:, None], np.arange(T)[None, :]
+    for il in range(L):
+        p = f"blk.{il}."
+        h = norm(x, W[p + "attn_norm.weight"])
+        if linear[il]:
+            mixed = lin(p + "attn_qkv.weight", h)
+            cw = W[p + "ssm_conv1d.weight"]  # [channels, K]
+            padded = np.concatenate([np.zeros((K - 1, mixed.shape[1])), mixed], 0)
+            conv = silu(sum(cw[:, j][None, :] * padded[j:j + T] for j in range(K)))
+            q = l2(conv[:, :NK * DK].reshape(T, NK, DK)) / math.sqrt(DK)
+            k = l2(conv[:, NK * DK:2 * NK * DK].reshape(T, NK, DK))
+            v = conv[:, 2 * NK * DK:].reshape(T, NV, DV)
+            beta = 1.0 / (1.0 + np.exp(-lin(p + "ssm_beta.weight", h)))
+            al = lin(p + "ssm_alpha.weight", h) + W[p + "ssm_dt.bias"]
+            sp = np.where(al > 20.0, al, np.log1p(np.exp(np.minimum(al, 20.0))))
+            a = -np.exp(W[p + "ssm_a"]) if "ssm_a_log" in mutate else W[p + "ssm_a"]
+            g_ = a * sp
+            S = np.zeros((NV, DK, DV))
+            o = np.zeros((T, NV, DV))
+            for t in range(T):
+                for hv in range(NV):
+                    kh = hv // (NV // NK) if "v_grouped" in mutate else hv % NK
+                    S[hv] *= math.exp(g_[t, hv])
+                    delta = (v[t, hv] - S[hv].T @ k[t, kh]) * beta[t, hv]
+                    S[hv] += np.outer(k[t, kh], delta)
+                    o[t, hv] = S[hv].T @ q[t, kh]
+            z = lin(p + "attn_gate.weight", h).reshape(T, NV, DV)
+            o = o / np.sqrt(np.mean(o * o, axis=-1, keepdims=True) + eps) * W[p + "ssm_norm.weight"] * silu(z)
+            x = x + lin(p + "ssm_out.weight", o.reshape(T, NV * DV))
+        else:
+            qg = lin(p + "attn_q.weight", h).reshape(T, H, 2 * D)
+            q, gate = qg[..., :D], qg[..., D:].reshape(T, H * D)
+            k = lin(p + "attn_k.weight", h).reshape(T, HKV, D)
+            v = lin(p + "attn_v.weight", h).reshape(T, HKV, D)
+            q, k = norm(q, W[p + "attn_q_norm.weight"]), norm(k, W[p + "attn_k_norm.weight"])
+            r = D if "rope_style" in mutate else n_rot
+            i = np.arange(r // 2, dtype=np.float64)
+            theta = pos[:, None] * base ** (-2.0 * i / r)[None, :]
+            c, s_ = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+
+            def rope(y):
+                y = y.copy()
+                a0, b0 = y[..., : r // 2].copy(), y[..., r // 2: r].copy()
+                y[..., : r // 2], y[..., r // 2: r] = a0 * c - b0 * s_, a0 * s_ + b0 * c
+                return y
+            q, k = rope(q), rope(k)
+            rep = H // HKV
+            k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+            sc = np.einsum("qhd,khd->hqk", q, k) / math.sqrt(D)
+            sc = np.where((ki <= qi)[None], sc, -np.inf)
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            sc /= sc.sum(-1, keepdims=True)
+            o = np.einsum("hqk,khd->qhd", sc, v).reshape(T, H * D)
+            if "no_gate" not in mutate:
+                o = o / (1.0 + np.exp(-gate))
+            x = x + lin(p + "attn_output.weight", o)
+        h2 = norm(x, W[p + "post_attention_norm.weight"])
+        if p + "ffn_gate_inp.weight" in W:
+            lg_r = h2 @ W[p + "ffn_gate_inp.weight"].T
+            pr = np.exp(lg_r - lg_r.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            out = np.zeros_like(x)
+            for t in range(T):
+                sel = np.argsort(-pr[t], kind="stable")[:1 if "top1" in mutate else n_used]
+                for e, we in zip(sel, pr[t, sel] / pr[t, sel].sum()):
+                    a_ = W[p + "ffn_gate_exps.weight"][e] @ h2[t]
+                    out[t] += we * (W[p + "ffn_down_exps.weight"][e] @ (silu(a_) * (W[p + "ffn_up_exps.weight"][e] @ h2[t])))
+            sh = lin(p + "ffn_down_shexp.weight", silu(lin(p + "ffn_gate_shexp.weight", h2)) * lin(p + "ffn_up_shexp.weight", h2))
+            gsh = h2 @ W[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
+            x = x + out + (sh if "shexp_gate" in mutate else sh / (1.0 + np.exp(-gsh))[:, None])
+        else:
+            x = x + lin(p + "ffn_down.weight", silu(lin(p + "ffn_gate.weight", h2)) * lin(p + "ffn_up.weight", h2))
+    x = norm(x, W["output_norm.weight"])
+    return x @ W.get("output.weight", W["token_embd.weight"]).T
+
+
 def gguf_forward(path, tokens, mutate=None):
     """Logits [T, n_vocab] (float64) for `tokens`, from the GGUF alone.
 
@@ -972,14 +1225,10 @@ def gguf_forward(path, tokens, mutate=None):
     arch = g.kv["general.architecture"]
     if arch == "gemma4":
         return _gemma4_forward(g, {n: g.get(n) for n in g.tensors}, tokens, mutate)
+    if arch in QWEN35:
+        return _qwen35_forward(g, {n: g.get(n) for n in g.tensors}, tokens, mutate)
     L = int(_kv(g, "{arch}.block_count"))
-    E = int(_kv(g, "{arch}.embedding_length"))
-    H = int(_kv(g, "{arch}.attention.head_count"))
-    HKV = int(_kv(g, "{arch}.attention.head_count_kv", H))
-    D = int(_kv(g, "{arch}.attention.key_length", E // H))
-    n_rot = int(_kv(g, "{arch}.rope.dimension_count", D))
-    eps = float(_kv(g, "{arch}.attention.layer_norm_rms_epsilon"))
-    base = float(_kv(g, "{arch}.rope.freq_base", 10000.0))
+    E, H, HKV, D, n_rot, eps, base = _attention_keys(g)
     scale_type = _kv(g, "{arch}.rope.scaling.type", "none")
     factor = float(_kv(g, "{arch}.rope.scaling.factor", 0.0) or 0.0)
     freq_scale = 1.0 / factor if (factor and scale_type == "linear") else 1.0
@@ -1129,7 +1378,7 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
     if controls:
         arch = GGUFFile(gguf_path).kv["general.architecture"]
         names = ["rope_style"]
-        if arch == "llama":
+        if arch == "llama" and "rope_freqs.weight" in GGUFFile(gguf_path).tensors:
             names.append("rope_freqs")
         if arch in ("gemma2", "gemma3"):
             names += ["norm_plus_one", "sliding_window"]
@@ -1146,6 +1395,13 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
                 names.append("per_layer_inputs")
             if kv.get("gemma4.expert_count"):
                 names += ["top1", "expert_scale"]
+        if arch in QWEN35:
+            kv = GGUFFile(gguf_path).kv
+            names = ["rope_style", "norm_plus_one", "ssm_a_log", "no_gate"]
+            if kv["%s.ssm.group_count" % arch] != kv["%s.ssm.time_step_rank" % arch]:
+                names.append("v_grouped")
+            if kv.get("%s.expert_count" % arch):
+                names += ["top1", "shexp_gate"]
         if "%s.rope.scaling.factor" % arch in GGUFFile(gguf_path).kv:
             names.append("rope_scale")
         tokens, r = max(refs, key=lambda t: len(t[0]))
@@ -1162,7 +1418,41 @@ def verify(gguf_path, ref_dir, tol=1e-4, controls=True, quiet=False):
 
 
 FIXTURES = ["llama3_f32_untied", "qwen2_f32_tied", "qwen3_f32_sharded", "gemma2_f32", "gemma3_text_f32", "qwen3_moe_f32",
-            "gemma4_text_f32", "gemma4_moe_f32"]
+            "gemma4_text_f32", "gemma4_moe_f32", "qwen3_5_text_f32", "qwen3_5_moe_f32", "mistral_v03_bf16"]
+
+
+# Quantized conversions (outtype q8_0 as the converter writes it; q4_0 as llama-quantize --pure
+# would, the same tensors quantized), checked against the float64 forward of their exactly
+# dequantized weights: the reference written beside each file, gguf/NAME/ (reference.json, seqN.f32).
+QUANT_FIXTURES = [("qwen3_5_text_f32", "q8_0"), ("qwen3_5_text_f32", "q4_0"), ("qwen3_5_moe_f32", "q8_0")]
+
+
+def make_quant_fixture(root, src_name, outtype):
+    src = os.path.join(root, "parity", src_name)
+    name = src_name.replace("_f32", "_" + outtype)
+    dst = os.path.join(root, "gguf", name + ".gguf")
+    convert(src, dst, outtype, name)
+    with open(os.path.join(src, "reference.json")) as f:
+        ref = json.load(f)
+    ref_dir = os.path.join(root, "gguf", name)
+    os.makedirs(ref_dir, exist_ok=True)
+    seqs, rels = [], []
+    for i, s in enumerate(ref["sequences"]):
+        lg = gguf_forward(dst, s["tokens"])
+        hf = np.fromfile(os.path.join(src, s["logits"]), dtype="<f4").reshape(lg.shape)
+        rels.append(float(np.abs(lg - hf).max() / np.abs(hf).max()))
+        lg.astype("<f4").tofile(os.path.join(ref_dir, f"seq{i}.f32"))
+        seqs.append({"tokens": s["tokens"], "n_tokens": len(s["tokens"]), "logits": f"seq{i}.f32"})
+    g = GGUFFile(dst)
+    doc = {"generator": "tools/hf_to_gguf.py --make-fixtures", "source": f"../../parity/{src_name}", "gguf": f"../{name}.gguf",
+           "n_vocab": ref["n_vocab"], "reference_dtype": "float64",
+           "reference": "gguf_forward: the float64 forward (llama.cpp's graph) of the file's exactly dequantized weights",
+           "quantized_vs_hf_rel": rels, "tensor_types": {k: GGML_TYPES[t["type"]][0] for k, t in g.tensors.items()},
+           "sequences": seqs}
+    with open(os.path.join(ref_dir, "reference.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"ok   {dst}: exact references written; quantized vs HF's f32 logits: " + ", ".join(f"{r:.2e}" for r in rels))
+    return {"bytes": os.path.getsize(dst), "quantized_vs_hf_rel": rels}
 
 
 def make_fixtures(root):
@@ -1180,6 +1470,8 @@ def make_fixtures(root):
                          "tensors": {k: [GGML_TYPES[t["type"]][0], list(t["shape"])] for k, t in g.tensors.items()}}
         if not ok:
             raise SystemExit(f"{name}: verification failed")
+    for src_name, outtype in QUANT_FIXTURES:
+        summary[src_name.replace("_f32", "_" + outtype)] = make_quant_fixture(root, src_name, outtype)
     return summary
 
 
@@ -1201,7 +1493,7 @@ def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("hf_dir")
     ap.add_argument("out")
-    ap.add_argument("--outtype", choices=["f32", "f16"], default="f32")
+    ap.add_argument("--outtype", choices=["f32", "f16", "q8_0", "q4_0"], default="f32")
     args = ap.parse_args(argv[1:])
     w = convert(args.hf_dir, args.out, args.outtype)
     print(f"wrote {args.out}: {len(w.tensors)} tensors, {len(w.kv)} keys, {os.path.getsize(args.out)} bytes")
