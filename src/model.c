@@ -881,11 +881,12 @@ static forge_status forge__plan_linear(forge__loader *L, forge__layer *ly, int l
         for (int i = 0; i < 4; i++)
             if ((st = forge__weight_plan_chunks(L, ws[i], &src[i], NULL))) return st;
     }
-    /* the convolution's taps: HF's conv1d weight [conv_dim, 1, K] (GGUF: [conv_dim, K]) as [conv_dim, K] f32 */
+    /* the convolution's taps: HF's conv1d weight [conv_dim, 1, K] (GGUF: [conv_dim, K]; mlx-lm: [conv_dim, K, 1]) as
+     * [conv_dim, K] f32 */
     forge__tensor *tc = forge__lookup(L, FORGE__R_LIN_CONV, l, true, &st);
     if (!tc) return st;
-    bool conv_shape = (tc->n_dims == 3 && tc->shape[0] == CD && tc->shape[1] == 1 && tc->shape[2] == K) ||
-                      (tc->n_dims == 2 && tc->shape[0] == CD && tc->shape[1] == K);
+    bool conv_shape = tc->shape[0] == CD && ((tc->n_dims == 3 && ((tc->shape[1] == 1 && tc->shape[2] == K) || (tc->shape[1] == K && tc->shape[2] == 1))) ||
+                                             (tc->n_dims == 2 && tc->shape[1] == K));
     if (!conv_shape || (tc->dtype != FORGE__F32 && tc->dtype != FORGE__F16 && tc->dtype != FORGE__BF16)) {
         char got[96];
         forge__shape_str(tc, got, sizeof got);
@@ -1299,6 +1300,23 @@ static forge_status forge__plan_ple(forge__loader *L) {
     return forge__plan_vec_role(L, &m->ple_proj_norm, FORGE__R_PLE_PROJ_NORM, 0, (uint32_t)c->ple_dim, true, 0, why);
 }
 
+/* Whether a Qwen 3.5 safetensors checkpoint holds its (1 + w) norms with the 1 added: mlx-lm's
+ * sanitize does so (its RMSNorm multiplies by w) when it moves the convolution's taps last, and
+ * tells its own checkpoints by that layout, [conv_dim, K, 1] (HF's is [conv_dim, 1, K]); forge
+ * reads them by the same sign. The gated norm of the linear layers is never so (it multiplies by w). */
+static bool forge__norms_hold_one(forge__loader *L) {
+    const forge__config *c = &L->m->cfg;
+    if (L->gguf || !forge__arch_qwen35(c->arch)) return false;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!c->layer_linear[l]) continue;
+        char name[256];
+        forge__name(L, FORGE__R_LIN_CONV, l, name, sizeof name);
+        const forge__tensor *t = forge__tensor_find(&L->m->tensors, name);
+        return t && t->n_dims == 3 && t->shape[1] > 1 && t->shape[2] == 1;
+    }
+    return false;
+}
+
 static forge_status forge__plan_model(forge__loader *L) {
     forge_model *m = L->m;
     const forge__config *c = &m->cfg;
@@ -1307,7 +1325,7 @@ static forge_status forge__plan_model(forge__loader *L) {
     snprintf(why, sizeof why, "vocab %d, hidden %d", c->n_vocab, c->hidden);
     if ((st = forge__plan_weight_role(L, &m->tok_embd, FORGE__R_EMBED, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
     if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
-    float norm_add = c->norm_plus_one ? 1.0f : 0.0f;
+    float norm_add = c->norm_plus_one && !forge__norms_hold_one(L) ? 1.0f : 0.0f;
     snprintf(why, sizeof why, "hidden %d", c->hidden);
     if ((st = forge__plan_vec_role(L, &m->output_norm, FORGE__R_OUT_NORM, 0, (uint32_t)c->hidden, true, norm_add, why))) return st;
     if (c->ple_dim && (st = forge__plan_ple(L))) return st;
