@@ -35,6 +35,7 @@ layout(push_constant) uniform PC {
     uint mix_stride, z_off, b_off, a_off;
     float eps;
     uint v_tiled;
+    uint lanes; // (delta_rule_sg.comp's)
 } pc;
 
 const uint WG = 128u;

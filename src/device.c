@@ -61,6 +61,7 @@ typedef struct forge__caps {
     bool has_nv_coopmat_ext;      /* VK_NV_cooperative_matrix is offered */
     bool coopmat_nv;              /* ... and enabled with fp16 16x16x16 -> fp32 on 32-wide subgroups: matmul_cm */
     bool subgroup_arith;          /* subgroupAdd in compute shaders: the barrier-free matvec */
+    bool subgroup_shuffle;        /* subgroupShuffleXor in compute shaders, subgroups of 8 or more: delta_rule_sg */
     bool uma;                     /* device-local memory is host-visible (CPU and integrated devices) */
     uint64_t device_local_bytes;
     uint32_t queue_family;
@@ -198,6 +199,8 @@ static void forge__query_device(const forge__vkfn *vk, VkPhysicalDevice pd, forg
     c->max_wg_invocations = c->props.limits.maxComputeWorkGroupInvocations;
     c->subgroup_arith = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT) &&
                         c->subgroup_size >= 4 && c->subgroup_size <= 128;
+    c->subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) && (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) &&
+                          c->subgroup_size >= 8 && c->subgroup_size <= 128;
     c->fp16 = f12.shaderFloat16 && f11.storageBuffer16BitAccess;
     c->int8 = f12.shaderInt8 && f12.storageBuffer8BitAccess;
     c->int_dot = has_idp && idp.shaderIntegerDotProduct;

@@ -519,6 +519,16 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
  * all rows (one sequence's prefill or decode step), seq rows each (a classify batch, every
  * sequence from position 0), or batch generation's rows (one prompt's, or one row per
  * sequence). A sequence whose group starts at position 0 starts from zero states. */
+/* The invocations a state column of delta_rule_sg.comp takes (k_dim / lanes <= 32 rows each,
+ * a power of two within the subgroup), or 0 for delta_rule.comp: a device without subgroup
+ * shuffles, a key head dim over 256 or not a multiple of the lanes. */
+static uint32_t forge__delta_lanes(const forge_model *m) {
+    uint32_t DK = (uint32_t)m->cfg.lin_k_dim, lanes = 1;
+    while (lanes * 32 < DK) lanes *= 2;
+    if (!m->dev.caps.subgroup_shuffle || lanes > 8 || lanes > m->dev.caps.subgroup_size || DK % lanes) return 0;
+    return lanes;
+}
+
 static void forge__record_linear(const forge__pass *p, int l, const forge__acts *a) {
     forge_model *m = p->m;
     forge__rec *r = p->r;
@@ -548,10 +558,18 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     forge__range bc[5] = {p->params, a->lin_mix, ly->conv_w.r, a->kc, a->lin_qkv};
     forge__dispatch(r, FORGE__OP_CONV1D, bc, &pc, (CD + 63) / 64, n / group, 1);
     forge__barrier(r);
-    forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, (uint32_t)c->lin_k_dim, (uint32_t)c->lin_v_dim, group, table,
-                          MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps, c->lin_v_tiled ? 1u : 0u};
+    const uint32_t DK = (uint32_t)c->lin_k_dim, DV = (uint32_t)c->lin_v_dim, lanes = forge__delta_lanes(m);
+    forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, DK, DV, group, table, MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps,
+                          c->lin_v_tiled ? 1u : 0u, lanes};
     forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};
-    forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
+    if (lanes) { /* the state's columns in registers over many workgroups, then the gated norm per head */
+        forge__dispatch(r, FORGE__OP_DELTA_RULE_SG, bd, &pd, (NV * DV + 64 / lanes - 1) / (64 / lanes), n / group, 1);
+        forge__barrier(r);
+        forge__range bn[3] = {a->lin_mix, ly->lin_norm.r, a->lin_out};
+        forge__dispatch(r, FORGE__OP_GATED_NORM, bn, &pd, NV, n, 1);
+    } else {
+        forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
+    }
     forge__barrier(r);
     forge__linear(p, &ly->wo, a->lin_out, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
 }

@@ -100,11 +100,12 @@ typedef struct forge__pc_conv {     /* conv1d.comp */
     uint32_t group_rows;            /* rows per sequence of the step (conv1d.comp's groups) */
     uint32_t table;                 /* batch generation: positions and places from the row table */
 } forge__pc_conv;
-typedef struct forge__pc_delta {    /* delta_rule.comp */
+typedef struct forge__pc_delta {    /* delta_rule.comp, delta_rule_sg.comp, gated_norm.comp */
     uint32_t n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
     uint32_t mix_stride, z_off, b_off, a_off; /* the in-projection's row: z, b and a columns */
     float eps;
     uint32_t v_tiled;               /* value head h reads key head h % k_heads (llama.cpp's order), not h / (v_heads / k_heads) */
+    uint32_t lanes;                 /* delta_rule_sg: invocations a state column */
 } forge__pc_delta;
 typedef struct forge__pc_moe_route { /* moe_route.comp */
     uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */
@@ -235,7 +236,9 @@ typedef enum forge__op {
     FORGE__OP_MOE_GROUP,          /* the prefill's pairs grouped by expert, */
     FORGE__OP_MOE_COMBINE,        /* and the experts' outputs weighted and summed */
     FORGE__OP_CONV1D,             /* Qwen 3.5's linear attention: the causal convolution of q|k|v, */
-    FORGE__OP_DELTA_RULE,         /* then the gated delta rule and the gated norm */
+    FORGE__OP_DELTA_RULE,         /* then the gated delta rule and the gated norm, */
+    FORGE__OP_DELTA_RULE_SG,      /* or the rule with the state in registers (subgroup shuffles) */
+    FORGE__OP_GATED_NORM,         /* and then the gated norm */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -374,6 +377,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_MOE_COMBINE] = {"moe_combine", FORGE__SPV(moe_combine), 3, sizeof(forge__pc_moe_combine), 0, {0}},
     [FORGE__OP_CONV1D] = {"conv1d", FORGE__SPV(conv1d), 5, sizeof(forge__pc_conv), 0, {0}},
     [FORGE__OP_DELTA_RULE] = {"delta_rule", FORGE__SPV(delta_rule), 8, sizeof(forge__pc_delta), 0, {0}},
+    [FORGE__OP_DELTA_RULE_SG] = {"delta_rule_sg", FORGE__SPV(delta_rule_sg), 8, sizeof(forge__pc_delta), 0, {0}},
+    [FORGE__OP_GATED_NORM] = {"gated_norm", FORGE__SPV(gated_norm), 3, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},

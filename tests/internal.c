@@ -494,6 +494,35 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     return ft_end(&j, 0, g, 4ull * count, 0, NULL, 0);
 }
 
+forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
+                           uint32_t DV, int v_tiled, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias, const float *w,
+                           float eps, float *state, float *out) {
+    ft_job j;
+    ft_begin(&j, c);
+    const uint32_t CD = 2 * KH * DK + VH * DV, MIX = VH * DV + 2 * VH, groups = n / group_rows;
+    uint32_t params[16] = {pos0, n};
+    forge__range pb = ft_buf(&j, params, sizeof params), qb = ft_buf(&j, qkv, 4ull * n * CD), mb = ft_buf(&j, mix, 4ull * n * MIX);
+    forge__range ab = ft_buf(&j, neg_a, 4ull * VH), db = ft_buf(&j, dt_bias, 4ull * VH), wb = ft_buf(&j, w, 4ull * DV);
+    forge__range sb = ft_buf(&j, state, 4ull * groups * VH * DK * DV), ob = ft_buf(&j, NULL, 4ull * n * VH * DV);
+    forge__pc_delta pc = {n, KH, VH, DK, DV, group_rows, 0, MIX, 0, VH * DV, VH * DV + VH, eps, v_tiled ? 1u : 0u, lanes};
+    forge__range b[8] = {pb, qb, mb, ab, db, wb, sb, ob};
+    if (lanes) {
+        forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_SG, b, &pc, (VH * DV + 64 / lanes - 1) / (64 / lanes), groups, 1);
+        forge__barrier(&j.rec);
+        forge__range bn[3] = {mb, wb, ob};
+        forge__dispatch(&j.rec, FORGE__OP_GATED_NORM, bn, &pc, VH, n, 1);
+    } else {
+        forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE, b, &pc, VH, groups, 1);
+    }
+    forge__host_barrier(&j.rec);
+    return ft_end(&j, 6, state, 4ull * groups * VH * DK * DV, 7, out, 4ull * n * VH * DV);
+}
+
+int ft_has_subgroup_shuffle(ft_ctx *c, uint32_t *width) {
+    *width = c->dev.caps.subgroup_size;
+    return c->dev.caps.subgroup_shuffle;
+}
+
 uint16_t ft_f32_to_f16(float f) { return forge__f32_to_f16(f); }
 float ft_f16_to_f32(uint16_t h) { return forge__f16_to_f32(h); }
 uint16_t ft_f32_to_bf16(float f) { return forge__f32_to_bf16(f); }

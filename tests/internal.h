@@ -130,6 +130,17 @@ forge_status ft_matvec_sg(ft_ctx *c, const ft_weight *w, const float *A, uint32_
 /* ft_linear_w forcing the matvec kind: 0 shared-memory matvec, 1 subgroup matvec */
 forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C, int sg);
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act);
+/* A linear-attention layer's gated delta rule and gated norm over n rows, in groups of
+ * group_rows rows (group g in state place g), the groups starting at position pos0 (0: from a
+ * zero state): delta_rule.comp (lanes 0), or delta_rule_sg.comp with `lanes` invocations a
+ * column then gated_norm.comp. qkv [n, 2 KH DK + VH DV], mix [n, mix_stride] (z at 0, b at
+ * VH DV, a at VH DV + VH), neg_a, dt_bias [VH], w [DV]; state [groups, VH, DK, DV] in and out;
+ * out [n, VH DV]. */
+forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
+                           uint32_t DV, int v_tiled, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias, const float *w,
+                           float eps, float *state, float *out);
+/* Whether the device runs delta_rule_sg.comp (subgroup shuffles, subgroups of 8 or more), and its width. */
+int ft_has_subgroup_shuffle(ft_ctx *c, uint32_t *width);
 
 /* ---- host helpers of forge.c ---- */
 uint16_t ft_f32_to_f16(float f);

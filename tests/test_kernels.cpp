@@ -514,3 +514,80 @@ TEST(Kernel, ActMulSiluAndGeluTanh) {
         EXPECT_LT(ft::rel_err(g.data(), ref.data(), count), 2e-6) << "act " << act;
     }
 }
+
+/* The gated delta rule and its gated norm (Qwen 3.5's linear attention) against a double
+ * reference: delta_rule.comp, and delta_rule_sg.comp + gated_norm.comp at every lane count its
+ * key head dims take (k_dim 16 .. 256: 1, 2, 4 and 8 invocations a column, as the subgroup
+ * allows), two sequences in their own places, from a zero state (position 0) and on from a
+ * given one, with grouped and tiled value heads (llama.cpp's order). */
+TEST(Kernel, DeltaRuleBothFormsMatchTheRecurrence) {
+    NEED_DEVICE();
+    uint32_t width = 0;
+    bool sg = ft_has_subgroup_shuffle(ctx().c, &width);
+    const uint32_t KH = 2, VH = 4, n = 10, group = 5, groups = n / group;
+    for (uint32_t DK : {16u, 64u, 128u, 256u}) {
+        for (uint32_t DV : {16u, 96u}) {
+            const uint32_t CD = 2 * KH * DK + VH * DV, MIX = VH * DV + 2 * VH;
+            uint32_t lanes = 1;
+            while (lanes * 32 < DK) lanes *= 2;
+            std::vector<float> qkv = ft::randn((size_t)n * CD, 1.0f, 31 + DK), mix = ft::randn((size_t)n * MIX, 1.5f, 32 + DV);
+            std::vector<float> neg_a = ft::randn(VH, 1.0f, 33), dt = ft::randn(VH, 0.5f, 34), w = ft::randn(DV, 0.2f, 35);
+            for (float &x : neg_a) x = -std::exp(x);
+            for (float &x : w) x += 1.0f;
+            std::vector<float> s0 = ft::randn((size_t)groups * VH * DK * DV, 0.3f, 36);
+            for (int v_tiled : {0, 1})
+                for (uint32_t pos0 : {0u, 7u}) {
+                    /* the reference, in double */
+                    std::vector<double> S(s0.begin(), s0.end());
+                    if (pos0 == 0) std::fill(S.begin(), S.end(), 0.0);
+                    std::vector<float> ref((size_t)n * VH * DV);
+                    for (uint32_t t = 0; t < n; t++) {
+                        uint32_t g = t / group;
+                        const float *row = &qkv[(size_t)t * CD], *mr = &mix[(size_t)t * MIX];
+                        for (uint32_t h = 0; h < VH; h++) {
+                            uint32_t kh = v_tiled ? h % KH : h / (VH / KH);
+                            const float *q = row + kh * DK, *k = row + KH * DK + kh * DK, *v = row + 2 * KH * DK + h * DV;
+                            double nq = 0, nk = 0;
+                            for (uint32_t i = 0; i < DK; i++) nq += (double)q[i] * q[i], nk += (double)k[i] * k[i];
+                            nq = 1.0 / std::sqrt(nq + 1e-6) / std::sqrt((double)DK);
+                            nk = 1.0 / std::sqrt(nk + 1e-6);
+                            double beta = 1.0 / (1.0 + std::exp(-(double)mr[VH * DV + h])), ax = (double)mr[VH * DV + VH + h] + dt[h];
+                            double decay = std::exp(neg_a[h] * (ax > 20 ? ax : std::log1p(std::exp(ax))));
+                            double *Sh = &S[((size_t)g * VH + h) * DK * DV];
+                            std::vector<double> o(DV);
+                            double ss = 0;
+                            for (uint32_t jj = 0; jj < DV; jj++) {
+                                double kv = 0;
+                                for (uint32_t i = 0; i < DK; i++) kv += Sh[i * DV + jj] * k[i] * nk;
+                                double delta = (v[jj] - decay * kv) * beta, acc = 0;
+                                for (uint32_t i = 0; i < DK; i++) {
+                                    Sh[i * DV + jj] = decay * Sh[i * DV + jj] + k[i] * nk * delta;
+                                    acc += Sh[i * DV + jj] * q[i] * nq;
+                                }
+                                o[jj] = acc;
+                                ss += acc * acc;
+                            }
+                            double inv = 1.0 / std::sqrt(ss / DV + 1e-6);
+                            for (uint32_t jj = 0; jj < DV; jj++) {
+                                double z = mr[h * DV + jj];
+                                ref[(size_t)t * VH * DV + h * DV + jj] = (float)(o[jj] * inv * w[jj] * z / (1.0 + std::exp(-z)));
+                            }
+                        }
+                    }
+                    std::vector<float> sref(S.begin(), S.end());
+                    for (uint32_t L : {0u, lanes}) {
+                        if (L && (!sg || L > width)) continue;
+                        std::vector<float> st = s0, out((size_t)n * VH * DV);
+                        ASSERT_EQ(ft_delta_rule(ctx().c, L, n, group, pos0, KH, VH, DK, DV, v_tiled, qkv.data(), mix.data(), neg_a.data(), dt.data(),
+                                                w.data(), 1e-6f, st.data(), out.data()),
+                                  FORGE_OK);
+                        std::string what = (L ? "delta_rule_sg lanes " + std::to_string(L) : std::string("delta_rule")) + " DK " + std::to_string(DK) +
+                                           " DV " + std::to_string(DV) + (v_tiled ? " tiled" : "") + " pos0 " + std::to_string(pos0);
+                        EXPECT_LT(ft::rel_err(out.data(), ref.data(), ref.size()), 1e-5) << what;
+                        EXPECT_LT(ft::rel_err(st.data(), sref.data(), sref.size()), 1e-5) << what << " (state)";
+                    }
+                }
+        }
+    }
+    if (!sg) GTEST_SKIP() << "this device has no subgroup shuffles: delta_rule_sg.comp was not run";
+}
