@@ -2227,13 +2227,17 @@ typedef struct forge__gguf_pre {
 
 #define FORGE__RE_LLAMA3 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define FORGE__RE_QWEN2 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Qwen 3.5: combining marks stay with the letters before them */
+#define FORGE__RE_QWEN35 "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define FORGE__RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
 
+/* [2], GPT-2's, is the default where a vocabulary names no pre-tokenizer: keep it third */
 static const forge__gguf_pre forge__gguf_pres[] = {
     {"llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 dbrx smaug-bpe", true, {FORGE__RE_LLAMA3}},
     {"qwen2 deepseek-r1-qwen kormo megrez stablelm2 hunyuan grok-2", false, {FORGE__RE_QWEN2}},
     {"gpt-2 phi-2 jina-es jina-de gigachat jina-v2-es jina-v2-de a.x-4.0 mellum jina-v1-en jina-v2-code roberta-bpe mpt olmo jais exaone4 trillion",
      false, {FORGE__RE_GPT2}},
+    {"qwen35", false, {FORGE__RE_QWEN35}},
     {"starcoder refact command-r smollm codeshell exaone minerva-7b", false, {"\\p{N}", FORGE__RE_GPT2}},
     {"falcon", false, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", FORGE__RE_GPT2, "[0-9][0-9][0-9]"}},
     {"deepseek-coder", false, {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[\\x{4e00}-\\x{9fa5}\\x{0800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+", "\\p{N}"}},
