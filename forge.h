@@ -825,9 +825,10 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * transformers): Llama 3 headers (3.1 / 3.2 / 3.3: the system block with the knowledge cutoff
  * and "Today Date", today's local date where the template calls strftime_now, else the date
  * the template sets; a "tool" message becomes the ipython turn; tool definitions are not
- * supported), ChatML for Qwen 2 / 3 (with Qwen 3's thinking switch),
- * Gemma turns (Gemma 3 folds a system message into the first user turn; Gemma 2's template
- * rejects one), Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
+ * supported), ChatML for Qwen 2 / 3 / 3.5 / 3.6 (with Qwen 3's and 3.5's thinking switch;
+ * Qwen 3.5 trims every message and refuses what its template refuses), Gemma turns
+ * (Gemma 3 folds a system message into the first user turn; Gemma 2's template rejects one),
+ * Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
  * 31B template's empty thought block when thinking is off; tools and tool results are not
  * supported). The family is recognised from the tokenizer's special tokens and the
  * checkpoint's chat_template (tokenizer_config.json, chat_template.jinja, or
@@ -842,8 +843,8 @@ typedef struct forge_chat_message {
 
 /* chat flags */
 #define FORGE_CHAT_NO_GENERATION_PROMPT 1u  /* do not append the assistant's opening (add_generation_prompt=False) */
-#define FORGE_CHAT_THINKING_OFF 2u          /* Qwen 3: enable_thinking=False (its default is on) */
-#define FORGE_CHAT_THINKING_ON 4u           /* Gemma 4: enable_thinking=True (its default is off) */
+#define FORGE_CHAT_THINKING_OFF 2u          /* enable_thinking=False (Qwen 3's and Qwen 3.5 4B+'s default is on) */
+#define FORGE_CHAT_THINKING_ON 4u           /* enable_thinking=True (Gemma 4's and Qwen3.5-0.8B / 2B's default is off) */
 
 /* Renders `messages` as the model's chat template does, into `out` (capacity bytes,
  * NUL-terminated), the length to *len; FORGE_ERR_BUFFER_TOO_SMALL with *len = bytes needed.

@@ -3,8 +3,9 @@
  * May call: base.c, config.c, model.c, session.c, api.c, generate.c.
  *
  * The native templates, in C: each follows its Jinja original line for line (trim is
- * Python's str.strip, roles must alternate where the template says so, Qwen 3's <think>
- * handling). The test suite renders the same conversations with transformers and compares.
+ * Python's str.strip, roles must alternate where the template says so, Qwen's <think>
+ * handling, the template's own exception messages). The test suite renders the same
+ * conversations with transformers (or jinja2 set up as transformers sets it up) and compares.
  */
 
 typedef enum forge__chat_family {
@@ -19,6 +20,8 @@ typedef struct forge__chat_style {
     forge__chat_family family;
     bool gemma4_empty_thought;    /* Gemma 4's 12B / 26B-A4B / 31B template: an empty thought block opens the reply when thinking is off */
     bool qwen3;                   /* Qwen 3's template: <think> handling, the enable_thinking switch */
+    bool qwen35;                  /* Qwen 3.5's and 3.6's template: every message trimmed, the think blocks after the last query */
+    bool think_default;           /* enable_thinking when no FORGE_CHAT_THINKING_ flag is given: the template's default */
     bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
     const char *default_system;   /* ChatML templates that add one when the first message is not system */
     const char *bos;              /* the BOS text the template writes (Llama 3, Gemma) */
@@ -137,15 +140,125 @@ static void forge__llama3_turn(forge__sb *b, const char *role, const char *conte
     forge__sb_puts(b, "<|eot_id|>");
 }
 
+/* Whether a user message is a tool result as Qwen's templates wrap one (startswith('<tool_response>')
+ * and endswith('</tool_response>')): such a message is no query. */
+static bool forge__qwen_tool_response(const char *c, size_t n) {
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    return n >= sizeof open - 1 && !memcmp(c, open, sizeof open - 1) && n >= sizeof close - 1 &&
+           !memcmp(c + n - (sizeof close - 1), close, sizeof close - 1);
+}
+
+/* Qwen's ns.last_query_index: the last user message that is not a tool result, -1 when there is
+ * none. Qwen 3.5 looks at each message trimmed (render_content(message.content, false)|trim). */
+static int forge__qwen_last_query(const forge_chat_message *msgs, int n, bool trim) {
+    for (int i = n - 1; i >= 0; i--) {
+        const char *c = msgs[i].content;
+        size_t cn = strlen(c);
+        if (trim) forge__py_strip(&c, &cn);
+        if (forge__role_is(&msgs[i], "user") && !forge__qwen_tool_response(c, cn)) return i;
+    }
+    return -1;
+}
+
+/* An assistant message as Qwen's templates split it when '</think>' is in it: the reasoning,
+ * content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n'), and the reply,
+ * content.split('</think>')[-1].lstrip('\n'). Without '</think>' the reasoning is empty and the
+ * reply the whole content. */
+static void forge__qwen_split_think(const char **content, size_t *cn, const char **reason, size_t *rn) {
+    *reason = "";
+    *rn = 0;
+    const char *end = forge__memmem(*content, *cn, "</think>");
+    if (!end) return;
+    const char *r = *content;
+    size_t n = (size_t)(end - r);
+    forge__strip_char(&r, &n, '\n', false, true);
+    const char *open = forge__memmem_last(r, n, "<think>");
+    if (open) {
+        n -= (size_t)(open + strlen("<think>") - r);
+        r = open + strlen("<think>");
+    }
+    forge__strip_char(&r, &n, '\n', true, false);
+    *reason = r;
+    *rn = n;
+    const char *last = forge__memmem_last(*content, *cn, "</think>") + strlen("</think>");
+    *cn -= (size_t)(last - *content);
+    *content = last;
+    forge__strip_char(content, cn, '\n', true, false);
+}
+
+/* One tool result as Qwen's templates write it: results in a row share one user turn, which the
+ * first of them opens (open) and the last closes (close). */
+static void forge__qwen_tool_result(forge__sb *b, const char *c, size_t cn, bool open, bool close) {
+    if (open) forge__sb_puts(b, "<|im_start|>user");
+    forge__sb_puts(b, "\n<tool_response>\n");
+    forge__sb_put(b, c, cn);
+    forge__sb_puts(b, "\n</tool_response>");
+    if (close) forge__sb_puts(b, "<|im_end|>\n");
+}
+
+/* Qwen 3.5's chat template (tests/fixtures/chat/qwen3.5-*.jinja; Qwen 3.6's renders the same
+ * without preserve_thinking, which forge does not pass) for messages of text, line for line:
+ * every message's content is trimmed; a first system message opens the prompt; every reply after
+ * the last query carries a think block (its reasoning, or empty); the reply opens with <think>\n
+ * when thinking is on, else with an empty block. `think`: enable_thinking, its default the
+ * template's (off for Qwen3.5-0.8B / -2B, on for 4B and larger). */
+static forge_status forge__render_qwen35(const forge_chat_message *msgs, int n, bool gen, bool think, forge__sb *b, forge__err *err) {
+    if (n == 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "No messages provided.");
+    if (forge__role_is(&msgs[0], "system")) { /* no tools: the system turn, trimmed */
+        forge__sb_puts(b, "<|im_start|>system\n");
+        forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
+        forge__sb_puts(b, "<|im_end|>\n");
+    }
+    int last_query = forge__qwen_last_query(msgs, n, true);
+    if (last_query < 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "No user query found in messages.");
+    for (int i = 0; i < n; i++) {
+        const forge_chat_message *m = &msgs[i];
+        const char *c = m->content;
+        size_t cn = strlen(c);
+        forge__py_strip(&c, &cn); /* render_content(message.content, true)|trim */
+        if (forge__role_is(m, "system")) {
+            if (i > 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "System message must be at the beginning.");
+        } else if (forge__role_is(m, "user")) {
+            forge__sb_puts(b, "<|im_start|>user\n");
+            forge__sb_put(b, c, cn);
+            forge__sb_puts(b, "<|im_end|>\n");
+        } else if (forge__role_is(m, "assistant")) { /* forge's messages carry no reasoning_content */
+            const char *reason;
+            size_t rn;
+            forge__qwen_split_think(&c, &cn, &reason, &rn);
+            forge__py_strip(&reason, &rn);
+            forge__sb_puts(b, "<|im_start|>assistant\n");
+            if (i > last_query) {
+                forge__sb_puts(b, "<think>\n");
+                forge__sb_put(b, reason, rn);
+                forge__sb_puts(b, "\n</think>\n\n");
+            }
+            forge__sb_put(b, c, cn);
+            forge__sb_puts(b, "<|im_end|>\n");
+        } else if (forge__role_is(m, "tool")) { /* loop.previtem is undefined for the first message: no opening */
+            forge__qwen_tool_result(b, c, cn, i > 0 && !forge__role_is(&msgs[i - 1], "tool"),
+                                    i == n - 1 || !forge__role_is(&msgs[i + 1], "tool"));
+        } else {
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Unexpected message role.");
+        }
+    }
+    if (gen) forge__sb_puts(b, think ? "<|im_start|>assistant\n<think>\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    return FORGE_OK;
+}
+
 FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
                                                 forge__sb *b, forge__err *err) {
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
     if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_THINKING_ON and FORGE_CHAT_THINKING_OFF together");
+    bool think = (flags & FORGE_CHAT_THINKING_ON) ? true : (flags & FORGE_CHAT_THINKING_OFF) ? false : st->think_default;
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
-    if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
+    if (st->family == FORGE__CHAT_CHATML && st->qwen35) {
+        forge_status rc = forge__render_qwen35(msgs, n, gen, think, b, err);
+        if (rc) return rc;
+    } else if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
         /* Llama 3.1 / 3.2 / 3.3 without tools: BOS, a system block that always exists (cutoff,
          * date, then the first message's content when that is a system message), the turns;
          * tool results go out as an ipython turn holding the content as a JSON string. */
@@ -204,7 +317,6 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
          * when thinking is on or the first message is a system or developer message; then one
          * turn per message (assistant as model; consecutive assistant messages share one turn,
          * their thought channels stripped); the reply opens with <|turn>model. */
-        bool think = (flags & FORGE_CHAT_THINKING_ON) != 0;
         int first = n > 0 && (forge__role_is(&msgs[0], "system") || forge__role_is(&msgs[0], "developer")) ? 1 : 0;
         for (int i = first; i < n; i++)
             if (forge__role_is(&msgs[i], "tool"))
@@ -259,15 +371,9 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             forge__sb_puts(b, st->default_system);
             forge__sb_puts(b, "<|im_end|>\n");
         }
-        /* Qwen 3: the last user query that is not a tool response */
-        int last_query = n - 1;
-        if (st->qwen3)
-            for (int i = n - 1; i >= 0; i--) {
-                const char *c = msgs[i].content;
-                size_t cn = strlen(c);
-                bool tool_resp = cn >= 32 && !strncmp(c, "<tool_response>", 15) && !strcmp(c + cn - 16, "</tool_response>");
-                if (forge__role_is(&msgs[i], "user") && !tool_resp) { last_query = i; break; }
-            }
+        /* Qwen 3: the last user query that is not a tool response (n - 1 when there is none) */
+        int last_query = forge__qwen_last_query(msgs, n, false);
+        if (last_query < 0) last_query = n - 1;
         for (int i = 0; i < n; i++) {
             const forge_chat_message *m = &msgs[i];
             if (forge__role_is(m, "user") || (forge__role_is(m, "system") && i > 0)) {
@@ -279,21 +385,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             } else if (forge__role_is(m, "assistant")) {
                 const char *content = m->content, *reason = "";
                 size_t cn = strlen(content), rn = 0;
-                if (st->qwen3) {
-                    const char *end = forge__memmem(m->content, cn, "</think>");
-                    if (end) { /* content after the last </think>; reasoning before the first, after its last <think> */
-                        const char *last = forge__memmem_last(m->content, strlen(m->content), "</think>");
-                        content = last + 8;
-                        cn = strlen(content);
-                        forge__strip_char(&content, &cn, '\n', true, false);
-                        reason = m->content;
-                        rn = (size_t)(end - m->content);
-                        forge__strip_char(&reason, &rn, '\n', false, true);
-                        const char *open = forge__memmem_last(reason, rn, "<think>");
-                        if (open) { rn -= (size_t)(open + 7 - reason); reason = open + 7; }
-                        forge__strip_char(&reason, &rn, '\n', true, false);
-                    }
-                }
+                if (st->qwen3) forge__qwen_split_think(&content, &cn, &reason, &rn);
                 forge__sb_puts(b, "<|im_start|>assistant\n");
                 if (st->qwen3 && i > last_query && (i == n - 1 || rn > 0)) {
                     forge__strip_char(&reason, &rn, '\n', true, true);
@@ -305,16 +397,13 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
                 forge__sb_put(b, content, cn);
                 forge__sb_puts(b, "<|im_end|>\n");
             } else if (forge__role_is(m, "tool")) {
-                if (i == 0 || !forge__role_is(&msgs[i - 1], "tool")) forge__sb_puts(b, "<|im_start|>user");
-                forge__sb_puts(b, "\n<tool_response>\n");
-                forge__sb_puts(b, m->content);
-                forge__sb_puts(b, "\n</tool_response>");
-                if (i == n - 1 || !forge__role_is(&msgs[i + 1], "tool")) forge__sb_puts(b, "<|im_end|>\n");
+                forge__qwen_tool_result(b, m->content, strlen(m->content), i == 0 || !forge__role_is(&msgs[i - 1], "tool"),
+                                        i == n - 1 || !forge__role_is(&msgs[i + 1], "tool"));
             }
         }
         if (gen) {
             forge__sb_puts(b, "<|im_start|>assistant\n");
-            if (st->qwen3 && (flags & FORGE_CHAT_THINKING_OFF)) forge__sb_puts(b, "<think>\n\n</think>\n\n");
+            if (st->qwen3 && !think) forge__sb_puts(b, "<think>\n\n</think>\n\n");
         }
     } else {
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
@@ -363,7 +452,11 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
         st->bos = bos ? bos : "<bos>";
     } else if (forge_token_id(m, "<|im_start|>") >= 0) {
         st->family = FORGE__CHAT_CHATML;
-        st->qwen3 = strstr(tmpl, "enable_thinking") != NULL || (!m->chat_template && m->cfg.arch == FORGE__ARCH_QWEN3);
+        /* Qwen 3.5 and 3.6: the line that trims every message; its 0.8B / 2B template thinks only
+         * when asked to, the larger models' unless asked not to */
+        st->qwen35 = strstr(tmpl, "render_content(message.content, true)|trim") != NULL;
+        st->qwen3 = !st->qwen35 && (strstr(tmpl, "enable_thinking") != NULL || (!m->chat_template && m->cfg.arch == FORGE__ARCH_QWEN3));
+        st->think_default = st->qwen3 || (st->qwen35 && !strstr(tmpl, "enable_thinking is defined and enable_thinking is true"));
         if (strstr(tmpl, "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."))
             st->default_system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
         else if (strstr(tmpl, "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>") ||

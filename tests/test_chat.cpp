@@ -19,18 +19,38 @@ forge_model *vocab(const std::string &dir) {
     return m;
 }
 
-/* Gemma 4's vocabulary as far as chat needs it: Gemma 3's tokenizer (the same 262144 entries)
- * with ids 105 / 106 under Gemma 4's names <|turn> / <turn|>; no Gemma 4 tokenizer is here. */
-forge_model *gemma4_vocab(const std::string &data) {
-    std::string dir = ft::tmpdir("gemma4_vocab");
+/* One of the shared tokenizers with some of its special tokens renamed (in tokenizer.json and
+ * tokenizer_config.json): the vocabulary of a family whose own tokenizer is not here, as far as
+ * chat needs it. */
+forge_model *renamed_vocab(const std::string &data, const std::string &base, const std::string &name,
+                           const std::vector<std::pair<std::string, std::string>> &renames) {
+    std::string dir = ft::tmpdir(name);
     for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) {
-        std::vector<uint8_t> b = ft::read_file(data + "/gemma3/" + f);
+        std::vector<uint8_t> b = ft::read_file(data + "/" + base + "/" + f);
         std::string t(b.begin(), b.end());
-        for (auto [from, to] : {std::pair<std::string, std::string>{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}})
+        for (const auto &[from, to] : renames)
             for (size_t at = t.find(from); at != std::string::npos; at = t.find(from, at + to.size())) t.replace(at, from.size(), to);
         ft::write_file(dir + "/" + f, t.data(), t.size());
     }
     return vocab(dir);
+}
+
+/* Gemma 4's: Gemma 3's tokenizer (the same 262144 entries) with ids 105 / 106 under Gemma 4's
+ * names <|turn> / <turn|>. */
+forge_model *gemma4_vocab(const std::string &data) {
+    return renamed_vocab(data, "gemma3", "gemma4_vocab", {{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}});
+}
+
+/* The tokenizer a family's cases are read with: its own, or one with its special tokens' names. */
+forge_model *family_vocab(const std::string &fam, const std::string &data) {
+    if (fam.rfind("gemma4", 0) == 0) return gemma4_vocab(data);
+    if (fam.rfind("qwen3.5", 0) == 0) return vocab(data + "/qwen3");
+    return vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
+}
+
+std::string chat_fixture(const std::string &name) {
+    std::vector<uint8_t> b = ft::read_file(ft::src("tests/fixtures/chat/" + name));
+    return std::string(b.begin(), b.end());
 }
 
 /* What tells forge the 12B / 26B-A4B / 31B template from the E2B / E4B one: the line that writes
@@ -38,17 +58,42 @@ forge_model *gemma4_vocab(const std::string &data) {
 const char *const kGemma4LargeTemplateLine = "{{- '<|turn>model\\n' -}}\n        {%- if not enable_thinking -%}\n"
                                              "            {{- '<|channel>thought\\n<channel|>' -}}\n        {%- endif -%}";
 
+/* Renders msgs with the committed template `name` in place of the model's own (which it leaves
+ * without one); the text to *out. */
+forge_status render_with(forge_model *m, const std::string &name, const forge_chat_message *msgs, int n, std::string *out) {
+    std::string t = chat_fixture(name);
+    std::vector<char> buf(4096);
+    size_t len = 0;
+    ft_model_set_chat_template(m, t.c_str());
+    forge_status st = forge_chat_render(m, msgs, n, 0, buf.data(), buf.size(), &len);
+    ft_model_set_chat_template(m, nullptr);
+    out->assign(buf.data(), st == FORGE_OK ? len : 0);
+    return st;
+}
+
+/* Qwen 3.6's template is the Qwen 3.5 4B-and-larger one with this condition on a reply's think
+ * block (and another rendering of tool-call arguments); without preserve_thinking it renders the same. */
+std::string qwen36_template() {
+    std::string t = chat_fixture("qwen3.5-27b.jinja");
+    const std::string from = "{%- if loop.index0 > ns.last_query_index %}";
+    size_t at = t.find(from);
+    if (at != std::string::npos)
+        t.replace(at, from.size(),
+                  "{%- if (preserve_thinking is defined and preserve_thinking is true) or (loop.index0 > ns.last_query_index) %}");
+    return t;
+}
+
 } // namespace
 
 /* Llama 3.2 Instruct's chat template, as published (tests/fixtures/chat/README.md). */
 const std::string &llama32_template() {
-    static const std::string t = [] {
-        std::vector<uint8_t> b = ft::read_file(ft::src("tests/fixtures/chat/llama3.2-instruct.jinja"));
-        return std::string(b.begin(), b.end());
-    }();
+    static const std::string t = chat_fixture("llama3.2-instruct.jinja");
     return t;
 }
 
+/* Every case of the fixture file on the tokenizer of its family (family_vocab) with the template
+ * it was rendered from: forge's rendering byte for byte, or the template's own exception message.
+ * The Qwen 3.5 4B-and-larger cases are rendered once more from Qwen 3.6's template. */
 TEST(Chat, TemplatesMatchTransformers) {
     std::string data = ft::tok_data();
     ASSERT_FALSE(data.empty());
@@ -56,17 +101,37 @@ TEST(Chat, TemplatesMatchTransformers) {
     cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
     ASSERT_TRUE(cJSON_IsArray(root));
     std::map<std::string, forge_model *> models;
-    int checked = 0;
+    std::map<std::string, std::string> templates; /* the committed templates the cases name; the models point into them */
+    const std::string qwen36 = qwen36_template();
+    auto render = [](forge_model *m, const char *date, const std::vector<forge_chat_message> &msgs, uint32_t flags, std::string *out) {
+        std::vector<char> buf(1 << 16);
+        size_t len = 0;
+        forge_status st;
+        if (date) { /* llama3.2: rendered on the date the fixture records */
+            char *text = nullptr;
+            st = ft_chat_render_on(m, date, msgs.data(), (int)msgs.size(), flags, &text, &len);
+            if (text) out->assign(text, len);
+            free(text);
+        } else {
+            st = forge_chat_render(m, msgs.data(), (int)msgs.size(), flags, buf.data(), buf.size(), &len);
+            if (st == FORGE_OK) out->assign(buf.data(), len);
+        }
+        return st;
+    };
+    int checked = 0, checked36 = 0;
     cJSON *c;
     cJSON_ArrayForEach(c, root) {
         std::string fam = cJSON_GetStringValue(cJSON_GetObjectItem(c, "family"));
-        /* llama3.2: the Llama 3 tokenizer with Llama 3.2's template, rendered on the date the fixture records */
         const char *date = cJSON_GetStringValue(cJSON_GetObjectItem(c, "date"));
+        const char *tname = cJSON_GetStringValue(cJSON_GetObjectItem(c, "template"));
         if (!models.count(fam)) {
-            /* gemma4, gemma4-large: rendered from Gemma 4's two published templates */
-            models[fam] = fam.rfind("gemma4", 0) == 0 ? gemma4_vocab(data) : vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
-            if (fam == "llama3.2" && models[fam]) ft_model_set_chat_template(models[fam], llama32_template().c_str());
+            models[fam] = family_vocab(fam, data);
+            if (tname && models[fam]) ft_model_set_chat_template(models[fam], (templates[tname] = chat_fixture(tname)).c_str());
             if (fam == "gemma4-large" && models[fam]) ft_model_set_chat_template(models[fam], kGemma4LargeTemplateLine);
+            if (fam == "qwen3.5-think") {
+                models["qwen3.6"] = vocab(data + "/qwen3");
+                if (models["qwen3.6"]) ft_model_set_chat_template(models["qwen3.6"], qwen36.c_str());
+            }
         }
         forge_model *m = models[fam];
         ASSERT_NE(m, nullptr);
@@ -77,30 +142,28 @@ TEST(Chat, TemplatesMatchTransformers) {
         uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
         cJSON *think = cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking");
         if (cJSON_IsFalse(think)) flags |= FORGE_CHAT_THINKING_OFF;
-        if (cJSON_IsTrue(think) && fam.rfind("gemma4", 0) == 0) flags |= FORGE_CHAT_THINKING_ON;
-        size_t len = 0;
-        std::vector<char> out(1 << 16);
-        forge_status st;
-        if (date) {
-            char *text = nullptr;
-            st = ft_chat_render_on(m, date, msgs.data(), (int)msgs.size(), flags, &text, &len);
-            if (text) memcpy(out.data(), text, std::min(len + 1, out.size()));
-            free(text);
-        } else {
-            st = forge_chat_render(m, msgs.data(), (int)msgs.size(), flags, out.data(), out.size(), &len);
-        }
+        if (cJSON_IsTrue(think)) flags |= FORGE_CHAT_THINKING_ON;
+        std::string out;
+        forge_status st = render(m, date, msgs, flags, &out);
         std::string what = fam + " case " + std::to_string(checked) + " " + cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
         if (cJSON *r = cJSON_GetObjectItem(c, "rendered"); cJSON_IsString(r)) {
             ASSERT_EQ(st, FORGE_OK) << what << ": " << forge_model_errmsg(m);
-            EXPECT_EQ(std::string(out.data(), len), r->valuestring) << what;
+            EXPECT_EQ(out, r->valuestring) << what;
         } else {
             EXPECT_EQ(st, FORGE_ERR_INVALID_ARGUMENT) << what;
             EXPECT_NE(std::string(forge_model_errmsg(m)).find(cJSON_GetStringValue(cJSON_GetObjectItem(c, "error"))), std::string::npos)
                 << what << ": " << forge_model_errmsg(m);
         }
+        if (fam == "qwen3.5-think") {
+            std::string out36;
+            EXPECT_EQ(render(models["qwen3.6"], nullptr, msgs, flags, &out36), st) << what << " (Qwen 3.6)";
+            EXPECT_EQ(out36, out) << what << " (Qwen 3.6)";
+            checked36++;
+        }
         checked++;
     }
-    EXPECT_EQ(checked, 104);
+    EXPECT_EQ(checked, 174);
+    EXPECT_EQ(checked36, 35);
     for (auto &kv : models) forge_model_free(kv.second);
     cJSON_Delete(root);
 }
@@ -168,6 +231,33 @@ TEST(Chat, Gemma4EndOfTurnAndRefusals) {
     ASSERT_NE(q, nullptr);
     ASSERT_EQ(forge_chat_render(q, &hi, 1, FORGE_CHAT_THINKING_ON, out.data(), out.size(), &len), FORGE_OK);
     EXPECT_EQ(std::string(out.data(), len), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    forge_model_free(q);
+}
+
+/* Qwen 3.5's two templates told apart by their thinking default (the fixtures render both), and
+ * Qwen 3's tool-result test exactly as Python's startswith/endswith: a user message of just the
+ * two tags (31 bytes) is a tool result, so the reply before it is after the last query (jinja2's
+ * rendering of Qwen 3's template). */
+TEST(Chat, QwenThinkingDefaultsAndToolResults) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *q = vocab(data + "/qwen3");
+    ASSERT_NE(q, nullptr);
+    std::vector<char> out(4096);
+    size_t len = 0;
+    forge_chat_message turns[3] = {{sizeof(forge_chat_message), "user", "Hi"},
+                                   {sizeof(forge_chat_message), "assistant", "<think>\nr\n\n</think>\n\n\nA"},
+                                   {sizeof(forge_chat_message), "user", "<tool_response></tool_response>"}};
+    ASSERT_EQ(forge_chat_render(q, turns, 3, 0, out.data(), out.size(), &len), FORGE_OK); /* Qwen 3's own template */
+    EXPECT_EQ(std::string(out.data(), len), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\nr\n</think>\n\nA<|im_end|>\n"
+                                            "<|im_start|>user\n<tool_response></tool_response><|im_end|>\n<|im_start|>assistant\n");
+    forge_chat_message hi = {sizeof(forge_chat_message), "user", "Hi"};
+    std::string text;
+    for (auto [name, opening] :
+         {std::pair<const char *, const char *>{"qwen3.5-0.8b.jinja", "<think>\n\n</think>\n\n"}, {"qwen3.5-27b.jinja", "<think>\n"}}) {
+        ASSERT_EQ(render_with(q, name, &hi, 1, &text), FORGE_OK) << name;
+        EXPECT_EQ(text, std::string("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n") + opening) << name;
+    }
     forge_model_free(q);
 }
 
