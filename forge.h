@@ -826,13 +826,15 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * and "Today Date", today's local date where the template calls strftime_now, else the date
  * the template sets; a "tool" message becomes the ipython turn; tool definitions are not
  * supported), ChatML for Qwen 2 / 3 / 3.5 / 3.6 (with Qwen 3's and 3.5's thinking switch;
- * Qwen 3.5 trims every message and refuses what its template refuses), Gemma turns
+ * Qwen 3.5 trims every message and refuses what its template refuses), Mistral's [INST] turns
+ * (7B Instruct v0.1 / v0.2 / v0.3 and Nemo, each template's spaces and system message; a
+ * tool result is refused, as v0.3's template does without a tool_call_id), Gemma turns
  * (Gemma 3 folds a system message into the first user turn; Gemma 2's template rejects one),
  * Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
  * 31B template's empty thought block when thinking is off; tools and tool results are not
  * supported). The family is recognised from the tokenizer's special tokens and the
  * checkpoint's chat_template (tokenizer_config.json, chat_template.jinja, or
- * tokenizer.chat_template in GGUF).
+ * tokenizer.chat_template in GGUF); Mistral's from the template alone.
  * ------------------------------------------------------------------------------------- */
 
 typedef struct forge_chat_message {

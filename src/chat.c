@@ -12,9 +12,54 @@ typedef enum forge__chat_family {
     FORGE__CHAT_NONE = 0,
     FORGE__CHAT_LLAMA3,
     FORGE__CHAT_CHATML,
-    FORGE__CHAT_GEMMA,  /* Gemma 2 and 3: <start_of_turn> */
-    FORGE__CHAT_GEMMA4, /* Gemma 4: <|turn> ... <turn|>, a system turn, the thinking switch */
+    FORGE__CHAT_GEMMA,   /* Gemma 2 and 3: <start_of_turn> */
+    FORGE__CHAT_GEMMA4,  /* Gemma 4: <|turn> ... <turn|>, a system turn, the thinking switch */
+    FORGE__CHAT_MISTRAL, /* Mistral: [INST] ... [/INST], one of forge__mistral_templates */
 } forge__chat_family;
+
+/* Where a Mistral template puts a first system message. */
+typedef enum forge__mistral_system {
+    FORGE__MISTRAL_SYSTEM_NONE,  /* nowhere: it is an ordinary message, which the alternation check refuses */
+    FORGE__MISTRAL_SYSTEM_FIRST, /* before the first user message's content */
+    FORGE__MISTRAL_SYSTEM_LAST,  /* before the last message's content when that message is the user's; else dropped */
+} forge__mistral_system;
+
+/* What tells Mistral's [INST] templates apart. All of them write BOS, make user and assistant
+ * alternate and end each reply with EOS; none writes anything for add_generation_prompt. */
+typedef struct forge__mistral_template {
+    const char *marker;            /* a line of the template's text that only it has */
+    const char *inst, *inst_end;   /* around a user message */
+    const char *reply, *after_eos; /* before an assistant message; after its EOS */
+    bool reply_trim;               /* the reply |trim'ed */
+    forge__mistral_system system;  /* where a first system message goes */
+    bool tool_results;             /* roles checked first, tool results skipped; each needs a tool_call_id */
+    const char *alternate_error, *role_error;
+} forge__mistral_template;
+
+#define FORGE__MISTRAL_ALTERNATE_V1 "Conversation roles must alternate user/assistant/user/assistant/..."
+#define FORGE__MISTRAL_ROLE_V1 "Only user and assistant roles are supported!"
+#define FORGE__MISTRAL_ALTERNATE "After the optional system message, conversation roles must alternate user/assistant/user/assistant/..."
+#define FORGE__MISTRAL_ROLE "Only user and assistant roles are supported, with the exception of an initial optional system message!"
+
+/* The published templates, tests/fixtures/chat/mistral-*.jinja; the first whose marker the
+ * checkpoint's template contains is its own (v0.1's text contains v0.2's user line too). */
+static const forge__mistral_template forge__mistral_templates[] = {
+    /* Mistral-7B-Instruct-v0.1's first (2023) */
+    {"{{ message['content'] + eos_token + ' ' }}", "[INST] ", " [/INST]", "", " ", false, FORGE__MISTRAL_SYSTEM_NONE, false,
+     FORGE__MISTRAL_ALTERNATE_V1, FORGE__MISTRAL_ROLE_V1},
+    /* Mistral-7B-Instruct-v0.2's first (2023), which GGUF files of it carry */
+    {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", "[INST] ", " [/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_NONE, false,
+     FORGE__MISTRAL_ALTERNATE_V1, FORGE__MISTRAL_ROLE_V1},
+    /* the 2024 one of v0.1 and v0.2 (and Mixtral-8x7B-Instruct): a system message */
+    {"{{- ' [INST] ' + message['content'] + ' [/INST]' }}", " [INST] ", " [/INST]", " ", "", false, FORGE__MISTRAL_SYSTEM_FIRST, false,
+     FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
+    /* Mistral-7B-Instruct-v0.3's: [INST] is a control token, tools */
+    {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}", "[INST] ", "[/INST]", " ", "", true, FORGE__MISTRAL_SYSTEM_LAST, true,
+     FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
+    /* Mistral-Nemo-Instruct-2407's (Tekken): no spaces */
+    {"{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", "[INST]", "[/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_LAST, true,
+     FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
+};
 
 typedef struct forge__chat_style {
     forge__chat_family family;
@@ -24,7 +69,9 @@ typedef struct forge__chat_style {
     bool think_default;           /* enable_thinking when no FORGE_CHAT_THINKING_ flag is given: the template's default */
     bool gemma_no_system;         /* Gemma 2's template: a system message is an error */
     const char *default_system;   /* ChatML templates that add one when the first message is not system */
-    const char *bos;              /* the BOS text the template writes (Llama 3, Gemma) */
+    const char *bos;              /* the BOS text the template writes (Llama 3, Gemma, Mistral) */
+    const char *eos;              /* the EOS text it writes after a reply (Mistral) */
+    const forge__mistral_template *mistral;
     bool llama3_gen_always;       /* Llama 3.0's first template: the assistant header even without add_generation_prompt */
     bool llama3_dated;            /* Llama 3.1+: a system block with the knowledge cutoff and today's date, always */
     char date[16];                /* its "Today Date" ("%d %b %Y"): the template's date_string, or today (strftime_now) */
@@ -246,6 +293,55 @@ static forge_status forge__render_qwen35(const forge_chat_message *msgs, int n, 
     return FORGE_OK;
 }
 
+static bool forge__mistral_tool_result(const forge_chat_message *m) {
+    return forge__role_is(m, "tool") || forge__role_is(m, "tool_results");
+}
+
+/* Mistral's [INST] templates (forge__mistral_templates), line for line: a first system message
+ * taken out where the template takes one, BOS, then each message in turn, user and assistant
+ * alternating. v0.3's and Nemo's check the roles before writing anything and skip tool results
+ * there; a tool result is then refused for its tool_call_id, which forge's messages do not carry. */
+static forge_status forge__render_mistral(const forge__chat_style *st, const forge_chat_message *msgs, int n, forge__sb *b,
+                                          forge__err *err) {
+    const forge__mistral_template *t = st->mistral;
+    if (n == 0 && t->system != FORGE__MISTRAL_SYSTEM_NONE) /* messages[0]["role"] fails on no messages */
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "the conversation has no messages");
+    int first = t->system != FORGE__MISTRAL_SYSTEM_NONE && forge__role_is(&msgs[0], "system") ? 1 : 0;
+    if (t->tool_results)
+        for (int i = first, k = 0; i < n; i++)
+            if (!forge__mistral_tool_result(&msgs[i]) && forge__role_is(&msgs[i], "user") != (k++ % 2 == 0))
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->alternate_error);
+    forge__sb_puts(b, st->bos);
+    for (int i = first; i < n; i++) {
+        const forge_chat_message *m = &msgs[i];
+        bool user = forge__role_is(m, "user");
+        if (!t->tool_results && user != ((i - first) % 2 == 0))
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->alternate_error);
+        if (user) {
+            forge__sb_puts(b, t->inst);
+            if (first && i == (t->system == FORGE__MISTRAL_SYSTEM_FIRST ? first : n - 1)) {
+                forge__sb_puts(b, msgs[0].content);
+                forge__sb_puts(b, "\n\n");
+            }
+            forge__sb_puts(b, m->content);
+            forge__sb_puts(b, t->inst_end);
+        } else if (forge__role_is(m, "assistant")) {
+            forge__sb_puts(b, t->reply);
+            if (t->reply_trim)
+                forge__sb_put_trimmed(b, m->content, strlen(m->content));
+            else
+                forge__sb_puts(b, m->content);
+            forge__sb_puts(b, st->eos);
+            forge__sb_puts(b, t->after_eos);
+        } else if (t->tool_results && forge__mistral_tool_result(m)) {
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Tool call IDs should be alphanumeric strings with length 9!");
+        } else {
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->role_error);
+        }
+    }
+    return FORGE_OK;
+}
+
 FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
                                                 forge__sb *b, forge__err *err) {
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
@@ -255,7 +351,10 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
-    if (st->family == FORGE__CHAT_CHATML && st->qwen35) {
+    if (st->family == FORGE__CHAT_MISTRAL) {
+        forge_status rc = forge__render_mistral(st, msgs, n, b, err);
+        if (rc) return rc;
+    } else if (st->family == FORGE__CHAT_CHATML && st->qwen35) {
         forge_status rc = forge__render_qwen35(msgs, n, gen, think, b, err);
         if (rc) return rc;
     } else if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
@@ -406,7 +505,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             if (st->qwen3 && !think) forge__sb_puts(b, "<think>\n\n</think>\n\n");
         }
     } else {
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4, Mistral)");
     }
     if (b->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return FORGE_OK;
@@ -432,15 +531,28 @@ static void forge__template_date(const char *tmpl, char out[16]) {
     }
 }
 
+/* The Mistral template whose marker the template text holds, or NULL. */
+static const forge__mistral_template *forge__mistral_template_of(const char *tmpl) {
+    for (size_t i = 0; i < sizeof forge__mistral_templates / sizeof forge__mistral_templates[0]; i++)
+        if (strstr(tmpl, forge__mistral_templates[i].marker)) return &forge__mistral_templates[i];
+    return NULL;
+}
+
 /* The chat format of a model: from its tokenizer's special tokens, refined by the
- * checkpoint's own template text where it has one. */
+ * checkpoint's own template text where it has one; Mistral's [INST] templates by their text
+ * alone (v0.1's and v0.2's tokenizers have no [INST] token, and none tells v0.3 from Nemo). */
 static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style *st) {
     memset(st, 0, sizeof *st);
     const char *tmpl = m->chat_template ? m->chat_template : "";
     forge_special_tokens sp = {.struct_size = sizeof sp};
     forge_model_special_tokens(m, &sp);
     const char *bos = sp.bos >= 0 ? forge_token_piece(m, sp.bos) : NULL;
-    if (forge_token_id(m, "<|turn>") >= 0) {
+    const char *eos = sp.eos >= 0 ? forge_token_piece(m, sp.eos) : NULL;
+    if ((st->mistral = forge__mistral_template_of(tmpl))) {
+        st->family = FORGE__CHAT_MISTRAL;
+        st->bos = bos ? bos : "<s>";
+        st->eos = eos ? eos : "</s>";
+    } else if (forge_token_id(m, "<|turn>") >= 0) {
         st->family = FORGE__CHAT_GEMMA4;
         st->bos = bos ? bos : "<bos>";
         /* the larger models' template, which alone writes this block after the reply's opening */
@@ -469,7 +581,9 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
         st->llama3_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
         if (st->llama3_dated) forge__template_date(tmpl, st->date);
     } else {
-        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
+        return forge__model_fail(
+            m, FORGE_ERR_UNSUPPORTED,
+            "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4; Mistral by its template)");
     }
     return FORGE_OK;
 }

@@ -41,9 +41,20 @@ forge_model *gemma4_vocab(const std::string &data) {
     return renamed_vocab(data, "gemma3", "gemma4_vocab", {{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}});
 }
 
+/* Mistral's: Gemma 2's tokenizer with its <s> / </s> (ids 204 / 213, HTML tags there) as BOS and
+ * EOS, and ids 106 / 107 named [INST] / [/INST], the control tokens of v0.3's and Nemo's. */
+forge_model *mistral_vocab(const std::string &data) {
+    return renamed_vocab(data, "gemma2", "mistral_vocab",
+                         {{"<start_of_turn>", "[INST]"},
+                          {"<end_of_turn>", "[/INST]"},
+                          {"\"bos_token\": \"<bos>\"", "\"bos_token\": \"<s>\""},
+                          {"\"eos_token\": \"<eos>\"", "\"eos_token\": \"</s>\""}});
+}
+
 /* The tokenizer a family's cases are read with: its own, or one with its special tokens' names. */
 forge_model *family_vocab(const std::string &fam, const std::string &data) {
     if (fam.rfind("gemma4", 0) == 0) return gemma4_vocab(data);
+    if (fam.rfind("mistral", 0) == 0) return mistral_vocab(data);
     if (fam.rfind("qwen3.5", 0) == 0) return vocab(data + "/qwen3");
     return vocab(data + "/" + (fam == "llama3.2" ? std::string("llama3") : fam));
 }
@@ -162,7 +173,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 174);
+    EXPECT_EQ(checked, 279);
     EXPECT_EQ(checked36, 35);
     for (auto &kv : models) forge_model_free(kv.second);
     cJSON_Delete(root);
@@ -232,6 +243,36 @@ TEST(Chat, Gemma4EndOfTurnAndRefusals) {
     ASSERT_EQ(forge_chat_render(q, &hi, 1, FORGE_CHAT_THINKING_ON, out.data(), out.size(), &len), FORGE_OK);
     EXPECT_EQ(std::string(out.data(), len), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
     forge_model_free(q);
+}
+
+/* Mistral: </s> ends a reply; the [INST] templates are known by their text alone (without one
+ * the tokenizer names no format); what the templates cannot render from no messages is refused
+ * (messages[0] fails there), while v0.1's and v0.2's first templates write just BOS. */
+TEST(Chat, MistralByTemplate) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *m = mistral_vocab(data);
+    ASSERT_NE(m, nullptr);
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
+    ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
+    EXPECT_EQ(sp.bos, forge_token_id(m, "<s>"));
+    bool ends = false;
+    for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == forge_token_id(m, "</s>");
+    EXPECT_TRUE(ends);
+    EXPECT_EQ(forge_token_id(m, "[INST]"), 106);
+    forge_chat_message hi = {sizeof(forge_chat_message), "user", "Hi"};
+    std::vector<char> out(512);
+    size_t len = 0;
+    ft_model_set_chat_template(m, nullptr);
+    EXPECT_EQ(forge_chat_render(m, &hi, 1, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
+    std::string text;
+    for (const char *name : {"mistral-7b-instruct-v0.2-system.jinja", "mistral-7b-instruct-v0.3.jinja", "mistral-nemo-instruct-2407.jinja"})
+        EXPECT_EQ(render_with(m, name, nullptr, 0, &text), FORGE_ERR_INVALID_ARGUMENT) << name;
+    for (const char *name : {"mistral-7b-instruct-v0.1.jinja", "mistral-7b-instruct-v0.2.jinja"}) {
+        ASSERT_EQ(render_with(m, name, nullptr, 0, &text), FORGE_OK) << name;
+        EXPECT_EQ(text, "<s>") << name;
+    }
+    forge_model_free(m);
 }
 
 /* Qwen 3.5's two templates told apart by their thinking default (the fixtures render both), and
