@@ -173,8 +173,8 @@ TEST(Chat, TemplatesMatchTransformers) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 279);
-    EXPECT_EQ(checked36, 35);
+    EXPECT_EQ(checked, 277);
+    EXPECT_EQ(checked36, 34);
     for (auto &kv : models) forge_model_free(kv.second);
     cJSON_Delete(root);
 }
@@ -275,7 +275,8 @@ TEST(Chat, MistralByTemplate) {
     forge_model_free(m);
 }
 
-/* Qwen 3.5's two templates told apart by their thinking default (the fixtures render both), and
+/* Qwen 3.5's two templates told apart by their thinking default (the fixtures render both), its
+ * refusal of an empty conversation (which transformers cannot render: no fixture), and
  * Qwen 3's tool-result test exactly as Python's startswith/endswith: a user message of just the
  * two tags (31 bytes) is a tool result, so the reply before it is after the last query (jinja2's
  * rendering of Qwen 3's template). */
@@ -294,6 +295,8 @@ TEST(Chat, QwenThinkingDefaultsAndToolResults) {
                                             "<|im_start|>user\n<tool_response></tool_response><|im_end|>\n<|im_start|>assistant\n");
     forge_chat_message hi = {sizeof(forge_chat_message), "user", "Hi"};
     std::string text;
+    EXPECT_EQ(render_with(q, "qwen3.5-0.8b.jinja", nullptr, 0, &text), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(q)).find("No messages provided."), std::string::npos) << forge_model_errmsg(q);
     for (auto [name, opening] :
          {std::pair<const char *, const char *>{"qwen3.5-0.8b.jinja", "<think>\n\n</think>\n\n"}, {"qwen3.5-27b.jinja", "<think>\n"}}) {
         ASSERT_EQ(render_with(q, name, &hi, 1, &text), FORGE_OK) << name;
