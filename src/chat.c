@@ -505,7 +505,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             if (st->qwen3 && !think) forge__sb_puts(b, "<think>\n\n</think>\n\n");
         }
     } else {
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4, Mistral)");
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "the model has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
     }
     if (b->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return FORGE_OK;
@@ -581,9 +581,8 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
         st->llama3_dated = strstr(tmpl, "Cutting Knowledge Date") != NULL;
         if (st->llama3_dated) forge__template_date(tmpl, st->date);
     } else {
-        return forge__model_fail(
-            m, FORGE_ERR_UNSUPPORTED,
-            "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4; Mistral by its template)");
+        /* (Mistral's formats are known by their template text alone, above) */
+        return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "the model's tokenizer has no known chat format (Llama 3, ChatML, Gemma, Gemma 4)");
     }
     return FORGE_OK;
 }
