@@ -12,6 +12,7 @@
 // Bindings: 0 params {pos0, n, ...}, batch generation's row table at byte 64 (row t: position, place)
 //           1 in f32 [n, in_stride] (the in-projection's rows: q|k|v are its first `channels` columns)
 //           2 w f32 [channels, K] | 3 state f32 [places, K - 1, channels] | 4 out f32 [n, channels]
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
@@ -21,10 +22,7 @@ layout(binding = 2) readonly buffer W_ { float w[]; };
 layout(binding = 3) buffer S_ { float state[]; };
 layout(binding = 4) writeonly buffer O_ { float y[]; };
 
-// push constants: forge__pc_conv (src/ops.c), field for field (checked against its size)
-layout(push_constant) uniform PC {
-    uint n_tokens, channels, taps, in_stride, group_rows, table;
-} pc;
+#include "pc_conv.glsl"
 
 const uint MAXK = 8u; // FORGE__MAX_LINEAR_CONV
 

@@ -17,6 +17,7 @@
 //           2 mix f32 [n, mix_stride]: the in-projection's row: z at z_off [v_heads, v_dim], b at b_off [v_heads], a at a_off
 //           3 neg_a f32 [v_heads] | 4 dt_bias f32 [v_heads] | 5 w f32 [v_dim]
 //           6 state f32 [places, v_heads, k_dim, v_dim] | 7 out f32 [n, v_heads * v_dim]
+#extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 128) in;
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
@@ -29,14 +30,7 @@ layout(binding = 5) readonly buffer W_ { float nw[]; };
 layout(binding = 6) buffer S_ { float S[]; };
 layout(binding = 7) writeonly buffer O_ { float o[]; };
 
-// push constants: forge__pc_delta (src/ops.c), field for field (checked against its size)
-layout(push_constant) uniform PC {
-    uint n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
-    uint mix_stride, z_off, b_off, a_off;
-    float eps;
-    uint v_tiled;
-    uint lanes; // (delta_rule_sg.comp's)
-} pc;
+#include "pc_delta.glsl"
 
 const uint WG = 128u;
 const uint MAXD = 256u; // FORGE__MAX_LINEAR_HEAD_DIM

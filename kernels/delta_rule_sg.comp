@@ -31,13 +31,7 @@ layout(binding = 6) buffer S_ { float S[]; };
 layout(binding = 7) writeonly buffer O_ { float o[]; };
 
 // push constants: forge__pc_delta (src/ops.c), field for field (checked against its size)
-layout(push_constant) uniform PC {
-    uint n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
-    uint mix_stride, z_off, b_off, a_off;
-    float eps;
-    uint v_tiled;
-    uint lanes; // invocations a column: 1, 2, 4 or 8, k_dim / lanes <= 32, at most the subgroup's width
-} pc;
+#include "pc_delta.glsl"
 
 const uint MAXR = 32u;
 

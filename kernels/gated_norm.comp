@@ -13,13 +13,7 @@ layout(binding = 1) readonly buffer W_ { float nw[]; };
 layout(binding = 2) buffer O_ { float o[]; };
 
 // push constants: forge__pc_delta (src/ops.c), field for field (checked against its size)
-layout(push_constant) uniform PC {
-    uint n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
-    uint mix_stride, z_off, b_off, a_off;
-    float eps;
-    uint v_tiled;
-    uint lanes;
-} pc;
+#include "pc_delta.glsl"
 
 const uint WG = 64u;
 shared float red[WG];

@@ -560,7 +560,7 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     forge__barrier(r);
     const uint32_t DK = (uint32_t)c->lin_k_dim, DV = (uint32_t)c->lin_v_dim, lanes = forge__delta_lanes(m);
     forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, DK, DV, group, table, MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps,
-                          c->lin_v_tiled ? 1u : 0u, lanes};
+                          c->lin_v_tiled ? 1u : 0u, lanes, 0};
     forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};
     if (lanes) { /* the state's columns in registers over many workgroups, then the gated norm per head */
         forge__dispatch(r, FORGE__OP_DELTA_RULE_SG, bd, &pd, (NV * DV + 64 / lanes - 1) / (64 / lanes), n / group, 1);

@@ -86,26 +86,28 @@ _Static_assert(FORGE__ATTN_SPLITS <= 64 && FORGE__ATTN_SPLITS_BATCH <= FORGE__AT
 #define FORGE__ATTN_SPLITS_CPU 2    /* ... on CPU devices */
 #endif
 typedef struct forge__pc_act {      /* kernels/pc_act.glsl: act_mul.comp, act_mul_back.comp */
-    uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups), 3 apart */
-    uint32_t up_stride, up_col0;        /* layout 3: the ups' rows in binding 2 */
+    uint32_t count, act, layout, ffn;   /* layout: 1 gate|up pairs, 2 halves (gates, then ups), 3 apart, 4 apart the other way */
+    uint32_t up_stride, up_col0;        /* layouts 3 and 4: the other operand's rows */
 } forge__pc_act;
 #define FORGE__GU_PAIRS 1u
 #define FORGE__GU_HALVES 2u
 #define FORGE__GU_APART 3u
-#define FORGE__GU_APART_GATE 4u  /* act_mul: the ups in binding 1, the gates in binding 2's rows (Qwen 3.5's attention output gate) */
+#define FORGE__GU_APART_GATE 4u  /* the ups in binding 1, the gates in other rows (act_mul: binding 2; act_mul_back: 3, their gradient 4):
+                                  * Qwen 3.5's attention output gate */
 #define FORGE__ACT_SIGMOID 2u    /* act_mul's act beside forge__act's SiLU and GELU */
 #define FORGE__ACT_ROW_SIGMOID 8u /* act_mul, added to act: every row times sigmoid(binding 2's scalar of the row) */
-typedef struct forge__pc_conv {     /* conv1d.comp */
+typedef struct forge__pc_conv {     /* kernels/pc_conv.glsl: conv1d.comp, conv1d_back.comp */
     uint32_t n_tokens, channels, taps, in_stride;
     uint32_t group_rows;            /* rows per sequence of the step (conv1d.comp's groups) */
     uint32_t table;                 /* batch generation: positions and places from the row table */
 } forge__pc_conv;
-typedef struct forge__pc_delta {    /* delta_rule.comp, delta_rule_sg.comp, gated_norm.comp */
+typedef struct forge__pc_delta {    /* kernels/pc_delta.glsl: delta_rule(_sg).comp, gated_norm.comp, delta_rule_back.comp, l2norm_back.comp */
     uint32_t n_tokens, k_heads, v_heads, k_dim, v_dim, group_rows, table;
     uint32_t mix_stride, z_off, b_off, a_off; /* the in-projection's row: z, b and a columns */
     float eps;
     uint32_t v_tiled;               /* value head h reads key head h % k_heads (llama.cpp's order), not h / (v_heads / k_heads) */
     uint32_t lanes;                 /* delta_rule_sg: invocations a state column */
+    uint32_t chunk;                 /* delta_rule_back: rows between its checkpoints (0 elsewhere) */
 } forge__pc_delta;
 typedef struct forge__pc_moe_route { /* moe_route.comp */
     uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */
@@ -247,6 +249,9 @@ typedef enum forge__op {
     FORGE__OP_ROPE_BACK,
     FORGE__OP_ATTN_BACK,
     FORGE__OP_ACT_MUL_BACK,
+    FORGE__OP_CONV1D_BACK,        /* Qwen 3.5's linear attention: the convolution, */
+    FORGE__OP_DELTA_RULE_BACK,    /* the gated norm, delta rule and gates, */
+    FORGE__OP_L2NORM_BACK,        /* and the L2 norms of q and k */
     FORGE__OP_LOSS,
     FORGE__OP_ADAMW,
     FORGE__OP_LORA_MERGE,                              /* an adapter folded into float weights at load */
@@ -386,7 +391,10 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 1, {256}, false, true},
-    [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 3, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 5, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_CONV1D_BACK] = {"conv1d_back", FORGE__SPV(conv1d_back), 4, sizeof(forge__pc_conv), 0, {0}},
+    [FORGE__OP_DELTA_RULE_BACK] = {"delta_rule_back", FORGE__SPV(delta_rule_back), 10, sizeof(forge__pc_delta), 0, {0}},
+    [FORGE__OP_L2NORM_BACK] = {"l2norm_back", FORGE__SPV(l2norm_back), 3, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_LOSS] = {"loss", FORGE__SPV(loss), 4, sizeof(forge__pc_loss), 0, {0}},
     [FORGE__OP_ADAMW] = {"adamw", FORGE__SPV(adamw), 6, sizeof(forge__pc_adamw), 0, {0}},
     [FORGE__OP_LORA_MERGE] = {"lora_merge", FORGE__SPV(lora_merge), 3, sizeof(forge__pc_merge), 0, {0}},
@@ -460,6 +468,8 @@ FORGE__PUSH_IS(attention_combine, forge__pc_combine);
 FORGE__PUSH_IS(act_mul, forge__pc_act);
 FORGE__PUSH_IS(conv1d, forge__pc_conv);
 FORGE__PUSH_IS(delta_rule, forge__pc_delta);
+FORGE__PUSH_IS(delta_rule_sg, forge__pc_delta);
+FORGE__PUSH_IS(gated_norm, forge__pc_delta);
 FORGE__PUSH_IS(moe_route, forge__pc_moe_route);
 FORGE__PUSH_IS(moe_group, forge__pc_moe_group);
 FORGE__PUSH_IS(moe_combine, forge__pc_moe_combine);
@@ -472,6 +482,9 @@ FORGE__PUSH_IS(rope_back, forge__pc_rope_back);
 FORGE__PUSH_IS(rope_shift_kv16, forge__pc_rope_back);
 FORGE__PUSH_IS(attention_back, forge__pc_attn_back);
 FORGE__PUSH_IS(act_mul_back, forge__pc_act);
+FORGE__PUSH_IS(conv1d_back, forge__pc_conv);
+FORGE__PUSH_IS(delta_rule_back, forge__pc_delta);
+FORGE__PUSH_IS(l2norm_back, forge__pc_delta);
 FORGE__PUSH_IS(loss, forge__pc_loss);
 FORGE__PUSH_IS(adamw, forge__pc_adamw);
 FORGE__PUSH_IS(lora_merge, forge__pc_merge);

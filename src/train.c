@@ -457,7 +457,7 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
     }
     bool pairs = ly->fused_gate_up;
     forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F, 0, 0};
-    forge__range bact[3] = {dh, a->gu, dgu};
+    forge__range bact[5] = {dh, a->gu, dgu, p->dummy, p->dummy};
     forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
     forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
     forge__barrier(r);

@@ -504,7 +504,7 @@ forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group
     forge__range pb = ft_buf(&j, params, sizeof params), qb = ft_buf(&j, qkv, 4ull * n * CD), mb = ft_buf(&j, mix, 4ull * n * MIX);
     forge__range ab = ft_buf(&j, neg_a, 4ull * VH), db = ft_buf(&j, dt_bias, 4ull * VH), wb = ft_buf(&j, w, 4ull * DV);
     forge__range sb = ft_buf(&j, state, 4ull * groups * VH * DK * DV), ob = ft_buf(&j, NULL, 4ull * n * VH * DV);
-    forge__pc_delta pc = {n, KH, VH, DK, DV, group_rows, 0, MIX, 0, VH * DV, VH * DV + VH, eps, v_tiled ? 1u : 0u, lanes};
+    forge__pc_delta pc = {n, KH, VH, DK, DV, group_rows, 0, MIX, 0, VH * DV, VH * DV + VH, eps, v_tiled ? 1u : 0u, lanes, 0};
     forge__range b[8] = {pb, qb, mb, ab, db, wb, sb, ob};
     if (lanes) {
         forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_SG, b, &pc, (VH * DV + 64 / lanes - 1) / (64 / lanes), groups, 1);
@@ -955,13 +955,89 @@ forge_status ft_act_mul_back(ft_ctx *c, const float *dh, const float *gu, float 
     ft_job j;
     ft_begin(&j, c);
     uint32_t count = rows * ffn;
-    forge__range hb = ft_buf(&j, dh, 4ull * count), gb = ft_buf(&j, gu, 8ull * count), ob = ft_buf(&j, NULL, 8ull * count);
-    forge__range b[3] = {hb, gb, ob};
+    forge__range hb = ft_buf(&j, dh, 4ull * count), gb = ft_buf(&j, gu, 8ull * count), ob = ft_buf(&j, NULL, 8ull * count), z = ft_buf(&j, NULL, 16);
+    forge__range b[5] = {hb, gb, ob, z, z};
     forge__pc_act pc = {count, act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, ffn, 0, 0};
     uint32_t gx, gy;
     forge__grid((count + 255) / 256, &gx, &gy);
     forge__dispatch(&j.rec, FORGE__OP_ACT_MUL_BACK, b, &pc, gx, gy, 1);
     return ft_end(&j, 2, dgu, 8ull * count, 0, NULL, 0);
+}
+
+forge_status ft_gate_back(ft_ctx *c, float *dh, const float *u, const float *gates, float *dgates, uint32_t rows, uint32_t ffn, uint32_t stride,
+                          uint32_t col0) {
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t count = rows * ffn;
+    forge__range hb = ft_buf(&j, dh, 4ull * count), ub = ft_buf(&j, u, 4ull * count), gb = ft_buf(&j, gates, 4ull * rows * stride);
+    forge__range db = ft_buf(&j, dgates, 4ull * rows * stride);
+    forge__range b[5] = {hb, ub, hb, gb, db}; /* du over dh, as the trainer does */
+    forge__pc_act pc = {count, FORGE__ACT_SIGMOID, FORGE__GU_APART_GATE, ffn, stride, col0};
+    uint32_t gx, gy;
+    forge__grid((count + 255) / 256, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_ACT_MUL_BACK, b, &pc, gx, gy, 1);
+    return ft_end(&j, 0, dh, 4ull * count, 3, dgates, 4ull * rows * stride);
+}
+
+forge_status ft_conv1d_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *dx, uint32_t n, uint32_t channels, uint32_t taps,
+                            uint32_t in_stride, uint32_t group_rows) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range xb = ft_buf(&j, x, 4ull * n * in_stride), wb = ft_buf(&j, w, 4ull * channels * taps), yb = ft_buf(&j, dy, 4ull * n * channels);
+    forge__range ob = ft_buf(&j, dx, 4ull * n * in_stride);
+    forge__range b[4] = {xb, wb, yb, ob};
+    forge__pc_conv pc = {n, channels, taps, in_stride, group_rows, 0};
+    uint32_t gx, gy;
+    forge__grid(((uint64_t)n * channels + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_CONV1D_BACK, b, &pc, gx, gy, 1);
+    return ft_end(&j, 3, dx, 4ull * n * in_stride, 0, NULL, 0);
+}
+
+/* The delta rule's push constants for rows of mix [n, VD + 2 NV]: z, then b, then a. */
+static forge__pc_delta ft_delta_pc(const ft_delta_shape *d) {
+    uint32_t VD = d->v_heads * d->v_dim;
+    forge__pc_delta pc = {d->B * d->T, d->k_heads, d->v_heads, d->k_dim, d->v_dim, d->T, 0, VD + 2 * d->v_heads, 0, VD, VD + d->v_heads, d->eps,
+                          d->v_tiled, 0, d->chunk};
+    return pc;
+}
+
+forge_status ft_delta_rule(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+                           const float *w, float *out) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__pc_delta pc = ft_delta_pc(d);
+    uint32_t n = d->B * d->T, CD = 2 * d->k_heads * d->k_dim + d->v_heads * d->v_dim, VD = d->v_heads * d->v_dim;
+    forge__step_params sp = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    const void *data[8] = {&sp, qkv, mix, neg_a, dt_bias, w, NULL, NULL};
+    uint64_t bytes[8] = {sizeof sp, 4ull * n * CD, 4ull * n * pc.mix_stride, 4ull * d->v_heads, 4ull * d->v_heads, 4ull * d->v_dim,
+                         4ull * d->B * d->v_heads * d->k_dim * d->v_dim, 4ull * n * VD};
+    forge__range b[8];
+    for (int i = 0; i < 8; i++) b[i] = ft_buf(&j, data[i], bytes[i]);
+    forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE, b, &pc, d->v_heads, d->B, 1);
+    return ft_end(&j, 7, out, 4ull * n * VD, 0, NULL, 0);
+}
+
+forge_status ft_delta_rule_back(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+                                const float *w, const float *dout, float *dqkv, float *dmix) {
+    ft_job j;
+    ft_begin(&j, c);
+    forge__pc_delta pc = ft_delta_pc(d);
+    uint32_t n = d->B * d->T, CD = 2 * d->k_heads * d->k_dim + d->v_heads * d->v_dim, VD = d->v_heads * d->v_dim;
+    uint64_t n_ck = (d->T + d->chunk - 1) / d->chunk, DKDV = (uint64_t)d->k_dim * d->v_dim;
+    uint64_t work = (uint64_t)d->B * d->v_heads * ((n_ck + d->chunk + 2) * DKDV + (uint64_t)d->chunk * d->v_dim);
+    /* bindings: qkv, mix, neg_a, dt_bias, w, dout | dqkv, dmix, dqk, work */
+    const void *data[10] = {qkv, mix, neg_a, dt_bias, w, dout, NULL, NULL, NULL, NULL};
+    uint64_t bytes[10] = {4ull * n * CD, 4ull * n * pc.mix_stride, 4ull * d->v_heads, 4ull * d->v_heads, 4ull * d->v_dim, 4ull * n * VD,
+                          4ull * n * CD, 4ull * n * pc.mix_stride, 8ull * n * d->v_heads * d->k_dim, 4 * work};
+    forge__range b[10];
+    for (int i = 0; i < 10; i++) b[i] = ft_buf(&j, data[i], bytes[i]);
+    forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_BACK, b, &pc, d->v_heads, d->B, 1);
+    forge__barrier(&j.rec);
+    forge__range bl[3] = {b[0], b[8], b[6]};
+    uint32_t gx, gy;
+    forge__grid((uint64_t)n * d->k_heads * 2, &gx, &gy);
+    forge__dispatch(&j.rec, FORGE__OP_L2NORM_BACK, bl, &pc, gx, gy, 1);
+    return ft_end(&j, 6, dqkv, 4ull * n * CD, 7, dmix, 4ull * n * pc.mix_stride);
 }
 
 forge_status ft_loss(ft_ctx *c, float *pred, uint32_t rows, uint32_t n, int mode, const int32_t *labels, const float *targets, const float *weights,

@@ -208,6 +208,27 @@ forge_status ft_attention_train(ft_ctx *c, const float *qkv, uint32_t B, uint32_
                                 float scale, float softcap, const float *dout, float *out, float *dqkv);
 /* act_mul_back.comp: gu and dgu [rows, 2 ffn] as pairs or halves. */
 forge_status ft_act_mul_back(ft_ctx *c, const float *dh, const float *gu, float *dgu, uint32_t rows, uint32_t ffn, uint32_t act, int pairs);
+/* act_mul_back.comp's sigmoid output gate (layout 4): h = u * sigmoid(g), u [rows, ffn], the gates in rows of stride at col0;
+ * dh in, du out over it (in place, as the trainer runs it); dgates in/out [rows, stride] (the gates' columns written). */
+forge_status ft_gate_back(ft_ctx *c, float *dh, const float *u, const float *gates, float *dgates, uint32_t rows, uint32_t ffn, uint32_t stride,
+                          uint32_t col0);
+/* conv1d_back.comp: x and dx [n, in_stride] (dx in/out: its first `channels` columns written), w [channels, taps], dy [n, channels];
+ * groups of group_rows rows, each from a zero state. */
+forge_status ft_conv1d_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *dx, uint32_t n, uint32_t channels, uint32_t taps,
+                            uint32_t in_stride, uint32_t group_rows);
+/* The gated delta rule over B sequences of T rows (each from a zero state): qkv [B T, 2 k_heads k_dim + v_heads v_dim] (the
+ * convolution's output), mix [B T, VD + 2 v_heads] (z, b, a), neg_a, dt_bias [v_heads], w [v_dim]. ft_delta_rule: the forward
+ * (delta_rule.comp), out [B T, VD]; ft_delta_rule_back: delta_rule_back.comp (checkpoints every `chunk` rows) then
+ * l2norm_back.comp for the output gradient dout [B T, VD]: dqkv [B T, conv_dim] and dmix [B T, VD + 2 v_heads]. */
+typedef struct ft_delta_shape {
+    uint32_t B, T, k_heads, v_heads, k_dim, v_dim, chunk;
+    float eps;
+    uint32_t v_tiled;        /* value head h reads key head h % k_heads (GGUF), else h / (v_heads / k_heads) */
+} ft_delta_shape;
+forge_status ft_delta_rule(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+                           const float *w, float *out);
+forge_status ft_delta_rule_back(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+                                const float *w, const float *dout, float *dqkv, float *dmix);
 /* loss.comp over rows of pred [rows, n] (in/out: the gradient with grad); mode 0 labels, 1 targets. */
 forge_status ft_loss(ft_ctx *c, float *pred, uint32_t rows, uint32_t n, int mode, const int32_t *labels, const float *targets, const float *weights,
                      float softcap, int grad, float *loss);

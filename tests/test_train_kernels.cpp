@@ -111,16 +111,18 @@ TEST(TrainKernels, RopeBackMatchesFiniteDifferences) {
     const uint32_t n = 10, H = 3, Hkv = 1, D = 8, seq = 5, k_off = H * D, stride = (H + 2 * Hkv) * D;
     std::vector<float> inv(D / 2);
     for (uint32_t i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / std::pow(100.0, 2.0 * i / D));
-    for (int adjacent = 0; adjacent < 2; adjacent++) {
+    for (int adjacent = 0; adjacent < 3; adjacent++) {
+        if (adjacent == 2) /* Qwen 3.5's partial RoPE: the pairs past R/2 (forge's dim order) turn by no angle */
+            for (uint32_t i = 1; i < D / 2; i++) inv[i] = 0.0f;
         std::vector<float> x = ft::randn((size_t)n * stride, 1.0f, 5), c = ft::randn(x.size(), 1.0f, 6);
         for (uint32_t t = 0; t < n; t++) /* the v columns are not rotated: their gradient passes as it is */
             for (uint32_t j = k_off + Hkv * D; j < stride; j++) c[(size_t)t * stride + j] = 0.0f;
         std::vector<float> g = c;
-        ASSERT_EQ(ft_rope_back(dev(), g.data(), n, H, Hkv, D, stride, k_off, inv.data(), seq, adjacent), FORGE_OK);
+        ASSERT_EQ(ft_rope_back(dev(), g.data(), n, H, Hkv, D, stride, k_off, inv.data(), seq, adjacent == 1), FORGE_OK);
         std::vector<double> want = numeric_grad(to_d(x), [&](const std::vector<double> &xx) {
-            return dot(c, rope_ref(xx, n, H, Hkv, D, stride, k_off, inv, seq, adjacent));
+            return dot(c, rope_ref(xx, n, H, Hkv, D, stride, k_off, inv, seq, adjacent == 1));
         });
-        EXPECT_LE(rel(g, want), 2e-5) << (adjacent ? "adjacent pairs" : "rotate-half");
+        EXPECT_LE(rel(g, want), 2e-5) << (adjacent == 1 ? "adjacent pairs" : adjacent ? "partial rotate-half" : "rotate-half");
     }
 }
 
@@ -212,6 +214,155 @@ TEST(TrainKernels, ActMulBackMatchesFiniteDifferences) {
             };
             EXPECT_LE(rel(dgu, numeric_grad(to_d(gu), f)), 2e-5) << "act " << act << " pairs " << pairs;
         }
+}
+
+/* Qwen 3.5's attention output gate: h = u * sigmoid(g), the gates in wider rows (the q|k|v|gate
+ * rows), the ups' gradient written over dh as the trainer runs it. */
+TEST(TrainKernels, SigmoidOutputGateBackMatchesFiniteDifferences) {
+    NEED_DEVICE();
+    const uint32_t rows = 5, F = 40, stride = 130, col0 = 77;
+    std::vector<float> u = ft::randn((size_t)rows * F, 1.0f, 30), gates = ft::randn((size_t)rows * stride, 2.0f, 31);
+    std::vector<float> c = ft::randn((size_t)rows * F, 1.0f, 32), dgates = ft::randn(gates.size(), 1.0f, 33), base = dgates, du = c;
+    ASSERT_EQ(ft_gate_back(dev(), du.data(), u.data(), gates.data(), dgates.data(), rows, F, stride, col0), FORGE_OK);
+    auto f = [&](const std::vector<double> &uu, const std::vector<double> &gg) {
+        double s = 0;
+        for (uint32_t r = 0; r < rows; r++)
+            for (uint32_t i = 0; i < F; i++) s += c[(size_t)r * F + i] * uu[(size_t)r * F + i] / (1 + std::exp(-gg[(size_t)r * stride + col0 + i]));
+        return s;
+    };
+    std::vector<double> gd = to_d(gates), ud = to_d(u);
+    EXPECT_LE(rel(du, numeric_grad(ud, [&](const std::vector<double> &x) { return f(x, gd); })), 2e-5) << "the ups";
+    std::vector<double> want = numeric_grad(gd, [&](const std::vector<double> &x) { return f(ud, x); });
+    for (size_t i = 0; i < want.size(); i++)
+        if (i % stride < col0 || i % stride >= col0 + F) want[i] = base[i]; /* the other columns: untouched */
+    EXPECT_LE(rel(dgates, want), 2e-5) << "the gates";
+}
+
+/* ---- Qwen 3.5's linear attention ---- */
+
+/* y [n, C] = silu(causal depthwise convolution of x's first C columns), groups of G rows from zero */
+std::vector<double> conv_ref(const std::vector<double> &x, const std::vector<float> &w, uint32_t n, uint32_t C, uint32_t K, uint32_t stride,
+                             uint32_t G) {
+    std::vector<double> y((size_t)n * C);
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t ch = 0; ch < C; ch++) {
+            double p = 0;
+            for (uint32_t j = 0; j < K; j++) {
+                int64_t s = (int64_t)t - (K - 1) + j;
+                if (s >= (int64_t)(t - t % G)) p += w[(size_t)ch * K + j] * x[(size_t)s * stride + ch];
+            }
+            y[(size_t)t * C + ch] = p / (1 + std::exp(-p));
+        }
+    return y;
+}
+
+TEST(TrainKernels, Conv1dBackMatchesFiniteDifferences) {
+    NEED_DEVICE();
+    struct Case { uint32_t n, C, K, stride, G; } cases[] = {{12, 70, 4, 90, 6}, {9, 5, 1, 5, 9}, {7, 3, 3, 8, 7}};
+    for (const Case &k : cases) {
+        std::vector<float> x = ft::randn((size_t)k.n * k.stride, 1.0f, 34), w = ft::randn((size_t)k.C * k.K, 0.7f, 35);
+        std::vector<float> c = ft::randn((size_t)k.n * k.C, 1.0f, 36), dx = ft::randn(x.size(), 1.0f, 37), base = dx;
+        ASSERT_EQ(ft_conv1d_back(dev(), x.data(), w.data(), c.data(), dx.data(), k.n, k.C, k.K, k.stride, k.G), FORGE_OK);
+        std::vector<double> want = numeric_grad(to_d(x), [&](const std::vector<double> &xx) { return dot(c, conv_ref(xx, w, k.n, k.C, k.K, k.stride, k.G)); });
+        for (size_t i = 0; i < want.size(); i++)
+            if (i % k.stride >= k.C) want[i] = base[i]; /* z, b, a's columns of the in-projection's rows: untouched */
+        EXPECT_LE(rel(dx, want), 2e-5) << "n " << k.n << " channels " << k.C << " taps " << k.K;
+    }
+}
+
+/* The gated delta rule with its L2 norms, gates and gated norm (delta_rule.comp's header), in
+ * f64: out [B T, VD] from qkv [B T, CD] and mix [B T, VD + 2 NV] (z, b, a). */
+std::vector<double> delta_ref(const ft_delta_shape &d, const std::vector<double> &qkv, const std::vector<double> &mix, const std::vector<float> &neg_a,
+                              const std::vector<float> &dt, const std::vector<float> &w) {
+    uint32_t DK = d.k_dim, DV = d.v_dim, KD = d.k_heads * DK, VD = d.v_heads * DV, CD = 2 * KD + VD, MIX = VD + 2 * d.v_heads;
+    std::vector<double> out((size_t)d.B * d.T * VD), S((size_t)DK * DV), q(DK), k(DK), o(DV);
+    for (uint32_t g = 0; g < d.B; g++)
+        for (uint32_t h = 0; h < d.v_heads; h++) {
+            std::fill(S.begin(), S.end(), 0.0);
+            uint32_t kh = d.v_tiled ? h % d.k_heads : h / (d.v_heads / d.k_heads);
+            for (uint32_t t = g * d.T; t < (g + 1) * d.T; t++) {
+                const double *row = &qkv[(size_t)t * CD], *m = &mix[(size_t)t * MIX];
+                double sq = 0, sk = 0;
+                for (uint32_t i = 0; i < DK; i++) {
+                    q[i] = row[kh * DK + i];
+                    k[i] = row[KD + kh * DK + i];
+                    sq += q[i] * q[i];
+                    sk += k[i] * k[i];
+                }
+                for (uint32_t i = 0; i < DK; i++) {
+                    q[i] /= std::sqrt(sq + 1e-6) * std::sqrt((double)DK);
+                    k[i] /= std::sqrt(sk + 1e-6);
+                }
+                double beta = 1 / (1 + std::exp(-m[VD + h])), ax = m[VD + d.v_heads + h] + dt[h];
+                double decay = std::exp(neg_a[h] * (ax > 20 ? ax : std::log1p(std::exp(ax)))), ss = 0;
+                for (uint32_t j = 0; j < DV; j++) {
+                    double kv = 0;
+                    for (uint32_t i = 0; i < DK; i++) kv += S[(size_t)i * DV + j] * k[i];
+                    double delta = (row[2 * KD + h * DV + j] - decay * kv) * beta;
+                    o[j] = 0;
+                    for (uint32_t i = 0; i < DK; i++) {
+                        double &s = S[(size_t)i * DV + j];
+                        s = decay * s + k[i] * delta;
+                        o[j] += s * q[i];
+                    }
+                    ss += o[j] * o[j];
+                }
+                double r = 1 / std::sqrt(ss / DV + d.eps);
+                for (uint32_t j = 0; j < DV; j++) {
+                    double z = m[h * DV + j];
+                    out[(size_t)t * VD + h * DV + j] = o[j] * r * w[j] * z / (1 + std::exp(-z));
+                }
+            }
+        }
+    return out;
+}
+
+TEST(TrainKernels, DeltaRuleBackMatchesFiniteDifferences) {
+    NEED_DEVICE();
+    ft_delta_shape shapes[] = {
+        {2, 11, 2, 4, 8, 6, 4, 1e-6f, 0},      /* two value heads a key head, a last chunk of 3 rows */
+        {1, 9, 2, 6, 16, 8, 9, 1e-6f, 1},      /* one chunk; the value heads tiled (GGUF: head h reads key head h % 2) */
+        {1, 6, 1, 1, 130, 136, 2, 1e-6f, 0},   /* heads wider than the workgroup: two columns and two rows an invocation */
+    };
+    for (const ft_delta_shape &d : shapes) {
+        uint32_t n = d.B * d.T, VD = d.v_heads * d.v_dim, CD = 2 * d.k_heads * d.k_dim + VD, MIX = VD + 2 * d.v_heads;
+        std::vector<float> qkv = ft::randn((size_t)n * CD, 1.0f, 40), mix = ft::randn((size_t)n * MIX, 1.0f, 41);
+        std::vector<float> neg_a = ft::randn(d.v_heads, 0.5f, 42), dt = ft::randn(d.v_heads, 0.5f, 43), w = ft::randn(d.v_dim, 0.2f, 44);
+        for (auto &v : neg_a) v = -std::exp(v);
+        for (auto &v : w) v += 1.0f;
+        mix[(size_t)2 * MIX + VD + d.v_heads] = 24.0f; /* a row whose softplus is linear (torch's threshold 20) */
+        std::vector<float> out((size_t)n * VD), c = ft::randn((size_t)n * VD, 1.0f, 45);
+        ASSERT_EQ(ft_delta_rule(dev(), &d, qkv.data(), mix.data(), neg_a.data(), dt.data(), w.data(), out.data()), FORGE_OK);
+        std::vector<double> qd = to_d(qkv), md = to_d(mix);
+        EXPECT_LE(rel(out, delta_ref(d, qd, md, neg_a, dt, w)), 2e-6) << "the forward kernel against the reference";
+        std::vector<float> dqkv((size_t)n * CD), dmix((size_t)n * MIX);
+        ASSERT_EQ(ft_delta_rule_back(dev(), &d, qkv.data(), mix.data(), neg_a.data(), dt.data(), w.data(), c.data(), dqkv.data(), dmix.data()), FORGE_OK);
+        std::vector<double> gq = numeric_grad(qd, [&](const std::vector<double> &x) { return dot(c, delta_ref(d, x, md, neg_a, dt, w)); });
+        std::vector<double> gm = numeric_grad(md, [&](const std::vector<double> &x) { return dot(c, delta_ref(d, qd, x, neg_a, dt, w)); });
+        /* q, k (through the L2 norms) and v; z, b and a */
+        std::vector<float> got[2][3];
+        std::vector<double> want[2][3];
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < CD; i++) {
+                int part = i < d.k_heads * d.k_dim ? 0 : i < 2 * d.k_heads * d.k_dim ? 1 : 2;
+                got[0][part].push_back(dqkv[(size_t)t * CD + i]);
+                want[0][part].push_back(gq[(size_t)t * CD + i]);
+            }
+        for (uint32_t t = 0; t < n; t++)
+            for (uint32_t i = 0; i < MIX; i++) {
+                int part = i < VD ? 0 : i < VD + d.v_heads ? 1 : 2;
+                got[1][part].push_back(dmix[(size_t)t * MIX + i]);
+                want[1][part].push_back(gm[(size_t)t * MIX + i]);
+            }
+        const char *names[2][3] = {{"dq", "dk", "dv"}, {"dz", "db", "da"}};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 3; b++) {
+                double e = rel(got[a][b], want[a][b]);
+                printf("  delta rule B %u T %u heads %u/%u%s dims %u/%u chunk %u: %s max|d|/max|ref| = %.2e\n", d.B, d.T, d.k_heads, d.v_heads,
+                       d.v_tiled ? " tiled" : "", d.k_dim, d.v_dim, d.chunk, names[a][b], e);
+                EXPECT_LE(e, 2e-5) << names[a][b] << ", T " << d.T << " dims " << d.k_dim << "/" << d.v_dim;
+            }
+    }
 }
 
 /* ---- the losses ---- */
