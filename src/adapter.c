@@ -14,6 +14,37 @@
 
 /* ---- Targets ---- */
 
+/* The module a target sits in, as HF names it: layers.N.<group>.<target>. */
+static const char *forge__target_group(forge__target t) {
+    return t <= FORGE__T_O ? "self_attn" : t <= FORGE__T_DOWN ? "mlp" : "linear_attn";
+}
+
+/* Whether layer l has projection t: attention's on attention layers, the linear attention's on
+ * Qwen 3.5's linear ones, the MLP's on every layer. */
+static bool forge__target_on(const forge__config *c, int l, forge__target t) {
+    return (t >= FORGE__T_GATE && t <= FORGE__T_DOWN) || (t >= FORGE__T_LIN_QKV) == (c->layer_linear[l] != 0);
+}
+
+/* Why adapters (and so training) do not fit model c's layers, or NULL where they do: layers of
+ * one shape (forge__uniform_layers), or Qwen 3.5's dense ones (linear-attention layers beside
+ * full-attention layers of one shape). */
+static const char *forge__lora_unsupported(const forge__config *c) {
+    if (c->n_experts) return "mixture-of-experts layers: forge has no adapters on experts and no backward pass through them";
+    if (c->ple_dim || c->v_norm) return "Gemma 4's per-layer inputs and value norms";
+    for (int l = 0; l < c->n_layers; l++) {
+        if (forge__kv_shared(c, l) || c->layer_k_eq_v[l]) return "layers sharing another layer's KV cache, or keys as values";
+        if (c->layer_ffn[l] != c->ffn) return "MLPs of different widths";
+        if (!c->layer_linear[l] && (forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads))
+            return "attention layers of different shapes";
+    }
+    return NULL;
+}
+
+/* The targets' names, comma-separated (messages). */
+static const char *forge__target_list(void) {
+    return "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj";
+}
+
 /* Parses HF projection names ("q_proj,v_proj", or "all") into a mask of forge__target. */
 static forge_status forge__targets_parse(const char *list, uint32_t *mask, forge__err *err) {
     *mask = 0;
@@ -29,28 +60,30 @@ static forge_status forge__targets_parse(const char *list, uint32_t *mask, forge
         int t = 0;
         while (t < FORGE__T_COUNT && (strlen(forge__target_names[t]) != n || strncmp(p, forge__target_names[t], n))) t++;
         if (t == FORGE__T_COUNT)
-            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT,
-                               "LoRA target '%.*s' is not one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj (or all)", (int)n, p);
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "LoRA target '%.*s' is not one of %s (or all)", (int)n, p, forge__target_list());
         *mask |= 1u << t;
         p += n + (e ? 1 : 0);
     }
     return FORGE_OK;
 }
 
-/* The in and out features of projection t. */
+/* The in and out features of projection t (Qwen 3.5's q_proj: each head's query and output gate). */
 static void forge__target_dims(const forge__config *c, forge__target t, uint32_t *in, uint32_t *out) {
     uint32_t H = (uint32_t)c->hidden, QD = (uint32_t)(c->n_heads * c->head_dim), KVD = (uint32_t)(c->n_kv_heads * c->head_dim);
-    uint32_t F = (uint32_t)c->ffn;
-    static const uint8_t in_kind[FORGE__T_COUNT] = {0, 0, 0, 1, 0, 0, 2}, out_kind[FORGE__T_COUNT] = {1, 3, 3, 0, 2, 2, 0};
-    const uint32_t size[4] = {H, QD, F, KVD};
-    *in = size[in_kind[t]];
-    *out = size[out_kind[t]];
+    uint32_t F = (uint32_t)c->ffn, CD = forge__lin_conv_dim(c), VD = forge__lin_v_dim(c), NV = (uint32_t)c->lin_v_heads;
+    const uint32_t ins[FORGE__T_COUNT] = {H, H, H, QD, H, H, F, H, H, H, H, VD};
+    const uint32_t outs[FORGE__T_COUNT] = {c->attn_gate ? 2 * QD : QD, KVD, KVD, H, F, F, H, CD, VD, NV, NV, H};
+    *in = ins[t];
+    *out = outs[t];
 }
 
 /* ---- Adapters on the host ----
- * A and B in forge's layout: A [rank, in], B [out, rank], f32. Models whose RoPE rotates
- * adjacent pairs (GGUF llama: its converter permuted q_proj and k_proj rows) hold B's rows of
- * q and k in that order; adapter files hold HF's, so reading and writing permute them. */
+ * A and B in forge's layout: A [rank, in], B [out, rank], f32. Where forge keeps a projection's
+ * outputs in another order than HF, B's rows follow them: a GGUF llama's q and k rows rotate
+ * adjacent pairs (its converter permuted them); Qwen 3.5's q and k head dims are permuted for its
+ * partial RoPE (forge__rope_perm_runs), and its q_proj's output gates, which HF interleaves with
+ * the queries head by head, sit after v in the fused q|k|v|gate row (B holds all the queries,
+ * then all the gates). Adapter files hold HF's order: reading and writing map the rows. */
 
 typedef struct forge__host_pair {
     uint32_t rank;           /* 0: not adapted */
@@ -68,30 +101,37 @@ typedef struct forge__adapter_host {
     int first_layer;         /* the lowest adapted layer (mlx-lm adapts the last n_layers - first) */
 } forge__adapter_host;
 
-/* Rows of q or k [heads * head_dim, cols]: HF row (h, half, i) is row (h, i, half) of a model
- * that rotates adjacent pairs (tools/hf_to_gguf.py's llama_permute). */
-static void forge__permute_rows(float *dst, const float *src, uint32_t heads, uint32_t head_dim, uint32_t cols, bool to_adjacent) {
-    uint32_t half = head_dim / 2;
-    for (uint32_t h = 0; h < heads; h++)
-        for (uint32_t k = 0; k < 2; k++)
-            for (uint32_t i = 0; i < half; i++) {
-                size_t hf = (size_t)h * head_dim + k * half + i, adj = (size_t)h * head_dim + 2 * i + k;
-                memcpy(dst + (to_adjacent ? adj : hf) * cols, src + (to_adjacent ? hf : adj) * cols, sizeof(float) * cols);
-            }
+/* The row of forge's B holding row r of HF's B, for target t. */
+static uint32_t forge__b_row(const forge__config *c, forge__target t, uint32_t r) {
+    uint32_t D = (uint32_t)c->head_dim, half = D / 2;
+    if ((t != FORGE__T_Q && t != FORGE__T_K) || (!c->rope_adjacent_pairs && !c->attn_gate)) return r;
+    if (c->rope_adjacent_pairs) return r - r % D + 2 * (r % half) + (r % D) / half; /* HF (h, k, i) -> (h, 2i + k): hf_to_gguf.py's llama_permute */
+    uint32_t h = r / D, d = r % D;
+    if (t == FORGE__T_Q) { /* HF: head h's query rows, then its gate rows */
+        h = r / (2 * D), d = r % (2 * D);
+        if (d >= D) return (uint32_t)c->n_heads * D + h * D + d - D;
+    }
+    uint32_t first[4], len[4], pos = 0;
+    forge__rope_perm_runs(D, forge__rope_dims(c, D), first, len);
+    for (int k = 0; k < 4; pos += len[k++])
+        if (d >= first[k] && d < first[k] + len[k]) return h * D + pos + d - first[k];
+    return r; /* (the runs cover the head) */
 }
 
-/* Whether B's rows of target t are permuted in forge's layout. */
-static bool forge__permuted(const forge__config *c, forge__target t, uint32_t *heads) {
-    if (!c->rope_adjacent_pairs || (t != FORGE__T_Q && t != FORGE__T_K)) return false;
-    *heads = (uint32_t)(t == FORGE__T_Q ? c->n_heads : c->n_kv_heads);
-    return true;
+/* B [rows, cols] from HF's row order to forge's (to_forge), or back. */
+static void forge__b_rows_map(const forge__config *c, forge__target t, float *dst, const float *src, uint32_t rows, uint32_t cols, bool to_forge) {
+    for (uint32_t r = 0; r < rows; r++) {
+        uint32_t f = forge__b_row(c, t, r);
+        memcpy(dst + (size_t)(to_forge ? f : r) * cols, src + (size_t)(to_forge ? r : f) * cols, sizeof(float) * cols);
+    }
 }
 
-/* "...layers.N.self_attn.q_proj.<leaf>": layer, target and the leaf after the projection's
- * name; NULL when the name is not of that shape. *other_tower is set for the vision or audio
- * tower of a multimodal checkpoint, whose adapters forge skips with the tower. */
+/* "...layers.N.<group>.<target>.<leaf>" (forge__target_group: self_attn.q_proj, mlp.up_proj,
+ * linear_attn.in_proj_z...): layer, target and the leaf after the projection's name; NULL when
+ * the name is not of that shape. *other_tower is set for the vision or audio tower of a
+ * multimodal checkpoint, whose adapters forge skips with the tower. */
 static const char *forge__adapter_key(const char *name, int *layer, forge__target *t, bool *other_tower) {
-    *other_tower = strstr(name, "vision") || strstr(name, "audio") || strstr(name, "multi_modal");
+    *other_tower = strstr(name, "vision") || strstr(name, "visual") || strstr(name, "audio") || strstr(name, "multi_modal");
     const char *p = strstr(name, "layers.");
     while (p && p != name && p[-1] != '.') p = strstr(p + 1, "layers.");
     if (!p) return NULL;
@@ -100,15 +140,13 @@ static const char *forge__adapter_key(const char *name, int *layer, forge__targe
     long l = 0;
     while (isdigit((unsigned char)*p) && l < 100000) l = l * 10 + (*p++ - '0');
     if (*p++ != '.') return NULL;
-    bool attn = !strncmp(p, "self_attn.", 10), mlp = !strncmp(p, "mlp.", 4);
-    if (!attn && !mlp) return NULL;
-    p += attn ? 10 : 4;
     for (int k = 0; k < FORGE__T_COUNT; k++) {
-        size_t n = strlen(forge__target_names[k]);
-        if (!strncmp(p, forge__target_names[k], n) && p[n] == '.' && (k <= FORGE__T_O) == attn) {
+        const char *g = forge__target_group((forge__target)k), *tn = forge__target_names[k];
+        size_t gl = strlen(g), n = strlen(tn);
+        if (!strncmp(p, g, gl) && p[gl] == '.' && !strncmp(p + gl + 1, tn, n) && p[gl + 1 + n] == '.') {
             *layer = (int)l;
             *t = (forge__target)k;
-            return p + n + 1;
+            return p + gl + 1 + n + 1;
         }
     }
     return NULL;
@@ -121,9 +159,8 @@ static const char *forge__json_type_name(const cJSON *x) { return cJSON_IsNull(x
 static forge_status forge__adapter_read(const forge_model *m, const char *dir, forge__arena *arena, forge__adapter_host *ah, forge__err *err) {
     const forge__config *c = &m->cfg;
     memset(ah, 0, sizeof *ah);
-    if (!forge__uniform_layers(c))
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: adapters are not supported for architecture %s (layers of different shapes, "
-                           "shared caches or experts)", dir, forge__arch_names[c->arch]);
+    const char *why = forge__lora_unsupported(c);
+    if (why) return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: adapters are not supported for architecture %s (%s)", dir, forge__arch_names[c->arch], why);
     char st_path[4200], cfg_path[4200];
     snprintf(cfg_path, sizeof cfg_path, "%s/adapter_config.json", dir);
     snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
@@ -212,14 +249,18 @@ static forge_status forge__adapter_read(const forge_model *m, const char *dir, f
                                       : (!strcmp(leaf, "lora_a") ? 0 : !strcmp(leaf, "lora_b") ? 1 : -1);
         if (other) continue; /* the vision or audio tower: forge runs the text model only */
         if (which < 0) {
-            st = forge__fail(err, FORGE_ERR_MODEL,
-                             "%s: tensor '%s' is not a LoRA matrix (%s) of a projection forge knows (q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                             "up_proj, down_proj)", st_path, t->name, peft ? "lora_A.weight / lora_B.weight" : "lora_a / lora_b");
+            st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s' is not a LoRA matrix (%s) of a projection forge knows (%s)", st_path, t->name,
+                             peft ? "lora_A.weight / lora_B.weight" : "lora_a / lora_b", forge__target_list());
             break;
         }
         if (layer >= c->n_layers) {
             st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s' is for layer %d but the model has %d layers (a different base?)", st_path,
                              t->name, layer, c->n_layers);
+            break;
+        }
+        if (!forge__target_on(c, layer, tg)) {
+            st = forge__fail(err, FORGE_ERR_MODEL, "%s: tensor '%s': layer %d is a%s layer, which has no %s (a different base?)", st_path, t->name,
+                             layer, c->layer_linear[layer] ? " linear-attention" : "n attention", forge__target_names[tg]);
             break;
         }
         if (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16) {
@@ -273,10 +314,9 @@ static forge_status forge__adapter_read(const forge_model *m, const char *dir, f
                 for (uint64_t j0 = 0; j0 < (uint64_t)(which ? d : r); j0++) v[j0 * (which ? r : d) + i0] = tmp[i0 * (which ? d : r) + j0];
         else
             memcpy(v, tmp, sizeof(float) * n);
-        uint32_t heads;
-        if (which && forge__permuted(c, tg, &heads)) {
+        if (which) {
             memcpy(tmp, v, sizeof(float) * n);
-            forge__permute_rows(v, tmp, heads, (uint32_t)c->head_dim, (uint32_t)r, true);
+            forge__b_rows_map(c, tg, v, tmp, (uint32_t)d, (uint32_t)r, true);
         }
         free(tmp);
         if (which) hp->b = v;
@@ -414,7 +454,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
     if (!peft)
         for (int l = ah->first_layer; l < ah->n_layers; l++)
             for (int t = 0; t < FORGE__T_COUNT; t++)
-                if ((ah->targets >> t & 1u) && !ah->pairs[l * FORGE__T_COUNT + t].rank)
+                if ((ah->targets >> t & 1u) && forge__target_on(c, l, (forge__target)t) && !ah->pairs[l * FORGE__T_COUNT + t].rank)
                     return forge__fail(err, FORGE_ERR_UNSUPPORTED, "mlx-lm adapters cover every target of the last num_layers layers; "
                                                                   "layer %d's %s is not adapted", l, forge__target_names[t]);
     forge__out_tensor *ts = (forge__out_tensor *)calloc((size_t)n_pairs * 2, sizeof *ts);
@@ -427,9 +467,8 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
         for (int t = 0; t < FORGE__T_COUNT && !st; t++) {
             const forge__host_pair *hp = &ah->pairs[l * FORGE__T_COUNT + t];
             if (!hp->rank) continue;
-            uint32_t in, out, r = hp->rank, heads;
+            uint32_t in, out, r = hp->rank;
             forge__target_dims(c, (forge__target)t, &in, &out);
-            const char *group = t <= FORGE__T_O ? "self_attn" : "mlp";
             for (int which = 0; which < 2; which++) {
                 forge__out_tensor *o = &ts[n++];
                 uint32_t rows = which ? out : r, cols = which ? r : in; /* forge's layout: A [r, in], B [out, r] */
@@ -441,7 +480,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
                     st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
                     break;
                 }
-                if (which && forge__permuted(c, (forge__target)t, &heads)) forge__permute_rows(hf, src, heads, (uint32_t)c->head_dim, r, false);
+                if (which) forge__b_rows_map(c, (forge__target)t, hf, src, rows, cols, false);
                 else memcpy(hf, src, 4ull * rows * cols);
                 if (peft) {
                     memcpy(o->data, hf, 4ull * rows * cols);
@@ -454,7 +493,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
                     o->cols = rows;
                 }
                 free(hf);
-                snprintf(o->name, sizeof o->name, "%slayers.%d.%s.%s.%s", prefix, l, group, forge__target_names[t],
+                snprintf(o->name, sizeof o->name, "%slayers.%d.%s.%s.%s", prefix, l, forge__target_group((forge__target)t), forge__target_names[t],
                          peft ? (which ? "lora_B.weight" : "lora_A.weight") : (which ? "lora_b" : "lora_a"));
             }
         }
@@ -469,8 +508,8 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
     cJSON *root = cJSON_CreateObject(), *targets = cJSON_CreateArray();
     for (int t = 0; t < FORGE__T_COUNT; t++)
         if (ah->targets >> t & 1u) {
-            char key[32];
-            snprintf(key, sizeof key, "%s%s", peft ? "" : (t <= FORGE__T_O ? "self_attn." : "mlp."), forge__target_names[t]);
+            char key[40];
+            snprintf(key, sizeof key, "%s%s%s", peft ? "" : forge__target_group((forge__target)t), peft ? "" : ".", forge__target_names[t]);
             cJSON_AddItemToArray(targets, cJSON_CreateString(key));
         }
     if (peft) {
@@ -551,11 +590,13 @@ static forge_status forge__model_adapter(forge__loader *L, const char *dir) {
 }
 
 /* The weight holding target t of a layer, and which of its rows are the target's: rows
- * row0 .. row0 + rows (the q|k|v rows of a fused weight), or every second row from `phase`
- * (step 2: the interleaved gate_up weight). */
+ * row0 .. row0 + rows (the q|k|v rows of a fused weight, the q|k|v, z, b and a rows of a fused
+ * linear-attention in-projection), or every second row from `phase` (step 2: the interleaved
+ * gate_up weight). Qwen 3.5's q_proj has two runs of rows (forge__lora_runs). */
 static const forge__weight *forge__target_weight(const forge__config *c, const forge__layer *ly, forge__target t, uint32_t *row0, uint32_t *rows,
                                                  uint32_t *step, uint32_t *phase) {
     uint32_t QD = (uint32_t)(c->n_heads * c->head_dim), KVD = (uint32_t)(c->n_kv_heads * c->head_dim);
+    uint32_t CD = forge__lin_conv_dim(c), VD = forge__lin_v_dim(c), NV = (uint32_t)c->lin_v_heads;
     uint32_t in, out;
     forge__target_dims(c, t, &in, &out);
     *row0 = 0;
@@ -567,12 +608,19 @@ static const forge__weight *forge__target_weight(const forge__config *c, const f
         if (!ly->fused_qkv) return t == FORGE__T_Q ? &ly->wq : t == FORGE__T_K ? &ly->wk : &ly->wv;
         *row0 = t == FORGE__T_Q ? 0 : t == FORGE__T_K ? QD : QD + KVD;
         return &ly->wqkv;
-    case FORGE__T_O: return &ly->wo;
+    case FORGE__T_O: case FORGE__T_LIN_OUT: return &ly->wo;
     case FORGE__T_GATE: case FORGE__T_UP:
         if (!ly->fused_gate_up) return t == FORGE__T_GATE ? &ly->gate : &ly->up;
         *step = 2;
         *phase = t == FORGE__T_UP;
         return &ly->gate_up;
+    case FORGE__T_LIN_QKV: case FORGE__T_LIN_Z: case FORGE__T_LIN_B: case FORGE__T_LIN_A: {
+        const forge__weight *apart[4] = {&ly->lin_qkv, &ly->lin_z, &ly->lin_b, &ly->lin_a};
+        const uint32_t at[4] = {0, CD, CD + VD, CD + VD + NV};
+        if (!ly->fused_lin) return apart[t - FORGE__T_LIN_QKV];
+        *row0 = at[t - FORGE__T_LIN_QKV];
+        return &ly->lin_in;
+    }
     default: return &ly->down;
     }
 }
@@ -584,18 +632,20 @@ static void forge__record_merge_fn(void *ctx, forge__rec *r) {
         for (int t = 0; t < FORGE__T_COUNT; t++) {
             const forge__lora_pair *lp = forge__lora_at(&m->adapter, l, (forge__target)t);
             if (!lp) continue;
-            uint32_t row0, rows, step, phase, gx, gy;
+            uint32_t row0, rows, step, phase, gx, gy, b0[2], run_rows[2], col[2];
             const forge__weight *w = forge__target_weight(c, &m->layers[l], (forge__target)t, &row0, &rows, &step, &phase);
-            for (int i = 0; i < w->n_chunks; i++) {
-                const forge__wchunk *ch = &w->chunks[i];
-                uint32_t n = ch->rows * w->cols;
-                forge__pc_merge pc = {w->cols, n, ch->row0, row0, rows, step, phase, lp->rank, lp->a_el, lp->b_el,
-                                      w->fmt == FORGE__W_F32 ? 0u : w->fmt == FORGE__W_F16 ? 1u : 2u, lp->scale};
-                forge__range b[3] = {ch->w, lp->a, lp->b};
-                forge__grid(((w->fmt == FORGE__W_F32 ? n : (n + 1) / 2) + 255) / 256, &gx, &gy);
-                forge__dispatch(r, FORGE__OP_LORA_MERGE, b, &pc, gx, gy, 1);
-                forge__barrier(r); /* targets of a fused weight may share a word at a row boundary */
-            }
+            int n_runs = forge__lora_runs(c, (forge__target)t, rows, b0, run_rows, col);
+            for (int k = 0; k < n_runs; k++)
+                for (int i = 0; i < w->n_chunks; i++) {
+                    const forge__wchunk *ch = &w->chunks[i];
+                    uint32_t n = ch->rows * w->cols;
+                    forge__pc_merge pc = {w->cols, n, ch->row0, row0 + col[k], run_rows[k], step, phase, lp->rank, lp->a_el, lp->b_el + b0[k] * lp->rank,
+                                          w->fmt == FORGE__W_F32 ? 0u : w->fmt == FORGE__W_F16 ? 1u : 2u, lp->scale};
+                    forge__range b[3] = {ch->w, lp->a, lp->b};
+                    forge__grid(((w->fmt == FORGE__W_F32 ? n : (n + 1) / 2) + 255) / 256, &gx, &gy);
+                    forge__dispatch(r, FORGE__OP_LORA_MERGE, b, &pc, gx, gy, 1);
+                    forge__barrier(r); /* targets of a fused weight may share a word at a row boundary */
+                }
         }
 }
 

@@ -51,6 +51,8 @@ typedef struct forge__acts {
     forge__range xn;           /* [n, H] a block norm's output (the projections' input) */
     forge__range qkv;          /* [n, QKVD] q | k | v rows; q normed and rotated in place */
     forge__range att;          /* [n, QD] the attention's output */
+    forge__range att_g;        /* training, Qwen 3.5: [n, QD] att times its output gate (o_proj's input), kept apart from att
+                                * for the backward pass; unset: gated in place */
     forge__range gu;           /* [n, 2F] gate and up (pairs from the fused weight, else halves) */
     forge__range h;            /* [n, F] act(gate) * up */
     forge__range kc, vc;       /* K and V [slots, NKV, D]: the KV cache, or training's [n, NKV, D] */
@@ -76,9 +78,9 @@ typedef struct forge__acts {
     forge__range ple_tmp;      /* [n, layers * P] scratch */
     forge__range ple_g;        /* [n, P] the layer's gate */
     /* Qwen 3.5 */
-    forge__range lin_mix;      /* [n, conv_dim + VD + 2 NV] a linear layer's in-projection: q|k|v, z, b, a */
-    forge__range lin_qkv;      /* [n, conv_dim] q|k|v after the convolution and SiLU */
-    forge__range lin_out;      /* [n, VD] the delta rule's gated-norm output, out_proj's input */
+    forge__range lin_mix;      /* [n, conv_dim + VD + 2 NV] a linear layer's in-projection: q|k|v, z, b, a (training: kept) */
+    forge__range lin_qkv;      /* [n, conv_dim] q|k|v after the convolution and SiLU (training: kept) */
+    forge__range lin_out;      /* [n, VD] the delta rule's gated-norm output, out_proj's input (training: kept) */
     forge__range shared_s;     /* [n] x . shared_expert_gate (MoE) */
     /* kc, vc: a linear layer's convolution and delta-rule states (forge_session.kc) */
 } forge__acts;
@@ -386,13 +388,29 @@ static void forge__lora_down(const forge__pass *p, const forge__acts *a, int l, 
                 p->n, lp->rank, lp->in, 1.0f, false, 1, lp->in, forge__stream(l, t));
 }
 
+/* Target t's outputs in runs of its place in the fused output row: B's rows b0[k] .. b0[k] +
+ * rows[k] are the row's outputs col[k] .. col[k] + rows[k] counted from the target's first.
+ * One run (all `out` rows), but for Qwen 3.5's q_proj: its B holds the queries, then the output
+ * gates (adapter.c: forge__b_row), which sit after v in the q|k|v|gate row. Returns the runs. */
+static int forge__lora_runs(const forge__config *c, forge__target t, uint32_t out, uint32_t b0[2], uint32_t rows[2], uint32_t col[2]) {
+    b0[0] = col[0] = 0;
+    rows[0] = out;
+    if (t != FORGE__T_Q || !c->attn_gate) return 1;
+    uint32_t QD = (uint32_t)(c->n_heads * c->head_dim), KVD = (uint32_t)(c->n_kv_heads * c->head_dim);
+    rows[0] = rows[1] = b0[1] = QD;
+    col[1] = QD + 2 * KVD;
+    return 2;
+}
+
 /* y[:, col0 + j * step] += scale * u_t B^T: the adapter's output added to the projection's. */
 static void forge__lora_up(const forge__pass *p, const forge__acts *a, int l, forge__target t, forge__range y, uint32_t ldy, uint32_t col0,
                            uint32_t step) {
     const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
     if (!lp) return;
-    forge__gemm(p, forge__rows(a->u, forge__u_col(p, t), forge__u_ld(p)), forge__cols(lp->b, lp->b_el, lp->rank),
-                (forge__mview){y, col0, ldy, step}, p->n, lp->out, lp->rank, lp->scale, true, 0, 0, 0);
+    uint32_t b0[2], rows[2], col[2];
+    for (int k = 0, n = forge__lora_runs(&p->m->cfg, t, lp->out, b0, rows, col); k < n; k++)
+        forge__gemm(p, forge__rows(a->u, forge__u_col(p, t), forge__u_ld(p)), forge__cols(lp->b, lp->b_el + b0[k] * lp->rank, lp->rank),
+                    (forge__mview){y, col0 + col[k] * step, ldy, step}, p->n, rows[k], lp->rank, lp->scale, true, 0, 0, 0);
 }
 
 /* Whether layer l has an adapter on any of the targets in mask. */
@@ -404,6 +422,7 @@ static bool forge__lora_any(const forge__pass *p, int l, uint32_t mask) {
 
 #define FORGE__T_QKV (1u << FORGE__T_Q | 1u << FORGE__T_K | 1u << FORGE__T_V)
 #define FORGE__T_GU (1u << FORGE__T_GATE | 1u << FORGE__T_UP)
+#define FORGE__T_LIN_IN (1u << FORGE__T_LIN_QKV | 1u << FORGE__T_LIN_Z | 1u << FORGE__T_LIN_B | 1u << FORGE__T_LIN_A)
 
 /* h = act(gate) * up over `count` elements of rows of `ffn`, the gates and ups in gu as `layout`
  * (FORGE__GU_PAIRS, FORGE__GU_HALVES) places them (act_mul.comp). */
@@ -544,13 +563,17 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
         in = a->xn;
         norm = NULL;
     }
+    const uint32_t col0[4] = {0, CD, CD + VD, CD + VD + NV}; /* in_proj_qkv, _z, _b, _a in the row */
     if (ly->fused_lin) {
         forge__linear(p, &ly->lin_in, in, 0, n, a->lin_mix, MIX, 0, NULL, norm, 0, 0);
     } else {
-        forge__linear(p, &ly->lin_qkv, in, 0, n, a->lin_mix, MIX, 0, NULL, norm, 0, 0);
-        forge__linear(p, &ly->lin_z, in, 0, n, a->lin_mix, MIX, CD, NULL, norm, 0, 0);
-        forge__linear(p, &ly->lin_b, in, 0, n, a->lin_mix, MIX, CD + VD, NULL, norm, 0, 0);
-        forge__linear(p, &ly->lin_a, in, 0, n, a->lin_mix, MIX, CD + VD + NV, NULL, norm, 0, 0);
+        const forge__weight *ws[4] = {&ly->lin_qkv, &ly->lin_z, &ly->lin_b, &ly->lin_a};
+        for (int i = 0; i < 4; i++) forge__linear(p, ws[i], in, 0, n, a->lin_mix, MIX, col0[i], NULL, norm, 0, 0);
+    }
+    if (forge__lora_any(p, l, FORGE__T_LIN_IN)) { /* (p->fuse is off with adapters: in is xn) */
+        for (int i = 0; i < 4; i++) forge__lora_down(p, a, l, (forge__target)(FORGE__T_LIN_QKV + i), a->xn);
+        forge__barrier(r);
+        for (int i = 0; i < 4; i++) forge__lora_up(p, a, l, (forge__target)(FORGE__T_LIN_QKV + i), a->lin_mix, MIX, col0[i], 1);
     }
     forge__barrier(r);
     uint32_t group = p->table == FORGE__TABLE_DECODE ? 1 : p->seq ? p->seq : n, table = p->table ? 1u : 0u;
@@ -572,6 +595,11 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     }
     forge__barrier(r);
     forge__linear(p, &ly->wo, a->lin_out, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
+    if (forge__lora_any(p, l, 1u << FORGE__T_LIN_OUT)) {
+        forge__lora_down(p, a, l, FORGE__T_LIN_OUT, a->lin_out);
+        forge__barrier(r);
+        forge__lora_up(p, a, l, FORGE__T_LIN_OUT, a->x, H, 0, 1);
+    }
 }
 
 /* ---- One layer ---- */
@@ -743,27 +771,29 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                             p->batch);
         }
         forge__barrier(r);
+        forge__range o_in = a->att; /* o_proj's input */
         if (c->attn_gate) { /* Qwen 3.5: each head's output times sigmoid of its gate (the q|k|v row's last QD columns) */
-            forge__record_act_mul_ex(p, a->att, a->att, a->qkv, n * QD, QD, FORGE__GU_APART_GATE, FORGE__ACT_SIGMOID, QKVD, QD + 2 * KVD);
+            if (a->att_g.buf) o_in = a->att_g;
+            forge__record_act_mul_ex(p, o_in, a->att, a->qkv, n * QD, QD, FORGE__GU_APART_GATE, FORGE__ACT_SIGMOID, QKVD, QD + 2 * KVD);
             forge__barrier(r);
         }
         if (c->sandwich_norms) {
-            forge__linear(p, &ly->wo, a->att, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
+            forge__linear(p, &ly->wo, o_in, 0, n, a->o, H, 0, &ly->bo, NULL, o_quantized ? FORGE__LINEAR_QUANTIZED : 0, 0);
             if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
-                forge__lora_down(p, a, l, FORGE__T_O, a->att);
+                forge__lora_down(p, a, l, FORGE__T_O, o_in);
                 forge__barrier(r);
                 forge__lora_up(p, a, l, FORGE__T_O, a->o, H, 0, 1);
             }
             forge__barrier(r);
             if (!post_fused) forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
         } else if (chain) { /* ... and the residual quantized for gate|up */
-            forge__linear_q8a(p, &ly->wo, a->att, 0, a->x, H, 0, &ly->bo, NULL,
+            forge__linear_q8a(p, &ly->wo, o_in, 0, a->x, H, 0, &ly->bo, NULL,
                               FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
         } else {
-            forge__linear(p, &ly->wo, a->att, 0, n, a->x, H, 0, &ly->bo, NULL,
+            forge__linear(p, &ly->wo, o_in, 0, n, a->x, H, 0, &ly->bo, NULL,
                           FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0);
             if (forge__lora_any(p, l, 1u << FORGE__T_O)) {
-                forge__lora_down(p, a, l, FORGE__T_O, a->att);
+                forge__lora_down(p, a, l, FORGE__T_O, o_in);
                 forge__barrier(r);
                 forge__lora_up(p, a, l, FORGE__T_O, a->x, H, 0, 1);
             }

@@ -77,14 +77,17 @@ typedef struct forge__layer {
  * An adapted projection computes y = x W^T + scale * (x A^T) B^T beside its frozen weight W.
  * The targets are named as HF names the projections; one pair of f32 matrices per (layer,
  * target). The model holds one set for inference (forge_model_params.adapter_path); a trainer
- * holds its own, with gradients and optimizer state at the same offsets (train.c). */
+ * holds its own, with gradients and optimizer state at the same offsets (train.c). Qwen 3.5's
+ * linear-attention layers have their own projections (linear_attn.*) in place of attention's. */
 
 typedef enum forge__target {
-    FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN, FORGE__T_COUNT
+    FORGE__T_Q, FORGE__T_K, FORGE__T_V, FORGE__T_O, FORGE__T_GATE, FORGE__T_UP, FORGE__T_DOWN,
+    FORGE__T_LIN_QKV, FORGE__T_LIN_Z, FORGE__T_LIN_B, FORGE__T_LIN_A, FORGE__T_LIN_OUT, /* Qwen 3.5's linear attention */
+    FORGE__T_COUNT
 } forge__target;
 
-static const char *const forge__target_names[FORGE__T_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                                                "gate_proj", "up_proj", "down_proj"};
+static const char *const forge__target_names[FORGE__T_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                                                "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
 #define FORGE__T_ALL ((1u << FORGE__T_COUNT) - 1u)
 
 typedef struct forge__lora_pair {

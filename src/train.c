@@ -35,17 +35,29 @@ typedef struct forge__train_layout {
     uint64_t seg_count[64];
     uint64_t n_params;
     uint32_t n_parts;              /* partial sums of the gradient's norm (adamw.comp mode 0) */
+    uint32_t delta_chunk;          /* Qwen 3.5: delta_rule_back.comp's rows between checkpoints (~sqrt(max_seq)) */
 } forge__train_layout;
 
 /* The trainer's device buffers, in pack order. Per layer then: x_in, and without gradient
- * checkpointing the rest of forge__train_layer_buf. */
+ * checkpointing the rest of forge__train_layer_buf, sized for the layer's type (Qwen 3.5's
+ * linear-attention layers keep the LIN_ ones, attention layers the attention's). Where a
+ * working buffer serves both (DQKV: q|k|v or the in-projection's row; DATT: the attention's or
+ * the delta rule's output), it is as wide as the wider. */
 typedef enum forge__train_buf {
     FORGE__TB_X, FORGE__TB_XN, FORGE__TB_XF, FORGE__TB_DX, FORGE__TB_DXN, FORGE__TB_DQKV, FORGE__TB_DATT, FORGE__TB_DH,
-    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_GEMM_PART, FORGE__TB_DUMMY, FORGE__TB_A16, FORGE__TB_COUNT
+    FORGE__TB_DGU, FORGE__TB_DU, FORGE__TB_LOGITS, FORGE__TB_LOSS, FORGE__TB_NORM, FORGE__TB_GEMM_PART, FORGE__TB_DUMMY, FORGE__TB_A16,
+    FORGE__TB_DLIN,                /* [N, conv_dim] the gradient of the convolution's output */
+    FORGE__TB_DQK,                 /* [N, NV, 2, DK] each value head's dq, dk (delta_rule_back.comp -> l2norm_back.comp) */
+    FORGE__TB_CONV_STATE,          /* the forward's convolution states [max_batch, K - 1, conv_dim] (written, never read) */
+    FORGE__TB_DELTA,               /* delta_rule_back.comp's work buffer, and the forward's delta-rule states before it */
+    FORGE__TB_COUNT
 } forge__train_buf;
 typedef enum forge__train_layer_buf {
     FORGE__TL_X_IN, FORGE__TL_X_MID, FORGE__TL_QKV, FORGE__TL_QKV_RAW, FORGE__TL_ATT, FORGE__TL_LSE, FORGE__TL_GU, FORGE__TL_H,
-    FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_U, FORGE__TL_COUNT
+    FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_U,
+    FORGE__TL_ATT_G,               /* Qwen 3.5's attention layers: att times its output gate */
+    FORGE__TL_LIN_MIX, FORGE__TL_LIN_QKV, FORGE__TL_LIN_OUT, /* Qwen 3.5's linear-attention layers (forge__acts) */
+    FORGE__TL_COUNT
 } forge__train_layer_buf;
 
 struct forge_trainer {
@@ -95,6 +107,31 @@ FORGE_API forge_train_params forge_train_default_params(void) {
     return p;
 }
 
+/* Bytes of each per-layer buffer of layer l (0: not kept for its type) for `rows` rows. */
+static void forge__train_layer_sizes(const forge_model *m, const forge__train_layout *L, int l, uint64_t rows, uint64_t *sz) {
+    const forge__config *c = &m->cfg;
+    bool lin = c->layer_linear[l], sw = c->sandwich_norms;
+    uint64_t H = (uint64_t)c->hidden, F = (uint64_t)c->layer_ffn[l], QD = lin ? 0 : forge__q_dim(c, l), KVD = lin ? 0 : forge__kv_dim(c, l);
+    uint64_t QKVD = lin ? 0 : forge__qkv_dim(c, l);
+    uint64_t w[FORGE__TL_COUNT] = {
+        [FORGE__TL_X_IN] = H, [FORGE__TL_X_MID] = H, [FORGE__TL_QKV] = QKVD, [FORGE__TL_QKV_RAW] = c->qk_norm ? QKVD : 0,
+        [FORGE__TL_ATT] = QD, [FORGE__TL_LSE] = lin ? 0 : 2 * (uint64_t)c->n_heads, [FORGE__TL_GU] = 2 * F, [FORGE__TL_H] = F,
+        [FORGE__TL_K] = KVD, [FORGE__TL_V] = KVD, [FORGE__TL_O] = sw ? H : 0, [FORGE__TL_D] = sw ? H : 0,
+        [FORGE__TL_U] = (uint64_t)FORGE__T_COUNT * L->lora.max_rank, [FORGE__TL_ATT_G] = c->attn_gate ? QD : 0,
+        [FORGE__TL_LIN_MIX] = lin ? forge__lin_mix_dim(c) : 0, [FORGE__TL_LIN_QKV] = lin ? forge__lin_conv_dim(c) : 0,
+        [FORGE__TL_LIN_OUT] = lin ? forge__lin_v_dim(c) : 0,
+    };
+    for (int i = 0; i < FORGE__TL_COUNT; i++) sz[i] = 4 * rows * w[i];
+}
+
+/* delta_rule_back.comp's work buffer, floats per (sequence, value head) for sequences of seq
+ * rows with a checkpoint every `chunk` rows: the checkpoints, the chunk's states, the state's
+ * gradient, and each row's gradient of the rule's output (the kernel's layout). */
+static uint64_t forge__delta_work_floats(const forge__config *c, uint32_t chunk, uint32_t seq) {
+    uint64_t n_ck = (seq + chunk - 1) / chunk, DKDV = (uint64_t)c->lin_k_dim * c->lin_v_dim;
+    return (n_ck + chunk + 2) * DKDV + (uint64_t)chunk * c->lin_v_dim;
+}
+
 /* Validates the params, reads the adapter to start from, and lays out the parameters. */
 static forge_status forge__train_layout_make(forge_model *m, const forge_train_params *pp, forge__arena *arena, forge__train_layout *L,
                                              forge__err *err) {
@@ -103,10 +140,11 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     L->p = *pp;
     forge_train_params *p = &L->p;
     forge_status st;
-    if (!forge__uniform_layers(c))
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "training is not supported for architecture %s (layers of different shapes, "
-                           "shared caches or experts)", forge__arch_names[c->arch]);
-    if (c->head_dim > FORGE__MAX_TRAIN_HEAD_DIM)
+    const char *why = forge__lora_unsupported(c);
+    if (why) return forge__fail(err, FORGE_ERR_UNSUPPORTED, "training is not supported for architecture %s (%s)", forge__arch_names[c->arch], why);
+    bool attention = false;
+    for (int l = 0; l < c->n_layers; l++) attention |= !c->layer_linear[l];
+    if (attention && c->head_dim > FORGE__MAX_TRAIN_HEAD_DIM)
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "training supports head_dim up to %d (attention_back.comp); this model's is %d",
                            FORGE__MAX_TRAIN_HEAD_DIM, c->head_dim);
     if (p->adapter_path) {
@@ -151,12 +189,24 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     L->ckpt = p->grad_checkpoint < 0 ? rows >= 4096 : p->grad_checkpoint != 0;
     const forge__caps *caps = &m->dev.caps;
     uint64_t range = FORGE__MIN(caps->max_storage_range, caps->max_alloc);
-    uint64_t F = (uint64_t)c->ffn, QKVD = (uint64_t)(c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
-    uint64_t widest = FORGE__MAX(FORGE__MAX(2 * F, QKVD), (uint64_t)FORGE__T_COUNT * p->rank) * 4;
+    uint64_t widest = 0, ls[FORGE__TL_COUNT];
+    L->lora.max_rank = (uint32_t)p->rank; /* (forge__train_layer_sizes: the adapters' columns; the pairs below set it) */
+    for (int l = 0; l < c->n_layers; l++) {
+        forge__train_layer_sizes(m, L, l, 1, ls);
+        for (int i = 0; i < FORGE__TL_COUNT; i++) widest = FORGE__MAX(widest, ls[i]);
+    }
+    if (forge__has_linear(c)) widest = FORGE__MAX(widest, 8ull * c->lin_v_heads * c->lin_k_dim); /* TB_DQK */
     if (rows * widest > range)
         return forge__fail(err, FORGE_ERR_LIMIT,
                            "train params: max_batch x max_seq = %llu rows of up to %llu bytes exceed the device's binding limit of %llu bytes: "
                            "lower max_batch or max_seq", (unsigned long long)rows, (unsigned long long)widest, (unsigned long long)range);
+    /* the delta rule's checkpoints every ~sqrt(max_seq) rows: as many checkpoints as states of a chunk (forge__delta_work_floats) */
+    L->delta_chunk = (uint32_t)ceil(sqrt((double)p->max_seq));
+    uint64_t work = 4ull * (uint64_t)p->max_batch * (uint64_t)c->lin_v_heads * forge__delta_work_floats(c, L->delta_chunk, (uint32_t)p->max_seq);
+    if (forge__has_linear(c) && work > range)
+        return forge__fail(err, FORGE_ERR_LIMIT, "train params: the delta rule's backward pass needs %llu bytes of states for max_batch %d x max_seq %d, "
+                           "more than the device's binding limit of %llu bytes: lower max_batch or max_seq", (unsigned long long)work,
+                           p->max_batch, p->max_seq, (unsigned long long)range);
     uint64_t V = (uint64_t)c->n_vocab;
     if (4 * V > range) return forge__fail(err, FORGE_ERR_LIMIT, "a logits row of %llu bytes exceeds the binding limit", (unsigned long long)(4 * V));
     L->loss_rows = (uint32_t)FORGE__MIN(rows, FORGE__MAX(1, FORGE__MIN(FORGE__LOSS_CHUNK_BYTES, range) / (4 * V)));
@@ -174,11 +224,13 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     L->lora.pairs = (forge__lora_pair *)forge__arena_alloc(arena, sizeof *L->lora.pairs * n, 16);
     if (!L->lora.pairs) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     memset(L->lora.pairs, 0, sizeof *L->lora.pairs * n);
+    L->lora.max_rank = 0;
     uint64_t seg_limit = range / 4;
     for (size_t i = 0; i < n; i++) {
         int l = (int)(i / FORGE__T_COUNT), t = (int)(i % FORGE__T_COUNT);
         forge__lora_pair *lp = &L->lora.pairs[i];
-        uint32_t rank = L->from_adapter ? L->ah.pairs[i].rank : (l >= L->first_layer && (L->targets >> t & 1u)) ? (uint32_t)p->rank : 0;
+        bool wanted = l >= L->first_layer && (L->targets >> t & 1u) && forge__target_on(c, l, (forge__target)t);
+        uint32_t rank = L->from_adapter ? L->ah.pairs[i].rank : wanted ? (uint32_t)p->rank : 0;
         if (!rank) continue;
         lp->rank = rank;
         forge__target_dims(c, (forge__target)t, &lp->in, &lp->out);
@@ -197,22 +249,15 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
         L->lora.max_rank = FORGE__MAX(L->lora.max_rank, rank);
     }
     if (!L->n_params) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "train params: no projection to adapt");
+    for (int t = 0; t < FORGE__T_COUNT && !L->from_adapter && strcmp(p->targets, "all"); t++) { /* a target named that no layer has */
+        bool found = !(L->targets >> t & 1u);
+        for (int l = L->first_layer; l < c->n_layers && !found; l++) found = forge__lora_at(&L->lora, l, (forge__target)t) != NULL;
+        if (!found)
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "train params: target %s: no %slayer of this %s model has it", forge__target_names[t],
+                               L->first_layer ? "adapted " : "", forge__arch_names[c->arch]);
+    }
     for (int s = 0; s < L->n_segs; s++) L->n_parts += (uint32_t)((L->seg_count[s] + FORGE__ADAMW_PER_WG - 1) / FORGE__ADAMW_PER_WG);
     return FORGE_OK;
-}
-
-/* Bytes of each per-layer buffer (0: not kept by this model) for `rows` rows. */
-static void forge__train_layer_sizes(const forge_model *m, const forge__train_layout *L, uint64_t rows, uint64_t *sz) {
-    const forge__config *c = &m->cfg;
-    uint64_t H = (uint64_t)c->hidden, QD = (uint64_t)c->n_heads * c->head_dim, KVD = (uint64_t)c->n_kv_heads * c->head_dim;
-    uint64_t QKVD = QD + 2 * KVD, F = (uint64_t)c->ffn;
-    uint64_t w[FORGE__TL_COUNT] = {
-        [FORGE__TL_X_IN] = H, [FORGE__TL_X_MID] = H, [FORGE__TL_QKV] = QKVD, [FORGE__TL_QKV_RAW] = c->qk_norm ? QKVD : 0,
-        [FORGE__TL_ATT] = QD, [FORGE__TL_LSE] = 2 * (uint64_t)c->n_heads, [FORGE__TL_GU] = 2 * F, [FORGE__TL_H] = F,
-        [FORGE__TL_K] = KVD, [FORGE__TL_V] = KVD, [FORGE__TL_O] = c->sandwich_norms ? H : 0, [FORGE__TL_D] = c->sandwich_norms ? H : 0,
-        [FORGE__TL_U] = (uint64_t)FORGE__T_COUNT * L->lora.max_rank,
-    };
-    for (int i = 0; i < FORGE__TL_COUNT; i++) sz[i] = 4 * rows * w[i];
 }
 
 /* Adds every device buffer of the trainer to `pack`: the segments (parameters, gradients, two
@@ -221,27 +266,40 @@ static void forge__train_layer_sizes(const forge_model *m, const forge__train_la
  * its input, and without checkpointing the rest. */
 static forge_status forge__train_pack(const forge_model *m, const forge__train_layout *L, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
-    uint64_t N = L->max_rows, H = (uint64_t)c->hidden, QD = (uint64_t)c->n_heads * c->head_dim, F = (uint64_t)c->ffn;
-    uint64_t QKVD = QD + 2 * (uint64_t)c->n_kv_heads * c->head_dim, U = (uint64_t)FORGE__T_COUNT * L->lora.max_rank;
-    bool ok = true;
+    uint64_t N = L->max_rows, H = (uint64_t)c->hidden, F = (uint64_t)c->ffn, U = (uint64_t)FORGE__T_COUNT * L->lora.max_rank;
+    bool ok = true, lin = forge__has_linear(c);
     for (int s = 0; s < L->n_segs; s++)
         for (int k = 0; k < 4; k++) ok &= forge__pack_add(pack, a, 4 * L->seg_count[s]) >= 0;
+    /* the shared layer set: every buffer as large as the largest layer's */
+    uint64_t shared[FORGE__TL_COUNT] = {0}, ls[FORGE__TL_COUNT];
+    for (int l = 0; l < c->n_layers; l++) {
+        forge__train_layer_sizes(m, L, l, N, ls);
+        for (int i = 0; i < FORGE__TL_COUNT; i++) shared[i] = FORGE__MAX(shared[i], ls[i]);
+    }
+    uint64_t widest_pair = 0; /* the widest features of any adapted projection */
+    for (int i = 0; i < c->n_layers * FORGE__T_COUNT; i++)
+        if (L->lora.pairs[i].rank) widest_pair = FORGE__MAX(widest_pair, FORGE__MAX(L->lora.pairs[i].in, L->lora.pairs[i].out));
     uint64_t sizes[FORGE__TB_COUNT] = {
-        [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_XF] = 4 * N * H,
-        [FORGE__TB_DX] = 4 * N * H, [FORGE__TB_DXN] = 4 * N * H, [FORGE__TB_DQKV] = 4 * N * QKVD, [FORGE__TB_DATT] = 4 * N * QD,
+        [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_XF] = 4 * N * H, [FORGE__TB_DX] = 4 * N * H, [FORGE__TB_DXN] = 4 * N * H,
+        [FORGE__TB_DQKV] = FORGE__MAX(shared[FORGE__TL_QKV], shared[FORGE__TL_LIN_MIX]),
+        [FORGE__TB_DATT] = FORGE__MAX(shared[FORGE__TL_ATT], shared[FORGE__TL_LIN_OUT]),
         [FORGE__TB_DH] = 4 * N * F, [FORGE__TB_DGU] = 8 * N * F, [FORGE__TB_DU] = 4 * N * U,
         [FORGE__TB_LOGITS] = L->p.loss == FORGE_LOSS_MSE_HIDDEN ? 16 : 4ull * L->loss_rows * c->n_vocab,
         [FORGE__TB_LOSS] = 4 * N, [FORGE__TB_NORM] = 4ull * (1 + L->n_parts), [FORGE__TB_DUMMY] = 256,
         /* split-K partial sums of the widest low-rank product: tokens, or a projection's features, by rank */
-        [FORGE__TB_GEMM_PART] = 4ull * FORGE__GEMM_MAX_SPLITS * L->lora.max_rank * FORGE__MAX(N, FORGE__MAX(F, FORGE__MAX(H, QD))),
+        [FORGE__TB_GEMM_PART] = 4ull * FORGE__GEMM_MAX_SPLITS * L->lora.max_rank * FORGE__MAX(N, widest_pair),
         [FORGE__TB_A16] = forge__a16_bytes(m, N),
+        [FORGE__TB_DLIN] = shared[FORGE__TL_LIN_QKV],
+        [FORGE__TB_DQK] = lin ? 8 * N * c->lin_v_heads * c->lin_k_dim : 0,
+        [FORGE__TB_CONV_STATE] = lin ? (uint64_t)L->p.max_batch * forge__conv_state_bytes(c) : 0,
+        [FORGE__TB_DELTA] = lin ? 4ull * L->p.max_batch * c->lin_v_heads * forge__delta_work_floats(c, L->delta_chunk, (uint32_t)L->p.max_seq) : 0,
     };
-    for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i]) >= 0;
-    uint64_t ls[FORGE__TL_COUNT];
-    forge__train_layer_sizes(m, L, N, ls);
-    for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
-    for (int l = L->first_layer; l < c->n_layers; l++)
+    for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i] ? sizes[i] : 16) >= 0;
+    for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, shared[i] ? shared[i] : 16) >= 0;
+    for (int l = L->first_layer; l < c->n_layers; l++) {
+        forge__train_layer_sizes(m, L, l, N, ls);
         for (int i = 0; i < (L->ckpt ? 1 : FORGE__TL_COUNT); i++) ok &= forge__pack_add(pack, a, ls[i] ? ls[i] : 16) >= 0;
+    }
     if (!ok) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     return forge__pack_plan(pack, a, &m->dev.caps, err);
 }
@@ -393,11 +451,16 @@ static void forge__lora_back_b(const forge__pass *p, forge__range du, int l, for
                                uint32_t step, forge__range u) {
     const forge__lora_pair *lp = forge__lora_at(p->lora, l, t);
     if (!lp) return;
-    uint32_t uc = forge__u_col(p, t), ul = forge__u_ld(p);
-    forge__gemm(p, (forge__mview){dy, col0, step, ldy}, forge__rows(u, uc, ul), forge__rows(lp->gb, lp->b_el, lp->rank), lp->out, lp->rank, p->n,
-                lp->scale, true, 0, 0, 0);
-    forge__gemm(p, (forge__mview){dy, col0, ldy, step}, forge__rows(lp->b, lp->b_el, lp->rank), forge__rows(du, uc, ul), p->n, lp->rank, lp->out,
-                lp->scale, false, 0, 0, 0);
+    uint32_t uc = forge__u_col(p, t), ul = forge__u_ld(p), b0[2], rows[2], col[2];
+    int runs = forge__lora_runs(&p->m->cfg, t, lp->out, b0, rows, col); /* (Qwen 3.5's q_proj: queries, then gates) */
+    for (int k = 0; k < runs; k++) {
+        uint32_t yc = col0 + col[k] * step, be = lp->b_el + b0[k] * lp->rank;
+        forge__gemm(p, (forge__mview){dy, yc, step, ldy}, forge__rows(u, uc, ul), forge__rows(lp->gb, be, lp->rank), rows[k], lp->rank, p->n,
+                    lp->scale, true, 0, 0, 0);
+        if (k) forge__barrier(p->r); /* (du's rows add up) */
+        forge__gemm(p, (forge__mview){dy, yc, ldy, step}, forge__rows(lp->b, be, lp->rank), forge__rows(du, uc, ul), p->n, lp->rank, rows[k],
+                    lp->scale, k > 0, 0, 0, 0);
+    }
 }
 
 static void forge__lora_back_a(const forge__pass *p, forge__range du, int l, forge__target t, forge__range x, forge__range dx, bool with_dx) {
@@ -427,6 +490,141 @@ static void forge__lora_back_group(forge_trainer *tr, const forge__pass *p, int 
     }
 }
 
+/* ... for targets whose outputs sit side by side in the rows of dy [n, ldy], target i's from
+ * column col0[i] (q|k|v, the linear in-projection's row; one target: its whole rows). */
+static void forge__lora_back_row(forge_trainer *tr, const forge__pass *p, int l, const forge__target *ts, int n_t, forge__range x, forge__range u,
+                                 forge__range dx, forge__range dy, uint32_t ldy, const uint32_t *col0) {
+    forge__range dys[FORGE__T_COUNT];
+    uint32_t ldys[FORGE__T_COUNT], steps[FORGE__T_COUNT];
+    bool any = false;
+    for (int i = 0; i < n_t; i++) {
+        dys[i] = dy, ldys[i] = ldy, steps[i] = 1;
+        any |= forge__lora_at(p->lora, l, ts[i]) != NULL;
+    }
+    if (any) forge__lora_back_group(tr, p, l, ts, n_t, x, u, dx, dys, ldys, col0, steps);
+}
+static void forge__lora_back_one(forge_trainer *tr, const forge__pass *p, int l, forge__target t, forge__range x, forge__range u, forge__range dx,
+                                 forge__range dy, uint32_t ldy) {
+    const uint32_t col0 = 0;
+    forge__lora_back_row(tr, p, l, &t, 1, x, u, dx, dy, ldy, &col0);
+}
+
+/* The attention block's backward pass: tr->r[DX] holds the gradient of x_mid; leaves dxn holding
+ * the gradient of the q, k and v products' input, xn = norm(x_in) (recomputed into xn).
+ * x_mid = x_in + [post-norm](o(gate * attn(rope(norm_qk(qkv(xn)))))), gate = sigmoid (Qwen 3.5) or 1 */
+static void forge__record_attention_back(forge_trainer *tr, const forge__pass *p, int l, const forge__acts *a) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, D = forge__hd(c, l), NH = (uint32_t)c->n_heads, NKV = forge__nkv(c, l);
+    uint32_t QD = NH * D, KVD = NKV * D, QKVD = forge__qkv_dim(c, l), gx, gy;
+    forge__range dx = tr->r[FORGE__TB_DX], dxn = tr->r[FORGE__TB_DXN], xn = tr->r[FORGE__TB_XN];
+    forge__range dqkv = tr->r[FORGE__TB_DQKV], datt = tr->r[FORGE__TB_DATT];
+    forge__range dout = dx; /* the gradient of o_proj's output */
+    if (c->sandwich_norms) {
+        forge__rmsnorm_back(p, a->o, &ly->post_attn_norm, dx, dxn, n, H, 0, 0, 0, false);
+        forge__barrier(r);
+        dout = dxn;
+    }
+    forge__linear_back(p, &ly->wo, dout, H, 0, n, datt, QD, 0, false);
+    forge__barrier(r);
+    forge__range o_in = c->attn_gate ? a->att_g : a->att; /* o_proj's input */
+    forge__lora_back_one(tr, p, l, FORGE__T_O, o_in, a->u, datt, dout, H);
+    if (c->attn_gate) { /* Qwen 3.5's output gate, att * sigmoid(gate): datt in place, the gates' gradient into dqkv's gate columns */
+        forge__pc_act pg = {n * QD, FORGE__ACT_SIGMOID, FORGE__GU_APART_GATE, QD, QKVD, QD + 2 * KVD};
+        forge__range bg[5] = {datt, a->att, datt, a->qkv, dqkv};
+        forge__grid(((uint64_t)n * QD + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bg, &pg, gx, gy, 1);
+        forge__barrier(r);
+    }
+    forge__pc_attn_back pb = {p->seq, NH, NKV, D, ly->sliding ? (uint32_t)c->sliding_window : 0, (float)c->attn_scale, (float)c->attn_softcap,
+                              QKVD, QD, QD + KVD, p->seq * KVD, n, 0};
+    forge__range bb[7] = {a->qkv, a->kc, a->vc, a->att, datt, a->lse, dqkv};
+    forge__grid(((uint64_t)n * NH + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, gx, gy, 1); /* delta */
+    forge__rmsnorm(p, a->x_in, 0, &ly->attn_norm, xn, 0, n, H, 0);  /* the q, k and v products' input, again */
+    forge__barrier(r);
+    pb.mode = 1;
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NH, p->batch);
+    pb.mode = 2;
+    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NKV, p->batch);
+    forge__barrier(r);
+    /* RoPE (Qwen 3.5's partial RoPE too: the dims it leaves alone are pairs of zero frequency, forge__rope_inv_freq) */
+    const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
+    forge__pc_rope_back prb = {n, NH, NKV, D, c->rope_adjacent_pairs, QKVD, QD, p->seq};
+    forge__range brb[3] = {p->params, rope->r, dqkv};
+    forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ROPE_BACK, brb, &prb, gx, gy, 1);
+    forge__barrier(r);
+    if (c->qk_norm) {
+        forge__rmsnorm_back(p, a->qkv_raw, &ly->q_norm, dqkv, dqkv, n, D, NH, QKVD, 0, false);
+        forge__rmsnorm_back(p, a->qkv_raw, &ly->k_norm, dqkv, dqkv, n, D, NKV, QKVD, QD, false);
+        forge__barrier(r);
+    }
+    if (ly->fused_qkv) {
+        forge__linear_back(p, &ly->wqkv, dqkv, QKVD, 0, n, dxn, H, 0, false);
+    } else {
+        forge__linear_back(p, &ly->wq, dqkv, QKVD, 0, n, dxn, H, 0, false);
+        forge__barrier(r);
+        forge__linear_back(p, &ly->wk, dqkv, QKVD, QD, n, dxn, H, 0, true);
+        forge__barrier(r);
+        forge__linear_back(p, &ly->wv, dqkv, QKVD, QD + KVD, n, dxn, H, 0, true);
+    }
+    forge__barrier(r);
+    const forge__target ts[3] = {FORGE__T_Q, FORGE__T_K, FORGE__T_V};
+    const uint32_t col0[3] = {0, QD, QD + KVD};
+    forge__lora_back_row(tr, p, l, ts, 3, xn, a->u, dxn, dqkv, QKVD, col0);
+}
+
+/* Qwen 3.5's linear-attention block's backward pass, as forge__record_attention_back's:
+ * x_mid = x_in + out_proj(delta_rule(silu(conv(q|k|v)), z, b, a)), q|k|v, z, b, a = in_proj(xn).
+ * out_proj's input gradient, then delta_rule_back.comp (the gated norm, the rule, the gates:
+ * dv, dz, db, da, and each value head's dq, dk), l2norm_back.comp (dq, dk of the conv's output),
+ * conv1d_back.comp (of the in-projection's q|k|v), and the in-projection's. */
+static void forge__record_linear_back(forge_trainer *tr, const forge__pass *p, int l, const forge__acts *a) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, CD = forge__lin_conv_dim(c), VD = forge__lin_v_dim(c), NV = (uint32_t)c->lin_v_heads;
+    uint32_t NK = (uint32_t)c->lin_k_heads, MIX = (uint32_t)forge__lin_mix_dim(c), gx, gy;
+    forge__range dx = tr->r[FORGE__TB_DX], dxn = tr->r[FORGE__TB_DXN], xn = tr->r[FORGE__TB_XN];
+    forge__range dmix = tr->r[FORGE__TB_DQKV], dlin_out = tr->r[FORGE__TB_DATT], dconv = tr->r[FORGE__TB_DLIN];
+    forge__linear_back(p, &ly->wo, dx, H, 0, n, dlin_out, VD, 0, false);
+    forge__barrier(r);
+    forge__lora_back_one(tr, p, l, FORGE__T_LIN_OUT, a->lin_out, a->u, dlin_out, dx, H);
+    forge__pc_delta pd = {n, NK, NV, (uint32_t)c->lin_k_dim, (uint32_t)c->lin_v_dim, p->seq, 0, MIX, CD, CD + VD, CD + VD + NV,
+                          (float)c->norm_eps, c->lin_v_tiled ? 1u : 0u, tr->L.delta_chunk};
+    forge__range bd[10] = {a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, dlin_out, dconv, dmix, tr->r[FORGE__TB_DQK],
+                           tr->r[FORGE__TB_DELTA]};
+    forge__dispatch(r, FORGE__OP_DELTA_RULE_BACK, bd, &pd, NV, p->batch, 1);
+    forge__rmsnorm(p, a->x_in, 0, &ly->attn_norm, xn, 0, n, H, 0); /* the in-projection's input, again */
+    forge__barrier(r);
+    forge__range bl[3] = {a->lin_qkv, tr->r[FORGE__TB_DQK], dconv};
+    forge__grid((uint64_t)n * NK * 2, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_L2NORM_BACK, bl, &pd, gx, gy, 1);
+    forge__barrier(r);
+    forge__pc_conv pc = {n, CD, (uint32_t)c->lin_conv, MIX, p->seq, 0};
+    forge__range bc[4] = {a->lin_mix, ly->conv_w.r, dconv, dmix};
+    forge__grid(((uint64_t)n * CD + 63) / 64, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_CONV1D_BACK, bc, &pc, gx, gy, 1);
+    forge__barrier(r);
+    const uint32_t col0[4] = {0, CD, CD + VD, CD + VD + NV}; /* in_proj_qkv, _z, _b, _a */
+    if (ly->fused_lin) {
+        forge__linear_back(p, &ly->lin_in, dmix, MIX, 0, n, dxn, H, 0, false);
+    } else {
+        const forge__weight *ws[4] = {&ly->lin_qkv, &ly->lin_z, &ly->lin_b, &ly->lin_a};
+        for (int i = 0; i < 4; i++) {
+            if (i) forge__barrier(r);
+            forge__linear_back(p, ws[i], dmix, MIX, col0[i], n, dxn, H, 0, i > 0);
+        }
+    }
+    forge__barrier(r);
+    const forge__target ts[4] = {FORGE__T_LIN_QKV, FORGE__T_LIN_Z, FORGE__T_LIN_B, FORGE__T_LIN_A};
+    forge__lora_back_row(tr, p, l, ts, 4, xn, a->u, dxn, dmix, MIX, col0);
+}
+
 /* One layer's backward pass: tr->r[DX] holds the gradient of the layer's output (the residual
  * stream after it) and leaves holding the gradient of its input. `a` holds the layer's forward
  * activations (kept, or just recomputed). */
@@ -435,10 +633,9 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
     forge__rec *r = p->r;
     const forge__config *c = &m->cfg;
     const forge__layer *ly = &m->layers[l];
-    uint32_t n = p->n, H = (uint32_t)c->hidden, D = (uint32_t)c->head_dim, NH = (uint32_t)c->n_heads, NKV = (uint32_t)c->n_kv_heads;
-    uint32_t QD = NH * D, KVD = NKV * D, QKVD = QD + 2 * KVD, F = (uint32_t)c->ffn, gx, gy;
+    uint32_t n = p->n, H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l], gx, gy;
     forge__range dx = tr->r[FORGE__TB_DX], dxn = tr->r[FORGE__TB_DXN], xn = tr->r[FORGE__TB_XN];
-    forge__range dqkv = tr->r[FORGE__TB_DQKV], datt = tr->r[FORGE__TB_DATT], dh = tr->r[FORGE__TB_DH], dgu = tr->r[FORGE__TB_DGU];
+    forge__range dh = tr->r[FORGE__TB_DH], dgu = tr->r[FORGE__TB_DGU];
 
     /* ---- the MLP: x_out = x_mid + [post-norm](down(act(gate xn2) * up xn2)), xn2 = norm(x_mid) */
     forge__range dd = dx; /* the gradient of down's output */
@@ -450,11 +647,7 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
     forge__linear_back(p, &ly->down, dd, H, 0, n, dh, F, 0, false);
     forge__rmsnorm(p, a->x_mid, 0, &ly->ffn_norm, xn, 0, n, H, 0); /* the gate and up products' input, again */
     forge__barrier(r);
-    {
-        forge__target ts[1] = {FORGE__T_DOWN};
-        uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
-        if (forge__lora_at(p->lora, l, FORGE__T_DOWN)) forge__lora_back_group(tr, p, l, ts, 1, a->h, a->u, dh, &dd, ldy, col0, step);
-    }
+    forge__lora_back_one(tr, p, l, FORGE__T_DOWN, a->h, a->u, dh, dd, H);
     bool pairs = ly->fused_gate_up;
     forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F, 0, 0};
     forge__range bact[5] = {dh, a->gu, dgu, p->dummy, p->dummy};
@@ -478,59 +671,9 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
     forge__rmsnorm_back(p, a->x_mid, &ly->ffn_norm, dxn, dx, n, H, 0, 0, 0, true);
     forge__barrier(r);
 
-    /* ---- attention: x_mid = x_in + [post-norm](o(attn(rope(norm_qk(qkv(xn1)))))), xn1 = norm(x_in) */
-    forge__range dout = dx; /* the gradient of o_proj's output */
-    if (c->sandwich_norms) {
-        forge__rmsnorm_back(p, a->o, &ly->post_attn_norm, dx, dxn, n, H, 0, 0, 0, false);
-        forge__barrier(r);
-        dout = dxn;
-    }
-    forge__linear_back(p, &ly->wo, dout, H, 0, n, datt, QD, 0, false);
-    forge__barrier(r);
-    {
-        forge__target ts[1] = {FORGE__T_O};
-        uint32_t ldy[1] = {H}, col0[1] = {0}, step[1] = {1};
-        if (forge__lora_at(p->lora, l, FORGE__T_O)) forge__lora_back_group(tr, p, l, ts, 1, a->att, a->u, datt, &dout, ldy, col0, step);
-    }
-    forge__pc_attn_back pb = {p->seq, NH, NKV, D, ly->sliding ? (uint32_t)c->sliding_window : 0, (float)c->attn_scale, (float)c->attn_softcap,
-                              QKVD, QD, QD + KVD, p->seq * KVD, n, 0};
-    forge__range bb[7] = {a->qkv, a->kc, a->vc, a->att, datt, a->lse, dqkv};
-    forge__grid(((uint64_t)n * NH + 63) / 64, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, gx, gy, 1); /* delta */
-    forge__rmsnorm(p, a->x_in, 0, &ly->attn_norm, xn, 0, n, H, 0);  /* the q, k and v products' input, again */
-    forge__barrier(r);
-    pb.mode = 1;
-    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NH, p->batch);
-    pb.mode = 2;
-    forge__dispatch(r, FORGE__OP_ATTN_BACK, bb, &pb, (p->seq + 7) / 8, NKV, p->batch);
-    forge__barrier(r);
-    const forge__vec *rope = ly->sliding ? &m->rope_sliding : &m->rope_full;
-    forge__pc_rope_back prb = {n, NH, NKV, D, c->rope_adjacent_pairs, QKVD, QD, p->seq};
-    forge__range brb[3] = {p->params, rope->r, dqkv};
-    forge__grid(((uint64_t)n * (NH + NKV) * (D / 2) + 63) / 64, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ROPE_BACK, brb, &prb, gx, gy, 1);
-    forge__barrier(r);
-    if (c->qk_norm) {
-        forge__rmsnorm_back(p, a->qkv_raw, &ly->q_norm, dqkv, dqkv, n, D, NH, QKVD, 0, false);
-        forge__rmsnorm_back(p, a->qkv_raw, &ly->k_norm, dqkv, dqkv, n, D, NKV, QKVD, QD, false);
-        forge__barrier(r);
-    }
-    if (ly->fused_qkv) {
-        forge__linear_back(p, &ly->wqkv, dqkv, QKVD, 0, n, dxn, H, 0, false);
-    } else {
-        forge__linear_back(p, &ly->wq, dqkv, QKVD, 0, n, dxn, H, 0, false);
-        forge__barrier(r);
-        forge__linear_back(p, &ly->wk, dqkv, QKVD, QD, n, dxn, H, 0, true);
-        forge__barrier(r);
-        forge__linear_back(p, &ly->wv, dqkv, QKVD, QD + KVD, n, dxn, H, 0, true);
-    }
-    forge__barrier(r);
-    if (forge__lora_any(p, l, FORGE__T_QKV)) {
-        forge__target ts[3] = {FORGE__T_Q, FORGE__T_K, FORGE__T_V};
-        forge__range dys[3] = {dqkv, dqkv, dqkv};
-        uint32_t ldy[3] = {QKVD, QKVD, QKVD}, col0[3] = {0, QD, QD + KVD}, step[3] = {1, 1, 1};
-        forge__lora_back_group(tr, p, l, ts, 3, xn, a->u, dxn, dys, ldy, col0, step);
-    }
+    /* ---- the mixer (attention, or Qwen 3.5's linear attention), then the input norm shared by both */
+    if (ly->linear) forge__record_linear_back(tr, p, l, a);
+    else forge__record_attention_back(tr, p, l, a);
     if (l > tr->L.first_layer) { /* the layer below needs its output's gradient; the lowest adapted layer's input needs none */
         forge__rmsnorm_back(p, a->x_in, &ly->attn_norm, dxn, dx, n, H, 0, 0, 0, true);
         forge__barrier(r);
@@ -707,15 +850,22 @@ static forge_status forge__trainer_init(forge_trainer *tr) {
         bool adapted = l >= L->first_layer;
         if (adapted)
             for (int i = 0; i < (L->ckpt ? 1 : FORGE__TL_COUNT); i++, it++) own[i] = FORGE__NEXT();
+        bool lin = c->layer_linear[l];
         tr->acts[l] = (forge__acts){
             .x = tr->r[FORGE__TB_X], .xn = tr->r[FORGE__TB_XN], .qkv = own[FORGE__TL_QKV], .att = own[FORGE__TL_ATT],
             .gu = own[FORGE__TL_GU], .h = own[FORGE__TL_H], .kc = own[FORGE__TL_K], .vc = own[FORGE__TL_V], .slots = L->max_rows,
             .attn_part = tr->r[FORGE__TB_DUMMY], .u = own[FORGE__TL_U], .o = own[FORGE__TL_O], .d = own[FORGE__TL_D],
+            .lin_mix = own[FORGE__TL_LIN_MIX], .lin_qkv = own[FORGE__TL_LIN_QKV], .lin_out = own[FORGE__TL_LIN_OUT],
             /* what only the backward pass reads: not for the layers below the adapters */
             .x_in = adapted ? own[FORGE__TL_X_IN] : (forge__range){0}, .x_mid = adapted ? own[FORGE__TL_X_MID] : (forge__range){0},
             .qkv_raw = adapted && c->qk_norm ? own[FORGE__TL_QKV_RAW] : (forge__range){0},
             .lse = adapted ? own[FORGE__TL_LSE] : (forge__range){0},
+            .att_g = adapted && c->attn_gate ? own[FORGE__TL_ATT_G] : (forge__range){0},
         };
+        if (lin) { /* the recurrent states, one place per sequence, written by the forward pass and never read */
+            tr->acts[l].kc = tr->r[FORGE__TB_CONV_STATE];
+            tr->acts[l].vc = tr->r[FORGE__TB_DELTA];
+        }
     }
 #undef FORGE__NEXT
     for (int i = 0; i < c->n_layers * FORGE__T_COUNT; i++) {

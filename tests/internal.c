@@ -775,14 +775,32 @@ size_t ft_train_grad_read(forge_trainer *tr, int layer, int target, float *out, 
     size_t n = (size_t)lp->rank * (lp->in + lp->out);
     if (n > cap) return 0;
     float *seg = (float *)malloc(4 * tr->L.seg_count[lp->seg]);
-    uint32_t heads;
-    if (forge__train_transfer(tr, tr->segs[lp->seg].g, seg, 4 * tr->L.seg_count[lp->seg], false)) n = 0;
-    else if (forge__permuted(&tr->m->cfg, (forge__target)target, &heads)) { /* B's rows in HF's order, as adapter files hold them */
+    if (forge__train_transfer(tr, tr->segs[lp->seg].g, seg, 4 * tr->L.seg_count[lp->seg], false)) {
+        n = 0;
+    } else { /* B's rows in HF's order, as adapter files hold them */
         memcpy(out, seg + lp->a_el, sizeof(float) * lp->rank * lp->in);
-        forge__permute_rows(out + (size_t)lp->rank * lp->in, seg + lp->b_el, heads, (uint32_t)tr->m->cfg.head_dim, lp->rank, false);
-    } else memcpy(out, seg + lp->a_el, sizeof(float) * n);
+        forge__b_rows_map(&tr->m->cfg, (forge__target)target, out + (size_t)lp->rank * lp->in, seg + lp->b_el, lp->out, lp->rank, false);
+    }
     free(seg);
     return n;
+}
+
+forge_status ft_train_param_add(forge_trainer *tr, int layer, int target, float alpha, const float *dir) {
+    const forge__lora_pair *lp = forge__lora_at(&tr->L.lora, layer, (forge__target)target);
+    if (!lp) return FORGE_ERR_INVALID_ARGUMENT;
+    uint64_t count = tr->L.seg_count[lp->seg];
+    float *seg = (float *)malloc(4 * count), *b = (float *)malloc(4ull * lp->out * lp->rank);
+    forge_status st = forge__train_transfer(tr, tr->segs[lp->seg].p, seg, 4 * count, false);
+    if (!st) {
+        size_t na = (size_t)lp->rank * lp->in;
+        forge__b_rows_map(&tr->m->cfg, (forge__target)target, b, dir + na, lp->out, lp->rank, true); /* B's rows in forge's order */
+        for (size_t i = 0; i < na; i++) seg[lp->a_el + i] += alpha * dir[i];
+        for (size_t i = 0; i < (size_t)lp->out * lp->rank; i++) seg[lp->b_el + i] += alpha * b[i];
+        st = forge__train_transfer(tr, tr->segs[lp->seg].p, seg, 4 * count, true);
+    }
+    free(seg);
+    free(b);
+    return st;
 }
 
 void ft_train_grad_clear(forge_trainer *tr) {

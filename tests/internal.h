@@ -244,6 +244,8 @@ forge_status ft_safetensors_read(const char *path, ft_tensor_fn fn, void *user);
 forge_status ft_train_backward(forge_trainer *tr, const forge_train_batch *b, double *loss);
 size_t ft_train_grad_read(forge_trainer *tr, int layer, int target, float *out, size_t cap);
 void ft_train_grad_clear(forge_trainer *tr);
+/* Adds alpha * dir to the adapter (layer, target) of the trainer; dir in ft_train_grad_read's layout. */
+forge_status ft_train_param_add(forge_trainer *tr, int layer, int target, float alpha, const float *dir);
 int ft_train_checkpointing(const forge_trainer *tr);
 /* Pretends the model's device has `bytes` of memory (plans are checked against it). */
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes);

@@ -1,6 +1,7 @@
 /* Training: parity with PyTorch + PEFT (tests/fixtures/lora, made by
  * tools/fixtures/make_lora_fixtures.py), adapter files, bad input. Each fixture starts from a
- * PEFT adapter with non-zero A and B on all seven projections of a tiny random-weight model
+ * PEFT adapter with non-zero A and B on every projection of a tiny random-weight model (seven;
+ * Qwen 3.5: its linear-attention layers' five in place of attention's four)
  * and records PEFT's losses, gradient norms and learning rates of 3 AdamW steps on padded
  * batches with masked prompts, the gradients of step 0, the adapter after the steps, and the
  * adapted model's logits. forge must give the losses within 1e-4 (relative), the gradients
@@ -67,8 +68,8 @@ LoraCase read_case(const std::string &name) {
     p.total_steps = cJSON_GetObjectItem(o, "total_steps")->valueint;
     p.max_grad_norm = cJSON_GetObjectItem(o, "max_grad_norm")->valuedouble;
     p.accum_steps = cJSON_GetObjectItem(o, "accum_steps")->valueint;
-    p.max_batch = 2;
-    p.max_seq = 16;
+    p.max_batch = 1; /* then the largest micro-batch, below */
+    p.max_seq = 2;
     p.grad_checkpoint = 0;
     cJSON *s;
     cJSON_ArrayForEach(s, cJSON_GetObjectItem(root, "steps")) {
@@ -91,6 +92,8 @@ LoraCase read_case(const std::string &name) {
                 m.labels.insert(m.labels.end(), r.begin(), r.end());
             }
             m.lengths = ints(cJSON_GetObjectItem(mb, "lengths"));
+            p.max_batch = std::max(p.max_batch, m.n_seqs);
+            p.max_seq = std::max(p.max_seq, m.seq_len);
             st.micro.push_back(m);
         }
         c.steps.push_back(st);
@@ -122,11 +125,14 @@ std::map<std::string, std::vector<float>> read_tensors(const std::string &path) 
     return out;
 }
 
-const char *const kTargets[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+/* forge's targets (src/model.c's forge__target order) and the modules holding them */
+const int kNumTargets = 12;
+const char *const kTargets[kNumTargets] = {"q_proj",      "k_proj",    "v_proj",    "o_proj",    "gate_proj", "up_proj",
+                                           "down_proj",   "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
+const char *group_of(int t) { return t <= 3 ? "self_attn" : t <= 6 ? "mlp" : "linear_attn"; }
 
 std::string peft_key(int layer, int t, const char *ab) {
-    return "base_model.model.model.layers." + std::to_string(layer) + (t <= 3 ? ".self_attn." : ".mlp.") + kTargets[t] + ".lora_" + ab +
-           ".weight";
+    return "base_model.model.model.layers." + std::to_string(layer) + "." + group_of(t) + "." + kTargets[t] + ".lora_" + ab + ".weight";
 }
 
 forge_model *load_with_adapter(const std::string &path, const std::string &adapter) {
@@ -147,7 +153,7 @@ forge_model *load_with_adapter(const std::string &path, const std::string &adapt
  * a rounding boundary of f16 moves the logits by 1e-4). */
 std::vector<float> all_logits(forge_model *m, const std::vector<int32_t> &toks, bool f32_cache = false) {
     forge_session_params sp = forge_session_default_params();
-    sp.n_ctx = 64;
+    sp.n_ctx = std::max(64, (int)toks.size());
     if (f32_cache) sp.kv_type = FORGE_KV_F32;
     forge_session *s = ft::session(m, sp);
     std::vector<float> lg(toks.size() * (size_t)forge_model_n_vocab(m));
@@ -240,11 +246,11 @@ TEST_P(LoraParity, GradientsOfStepZero) {
         std::vector<float> g(1 << 16);
         std::map<std::string, std::vector<float>> got;
         for (int l = 0; l < c.n_layers; l++)
-            for (int t = 0; t < 7; t++) {
+            for (int t = 0; t < kNumTargets; t++) {
                 size_t n = ft_train_grad_read(tr, l, t, g.data(), g.size());
-                ASSERT_GT(n, 0u) << "layer " << l << " " << kTargets[t];
+                ASSERT_EQ(n > 0, ref.count(peft_key(l, t, "A")) > 0) << "layer " << l << " " << kTargets[t];
+                if (!n) continue; /* a projection the layer does not have */
                 const std::vector<float> &ra = ref[peft_key(l, t, "A")];
-                ASSERT_FALSE(ra.empty()) << peft_key(l, t, "A");
                 got[peft_key(l, t, "A")].assign(g.begin(), g.begin() + (long)ra.size());
                 got[peft_key(l, t, "B")].assign(g.begin() + (long)ra.size(), g.begin() + (long)n);
             }
@@ -753,6 +759,306 @@ TEST(TrainParams, SquaredErrorLosses) {
     EXPECT_GT(l0, 0.0);
     EXPECT_LT(l1, 0.9 * l0) << "training toward zero hidden states lowers their squared norm";
     forge_trainer_free(tr);
+    forge_model_free(m);
+}
+
+} // namespace
+
+namespace {
+
+/* ---- Qwen 3.5: linear-attention (Gated DeltaNet) layers beside gated full-attention ones ----
+ * tests/fixtures/parity/qwen3_5_text_f32: hidden 64, layers 0-2 linear attention (2 key heads
+ * and 4 value heads of 16, conv 4: in_proj_qkv [128, 64], in_proj_z [64, 64], in_proj_b and
+ * in_proj_a [4, 64], out_proj [64, 64]), layer 3 full attention (4 heads of 32, 2 kv heads,
+ * q_proj [256, 64]: each head's query and output gate; partial RoPE over 8 dims), MLP 128. */
+const std::string kQwen35 = "tests/fixtures/parity/qwen3_5_text_f32";
+
+struct Qwen35Shape {
+    int layers = 4;
+    bool linear(int l) const { return l != 3; }
+    /* in and out features of target t (HF's shapes) */
+    void dims(int t, int *in, int *out) const {
+        const int ins[kNumTargets] = {64, 64, 64, 128, 64, 64, 128, 64, 64, 64, 64, 64};
+        const int outs[kNumTargets] = {256, 64, 64, 64, 128, 128, 64, 128, 64, 4, 4, 64};
+        *in = ins[t];
+        *out = outs[t];
+    }
+    bool has(int l, int t) const { return (t >= 4 && t <= 6) || (t >= 7) == linear(l); }
+};
+
+/* Two right-padded sequences of 80 and 70 tokens, longer than HF's 64-token chunks of the delta
+ * rule; the first 5 labels of the first masked. */
+struct Qwen35Batch {
+    std::vector<int32_t> tokens, labels, lengths = {80, 70};
+    forge_train_batch b = ft::sized<forge_train_batch>();
+    Qwen35Batch(uint32_t seed) {
+        tokens.assign(160, 0);
+        labels.assign(160, -100);
+        for (int i = 0; i < 2; i++)
+            for (int t = 0; t < lengths[i]; t++) {
+                seed = seed * 1664525u + 1013904223u;
+                tokens[i * 80 + t] = (int32_t)(seed >> 24);
+                if (i || t >= 5) labels[i * 80 + t] = tokens[i * 80 + t];
+            }
+        b.n_seqs = 2;
+        b.seq_len = 80;
+        b.tokens = tokens.data();
+        b.lengths = lengths.data();
+        b.labels = labels.data();
+    }
+};
+
+forge_train_params qwen35_params() {
+    forge_train_params p = forge_train_default_params();
+    p.targets = "all";
+    p.rank = 4;
+    p.alpha = 8;
+    p.lr = 2e-2;
+    p.max_batch = 2;
+    p.max_seq = 80;
+    p.seed = 3;
+    p.grad_checkpoint = 0;
+    return p;
+}
+
+/* The whole backward pass against the loss itself: after two AdamW steps (B is no longer zero),
+ * the gradient of every adapter, as the directional derivative of forge_train_eval's loss along
+ * it (central differences at +-eps, extrapolated: f64 sums of f32 rows); and checkpointing
+ * gives the same gradients. This holds the linear-attention backward kernels, the gate, the
+ * partial RoPE and the (1 + w) norms to the forward pass they invert, end to end. */
+TEST(TrainQwen35, GradientsAreTheLossDerivatives) {
+    forge_model *m = ft::load(ft::src(kQwen35));
+    ASSERT_NE(m, nullptr);
+    Qwen35Shape q;
+    Qwen35Batch batch(7);
+    std::vector<float> grads[2][4][kNumTargets];
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+        forge_train_params p = qwen35_params();
+        p.grad_checkpoint = ckpt;
+        forge_trainer *tr = nullptr;
+        ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+        forge_train_stats st = ft::sized<forge_train_stats>();
+        for (int s = 0; s < 2; s++) {
+            ASSERT_EQ(forge_train_step(tr, &batch.b, &st), FORGE_OK) << forge_trainer_errmsg(tr);
+            ASSERT_TRUE(std::isfinite(st.loss) && st.grad_norm > 0) << st.loss << " " << st.grad_norm;
+        }
+        double loss;
+        ASSERT_EQ(ft_train_backward(tr, &batch.b, &loss), FORGE_OK) << forge_trainer_errmsg(tr);
+        for (int l = 0; l < q.layers; l++)
+            for (int t = 0; t < kNumTargets; t++) {
+                int in, out;
+                q.dims(t, &in, &out);
+                std::vector<float> &g = grads[ckpt][l][t];
+                g.resize(8192);
+                g.resize(ft_train_grad_read(tr, l, t, g.data(), g.size()));
+                ASSERT_EQ(g.size(), q.has(l, t) ? (size_t)4 * (in + out) : 0u) << "layer " << l << " " << kTargets[t];
+            }
+        if (ckpt == 0) {
+            double worst = 0;
+            std::string where;
+            for (int l = 0; l < q.layers; l++)
+                for (int t = 0; t < kNumTargets; t++) {
+                    const std::vector<float> &g = grads[0][l][t];
+                    if (g.empty()) continue;
+                    double norm = 0;
+                    for (float v : g) norm += (double)v * v;
+                    norm = std::sqrt(norm);
+                    std::vector<float> dir(g.size());
+                    for (size_t i = 0; i < g.size(); i++) dir[i] = (float)(g[i] / norm);
+                    /* L(eps) along dir at eps = +-h, +-h/2; the derivative from both, Richardson-extrapolated */
+                    auto at = [&](double eps) {
+                        EXPECT_EQ(ft_train_param_add(tr, l, t, (float)eps, dir.data()), FORGE_OK);
+                        double v;
+                        EXPECT_EQ(forge_train_eval(tr, &batch.b, &v, nullptr), FORGE_OK);
+                        EXPECT_EQ(ft_train_param_add(tr, l, t, (float)-eps, dir.data()), FORGE_OK);
+                        return v;
+                    };
+                    /* steps that move the loss by about 2e-3: f32 rounding (a few 1e-7 of it) stays below 1e-3 of the
+                     * difference, and the q and k of the first linear layer, whose L2 norms of small vectors bend the loss
+                     * sharply (their |g| is 10x the others'), keep their higher terms below it too (measured there: 2.6e-4 at
+                     * eps 2e-4, 3.5e-3 at 5e-4, 9e-2 at 5e-3) */
+                    const double h = std::fmin(0.02, 1e-3 / norm);
+                    double d1 = (at(h) - at(-h)) / (2 * h), d2 = (at(h / 2) - at(-h / 2)) / h, fd = (4 * d2 - d1) / 3;
+                    double e = std::fabs(fd - norm) / norm;
+                    printf("  layer %d %-11s |g| %.5e, dL/d(eps) %.5e: rel %.1e\n", l, kTargets[t], norm, fd, e);
+                    if (e > worst) worst = e, where = "layer " + std::to_string(l) + " " + kTargets[t];
+                }
+            EXPECT_LE(worst, 3e-3) << where;
+        }
+        forge_trainer_free(tr);
+    }
+    for (int l = 0; l < q.layers; l++)
+        for (int t = 0; t < kNumTargets; t++) {
+            if (grads[0][l][t].empty()) continue;
+            EXPECT_LE(ft::rel_err(grads[1][l][t].data(), grads[0][l][t].data(), grads[0][l][t].size()), 1e-5)
+                << "checkpointing: layer " << l << " " << kTargets[t];
+        }
+    forge_model_free(m);
+}
+
+/* Adapter files in HF's layout on Qwen 3.5: an adapter on every projection (PEFT's names,
+ * linear_attn.* included) gives the logits of the checkpoint with W + scale B A written into its
+ * weights on the host (q_proj's B rows: each head's query, then its gate, in HF's dim order;
+ * forge permutes and splits them as it does the weights), beside the weights and merged into
+ * them at load; a trainer's saved adapter, PEFT and mlx-lm, starts a trainer at the same loss. */
+TEST(TrainQwen35, AdaptersEqualTheMergedCheckpoint) {
+    Qwen35Shape q;
+    const int r = 2;
+    const float scale = 2.0f; /* lora_alpha 4 / r */
+    std::map<std::string, std::vector<float>> base;
+    auto fn = [](void *user, const char *name, const float *data, int n_dims, const int64_t *shape) {
+        size_t n = 1;
+        for (int i = 0; i < n_dims; i++) n *= (size_t)shape[i];
+        (*(std::map<std::string, std::vector<float>> *)user)[name].assign(data, data + n);
+    };
+    ASSERT_EQ(ft_safetensors_read(ft::src(kQwen35 + "/model.safetensors").c_str(), fn, &base), FORGE_OK);
+    std::map<std::string, ft::Tensor> adapter;
+    uint32_t seed = 50;
+    for (int l = 0; l < q.layers; l++)
+        for (int t = 0; t < kNumTargets; t++) {
+            if (!q.has(l, t)) continue;
+            int in, out;
+            q.dims(t, &in, &out);
+            ft::Tensor A = ft::f32_tensor({r, in}, 0.1f, seed++), B = ft::f32_tensor({out, r}, 0.05f, seed++);
+            adapter[peft_key(l, t, "A")] = A;
+            adapter[peft_key(l, t, "B")] = B;
+            std::string w = "model.layers." + std::to_string(l) + "." + group_of(t) + "." + kTargets[t] + ".weight";
+            std::vector<float> &W = base[w];
+            ASSERT_EQ(W.size(), (size_t)in * out) << w;
+            const float *a = (const float *)A.data.data(), *b = (const float *)B.data.data();
+            for (int o = 0; o < out; o++)
+                for (int i = 0; i < in; i++) {
+                    double s = 0;
+                    for (int k = 0; k < r; k++) s += (double)b[o * r + k] * a[k * in + i];
+                    W[(size_t)o * in + i] += (float)(scale * s);
+                }
+        }
+    /* the merged checkpoint: every tensor as it was read (f32), the adapted weights changed */
+    std::string mdir = ft::tmpdir("qwen35_merged");
+    {
+        std::map<std::string, ft::Tensor> ts;
+        std::vector<uint8_t> cj = ft::read_file(ft::src(kQwen35 + "/config.json"));
+        ft::write_file(mdir + "/config.json", cj.data(), cj.size());
+        std::vector<uint8_t> st0 = ft::read_file(ft::src(kQwen35 + "/model.safetensors"));
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++) hl |= (uint64_t)st0[i] << (8 * i);
+        cJSON *h = cJSON_ParseWithLength((const char *)st0.data() + 8, hl);
+        ASSERT_NE(h, nullptr);
+        for (auto &kv : base) {
+            cJSON *shape = cJSON_GetObjectItem(cJSON_GetObjectItem(h, kv.first.c_str()), "shape");
+            ft::Tensor t{"F32", {}, std::vector<uint8_t>(kv.second.size() * 4)};
+            cJSON *d;
+            cJSON_ArrayForEach(d, shape) t.shape.push_back((int64_t)d->valuedouble);
+            memcpy(t.data.data(), kv.second.data(), t.data.size());
+            ts[kv.first] = t;
+        }
+        cJSON_Delete(h);
+        std::vector<uint8_t> st = ft::safetensors_bytes(ts);
+        ft::write_file(mdir + "/model.safetensors", st.data(), st.size());
+    }
+    std::string adir = ft::tmpdir("qwen35_adapter");
+    {
+        std::string cfg = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "bias": "none", "target_modules": ["q_proj", "in_proj_qkv"]})";
+        std::vector<uint8_t> st = ft::safetensors_bytes(adapter);
+        ft::write_file(adir + "/adapter_model.safetensors", st.data(), st.size());
+        ft::write_file(adir + "/adapter_config.json", cfg.data(), cfg.size());
+    }
+    Qwen35Batch batch(11);
+    std::vector<int32_t> toks(batch.tokens.begin(), batch.tokens.begin() + 80);
+    forge_model *mm = ft::load(mdir), *ma = load_with_adapter(ft::src(kQwen35), adir), *m0 = ft::load(ft::src(kQwen35));
+    ASSERT_TRUE(mm && ma && m0);
+    std::vector<float> want = all_logits(mm, toks), got = all_logits(ma, toks), none = all_logits(m0, toks);
+    double e = ft::rel_err(got.data(), want.data(), want.size()), effect = ft::rel_err(none.data(), want.data(), want.size());
+    printf("  adapter beside the weights vs the merged checkpoint: %.2e (the adapter moves the logits by %.2e)\n", e, effect);
+    EXPECT_LE(e, 1e-5);
+    EXPECT_GT(effect, 1e-2);
+    forge_model_params mp = forge_model_default_params();
+    mp.exact = 1;
+    mp.adapter_path = adir.c_str();
+    mp.adapter_merge = 1;
+    forge_model *mg = nullptr;
+    ASSERT_EQ(forge_model_load(ft::src(kQwen35).c_str(), &mp, &mg), FORGE_OK) << forge_model_errmsg(mg);
+    std::vector<float> merged_logits = all_logits(mg, toks);
+    EXPECT_LE(ft::rel_err(merged_logits.data(), want.data(), want.size()), 1e-5) << "adapter_merge";
+    forge_model_free(mg);
+    /* a trainer from that adapter, a step, then its saved files (PEFT, mlx-lm) start trainers at its loss */
+    forge_train_params p = qwen35_params();
+    p.adapter_path = adir.c_str();
+    forge_trainer *tr = nullptr;
+    ASSERT_EQ(forge_trainer_create(m0, &p, &tr), FORGE_OK) << forge_model_errmsg(m0);
+    ASSERT_EQ(forge_train_step(tr, &batch.b, nullptr), FORGE_OK) << forge_trainer_errmsg(tr);
+    double l1;
+    ASSERT_EQ(forge_train_eval(tr, &batch.b, &l1, nullptr), FORGE_OK);
+    for (forge_adapter_format fmt : {FORGE_ADAPTER_PEFT, FORGE_ADAPTER_MLX}) {
+        std::string d = ft::tmpdir(fmt == FORGE_ADAPTER_PEFT ? "qwen35_saved_peft" : "qwen35_saved_mlx");
+        ASSERT_EQ(forge_trainer_save(tr, d.c_str(), fmt), FORGE_OK) << forge_trainer_errmsg(tr);
+        if (fmt == FORGE_ADAPTER_PEFT) {
+            auto saved = read_tensors(d + "/adapter_model.safetensors");
+            EXPECT_EQ(saved.size(), adapter.size());
+            EXPECT_EQ(saved.count("base_model.model.model.layers.0.linear_attn.in_proj_b.lora_B.weight"), 1u);
+            EXPECT_EQ(saved.count("base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight"), 1u);
+        } else {
+            EXPECT_EQ(read_tensors(d + "/adapters.safetensors").count("model.layers.2.linear_attn.out_proj.lora_a"), 1u);
+        }
+        forge_train_params p2 = qwen35_params();
+        p2.adapter_path = d.c_str();
+        forge_trainer *t2 = nullptr;
+        ASSERT_EQ(forge_trainer_create(m0, &p2, &t2), FORGE_OK) << forge_model_errmsg(m0);
+        double l2;
+        ASSERT_EQ(forge_train_eval(t2, &batch.b, &l2, nullptr), FORGE_OK);
+        EXPECT_NEAR(l1, l2, 1e-5 * l1) << (fmt == FORGE_ADAPTER_PEFT ? "PEFT" : "mlx-lm");
+        forge_trainer_free(t2);
+    }
+    forge_trainer_free(tr);
+    forge_model_free(mm);
+    forge_model_free(ma);
+    forge_model_free(m0);
+}
+
+/* forge train on Qwen 3.5 (token-id examples: the fixture has no tokenizer), the linear
+ * attention's projections named: it trains and saves them under PEFT's names. */
+TEST(TrainCli, Qwen35FineTune) {
+    if (!ft::exists("./forge")) GTEST_SKIP() << "no ./forge binary in the working directory (the build tree)";
+    std::string out = ft::tmpdir("cli_qwen35");
+    std::string data;
+    uint32_t seed = 5;
+    for (int i = 0; i < 6; i++) {
+        data += "{\"input_ids\": [";
+        for (int t = 0; t < 70 + 3 * i; t++) {
+            seed = seed * 1664525u + 1013904223u;
+            data += (t ? ", " : "") + std::to_string(seed >> 24);
+        }
+        data += "]}\n";
+    }
+    ft::write_file(out + "/data.jsonl", data.data(), data.size());
+    std::string cmd = "./forge train " + ft::src(kQwen35) + " --data " + out + "/data.jsonl --out " + out +
+                      " --steps 3 --batch 2 --seq 96 --targets in_proj_qkv,in_proj_z,out_proj,q_proj --json > " + out + "/log.jsonl 2>&1";
+    ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+    std::vector<uint8_t> log = ft::read_file(out + "/log.jsonl");
+    std::string text(log.begin(), log.end());
+    EXPECT_NE(text.find("\"step\": 3"), std::string::npos) << text;
+    auto t = read_tensors(out + "/adapter_model.safetensors");
+    EXPECT_EQ(t.size(), 2u * (3 * 3 + 1)); /* three targets of each linear layer, q_proj of the attention layer */
+    EXPECT_EQ(t.count("base_model.model.model.layers.1.linear_attn.in_proj_z.lora_A.weight"), 1u);
+    EXPECT_EQ(t.count("base_model.model.model.layers.3.self_attn.q_proj.lora_B.weight"), 1u);
+}
+
+/* What training refuses on Qwen 3.5, by name: a projection no layer has, and the MoE variant. */
+TEST(TrainQwen35, RefusalsNameTheCause) {
+    forge_model *m = ft::load(ft::src(kQwen35));
+    ASSERT_NE(m, nullptr);
+    forge_train_params p = qwen35_params();
+    p.targets = "in_proj_z,o_proj";
+    p.n_layers = 1; /* the last layer only: full attention, no in_proj_z */
+    forge_trainer *tr = nullptr;
+    EXPECT_EQ(forge_trainer_create(m, &p, &tr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("target in_proj_z"), std::string::npos) << forge_model_errmsg(m);
+    forge_model_free(m);
+    m = ft::load(ft::src("tests/fixtures/parity/qwen3_5_moe_f32"));
+    ASSERT_NE(m, nullptr);
+    p = qwen35_params();
+    EXPECT_EQ(forge_trainer_create(m, &p, &tr), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_model_errmsg(m)).find("mixture-of-experts"), std::string::npos) << forge_model_errmsg(m);
     forge_model_free(m);
 }
 

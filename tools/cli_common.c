@@ -156,7 +156,8 @@ int forge_cli_parse_double(const char *cmd, const char *flag, const char *s, dou
 }
 
 int forge_cli_check_targets(const char *cmd, const char *flag, const char *s) {
-    static const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    static const char *names[] = {"q_proj",      "k_proj",    "v_proj",    "o_proj",    "gate_proj", "up_proj",
+                                  "down_proj",   "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
     const size_t n_names = sizeof names / sizeof names[0];
     if (!strcmp(s, "all")) return 0;
     unsigned seen = 0;
@@ -168,7 +169,8 @@ int forge_cli_check_targets(const char *cmd, const char *flag, const char *s) {
         if (k == n_names) {
             fprintf(stderr,
                     "forge %s: %s: '%.*s' in '%s' is not a target (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
-                    "down_proj, comma-separated, or all)\n",
+                    "down_proj; Qwen 3.5's linear attention: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj; "
+                    "comma-separated, or all)\n",
                     cmd, flag, (int)len, p, s);
             return 2;
         }

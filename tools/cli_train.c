@@ -50,6 +50,7 @@ static void train_usage(FILE *f) {
             "  --alpha A                scale = alpha / rank (default %g)\n"
             "  --dropout P              dropout on the adapters' input, in [0, 1) (default %g)\n"
             "  --targets LIST|all       from q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj\n"
+            "                           and Qwen 3.5's in_proj_qkv,in_proj_z,in_proj_b,in_proj_a,out_proj\n"
             "                           (default %s)\n"
             "  --layers N               adapt the last N layers only (default 0: all)\n",
             d.rank, d.alpha, d.dropout, d.targets ? d.targets : "q_proj,v_proj");
