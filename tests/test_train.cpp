@@ -33,6 +33,9 @@ struct LoraCase {
     forge_train_params params = forge_train_default_params();
     std::vector<Step> steps;
     std::vector<int32_t> logits_tokens;
+    /* the gradients' tolerance: 1e-4, or twice how far the reference's float32 gradients are from the
+     * same step in float64 where the fixture measured it (float64_check: the reference's own noise) */
+    double grad_tol = 1e-4;
 };
 
 std::vector<int32_t> ints(cJSON *a) {
@@ -99,6 +102,8 @@ LoraCase read_case(const std::string &name) {
         c.steps.push_back(st);
     }
     c.logits_tokens = ints(cJSON_GetObjectItem(root, "logits_tokens"));
+    cJSON *f64 = cJSON_GetObjectItem(root, "float64_check");
+    if (f64) c.grad_tol = std::max(c.grad_tol, 2 * cJSON_GetObjectItem(f64, "grads_step0_rel")->valuedouble);
     cJSON_Delete(root);
     return c;
 }
@@ -263,7 +268,7 @@ TEST_P(LoraParity, GradientsOfStepZero) {
         }
         printf("  %-14s step-0 gradients (checkpointing %s): max|d|/max|ref| = %.2e (%s)\n", c.name.c_str(), ckpt ? "on" : "off", worst,
                worst_key.c_str());
-        EXPECT_LE(worst, 1e-4) << worst_key;
+        EXPECT_LE(worst, c.grad_tol) << worst_key;
         forge_trainer_free(tr);
     }
     forge_model_free(m);
@@ -289,6 +294,10 @@ TEST_P(LoraParity, AdaptedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(kCases), [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
+/* Fixtures whose specification is in make_lora_fixtures.py but whose files are made on the GPU
+ * machine (torch + transformers + PEFT): disabled until they are committed, then moved to kCases. */
+INSTANTIATE_TEST_SUITE_P(DISABLED_Pending, LoraParity, ::testing::Values("qwen3_5"),
+                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
 
 } // namespace
 
