@@ -1,6 +1,7 @@
 #version 450
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_GOOGLE_include_directive : require
 // delta_rule_sg: a linear-attention layer's gated delta rule (Qwen 3.5's Gated DeltaNet), the
 // recurrent form with the state in registers, one column of it at a time: delta_rule.comp's
 // twin where the device shuffles within subgroups. Column j of a value head's state S [k_dim,

@@ -1,4 +1,5 @@
 #version 450
+#extension GL_GOOGLE_include_directive : require
 // gated_norm: the gated RMSNorm of a linear-attention layer's output (Qwen 3.5's RMSNormGated),
 // after delta_rule_sg.comp: per row t and value head h, over the head's v_dim outputs,
 //   o = o / sqrt(mean(o^2) + eps) * w * silu(z_h)

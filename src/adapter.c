@@ -83,7 +83,9 @@ static void forge__target_dims(const forge__config *c, forge__target t, uint32_t
  * adjacent pairs (its converter permuted them); Qwen 3.5's q and k head dims are permuted for its
  * partial RoPE (forge__rope_perm_runs), and its q_proj's output gates, which HF interleaves with
  * the queries head by head, sit after v in the fused q|k|v|gate row (B holds all the queries,
- * then all the gates). Adapter files hold HF's order: reading and writing map the rows. */
+ * then all the gates); a Qwen 3.5 GGUF file orders the linear attention's value heads tiled
+ * (lin_v_tiled), in in_proj_qkv's v rows, in_proj_z's, in_proj_b's and in_proj_a's rows, and
+ * out_proj's inputs (A's columns). Adapter files hold HF's order: reading and writing map them. */
 
 typedef struct forge__host_pair {
     uint32_t rank;           /* 0: not adapted */
@@ -101,9 +103,22 @@ typedef struct forge__adapter_host {
     int first_layer;         /* the lowest adapted layer (mlx-lm adapts the last n_layers - first) */
 } forge__adapter_host;
 
+/* Qwen 3.5: forge's index of HF's value-head dim x (head x / v_dim): the same but in a GGUF file,
+ * whose value heads are tiled (head j of key head kh at j k_heads + kh; HF's at kh per + j). */
+static uint32_t forge__v_dim_at(const forge__config *c, uint32_t x) {
+    uint32_t DV = (uint32_t)c->lin_v_dim, hh = x / DV, per = (uint32_t)(c->lin_v_heads / c->lin_k_heads);
+    return c->lin_v_tiled ? ((hh % per) * (uint32_t)c->lin_k_heads + hh / per) * DV + x % DV : x;
+}
+
 /* The row of forge's B holding row r of HF's B, for target t. */
 static uint32_t forge__b_row(const forge__config *c, forge__target t, uint32_t r) {
-    uint32_t D = (uint32_t)c->head_dim, half = D / 2;
+    uint32_t D = (uint32_t)c->head_dim, half = D / 2, KD2 = (uint32_t)(2 * c->lin_k_heads * c->lin_k_dim), DV = (uint32_t)c->lin_v_dim;
+    switch (t) {
+    case FORGE__T_LIN_QKV: return r < KD2 ? r : KD2 + forge__v_dim_at(c, r - KD2); /* q and k keep their order */
+    case FORGE__T_LIN_Z: return forge__v_dim_at(c, r);
+    case FORGE__T_LIN_B: case FORGE__T_LIN_A: return forge__v_dim_at(c, r * DV) / DV; /* one row a value head */
+    default: break;
+    }
     if ((t != FORGE__T_Q && t != FORGE__T_K) || (!c->rope_adjacent_pairs && !c->attn_gate)) return r;
     if (c->rope_adjacent_pairs) return r - r % D + 2 * (r % half) + (r % D) / half; /* HF (h, k, i) -> (h, 2i + k): hf_to_gguf.py's llama_permute */
     uint32_t h = r / D, d = r % D;
@@ -118,9 +133,17 @@ static uint32_t forge__b_row(const forge__config *c, forge__target t, uint32_t r
     return r; /* (the runs cover the head) */
 }
 
-/* B [rows, cols] from HF's row order to forge's (to_forge), or back. */
-static void forge__b_rows_map(const forge__config *c, forge__target t, float *dst, const float *src, uint32_t rows, uint32_t cols, bool to_forge) {
+/* B [rows, cols] (b) or A [rows, cols] (!b: out_proj's columns) from HF's order to forge's
+ * (to_forge), or back. */
+static void forge__lora_map(const forge__config *c, forge__target t, bool b, float *dst, const float *src, uint32_t rows, uint32_t cols, bool to_forge) {
     for (uint32_t r = 0; r < rows; r++) {
+        if (!b) {
+            for (uint32_t k = 0; k < cols; k++) {
+                uint32_t f = t == FORGE__T_LIN_OUT ? forge__v_dim_at(c, k) : k;
+                dst[(size_t)r * cols + (to_forge ? f : k)] = src[(size_t)r * cols + (to_forge ? k : f)];
+            }
+            continue;
+        }
         uint32_t f = forge__b_row(c, t, r);
         memcpy(dst + (size_t)(to_forge ? f : r) * cols, src + (size_t)(to_forge ? r : f) * cols, sizeof(float) * cols);
     }
@@ -314,10 +337,8 @@ static forge_status forge__adapter_read(const forge_model *m, const char *dir, f
                 for (uint64_t j0 = 0; j0 < (uint64_t)(which ? d : r); j0++) v[j0 * (which ? r : d) + i0] = tmp[i0 * (which ? d : r) + j0];
         else
             memcpy(v, tmp, sizeof(float) * n);
-        if (which) {
-            memcpy(tmp, v, sizeof(float) * n);
-            forge__b_rows_map(c, tg, v, tmp, (uint32_t)d, (uint32_t)r, true);
-        }
+        memcpy(tmp, v, sizeof(float) * n);
+        forge__lora_map(c, tg, which, v, tmp, (uint32_t)(which ? d : r), (uint32_t)(which ? r : d), true);
         free(tmp);
         if (which) hp->b = v;
         else hp->a = v;
@@ -480,8 +501,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
                     st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
                     break;
                 }
-                if (which) forge__b_rows_map(c, (forge__target)t, hf, src, rows, cols, false);
-                else memcpy(hf, src, 4ull * rows * cols);
+                forge__lora_map(c, (forge__target)t, which, hf, src, rows, cols, false);
                 if (peft) {
                     memcpy(o->data, hf, 4ull * rows * cols);
                     o->rows = rows;

@@ -595,7 +595,7 @@ static void forge__record_linear_back(forge_trainer *tr, const forge__pass *p, i
     forge__barrier(r);
     forge__lora_back_one(tr, p, l, FORGE__T_LIN_OUT, a->lin_out, a->u, dlin_out, dx, H);
     forge__pc_delta pd = {n, NK, NV, (uint32_t)c->lin_k_dim, (uint32_t)c->lin_v_dim, p->seq, 0, MIX, CD, CD + VD, CD + VD + NV,
-                          (float)c->norm_eps, c->lin_v_tiled ? 1u : 0u, tr->L.delta_chunk};
+                          (float)c->norm_eps, c->lin_v_tiled ? 1u : 0u, 0, tr->L.delta_chunk};
     forge__range bd[10] = {a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, dlin_out, dconv, dmix, tr->r[FORGE__TB_DQK],
                            tr->r[FORGE__TB_DELTA]};
     forge__dispatch(r, FORGE__OP_DELTA_RULE_BACK, bd, &pd, NV, p->batch, 1);

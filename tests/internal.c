@@ -778,8 +778,8 @@ size_t ft_train_grad_read(forge_trainer *tr, int layer, int target, float *out, 
     if (forge__train_transfer(tr, tr->segs[lp->seg].g, seg, 4 * tr->L.seg_count[lp->seg], false)) {
         n = 0;
     } else { /* B's rows in HF's order, as adapter files hold them */
-        memcpy(out, seg + lp->a_el, sizeof(float) * lp->rank * lp->in);
-        forge__b_rows_map(&tr->m->cfg, (forge__target)target, out + (size_t)lp->rank * lp->in, seg + lp->b_el, lp->out, lp->rank, false);
+        forge__lora_map(&tr->m->cfg, (forge__target)target, false, out, seg + lp->a_el, lp->rank, lp->in, false);
+        forge__lora_map(&tr->m->cfg, (forge__target)target, true, out + (size_t)lp->rank * lp->in, seg + lp->b_el, lp->out, lp->rank, false);
     }
     free(seg);
     return n;
@@ -789,17 +789,18 @@ forge_status ft_train_param_add(forge_trainer *tr, int layer, int target, float 
     const forge__lora_pair *lp = forge__lora_at(&tr->L.lora, layer, (forge__target)target);
     if (!lp) return FORGE_ERR_INVALID_ARGUMENT;
     uint64_t count = tr->L.seg_count[lp->seg];
-    float *seg = (float *)malloc(4 * count), *b = (float *)malloc(4ull * lp->out * lp->rank);
+    size_t na = (size_t)lp->rank * lp->in;
+    float *seg = (float *)malloc(4 * count), *d = (float *)malloc(4 * (na + (size_t)lp->out * lp->rank));
     forge_status st = forge__train_transfer(tr, tr->segs[lp->seg].p, seg, 4 * count, false);
-    if (!st) {
-        size_t na = (size_t)lp->rank * lp->in;
-        forge__b_rows_map(&tr->m->cfg, (forge__target)target, b, dir + na, lp->out, lp->rank, true); /* B's rows in forge's order */
-        for (size_t i = 0; i < na; i++) seg[lp->a_el + i] += alpha * dir[i];
-        for (size_t i = 0; i < (size_t)lp->out * lp->rank; i++) seg[lp->b_el + i] += alpha * b[i];
+    if (!st) { /* dir in forge's order */
+        forge__lora_map(&tr->m->cfg, (forge__target)target, false, d, dir, lp->rank, lp->in, true);
+        forge__lora_map(&tr->m->cfg, (forge__target)target, true, d + na, dir + na, lp->out, lp->rank, true);
+        for (size_t i = 0; i < na; i++) seg[lp->a_el + i] += alpha * d[i];
+        for (size_t i = 0; i < (size_t)lp->out * lp->rank; i++) seg[lp->b_el + i] += alpha * d[na + i];
         st = forge__train_transfer(tr, tr->segs[lp->seg].p, seg, 4 * count, true);
     }
     free(seg);
-    free(b);
+    free(d);
     return st;
 }
 

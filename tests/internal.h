@@ -217,7 +217,7 @@ forge_status ft_gate_back(ft_ctx *c, float *dh, const float *u, const float *gat
 forge_status ft_conv1d_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *dx, uint32_t n, uint32_t channels, uint32_t taps,
                             uint32_t in_stride, uint32_t group_rows);
 /* The gated delta rule over B sequences of T rows (each from a zero state): qkv [B T, 2 k_heads k_dim + v_heads v_dim] (the
- * convolution's output), mix [B T, VD + 2 v_heads] (z, b, a), neg_a, dt_bias [v_heads], w [v_dim]. ft_delta_rule: the forward
+ * convolution's output), mix [B T, VD + 2 v_heads] (z, b, a), neg_a, dt_bias [v_heads], w [v_dim]. ft_delta_rule_forward: the forward
  * (delta_rule.comp), out [B T, VD]; ft_delta_rule_back: delta_rule_back.comp (checkpoints every `chunk` rows) then
  * l2norm_back.comp for the output gradient dout [B T, VD]: dqkv [B T, conv_dim] and dmix [B T, VD + 2 v_heads]. */
 typedef struct ft_delta_shape {
@@ -225,7 +225,7 @@ typedef struct ft_delta_shape {
     float eps;
     uint32_t v_tiled;        /* value head h reads key head h % k_heads (GGUF), else h / (v_heads / k_heads) */
 } ft_delta_shape;
-forge_status ft_delta_rule(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+forge_status ft_delta_rule_forward(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
                            const float *w, float *out);
 forge_status ft_delta_rule_back(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
                                 const float *w, const float *dout, float *dqkv, float *dmix);

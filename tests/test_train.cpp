@@ -817,6 +817,27 @@ struct Qwen35Batch {
     }
 };
 
+/* A PEFT adapter of rank 2 (lora_alpha 4) on every projection of the fixture, A = 0.1 N(0, 1),
+ * B = 0.05 N(0, 1), written to a fresh directory; its tensors by name. */
+std::string qwen35_adapter(const std::string &name, std::map<std::string, ft::Tensor> *tensors) {
+    Qwen35Shape q;
+    uint32_t seed = 50;
+    for (int l = 0; l < q.layers; l++)
+        for (int t = 0; t < kNumTargets; t++) {
+            if (!q.has(l, t)) continue;
+            int in, out;
+            q.dims(t, &in, &out);
+            (*tensors)[peft_key(l, t, "A")] = ft::f32_tensor({2, in}, 0.1f, seed++);
+            (*tensors)[peft_key(l, t, "B")] = ft::f32_tensor({out, 2}, 0.05f, seed++);
+        }
+    std::string dir = ft::tmpdir(name);
+    std::string cfg = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "bias": "none", "target_modules": ["q_proj", "in_proj_qkv"]})";
+    std::vector<uint8_t> st = ft::safetensors_bytes(*tensors);
+    ft::write_file(dir + "/adapter_model.safetensors", st.data(), st.size());
+    ft::write_file(dir + "/adapter_config.json", cfg.data(), cfg.size());
+    return dir;
+}
+
 forge_train_params qwen35_params() {
     forge_train_params p = forge_train_default_params();
     p.targets = "all";
@@ -922,15 +943,13 @@ TEST(TrainQwen35, AdaptersEqualTheMergedCheckpoint) {
     };
     ASSERT_EQ(ft_safetensors_read(ft::src(kQwen35 + "/model.safetensors").c_str(), fn, &base), FORGE_OK);
     std::map<std::string, ft::Tensor> adapter;
-    uint32_t seed = 50;
+    std::string adir = qwen35_adapter("qwen35_adapter", &adapter);
     for (int l = 0; l < q.layers; l++)
         for (int t = 0; t < kNumTargets; t++) {
             if (!q.has(l, t)) continue;
             int in, out;
             q.dims(t, &in, &out);
-            ft::Tensor A = ft::f32_tensor({r, in}, 0.1f, seed++), B = ft::f32_tensor({out, r}, 0.05f, seed++);
-            adapter[peft_key(l, t, "A")] = A;
-            adapter[peft_key(l, t, "B")] = B;
+            const ft::Tensor &A = adapter[peft_key(l, t, "A")], &B = adapter[peft_key(l, t, "B")];
             std::string w = "model.layers." + std::to_string(l) + "." + group_of(t) + "." + kTargets[t] + ".weight";
             std::vector<float> &W = base[w];
             ASSERT_EQ(W.size(), (size_t)in * out) << w;
@@ -964,13 +983,6 @@ TEST(TrainQwen35, AdaptersEqualTheMergedCheckpoint) {
         cJSON_Delete(h);
         std::vector<uint8_t> st = ft::safetensors_bytes(ts);
         ft::write_file(mdir + "/model.safetensors", st.data(), st.size());
-    }
-    std::string adir = ft::tmpdir("qwen35_adapter");
-    {
-        std::string cfg = R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "bias": "none", "target_modules": ["q_proj", "in_proj_qkv"]})";
-        std::vector<uint8_t> st = ft::safetensors_bytes(adapter);
-        ft::write_file(adir + "/adapter_model.safetensors", st.data(), st.size());
-        ft::write_file(adir + "/adapter_config.json", cfg.data(), cfg.size());
     }
     Qwen35Batch batch(11);
     std::vector<int32_t> toks(batch.tokens.begin(), batch.tokens.begin() + 80);
@@ -1022,6 +1034,57 @@ TEST(TrainQwen35, AdaptersEqualTheMergedCheckpoint) {
     forge_model_free(mm);
     forge_model_free(ma);
     forge_model_free(m0);
+}
+
+/* The same model from llama.cpp's GGUF (tests/fixtures/gguf/qwen3_5_text_f32.gguf, whose linear
+ * attention orders its value heads tiled: in_proj_qkv's v rows, in_proj_z, b, a and out_proj's
+ * inputs) with the same HF-layout adapter: the logits of the safetensors checkpoint's, and the
+ * same step-0 gradients, read back in HF's layout. */
+TEST(TrainQwen35, GgufFileTrainsAsTheSafetensors) {
+    std::map<std::string, ft::Tensor> tensors;
+    std::string adir = qwen35_adapter("qwen35_adapter_gguf", &tensors);
+    forge_model *ms = load_with_adapter(ft::src(kQwen35), adir), *mg = load_with_adapter(ft::src("tests/fixtures/gguf/qwen3_5_text_f32.gguf"), adir);
+    ASSERT_TRUE(ms && mg);
+    Qwen35Batch batch(13);
+    std::vector<int32_t> toks(batch.tokens.begin(), batch.tokens.begin() + 80);
+    std::vector<float> ls = all_logits(ms, toks), lg = all_logits(mg, toks);
+    double e = ft::rel_err(lg.data(), ls.data(), ls.size());
+    printf("  GGUF + adapter vs safetensors + adapter: logits %.2e\n", e);
+    EXPECT_LE(e, 1e-5);
+    forge_model_free(ms);
+    forge_model_free(mg);
+    Qwen35Shape q;
+    std::vector<float> grads[2][4][kNumTargets];
+    const char *bases[2] = {kQwen35.c_str(), "tests/fixtures/gguf/qwen3_5_text_f32.gguf"};
+    for (int f = 0; f < 2; f++) {
+        forge_model *m = ft::load(ft::src(bases[f]));
+        ASSERT_NE(m, nullptr);
+        forge_train_params p = qwen35_params();
+        p.adapter_path = adir.c_str();
+        forge_trainer *tr = nullptr;
+        ASSERT_EQ(forge_trainer_create(m, &p, &tr), FORGE_OK) << forge_model_errmsg(m);
+        double loss;
+        ASSERT_EQ(ft_train_backward(tr, &batch.b, &loss), FORGE_OK) << forge_trainer_errmsg(tr);
+        for (int l = 0; l < q.layers; l++)
+            for (int t = 0; t < kNumTargets; t++) {
+                std::vector<float> &g = grads[f][l][t];
+                g.resize(8192);
+                g.resize(ft_train_grad_read(tr, l, t, g.data(), g.size()));
+            }
+        forge_trainer_free(tr);
+        forge_model_free(m);
+    }
+    double worst = 0;
+    std::string where;
+    for (int l = 0; l < q.layers; l++)
+        for (int t = 0; t < kNumTargets; t++) {
+            ASSERT_EQ(grads[0][l][t].size(), grads[1][l][t].size());
+            if (grads[0][l][t].empty()) continue;
+            double g = ft::rel_err(grads[1][l][t].data(), grads[0][l][t].data(), grads[0][l][t].size());
+            if (g > worst) worst = g, where = "layer " + std::to_string(l) + " " + kTargets[t];
+        }
+    printf("  GGUF vs safetensors: step-0 gradients %.2e (%s)\n", worst, where.c_str());
+    EXPECT_LE(worst, 1e-4) << where;
 }
 
 /* forge train on Qwen 3.5 (token-id examples: the fixture has no tokenizer), the linear

@@ -332,7 +332,7 @@ TEST(TrainKernels, DeltaRuleBackMatchesFiniteDifferences) {
         for (auto &v : w) v += 1.0f;
         mix[(size_t)2 * MIX + VD + d.v_heads] = 24.0f; /* a row whose softplus is linear (torch's threshold 20) */
         std::vector<float> out((size_t)n * VD), c = ft::randn((size_t)n * VD, 1.0f, 45);
-        ASSERT_EQ(ft_delta_rule(dev(), &d, qkv.data(), mix.data(), neg_a.data(), dt.data(), w.data(), out.data()), FORGE_OK);
+        ASSERT_EQ(ft_delta_rule_forward(dev(), &d, qkv.data(), mix.data(), neg_a.data(), dt.data(), w.data(), out.data()), FORGE_OK);
         std::vector<double> qd = to_d(qkv), md = to_d(mix);
         EXPECT_LE(rel(out, delta_ref(d, qd, md, neg_a, dt, w)), 2e-6) << "the forward kernel against the reference";
         std::vector<float> dqkv((size_t)n * CD), dmix((size_t)n * MIX);
