@@ -1020,7 +1020,7 @@ static forge__pc_delta ft_delta_pc(const ft_delta_shape *d) {
     return pc;
 }
 
-forge_status ft_delta_rule(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
+forge_status ft_delta_rule_forward(ft_ctx *c, const ft_delta_shape *d, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias,
                            const float *w, float *out) {
     ft_job j;
     ft_begin(&j, c);
