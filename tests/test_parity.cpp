@@ -254,7 +254,8 @@ INSTANTIATE_TEST_SUITE_P(HF, ParityGenerate,
  * HF forwards of the exactly dequantized weights. */
 INSTANTIATE_TEST_SUITE_P(MLX, Parity,
                          ::testing::Values("mlx/llama_mlx4_g64_tied_f16", "mlx/qwen3_mlx8_g32_bf16", "mlx/llama_mlx_mixed",
-                                           "mlx/qwen3_moe_mlx4_g32_f16", "mlx/gemma4_moe_mlx4_g32_bf16"),
+                                           "mlx/qwen3_moe_mlx4_g32_f16", "mlx/gemma4_moe_mlx4_g32_bf16",
+                                           "mlx/qwen3_5_mlx4_g64_bf16", "mlx/qwen3_5_moe_mlx4_g32_f16"),
                          case_name);
 
 /* GGUF conversions following llama.cpp's converter conventions (tools/hf_to_gguf.py). */

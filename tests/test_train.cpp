@@ -36,6 +36,12 @@ struct LoraCase {
     /* the gradients' tolerance: 1e-4, or twice how far the reference's float32 gradients are from the
      * same step in float64 where the fixture measured it (float64_check: the reference's own noise) */
     double grad_tol = 1e-4;
+    /* each step's loss and grad norm (1e-4), and the final adapter's update (1e-2): at least twice
+     * the float32 reference's own distance from the same steps in float64 where the fixture
+     * measured it (Adam's first update is about lr sign(g) element by element, so elements whose
+     * gradient is within the reference's noise of zero move by lr either way) */
+    std::vector<double> loss_tol, norm_tol;
+    double update_tol = 1e-2;
 };
 
 std::vector<int32_t> ints(cJSON *a) {
@@ -103,7 +109,17 @@ LoraCase read_case(const std::string &name) {
     }
     c.logits_tokens = ints(cJSON_GetObjectItem(root, "logits_tokens"));
     cJSON *f64 = cJSON_GetObjectItem(root, "float64_check");
-    if (f64) c.grad_tol = std::max(c.grad_tol, 2 * cJSON_GetObjectItem(f64, "grads_step0_rel")->valuedouble);
+    c.loss_tol.assign(c.steps.size(), 1e-4);
+    c.norm_tol.assign(c.steps.size(), 1e-4);
+    if (f64) {
+        c.grad_tol = std::max(c.grad_tol, 2 * cJSON_GetObjectItem(f64, "grads_step0_rel")->valuedouble);
+        cJSON *fs = cJSON_GetObjectItem(f64, "steps");
+        for (size_t s = 0; s < c.steps.size() && s < (size_t)cJSON_GetArraySize(fs); s++) {
+            c.loss_tol[s] = std::max(1e-4, 2 * cJSON_GetObjectItem(cJSON_GetArrayItem(fs, (int)s), "loss_rel")->valuedouble);
+            c.norm_tol[s] = std::max(1e-4, 2 * cJSON_GetObjectItem(cJSON_GetArrayItem(fs, (int)s), "grad_norm_rel")->valuedouble);
+        }
+        c.update_tol = std::max(c.update_tol, 2 * cJSON_GetObjectItem(f64, "final_update_rel")->valuedouble);
+    }
     cJSON_Delete(root);
     return c;
 }
@@ -168,7 +184,7 @@ std::vector<float> all_logits(forge_model *m, const std::vector<int32_t> &toks, 
     return lg;
 }
 
-const std::vector<std::string> kCases = {"llama3", "llama3_sched", "qwen2", "qwen3", "gemma2", "gemma3", "llama_mlx4", "llama_q4_0"};
+const std::vector<std::string> kCases = {"llama3", "llama3_sched", "qwen2", "qwen3", "gemma2", "gemma3", "llama_mlx4", "llama_q4_0", "qwen3_5"};
 
 class LoraParity : public ::testing::TestWithParam<std::string> {};
 
@@ -198,8 +214,8 @@ TEST_P(LoraParity, ThreeAdamWSteps) {
         double nrel = std::fabs(st.grad_norm - c.steps[s].grad_norm) / c.steps[s].grad_norm;
         printf("  %-14s step %zu: loss %.7f (PEFT %.7f, rel %.1e), grad norm %.6f (PEFT %.6f, rel %.1e), lr %g\n", c.name.c_str(), s, loss,
                c.steps[s].loss, lrel, st.grad_norm, c.steps[s].grad_norm, nrel, st.lr);
-        EXPECT_LE(lrel, 1e-4) << "step " << s;
-        EXPECT_LE(nrel, 1e-4) << "step " << s;
+        EXPECT_LE(lrel, c.loss_tol[s]) << "step " << s;
+        EXPECT_LE(nrel, c.norm_tol[s]) << "step " << s;
         EXPECT_NEAR(st.lr, c.steps[s].lr, 1e-9 * std::fmax(1.0, c.steps[s].lr)) << "step " << s;
     }
     std::string out = ft::tmpdir("lora_" + c.name);
@@ -224,7 +240,7 @@ TEST_P(LoraParity, ThreeAdamWSteps) {
         if (e > worst) worst = e, worst_key = kv.first;
     }
     printf("  %-14s adapter update vs PEFT's: max|d|/max|ref| = %.2e (%s)\n", c.name.c_str(), worst, worst_key.c_str());
-    EXPECT_LE(worst, 1e-2) << worst_key;
+    EXPECT_LE(worst, c.update_tol) << worst_key;
     forge_trainer_free(tr);
     forge_model_free(m);
 }
@@ -294,11 +310,6 @@ TEST_P(LoraParity, AdaptedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity, ::testing::ValuesIn(kCases), [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
-/* Fixtures whose specification is in make_lora_fixtures.py but whose files are made on the GPU
- * machine (torch + transformers + PEFT): disabled until they are committed, then moved to kCases. */
-INSTANTIATE_TEST_SUITE_P(DISABLED_Pending, LoraParity, ::testing::Values("qwen3_5"),
-                         [](const ::testing::TestParamInfo<std::string> &i) { return i.param; });
-
 } // namespace
 
 namespace {
