@@ -18,16 +18,24 @@ Presets (see PRESETS):
                    256 from a 262144 x 8960 table), HF layout, BF16
   qwen3moe-30b-a3b-q4_0  Qwen3-30B-A3B shape (hidden 2048, 48 layers, 128 experts of 768, 8 per
                    token) as ONE GGUF `qwen3moe`, Q4_0 (16.5 GB; a token reads ~3.3B weights)
+  qwen35-2b-f16    Qwen3.5-2B shape (hidden 2048, 24 layers: 18 Gated DeltaNet + 6 gated attention,
+                   ffn 6144, tied; 1.88B weights) as ONE GGUF `qwen35`, F16 (3.5 GiB)
+  qwen35moe-35b-a3b-q4_0  Qwen3.5-35B-A3B shape (hidden 2048, 40 layers: 30 Gated DeltaNet + 10 gated
+                   attention, 256 experts of 512, 8 routed + 1 shared) as ONE GGUF `qwen35moe`, Q4_0
+                   (34.7B weights, 18.2 GiB; written tensor by tensor, never whole in memory)
 
 Weights: N(0, 0.02); RMSNorm weights 1 + N(0, 0.02) for Llama/Qwen and N(0, 0.1) for Gemma
-(Gemma applies 1 + w). Every tensor has its own random stream, seeded from (--seed, tensor name),
-and is drawn in fixed row chunks, so the same seed gives the same weights in every preset of a
-model: the Q4_0/Q8_0/MLX files are quantizations of exactly the F16 checkpoint's values (the GGUF
-ones with llama.cpp's q/k row permutation), which lets forge compare formats against each other.
+(Gemma applies 1 + w). Qwen 3.5's other 1-D tensors (dt_bias, A_log) are drawn as norms,
+1 + N(0, 0.02): decays exp(-e softplus(1 + a)) ~ 0.03 a step, finite; its norms but the gated one
+are stored as 1 + w by the converter (about 2 in the GGUF files), which the next RMSNorm absorbs.
+Every tensor has its own random stream, seeded from (--seed, tensor name), and is drawn in fixed
+row chunks, so the same seed gives the same weights in every preset of a model: the Q4_0/Q8_0/MLX
+files are quantizations of exactly the F16 checkpoint's values (the GGUF ones with llama.cpp's q/k
+row permutation), which lets forge compare formats against each other.
 
 Memory: one chunk of rows (4M elements) at a time, except the q/k projections of the GGUF
-presets, which are permuted whole (a few MB). Files are written tensor by tensor at offsets
-known up front.
+presets, which are permuted whole (a few MB), and Qwen 3.5's linear-attention tensors (up to 16M
+values). Files are written tensor by tensor at offsets known up front.
 
 GGUF files follow tools/hf_to_gguf.py (llama.cpp's converter conventions) and quantize with
 llama.cpp's reference quantizers, i.e. what `llama-quantize --pure` would make from the
@@ -156,6 +164,61 @@ def qwen3moe_config(tiny):
     return c
 
 
+def qwen35_config(tiny):
+    """Qwen3.5-2B's text config (Qwen/Qwen3.5-2B's config.json, text_config: hidden 2048, 24 layers,
+    every 4th full attention with 8 query heads of 256 (query | gate rows) over 2 KV heads, the rest
+    Gated DeltaNet with 16 key and 16 value heads of 128, ffn 6144, tied embeddings, vocab 248320;
+    the numbers as two public reimplementations quote that config.json, found with the library
+    search, 2026-11-27). Written flat (model_type qwen3_5_text), as tools/hf_to_gguf.py reads it."""
+    c = {
+        "architectures": ["Qwen3_5ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 248044, "eos_token_id": 248046, "full_attention_interval": 4, "head_dim": 256,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 16, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_text", "num_attention_heads": 8, "num_hidden_layers": 24, "num_key_value_heads": 2,
+        "partial_rotary_factor": 0.25, "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000.0, "rope_type": "default"},
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 248320,
+    }
+    if tiny:  # head_dim 32: a rotated part of 8, sections 2 + 1 + 1 of its 4 pairs
+        c.update(head_dim=32, hidden_size=64, intermediate_size=128, linear_key_head_dim=16, linear_value_head_dim=16,
+                 linear_num_key_heads=4, linear_num_value_heads=4, num_attention_heads=4, num_hidden_layers=4,
+                 num_key_value_heads=2, vocab_size=512, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+        c["rope_parameters"] = dict(c["rope_parameters"], mrope_section=[2, 1, 1])
+    return c
+
+
+def qwen35moe_config(tiny):
+    """Qwen3.5-35B-A3B's text config (Qwen/Qwen3.5-35B-A3B's config.json, text_config: hidden 2048,
+    40 layers, every 4th full attention with 16 query heads of 256 over 2 KV heads, Gated DeltaNet
+    with 16 key heads and 32 value heads of 128, 256 experts of 512 rows, 8 routed + 1 shared expert
+    of 512, untied LM head, vocab 248320; as public reimplementations' tests quote it, with the GGUF
+    keys llama.cpp's converter writes for it, found with the library search, 2026-11-27)."""
+    c = {
+        "architectures": ["Qwen3_5MoeForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 248044, "eos_token_id": 248046, "full_attention_interval": 4, "head_dim": 256,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32, "linear_value_head_dim": 128, "max_position_embeddings": 262144,
+        "model_type": "qwen3_5_moe_text", "moe_intermediate_size": 512, "num_attention_heads": 16, "num_experts": 256,
+        "num_experts_per_tok": 8, "num_hidden_layers": 40, "num_key_value_heads": 2, "partial_rotary_factor": 0.25,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {"mrope_interleaved": True, "mrope_section": [11, 11, 10], "partial_rotary_factor": 0.25,
+                            "rope_theta": 10000000.0, "rope_type": "default"},
+        "shared_expert_intermediate_size": 512, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "use_cache": True, "vocab_size": 248320,
+    }
+    if tiny:  # value heads twice the key heads, as the real shape has (the tiled reorder runs)
+        c.update(head_dim=32, hidden_size=64, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+                 linear_num_value_heads=4, moe_intermediate_size=32, num_attention_heads=4, num_experts=8,
+                 num_experts_per_tok=2, num_hidden_layers=4, num_key_value_heads=2, shared_expert_intermediate_size=64,
+                 vocab_size=512, bos_token_id=1, eos_token_id=2, max_position_embeddings=4096)
+        c["rope_parameters"] = dict(c["rope_parameters"], mrope_section=[2, 1, 1])
+    return c
+
+
 def gemma4_config(tiny):
     """Gemma-4-E2B's text config (as google/gemma-4-E2B's config.json has it)."""
     n = 35
@@ -185,7 +248,7 @@ def norms_offset(cfg):
 
 
 MODELS = {"llama": llama_config, "llama8b": llama8b_config, "gemma3": gemma3_config, "qwen3": qwen3_config,
-          "qwen3moe": qwen3moe_config, "gemma4": gemma4_config}
+          "qwen3moe": qwen3moe_config, "gemma4": gemma4_config, "qwen35": qwen35_config, "qwen35moe": qwen35moe_config}
 # preset -> (model, format, type)
 PRESETS = {
     "llama1b-f16": ("llama", "hf", "float16"),
@@ -197,6 +260,8 @@ PRESETS = {
     "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
     "qwen3moe-30b-a3b-q4_0": ("qwen3moe", "gguf", "q4_0"),
     "gemma4-e2b-bf16": ("gemma4", "hf", "bfloat16"),
+    "qwen35-2b-f16": ("qwen35", "gguf", "f16"),
+    "qwen35moe-35b-a3b-q4_0": ("qwen35moe", "gguf", "q4_0"),
 }
 MLX_GROUP, MLX_BITS = 64, 4
 
@@ -205,6 +270,8 @@ def tensor_specs(cfg):
     """[(HF name, shape, kind)], kind in {embed, linear, norm}; lm_head only when untied. A
     mixture-of-experts layer's experts are one 3-D tensor per projection [E, rows, cols] (named
     as transformers 5 names its fused parameters; the GGUF writer maps them to ffn_*_exps)."""
+    if cfg["model_type"] in ("qwen3_5_text", "qwen3_5_moe_text"):
+        return qwen35_specs(cfg)
     E, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, KV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     D = cfg.get("head_dim") or E // H
@@ -274,6 +341,54 @@ def gemma4_specs(cfg):
             out += [(p + "per_layer_input_gate.weight", (P, E), "linear"), (p + "per_layer_projection.weight", (E, P), "linear"),
                     (p + "post_per_layer_input_norm.weight", (E,), "norm")]
     out.append(("model.norm.weight", (E,), "norm"))
+    return out
+
+
+def qwen35_specs(cfg):
+    """Qwen 3.5's tensors under transformers' names (Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM):
+    Gated DeltaNet layers (linear_attn.*: the fused q|k|v in-projection, z, b, a, the depthwise
+    conv [conv_dim, 1, K], dt_bias, A_log, the gated norm over a value head, out_proj) and every
+    full_attention_interval-th layer gated attention (q_proj's rows a head's query then its gate,
+    q/k norms); the MLP dense or 256 experts with a shared expert and its sigmoid gate."""
+    E, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    dk, dv, K = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"], cfg["linear_conv_kernel_dim"]
+    conv_dim = 2 * nk * dk + nv * dv
+    moe = cfg["model_type"] == "qwen3_5_moe_text"
+    out = [("model.embed_tokens.weight", (V, E), "embed")]
+    for i, kind in enumerate(gg.qwen35_layer_types(cfg)):
+        p = f"model.layers.{i}."
+        out.append((p + "input_layernorm.weight", (E,), "norm"))
+        if kind == "linear_attention":
+            a = p + "linear_attn."
+            out += [(a + "in_proj_qkv.weight", (conv_dim, E), "linear"), (a + "in_proj_z.weight", (nv * dv, E), "linear"),
+                    (a + "in_proj_b.weight", (nv, E), "linear"), (a + "in_proj_a.weight", (nv, E), "linear"),
+                    (a + "conv1d.weight", (conv_dim, 1, K), "linear"), (a + "dt_bias", (nv,), "norm"),
+                    (a + "A_log", (nv,), "norm"), (a + "norm.weight", (dv,), "norm"),
+                    (a + "out_proj.weight", (E, nv * dv), "linear")]
+        else:
+            out += [(p + "self_attn.q_proj.weight", (2 * H * D, E), "linear"),
+                    (p + "self_attn.k_proj.weight", (KV * D, E), "linear"),
+                    (p + "self_attn.v_proj.weight", (KV * D, E), "linear"),
+                    (p + "self_attn.o_proj.weight", (E, H * D), "linear"),
+                    (p + "self_attn.q_norm.weight", (D,), "norm"), (p + "self_attn.k_norm.weight", (D,), "norm")]
+        out.append((p + "post_attention_layernorm.weight", (E,), "norm"))
+        if moe:
+            X, I, S = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"]
+            out += [(p + "mlp.gate.weight", (X, E), "linear"), (p + "mlp.experts.gate_proj", (X, I, E), "linear"),
+                    (p + "mlp.experts.up_proj", (X, I, E), "linear"), (p + "mlp.experts.down_proj", (X, E, I), "linear"),
+                    (p + "mlp.shared_expert.gate_proj.weight", (S, E), "linear"),
+                    (p + "mlp.shared_expert.up_proj.weight", (S, E), "linear"),
+                    (p + "mlp.shared_expert.down_proj.weight", (E, S), "linear"),
+                    (p + "mlp.shared_expert_gate.weight", (1, E), "linear")]
+        else:
+            F = cfg["intermediate_size"]
+            out += [(p + "mlp.gate_proj.weight", (F, E), "linear"), (p + "mlp.up_proj.weight", (F, E), "linear"),
+                    (p + "mlp.down_proj.weight", (E, F), "linear")]
+    out.append(("model.norm.weight", (E,), "norm"))
+    if not cfg.get("tie_word_embeddings", True):
+        out.append(("lm_head.weight", (V, E), "linear"))
     return out
 
 
@@ -449,7 +564,9 @@ def gguf_plan(cfg, outtype, specs):
             gname = f"blk.{bid}.ffn_{proj}_exps.weight"
         else:
             gname = gg.gguf_tensor_name(name, arch)
-        plan.append((gname, name, shape, gg.out_type(gname, len(shape), outtype), None))
+        if gname.endswith(".ssm_conv1d.weight"):  # the converter squeezes the conv's [conv_dim, 1, K] to [conv_dim, K]
+            shape = (shape[0], shape[-1])
+        plan.append((gname, name, shape, gg.out_type(gname, shape, outtype), None))
     return arch, hp, plan
 
 
@@ -466,6 +583,10 @@ def _gguf_tensor(gname):
     gemma = arch.startswith("gemma")
     kind = "norm" if len(shape) == 1 else "linear"
     permuted = arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight"))
+    # Qwen 3.5's linear-attention tensors move whole rows between the q|k and v parts (value heads
+    # reordered to ggml's tiled order), so they are transformed whole (the largest, in_proj_qkv of
+    # the 35B shape, is 16M values)
+    permuted |= arch in gg.QWEN35 and ".linear_attn." in hf
     if permuted or len(shape) == 1:
         x = full_tensor(seed, hf, shape, kind, gemma, "float16")
         pieces = [gg.encode(gg.transform(hf, x, "F16", arch, hp), gt)]
