@@ -5,7 +5,9 @@
     python3 bench/results.py --readme SOURCE README.md [COMMIT] > NEW_README.md
 
 OUT_DIR holds what device_run.sh wrote: bench_PRESET.json (`forge bench MODEL -p 512 -n 128
--r 3`), profile_PRESET.json (the same with --profile, -r 1) and tests.txt when the suite ran.
+-r 3`), profile_PRESET.json (the same with --profile, -r 1), llama_PRESET.jsonl (llama-bench's
+pp512 / tg128 on the same file, when llama.cpp was carried: a table of both, measured) and
+tests.txt when the suite ran.
 The section (between the two MARK lines) replaces the one RESULTS.md has, or goes after its
 title; the hand-written history below it stays. Targets and llama.cpp's figures are issue
 10's (llama.cpp 3f545be, Vulkan with NV_coopmat2, the same machine kind and shapes).
@@ -37,6 +39,11 @@ ROWS = [
     ("qwen3-0.6b-f16", "Qwen3-0.6B shape F16", 21000, 900, 14400, 512),
     ("gemma3-1b-bf16", "Gemma3-1B shape BF16", 20000, 700, None, None),
 ]
+# presets outside the matrix, named in the table of figures measured beside llama.cpp; the ratio each
+# must reach over llama.cpp's figure measured in the same call (issue 36: 1.2 x on the Qwen 3.5 pair)
+OTHER = {"qwen35-2b-f16": ("Qwen3.5-2B shape F16", 1.2), "qwen35moe-35b-a3b-q4_0": ("Qwen3.5-35B-A3B shape Q4_0", 1.2),
+         "qwen3moe-30b-a3b-q4_0": ("Qwen3-30B-A3B shape Q4_0", None), "gemma4-e2b-bf16": ("Gemma-4-E2B shape BF16", None),
+         "llama1b-mlx4": ("Llama-3.2-1B shape MLX 4-bit", None)}
 PROFILED = ["llama1b-q4_0", "llama8b-q4_0"]  # kernel and product tables; every row gets the decode token's account
 READ_TB_S = 3.06  # what the H100 reads through Vulkan (research-notes/performance.md)
 
@@ -63,6 +70,66 @@ def verdict(got, target, ref):
     return "met" if got >= bar else f"{got / bar:.2f} of it"
 
 
+def what_is(preset):
+    row = next((r for r in ROWS if r[0] == preset), None)
+    return row[1] if row else OTHER.get(preset, (preset, None))[0]
+
+
+def presets_run(out_dir):
+    """The presets this call measured: the matrix's in its order, then the others by name."""
+    names = {f[len("bench_"):-len(".json")] for f in os.listdir(out_dir) if f.startswith("bench_") and f.endswith(".json")}
+    names |= {f[len("llama_"):-len(".jsonl")] for f in os.listdir(out_dir) if f.startswith("llama_") and f.endswith(".jsonl")}
+    ordered = [p for p, *_ in ROWS if p in names]
+    return ordered + sorted(names - set(ordered))
+
+
+def load_llama(path):
+    """llama-bench's `-o jsonl` lines: (pp tok/s, tg tok/s, backends and GPU) or None."""
+    try:
+        with open(path) as f:
+            lines = [json.loads(l) for l in f.read().splitlines() if l.startswith("{")]
+    except (OSError, ValueError):
+        return None
+    pp = next((r["avg_ts"] for r in lines if r.get("n_prompt") and not r.get("n_gen")), None)
+    tg = next((r["avg_ts"] for r in lines if r.get("n_gen") and not r.get("n_prompt")), None)
+    if not lines or (pp is None and tg is None):
+        return None
+    first = lines[0]
+    # gpu_info is empty where the Vulkan backend found no device and llama.cpp ran on the CPU
+    where = f"on {first['gpu_info']}" if first.get("gpu_info") else f"no GPU found: on the CPU ({first.get('cpu_info', '?')})"
+    return pp, tg, f"llama.cpp {first.get('build_commit', '?')}, backends {first.get('backends', '?')}, {where}"
+
+
+def ratio(got, ref, want):
+    if got is None or not ref:
+        return "n/a"
+    text = f"{got / ref:.2f} x"
+    return text + (f" ({'met' if got >= want * ref else 'short of'} {want} x)" if want else "")
+
+
+def beside_llama(out_dir):
+    """forge's figures beside llama-bench's, both measured in this call on the same GGUF file."""
+    rows = []
+    for p in presets_run(out_dir):
+        peer = load_llama(os.path.join(out_dir, f"llama_{p}.jsonl"))
+        if peer is None:
+            continue
+        r = load(os.path.join(out_dir, f"bench_{p}.json")) or {}
+        pp, tg = r.get("prefill_tok_s"), r.get("decode_tok_s")
+        want = OTHER.get(p, (None, None))[1]
+        rows.append(f"| {what_is(p)} (`{p}`) | {num(pp)} | {num(peer[0])} | {ratio(pp, peer[0], want)} "
+                    f"| {num(tg, 1)} | {num(peer[1], 1)} | {ratio(tg, peer[1], want)} |")
+        backend = peer[2]
+    if not rows:
+        return []
+    return ["", "### Beside llama.cpp, measured in this call on the same files", "",
+            "`llama-bench -m MODEL -p 512 -n 128 -r 3 -ngl 99` right after forge's bench of the same GGUF file,",
+            f"after one unrecorded run that compiles its pipelines (mean of 3; {backend}).", "",
+            "| model (preset) | forge prefill tok/s | llama.cpp pp512 | forge / llama.cpp "
+            "| forge decode tok/s | llama.cpp tg128 | forge / llama.cpp |",
+            "|---|---|---|---|---|---|---|"] + rows
+
+
 def decode_account(out_dir):
     """Where one decode token's time goes, every row, from its profile run (timestamps after every
     dispatch make that run slower than the bench's): the one-token products (rows a call 1), the
@@ -73,7 +140,8 @@ def decode_account(out_dir):
          "| model (preset) | decode tok/s profiled | ms a token | one-token products: ms (GB, TB/s) | attention ms "
          "| the rest ms | the weights at 3.06 TB/s, ms |", "|---|---|---|---|---|---|---|"]
     rows = 0
-    for p, what, *_ in ROWS:
+    for p in presets_run(out_dir):
+        what = what_is(p)
         prof = load(os.path.join(out_dir, f"profile_{p}.json"))
         if not prof or "profile" not in prof or not prof.get("decode_tok_s"):
             continue
@@ -94,7 +162,9 @@ def matrix(out_dir, commit):
     """The matrix of one device_run.sh call: its device, driver, date, commit and per preset
     (prefill tok/s, decode tok/s), None where a preset did not run."""
     runs = {p: load(os.path.join(out_dir, f"bench_{p}.json")) for p, *_ in ROWS}
-    any_run = next((r for r in runs.values() if r), None)
+    # (the device from any preset's run: a call may measure only presets outside the matrix)
+    any_run = next((r for r in runs.values() if r), None) or next(
+        (r for r in (load(os.path.join(out_dir, f"bench_{p}.json")) for p in presets_run(out_dir)) if r), None)
     return {"device": any_run["device"] if any_run else "unknown device",
             "driver": any_run["driver"] if any_run else "unknown driver",
             "day": time.strftime("%Y-%m-%d", time.gmtime()), "commit": commit,
@@ -171,6 +241,7 @@ def section(out_dir, commit):
         if shards:
             o += ["", f"The suite on the same GPU ({shards} processes): {passed} tests passed"
                   + (f"; failed: {', '.join(failed[:8])}{' and more' if len(failed) > 8 else ''}." if failed else ".")]
+    o += beside_llama(out_dir)
     o += decode_account(out_dir)
     for p in PROFILED:
         prof = load(os.path.join(out_dir, f"profile_{p}.json"))
