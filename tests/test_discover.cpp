@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <map>
 
 namespace {
@@ -26,7 +27,9 @@ uint64_t st_elements(const std::string &path) {
     uint64_t total = 0;
     for (cJSON *it = root ? root->child : nullptr; it; it = it->next) {
         std::string name = it->string;
-        if (name == "__metadata__" || name.find("vision") != std::string::npos || name.find("multi_modal_projector") != std::string::npos)
+        /* the other towers' weights and Qwen 3.5's multi-token prediction, which forge skips */
+        if (name == "__metadata__" || name.find("vision") != std::string::npos || name.find("visual") != std::string::npos ||
+            name.find("multi_modal_projector") != std::string::npos || name.rfind("mtp.", 0) == 0)
             continue;
         uint64_t n = 1;
         cJSON *d;
@@ -90,6 +93,39 @@ void mkdirs(const std::string &d) { ASSERT_EQ(system(("mkdir -p '" + d + "'").c_
 
 void write_text(const std::string &p, const std::string &s) { ft::write_file(p, s.data(), s.size()); }
 
+/* `to`: the safetensors file `from` with its header edited by `edit`, the data kept (offsets are
+ * relative to it). */
+void rewrite_safetensors(const std::string &from, const std::string &to, const std::function<void(cJSON *)> &edit) {
+    std::vector<uint8_t> st = ft::read_file(from);
+    ASSERT_GT(st.size(), 8u) << from;
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | st[i];
+    cJSON *h = cJSON_ParseWithLength((const char *)st.data() + 8, hlen);
+    ASSERT_NE(h, nullptr) << from;
+    edit(h);
+    char *text = cJSON_PrintUnformatted(h);
+    std::string header = text;
+    free(text);
+    cJSON_Delete(h);
+    while (header.size() % 8) header += ' ';
+    std::vector<uint8_t> out(8);
+    for (int i = 0; i < 8; i++) out[i] = (uint8_t)(header.size() >> (8 * i));
+    out.insert(out.end(), header.begin(), header.end());
+    out.insert(out.end(), st.begin() + 8 + (long)hlen, st.end());
+    ft::write_file(to, out.data(), out.size());
+}
+
+/* A tensor entry {"dtype": "F32", "shape": [...], "data_offsets": [0, 4 * elements]}. */
+cJSON *f32_entry(const std::vector<int> &shape) {
+    cJSON *e = cJSON_CreateObject(), *sh = cJSON_AddArrayToObject(e, "shape"), *off = cJSON_AddArrayToObject(e, "data_offsets");
+    cJSON_AddStringToObject(e, "dtype", "F32");
+    int n = 1;
+    for (int d : shape) { cJSON_AddItemToArray(sh, cJSON_CreateNumber(d)); n *= d; }
+    cJSON_AddItemToArray(off, cJSON_CreateNumber(0));
+    cJSON_AddItemToArray(off, cJSON_CreateNumber(4 * n));
+    return e;
+}
+
 struct Found {
     std::string path, format, arch, dtype, reason;
     int bits, n_files, loadable;
@@ -118,8 +154,14 @@ void log_line(void *user, forge_log_level, const char *msg) { ((Search *)user)->
  *   hf/llama3_f32_untied/original/ a .safetensors without config: not a model
  *   hf/qwen3_f32_sharded/          3 shards + index       hf/gemma3_mm_f32/  multimodal
  *   hf/llama_mlx_mixed/            MLX mixed bits
- *   gguf/stories260K.gguf, gguf/qwen2_f32_tied.gguf, gguf/model_q4_0.gguf
+ *   hf/qwen3_5_text_f32/ hf/qwen3_5_moe_f32/ hf/qwen3_5_mm_bf16/ (multimodal) hf/mistral_window_f32/
+ *   hf/qwen3_5_moe_mm/             qwen3_5_moe_f32 in the published multimodal layout (model_type
+ *                                  qwen3_5_moe, text_config, model.language_model.*), with a vision
+ *                                  and a multi-token-prediction tensor (skipped)
+ *   gguf/stories260K.gguf, gguf/qwen2_f32_tied.gguf, gguf/model_q4_0.gguf,
+ *   gguf/qwen3_5_text_q4_0.gguf, gguf/qwen3_5_moe_q8_0.gguf, gguf/mistral_v03_bf16.gguf (llama.cpp's arch llama)
  *   broken/bad_json/ broken/mamba/ broken/truncated/ broken/missing_tensor/ broken/bad_magic.gguf
+ *   broken/qwen3_5_no_a_log/       a linear-attention layer's A_log missing
  *   adapter/ (PEFT: adapter_config.json + adapter_model.safetensors: not a model)
  *   empty/   .hidden/x.gguf (skipped)   nested/a/b/c/deep.gguf   nested/loop -> ..  */
 class Discover : public ::testing::Test {
@@ -130,7 +172,8 @@ protected:
     void SetUp() override {
         root = ft::tmpdir("discover");
         std::string P = ft::src("tests/fixtures/parity/"), G = ft::src("tests/fixtures/gguf/");
-        for (const char *name : {"llama3_f32_untied", "qwen3_f32_sharded", "gemma3_mm_f32"}) {
+        for (const char *name : {"llama3_f32_untied", "qwen3_f32_sharded", "gemma3_mm_f32", "qwen3_5_text_f32", "qwen3_5_moe_f32",
+                                 "qwen3_5_mm_bf16", "mistral_window_f32"}) {
             std::string d = root + "/hf/" + name;
             mkdirs(d);
             copy(P + name + "/config.json", d + "/config.json");
@@ -156,6 +199,32 @@ protected:
         copy(P + "llama3_f32_untied/model.safetensors", l + "/original/consolidated.safetensors");
         params[l + "/sub"] = params[l];
         bytes[l + "/sub"] = bytes[l];
+        /* Qwen 3.5 MoE as published: the text model under model.language_model., its config under text_config */
+        std::string mm = root + "/hf/qwen3_5_moe_mm", moe = P + "qwen3_5_moe_f32/";
+        mkdirs(mm);
+        std::vector<uint8_t> cfg = ft::read_file(moe + "config.json");
+        cJSON *text_config = cJSON_ParseWithLength((const char *)cfg.data(), cfg.size()), *wrapper = cJSON_CreateObject();
+        ASSERT_NE(text_config, nullptr);
+        cJSON_AddStringToObject(wrapper, "model_type", "qwen3_5_moe");
+        cJSON_AddItemToObject(wrapper, "text_config", text_config);
+        char *wrapped = cJSON_Print(wrapper);
+        write_text(mm + "/config.json", wrapped);
+        free(wrapped);
+        cJSON_Delete(wrapper);
+        rewrite_safetensors(moe + "model.safetensors", mm + "/model.safetensors", [](cJSON *h) {
+            for (cJSON *it = h->child; it; it = it->next)
+                if (std::string(it->string).rfind("model.", 0) == 0) {
+                    std::string name = "model.language_model." + std::string(it->string).substr(6);
+                    free(it->string);
+                    it->string = strdup(name.c_str());
+                }
+            cJSON_AddItemToObject(h, "model.visual.patch_embed.proj.weight", f32_entry({2, 3, 2, 1, 1})); /* 5-D, as a video patch embedding */
+            cJSON_AddItemToObject(h, "mtp.fc.weight", f32_entry({4, 4}));
+        });
+        params[mm] = st_elements(mm + "/model.safetensors");
+        bytes[mm] = file_size(mm + "/model.safetensors");
+        ASSERT_EQ(params[mm], params[root + "/hf/qwen3_5_moe_f32"]);
+
         std::string mlx = root + "/hf/llama_mlx_mixed";
         mkdirs(mlx);
         copy(ft::src("tests/fixtures/mlx/llama_mlx_mixed/config.json"), mlx + "/config.json");
@@ -166,7 +235,9 @@ protected:
         copy(ft::src("models/stories260K/stories260K.gguf"), root + "/gguf/stories260K.gguf");
         copy(G + "qwen2_f32_tied.gguf", root + "/gguf/qwen2_f32_tied.gguf");
         copy(ft::src("tests/fixtures/lora/llama_q4_0/model.gguf"), root + "/gguf/model_q4_0.gguf");
-        for (const char *g : {"stories260K.gguf", "qwen2_f32_tied.gguf", "model_q4_0.gguf"}) {
+        for (const char *g : {"qwen3_5_text_q4_0.gguf", "qwen3_5_moe_q8_0.gguf", "mistral_v03_bf16.gguf"}) copy(G + g, root + "/gguf/" + g);
+        for (const char *g : {"stories260K.gguf", "qwen2_f32_tied.gguf", "model_q4_0.gguf", "qwen3_5_text_q4_0.gguf", "qwen3_5_moe_q8_0.gguf",
+                              "mistral_v03_bf16.gguf"}) {
             std::string p = root + "/gguf/" + g;
             params[p] = gguf_elements(p);
             bytes[p] = file_size(p);
@@ -184,24 +255,19 @@ protected:
         copy(llama_cfg, B + "truncated/config.json");
         std::vector<uint8_t> st = ft::read_file(llama_st);
         ft::write_file(B + "truncated/model.safetensors", st.data(), 200); /* the header says more than 200 bytes */
-        /* the same file without one tensor: the header rewritten, the data kept (offsets are relative) */
+        /* the same file without one tensor */
         mkdirs(B + "missing_tensor");
         copy(llama_cfg, B + "missing_tensor/config.json");
-        uint64_t hlen = 0;
-        for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | st[i];
-        cJSON *h = cJSON_ParseWithLength((const char *)st.data() + 8, hlen);
-        ASSERT_NE(cJSON_GetObjectItem(h, "model.layers.1.mlp.up_proj.weight"), nullptr);
-        cJSON_DeleteItemFromObject(h, "model.layers.1.mlp.up_proj.weight");
-        char *text = cJSON_PrintUnformatted(h);
-        std::string header = text;
-        free(text);
-        cJSON_Delete(h);
-        while (header.size() % 8) header += ' ';
-        std::vector<uint8_t> out(8);
-        for (int i = 0; i < 8; i++) out[i] = (uint8_t)(header.size() >> (8 * i));
-        out.insert(out.end(), header.begin(), header.end());
-        out.insert(out.end(), st.begin() + 8 + (long)hlen, st.end());
-        ft::write_file(B + "missing_tensor/model.safetensors", out.data(), out.size());
+        rewrite_safetensors(llama_st, B + "missing_tensor/model.safetensors", [](cJSON *h) {
+            ASSERT_NE(cJSON_GetObjectItem(h, "model.layers.1.mlp.up_proj.weight"), nullptr);
+            cJSON_DeleteItemFromObject(h, "model.layers.1.mlp.up_proj.weight");
+        });
+        mkdirs(B + "qwen3_5_no_a_log");
+        copy(P + "qwen3_5_text_f32/config.json", B + "qwen3_5_no_a_log/config.json");
+        rewrite_safetensors(P + "qwen3_5_text_f32/model.safetensors", B + "qwen3_5_no_a_log/model.safetensors", [](cJSON *h) {
+            ASSERT_NE(cJSON_GetObjectItem(h, "model.layers.1.linear_attn.A_log"), nullptr);
+            cJSON_DeleteItemFromObject(h, "model.layers.1.linear_attn.A_log");
+        });
         std::vector<uint8_t> g = ft::read_file(G + "qwen2_f32_tied.gguf");
         ft::write_file(B + "truncated.gguf", g.data(), 1000); /* inside the tensor infos */
         g[3] = 'X';
@@ -247,9 +313,12 @@ protected:
 };
 
 const char *const kAll[] = {
-    "broken/bad_json", "broken/bad_magic.gguf", "broken/mamba", "broken/missing_tensor", "broken/truncated", "broken/truncated.gguf",
-    "gguf/model_q4_0.gguf", "gguf/qwen2_f32_tied.gguf", "gguf/stories260K.gguf",
-    "hf/gemma3_mm_f32", "hf/llama3_f32_untied", "hf/llama3_f32_untied/sub", "hf/llama_mlx_mixed", "hf/qwen3_f32_sharded",
+    "broken/bad_json", "broken/bad_magic.gguf", "broken/mamba", "broken/missing_tensor", "broken/qwen3_5_no_a_log", "broken/truncated",
+    "broken/truncated.gguf",
+    "gguf/mistral_v03_bf16.gguf", "gguf/model_q4_0.gguf", "gguf/qwen2_f32_tied.gguf", "gguf/qwen3_5_moe_q8_0.gguf",
+    "gguf/qwen3_5_text_q4_0.gguf", "gguf/stories260K.gguf",
+    "hf/gemma3_mm_f32", "hf/llama3_f32_untied", "hf/llama3_f32_untied/sub", "hf/llama_mlx_mixed", "hf/mistral_window_f32",
+    "hf/qwen3_5_mm_bf16", "hf/qwen3_5_moe_f32", "hf/qwen3_5_moe_mm", "hf/qwen3_5_text_f32", "hf/qwen3_f32_sharded",
     "nested/a/b/c/deep.gguf",
 };
 
@@ -287,6 +356,16 @@ TEST_F(Discover, LoadableModelsHaveEveryField) {
         {"gguf/qwen2_f32_tied.gguf", "gguf", "qwen2", "f32", 32, 1},
         {"gguf/model_q4_0.gguf", "gguf", "llama", "q4_0", 4, 1},
         {"nested/a/b/c/deep.gguf", "gguf", "qwen2", "f32", 32, 1},
+        /* Qwen 3.5 (each model_type, and llama.cpp's arch names) and Mistral: the architecture as the
+         * config or the GGUF names it (llama.cpp writes Mistral as llama) */
+        {"hf/qwen3_5_text_f32", "safetensors", "qwen3_5_text", "f32", 32, 1},
+        {"hf/qwen3_5_moe_f32", "safetensors", "qwen3_5_moe_text", "f32", 32, 1},
+        {"hf/qwen3_5_mm_bf16", "safetensors", "qwen3_5", "bf16", 16, 1},
+        {"hf/qwen3_5_moe_mm", "safetensors", "qwen3_5_moe", "f32", 32, 1},
+        {"hf/mistral_window_f32", "safetensors", "mistral", "f32", 32, 1},
+        {"gguf/qwen3_5_text_q4_0.gguf", "gguf", "qwen35", "q4_0", 4, 1},
+        {"gguf/qwen3_5_moe_q8_0.gguf", "gguf", "qwen35moe", "q8_0+", 8, 1},
+        {"gguf/mistral_v03_bf16.gguf", "gguf", "llama", "f32", 32, 1},
     };
     for (const Want &w : wants) {
         SCOPED_TRACE(w.rel);
@@ -320,6 +399,7 @@ TEST_F(Discover, BrokenModelsSayWhy) {
         {"broken/mamba", "mamba", FORGE_ERR_UNSUPPORTED, "model_type 'mamba' is not supported"},
         {"broken/truncated", "llama", FORGE_ERR_FORMAT, "runs past the end of the file"},
         {"broken/missing_tensor", "llama", FORGE_ERR_MODEL, "tensor 'model.layers.1.mlp.up_proj.weight' is missing"},
+        {"broken/qwen3_5_no_a_log", "qwen3_5_text", FORGE_ERR_MODEL, "tensor 'model.layers.1.linear_attn.A_log' is missing"},
         {"broken/bad_magic.gguf", "", FORGE_ERR_FORMAT, "not a GGUF file (bad magic)"},
         {"broken/truncated.gguf", "", FORGE_ERR_FORMAT, "truncated.gguf: "},
     };
@@ -367,6 +447,15 @@ TEST_F(Discover, QuickSkipsTheTensorsAndThePlan) {
     if (x) {
         EXPECT_EQ(x->dtype, "mlx4+"); /* the config's default bits; the plan reads each weight's */
         EXPECT_GT(x->n_params, st_elements(root + "/hf/llama_mlx_mixed/model.safetensors"));
+    }
+    /* Qwen 3.5 and Mistral from their headers: supported, and the same parameters (the vision
+     * tower and multi-token prediction left out) */
+    for (const char *rel : {"hf/qwen3_5_text_f32", "hf/qwen3_5_moe_f32", "hf/qwen3_5_mm_bf16", "hf/qwen3_5_moe_mm", "hf/mistral_window_f32",
+                            "gguf/qwen3_5_text_q4_0.gguf", "gguf/qwen3_5_moe_q8_0.gguf", "gguf/mistral_v03_bf16.gguf"}) {
+        const Found *f = find(r, rel);
+        if (!f) continue;
+        EXPECT_TRUE(f->loadable) << rel << ": " << f->reason;
+        EXPECT_EQ(f->n_params, params[root + "/" + rel]) << rel;
     }
 }
 
@@ -525,7 +614,7 @@ TEST_F(Discover, CliPrintsTheSameAsTheApi) {
     std::string t(table.begin(), table.end());
     EXPECT_EQ(t.rfind("PATH ", 0), 0u) << t;
     EXPECT_NE(t.find("no: " + root + "/broken/bad_magic.gguf: not a GGUF file (bad magic)"), std::string::npos) << t;
-    EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 5) << t; /* broken/{bad_magic,truncated}.gguf and the three in gguf/ */
+    EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 8) << t; /* broken/{bad_magic,truncated}.gguf and the six in gguf/ */
     EXPECT_EQ(WEXITSTATUS(system("./forge discover /no/such/dir 2> /dev/null")), 1);
     EXPECT_EQ(WEXITSTATUS(system("./forge discover 2> /dev/null")), 2);
     EXPECT_EQ(WEXITSTATUS(system("./forge discover . --depth -1 2> /dev/null")), 2);
