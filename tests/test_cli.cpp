@@ -482,3 +482,58 @@ TEST(Cli, HelpTextsSayTheDefaults) {
         EXPECT_EQ(h.find("README"), std::string::npos) << args;
     }
 }
+
+/* forge info on Qwen 3.5 (linear-attention layers, as reference.json's layer_types count them)
+ * and Mistral with a window: the layer kinds and the recurrent state beside the KV cache, the
+ * library's forge_session_plan numbers */
+TEST(Cli, InfoTellsLayerKindsAndRecurrentState) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    struct Want { std::string model, fixture; };
+    const std::string P = ft::src("tests/fixtures/parity/");
+    const Want wants[] = {{P + "qwen3_5_text_f32", "qwen3_5_text_f32"}, {P + "qwen3_5_moe_f32", "qwen3_5_moe_f32"},
+                          {ft::src("tests/fixtures/gguf/qwen3_5_text_f32.gguf"), "qwen3_5_text_f32"},
+                          {P + "mistral_window_f32", "mistral_window_f32"}, {bundled(), ""}};
+    for (const Want &w : wants) {
+        SCOPED_TRACE(w.model);
+        int n_linear = 0, n_layers = 0;
+        if (!w.fixture.empty()) {
+            std::vector<uint8_t> b = ft::read_file(P + w.fixture + "/reference.json");
+            cJSON *r = cJSON_ParseWithLength((const char *)b.data(), b.size());
+            const cJSON *t;
+            cJSON_ArrayForEach(t, cJSON_GetObjectItem(r, "layer_types")) n_linear += std::string(t->valuestring) == "linear_attention";
+            cJSON_Delete(r);
+        }
+        forge_model *m = nullptr;
+        ASSERT_EQ(forge_model_load(w.model.c_str(), nullptr, &m), FORGE_OK) << forge_model_errmsg(m);
+        forge_model_info in = ft::sized<forge_model_info>();
+        forge_model_get_info(m, &in);
+        n_layers = in.n_layers;
+        forge_memory_stats plan = ft::sized<forge_memory_stats>();
+        ASSERT_EQ(forge_session_plan(m, nullptr, &plan), FORGE_OK);
+        forge_model_free(m);
+        EXPECT_EQ(plan.state_bytes > 0, n_linear > 0);
+
+        cJSON *j = json_of(forge_split("info --json " + w.model));
+        EXPECT_EQ(num(j, "n_linear_layers"), n_linear);
+        const cJSON *sess = cJSON_GetObjectItem(j, "session");
+        EXPECT_EQ(num(sess, "state_bytes"), (double)plan.state_bytes);
+        EXPECT_EQ(num(sess, "kv_cache_bytes"), (double)plan.kv_cache_bytes);
+        cJSON_Delete(j);
+
+        Split text = forge_split("info " + w.model);
+        ASSERT_EQ(text.status, 0) << text.err;
+        std::string layers = "\nlayers           " + std::to_string(n_layers);
+        if (n_linear)
+            layers += " (" + std::to_string(n_linear) + " linear-attention, " + std::to_string(n_layers - n_linear) + " full-attention)";
+        else if (in.n_sliding_layers)
+            layers += " (" + std::to_string(in.n_sliding_layers) + " sliding-window" +
+                      (in.n_sliding_layers < n_layers ? ", " + std::to_string(n_layers - in.n_sliding_layers) + " full-attention)" : ")");
+        EXPECT_NE(text.out.find(layers + "\n"), std::string::npos) << text.out;
+        std::string state = "    of which recurrent state   " + std::to_string(plan.state_bytes) + " bytes";
+        EXPECT_EQ(text.out.find(state) != std::string::npos, n_linear > 0) << text.out;
+        if (n_linear) {
+            EXPECT_NE(text.out.find("    recurrent state            " + std::to_string(n_linear) + " linear-attention layers"), std::string::npos)
+                << text.out;
+        }
+    }
+}

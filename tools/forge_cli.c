@@ -211,15 +211,20 @@ static void print_bytes(const char *label, unsigned long long b) {
     printf("  %-28s %llu bytes (%.2f MiB)\n", label, b, (double)b / (1 << 20));
 }
 
-/* forge info --json: one object (docs/json.md). */
-static void info_json(const forge_model_info *in, const forge_memory_stats *mem, const forge_memory_stats *plan, int ctx, int slots) {
+/* forge info --json: one object (docs/json.md). n_linear: the linear-attention layers, -1 when
+ * unknown (no session could be planned). */
+static void info_json(const forge_model_info *in, int n_linear, const forge_memory_stats *mem, const forge_memory_stats *plan, int ctx,
+                      int slots) {
     printf("{\"name\": ");
     forge_cli_json_cstr(in->name);
     printf(", \"format\": \"%s\", \"architecture\": ", in->source_format);
     forge_cli_json_cstr(in->architecture);
-    printf(", \"n_layers\": %d, \"hidden\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, \"n_vocab\": %d, "
+    printf(", \"n_layers\": %d, ", in->n_layers);
+    if (n_linear >= 0) printf("\"n_linear_layers\": %d, ", n_linear);
+    else printf("\"n_linear_layers\": null, ");
+    printf("\"hidden\": %d, \"n_heads\": %d, \"n_kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, \"n_vocab\": %d, "
            "\"n_ctx_train\": %d, \"sliding_window\": %d, \"n_sliding_layers\": %d, \"tied_embeddings\": %s, \"weight_dtype\": ",
-           in->n_layers, in->hidden, in->n_heads, in->n_kv_heads, in->head_dim, in->ffn, in->n_vocab, in->n_ctx_train, in->sliding_window,
+           in->hidden, in->n_heads, in->n_kv_heads, in->head_dim, in->ffn, in->n_vocab, in->n_ctx_train, in->sliding_window,
            in->n_sliding_layers, in->tied_embeddings ? "true" : "false");
     forge_cli_json_cstr(in->weight_dtype);
     printf(", \"n_params\": %llu, \"weight_bytes\": %llu, \"device\": ", (unsigned long long)in->n_params,
@@ -233,11 +238,43 @@ static void info_json(const forge_model_info *in, const forge_memory_stats *mem,
            (unsigned long long)mem->device_in_use_bytes, (unsigned long long)mem->device_buffers);
     if (plan)
         printf(",\n \"session\": {\"n_ctx\": %d, \"device_planned_bytes\": %llu, \"kv_cache_bytes\": %llu, \"kv_sliding_bytes\": %llu, "
-               "\"sliding_positions\": %d}",
+               "\"sliding_positions\": %d, \"state_bytes\": %llu}",
                ctx, (unsigned long long)plan->device_planned_bytes, (unsigned long long)plan->kv_cache_bytes,
-               (unsigned long long)plan->kv_sliding_bytes, slots);
+               (unsigned long long)plan->kv_sliding_bytes, slots, (unsigned long long)plan->state_bytes);
     else printf(",\n \"session\": null");
     printf("}\n");
+}
+
+/* How many of the model's layers are linear-attention layers (Qwen 3.5's Gated DeltaNet), for a
+ * model whose session plan has a recurrent state (state_bytes > 0; without one, none are).
+ * forge_model_info does not count them, but forge_session_keys refuses exactly those layers
+ * (FORGE_ERR_INVALID_ARGUMENT; a layer in range, an empty session), so a session of 16 positions
+ * is asked layer by layer. -1 when that session cannot be made. */
+static int count_linear_layers(forge_model *m, const forge_cli_opts *o, int n_layers) {
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = sp.n_batch = 16;
+    sp.n_outputs_max = 1;
+    sp.kv_type = o->kv_type;
+    forge_session *s = NULL;
+    if (forge_session_create(m, &sp, &s) != FORGE_OK) return -1;
+    int n = 0;
+    for (int l = 0; l < n_layers; l++) {
+        forge_keys_info k = {.struct_size = sizeof k};
+        n += forge_session_keys(s, l, NULL, 0, &k) == FORGE_ERR_INVALID_ARGUMENT;
+    }
+    forge_session_free(s);
+    return n;
+}
+
+/* "4 (3 linear-attention, 1 full-attention)", "26 (21 sliding-window, 5 full-attention)", "16". */
+static void layer_kinds(const forge_model_info *in, int n_linear, char *out, size_t size) {
+    int full = in->n_layers - in->n_sliding_layers - (n_linear > 0 ? n_linear : 0);
+    if (n_linear <= 0 && !in->n_sliding_layers) { snprintf(out, size, "%d", in->n_layers); return; }
+    int len = snprintf(out, size, "%d (", in->n_layers);
+    if (n_linear > 0) len += snprintf(out + len, size - (size_t)len, "%d linear-attention, ", n_linear);
+    if (in->n_sliding_layers) len += snprintf(out + len, size - (size_t)len, "%d sliding-window, ", in->n_sliding_layers);
+    if (full) len += snprintf(out + len, size - (size_t)len, "%d full-attention, ", full);
+    snprintf(out + len - 2, size - (size_t)len + 2, ")");
 }
 
 static int cmd_info(int argc, char **argv) {
@@ -264,21 +301,26 @@ static int cmd_info(int argc, char **argv) {
     sp.kv_type = o.kv_type;
     forge_memory_stats plan = {.struct_size = sizeof plan};
     int planned = forge_session_plan(m, &sp, &plan) == FORGE_OK;
+    char plan_error[512];
+    snprintf(plan_error, sizeof plan_error, "%s", planned ? "" : forge_model_errmsg(m));
+    int n_linear = !planned ? -1 : plan.state_bytes ? count_linear_layers(m, &o, in.n_layers) : 0;
     int ctx = o.n_ctx ? o.n_ctx : (in.n_ctx_train < 4096 ? in.n_ctx_train : 4096);
     int nb = sp.n_batch ? sp.n_batch : 512;
     if (nb > ctx) nb = ctx;
     /* a sliding layer's cache rotates through window + n_batch - 1 positions, not n_ctx */
     int slots = !in.n_sliding_layers ? 0 : in.sliding_window + nb - 1 < ctx ? in.sliding_window + nb - 1 : ctx;
     if (json) {
-        info_json(&in, &mem, planned ? &plan : NULL, ctx, slots);
-        if (!planned) fprintf(stderr, "forge info: session plan: %s\n", forge_model_errmsg(m));
+        info_json(&in, n_linear, &mem, planned ? &plan : NULL, ctx, slots);
+        if (!planned) fprintf(stderr, "forge info: session plan: %s\n", plan_error);
         forge_model_free(m);
         return 0;
     }
+    char layers[128];
+    layer_kinds(&in, n_linear, layers, sizeof layers);
     printf("model            %s\n", in.name);
     printf("format           %s\n", in.source_format);
     printf("architecture     %s\n", in.architecture);
-    printf("layers           %d\n", in.n_layers);
+    printf("layers           %s\n", layers);
     printf("hidden           %d\n", in.hidden);
     printf("heads            %d\n", in.n_heads);
     printf("kv heads         %d\n", in.n_kv_heads);
@@ -308,9 +350,15 @@ static int cmd_info(int argc, char **argv) {
             printf("  %-28s %d positions each (window %d + n_batch %d - 1), not n_ctx\n", "  rotating KV cache", slots,
                    in.sliding_window, nb);
         }
+        if (plan.state_bytes) {
+            print_bytes("  of which recurrent state", plan.state_bytes);
+            if (n_linear > 0)
+                printf("  %-28s %d linear-attention layers (a sequence's and the prompt cache's checkpoint), not n_ctx\n",
+                       "  recurrent state", n_linear);
+        }
         print_bytes("total device (model+session)", mem.device_planned_bytes + plan.device_planned_bytes);
     } else {
-        printf("  session plan: %s\n", forge_model_errmsg(m));
+        printf("  session plan: %s\n", plan_error);
     }
     forge_model_free(m);
     return 0;
