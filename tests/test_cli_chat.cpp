@@ -69,6 +69,56 @@ TEST(CliChat, HelpAndResetAreCommands) {
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }
 
+/* The prompt tokens forge_chat evaluates for one user message (the template's rendering,
+ * tokenized as forge_chat does): what /metrics then reports. */
+static int prompt_tokens(const std::string &model, const char *message) {
+    forge_model_params mp = forge_model_default_params();
+    mp.vocab_only = 1;
+    forge_model *m = nullptr;
+    EXPECT_EQ(forge_model_load(model.c_str(), &mp, &m), FORGE_OK);
+    forge_chat_message msg = {sizeof msg, "user", message};
+    char text[4096];
+    size_t len = 0, n = 0;
+    EXPECT_EQ(forge_chat_render(m, &msg, 1, 0, text, sizeof text, &len), FORGE_OK);
+    forge_status st = forge_tokenize(m, text, len, 0, nullptr, 0, &n);
+    EXPECT_TRUE(st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL);
+    forge_model_free(m);
+    return (int)n;
+}
+
+/* Issue 42: a line starting with / that is no command is refused, naming it (it went to the model
+ * as a message); a command given arguments says it takes none; "//x" sends "/x" */
+TEST(CliChat, UnknownCommandsAreRefusedAndDoubleSlashSends) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string &model = llama_chat_model();
+    ASSERT_FALSE(model.empty());
+    const int sent = prompt_tokens(model, "/etc/hosts"), doubled = prompt_tokens(model, "//etc/hosts");
+    ASSERT_NE(sent, doubled); /* so the count tells which was sent */
+    std::string d = ft::tmpdir("cli_chat_slash");
+    {
+        Forge f(d, {"chat", model, "-n", "2"});
+        for (const char *line : {"/xyz", "/etc/hosts is missing", "/reset now", "/metrics", "//etc/hosts", "/metrics", "/quit  "}) f.write_line(line);
+        EXPECT_EQ(f.wait_exit(60), 0) << f.stderr_text();
+        std::string out = f.stdout_text(), err = f.stderr_text();
+        EXPECT_NE(err.find("[unknown command /xyz (see /help)]\n"), std::string::npos) << err;
+        EXPECT_NE(err.find("[unknown command /etc/hosts (see /help)]\n"), std::string::npos) << err;
+        EXPECT_NE(err.find("[/reset takes no arguments (see /help)]\n"), std::string::npos) << err;
+        EXPECT_EQ(out.find("[reset:"), std::string::npos) << out;
+        /* the first /metrics: no reply yet (nothing was sent); the second: "/etc/hosts" alone */
+        EXPECT_NE(err.find("[prompt 0 tokens"), std::string::npos) << err;
+        EXPECT_NE(err.find("[prompt " + std::to_string(sent) + " tokens"), std::string::npos) << err << " (sent " << sent << ")";
+        EXPECT_EQ(count(err, "[prompt "), 2u) << err;
+        EXPECT_EQ(err.find("forge:"), std::string::npos) << err;
+    }
+    /* /help says how */
+    Forge h(d, {"chat", model});
+    h.write_line("/help");
+    h.close_input();
+    EXPECT_EQ(h.wait_exit(60), 0);
+    EXPECT_NE(h.stdout_text().find("double the /: //etc/hosts sends /etc/hosts"), std::string::npos) << h.stdout_text();
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
 TEST(CliChat, ThinkWithoutASwitchIsSaidOnce) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
     const std::string &model = llama_chat_model();

@@ -41,8 +41,9 @@ static const char usage_text[] =
             "                                   none is refused); sampling options as run's (the default\n"
             "                                   --seed is fixed, 0), -n default 1024; --think / --no-think:\n"
             "                                   the family's thinking switch (Gemma 4 / Qwen 3); Ctrl-C stops\n"
-            "                                   a reply; /help, /metrics, /reset, /quit; a full context\n"
-            "                                   slides (shift by default), so a chat runs indefinitely\n"
+            "                                   a reply; /help, /metrics, /reset, /quit (a message starting\n"
+            "                                   with / is sent as //...); a full context slides (shift by\n"
+            "                                   default), so a chat runs indefinitely\n"
             "  devices [--json]                 list Vulkan devices, preferred first\n"
             "  info MODEL [--json]              architecture, shapes, device and memory plan\n"
             "  discover DIR [--json] [--depth N] [--follow-symlinks] [--quick]\n"
@@ -1325,7 +1326,37 @@ static char *chat_probe(forge_model *m, const char *system_prompt, uint32_t flag
 
 static const char chat_help[] = "commands: /help (this list), /metrics (the last reply's numbers), /reset (forget the\n"
                                 "conversation, keep --system), /quit or /exit (end; so does end of input); Ctrl-C stops a\n"
-                                "reply, and at the prompt ends the chat; any other line is a message\n";
+                                "reply, and at the prompt ends the chat; any other line is a message (to send one that\n"
+                                "starts with /, double the /: //etc/hosts sends /etc/hosts)\n";
+
+/* A line starting with one '/' (not "//", a message): runs the command; 1 to end the chat. */
+static int chat_command(char *line, const forge_metrics *last, int *n, int first, char **owned, const char *system_prompt) {
+    size_t len = strlen(line);
+    while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) line[--len] = 0;
+    size_t word = strcspn(line, " \t");
+    static const char *const known[] = {"/quit", "/exit", "/help", "/metrics", "/reset"};
+    size_t k = 0;
+    while (k < sizeof known / sizeof *known && (strlen(known[k]) != word || strncmp(line, known[k], word))) k++;
+    if (k == sizeof known / sizeof *known) {
+        fprintf(stderr, "[unknown command %.*s (see /help)]\n", (int)word, line);
+    } else if (line[word]) {
+        fprintf(stderr, "[%s takes no arguments (see /help)]\n", known[k]);
+    } else if (k < 2) {
+        return 1;
+    } else if (k == 2) {
+        fputs(chat_help, stdout);
+    } else if (k == 3) {
+        print_metrics(last);
+    } else {
+        int dropped = *n - first;
+        for (int i = first; i < *n; i++) free(owned[i]);
+        *n = first;
+        printf("[reset: %d message%s forgotten%s; the next message starts a new conversation]\n", dropped, dropped == 1 ? "" : "s",
+               system_prompt ? ", the system prompt kept" : "");
+    }
+    fflush(stdout);
+    return 0;
+}
 
 static int cmd_chat(int argc, char **argv) {
     forge_cli_opts o = {0};
@@ -1403,16 +1434,8 @@ static int cmd_chat(int argc, char **argv) {
         if (forge_cli_interrupted() || !fgets(line, sizeof line, stdin)) break;
         size_t ll = strlen(line);
         while (ll && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
-        if (!strcmp(line, "/quit") || !strcmp(line, "/exit")) break;
-        if (!strcmp(line, "/help")) { fputs(chat_help, stdout); fflush(stdout); continue; }
-        if (!strcmp(line, "/metrics")) { print_metrics(&last); continue; }
-        if (!strcmp(line, "/reset")) {
-            int dropped = n - first;
-            for (int i = first; i < n; i++) free(owned[i]);
-            n = first;
-            printf("[reset: %d message%s forgotten%s; the next message starts a new conversation]\n", dropped, dropped == 1 ? "" : "s",
-                   system_prompt ? ", the system prompt kept" : "");
-            fflush(stdout);
+        if (line[0] == '/' && line[1] != '/') {
+            if (chat_command(line, &last, &n, first, owned, system_prompt)) break;
             continue;
         }
         if (!ll) continue;
@@ -1424,7 +1447,7 @@ static int cmd_chat(int argc, char **argv) {
             if (!mm || !oo) { fprintf(stderr, "forge: out of host memory\n"); rc = 1; break; }
             cap *= 2;
         }
-        owned[n] = strdup(line);
+        owned[n] = strdup(line + (line[0] == '/')); /* "//x" sends "/x" */
         msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "user", owned[n]};
         n++;
         chat_reply reply = {0};
