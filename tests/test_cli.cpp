@@ -483,6 +483,33 @@ TEST(Cli, HelpTextsSayTheDefaults) {
     }
 }
 
+/* Issue 42: a flag given last, without its value, is named as such (it was an "unexpected
+ * argument"), for the verbs' own flags and the shared ones; a flag the verb does not take stays
+ * unexpected */
+TEST(Cli, FlagWithoutItsValueSaysSo) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    const char *flags[][2] = {{"run", "-p"},           {"run", "--save-state"},  {"run", "--parallel"},
+                              {"run", "-n"},           {"run", "--stop"},      {"run", "--ctx-overflow"}, {"run", "--keep"},
+                              {"run", "--ctx"},        {"run", "--adapter"},   {"run", "--device"},      {"chat", "--system"},
+                              {"chat", "--temp"},      {"info", "--kv"},       {"discover", "--depth"},  {"logits", "--tokens"},
+                              {"keys", "--layer"},     {"classify", "--top-k"}, {"bench", "-r"},          {"bench", "--targets"},
+                              {"bench-tokenize", "-r"}, {"train", "--device"}, {"train", "--steps"}};
+    for (auto &f : flags) {
+        Split s = forge_split(std::string(f[0]) + " " + model + " " + f[1]);
+        EXPECT_EQ(s.status, 2) << f[0] << " " << f[1] << ": " << s.err;
+        EXPECT_EQ(s.err.rfind(std::string("forge ") + f[0] + ": " + f[1] + " needs a value\n", 0), 0u) << f[0] << " " << f[1] << ": " << s.err;
+    }
+    /* followed by the verb's usage, as an unexpected argument is */
+    Split p = forge_split("run -p");
+    EXPECT_EQ(p.err.substr(p.err.find('\n') + 1), forge_split("help run").out);
+    for (const char *args : {"devices --ctx", "info --adapter", "tokenize --depth"}) {
+        Split s = forge_split(args);
+        EXPECT_EQ(s.status, 2) << args;
+        EXPECT_NE(s.err.find(": unexpected argument '"), std::string::npos) << args << ": " << s.err;
+    }
+}
+
 /* forge info on Qwen 3.5 (linear-attention layers, as reference.json's layer_types count them)
  * and Mistral with a window: the layer kinds and the recurrent state beside the KV cache, the
  * library's forge_session_plan numbers */

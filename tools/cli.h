@@ -74,6 +74,11 @@ int forge_cli_interrupted(void); /* the flag: non-zero after a caught Ctrl-C */
 /* forge VERB with an argument it does not take: prints "forge VERB: unexpected argument 'ARG'"
  * and VERB's usage (forge help VERB's text) on stderr; returns 2 (tools/forge_cli.c). */
 int forge_cli_unexpected(const char *verb, const char *arg);
+/* A flag that takes a value, given last (`forge run -p`): when `arg` is one of `flags` (a
+ * NULL-terminated list: the flags a parser takes with a value) and !has_value, prints "forge
+ * VERB: ARG needs a value" and VERB's usage on stderr and returns 2; else 0. Each parser calls it
+ * on every argument before matching, so such a flag is not called an unexpected argument. */
+int forge_cli_needs_value(const char *verb, const char *arg, int has_value, const char *const *flags);
 /* Prints VERB's usage (the usage text's entries of VERB and the common options) on f; 0, or 2
  * when there is no such verb (tools/forge_cli.c). */
 int forge_cli_verb_help(const char *verb, FILE *f);

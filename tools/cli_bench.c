@@ -252,11 +252,13 @@ int forge_bench_main(int argc, char **argv) {
     int P = 512, N = 128, R = -1, profile = 0, train = 0, pn_set = 0, train_set = 0;
     train_bench tb = {4, 512, 0, -1, NULL};
     int batch_set = 0; /* --batch without --train: batch generation */
+    static const char *const values[] = {"-p", "-n", "-r", "--batch", "--seq", "--rank", "--targets", NULL};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         long long v;
         int bad = 0;
+        if (forge_cli_needs_value("bench", a, has, values)) return 2;
         if (!strcmp(a, "-p") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, INT_MAX, &v); P = (int)v; pn_set = 1; }
         else if (!strcmp(a, "-n") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, INT_MAX, &v); N = (int)v; pn_set = 1; }
         else if (!strcmp(a, "-r") && has) { bad = forge_cli_parse_int("bench", a, argv[++i], 1, 1000000, &v); R = (int)v; }
@@ -399,7 +401,9 @@ int forge_bench_main(int argc, char **argv) {
 int forge_bench_tokenize_main(int argc, char **argv) {
     const char *path = NULL, *file = NULL;
     int R = 3;
+    static const char *const values[] = {"-r", NULL};
     for (int i = 0; i < argc; i++) {
+        if (forge_cli_needs_value("bench-tokenize", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "-r") && i + 1 < argc) {
             long long r;
             if (forge_cli_parse_int("bench-tokenize", "-r", argv[++i], 1, 1000000, &r)) return 2;

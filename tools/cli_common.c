@@ -45,10 +45,12 @@ static void progress_stderr(void *user, float fraction) {
 }
 
 int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opts *o, int with_adapter) {
+    static const char *const values[] = {"--device", "--ctx", "--kv", "--adapter", NULL};
     int w = 0;
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < *argc;
+        if ((with_adapter || strcmp(a, "--adapter")) && forge_cli_needs_value(cmd, a, has, values)) return 2;
         if (!strcmp(a, "--device") && has) o->device = argv[++i];
         else if (!strcmp(a, "--ctx") && has) {
             long long v;

@@ -137,6 +137,16 @@ int forge_cli_unexpected(const char *verb, const char *arg) {
     return 2;
 }
 
+int forge_cli_needs_value(const char *verb, const char *arg, int has_value, const char *const *flags) {
+    for (; !has_value && *flags; flags++)
+        if (!strcmp(arg, *flags)) {
+            fprintf(stderr, "forge %s: %s needs a value\n", verb, arg);
+            forge_cli_verb_help(verb, stderr);
+            return 2;
+        }
+    return 0;
+}
+
 /* A usage error other than an unexpected argument: "forge VERB: MESSAGE", then VERB's usage. 2. */
 static int verb_usage_error(const char *verb, const char *message) {
     fprintf(stderr, "forge %s: %s\n", verb, message);
@@ -436,8 +446,10 @@ static int cmd_discover(int argc, char **argv) {
     forge_discover_params p = forge_discover_default_params();
     discover_out o = {0};
     const char *dir = NULL;
+    static const char *const values[] = {"--depth", NULL};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        if (forge_cli_needs_value("discover", a, i + 1 < argc, values)) return 2;
         if (!strcmp(a, "--json")) o.json = 1;
         else if (!strcmp(a, "--quick")) p.quick = 1;
         else if (!strcmp(a, "--follow-symlinks")) p.follow_symlinks = 1;
@@ -523,7 +535,9 @@ static int cmd_logits(int argc, char **argv) {
     if (forge_cli_take_common("logits", &argc, argv, &o, 1)) return 2;
     const char *path = NULL, *toks = NULL;
     int all = 0;
+    static const char *const values[] = {"--tokens", NULL};
     for (int i = 0; i < argc; i++) {
+        if (forge_cli_needs_value("logits", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) toks = argv[++i];
         else if (!strcmp(argv[i], "--all")) all = 1;
         else if (!strcmp(argv[i], "--json")) continue; /* the output is JSON already; accepted as every verb's is */
@@ -603,7 +617,9 @@ static int cmd_keys(int argc, char **argv) {
     if (forge_cli_take_common("keys", &argc, argv, &o, 1)) return 2;
     const char *path = NULL, *toks = NULL;
     int json = 0, layer = -1;
+    static const char *const values[] = {"--tokens", "--layer", NULL};
     for (int i = 0; i < argc; i++) {
+        if (forge_cli_needs_value("keys", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) toks = argv[++i];
         else if (!strcmp(argv[i], "--layer") && i + 1 < argc) {
             char *end;
@@ -831,6 +847,7 @@ static int cmd_classify(int argc, char **argv) {
     forge_classify_params cp = forge_classify_default_params();
     const char *path = NULL;
     int stdin_json = 0, want_logits = 0, n_args = 0;
+    static const char *const values[] = {"--temp", "--top-p", "--min-p", "--top-k", "--seed", NULL};
     char **args = malloc(sizeof *args * (size_t)(argc + 1));
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -838,6 +855,7 @@ static int cmd_classify(int argc, char **argv) {
         double d;
         long long k;
         uint64_t u;
+        if (forge_cli_needs_value("classify", a, has, values)) { free(args); return 2; }
         if (!strcmp(a, "--stdin-json")) stdin_json = 1;
         else if (!strcmp(a, "--logits")) want_logits = 1;
         else if (!strcmp(a, "--json")) continue; /* the output is JSON already; accepted as every verb's is */
@@ -1062,10 +1080,11 @@ static void print_metrics(const forge_metrics *m) {
 /* Parses --ctx-overflow fail|shift|recompute and --keep N (run and chat) into the session
  * params; returns 0, or 2 on a bad value. */
 static int take_overflow(const char *cmd, int *argc, char **argv, forge_session_params *sp) {
-    static const char *const modes[] = {"fail", "shift", "recompute"};
+    static const char *const modes[] = {"fail", "shift", "recompute"}, *const values[] = {"--ctx-overflow", "--keep", NULL};
     int w = 0;
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
+        if (forge_cli_needs_value(cmd, a, i + 1 < *argc, values)) return 2;
         if (!strcmp(a, "--ctx-overflow") && i + 1 < *argc) {
             const char *v = argv[++i];
             int k = 0;
@@ -1086,12 +1105,15 @@ static int take_overflow(const char *cmd, int *argc, char **argv, forge_session_
  * message names the flag and the range: `-n abc` or `-n -1` is a usage error, not 0 tokens). */
 static int take_sampling(const char *cmd, int *argc, char **argv, forge_generate_params *gp, const char **stops, int *n_stops,
                          int max_stops) {
+    static const char *const values[] = {"-n", "--top-k", "--repeat-window", "--temp", "--top-p", "--min-p", "--repeat-penalty", "--seed",
+                                         "--stop", NULL};
     int w = 0;
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < *argc;
         long long k;
         double d;
+        if (forge_cli_needs_value(cmd, a, has, values)) return 2;
         if (!strcmp(a, "-n") && has) {
             if (forge_cli_parse_int(cmd, a, argv[++i], 0, INT_MAX, &k)) return 2;
             gp->max_tokens = (int)k;
@@ -1196,7 +1218,9 @@ static int cmd_run(int argc, char **argv) {
     const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL, *batch_file = NULL;
     int json = 0;
     long long places = 0;
+    static const char *const values[] = {"-p", "--load-state", "--save-state", "--batch-file", "--parallel", NULL};
     for (int i = 0; i < argc; i++) {
+        if (forge_cli_needs_value("run", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
         else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
@@ -1371,7 +1395,9 @@ static int cmd_chat(int argc, char **argv) {
     if (take_overflow("chat", &argc, argv, &sp)) return 2;
     const char *path = NULL, *system_prompt = NULL, *think_flag = NULL;
     uint32_t flags = 0;
+    static const char *const values[] = {"--system", NULL};
     for (int i = 0; i < argc; i++) {
+        if (forge_cli_needs_value("chat", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "--system") && i + 1 < argc) system_prompt = argv[++i];
         else if (!strcmp(argv[i], "--no-think") || !strcmp(argv[i], "--think")) {
             flags |= argv[i][2] == 'n' ? FORGE_CHAT_THINKING_OFF : FORGE_CHAT_THINKING_ON; /* Qwen 3's default is on, Gemma 4's off */
