@@ -76,6 +76,35 @@ TEST(CliInterrupt, RunJsonSavesStateAndMetrics) {
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }
 
+/* Ctrl-C while the prompt is evaluated: the session holds part of the prompt, a state that a later
+ * --load-state would continue mid-prompt, so none is saved: the file is left as it was, stderr says
+ * so, and the JSON is whole (cancelled, nothing generated). The prompt of 24000 tokens slides
+ * through --ctx 64 (recompute: about 20 s of prefill on lavapipe). */
+TEST(CliInterrupt, RunStoppedInThePromptSavesNoState) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string d = ft::tmpdir("cli_int_prompt"), state = d + "/state.bin", prompt;
+    while (prompt.size() < 100000) prompt += "Once upon a time ";
+    ft::write_file(state, "an earlier state", 16);
+    {
+        Forge f(d, {"run", bundled(), "-p", prompt, "-n", "4", "--ctx", "64", "--ctx-overflow", "recompute", "--json", "-v",
+                    "--save-state", state});
+        ASSERT_TRUE(session_made(f)) << f.stderr_text();
+        f.interrupt();
+        ASSERT_EQ(f.wait_exit(), 130) << f.stderr_text();
+        std::string err = f.stderr_text();
+        EXPECT_NE(err.find("forge run: stopped while the prompt was evaluated: no state saved (" + state + " is as it was)\n"),
+                  std::string::npos) << err;
+        cJSON *j = parse(f.stdout_text());
+        ASSERT_NE(j, nullptr);
+        EXPECT_EQ(str(j, "stop_reason"), "cancelled");
+        EXPECT_EQ(num(j, "generated_tokens"), 0);
+        EXPECT_GT(num(j, "prompt_tokens"), 20000);
+        cJSON_Delete(j);
+    }
+    EXPECT_EQ(ft::file_text(state), "an earlier state");
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
 /* the streamed text ends with a newline after Ctrl-C, and the metrics line follows */
 TEST(CliInterrupt, RunTextEndsItsLine) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";

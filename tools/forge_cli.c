@@ -31,6 +31,7 @@ static const char usage_text[] =
             "                                   follows its tokens), --save-state saves the session\n"
             "                                   (prompt and generated text) after generating; Ctrl-C stops\n"
             "                                   at the next token, then prints and saves as any stop does\n"
+            "                                   (during the prompt: no state is saved)\n"
             "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
             "                                   every line of FILE a prompt, generated together (K at once,\n"
             "                                   default min(lines, 16)); each output labelled, or with\n"
@@ -1281,7 +1282,11 @@ static int cmd_run(int argc, char **argv) {
         else if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
         else rc = 0;
         if (show_metrics || o.verbose) print_metrics(&mt);
-        if (!rc && save_state) {
+        /* Ctrl-C while the prompt was evaluated (nothing generated yet): the session holds part of
+         * it, a state a later --load-state would continue mid-prompt; none is saved. */
+        if (!rc && save_state && mt.stop_reason == FORGE_STOP_CANCELLED && mt.generated_tokens == 0) {
+            fprintf(stderr, "forge run: stopped while the prompt was evaluated: no state saved (%s is as it was)\n", save_state);
+        } else if (!rc && save_state) {
             /* The cache holds the generated tokens but the last (nothing has evaluated it yet):
              * evaluate it, so that the saved sequence is the text printed. */
             if (last >= 0 && forge_session_n_past(s) < mt.prompt_tokens + mt.generated_tokens &&
