@@ -280,6 +280,10 @@ TEST(Batch, Cli) {
         EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(it, "text"))), one[i].out.text) << i;
         EXPECT_EQ(cJSON_GetObjectItem(it, "generated_tokens")->valueint, one[i].mt.generated_tokens) << i;
         EXPECT_EQ(std::string(cJSON_GetStringValue(cJSON_GetObjectItem(it, "stop_reason"))), "max_tokens") << i;
+        std::vector<int32_t> ids; /* "ids": the tokens forge_generate streamed alone */
+        const cJSON *id;
+        cJSON_ArrayForEach(id, cJSON_GetObjectItem(it, "ids")) ids.push_back(id->valueint);
+        EXPECT_EQ(ids, one[i].out.tokens) << i;
     }
     cJSON_Delete(o);
 }

@@ -483,13 +483,163 @@ TEST(Cli, HelpTextsSayTheDefaults) {
     }
 }
 
+namespace {
+
+/* A parity fixture's first sequence and HF's greedy continuation of it (reference.json "generate",
+ * transformers' generate on the same checkpoint). */
+struct Greedy {
+    std::vector<int> prompt, next;
+};
+
+Greedy hf_greedy(const std::string &fixture) {
+    std::vector<uint8_t> b = ft::read_file(ft::src("tests/fixtures/parity/" + fixture + "/reference.json"));
+    cJSON *r = cJSON_ParseWithLength((const char *)b.data(), b.size());
+    const cJSON *seq = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "sequences"), 0), *gen = cJSON_GetArrayItem(cJSON_GetObjectItem(r, "generate"), 0);
+    Greedy g;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(seq, "tokens")) g.prompt.push_back(t->valueint);
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(gen, "new_tokens")) g.next.push_back(t->valueint);
+    EXPECT_EQ((double)g.prompt.size(), num(gen, "prompt_tokens")) << fixture;
+    EXPECT_FALSE(g.next.empty()) << fixture;
+    cJSON_Delete(r);
+    return g;
+}
+
+std::string joined(const std::vector<int> &v, size_t from = 0, const char *sep = " ") {
+    std::string s;
+    for (size_t i = from; i < v.size(); i++) s += (i > from ? sep : "") + std::to_string(v[i]);
+    return s;
+}
+
+/* o[key] as ints; a missing key or a non-array fails the test. */
+std::vector<int> ints(const cJSON *o, const char *key) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key), *t;
+    EXPECT_TRUE(cJSON_IsArray(a)) << key;
+    std::vector<int> v;
+    cJSON_ArrayForEach(t, a) v.push_back(cJSON_IsNumber(t) ? t->valueint : -1);
+    return v;
+}
+
+bool is_null(const cJSON *o, const char *key) { return cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(o, key)); }
+
+} // namespace
+
+/* Issue 36: forge run --tokens on checkpoints without a tokenizer (the parity fixtures): the ids
+ * generated are HF's greedy ones, printed as ids (a line of them; --json: "ids", with "prompt" and
+ * "text" null), and a saved state continues them (--load-state alone, or with more --tokens) */
+TEST(Cli, RunTokensWithoutATokenizerGivesHfGreedyIds) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    std::string d = ft::tmpdir("cli_run_tokens");
+    for (const char *fixture : {"qwen3_5_text_f32", "qwen3_5_moe_f32", "mistral_window_f32", "mistral_v03_bf16"}) {
+        SCOPED_TRACE(fixture);
+        const std::string model = ft::src(std::string("tests/fixtures/parity/") + fixture);
+        Greedy g = hf_greedy(fixture);
+        const int n = (int)g.next.size();
+        Split js = forge_split("run " + model + " --tokens '" + joined(g.prompt) + "' -n " + std::to_string(n) + " --json");
+        cJSON *j = json_of(js);
+        EXPECT_EQ(ints(j, "ids"), g.next);
+        EXPECT_EQ(ints(j, "prompt_ids"), g.prompt);
+        EXPECT_TRUE(is_null(j, "prompt"));
+        EXPECT_TRUE(is_null(j, "text"));
+        EXPECT_EQ(num(j, "prompt_tokens"), (double)g.prompt.size());
+        EXPECT_EQ(num(j, "generated_tokens"), n);
+        EXPECT_EQ(str(j, "stop_reason"), "max_tokens");
+        cJSON_Delete(j);
+        /* as text: the prompt's ids, then the generated ones, on one line; stderr says why */
+        Split tx = forge_split("run " + model + " --tokens '" + joined(g.prompt, 0, ",") + "' -n " + std::to_string(n));
+        EXPECT_EQ(tx.status, 0) << tx.err;
+        EXPECT_EQ(tx.out, joined(g.prompt) + " " + joined(g.next) + "\n");
+        EXPECT_NE(tx.err.find(" has no tokenizer: the prompt and the generated tokens are printed as ids"), std::string::npos) << tx.err;
+        /* a state saved after 3 tokens goes on with the rest, alone or after the 4th given as --tokens */
+        std::string state = d + "/" + fixture + ".state";
+        Split first = forge_split("run " + model + " --tokens '" + joined(g.prompt) + "' -n 3 --save-state " + state);
+        ASSERT_EQ(first.status, 0) << first.err;
+        cJSON *rest = json_of(forge_split("run " + model + " --load-state " + state + " -n " + std::to_string(n - 3) + " --json"));
+        EXPECT_EQ(ints(rest, "ids"), std::vector<int>(g.next.begin() + 3, g.next.end()));
+        EXPECT_EQ(num(rest, "prompt_tokens"), (double)g.prompt.size() + 3);
+        cJSON_Delete(rest);
+        cJSON *more = json_of(forge_split("run " + model + " --load-state " + state + " --tokens " + std::to_string(g.next[3]) + " -n " +
+                                          std::to_string(n - 4) + " --json"));
+        EXPECT_EQ(ints(more, "ids"), std::vector<int>(g.next.begin() + 4, g.next.end()));
+        EXPECT_EQ(ints(more, "prompt_ids"), std::vector<int>{g.next[3]});
+        EXPECT_EQ(num(more, "cached_tokens"), (double)g.prompt.size() + 3); /* the saved tokens, restored */
+        cJSON_Delete(more);
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+/* --tokens on a model with a tokenizer: the ids of a text prompt give that prompt's run, and
+ * "ids" are the tokens of "text" */
+TEST(Cli, RunTokensIsTheTextPromptsRun) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    cJSON *tok = json_of(forge_split("tokenize --special " + model + " 'Once upon'"));
+    std::vector<int> prompt;
+    for (const cJSON *t = tok ? tok->child : nullptr; t; t = t->next) prompt.push_back(t->valueint);
+    cJSON_Delete(tok);
+    ASSERT_EQ(prompt.size(), 3u); /* BOS, "Once", " upon" */
+    cJSON *text = json_of(forge_split("run " + model + " -p 'Once upon' -n 12 --json"));
+    cJSON *ids = json_of(forge_split("run " + model + " --tokens '" + joined(prompt) + "' -n 12 --json"));
+    std::vector<int> gen = ints(text, "ids");
+    EXPECT_EQ(gen.size(), 12u);
+    EXPECT_EQ(num(text, "generated_tokens"), 12);
+    EXPECT_EQ(ints(ids, "ids"), gen);
+    EXPECT_EQ(str(ids, "text"), str(text, "text"));
+    EXPECT_EQ(ints(ids, "prompt_ids"), prompt);
+    EXPECT_EQ(cJSON_GetObjectItem(text, "prompt_ids"), nullptr); /* a text prompt: its text only */
+    /* "prompt" is the ids' text, special tokens included (as forge tokenize --decode gives it) */
+    std::string decoded_prompt = forge_split("tokenize " + model + " --decode '" + joined(prompt) + "'").out;
+    ASSERT_FALSE(decoded_prompt.empty());
+    decoded_prompt.pop_back(); /* its newline */
+    EXPECT_EQ(str(ids, "prompt"), decoded_prompt);
+    /* the ids are the text's tokens: prompt + ids decode to the prompt's text and the text */
+    std::vector<int> all = prompt;
+    all.insert(all.end(), gen.begin(), gen.end());
+    EXPECT_EQ(forge_split("tokenize " + model + " --decode '" + joined(all) + "'").out, decoded_prompt + str(text, "text") + "\n");
+    /* streamed: the prompt's text, then the continuation */
+    Split plain = forge_split("run " + model + " --tokens '" + joined(prompt, 0, ",") + "' -n 12");
+    EXPECT_EQ(plain.status, 0) << plain.err;
+    EXPECT_EQ(plain.out, decoded_prompt + str(text, "text") + "\n");
+    EXPECT_EQ(plain.err, "");
+    cJSON_Delete(text);
+    cJSON_Delete(ids);
+}
+
+TEST(Cli, RunTokensErrorsSayWhat) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled(), none = ft::src("tests/fixtures/parity/qwen3_5_text_f32");
+    std::string d = ft::tmpdir("cli_tokens_errors"), lines = d + "/prompts.txt";
+    ft::write_file(lines, "Once\n", 5);
+    const std::string bad[][2] = {
+        {"run " + model + " --tokens '1 2' -p hi", "forge run: -p and --tokens both give the prompt: give one of them\nusage: forge run "},
+        {"run " + model + " --batch-file " + lines + " --tokens 1", "forge run: --batch-file's lines are the prompts: no -p or --tokens with it\n"},
+        {"run " + model + " --tokens ''", "forge run: --tokens is empty\n"},
+        {"run " + model + " --tokens '1 x'", "forge run: --tokens: '1 x' is not a list of token ids (integers >= 0, separated by spaces or commas)\n"},
+        {"run " + model + " --tokens '1 -2'", "forge run: --tokens: '1 -2' is not a list of token ids"},
+        {"run " + model + " --tokens 1,3000000000", "forge run: --tokens: '1,3000000000' is not a list of token ids"},
+        {"run " + model + " --tokens '1 512'", "forge run: --tokens: 512 is not a token id of " + model + " (its vocabulary is 0..511)\n"},
+        {"logits " + model + " --tokens '1 x'", "forge logits: --tokens: '1 x' is not a list of token ids"},
+        /* a model without a tokenizer has no text: a text prompt (or none) and --stop are refused */
+        {"run " + none + " -p hi", "forge run: " + none + " has no tokenizer, so there is no text prompt: give the prompt as token ids (--tokens \"1 2 3\")\n"},
+        {"run " + none, "forge run: " + none + " has no tokenizer, so there is no text prompt"},
+        {"run " + none + " --tokens 5 --stop x", "forge run: " + none + " has no tokenizer, so no text to find a --stop string in\n"},
+    };
+    for (const auto &b : bad) {
+        Split s = forge_split(b[0]);
+        EXPECT_EQ(s.status, 2) << b[0] << ": " << s.err;
+        EXPECT_EQ(s.out, "") << b[0];
+        EXPECT_EQ(s.err.rfind(b[1], 0), 0u) << b[0] << ": " << s.err;
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
 /* Issue 42: a flag given last, without its value, is named as such (it was an "unexpected
  * argument"), for the verbs' own flags and the shared ones; a flag the verb does not take stays
  * unexpected */
 TEST(Cli, FlagWithoutItsValueSaysSo) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
     const std::string model = bundled();
-    const char *flags[][2] = {{"run", "-p"},           {"run", "--save-state"},  {"run", "--parallel"},
+    const char *flags[][2] = {{"run", "-p"},           {"run", "--tokens"},    {"run", "--save-state"},  {"run", "--parallel"},
                               {"run", "-n"},           {"run", "--stop"},      {"run", "--ctx-overflow"}, {"run", "--keep"},
                               {"run", "--ctx"},        {"run", "--adapter"},   {"run", "--device"},      {"chat", "--system"},
                               {"chat", "--temp"},      {"info", "--kv"},       {"discover", "--depth"},  {"logits", "--tokens"},

@@ -33,6 +33,10 @@ forge_model *forge_cli_load(const char *path, const forge_cli_opts *o);
 /* Loads only the tokenizer of PATH (vocab_only). */
 forge_model *forge_cli_load_vocab(const char *path, int verbose);
 
+/* Whether the model has a tokenizer (a vocabulary): without one there is no text, only ids
+ * (the parity checkpoints have none). */
+int forge_cli_has_tokenizer(const forge_model *m);
+
 /* Value parsers for flags: each parses the whole of `s`, checks the range and returns 0, or
  * prints what is wrong with it, naming the range ("forge CMD: FLAG: 'S' must be an integer in
  * LO..HI", "... is not a number in [LO, HI]"), and returns 2 (a usage error). */
@@ -86,6 +90,8 @@ int forge_cli_verb_help(const char *verb, FILE *f);
 /* Writes s[0..n) to stdout as a JSON string (quoted, escaped). */
 void forge_cli_json_string(const char *s, size_t n);
 void forge_cli_json_cstr(const char *s);
+/* Writes ids[0..n) to stdout as a JSON array of integers. */
+void forge_cli_json_ids(const int32_t *ids, size_t n);
 
 /* The verbs that live outside tools/forge_cli.c. */
 int cmd_train(int argc, char **argv);                  /* tools/cli_train.c */

@@ -15,11 +15,20 @@
 typedef struct batch_out {
     char *text;
     size_t len, cap;
+    int32_t *ids;              /* the generated tokens */
+    size_t n_ids, cap_ids;
 } batch_out;
 
 static int batch_collect(void *user, int32_t token, const char *text, size_t len) {
-    (void)token;
     batch_out *o = (batch_out *)user;
+    if (token >= 0 && o->n_ids == o->cap_ids) {
+        size_t cap = o->cap_ids ? o->cap_ids * 2 : 64;
+        int32_t *ids = realloc(o->ids, sizeof *ids * cap);
+        if (!ids) return 1; /* out of memory: stop this sequence */
+        o->ids = ids;
+        o->cap_ids = cap;
+    }
+    if (token >= 0) o->ids[o->n_ids++] = token;
     if (o->len + len + 1 > o->cap) {
         size_t cap = (o->len + len + 1) * 2;
         char *t = realloc(o->text, cap);
@@ -118,6 +127,8 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
                 forge_cli_json_cstr(lines[i]);
                 printf(", \"text\": ");
                 forge_cli_json_string(outs[i].text ? outs[i].text : "", outs[i].len);
+                printf(", \"ids\": ");
+                forge_cli_json_ids(outs[i].ids, outs[i].n_ids);
                 printf(", \"status\": \"%s\", \"stop_reason\": \"%s\", \"prompt_tokens\": %d, \"generated_tokens\": %d, "
                        "\"ttft_ms\": %.3f, \"decode_tok_s\": %.2f}",
                        forge_status_name(res[i].status), forge_cli_stop_name(mt->stop_reason), mt->prompt_tokens, mt->generated_tokens,
@@ -146,6 +157,7 @@ int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *f
     for (int i = 0; i < n; i++) {
         free(lines[i]);
         if (outs) free(outs[i].text);
+        if (outs) free(outs[i].ids);
     }
     free(lines);
     free(items);

@@ -116,6 +116,10 @@ forge_model *forge_cli_load_vocab(const char *path, int verbose) {
     return load_with(path, &mp, verbose);
 }
 
+/* forge_token_piece is NULL for every id when the model has no vocabulary (generation then gives
+ * ids and no text). */
+int forge_cli_has_tokenizer(const forge_model *m) { return forge_token_piece(m, 0) != NULL; }
+
 int forge_cli_parse_int(const char *cmd, const char *flag, const char *s, long long lo, long long hi, long long *out) {
     char *end = NULL;
     errno = 0;
@@ -202,6 +206,12 @@ void forge_cli_json_string(const char *s, size_t n) {
 }
 
 void forge_cli_json_cstr(const char *s) { forge_cli_json_string(s, strlen(s)); }
+
+void forge_cli_json_ids(const int32_t *ids, size_t n) {
+    putchar('[');
+    for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
+    putchar(']');
+}
 
 /* ---- Ctrl-C (cli.h) ---- */
 

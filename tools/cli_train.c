@@ -159,15 +159,12 @@ static data_ctx data_ctx_for(forge_model *m, int mask_prompt, int seq) {
     c.mask_prompt = mask_prompt;
     c.seq = seq;
     c.eos = -1;
-    int32_t probe[16];
-    size_t n_probe = 0;
-    forge_status st = forge_tokenize(m, "a", 1, 0, probe, 16, &n_probe);
-    c.has_tokenizer = st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL;
+    c.has_tokenizer = forge_cli_has_tokenizer(m);
     forge_special_tokens sp = {.struct_size = sizeof sp};
     if (c.has_tokenizer && forge_model_special_tokens(m, &sp) == FORGE_OK) c.eos = sp.eos;
     forge_chat_message hello = {sizeof hello, "user", "hello"};
     size_t need = 0;
-    st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
+    forge_status st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
     c.has_chat = c.has_tokenizer && st != FORGE_ERR_UNSUPPORTED; /* a template rejects a conversation later, by line */
     return c;
 }

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -18,14 +19,17 @@
  * command's name; its continuation lines are indented further (forge help VERB prints them). */
 static const char usage_text[] =
             "usage: forge <command> [options]\n"
-            "  run [MODEL] [-p PROMPT] [-n N] [--temp T] [--top-k K] [--top-p P] [--min-p M]\n"
-            "      [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
+            "  run [MODEL] [-p PROMPT | --tokens \"1 2 3\"] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
+            "      [--min-p M] [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
             "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE] [--json]\n"
             "                                   generate text, streamed to stdout (default model: FORGE_MODEL,\n"
             "                                   else the bundled stories260K; greedy unless --temp > 0;\n"
             "                                   -n default 256; the default --seed is fixed, 0: a sampled\n"
             "                                   run gives the same text until --seed changes);\n"
-            "                                   --json: the text and the metrics as one JSON object at the end;\n"
+            "                                   --tokens: the prompt as token ids, taken as they are (no BOS\n"
+            "                                   added); a model without a tokenizer prints ids, not text;\n"
+            "                                   --json: the text, the generated ids and the metrics as one\n"
+            "                                   JSON object at the end;\n"
             "                                   stops at a full context unless --ctx-overflow slides it;\n"
             "                                   --load-state continues a saved session (the prompt\n"
             "                                   follows its tokens), --save-state saves the session\n"
@@ -33,10 +37,10 @@ static const char usage_text[] =
             "                                   at the next token, then prints and saves as any stop does\n"
             "                                   (during the prompt: no state is saved)\n"
             "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
-            "                                   every line of FILE a prompt, generated together (K at once,\n"
-            "                                   default min(lines, 16)); each output labelled, or with\n"
-            "                                   --json one JSON object each; Ctrl-C stops every sequence at\n"
-            "                                   its next token, then prints them\n"
+            "                                   every line of FILE a text prompt (no -p or --tokens with it),\n"
+            "                                   generated together (K at once, default min(lines, 16)); each\n"
+            "                                   output labelled, or with --json one JSON object each; Ctrl-C\n"
+            "                                   stops every sequence at its next token, then prints them\n"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] [--ctx-overflow MODE] [--keep N] ...\n"
             "                                   interactive chat in the model's own template (a model with\n"
             "                                   none is refused); sampling options as run's (the default\n"
@@ -502,22 +506,39 @@ static int cmd_discover(int argc, char **argv) {
     return 0;
 }
 
-/* The ids of --tokens ("1 2 3" or "1,2,3"), malloc'd, *n of them; NULL (after a message) when
- * the list is malformed or empty. */
-static int32_t *parse_tokens(const char *toks, int *n) {
+/* The ids of --tokens ("1 2 3" or "1,2,3"; run, logits, keys), malloc'd, *n of them; NULL after
+ * a message naming the verb when the list is empty or holds anything but integers in 0..INT32_MAX
+ * (the vocabulary is checked later: by run_refuses for run, by the library for logits and keys). */
+static int32_t *parse_tokens(const char *cmd, const char *toks, int *n) {
     int cap = 16;
     int32_t *ids = malloc(sizeof *ids * (size_t)cap);
     *n = 0;
-    for (char *p = (char *)toks, *end; *p;) {
+    for (const char *p = toks; ids && *p;) {
         while (*p == ' ' || *p == ',' || *p == '\t') p++;
         if (!*p) break;
-        long v = strtol(p, &end, 10);
-        if (end == p) { fprintf(stderr, "forge: --tokens: '%s' is not a list of integers\n", toks); free(ids); return NULL; }
-        if (*n == cap) ids = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
-        ids[(*n)++] = (int32_t)v;
+        char *end;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "forge %s: --tokens: '%s' is not a list of token ids (integers >= 0, separated by spaces or commas)\n", cmd,
+                    toks);
+            free(ids);
+            return NULL;
+        }
+        if (*n == cap) {
+            int32_t *bigger = realloc(ids, sizeof *ids * (size_t)(cap *= 2));
+            if (!bigger) free(ids);
+            ids = bigger;
+        }
+        if (ids) ids[(*n)++] = (int32_t)v;
         p = end;
     }
-    if (*n == 0) { fprintf(stderr, "forge: --tokens is empty\n"); free(ids); return NULL; }
+    if (!ids) fprintf(stderr, "forge %s: out of host memory\n", cmd);
+    else if (*n == 0) {
+        fprintf(stderr, "forge %s: --tokens is empty\n", cmd);
+        free(ids);
+        ids = NULL;
+    }
     return ids;
 }
 
@@ -549,7 +570,7 @@ static int cmd_logits(int argc, char **argv) {
     if (!path) return verb_usage_error("logits", no_model);
     if (!toks) return verb_usage_error("logits", "--tokens \"1 2 3\" is required");
     int n;
-    int32_t *ids = parse_tokens(toks, &n);
+    int32_t *ids = parse_tokens("logits", toks, &n);
     if (!ids) return 2;
     forge_model *m = forge_cli_load(path, &o);
     if (!m) { free(ids); return 1; }
@@ -635,7 +656,7 @@ static int cmd_keys(int argc, char **argv) {
     if (!path) return verb_usage_error("keys", no_model);
     if (!toks) return verb_usage_error("keys", "--tokens \"1 2 3\" is required");
     int n;
-    int32_t *ids = parse_tokens(toks, &n);
+    int32_t *ids = parse_tokens("keys", toks, &n);
     if (!ids) return 2;
     forge_model *m = forge_cli_load(path, &o);
     if (!m) { free(ids); return 1; }
@@ -691,27 +712,34 @@ static int print_ids(forge_model *m, const char *text, size_t len, uint32_t flag
         free(ids);
         return 1;
     }
-    putchar('[');
-    for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", ids[i]);
-    putchar(']');
+    forge_cli_json_ids(ids, n);
     free(ids);
     return 0;
 }
 
-/* Prints the text of ids as a JSON string (json) or as it is; 0 on success. */
-static int print_text(forge_model *m, const int32_t *ids, size_t n, uint32_t flags, int json) {
-    size_t cap = 64 + 16 * n, len = 0;
+/* The text of ids (NUL-terminated, malloc'd; *len its length); NULL after the library's message. */
+static char *ids_text(forge_model *m, const int32_t *ids, size_t n, uint32_t flags, size_t *len) {
+    size_t cap = 64 + 16 * n;
     char *text = malloc(cap);
-    forge_status st = forge_detokenize(m, ids, n, flags, text, cap, &len);
+    forge_status st = text ? forge_detokenize(m, ids, n, flags, text, cap, len) : FORGE_ERR_OUT_OF_MEMORY;
     if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
-        text = realloc(text, cap = len + 1);
-        st = forge_detokenize(m, ids, n, flags, text, cap, &len);
+        char *bigger = realloc(text, cap = *len + 1);
+        st = bigger ? forge_detokenize(m, ids, n, flags, text = bigger, cap, len) : FORGE_ERR_OUT_OF_MEMORY;
     }
     if (st != FORGE_OK) {
-        fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+        fprintf(stderr, "forge: %s (%s)\n", st == FORGE_ERR_OUT_OF_MEMORY ? "out of host memory" : forge_model_errmsg(m),
+                forge_status_name(st));
         free(text);
-        return 1;
+        return NULL;
     }
+    return text;
+}
+
+/* Prints the text of ids as a JSON string (json) or as it is; 0 on success. */
+static int print_text(forge_model *m, const int32_t *ids, size_t n, uint32_t flags, int json) {
+    size_t len = 0;
+    char *text = ids_text(m, ids, n, flags, &len);
+    if (!text) return 1;
     if (json) forge_cli_json_string(text, len);
     else fwrite(text, 1, len, stdout);
     free(text);
@@ -1023,27 +1051,45 @@ static const char *bundled_model(void) {
     return NULL;
 }
 
-/* What forge run generated: the last token, and with --json the text (printed at the end). */
+/* What forge run generated: the last token, and with --json the text and the ids (printed at
+ * the end). A model without a tokenizer gives ids and no text: stdout gets the ids. */
 typedef struct run_output {
     int32_t last;
     int json;
-    const char *echo;          /* the prompt, until it is printed before the first text */
+    int as_ids;                /* no tokenizer: the prompt and the tokens are printed as ids */
+    const char *echo;          /* the prompt, until it is printed before the first output */
+    int started;               /* as_ids: an id is on stdout's line, so the next goes after a space */
     char *text;
     size_t len, cap;
-    int failed;                /* out of memory collecting the text */
+    int32_t *ids;              /* --json: the generated tokens (generated_tokens of them) */
+    size_t n_ids, cap_ids;
+    int failed;                /* out of memory keeping the text or the ids */
 } run_output;
 
-/* Streams text to stdout, or with --json collects it; `user` is a run_output. */
+/* Streams text (or with as_ids the ids) to stdout, or with --json collects the text and the ids;
+ * `user` is a run_output. */
 static int stream_stdout(void *user, int32_t token, const char *text, size_t len) {
     run_output *r = (run_output *)user;
     if (token >= 0) r->last = token;
     if (!r->json) {
-        if (r->echo) fputs(r->echo, stdout);
-        r->echo = NULL;
-        fwrite(text, 1, len, stdout);
+        if (r->echo) {
+            fputs(r->echo, stdout);
+            r->started = *r->echo != 0;
+            r->echo = NULL;
+        }
+        if (!r->as_ids) fwrite(text, 1, len, stdout);
+        else if (token >= 0) printf(r->started++ ? " %d" : "%d", token);
         fflush(stdout);
         return 0; /* go on */
     }
+    if (token >= 0 && r->n_ids == r->cap_ids) {
+        size_t cap = r->cap_ids ? r->cap_ids * 2 : 256;
+        int32_t *ids = realloc(r->ids, sizeof *ids * cap);
+        if (!ids) { r->failed = 1; return 1; } /* stop: the ids could not be kept */
+        r->ids = ids;
+        r->cap_ids = cap;
+    }
+    if (token >= 0) r->ids[r->n_ids++] = token;
     if (r->len + len + 1 > r->cap) {
         size_t cap = (r->len + len + 1) * 2;
         char *t = realloc(r->text, cap);
@@ -1056,12 +1102,23 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
     return 0;
 }
 
-/* forge run --json: one object (docs/json.md). */
-static void run_json(const char *prompt, const run_output *r, forge_status st, const forge_metrics *m) {
+/* forge run --json: one object (docs/json.md). `prompt` is the prompt's text, NULL when the
+ * model has no tokenizer (then it and the text are null); `prompt_ids` the ids of --tokens, or
+ * NULL (no "prompt_ids"). */
+static void run_json(const char *prompt, const int32_t *prompt_ids, int n_prompt_ids, const run_output *r, forge_status st,
+                     const forge_metrics *m) {
     printf("{\"prompt\": ");
-    forge_cli_json_cstr(prompt);
+    if (prompt) forge_cli_json_cstr(prompt);
+    else fputs("null", stdout);
+    if (prompt_ids) {
+        printf(", \"prompt_ids\": ");
+        forge_cli_json_ids(prompt_ids, (size_t)n_prompt_ids);
+    }
     printf(", \"text\": ");
-    forge_cli_json_string(r->text ? r->text : "", r->len);
+    if (r->as_ids) fputs("null", stdout);
+    else forge_cli_json_string(r->text ? r->text : "", r->len);
+    printf(", \"ids\": ");
+    forge_cli_json_ids(r->ids, r->n_ids);
     printf(", \"status\": \"%s\", \"stop_reason\": \"%s\", \"prompt_tokens\": %d, \"cached_tokens\": %d, \"generated_tokens\": %d, "
            "\"ttft_ms\": %.3f, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"peak_device_bytes\": %llu, \"context_slides\": %d}\n",
            forge_status_name(st), forge_cli_stop_name(m->stop_reason), m->prompt_tokens, m->cached_tokens, m->generated_tokens,
@@ -1151,23 +1208,22 @@ static int take_sampling(const char *cmd, int *argc, char **argv, forge_generate
     return 0;
 }
 
-/* The ids of `text` without special tokens added (a continuation), malloc'd; NULL on failure. */
-static int32_t *tokenize_plain(forge_model *m, const char *text, size_t *n) {
-    size_t len = strlen(text), cap = len + 1;
+/* The ids of `text` without special tokens added (a continuation), malloc'd, *n_ids of them;
+ * NULL after a message. */
+static int32_t *tokenize_plain(forge_model *m, const char *text, int *n_ids) {
+    size_t len = strlen(text), cap = len + 1, n = 0;
     int32_t *ids = malloc(sizeof *ids * cap);
-    if (!ids) return NULL;
-    forge_status st = forge_tokenize(m, text, len, 0, ids, cap, n);
+    forge_status st = ids ? forge_tokenize(m, text, len, 0, ids, cap, &n) : FORGE_ERR_OUT_OF_MEMORY;
     if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
-        int32_t *bigger = realloc(ids, sizeof *ids * (*n + 1));
-        if (!bigger) { free(ids); return NULL; }
-        ids = bigger;
-        st = forge_tokenize(m, text, len, 0, ids, *n + 1, n);
+        int32_t *bigger = realloc(ids, sizeof *ids * (n + 1));
+        st = bigger ? forge_tokenize(m, text, len, 0, ids = bigger, n + 1, &n) : FORGE_ERR_OUT_OF_MEMORY;
     }
     if (st != FORGE_OK) {
-        fprintf(stderr, "forge: tokenizing the prompt: %s\n", forge_model_errmsg(m));
+        fprintf(stderr, "forge: tokenizing the prompt: %s\n", st == FORGE_ERR_OUT_OF_MEMORY ? "out of host memory" : forge_model_errmsg(m));
         free(ids);
         return NULL;
     }
+    *n_ids = (int)n;
     return ids;
 }
 
@@ -1178,24 +1234,12 @@ static int session_ctx(const forge_model *m, const forge_cli_opts *o) {
     return train <= 0 ? 4096 : train < 4096 ? train : 4096;
 }
 
-/* Whether the prompt (after the tokens a loaded state holds, when continuing) fits n_ctx. */
-static int prompt_fits(forge_model *m, forge_session *s, const char *prompt, int continuing, int n_ctx) {
-    size_t held = 0, n = 0;
-    if (continuing) forge_session_tokens(s, NULL, 0, &held);
-    forge_status st = forge_tokenize(m, prompt, strlen(prompt), continuing ? 0 : FORGE_TOKENIZE_ADD_SPECIAL, NULL, 0, &n);
-    return (st == FORGE_OK || st == FORGE_ERR_BUFFER_TOO_SMALL) && held + n <= (size_t)n_ctx;
-}
-
-/* --load-state: the saved tokens followed by the prompt's (no BOS: it continues them). */
-static forge_status generate_continuing(forge_session *s, forge_model *m, const char *prompt, forge_generate_params *gp, forge_metrics *mt) {
-    size_t n_saved = 0, n_new = 0;
+/* --load-state: the saved tokens followed by the prompt's ids (a text prompt's without BOS: they
+ * continue the saved ones). */
+static forge_status generate_continuing(forge_session *s, const int32_t *added, size_t n_new, forge_generate_params *gp, forge_metrics *mt) {
+    size_t n_saved = 0;
     forge_session_tokens(s, NULL, 0, &n_saved);
-    int32_t *added = *prompt ? tokenize_plain(m, prompt, &n_new) : NULL;
-    if (*prompt && !added) return FORGE_ERR_INVALID_ARGUMENT;
-    if (n_saved + n_new == 0) { /* an empty state and no prompt: start as a plain run does */
-        free(added);
-        return forge_generate(s, "", 0, gp, mt);
-    }
+    if (n_saved + n_new == 0) return forge_generate(s, "", 0, gp, mt); /* an empty state and no prompt: start as a plain run does */
     int32_t *all = malloc(sizeof *all * (n_saved + n_new));
     forge_status st = all ? forge_session_tokens(s, all, n_saved, &n_saved) : FORGE_ERR_OUT_OF_MEMORY;
     if (st == FORGE_OK) {
@@ -1203,8 +1247,37 @@ static forge_status generate_continuing(forge_session *s, forge_model *m, const 
         st = forge_generate_tokens(s, all, (int)(n_saved + n_new), gp, mt);
     }
     free(all);
-    free(added);
     return st;
+}
+
+/* "1 2 3": the ids as a line of text (malloc'd), what forge run prints for a model without a tokenizer. */
+static char *ids_line(const int32_t *ids, size_t n) {
+    char *line = malloc(12 * n + 1), *p = line;
+    for (size_t i = 0; line && i < n; i++) p += sprintf(p, i ? " %d" : "%d", ids[i]);
+    if (line) *p = 0;
+    else fprintf(stderr, "forge: out of host memory\n");
+    return line;
+}
+
+/* What forge run cannot do with this model, said before a session is made: --tokens ids outside
+ * its vocabulary; without a tokenizer (no text), a text prompt (or none: the default is text)
+ * and --stop strings. 0, or 2 after the message. */
+static int run_refuses(const forge_model *m, const char *path, const int32_t *ids, int n_ids, int text_prompt, int n_stops) {
+    int n_vocab = forge_model_n_vocab(m), has_tokenizer = forge_cli_has_tokenizer(m);
+    for (int i = 0; i < n_ids; i++)
+        if (ids[i] >= n_vocab) {
+            fprintf(stderr, "forge run: --tokens: %d is not a token id of %s (its vocabulary is 0..%d)\n", ids[i], path, n_vocab - 1);
+            return 2;
+        }
+    if (!has_tokenizer && text_prompt) {
+        fprintf(stderr, "forge run: %s has no tokenizer, so there is no text prompt: give the prompt as token ids (--tokens \"1 2 3\")\n", path);
+        return 2;
+    }
+    if (!has_tokenizer && n_stops) {
+        fprintf(stderr, "forge run: %s has no tokenizer, so no text to find a --stop string in\n", path);
+        return 2;
+    }
+    return 0;
 }
 
 static int cmd_run(int argc, char **argv) {
@@ -1216,13 +1289,14 @@ static int cmd_run(int argc, char **argv) {
     if (take_sampling("run", &argc, argv, &gp, stops, &n_stops, 16)) return 2;
     forge_session_params sp = forge_session_default_params(); /* a full context stops the run unless asked */
     if (take_overflow("run", &argc, argv, &sp)) return 2;
-    const char *path = NULL, *prompt = "", *load_state = NULL, *save_state = NULL, *batch_file = NULL;
+    const char *path = NULL, *prompt = NULL, *tokens = NULL, *load_state = NULL, *save_state = NULL, *batch_file = NULL;
     int json = 0;
     long long places = 0;
-    static const char *const values[] = {"-p", "--load-state", "--save-state", "--batch-file", "--parallel", NULL};
+    static const char *const values[] = {"-p", "--tokens", "--load-state", "--save-state", "--batch-file", "--parallel", NULL};
     for (int i = 0; i < argc; i++) {
         if (forge_cli_needs_value("run", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tokens = argv[++i];
         else if (!strcmp(argv[i], "--metrics")) show_metrics = 1;
         else if (!strcmp(argv[i], "--load-state") && i + 1 < argc) load_state = argv[++i];
         else if (!strcmp(argv[i], "--save-state") && i + 1 < argc) save_state = argv[++i];
@@ -1234,6 +1308,8 @@ static int cmd_run(int argc, char **argv) {
         else if (!path && argv[i][0] != '-') path = argv[i];
         else return forge_cli_unexpected("run", argv[i]);
     }
+    if (prompt && tokens) return verb_usage_error("run", "-p and --tokens both give the prompt: give one of them");
+    if (batch_file && (prompt || tokens)) return verb_usage_error("run", "--batch-file's lines are the prompts: no -p or --tokens with it");
     if (!path) path = forge_cli_env_model();
     if (!path && !(path = bundled_model())) {
         fprintf(stderr, "forge run: no MODEL given, FORGE_MODEL is not set and the bundled stories260K model was not found\n");
@@ -1245,24 +1321,47 @@ static int cmd_run(int argc, char **argv) {
     }
     if (batch_file) return forge_cli_run_batch(path, &o, batch_file, &gp, (int)places, json, show_metrics);
     if (places) { fprintf(stderr, "forge run: --parallel goes with --batch-file\n"); return 2; }
+    int n_ids = 0;
+    int32_t *ids = tokens ? parse_tokens("run", tokens, &n_ids) : NULL; /* the prompt's ids: --tokens', or -p's to continue a state */
+    if (tokens && !ids) return 2;
     forge_model *m = forge_cli_load(path, &o);
-    if (!m) return 1;
+    if (!m) { free(ids); return 1; }
+    int has_tokenizer = forge_cli_has_tokenizer(m);
+    if (run_refuses(m, path, ids, n_ids, !tokens && (prompt || !load_state), n_stops)) {
+        free(ids);
+        forge_model_free(m);
+        return 2;
+    }
+    if (!has_tokenizer && !json)
+        fprintf(stderr, "forge run: %s has no tokenizer: the prompt and the generated tokens are printed as ids\n", path);
     sp.n_ctx = o.n_ctx;
     sp.kv_type = o.kv_type;
     forge_session *s = NULL;
+    size_t len;
+    char *ids_prompt = NULL; /* --tokens: their text (without a tokenizer, the ids' line): echoed, and --json's "prompt" */
     int rc = 1;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
     } else if (load_state && forge_session_load(s, load_state) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
+    } else if (load_state && prompt && *prompt && !(ids = tokenize_plain(m, prompt, &n_ids))) {
+        /* the message is out */
+    } else if (tokens && !(ids_prompt = has_tokenizer ? ids_text(m, ids, (size_t)n_ids, 0, &len) : ids_line(ids, (size_t)n_ids))) {
+        /* the message is out */
     } else {
+        if (!prompt) prompt = tokens ? ids_prompt : "";
         /* The prompt is echoed before generating when it fits the context; otherwise (the
          * library refuses it, FORGE_ERR_LIMIT) only before the first text, should it run:
          * a refused prompt is not printed (a 100 kB one was, in full, before its error). */
-        run_output out = {.last = -1, .json = json, .echo = json ? NULL : prompt};
-        if (out.echo && prompt_fits(m, s, prompt, load_state != NULL, session_ctx(m, &o))) {
+        run_output out = {.last = -1, .json = json, .as_ids = !has_tokenizer, .echo = json ? NULL : prompt};
+        size_t held = 0, n_new = (size_t)n_ids; /* the tokens the session will hold before generating */
+        forge_status counted = FORGE_OK;
+        if (load_state) forge_session_tokens(s, NULL, 0, &held);
+        else if (!ids) counted = forge_tokenize(m, prompt, strlen(prompt), FORGE_TOKENIZE_ADD_SPECIAL, NULL, 0, &n_new);
+        if (out.echo && (counted == FORGE_OK || counted == FORGE_ERR_BUFFER_TOO_SMALL) && held + n_new <= (size_t)session_ctx(m, &o)) {
             fputs(prompt, stdout);
             fflush(stdout);
+            out.started = *prompt != 0;
             out.echo = NULL;
         }
         gp.on_token = stream_stdout;
@@ -1270,13 +1369,16 @@ static int cmd_run(int argc, char **argv) {
         gp.cancel = forge_cli_cancel_flag(); /* Ctrl-C: stop at the next token, then as any stop */
         forge_metrics mt = {.struct_size = sizeof mt};
         forge_cli_catch_sigint(NULL, 0);
-        forge_status st = load_state ? generate_continuing(s, m, prompt, &gp, &mt) : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
+        forge_status st = load_state ? generate_continuing(s, ids, (size_t)n_ids, &gp, &mt)
+                          : ids      ? forge_generate_tokens(s, ids, n_ids, &gp, &mt)
+                                     : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
         if (st == FORGE_OK && out.echo) fputs(out.echo, stdout); /* no text came: the prompt alone */
-        if (json) run_json(prompt, &out, st, &mt);
+        if (json) run_json(has_tokenizer ? prompt : NULL, tokens ? ids : NULL, n_ids, &out, st, &mt);
         else if (st == FORGE_OK || !out.echo) printf("\n");
         fflush(stdout);
         free(out.text);
+        free(out.ids);
         int32_t last = out.last;
         if (out.failed) fprintf(stderr, "forge: out of host memory keeping the generated text\n");
         else if (st != FORGE_OK) fprintf(stderr, "forge: %s (%s)\n", forge_session_errmsg(s), forge_status_name(st));
@@ -1299,6 +1401,8 @@ static int cmd_run(int argc, char **argv) {
         }
         if (!rc && forge_cli_interrupted()) rc = 130; /* printed and saved as any stop; then the status says so */
     }
+    free(ids_prompt);
+    free(ids);
     forge_session_free(s);
     forge_model_free(m);
     return rc;
