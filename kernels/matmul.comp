@@ -15,6 +15,8 @@
 // from word order_off the (token, choice) pairs sorted by expert). Tile row m is pair
 // p = order[first + m]: A row a_row0 + p / a_div (a_div = top_k: the token's activations; 1:
 // the pair's own row) times the expert's rows, into C row p. Tiles of other chunks' experts exit.
+// MOE with SKINNY (matmul_moe_s): tiles of 32 pairs, for experts that get few pairs each
+// (forge__moe_tile_rows in src/session.c).
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 

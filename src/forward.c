@@ -445,8 +445,8 @@ static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__r
  * matvec_sg reads just the chosen experts' rows, a workgroup layer per pair for gate|up and
  * each for down too (a token's choices in parallel, not in turn: the H200 read the 30B-A3B
  * shape's down experts at 0.31 TB/s summing in the kernel). Otherwise (prefill): moe_group.comp
- * sorts the pairs by expert into tiles of at most FORGE__MOE_BM pairs, and matmul.comp's MOE
- * build multiplies each tile with its expert's rows. Either way moe_combine.comp then sums each
+ * sorts the pairs by expert into tiles of at most 32 or 64 pairs (forge__moe_tile_rows), and
+ * matmul.comp's MOE build (SKINNY for 32) multiplies each tile with its expert's rows. Either way moe_combine.comp then sums each
  * token's outputs by weight. Expert weights are row-chunked by whole experts
  * (forge__plan_expert_weight); every dispatch runs per chunk and skips the others' experts. */
 
@@ -498,8 +498,10 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         }
     } else {
         /* the pairs grouped by expert */
-        uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs), tiles = (uint32_t)forge__moe_max_tiles(E, pairs);
-        forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, FORGE__MOE_BM, order_off};
+        uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs), bm = forge__moe_tile_rows(E, pairs);
+        uint32_t tiles = (pairs + bm - 1) / bm + E, bn = bm == FORGE__MOE_BM_S ? 128 : 64; /* matmul.comp's tiles: 32 x 128 or 64 x 64 */
+        forge__op moe_op = bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
+        forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, bm, order_off};
         forge__range bg[2] = {a->route, a->moe};
         forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
         forge__barrier(r);
@@ -509,7 +511,7 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
             forge__range b[7] = {xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
                                    ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
-            forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + gu->fmt), b, &pc, (2 * I + 63) / 64, tiles, 1);
+            forge__dispatch(r, (forge__op)(moe_op + gu->fmt), b, &pc, (2 * I + bn - 1) / bn, tiles, 1);
         }
         forge__barrier(r);
         forge__record_act_mul(p, a->h, a->gu, pairs * I, I, FORGE__GU_PAIRS);
@@ -520,7 +522,7 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
             forge__range b[7] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
                                    order_off};
-            forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_MOE + dn->fmt), b, &pc, (H + 63) / 64, tiles, 1);
+            forge__dispatch(r, (forge__op)(moe_op + dn->fmt), b, &pc, (H + bn - 1) / bn, tiles, 1);
         }
     }
     forge__barrier(r);

@@ -200,7 +200,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_CM = FORGE__OP_MATMUL_BIG + FORGE__W_COUNT, /* tensor cores (VK_NV_cooperative_matrix) */
     FORGE__OP_MATMUL_S = FORGE__OP_MATMUL_CM + FORGE__W_COUNT,   /* 32 x 128 tiles, for batch decode's few rows */
     FORGE__OP_MATMUL_MOE = FORGE__OP_MATMUL_S + FORGE__W_COUNT,  /* experts' products grouped by expert (moe_group.comp's tiles) */
-    FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    FORGE__OP_MATMUL_MOE_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* the same in 32 x 128 tiles: experts of few pairs each */
+    FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
     /* matvec_sg with a post-attention norm added to its input first (F32, F16, BF16: + forge__wfmt) */
     FORGE__OP_MATVEC_SG_POST,
     FORGE__OP_MATVEC_SG_POST_LAST = FORGE__OP_MATVEC_SG_POST + FORGE__W_BF16,
@@ -329,6 +330,7 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 8, sizeof(forge__pc_linear), 2,       \
                                    {0, FORGE__SG_PER_WG}, true},                                                        \
     [FORGE__OP_MATMUL_MOE + FMT] = {"matmul_moe_" #name, FORGE__SPV(matmul_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}},  \
+    [FORGE__OP_MATMUL_MOE_S + FMT] = {"matmul_moe_s_" #name, FORGE__SPV(matmul_moe_s_##name), 7, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
     [FORGE__OP_MATMUL_BIG + FMT] = {"matmul_big_" #name, FORGE__SPV(matmul_big_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_S + FMT] = {"matmul_s_" #name, FORGE__SPV(matmul_s_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
@@ -413,6 +415,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__PUSH_IS(matmul_##name, forge__pc_linear);      \
     FORGE__PUSH_IS(matmul_s_##name, forge__pc_linear);    \
     FORGE__PUSH_IS(matmul_moe_##name, forge__pc_linear);  \
+    FORGE__PUSH_IS(matmul_moe_s_##name, forge__pc_linear);  \
     FORGE__PUSH_IS(matmul_big_##name, forge__pc_linear);  \
     FORGE__PUSH_IS(matmul_back_##name, forge__pc_back);   \
     FORGE__PUSH_IS(matmul_back_big_##name, forge__pc_back)
@@ -651,7 +654,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
              * (at most the pairs) */
             uint32_t M = pl->M, mats = 1;
             if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
-            else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
+            else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
             *w = (forge__mat_work){rows, pl->K, M, forge__bits16(f, pl->qbits, pl->qgroup), mats};
         } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
             const forge__pc_back *pb = (const forge__pc_back *)push;

@@ -291,9 +291,18 @@ typedef enum forge__session_buf {
     FORGE__SB_LIN_CKPT, FORGE__SB_COUNT
 } forge__session_buf;
 
-#define FORGE__MOE_BM 64 /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
-/* moe_group.comp's table for n pairs: a count, a tile per 64 pairs and per expert at most, the sorted pairs. */
-static uint64_t forge__moe_max_tiles(uint32_t n_experts, uint64_t pairs) { return (pairs + FORGE__MOE_BM - 1) / FORGE__MOE_BM + n_experts; }
+#define FORGE__MOE_BM 64   /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
+#define FORGE__MOE_BM_S 32 /* its SKINNY build's (matmul_moe_s) */
+/* The tile rows of a grouped product of n pairs: 32 where the experts get 32 pairs or fewer on
+ * average (Qwen 3.5-35B-A3B's 256 experts take 16 each from a 512-token prompt: 64-row tiles
+ * would compute three rows of zeros for each one they use), else 64 (each tile reads its
+ * expert's rows once for twice as many pairs). */
+static uint32_t forge__moe_tile_rows(uint32_t n_experts, uint64_t pairs) {
+    return pairs <= (uint64_t)FORGE__MOE_BM_S * n_experts ? FORGE__MOE_BM_S : FORGE__MOE_BM;
+}
+/* moe_group.comp's table for n pairs, sized for the smaller tiles: a count, a tile per 32 pairs
+ * and per expert at most, the sorted pairs. */
+static uint64_t forge__moe_max_tiles(uint32_t n_experts, uint64_t pairs) { return (pairs + FORGE__MOE_BM_S - 1) / FORGE__MOE_BM_S + n_experts; }
 static uint32_t forge__moe_order_off(uint32_t n_experts, uint64_t pairs) { return (uint32_t)(4 + 4 * forge__moe_max_tiles(n_experts, pairs)); }
 
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,

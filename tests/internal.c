@@ -189,11 +189,14 @@ forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t 
     free(route);
     forge__range cc = ft_buf(&j, NULL, 4ull * pairs * R);
     forge__range dummy = ft_buf(&j, NULL, 16);
-    uint32_t order_off = forge__moe_order_off(E, pairs), tiles = (uint32_t)forge__moe_max_tiles(E, pairs);
+    uint32_t order_off = forge__moe_order_off(E, pairs);
+    uint32_t bm = grouped == 2 ? FORGE__MOE_BM : grouped == 3 ? FORGE__MOE_BM_S : forge__moe_tile_rows(E, pairs);
+    uint32_t tiles = (pairs + bm - 1) / bm + E, bn = bm == FORGE__MOE_BM_S ? 128 : 64;
+    forge__op moe_op = bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
     forge__range moe = dummy;
     if (grouped) {
         moe = ft_buf(&j, NULL, 4ull * (order_off + pairs));
-        forge__pc_moe_group pg = {pairs, E, FORGE__MOE_BM, order_off};
+        forge__pc_moe_group pg = {pairs, E, bm, order_off};
         forge__range bg[2] = {rb, moe};
         forge__dispatch(&j.rec, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
         forge__barrier(&j.rec);
@@ -206,7 +209,7 @@ forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t 
                                0, 0, 0, e0, n_exp, top_k, top_k, order_off};
         if (grouped) {
             forge__range binds[7] = {a, wb, cc, dummy, sb, bb, moe};
-            forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL_MOE + w->fmt), binds, &pc, (R + 63) / 64, tiles, 1);
+            forge__dispatch(&j.rec, (forge__op)(moe_op + w->fmt), binds, &pc, (R + bn - 1) / bn, tiles, 1);
         } else {
             forge__range binds[8] = {a, wb, cc, dummy, sb, bb, dummy, rb};
             uint32_t per = forge__matvec_rows_per_wg(true, 0), gx, gy;

@@ -93,7 +93,8 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
  * expert experts[t * top_k + j] (weight 1), and C [n_tokens * top_k, R] gets each (token,
  * choice) pair's product with the token's row of A [n_tokens, K]. grouped 0: decode's matvec_sg
  * EXPERTS (FORGE_ERR_UNSUPPORTED without subgroup arithmetic); 1: prefill's moe_group +
- * matmul_moe. chunk_experts: experts per weight chunk (0: one chunk). */
+ * matmul_moe (its tile rows by forge__moe_tile_rows; 2: 64-row tiles, 3: 32-row tiles, whatever
+ * the pairs). chunk_experts: experts per weight chunk (0: one chunk). */
 forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
                         uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C);
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);

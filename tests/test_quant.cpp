@@ -188,7 +188,7 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
     }
     /* mixture of experts: the weight's first 3 R rows as 3 experts of R rows; 5 tokens choose 2
      * each (one token twice the same); decode's per-pair matvec and prefill's grouped matmul, the
-     * experts in one chunk and one a chunk */
+     * experts in one chunk and one a chunk; the grouped product in either tile size */
     {
         const uint32_t E = 3, R = N / E, T = 5, top_k = 2;
         const std::vector<uint32_t> ex = {2, 0, 1, 2, 0, 0, 2, 1, 1, 0};
@@ -200,7 +200,7 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
                 ref[(size_t)p * R + r] = (float)acc;
             }
         ft_weight w = q.weight(fmt);
-        for (int grouped : {0, 1})
+        for (int grouped : {0, 1, 2, 3})
             for (uint32_t chunk : {0u, 1u}) {
                 std::fill(C.begin(), C.end(), NAN);
                 forge_status st = ft_experts(device(), &w, A.data(), T, K, E, R, top_k, ex.data(), chunk, grouped, C.data());
