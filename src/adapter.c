@@ -26,7 +26,7 @@ static bool forge__target_on(const forge__config *c, int l, forge__target t) {
 }
 
 /* Why adapters (and so training) do not fit model c's layers, or NULL where they do: layers of
- * one shape (forge__uniform_layers), or Qwen 3.5's dense ones (linear-attention layers beside
+ * one shape (no experts, no Gemma 4 extras), or Qwen 3.5's dense ones (linear-attention layers beside
  * full-attention layers of one shape). */
 static const char *forge__lora_unsupported(const forge__config *c) {
     if (c->n_experts) return "mixture-of-experts layers: forge has no adapters on experts and no backward pass through them";

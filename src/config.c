@@ -137,14 +137,6 @@ static bool forge__uniform_kv(const forge__config *c) {
         if (forge__kv_shared(c, l) || forge__hd(c, l) != (uint32_t)c->head_dim || forge__nkv(c, l) != (uint32_t)c->n_kv_heads) return false;
     return true;
 }
-/* ... and the same MLP, no experts, no Gemma 4 extras (what training and adapters assume). */
-static bool forge__uniform_layers(const forge__config *c) {
-    if (c->n_experts || c->ple_dim || c->v_norm || c->attn_gate || !forge__uniform_kv(c)) return false;
-    for (int l = 0; l < c->n_layers; l++)
-        if (c->layer_ffn[l] != c->ffn || c->layer_k_eq_v[l]) return false;
-    return true;
-}
-
 static double forge__round_to_dtype(double x, forge__dtype t) {
     if (t == FORGE__BF16) return forge__bf16_to_f32(forge__f32_to_bf16((float)x));
     if (t == FORGE__F16) return forge__f16_to_f32(forge__f32_to_f16((float)x));
