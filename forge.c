@@ -56,6 +56,8 @@
 #include "src/adapter.c"    /* LoRA adapter files (PEFT, mlx-lm); the model's adapter at load */
 #include "src/api.c"        /* loading, sessions, eval, the tokenizer's public calls */
 #include "src/discover.c"   /* models in a directory tree, checked from their headers */
+#include "src/schema.c"     /* JSON Schema -> GBNF: the enforced subset, patterns, bounded numbers */
+#include "src/grammar.c"    /* GBNF, the byte automaton, the token trie, the matcher: constraints */
 #include "src/generate.c"   /* the sampler, stop rules, the prompt cache, forge_generate */
 #include "src/batch.c"      /* many sequences on one session: forge_generate_batch */
 #include "src/classify.c"   /* many prompts in padded batches: forge_classify */

@@ -690,7 +690,10 @@ typedef enum forge_stop_reason {
     FORGE_STOP_MAX_TOKENS = 4,
     FORGE_STOP_CALLBACK = 5,     /* the callback returned non-zero */
     FORGE_STOP_CONTEXT = 6,      /* the session's context is full (FORGE_OVERFLOW_FAIL) */
-    FORGE_STOP_CANCELLED = 7     /* the caller's cancel flag was set (forge_generate_params.cancel) */
+    FORGE_STOP_CANCELLED = 7,    /* the caller's cancel flag was set (forge_generate_params.cancel) */
+    FORGE_STOP_CONSTRAINT = 8    /* the constraint allows nothing more: matched whole with nothing that may
+                                  * follow (forge_metrics.constraint_complete 1), or no token of the
+                                  * vocabulary continues it (0) */
 } forge_stop_reason;
 
 /* Called once per generated token, in order. `text` is the text this token makes printable:
@@ -703,6 +706,88 @@ typedef enum forge_stop_reason {
  * before the next token, leaves the session usable, and the stop reason is
  * FORGE_STOP_CALLBACK. */
 typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, size_t text_len);
+
+/* ---------------------------------------------------------------------------------------
+ * Constraints: structured output
+ *
+ * A constraint limits what generate, chat, batch items and classify may produce to the text a
+ * grammar matches: a GBNF grammar (llama.cpp's format, starting at rule `root`), a JSON Schema,
+ * any JSON object, or one of a list of strings. forge compiles it once per call into a byte
+ * automaton and, at each token, allows exactly the tokens whose bytes the automaton can take
+ * next (special tokens never; the end tokens only where the grammar may end):
+ *   - sampling: the allowed tokens' distribution, renormalized, then the usual filters and draw
+ *     (llama.cpp's order: the grammar first). Greedy takes the highest-logit allowed token.
+ *     The device's 256 candidates are checked first; the whole mask (and the whole logits row)
+ *     is computed only when they cannot decide the draw.
+ *   - forced text: where the grammar allows one byte at a time (a property name, "}"), the
+ *     text up to where it branches is written as the tokenizer's own tokens of it (all but the
+ *     last, which could merge with what follows) without sampling, evaluated together in one
+ *     step; sample_forced = 1 samples them instead.
+ *   - the end: when the grammar is matched and nothing may follow, the call stops
+ *     (FORGE_STOP_CONSTRAINT); where it may end or go on, the model's end token is allowed.
+ *     max_tokens, a full context, stop strings, the callback and cancel still stop it, which
+ *     leaves a prefix of a match (forge_metrics.constraint_complete 0). The output never
+ *     leaves the grammar.
+ *   - a trigger makes the constraint lazy: text is free until the trigger string appears in
+ *     it (Qwen 3's "</think>", a tool-call opener); the text after it (up to 16 whitespace
+ *     bytes first) must match the grammar, and once matched the text is free again until the
+ *     next trigger. A reasoning model's thinking stays free.
+ * docs/features.md lists the JSON Schema keywords forge enforces; any other validation keyword
+ * is FORGE_ERR_UNSUPPORTED naming it (never silently ignored). A grammar error names the line,
+ * column and rule; left recursion is refused; hostile grammars meet limits (FORGE_ERR_LIMIT).
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum forge_constraint_kind {
+    FORGE_CONSTRAINT_NONE = 0,        /* no constraint */
+    FORGE_CONSTRAINT_GBNF = 1,        /* text: a GBNF grammar (llama.cpp's format), from its rule "root" */
+    FORGE_CONSTRAINT_JSON_SCHEMA = 2, /* text: a JSON Schema (the enforced subset: docs/features.md) */
+    FORGE_CONSTRAINT_JSON_OBJECT = 3, /* any JSON object (text unused) */
+    FORGE_CONSTRAINT_CHOICES = 4      /* exactly one of choices[0 .. n_choices) */
+} forge_constraint_kind;
+
+typedef struct forge_constraint {
+    uint32_t struct_size;             /* sizeof(forge_constraint) */
+    forge_constraint_kind kind;
+    const char *text;                 /* the grammar or the schema, UTF-8 */
+    size_t text_len;                  /* its length; 0: up to its NUL */
+    const char *const *choices;       /* FORGE_CONSTRAINT_CHOICES: the strings (UTF-8) */
+    int n_choices;
+    const char *trigger;              /* NULL: the constraint holds from the first byte; else it starts after this text */
+    int sample_forced;                /* 1: sample the text the grammar forces too (default 0: written without sampling) */
+} forge_constraint;
+
+/* A compiled constraint bound to a model's vocabulary, for callers who sample themselves (and
+ * forge bench-grammar): which tokens may come next. Like a session, one thread at a time. */
+typedef struct forge_grammar forge_grammar;
+
+/* forge_grammar_status bits */
+#define FORGE_GRAMMAR_COMPLETE 1u /* the text so far is a whole match (the end token is allowed) */
+#define FORGE_GRAMMAR_DONE 2u     /* ... and nothing may follow */
+#define FORGE_GRAMMAR_DEAD 4u     /* no byte can continue it and it is not matched (a token was forced in) */
+#define FORGE_GRAMMAR_IN_SPAN 8u  /* inside the constrained text (always, without a trigger) */
+
+/* Compiles `constraint` for `model` (a vocab_only model is enough): the model's end tokens end
+ * it. On failure *out is NULL and the message (naming the rule, keyword or limit) is on the model. */
+FORGE_API forge_status forge_grammar_create(const forge_model *model, const forge_constraint *constraint, forge_grammar **out);
+FORGE_API void forge_grammar_free(forge_grammar *grammar);
+FORGE_API const char *forge_grammar_errmsg(const forge_grammar *grammar);
+/* 1 when `token` may come next, else 0. */
+FORGE_API int forge_grammar_allows(forge_grammar *grammar, int32_t token);
+/* Every token that may come next as bits (token t: bit t % 32 of mask[t / 32]); n_words at least
+ * (n_vocab + 31) / 32. FORGE_ERR_LIMIT when the grammar's automaton passes its bounds. */
+FORGE_API forge_status forge_grammar_mask(forge_grammar *grammar, uint32_t *mask, size_t n_words);
+/* Takes `token` (FORGE_ERR_INVALID_ARGUMENT when it is not allowed). */
+FORGE_API forge_status forge_grammar_accept(forge_grammar *grammar, int32_t token);
+/* FORGE_GRAMMAR_* bits of where the text stands. */
+FORGE_API uint32_t forge_grammar_status(const forge_grammar *grammar);
+/* Host time spent in this grammar so far (compiling, checks, masks), in milliseconds. */
+FORGE_API double forge_grammar_time_ms(const forge_grammar *grammar);
+
+/* The GBNF forge compiles a JSON Schema into (rule root), into out (capacity bytes, NUL-terminated;
+ * *len = its length; FORGE_ERR_BUFFER_TOO_SMALL with *len when it does not fit). Errors
+ * (FORGE_ERR_UNSUPPORTED naming a keyword forge does not enforce, ...) write errmsg when not NULL. */
+FORGE_API forge_status forge_json_schema_to_gbnf(const char *schema, size_t schema_len, char *out, size_t capacity, size_t *len,
+                                                 char *errmsg, size_t errmsg_size);
 
 typedef struct forge_generate_params {
     uint32_t struct_size;
@@ -728,6 +813,7 @@ typedef struct forge_generate_params {
      * it, and a later prompt with the same prefix reuses it) and stays usable. The caller owns
      * the flag and clears it before reusing it. */
     const int *cancel;
+    const forge_constraint *constraint; /* optional: what the output must match (see Constraints); NULL: free text */
 } forge_generate_params;
 
 FORGE_API forge_generate_params forge_generate_default_params(void);
@@ -747,6 +833,10 @@ typedef struct forge_metrics {
     uint64_t prompt_cache_hits;       /* calls on this session that reused a cached prefix (cumulative) */
     forge_stop_reason stop_reason;
     int context_slides;               /* times this call slid a full context (forge_overflow) */
+    int constraint_complete;          /* with a constraint: 1 when the output matches it whole (or ended outside a triggered span) */
+    int forced_tokens;                /* generated tokens the constraint forced (written, not sampled) */
+    int constraint_masks;             /* steps whose candidates could not decide: the whole mask was computed */
+    double constraint_ms;             /* host time spent on the constraint: compiling, checks, masks, forced text */
 } forge_metrics;
 
 /* Generates from a token prompt. The session's cache keeps what it holds of an exact prefix of
@@ -897,6 +987,8 @@ typedef struct forge_classify_params {
     size_t logits_capacity;       /* floats */
     const int *cancel;            /* optional: set (from any thread) to stop between batches with
                                      FORGE_ERR_CANCELLED; the results are then not filled */
+    const forge_constraint *constraint; /* optional: the token is drawn among those the constraint allows first;
+                                     FORGE_CONSTRAINT_CHOICES also finds the choice (forge_classify_result.choice) */
 } forge_classify_params;
 
 FORGE_API forge_classify_params forge_classify_default_params(void);
@@ -910,6 +1002,8 @@ typedef struct forge_classify_result {
                                      has no tokenizer. Owned by the session, valid until its next
                                      classify call or its free. */
     size_t text_len;
+    int choice;                   /* with a FORGE_CONSTRAINT_CHOICES constraint: the index of the choice the model
+                                     writes (greedy or drawn, token by token as generate would), else -1 */
 } forge_classify_result;
 
 /* Classifies n_prompts prompts into results[0 .. n_prompts). Prompt i draws from a generator

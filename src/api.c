@@ -303,6 +303,7 @@ FORGE_API forge_status forge_model_load(const char *path, const forge_model_para
     *out_model = m;
     pthread_mutex_init(&m->err_lock, NULL);
     pthread_mutex_init(&m->slot_lock, NULL);
+    pthread_mutex_init(&m->vocab_lock, NULL);
     pthread_cond_init(&m->slot_free, NULL);
     forge_model_params p;
     FORGE__COPY_PARAMS(p, params, forge_model_default_params);
@@ -336,6 +337,8 @@ FORGE_API void forge_model_free(forge_model *m) {
     for (int i = 0; i < m->n_files; i++) forge__file_unmap(&m->files[i]);
     free(m->files);
     forge__arena_free(&m->arena);
+    free(m->vocab);
+    pthread_mutex_destroy(&m->vocab_lock);
     pthread_mutex_destroy(&m->err_lock);
     pthread_mutex_destroy(&m->slot_lock);
     pthread_cond_destroy(&m->slot_free);

@@ -182,31 +182,41 @@ FORGE__INTERNAL void forge__reduce_row_on_host(const float *row, int V, int n, d
     *S = sum;
 }
 
-/* Draws the next token from the last step's reduction (the device's, or the host's over the
- * read-back row). `scratch` holds n_vocab candidates and probabilities for the rare full-row
- * fallback. */
-static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
-                                  int32_t *out) {
+/* Reads the last step's reduction (the device's, or the host's over the read-back row) into
+ * cands[0 .. n) (n returned) and its normalizer *M, *S; *host_row: the read-back row on models
+ * that sample on the host, else NULL. */
+static int forge__read_reduction(forge_session *s, const forge_generate_params *p, forge__cand *cands, double *M, double *S,
+                                 const float **host_row) {
     int V = s->m->cfg.n_vocab, n = FORGE__MIN(FORGE__CANDIDATES, V);
-    double M, S;
-    const float *host_row = NULL;
+    *host_row = NULL;
     if (s->m->sample_on_host) {
         forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, 4ull * V);
-        host_row = (const float *)((const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET);
-        forge__reduce_row_on_host(host_row, V, n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, scratch, &M, &S);
+        *host_row = (const float *)((const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET);
+        forge__reduce_row_on_host(*host_row, V, n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, cands, M, S);
     } else {
         forge__readback_invalidate(&s->m->dev, &s->readback, 0, 8ull * (1 + FORGE__CANDIDATES));
         const uint32_t *rb = (const uint32_t *)s->readback.mapped;
         float Mf, Sf;
         memcpy(&Mf, &rb[0], 4);
         memcpy(&Sf, &rb[1], 4);
-        M = Mf;
-        S = Sf;
+        *M = Mf;
+        *S = Sf;
         for (int i = 0; i < n; i++) {
-            memcpy(&scratch[i].logit, &rb[2 + 2 * i], 4);
-            scratch[i].id = (int32_t)rb[3 + 2 * i];
+            memcpy(&cands[i].logit, &rb[2 + 2 * i], 4);
+            cands[i].id = (int32_t)rb[3 + 2 * i];
         }
     }
+    return n;
+}
+
+/* Draws the next token from the last step's reduction. `scratch` holds n_vocab candidates and
+ * probabilities for the rare full-row fallback. */
+static forge_status forge__sample(forge_session *s, const forge_generate_params *p, forge__cand *scratch, double *probs,
+                                  int32_t *out) {
+    int V = s->m->cfg.n_vocab;
+    double M, S;
+    const float *host_row;
+    int n = forge__read_reduction(s, p, scratch, &M, &S, &host_row);
     int32_t tok = forge__sample_candidates(scratch, n, n == V, M, S, p, s->rng, probs);
     if (tok < 0) { /* the draw reaches past the candidates: take the whole row */
         const float *row = host_row;
@@ -223,6 +233,108 @@ static forge_status forge__sample(forge_session *s, const forge_generate_params 
     if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
     *out = tok;
     return FORGE_OK;
+}
+
+/* ---- constrained draws ----
+ * The allowed candidates are a prefix of the allowed tokens in logit order (every allowed token
+ * outside them has a logit at most the last candidate's). Greedy takes the first allowed one.
+ * A draw at a temperature needs the allowed tokens' normalizer, which lies between the allowed
+ * candidates' sum and that plus the whole tail's mass (S minus every candidate's term): the
+ * draw is made at both ends with the same random number, and when both give the same token
+ * so does every normalizer between (the token's rank only grows with the normalizer: the
+ * filters keep more and the cumulative sums shrink). Else the whole mask and the whole logits
+ * row decide it, from the same random number. */
+
+typedef struct forge__draw_src {
+    const forge__cand *cands;   /* the reduction's candidates, best first */
+    int n;                      /* how many (n == V: every token) */
+    double M, S;                /* its normalizer: S = sum exp((l - M) / T) over the vocabulary */
+    const float *row;           /* the whole row after the penalty when it is at hand, else NULL: */
+    forge_status (*fetch)(void *ctx, float *row); /* copies it to row (n_vocab floats) */
+    void *ctx;
+} forge__draw_src;
+
+/* Draws the next token among those g allows; *out = -1 when no token is allowed (the constraint
+ * is at a dead end). scratch / probs hold n_vocab entries, row n_vocab floats, mask the
+ * matcher's words. */
+static forge_status forge__draw_constrained(forge__matcher *g, const forge_generate_params *p, uint64_t rng[4], const forge__draw_src *src,
+                                            int V, forge__cand *scratch, double *probs, float *row, uint32_t *mask, int32_t *out,
+                                            forge__err *err) {
+    double t0 = forge__now_s();
+    *out = -1;
+    int k = 0;
+    for (int i = 0; i < src->n && !g->dfa.st; i++) {
+        if (!forge__matcher_allows(g, src->cands[i].id)) continue;
+        if (p->temperature <= 0.0f) { *out = src->cands[i].id; break; }
+        scratch[k++] = src->cands[i];
+    }
+    if (g->dfa.st) return forge__fail(err, g->dfa.st, "%s", g->err.msg);
+    if (*out < 0 && k > 0 && isfinite(scratch[0].logit)) {
+        double inv_t = 1.0 / p->temperature, Ma = scratch[0].logit, lo = 0, all = 0;
+        for (int i = 0; i < k; i++) lo += exp(((double)scratch[i].logit - Ma) * inv_t);
+        for (int i = 0; i < src->n; i++)
+            if (!isnan(src->cands[i].logit)) all += exp(((double)src->cands[i].logit - Ma) * inv_t);
+        double scale = exp((src->M - Ma) * inv_t), tail = 0;
+        if (src->n < V) {
+            double s_all = src->S * scale;
+            tail = fmax(0.0, s_all - all) + 1e-5 * s_all; /* the device's f32 sum: a margin */
+        }
+        if (isfinite(tail) && isfinite(lo)) {
+            uint64_t r1[4], r2[4];
+            memcpy(r1, rng, sizeof r1);
+            memcpy(r2, rng, sizeof r2);
+            int32_t a = forge__sample_candidates(scratch, k, src->n >= V, Ma, lo, p, r1, probs);
+            int32_t b = src->n >= V ? a : forge__sample_candidates(scratch, k, 0, Ma, lo + tail, p, r2, probs);
+            if (a >= 0 && a == b) {
+                memcpy(rng, r1, sizeof r1);
+                *out = a;
+            }
+        }
+    }
+    forge_status st = FORGE_OK;
+    if (*out < 0) { /* the whole mask and row */
+        g->ms += (forge__now_s() - t0) * 1e3;
+        t0 = forge__now_s();
+        if ((st = forge__matcher_mask(g, mask))) return forge__fail(err, st, "%s", g->err.msg);
+        const float *r = src->row;
+        if (!r) {
+            if ((st = src->fetch(src->ctx, row))) return st;
+            r = row;
+        }
+        int n = 0;
+        for (int i = 0; i < V; i++)
+            if ((mask[i >> 5] >> (i & 31)) & 1) scratch[n++] = (forge__cand){isnan(r[i]) ? -INFINITY : r[i], i};
+        if (n > 0) {
+            qsort(scratch, (size_t)n, sizeof *scratch, forge__cmp_cand);
+            if (p->temperature <= 0.0f || !isfinite(scratch[0].logit)) {
+                *out = scratch[0].id;
+            } else {
+                double inv_t = 1.0 / p->temperature, Ma = scratch[0].logit, S = 0;
+                for (int i = 0; i < n; i++) S += exp(((double)scratch[i].logit - Ma) * inv_t);
+                *out = forge__sample_candidates(scratch, n, 1, Ma, S, p, rng, probs);
+                if (*out < 0) *out = scratch[0].id;
+            }
+        }
+    }
+    g->ms += (forge__now_s() - t0) * 1e3;
+    return st;
+}
+
+static forge_status forge__fetch_row_cb(void *ctx, float *row) { return forge__fetch_logits_row((forge_session *)ctx, row); }
+
+/* The host scratch of a constrained call: the candidates as read, and the fallback's row and mask. */
+typedef struct forge__cwork {
+    forge__cand *cands; /* [FORGE__CANDIDATES] */
+    float *row;         /* [n_vocab] */
+    uint32_t *mask;     /* the matcher's words */
+} forge__cwork;
+
+/* forge__sample with constraint g: *out -1 when no token is allowed. */
+static forge_status forge__sample_constrained(forge_session *s, const forge_generate_params *p, forge__matcher *g, forge__cwork *w,
+                                              forge__cand *scratch, double *probs, int32_t *out) {
+    forge__draw_src src = {w->cands, 0, 0, 0, NULL, forge__fetch_row_cb, s};
+    src.n = forge__read_reduction(s, p, w->cands, &src.M, &src.S, &src.row);
+    return forge__draw_constrained(g, p, s->rng, &src, s->m->cfg.n_vocab, scratch, probs, w->row, w->mask, out, &s->err);
 }
 
 /* Writes to the io buffer the distinct ids among the last `window` tokens of the session's
@@ -360,6 +472,41 @@ static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repea
     return true;
 }
 
+/* The text, callback and stop rules of one generated token (the stream's state in ds, stop,
+ * piece): false when generation ends here (mt->stop_reason set). */
+static bool forge__emit(forge_model *m, const forge_generate_params *p, forge__stopper *stop, forge_detok_stream *ds, char *piece,
+                        size_t piece_size, int32_t tok, forge_metrics *mt) {
+    const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL;
+    mt->generated_tokens++;
+    size_t plen = 0;
+    if (!tk || forge_detok_stream_next(m, ds, tok, piece, piece_size, &plen) != FORGE_OK) plen = 0;
+    bool found = false;
+    size_t release = forge__stopper_push(stop, piece, plen, &found);
+    if (p->on_token && p->on_token(p->user_data, tok, stop->buf, release)) { /* non-zero: stop */
+        forge__stopper_consume(stop, release);
+        mt->stop_reason = FORGE_STOP_CALLBACK;
+        return false;
+    }
+    forge__stopper_consume(stop, release);
+    if (found) { mt->stop_reason = FORGE_STOP_STRING; stop->len = 0; return false; }
+    if (mt->generated_tokens >= p->max_tokens) { mt->stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
+    return true;
+}
+
+/* The caller's constraint compiled for this call into *g (NULL without one). */
+static forge_status forge__constraint_for(forge_session *s, const forge_generate_params *p, forge__matcher **g) {
+    *g = NULL;
+    if (!p->constraint) return FORGE_OK;
+    forge_status st = forge__check_sized(p->constraint, "forge_constraint", &s->err);
+    if (st) return st;
+    forge_constraint c;
+    forge__constraint_in(p->constraint, &c);
+    if (c.kind == FORGE_CONSTRAINT_NONE) return FORGE_OK;
+    return forge__matcher_new(s->m, &c, p->ignore_eos, p->stop_tokens, p->n_stop_tokens, g, &s->err);
+}
+
+#define FORGE__MAX_FORCED_STEP 64 /* forced tokens evaluated in one step with the drawn one */
+
 /* Generates from prompt; a model with linear-attention layers checkpoints the prompt cache
  * (exec.c) after the first `snap` prompt tokens (-1: all but the last). */
 static forge_status forge__generate_tokens(forge_session *s, const int32_t *prompt, int n_prompt, int snap,
@@ -380,19 +527,30 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: %s", fault);
     forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
     if (bad) return bad;
+    forge__matcher *g = NULL; /* the constraint, compiled before any work */
+    if ((bad = forge__constraint_for(s, &p, &g))) return bad;
     forge__rng_seed(s->rng, p.seed);
     mt.prompt_tokens = n_prompt;
     int32_t *continued = NULL; /* the prompt without what slides dropped */
-    if ((bad = forge__skip_dropped(s, prompt, &n_prompt, &continued))) return bad;
+    if ((bad = forge__skip_dropped(s, prompt, &n_prompt, &continued))) {
+        forge__matcher_free(g);
+        return bad;
+    }
     if (continued) prompt = continued;
     int slides0 = s->slides;
     mt.cached_tokens = forge__reuse_prefix(s, prompt, n_prompt, &mt.cache_wrapped);
     if (mt.cached_tokens > 0) s->prompt_cache_hits++;
     forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
     double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    forge__cwork cw = {NULL, NULL, NULL};
+    if (g) {
+        cw.cands = (forge__cand *)malloc(sizeof *cw.cands * FORGE__CANDIDATES);
+        cw.row = (float *)malloc(4ull * (size_t)V);
+        cw.mask = (uint32_t *)malloc(4ull * g->words);
+    }
     forge__stopper stop = {&p, NULL, 0, 0};
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
-    forge_status st = (cands && probs) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge_status st = (cands && probs && (!g || (cw.cands && cw.row && cw.mask))) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
     /* prefill: all but the last chunk without outputs, the last one sampled; a step ends where
@@ -427,35 +585,48 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     if (tk && !forge_token_is_special(m, prompt[n_prompt - 1])) forge_detok_stream_next(m, &ds, prompt[n_prompt - 1], piece, sizeof piece, &primed);
     double t_first = t_prefill;
     if (p.max_tokens == 0 && !mt.stop_reason) mt.stop_reason = FORGE_STOP_MAX_TOKENS; /* the prompt only */
+    int32_t steps[1 + FORGE__MAX_FORCED_STEP]; /* the tokens the next step evaluates: the drawn one, then forced ones */
+    int n_steps = 0;
     while (!st && !mt.stop_reason) {
-        int32_t tok;
-        if ((st = forge__sample(s, &p, cands, probs, &tok))) break;
-        if (mt.generated_tokens == 0) {
-            t_first = forge__now_s();
-            mt.ttft_ms = (t_first - t0) * 1e3;
+        int32_t tok = -1;
+        if (n_steps == 0) { /* a draw from the last step's logits */
+            if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; }
+            if ((st = g ? forge__sample_constrained(s, &p, g, &cw, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) break;
+            if (mt.generated_tokens == 0) {
+                t_first = forge__now_s();
+                mt.ttft_ms = (t_first - t0) * 1e3;
+            }
+            if (tok < 0) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* no token continues the constraint */
+            forge_stop_reason why;
+            if (forge__is_stop_token(tk, &p, tok, &why)) { mt.stop_reason = why; break; }
+            if (g) forge__matcher_accept(g, tok);
+            steps[n_steps++] = tok;
+            if (!forge__emit(m, &p, &stop, &ds, piece, sizeof piece, tok, &mt)) break;
         }
-        forge_stop_reason why;
-        if (forge__is_stop_token(tk, &p, tok, &why)) { mt.stop_reason = why; break; }
-        mt.generated_tokens++;
-        size_t plen = 0;
-        if (!tk || forge_detok_stream_next(m, &ds, tok, piece, sizeof piece, &plen) != FORGE_OK) plen = 0;
-        bool found = false;
-        size_t release = forge__stopper_push(&stop, piece, plen, &found);
-        if (p.on_token && p.on_token(p.user_data, tok, stop.buf, release)) { /* non-zero: stop */
-            forge__stopper_consume(&stop, release);
-            mt.stop_reason = FORGE_STOP_CALLBACK;
-            break;
+        /* the text the constraint forces next, evaluated in the same step */
+        if (g && !g->done && !g->dead) {
+            int room = s->overflow == FORGE_OVERFLOW_FAIL ? s->n_ctx - s->n_past - n_steps : s->n_ctx - forge__slide_keep(s) - n_steps;
+            int cap = FORGE__MIN(FORGE__MIN(FORGE__MAX_FORCED_STEP, s->n_batch - n_steps), FORGE__MIN(room, p.max_tokens - mt.generated_tokens));
+            int k = forge__matcher_forced(g, steps + n_steps, cap);
+            bool go = true;
+            for (int i = 0; i < k && go; i++) {
+                mt.forced_tokens++;
+                go = forge__emit(m, &p, &stop, &ds, piece, sizeof piece, steps[n_steps + i], &mt);
+                if (!go) n_steps += i + 1;
+            }
+            if (!go) break;
+            n_steps += k;
         }
-        forge__stopper_consume(&stop, release);
-        if (found) { mt.stop_reason = FORGE_STOP_STRING; stop.len = 0; break; }
-        if (mt.generated_tokens >= p.max_tokens) { mt.stop_reason = FORGE_STOP_MAX_TOKENS; break; }
-        if (s->n_past >= s->n_ctx) {
+        if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* matched: nothing to evaluate */
+        if (n_steps == 0) continue;
+        if (s->n_past + n_steps > s->n_ctx) {
             if (s->overflow == FORGE_OVERFLOW_FAIL) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
-            if ((st = forge__make_room(s, 1))) break;
+            if ((st = forge__make_room(s, n_steps))) break;
         }
         if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
-        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, &tok, 1, window) : 0;
-        st = forge__step(s, &tok, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+        sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, steps, n_steps, window) : 0;
+        st = forge__step(s, steps, (uint32_t)n_steps, (uint32_t)n_steps - 1, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+        n_steps = 0;
     }
     if (!st && mt.stop_reason != FORGE_STOP_STRING && mt.stop_reason != FORGE_STOP_CALLBACK) {
         /* an unfinished character at the end, then held-back text that never became a stop string */
@@ -473,8 +644,17 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
     mt.prompt_cache_hits = s->prompt_cache_hits;
     mt.context_slides = s->slides - slides0;
+    if (g) {
+        mt.constraint_complete = g->complete && !g->dead && mt.stop_reason != FORGE_STOP_STRING;
+        mt.constraint_masks = g->full_masks;
+        mt.constraint_ms = g->ms;
+    }
     s->metrics = mt;
     if (metrics) FORGE__PUT(metrics, mt);
+    forge__matcher_free(g);
+    free(cw.cands);
+    free(cw.row);
+    free(cw.mask);
     free(continued);
     free(stop.buf);
     free(cands);

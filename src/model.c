@@ -171,6 +171,10 @@ struct forge_model {
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
+    /* The tokens as bytes and their trie, for constraints (grammar.c's forge__vocab, one block
+     * freed with free()); built on first use, under vocab_lock (the model is shared). */
+    struct forge__vocab *vocab;
+    pthread_mutex_t vocab_lock;
     bool exact;                   /* forge_model_params.exact: no fp16 rounding of activations (no tensor-core matmul) */
     forge__lora adapter;          /* forge_model_params.adapter_path, applied in every forward pass (none: no pairs) */
     char main_format[16];         /* storage format of most matrix elements ("f16", "q4_k", "mlx4"), for info */

@@ -1548,6 +1548,85 @@ done:
     return rc;
 }
 
+/* The bytes token `id` adds to a text that it continues (after other tokens), into out:
+ * the decoder's steps on the one piece, as forge_detok_stream gives them after a primed token
+ * (Metaspace's and Strip's first-token rules not applied), without the lossy UTF-8 pass: a
+ * byte-level or <0xXX> piece gives its raw byte, so a character split across tokens is in
+ * the bytes of each. What a grammar matches tokens by (grammar.c). false for a hole. */
+static bool forge__tk_token_bytes(const forge__tokenizer *tk, int32_t id, forge__buf *out) {
+    out->n = 0;
+    if (id < 0 || id >= tk->n_vocab || !tk->pieces[id]) return false;
+    const char *s = tk->pieces[id];
+    size_t n = tk->piece_len[id];
+    if (!tk->has_decoder) { /* HF joins pieces with " " */
+        forge__buf_put(out, " ", 1);
+        forge__buf_put(out, s, n);
+        return !out->oom;
+    }
+    char a0[256], b0[256], iv0[64];
+    forge__buf cur, next, iv;
+    forge__buf_init(&cur, a0, sizeof a0);
+    forge__buf_init(&next, b0, sizeof b0);
+    forge__buf_init(&iv, iv0, sizeof iv0);
+    pcre2_match_data *md = NULL;
+    forge__buf_put(&cur, s, n);
+    for (int d = 0; d < tk->n_dec; d++) {
+        const forge__dec_step *st = &tk->dec[d];
+        next.n = 0;
+        switch (st->kind) {
+        case FORGE__D_BYTELEVEL: {
+            size_t q = 0;
+            while (q < cur.n) {
+                uint32_t cp;
+                int l = forge__utf8_dec((const unsigned char *)cur.p + q, cur.n - q, &cp);
+                int b = l ? forge__bl_byte(cp) : -1;
+                if (b < 0) break;
+                char c = (char)b;
+                forge__buf_put(&next, &c, 1);
+                q += (size_t)l;
+            }
+            if (q < cur.n) { next.n = 0; forge__buf_put(&next, cur.p, cur.n); } /* not byte-level text: its own bytes */
+            break;
+        }
+        case FORGE__D_METASPACE: {
+            char rep[4];
+            forge__buf rb;
+            forge__buf_init(&rb, rep, sizeof rep);
+            forge__utf8_put(&rb, st->ch);
+            for (size_t q = 0; q < cur.n;) {
+                if (cur.n - q >= rb.n && !memcmp(cur.p + q, rep, rb.n)) { forge__buf_put(&next, " ", 1); q += rb.n; }
+                else forge__buf_put(&next, cur.p + q++, 1);
+            }
+            break;
+        }
+        case FORGE__D_REPLACE: forge__pat_replace(&md, &iv, &st->pat, cur.p ? cur.p : "", cur.n, st->s, st->len, &next); break;
+        case FORGE__D_BYTEFALLBACK: {
+            int hi = -1, lo = -1;
+            if (cur.n == 6 && !memcmp(cur.p, "<0x", 3) && cur.p[5] == '>') { hi = forge__hexval(cur.p[3]); lo = forge__hexval(cur.p[4]); }
+            if (hi >= 0 && lo >= 0) {
+                char c = (char)(hi * 16 + lo);
+                forge__buf_put(&next, &c, 1);
+            } else {
+                forge__buf_put(&next, cur.p, cur.n);
+            }
+            break;
+        }
+        case FORGE__D_FUSE:
+        case FORGE__D_STRIP: forge__buf_put(&next, cur.p, cur.n); break; /* one piece, not the text's first */
+        }
+        forge__buf t = cur;
+        cur = next;
+        next = t;
+    }
+    forge__buf_put(out, cur.p, cur.n);
+    bool ok = !cur.oom && !next.oom && !iv.oom && !out->oom;
+    forge__buf_free(&cur);
+    forge__buf_free(&next);
+    forge__buf_free(&iv);
+    if (md) pcre2_match_data_free(md);
+    return ok;
+}
+
 /* ---- Loading tokenizer.json ---- */
 
 typedef struct forge__tkload {

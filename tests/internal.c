@@ -712,6 +712,168 @@ int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, do
 
 void ft_rng_seed(uint64_t state[4], uint64_t seed) { forge__rng_seed(state, seed); }
 
+/* ---- constraints ---- */
+int ft_gbnf_match(const char *gbnf, const char *text, size_t n, char *err, size_t err_size) {
+    forge__err e = {{0}};
+    forge__gram *g = NULL;
+    forge_status st = forge__gram_parse(gbnf, strlen(gbnf), &g, &e);
+    if (err && err_size) snprintf(err, err_size, "%s", e.msg);
+    if (st) return -(int)st - 1;
+    forge__gdfa d;
+    if (!forge__dfa_init(&d, g, &e)) {
+        forge__gram_free(g);
+        return -(int)FORGE_ERR_OUT_OF_MEMORY - 1;
+    }
+    int32_t s = forge__dfa_start(&d);
+    for (size_t i = 0; i < n && s != FORGE__G_DEAD; i++) s = forge__dfa_step(&d, s, (uint8_t)text[i]);
+    int r = d.st ? -(int)d.st - 1 : s == FORGE__G_DEAD ? -1 : d.states[s].accept ? 1 : 0;
+    if (d.st && err && err_size) snprintf(err, err_size, "%s", e.msg);
+    forge__dfa_free(&d);
+    forge__gram_free(g);
+    return r;
+}
+
+int ft_grammar_finish(forge_grammar *gr, int32_t *out, int cap) {
+    forge__matcher *g = gr->g;
+    if (!g->constrained) return 0;
+    forge__gdfa *d = &g->dfa;
+    /* one-byte tokens */
+    int32_t byte_tok[256];
+    for (int b = 0; b < 256; b++) byte_tok[b] = -1;
+    const forge__vocab *v = g->voc;
+    for (uint32_t i = 1; i < v->n_nodes; i++)
+        if (v->nodes[i].depth == 1 && v->nodes[i].tok_n) byte_tok[v->nodes[i].byte] = v->sorted[v->nodes[i].tok_lo];
+    /* breadth first over states */
+    int cap_q = 1 << 16;
+    int32_t *q = (int32_t *)malloc(sizeof *q * (size_t)cap_q), *from = (int32_t *)malloc(sizeof *from * (size_t)cap_q);
+    uint8_t *by = (uint8_t *)malloc((size_t)cap_q);
+    int head = 0, tail = 0, found = -1;
+    q[tail] = g->cur;
+    from[tail] = -1;
+    by[tail++] = 0;
+    /* visited: a small open table of states */
+    int vcap = 1 << 18;
+    int32_t *seen = (int32_t *)malloc(sizeof *seen * (size_t)vcap);
+    for (int i = 0; i < vcap; i++) seen[i] = -1;
+    seen[(uint32_t)g->cur * 2654435761u % (uint32_t)vcap] = g->cur;
+    while (head < tail && found < 0 && !d->st) {
+        int at = head++;
+        int32_t s = q[at];
+        if (d->states[s].accept) { found = at; break; }
+        for (int b = 0; b < 256 && tail < cap_q; b++) {
+            if (byte_tok[b] < 0) continue;
+            int32_t t = forge__dfa_step(d, s, (uint8_t)b);
+            if (t == FORGE__G_DEAD) continue;
+            uint32_t k = (uint32_t)t * 2654435761u % (uint32_t)vcap;
+            while (seen[k] >= 0 && seen[k] != t) k = (k + 1) % (uint32_t)vcap;
+            if (seen[k] == t) continue;
+            seen[k] = t;
+            q[tail] = t;
+            from[tail] = at;
+            by[tail++] = (uint8_t)b;
+        }
+    }
+    int n = -1;
+    if (found >= 0) {
+        n = 0;
+        for (int at = found; from[at] >= 0; at = from[at]) n++;
+        if (n > cap) n = -1;
+        else {
+            int i = n;
+            for (int at = found; from[at] >= 0; at = from[at]) out[--i] = byte_tok[by[at]];
+        }
+    }
+    free(q);
+    free(from);
+    free(by);
+    free(seen);
+    return n;
+}
+
+typedef struct ft__rowctx {
+    const float *row;
+    int V;
+} ft__rowctx;
+static forge_status ft__fetch(void *ctx, float *row) {
+    ft__rowctx *c = (ft__rowctx *)ctx;
+    memcpy(row, c->row, 4ull * (size_t)c->V);
+    ((ft__rowctx *)ctx)->V = -c->V; /* fetched: marked by the sign */
+    return FORGE_OK;
+}
+
+int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, int n_cand, float temperature, int top_k, float top_p,
+                            float min_p, uint64_t rng[4], int *used_row) {
+    /* a matcher whose choices are exactly the allowed tokens is not needed: build a grammar over a
+     * fake vocabulary would be heavy, so the draw runs on a matcher of the empty grammar with its
+     * mask and allows replaced through a one-off vocabulary */
+    forge_generate_params p = forge_generate_default_params();
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)V);
+    double M, S;
+    forge__reduce_row_on_host(logits, V, n_cand, temperature > 0 ? 1.0 / temperature : 0.0, c, &M, &S);
+    /* a vocabulary where token i is the byte 'a' when allowed, 'b' when not; grammar: 'a' repeated */
+    size_t sz = sizeof(forge__vocab) + 4ull * (V + 1) + (size_t)V + 8 + 4ull * V + 8 + sizeof(forge__tnode) * 4 + (size_t)V + 16;
+    forge__vocab *v = (forge__vocab *)calloc(1, sz);
+    char *q = (char *)(v + 1);
+    v->nodes = (forge__tnode *)q;
+    q += sizeof(forge__tnode) * 4;
+    v->off = (uint32_t *)q;
+    q += 4ull * (V + 1);
+    v->sorted = (int32_t *)q;
+    q += 4ull * V + 8;
+    v->kind = (uint8_t *)q;
+    q += (size_t)V + 8;
+    v->bytes = (uint8_t *)q;
+    v->n_vocab = V;
+    int na = 0;
+    for (int i = 0; i < V; i++) if (allowed[i]) v->sorted[na++] = i;
+    int nb = na;
+    for (int i = 0; i < V; i++) if (!allowed[i]) v->sorted[nb++] = i;
+    for (int i = 0; i < V; i++) {
+        v->off[i] = (uint32_t)i;
+        v->bytes[i] = allowed[i] ? 'a' : 'b';
+        v->kind[i] = FORGE__TK_TEXT;
+    }
+    v->off[V] = (uint32_t)V;
+    v->n_nodes = 3;
+    v->nodes[0] = (forge__tnode){3, 0, 0, 0, 0, 0, 0};
+    v->nodes[1] = (forge__tnode){2, 0, (uint16_t)FORGE__MIN(na, 65535), 'a', 0, 1, 0};
+    v->nodes[2] = (forge__tnode){3, (uint32_t)na, (uint16_t)FORGE__MIN(V - na, 65535), 'b', 0, 1, 0};
+    forge__matcher *g = (forge__matcher *)calloc(1, sizeof *g);
+    forge__err e = {{0}};
+    const char *gbnf = "root ::= \"a\"*";
+    forge__gram_parse(gbnf, strlen(gbnf), &g->gram, &e);
+    forge__dfa_init(&g->dfa, g->gram, &g->err);
+    g->voc = v;
+    g->start = -1;
+    g->words = (uint32_t)((V + 31) / 32);
+    g->max_masks = 4;
+    g->is_end = (uint8_t *)calloc((size_t)V + 1, 1);
+    g->constrained = g->ever = true;
+    g->cur = forge__matcher_start(g);
+    forge__cand *scratch = (forge__cand *)malloc(sizeof *scratch * (size_t)V);
+    double *probs = (double *)malloc(sizeof *probs * (size_t)V);
+    float *row = (float *)malloc(4ull * (size_t)V);
+    uint32_t *mask = (uint32_t *)malloc(4ull * g->words);
+    ft__rowctx ctx = {logits, V};
+    forge__draw_src src = {c, FORGE__MIN(n_cand, V), M, S, NULL, ft__fetch, &ctx};
+    int32_t out = -1;
+    forge__draw_constrained(g, &p, rng, &src, V, scratch, probs, row, mask, &out, &e);
+    *used_row = ctx.V < 0;
+    g->voc = NULL;
+    forge__matcher_free(g);
+    free(v);
+    free(c);
+    free(scratch);
+    free(probs);
+    free(row);
+    free(mask);
+    return out;
+}
+
 /* ---- chat ---- */
 void ft_model_set_chat_template(forge_model *m, const char *tmpl) { m->chat_template = tmpl; }
 

@@ -292,6 +292,23 @@ int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, do
                   float top_p, float min_p, uint64_t seed_state[4]);
 void ft_rng_seed(uint64_t state[4], uint64_t seed);
 
+/* ---- constraints ---- */
+/* Compiles GBNF text and runs it over the bytes text[0..n): 1 when it takes them all and may
+ * end there, 0 when it takes them all and may not end, -1 when it refuses a byte; < -1 (the
+ * negated status) when the grammar does not compile (its message into err). */
+int ft_gbnf_match(const char *gbnf, const char *text, size_t n, char *err, size_t err_size);
+/* The shortest bytes that take grammar g from where it stands to where it may end, as
+ * one-byte tokens of its vocabulary, into out[0..cap): their count, or -1 (none within cap,
+ * or a byte with no one-byte token). The grammar is not moved. */
+int ft_grammar_finish(forge_grammar *g, int32_t *out, int cap);
+/* The constrained draw (generate.c) on a synthetic row: logits[V] (after the penalty), a
+ * constraint allowing the tokens whose allowed[] is 1, the top n_cand candidates (n_cand < V:
+ * the candidates decide or the whole row is read) at the sampling params; the rng state moves
+ * as the draw does. *used_row: whether the whole row was needed. Returns the token (-1: none
+ * allowed). */
+int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, int n_cand, float temperature, int top_k, float top_p,
+                            float min_p, uint64_t rng[4], int *used_row);
+
 /* ---- chat ---- */
 /* Replaces the model's chat template (the caller keeps `tmpl` alive while the model uses it). */
 void ft_model_set_chat_template(forge_model *m, const char *tmpl);
