@@ -26,6 +26,9 @@ typedef struct forge__bseq {
     forge_detok_stream ds;
     forge_metrics mt;
     double t0, t_first;
+    forge__matcher *g;             /* the item's constraint, NULL without one */
+    int32_t forced[FORGE__MAX_FORCED_STEP]; /* forced tokens still to evaluate, one a step */
+    int n_forced, at_forced;
 } forge__bseq;
 
 /* The host scratch of a call. */
@@ -36,6 +39,8 @@ typedef struct forge__bwork {
     uint32_t *red;                 /* [n_seq, 1 + FORGE__CANDIDATES] uvec2: the device's reduction per row */
     int32_t *tokens;               /* [n_seq] the rows of a decode step */
     int *place;                    /* [n_seq] the place of each row */
+    forge__cand *top;              /* [FORGE__CANDIDATES] a constrained draw's candidates */
+    uint32_t *mask;                /* [n_vocab / 32 + 1] a constrained draw's whole mask */
     char piece[512];
 } forge__bwork;
 
@@ -132,10 +137,51 @@ static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) 
  * `out_row` (red: its normalizer and candidates), the row's logits fetched only when the draw
  * needs them; or, in a logits step (red NULL), from the logits row after the repeat penalty over
  * the sequence's last repeat_window tokens, candidates and normalizer made on the host. */
+typedef struct forge__batch_rowctx {
+    forge_session *s;
+    uint32_t row;
+} forge__batch_rowctx;
+static forge_status forge__batch_fetch_cb(void *ctx, float *row) {
+    forge__batch_rowctx *c = (forge__batch_rowctx *)ctx;
+    return forge__batch_fetch_row(c->s, c->row, row);
+}
+
 static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, const uint32_t *red, uint32_t out_row,
                                       forge__bwork *w, int32_t *out) {
     const forge_generate_params *p = &q->p;
     int V = s->m->cfg.n_vocab;
+    if (q->g) { /* generate's constrained draw, on the device's reduction or the host's of the row */
+        forge__batch_rowctx ctx = {s, out_row};
+        forge__draw_src src = {w->top, FORGE__MIN(FORGE__CANDIDATES, V), 0, 0, NULL, forge__batch_fetch_cb, &ctx};
+        if (red) {
+            float M, S;
+            memcpy(&M, &red[0], 4);
+            memcpy(&S, &red[1], 4);
+            src.M = M;
+            src.S = S;
+            for (int i = 0; i < src.n; i++) {
+                memcpy(&w->top[i].logit, &red[2 + 2 * i], 4);
+                w->top[i].id = (int32_t)red[3 + 2 * i];
+            }
+        } else {
+            if (p->repeat_penalty != 1.0f) { /* the penalty on the host, as below */
+                memcpy(w->row, row, 4ull * V);
+                int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
+                for (int i = q->n_past - 1; i >= FORGE__MAX(0, q->n_past - window); i--) {
+                    int32_t t = q->hist[i];
+                    bool seen = false;
+                    for (int j = q->n_past - 1; j > i && !seen; j--) seen = q->hist[j] == t;
+                    if (seen || t < 0 || t >= V) continue;
+                    float l = w->row[t];
+                    w->row[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+                }
+                row = w->row;
+            }
+            forge__reduce_row_on_host(row, V, src.n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, w->top, &src.M, &src.S);
+            src.row = row;
+        }
+        return forge__draw_constrained(q->g, p, q->rng, &src, V, w->cands, w->probs, w->row, w->mask, out, &s->err);
+    }
     if (red) {
         float M, S;
         memcpy(&M, &red[0], 4);
@@ -197,15 +243,18 @@ static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const fl
 
 /* Takes the token a sequence drew through generate's stop rules and callback: true when the
  * sequence goes on with it, false when it has ended (q->mt.stop_reason says why). */
-static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, forge__bwork *w) {
+static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, bool forced, forge__bwork *w) {
     forge_model *m = s->m;
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL;
     if (q->mt.generated_tokens == 0 && !q->t_first) {
         q->t_first = forge__now_s();
         q->mt.ttft_ms = (q->t_first - q->t0) * 1e3;
     }
+    if (tok < 0) { q->mt.stop_reason = FORGE_STOP_CONSTRAINT; return false; } /* no token continues the constraint */
     forge_stop_reason why;
-    if (forge__is_stop_token(tk, &q->p, tok, &why)) { q->mt.stop_reason = why; return false; }
+    if (!forced && forge__is_stop_token(tk, &q->p, tok, &why)) { q->mt.stop_reason = why; return false; }
+    if (q->g && !forced) forge__matcher_accept(q->g, tok);
+    if (forced) q->mt.forced_tokens++;
     q->mt.generated_tokens++;
     size_t plen = 0;
     if (!tk || forge_detok_stream_next(m, &q->ds, tok, w->piece, sizeof w->piece, &plen) != FORGE_OK) plen = 0;
@@ -221,6 +270,13 @@ static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, for
     if (q->mt.generated_tokens >= q->p.max_tokens) { q->mt.stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
     if (q->n_past >= s->n_ctx) { q->mt.stop_reason = FORGE_STOP_CONTEXT; return false; }
     if (forge__cancelled(q->p.cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; return false; }
+    if (q->g && q->at_forced == q->n_forced) { /* (forced tokens still queued come first) */
+        if (q->g->done || q->g->dead) { q->mt.stop_reason = FORGE_STOP_CONSTRAINT; return false; }
+        /* the text the constraint forces next: one token a step, no draws */
+        int cap = FORGE__MIN(FORGE__MIN(FORGE__MAX_FORCED_STEP, q->p.max_tokens - q->mt.generated_tokens), s->n_ctx - q->n_past - 1);
+        q->n_forced = forge__matcher_forced(q->g, q->forced, cap);
+        q->at_forced = 0;
+    }
     q->next = tok;
     return true;
 }
@@ -242,11 +298,18 @@ static void forge__batch_finish(forge_session *s, forge__bseq *q, forge_batch_re
     q->mt.decode_tok_s = q->mt.generated_tokens > 1 && q->mt.decode_ms > 0 ? (q->mt.generated_tokens - 1) / (q->mt.decode_ms * 1e-3) : 0;
     q->mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
     q->mt.prompt_cache_hits = s->prompt_cache_hits;
+    if (q->g) {
+        q->mt.constraint_complete = q->g->complete && !q->g->dead && q->mt.stop_reason != FORGE_STOP_STRING;
+        q->mt.constraint_masks = q->g->full_masks;
+        q->mt.constraint_ms = q->g->ms;
+    }
     res->status = FORGE_OK;
     res->metrics = q->mt;
     s->metrics = q->mt;
     free(q->stop.buf);
     q->stop.buf = NULL;
+    forge__matcher_free(q->g);
+    q->g = NULL;
     q->item = -1;
 }
 
@@ -285,7 +348,14 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
         prompt = owned;
         n = (int)FORGE__MIN(nt, (size_t)INT32_MAX);
     }
-    if (!prompt || n <= 0) {
+    forge_status cst = res->status ? FORGE_OK : forge__constraint_for(s, p, &q->g);
+    if (cst == FORGE_ERR_OUT_OF_MEMORY) {
+        free(owned);
+        return cst;
+    }
+    if (cst) {
+        res->status = forge__wrap(&s->err, cst, "batch item %d", idx);
+    } else if (!prompt || n <= 0) {
         res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: the prompt is empty", idx);
     } else if (n > s->n_ctx) {
         res->status = forge__fail(&s->err, FORGE_ERR_LIMIT, "batch item %d: the prompt has %d tokens; the session's context holds %d",
@@ -294,6 +364,8 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
         res->status = forge__wrap(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d", idx);
     }
     if (res->status) {
+        forge__matcher_free(q->g);
+        q->g = NULL;
         free(owned);
         return FORGE_OK;
     }
@@ -313,7 +385,7 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
         int step = FORGE__MIN(n - done, chunk);
         bool last = done + step == n;
         for (int i = 0; i < step; i++) forge__batch_row(s, (uint32_t)i, (uint32_t)(done + i), (uint32_t)b);
-        forge__batch_temp(s, 0, p->temperature);
+        forge__batch_temp(s, 0, q->g && p->temperature <= 0.0f ? 1.0f : p->temperature);
         st = forge__batch_step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, last ? mode : FORGE__OUT_BATCH_PREFILL_LOGITS,
                                &logits, w->red);
         done += step;
@@ -329,11 +401,22 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
     free(owned);
     if (st) return st;
     int32_t tok;
+    if (q->g && !q->mt.stop_reason) { /* text the constraint forces from the start: taken before any draw */
+        int cap = FORGE__MIN(FORGE__MIN(FORGE__MAX_FORCED_STEP, p->max_tokens), s->n_ctx - q->n_past - 1);
+        q->n_forced = forge__matcher_forced(q->g, q->forced, cap);
+        q->at_forced = 0;
+    }
     if (q->mt.stop_reason == FORGE_STOP_CANCELLED) {
+        forge__batch_finish(s, q, res, w);
+    } else if (q->at_forced < q->n_forced) {
+        tok = q->forced[q->at_forced++];
+        if (!forge__batch_take(s, q, tok, true, w)) forge__batch_finish(s, q, res, w);
+    } else if (q->g && (q->g->done || q->g->dead)) {
+        q->mt.stop_reason = FORGE_STOP_CONSTRAINT;
         forge__batch_finish(s, q, res, w);
     } else if ((st = forge__batch_draw(s, q, logits, host_penalty ? NULL : w->red, 0, w, &tok))) {
         return st;
-    } else if (!forge__batch_take(s, q, tok, w)) {
+    } else if (!forge__batch_take(s, q, tok, false, w)) {
         forge__batch_finish(s, q, res, w);
     }
     return FORGE_OK;
@@ -354,7 +437,9 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
     w.red = (uint32_t *)malloc(8ull * (size_t)NS * (1 + FORGE__CANDIDATES));
     w.tokens = (int32_t *)malloc(4ull * (size_t)NS);
     w.place = (int *)malloc(sizeof *w.place * (size_t)NS);
-    forge_status st = q && hist && w.cands && w.probs && w.row && w.red && w.tokens && w.place ? FORGE_OK
+    w.top = (forge__cand *)malloc(sizeof *w.top * FORGE__CANDIDATES);
+    w.mask = (uint32_t *)malloc(4ull * ((size_t)V / 32 + 1));
+    forge_status st = q && hist && w.cands && w.probs && w.row && w.red && w.tokens && w.place && w.top && w.mask ? FORGE_OK
                                                                                        : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int b = 0; !st && b < NS; b++) {
         q[b].item = -1;
@@ -375,7 +460,7 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
                 w.tokens[M] = q[b].next;
                 w.place[M] = b;
                 forge__batch_row(s, M, (uint32_t)q[b].n_past, (uint32_t)b);
-                forge__batch_temp(s, M, q[b].p.temperature);
+                forge__batch_temp(s, M, q[b].g && q[b].p.temperature <= 0.0f ? 1.0f : q[b].p.temperature); /* (a constrained greedy draw reads every candidate) */
                 host_penalty |= q[b].p.repeat_penalty != 1.0f;
                 M++;
             }
@@ -387,15 +472,21 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
             forge__bseq *sq = &q[w.place[r]];
             sq->hist[sq->n_past++] = sq->next;
             int32_t tok;
+            if (sq->at_forced < sq->n_forced) { /* forced: taken without a draw */
+                tok = sq->forced[sq->at_forced++];
+                if (!forge__batch_take(s, sq, tok, true, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
+                continue;
+            }
             const uint32_t *red = host_penalty ? NULL : w.red + (size_t)r * 2 * (1 + FORGE__CANDIDATES);
             if ((st = forge__batch_draw(s, sq, host_penalty ? logits + (size_t)r * V : NULL, red, r, &w, &tok))) break;
-            if (!forge__batch_take(s, sq, tok, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
+            if (!forge__batch_take(s, sq, tok, false, &w)) forge__batch_finish(s, sq, &results[sq->item], &w);
         }
     }
     for (int b = 0; q && b < NS; b++) /* a device failure: the unfinished items share it */
         if (q[b].item >= 0) {
             results[q[b].item].status = st;
             free(q[b].stop.buf);
+            forge__matcher_free(q[b].g);
         }
     for (int i = next; st && i < n_items; i++) results[i].status = st;
     s->n_past = 0;
@@ -407,6 +498,8 @@ static forge_status forge__batch_generate(forge_session *s, const forge_batch_it
     free(w.red);
     free(w.tokens);
     free(w.place);
+    free(w.top);
+    free(w.mask);
     return st;
 }
 

@@ -587,6 +587,17 @@ static forge_status forge__chat_style_of(const forge_model *m, forge__chat_style
     return FORGE_OK;
 }
 
+/* The text that ends a reply's thinking when the rendered prompt leaves the model thinking
+ * (Qwen 3 / 3.5 with thinking on: "</think>"; Gemma 4 with thinking on: the thought channel's
+ * "<channel|>"), else NULL: where a constraint on the reply starts. */
+static const char *forge__chat_thinking_end(const forge__chat_style *st, uint32_t flags) {
+    bool think = (flags & FORGE_CHAT_THINKING_ON) ? true : (flags & FORGE_CHAT_THINKING_OFF) ? false : st->think_default;
+    if (!think) return NULL;
+    if (st->family == FORGE__CHAT_CHATML && (st->qwen3 || st->qwen35)) return "</think>";
+    if (st->family == FORGE__CHAT_GEMMA4) return "<channel|>";
+    return NULL;
+}
+
 /* Renders the caller's messages (an array of their struct_size) with the model's style into b. */
 static forge_status forge__chat_render_caller(const forge__chat_style *st, const forge_chat_message *messages, int n_messages,
                                               uint32_t flags, forge__sb *b, forge__err *err) {
@@ -648,6 +659,15 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
     p.add_special = 0; /* the template wrote BOS */
+    forge_constraint lazy; /* a constraint on a thinking reply starts after the thinking */
+    if (p.constraint && !forge__check_sized(p.constraint, "forge_constraint", &s->err)) {
+        forge__constraint_in(p.constraint, &lazy);
+        const char *after = forge__chat_thinking_end(&st, flags);
+        if (!lazy.trigger && after && lazy.kind != FORGE_CONSTRAINT_NONE) {
+            lazy.trigger = after;
+            p.constraint = &lazy;
+        }
+    }
     rc = forge__generate_text(s, b.buf ? b.buf : "", b.len, head, &p, metrics);
     free(b.buf);
     return rc;

@@ -45,6 +45,85 @@ static int32_t forge__classify_draw(const float *row, int V, const forge_classif
     return forge__sample_candidates(cands, V, 1, M, S, &gp, rng, probs);
 }
 
+/* A token callback that appends the text to a forge__buf. */
+static int forge__classify_collect(void *u, int32_t tok, const char *text, size_t n) {
+    (void)tok;
+    forge__buf_put((forge__buf *)u, text, n);
+    return 0;
+}
+
+/* The choice a classify draw has made: the first choice that is the text so far (`ended`: the
+ * end token was drawn) or the only one it begins; -1 while several remain. */
+static int forge__classify_choice(const forge_constraint *c, const char *text, size_t n, bool ended) {
+    int only = -1, count = 0;
+    for (int i = 0; i < c->n_choices; i++) {
+        size_t l = strlen(c->choices[i]);
+        if (ended ? (l == n && !memcmp(c->choices[i], text, n)) : (l >= n && !memcmp(c->choices[i], text, n))) {
+            if (ended) return i;
+            bool dup = false; /* the same string twice counts once (its first index) */
+            for (int j = 0; j < i && !dup; j++) dup = !strcmp(c->choices[j], c->choices[i]);
+            if (!dup) count++;
+            if (only < 0) only = i;
+        }
+    }
+    return count == 1 ? only : -1;
+}
+
+/* Finishes a choice the first token left open: generates the rest of it as forge_generate would
+ * (the prompt and the token, the choices that token begins, cut to what follows it). */
+static forge_status forge__classify_finish_choice(forge_session *s, const forge_classify_params *cp, const forge_constraint *c, const int32_t *prompt,
+                                                  int n, int32_t tok, const char *text, size_t tn, uint64_t seed, int *choice) {
+    *choice = -1;
+    int32_t *ids = (int32_t *)malloc(4ull * ((size_t)n + 1));
+    const char **rest = (const char **)malloc(sizeof *rest * (size_t)c->n_choices);
+    int *from = (int *)malloc(sizeof *from * (size_t)c->n_choices);
+    if (!ids || !rest || !from) {
+        free(ids);
+        free((void *)rest);
+        free(from);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    memcpy(ids, prompt, 4ull * (size_t)n);
+    ids[n] = tok;
+    int k = 0;
+    size_t longest = 0;
+    for (int i = 0; i < c->n_choices; i++)
+        if (strlen(c->choices[i]) >= tn && !memcmp(c->choices[i], text, tn)) {
+            from[k] = i;
+            rest[k++] = c->choices[i] + tn;
+            longest = FORGE__MAX(longest, strlen(c->choices[i]) - tn);
+        }
+    forge_constraint rc = *c;
+    rc.kind = FORGE_CONSTRAINT_CHOICES;
+    rc.choices = rest;
+    rc.n_choices = k;
+    rc.trigger = NULL;
+    forge__buf out;
+    forge__buf_init(&out, NULL, 0);
+    forge_generate_params gp = forge_generate_default_params();
+    gp.temperature = cp->temperature;
+    gp.top_k = cp->top_k;
+    gp.top_p = cp->top_p;
+    gp.min_p = cp->min_p;
+    gp.seed = seed;
+    gp.max_tokens = (int)FORGE__MIN(longest + 2, (size_t)INT_MAX / 2);
+    gp.constraint = &rc;
+    gp.on_token = forge__classify_collect;
+    gp.user_data = &out;
+    forge_metrics mt;
+    forge_status st = forge__generate_tokens(s, ids, n + 1, -1, &gp, &mt);
+    if (!st && !out.oom) {
+        bool ended = mt.stop_reason == FORGE_STOP_EOS || mt.stop_reason == FORGE_STOP_CONSTRAINT;
+        for (int i = 0; i < k && *choice < 0; i++)
+            if (ended && strlen(rest[i]) == out.n && !memcmp(rest[i], out.p ? out.p : "", out.n)) *choice = from[i];
+    }
+    forge__buf_free(&out);
+    free(ids);
+    free((void *)rest);
+    free(from);
+    return st;
+}
+
 /* The text of `tok` continuing a prompt that ends in `prev` (primed as generation primes its
  * stream), appended NUL-terminated to out. */
 static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t tok, forge__buf *out) {
@@ -74,6 +153,28 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %d prompts x %d need %zu", p.logits_capacity,
                            n_prompts, V, (size_t)n_prompts * (size_t)V);
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no text */
+    /* a constraint: the first token is drawn among those its start allows (one mask for all) */
+    forge_constraint con;
+    memset(&con, 0, sizeof con);
+    forge__matcher *g = NULL;
+    uint32_t *allow = NULL;
+    if (p.constraint) {
+        forge_status cs = forge__check_sized(p.constraint, "forge_constraint", &s->err);
+        if (cs) return cs;
+        forge__constraint_in(p.constraint, &con);
+        if (con.trigger) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify: a constraint with a trigger (classify draws one token)");
+        if (con.kind != FORGE_CONSTRAINT_NONE) {
+            if ((cs = forge__matcher_new(m, &con, 0, NULL, 0, &g, &s->err))) return cs;
+            allow = (uint32_t *)malloc(4ull * g->words);
+            cs = allow ? forge__matcher_mask(g, allow) : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            if (cs && allow) forge__fail(&s->err, cs, "%s", g->err.msg);
+            if (cs) {
+                forge__matcher_free(g);
+                free(allow);
+                return cs;
+            }
+        }
+    }
     double t0 = forge__now_s();
     s->n_past = 0; /* the cache is scratch from here on */
     s->n_dropped = 0;
@@ -86,8 +187,12 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
     double *probs = (double *)malloc(sizeof *probs * (size_t)V);
     float *rows = (float *)malloc(sizeof *rows * (size_t)V * (size_t)FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW));
+    float *masked = allow ? (float *)malloc(4ull * (size_t)V) : NULL;
+    uint8_t *open = allow && con.kind == FORGE_CONSTRAINT_CHOICES ? (uint8_t *)calloc((size_t)n_prompts + 1, 1) : NULL;
     forge_status st = FORGE_OK;
-    if (!ids || !lens || !order || !text_at || !cands || !probs || !rows) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (!ids || !lens || !order || !text_at || !cands || !probs || !rows || (allow && !masked) ||
+        (allow && con.kind == FORGE_CONSTRAINT_CHOICES && !open))
+        st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     int64_t total = 0;
     for (int i = 0; i < n_prompts && !st; i++) {
         const forge_classify_prompt *q = &prompts[i];
@@ -166,9 +271,20 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             if (p.logits) memcpy(p.logits + (size_t)i * (size_t)V, row, 4ull * (size_t)V);
             uint64_t rng[4];
             forge__rng_seed(rng, p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)));
+            if (allow) { /* the tokens the constraint does not allow at -inf */
+                for (int t = 0; t < V; t++) masked[t] = (allow[t >> 5] >> (t & 31)) & 1 ? row[t] : -INFINITY;
+                row = masked;
+            }
             int32_t tok = forge__classify_draw(row, V, &p, rng, cands, probs);
+            if (tok < 0 && allow) { st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: the constraint allows no token with a finite logit", i); break; }
             if (tok < 0 || tok >= V) { st = forge__fail(&s->err, FORGE_ERR_DEVICE, "prompt %d: no token drawn (non-finite logits?)", i); break; }
-            results[i] = (forge_classify_result){sizeof results[i], tok, lens[i], NULL, 0};
+            results[i] = (forge_classify_result){sizeof results[i], tok, lens[i], NULL, 0, -1};
+            if (open) { /* which choice the token makes, or open for more tokens */
+                uint32_t tn = 0;
+                const uint8_t *tb = g->is_end[tok] ? (const uint8_t *)"" : forge__vocab_tok(g->voc, tok, &tn);
+                results[i].choice = forge__classify_choice(&con, (const char *)tb, tn, g->is_end[tok] != 0);
+                open[i] = results[i].choice < 0 && !g->is_end[tok];
+            }
             text_at[i] = SIZE_MAX;
             if (tk) {
                 const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
@@ -179,6 +295,16 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             }
         }
         b0 += B;
+    }
+    /* choices the first token left open: the rest of each as generate writes it */
+    for (int i = 0; open && i < n_prompts && !st; i++) {
+        if (!open[i]) continue;
+        uint32_t tn = 0;
+        const uint8_t *tb = forge__vocab_tok(g->voc, results[i].token, &tn);
+        const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
+        st = forge__classify_finish_choice(s, &p, &con, t, lens[i], results[i].token, (const char *)tb, tn,
+                                           p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)) ^ 0x5bd1e995ull, &results[i].choice);
+        s->n_past = 0;
     }
     /* the texts' addresses once the buffer stops growing */
     for (int i = 0; i < n_prompts && !st; i++)
@@ -200,6 +326,10 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     free(cands);
     free(probs);
     free(rows);
+    free(masked);
+    free(open);
+    free(allow);
+    forge__matcher_free(g);
     return st;
 }
 

@@ -551,7 +551,8 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     forge__stopper stop = {&p, NULL, 0, 0};
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
     forge_status st = (cands && probs && (!g || (cw.cands && cw.row && cw.mask))) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
+    /* (a greedy draw with a constraint needs the device's whole candidate list: any temperature but 0) */
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : g ? 1.0f : 0.0f, 0, {0, 0}};
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
     /* prefill: all but the last chunk without outputs, the last one sampled; a step ends where
      * the checkpoint goes */
@@ -587,9 +588,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     if (p.max_tokens == 0 && !mt.stop_reason) mt.stop_reason = FORGE_STOP_MAX_TOKENS; /* the prompt only */
     int32_t steps[1 + FORGE__MAX_FORCED_STEP]; /* the tokens the next step evaluates: the drawn one, then forced ones */
     int n_steps = 0;
+    bool forced_start = g != NULL; /* text the constraint forces from the start comes before any draw */
     while (!st && !mt.stop_reason) {
         int32_t tok = -1;
-        if (n_steps == 0) { /* a draw from the last step's logits */
+        if (n_steps == 0 && !forced_start) { /* a draw from the last step's logits */
             if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; }
             if ((st = g ? forge__sample_constrained(s, &p, g, &cw, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) break;
             if (mt.generated_tokens == 0) {
@@ -616,7 +618,12 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
             }
             if (!go) break;
             n_steps += k;
+            if (k && forced_start) { /* the prompt's logits are not drawn from: the forced tokens' are */
+                t_first = forge__now_s();
+                mt.ttft_ms = (t_first - t0) * 1e3;
+            }
         }
+        forced_start = false;
         if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* matched: nothing to evaluate */
         if (n_steps == 0) continue;
         if (s->n_past + n_steps > s->n_ctx) {

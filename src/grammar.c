@@ -62,7 +62,7 @@ typedef struct forge__grule_b {
     char *name;
     forge__buf body;  /* uint32_t elements, FORGE__GE_ALT between alternatives */
     bool defined;
-    uint32_t used_line; /* where it was first referenced (for "never defined") */
+    size_t used_at;     /* where it was first referenced, + 1 (for "never defined") */
 } forge__grule_b;
 
 typedef struct forge__gbuild {
@@ -526,11 +526,7 @@ static const char *forge__gb_sequence(forge__gbuild *b, const char *p, uint32_t 
             while (p < b->end && forge__gb_word_char(*p)) p++;
             uint32_t ref = forge__gb_rule(b, s, (size_t)(p - s));
             if (ref == UINT32_MAX) return NULL;
-            if (!FORGE__GB_RULE(b, ref)->used_line) {
-                int line, col;
-                forge__gb_where(b, s, &line, &col);
-                FORGE__GB_RULE(b, ref)->used_line = (uint32_t)line;
-            }
+            if (!FORGE__GB_RULE(b, ref)->used_at) FORGE__GB_RULE(b, ref)->used_at = (size_t)(s - b->text) + 1;
             if (!forge__gb_emit(b, rule, FORGE__GE(FORGE__GE_RULE, ref))) return NULL;
             last = here;
         } else if (c == '*' || c == '+' || c == '?' || c == '{') {
@@ -707,8 +703,9 @@ static forge_status forge__gram_parse(const char *text, size_t len, forge__gram 
     if (!b.st) {
         for (uint32_t r = 0; r < nr; r++)
             if (!FORGE__GB_RULE(&b, r)->defined) {
-                forge__gb_fail(&b, FORGE_ERR_INVALID_ARGUMENT, NULL, "rule '%s' (used on line %u) is never defined", FORGE__GB_RULE(&b, r)->name,
-                               FORGE__GB_RULE(&b, r)->used_line);
+                int line = 0, col;
+                if (FORGE__GB_RULE(&b, r)->used_at) forge__gb_where(&b, b.text + FORGE__GB_RULE(&b, r)->used_at - 1, &line, &col);
+                forge__gb_fail(&b, FORGE_ERR_INVALID_ARGUMENT, NULL, "rule '%s' (used on line %d) is never defined", FORGE__GB_RULE(&b, r)->name, line);
                 break;
             }
     }
@@ -1601,6 +1598,33 @@ static int forge__matcher_forced(forge__matcher *g, int32_t *out, int cap) {
             at += tn;
         }
         ok = ok && at == n;
+        if (!ok) { /* (a tokenizer that adds a space in front, SentencePiece's): the longest token at each point */
+            nt = 0;
+            w.ids.n = 0;
+            for (size_t pos = 0; pos < n;) {
+                const forge__tnode *nodes = g->voc->nodes;
+                int32_t best = -1;
+                size_t best_len = 0;
+                for (uint32_t i = 1, d = 0; i < g->voc->n_nodes && pos + d < n;) { /* down the trie along text[pos..] */
+                    const forge__tnode *t = &nodes[i];
+                    if (t->depth != d + 1 || t->byte != text[pos + d]) { /* a sibling, or past this subtree */
+                        if (t->depth <= d) break;
+                        i = t->end;
+                        continue;
+                    }
+                    d++;
+                    if (t->tok_n) { best = g->voc->sorted[t->tok_lo]; best_len = d; }
+                    i++;
+                }
+                if (best < 0) break;
+                FORGE__VEC_PUSH(&w.ids, int32_t, best);
+                pos += best_len;
+                nt++;
+                if (pos == n) ok = true;
+            }
+            ids = (const int32_t *)w.ids.p;
+            ok = ok && !w.ids.oom && nt >= 2;
+        }
         for (size_t i = 0; ok && i + 1 < nt && k < cap; i++) {
             out[k++] = ids[i];
             forge__matcher_accept(g, ids[i]);

@@ -60,6 +60,8 @@ typedef struct forge__sc {
     cJSON *doc;            /* the whole schema ($ref targets are pointers into it) */
     forge__buf out;        /* GBNF rules */
     forge__buf names;      /* rule names made so far, NUL-separated (for uniqueness) */
+    uint32_t *name_tab;    /* open addressing: offset into names + 1, 0 empty */
+    uint32_t name_mask, n_names;
     cJSON *refs;           /* object: JSON pointer -> rule name given to its target */
     cJSON *owned;          /* array: merged schemas made here (freed with the context) */
     int depth;
@@ -128,12 +130,29 @@ static void forge__sc_name(forge__sc *c, const char *hint, char out[64]) {
         else snprintf(out, 64, "%s-%u", base, ++c->counter);
         bool taken = false;
         for (size_t r = 0; r < FORGE__ARRAY_LEN(reserved) && !taken; r++) taken = !strcmp(out, reserved[r]);
-        for (size_t at = 0; at < c->names.n && !taken;) {
-            const char *nm = c->names.p + at;
-            taken = !strcmp(nm, out);
-            at += strlen(nm) + 1;
+        uint64_t h = forge__fnv(FORGE__FNV_BASIS, out, strlen(out));
+        uint32_t k = c->name_tab ? (uint32_t)h & c->name_mask : 0;
+        for (; c->name_tab && c->name_tab[k] && !taken; k = (k + 1) & c->name_mask) taken = !strcmp(c->names.p + c->name_tab[k] - 1, out);
+        if (taken) continue;
+        if (!c->name_tab || (c->n_names + 1) * 2 > c->name_mask + 1) { /* grow the table */
+            uint32_t cap = c->name_tab ? (c->name_mask + 1) * 2 : 256;
+            uint32_t *t = (uint32_t *)calloc(cap, 4);
+            if (!t) { forge__sc_fail(c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); return; }
+            for (uint32_t q = 0; c->name_tab && q <= c->name_mask; q++)
+                if (c->name_tab[q]) {
+                    const char *nm = c->names.p + c->name_tab[q] - 1;
+                    uint32_t j = (uint32_t)forge__fnv(FORGE__FNV_BASIS, nm, strlen(nm)) & (cap - 1);
+                    while (t[j]) j = (j + 1) & (cap - 1);
+                    t[j] = c->name_tab[q];
+                }
+            free(c->name_tab);
+            c->name_tab = t;
+            c->name_mask = cap - 1;
+            k = (uint32_t)h & c->name_mask;
+            while (c->name_tab[k]) k = (k + 1) & c->name_mask;
         }
-        if (taken || (out[0] >= '0' && out[0] <= '9' && i == 0)) continue;
+        c->name_tab[k] = (uint32_t)c->names.n + 1;
+        c->n_names++;
         forge__buf_put(&c->names, out, strlen(out) + 1);
         return;
     }
@@ -900,6 +919,8 @@ static const cJSON *forge__sc_deref(forge__sc *c, const cJSON *s, int depth) {
         }
         s = t;
     }
+    if (cJSON_IsObject(s) && cJSON_IsString(cJSON_GetObjectItemCaseSensitive(s, "$ref")))
+        return forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "a $ref cycle with no schema between (it matches nothing)"), NULL;
     if (cJSON_IsTrue(s)) return forge__sc_own(c, cJSON_CreateObject());
     if (cJSON_IsFalse(s)) return forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "a schema of false (nothing matches) where a value is needed"), NULL;
     if (!cJSON_IsObject(s)) return forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "a schema that is not an object (or true / false)"), NULL;
@@ -1466,6 +1487,7 @@ static forge_status forge__schema_to_gbnf(const char *schema, size_t len, forge_
     cJSON_Delete(c.refs);
     cJSON_Delete(c.owned);
     forge__buf_free(&c.names);
+    free(c.name_tab);
     if (c.st) {
         forge__buf_free(&c.out);
         return c.st;
@@ -1500,6 +1522,7 @@ static forge_status forge__gbnf_choices(const char *const *choices, int n, forge
     forge__sc_literals(&c, "root", v, (size_t)n);
     free(v);
     forge__buf_free(&c.names);
+    free(c.name_tab);
     if (c.st || c.out.oom) {
         forge__buf_free(&c.out);
         return c.st ? c.st : forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");

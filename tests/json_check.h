@@ -207,17 +207,20 @@ inline std::string utf8_of(const std::u32string &s) {
     return o;
 }
 
+/* The code points of UTF-8 text (invalid bytes as themselves). */
 inline std::u32string u32_of(const char *s) {
-    Value v;
-    std::string q = "\"";
-    for (const char *p = s; *p; p++) {
-        if (*p == '"' || *p == '\\') q += '\\';
-        q += *p;
-    }
-    q += "\"";
-    Parser pr(q);
     std::u32string out;
-    pr.string(out);
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p;
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 1;
+        uint32_t v = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
+        int k = 1;
+        for (; k < n && (p[k] & 0xc0) == 0x80; k++) v = v << 6 | (p[k] & 0x3f);
+        if (k < n) { v = c; k = 1; }
+        out += (char32_t)v;
+        p += k;
+    }
     return out;
 }
 

@@ -50,11 +50,18 @@ std::string schema_gbnf(const std::string &schema, forge_status *st = nullptr, s
     return s ? "" : std::string(out.data(), len);
 }
 
+/* A constraint on text the caller keeps alive (a string literal, or a std::string that outlives it). */
 forge_constraint constraint(forge_constraint_kind kind, const std::string &text) {
     forge_constraint c = ft::sized<forge_constraint>();
     c.kind = kind;
     c.text = text.c_str();
     c.text_len = text.size();
+    return c;
+}
+forge_constraint constraint(forge_constraint_kind kind, const char *text) {
+    forge_constraint c = ft::sized<forge_constraint>();
+    c.kind = kind;
+    c.text = text;
     return c;
 }
 
@@ -72,25 +79,838 @@ std::string token_text(forge_model *m, const std::vector<int32_t> &toks) {
 
 } // namespace
 
-TEST(Grammar, SmokeJsonSchema) {
+/* The GBNF grammars of tests/fixtures/grammar (written for these tests in llama.cpp's format, one
+ * for each kind of grammar its grammars/ folder holds) parse and take the text they describe. */
+TEST(Grammar, FormatFilesParseAndMatch) {
+    struct Case { const char *file; std::vector<std::string> yes, no; };
+    std::vector<Case> cases = {
+        {"arithmetic.gbnf", {"x=2\n", "(a +b)*3 = 7\n1=1\n"}, {"", "x=\n", "=3\n"}},
+        {"json.gbnf", {"{}", " {\"a\": [1, 2.5e3, \"x\\n\", true, null, {\"b\": -0}]} ", "\"\\u00e9t\\u00E9\"", "[ ]"}, {"{", "[1,]", "01", "\"\\x\"", "{\"a\" 1}"}},
+        {"json_arr.gbnf", {"[\n]", "[\n  {\"id\": 1, \"name\": \"x y\"},\n  {\"ok\": true}\n]"}, {"[]", "[\n  {\"ID\": 1}\n]"}},
+        {"list.gbnf", {"- one\n", "- one\n* two, three\n"}, {"- \n", "-one\n", "- a\u2028b\n"}},
+        {"chess.gbnf", {"1. e4 e5\n2. Nf3 Nc6\n3. Bb5 a6", "1. e4\n", "1. O-O-O Qxd8#"}, {"1. e9 e5", "0. e4 e5", "1. e4  e5"}},
+        {"japanese.gbnf", {"こんにちは、世界。", "カタカナ\tひらがな"}, {"hello", "こんにちは world"}},
+        {"c.gbnf", {"int main() {\n    int x = 1;\n    return x + 2;\n}\n", "void f(int a, char b) {\n    if (a < b) { g(a); } else { b = 3; }\n    // done\n}\n"}, {"int main() {\n}", "main() {\n}\n"}},
+        {"english.gbnf", {"Hello there. It's fine!", "One two three?\n\nYes. A 'q' here."}, {"hello", "Hi.\n\n\n\nNo."}},
+    };
+    for (const Case &c : cases) {
+        std::vector<uint8_t> b = ft::read_file(ft::src(std::string("tests/fixtures/grammar/") + c.file));
+        std::string g(b.begin(), b.end());
+        ASSERT_FALSE(g.empty()) << c.file;
+        for (const std::string &t : c.yes) {
+            std::string err;
+            EXPECT_EQ(match(g, t, &err), 1) << c.file << " should take " << t << " " << err;
+        }
+        for (const std::string &t : c.no) EXPECT_NE(match(g, t), 1) << c.file << " should not take " << t;
+    }
+}
+
+TEST(Grammar, OperatorsAndClasses) {
+    EXPECT_EQ(match("root ::= \"ab\"{2,3}", "abab"), 1);
+    EXPECT_EQ(match("root ::= \"ab\"{2,3}", "ababab"), 1);
+    EXPECT_EQ(match("root ::= \"ab\"{2,3}", "abababab"), -1);
+    EXPECT_EQ(match("root ::= \"ab\"{2,3}", "ab"), 0);
+    EXPECT_EQ(match("root ::= [a-c]{2,}", "abcabc"), 1);
+    EXPECT_EQ(match("root ::= \"x\"{0}", ""), 1);
+    EXPECT_EQ(match("root ::= [^a-z]+", "ABC\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"), 1); /* é € 😀 */
+    EXPECT_EQ(match("root ::= [^a-z]+", "AbC"), -1);
+    EXPECT_EQ(match("root ::= .+", "\xc3\xa9\xed\x9f\xbf"), 1);                      /* U+D7FF */
+    EXPECT_EQ(match("root ::= .+", "\xed\xa0\x80"), -1);                             /* a surrogate is no character */
+    EXPECT_EQ(match("root ::= .+", "\xc0\xaf"), -1);                                 /* nor an overlong form */
+    EXPECT_EQ(match("root ::= [\\u00e0-\\u00ff]", "\xc3\xa9"), 1);
+    EXPECT_EQ(match("root ::= [\\x41-\\x43\\n]+", "AB\nC"), 1);
+    EXPECT_EQ(match("root ::= \"\\U0001F600\" | \"\\\"\\\\\"", "\"\\"), 1);
+    EXPECT_EQ(match("root ::= \"\\U0001F600\" | \"\\\"\\\\\"", "\xf0\x9f\x98\x80"), 1);
+    EXPECT_EQ(match("root ::= a b\na ::= \"x\"?\nb ::= \"y\"*", ""), 1); /* nullable rules */
+    EXPECT_EQ(match("root ::= (\"a\" | \"b\" (\"c\" | \"d\")+)*", "abcdcabd"), 1);
+    EXPECT_EQ(match("root ::= (\"a\" | \"b\" (\"c\" | \"d\")+)*", "abcdcab"), 0);
+    EXPECT_EQ(match("root ::= x\nx ::= \"(\" x \")\" | \"\"", "((()))"), 1); /* recursion in the middle */
+    EXPECT_EQ(match("root ::= x\nx ::= \"(\" x \")\" | \"\"", "(()"), 0);
+    /* outside parentheses a rule ends at the end of its line (a '|' starting the next one is an error, as in llama.cpp) */
+    EXPECT_EQ(match("# a comment\nroot ::= \"a\" # another\n  | \"b\"", "b"), -(int)FORGE_ERR_INVALID_ARGUMENT - 1);
+    EXPECT_EQ(match("# a comment\nroot ::= (\"a\" # another\n  | \"b\")", "b"), 1);
+}
+
+TEST(Grammar, ErrorsNameLineColumnAndRule) {
+    struct Bad { const char *g, *want; forge_status st; };
+    std::vector<Bad> bad = {
+        {"root ::= foo", "rule 'foo' (used on line 1) is never defined", FORGE_ERR_INVALID_ARGUMENT},
+        {"start ::= \"a\"", "no rule 'root'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"abc", "unterminated literal", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\\qb\"", "line 1 column 12: unknown escape '\\q'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= [a-", "unterminated character class", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= [z-a]", "class range", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= (\"a\"", "expected ')'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\" )", "unexpected ')' in rule 'root'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= * \"a\"", "'*' with nothing before it", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\"**", "'*' with nothing before it", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\"{3,1}", "the most is below the least", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\"{2", "expected '}'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\"\nroot ::= \"b\"", "line 2 column 1: rule 'root' is defined twice", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= root \"a\" | \"b\"", "left recursion in rule 'root'", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= a\na ::= b \"x\"\nb ::= c\nc ::= \"\" | a", "left recursion in rule", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= (\"a\"?)*", "left recursion in rule 'root_", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= <|eot_id|>", "token references", FORGE_ERR_UNSUPPORTED},
+        {"root ::= \"a\"{100000000}", "repetition count over", FORGE_ERR_LIMIT},
+        {"root :: \"a\"", "expected '::='", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"\\xZZ\"", "\\x needs 2 hex digits", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"\xff\"", "invalid UTF-8", FORGE_ERR_INVALID_ARGUMENT},
+    };
+    for (const Bad &b : bad) {
+        std::string err;
+        int r = match(b.g, "", &err);
+        EXPECT_EQ(r, -(int)b.st - 1) << b.g << ": " << err;
+        EXPECT_NE(err.find(b.want), std::string::npos) << b.g << ": " << err;
+    }
+}
+
+/* Deep nesting, huge repetitions, exponential ambiguity and deep recursion end in errors or
+ * bounded work, never a crash or a hang. */
+TEST(Grammar, HostileGrammarsMeetLimits) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::string deep = "root ::= " + std::string(5000, '(') + "\"a\"" + std::string(5000, ')');
+    std::string err;
+    EXPECT_EQ(match(deep, "a", &err), -(int)FORGE_ERR_LIMIT - 1) << err;
+    EXPECT_NE(err.find("nested deeper"), std::string::npos) << err;
+    /* nested repetitions of groups expand by reference, not by copy: a billion a's is a small grammar */
+    EXPECT_EQ(match("root ::= ((\"a\"{1000}){1000}){1000}", "aaa", &err), 0) << err;
+    EXPECT_EQ(match("root ::= \"aaaaaaaaaa\"{1000000}", "a", &err), -(int)FORGE_ERR_LIMIT - 1) << err;
+    /* many rules, each used once: fine */
+    std::string chain = "root ::= r0\n";
+    for (int i = 0; i < 20000; i++) chain += "r" + std::to_string(i) + " ::= \"x\" r" + std::to_string(i + 1) + " | \"y\"\n";
+    chain += "r20000 ::= \"z\"\n";
+    EXPECT_EQ(match(chain, "xxxy"), 1);
+    /* deep recursion in the text: the stack bound cuts it, the automaton stays bounded */
+    std::string nest(6000, '(');
+    EXPECT_EQ(match("root ::= x\nx ::= \"(\" x \")\" | \"\"", nest), -1);
+    /* an exponentially ambiguous grammar: the states are sets, so the work stays linear */
+    std::string amb = "root ::= a*\na ::= \"x\" | \"x\" \"x\" | \"x\" \"x\" \"x\"";
+    EXPECT_EQ(match(amb, std::string(3000, 'x')), 1);
+    /* left recursion hidden behind nullable rules */
+    EXPECT_LT(match("root ::= a \"x\"\na ::= b root\nb ::= \"z\"?", "x", &err), -1);
+    EXPECT_NE(err.find("left recursion"), std::string::npos) << err;
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 60.0);
+}
+
+TEST(Grammar, TokensFollowBytesAcrossCharacters) {
     forge_model *m = llama3();
     ASSERT_NE(m, nullptr);
-    std::string schema = R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"age":{"type":"integer","minimum":0,"maximum":150}},"required":["name","age"],"additionalProperties":false})";
+    /* Llama 3's byte-level tokens split é (C3 A9) and 😀 into byte tokens; the automaton follows them */
+    std::string gbnf = "root ::= \"h\\u00e9llo \" [0-9]+ \" \\U0001F600\"";
+    forge_constraint c = constraint(FORGE_CONSTRAINT_GBNF, gbnf);
+    forge_grammar *g = nullptr;
+    ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK) << forge_model_errmsg(m);
+    std::string text = "h\xc3\xa9llo 123 \xf0\x9f\x98\x80";
+    std::vector<int32_t> toks(64);
+    size_t n = 0;
+    ASSERT_EQ(forge_tokenize(m, text.c_str(), text.size(), FORGE_TOKENIZE_NO_PARSE_SPECIAL, toks.data(), toks.size(), &n), FORGE_OK);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(forge_grammar_accept(g, toks[i]), FORGE_OK) << i << " " << forge_grammar_errmsg(g);
+    EXPECT_EQ(forge_grammar_status(g) & FORGE_GRAMMAR_DONE, FORGE_GRAMMAR_DONE);
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
+    ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
+    EXPECT_EQ(forge_grammar_allows(g, sp.eos_ids[0]), 1); /* matched: the end token */
+    forge_grammar_free(g);
+    /* byte by byte through one-byte tokens: the first byte of é alone is allowed, then not 'x' */
+    ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK);
+    int32_t h = forge_token_id(m, "h"), c3 = forge_token_id(m, "\xc3\x83"), x = forge_token_id(m, "x"); /* Ã is byte C3 in byte-level text */
+    ASSERT_GE(c3, 0);
+    EXPECT_EQ(forge_grammar_accept(g, h), FORGE_OK);
+    EXPECT_EQ(forge_grammar_allows(g, c3), 1);
+    EXPECT_EQ(forge_grammar_accept(g, c3), FORGE_OK);
+    EXPECT_EQ(forge_grammar_allows(g, x), 0);
+    EXPECT_EQ(forge_grammar_allows(g, sp.eos_ids[0]), 0); /* not matched: no end token */
+    int32_t special = forge_token_id(m, "<|start_header_id|>");
+    EXPECT_EQ(forge_grammar_allows(g, special), 0);
+    forge_grammar_free(g);
+}
+
+namespace {
+
+std::vector<std::string> corpus_files() {
+    std::vector<std::string> out;
+    std::string dir = ft::src("bench/schemas");
+    DIR *d = opendir(dir.c_str());
+    if (!d) return out;
+    while (struct dirent *e = readdir(d)) {
+        std::string n = e->d_name;
+        if (n.size() > 5 && n.substr(n.size() - 5) == ".json") out.push_back(dir + "/" + n);
+    }
+    closedir(d);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+std::string slurp(const std::string &path) {
+    std::vector<uint8_t> b = ft::read_file(path);
+    return std::string(b.begin(), b.end());
+}
+
+/* A random walk through grammar g: `steps` tokens drawn uniformly from the mask (an end token
+ * ends it), then the shortest way to a match in one-byte tokens. Returns the tokens; *ended:
+ * whether it reached a match. */
+std::vector<int32_t> random_walk(forge_model *m, forge_grammar *g, std::mt19937 &rng, int steps, bool *ended, std::string *why) {
+    int V = forge_model_n_vocab(m);
+    std::vector<uint32_t> mask((V + 31) / 32);
+    std::vector<int32_t> out, allowed;
+    forge_special_tokens sp = ft::sized<forge_special_tokens>();
+    forge_model_special_tokens(m, &sp);
+    *ended = false;
+    for (int i = 0; i < steps; i++) {
+        if (forge_grammar_status(g) & FORGE_GRAMMAR_DONE) { *ended = true; return out; }
+        if (forge_grammar_mask(g, mask.data(), mask.size()) != FORGE_OK) { *why = forge_grammar_errmsg(g); return out; }
+        allowed.clear();
+        for (int t = 0; t < V; t++)
+            if ((mask[t / 32] >> (t % 32)) & 1) allowed.push_back(t);
+        if (allowed.empty()) { *why = "an empty mask"; return out; }
+        int32_t t = allowed[std::uniform_int_distribution<size_t>(0, allowed.size() - 1)(rng)];
+        bool end = false;
+        for (int k = 0; k < sp.n_eos; k++) end |= sp.eos_ids[k] == t;
+        if (end) { *ended = true; return out; }
+        if (forge_grammar_allows(g, t) != 1) { *why = "a masked token not allowed: " + std::to_string(t); return out; }
+        if (forge_grammar_accept(g, t) != FORGE_OK) { *why = forge_grammar_errmsg(g); return out; }
+        out.push_back(t);
+    }
+    std::vector<int32_t> fin(20000);
+    int n = ft_grammar_finish(g, fin.data(), (int)fin.size());
+    if (n < 0) { *why = "no way to a match"; return out; }
+    for (int i = 0; i < n; i++) {
+        if (forge_grammar_accept(g, fin[i]) != FORGE_OK) { *why = "finish: " + std::string(forge_grammar_errmsg(g)); return out; }
+        out.push_back(fin[i]);
+    }
+    *ended = (forge_grammar_status(g) & FORGE_GRAMMAR_COMPLETE) != 0;
+    return out;
+}
+
+} // namespace
+
+/* Every schema of the bench corpus compiles, and random walks through its grammar (tokens drawn
+ * uniformly from the mask, then the shortest way to a match) give JSON that validates. */
+TEST(Schema, CorpusRandomWalksValidate) {
+    forge_model *m = llama3();
+    ASSERT_NE(m, nullptr);
+    std::vector<std::string> files = corpus_files();
+    ASSERT_GE(files.size(), 50u);
+    std::mt19937 rng(1234);
+    int outputs = 0;
+    for (const std::string &f : files) {
+        std::string schema = slurp(f);
+        forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+        for (int walk = 0; walk < 3; walk++) {
+            forge_grammar *g = nullptr;
+            ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK) << f << ": " << forge_model_errmsg(m);
+            bool ended = false;
+            std::string why;
+            std::vector<int32_t> toks = random_walk(m, g, rng, 8 + 12 * walk, &ended, &why);
+            ASSERT_TRUE(why.empty()) << f << ": " << why;
+            ASSERT_TRUE(ended) << f;
+            std::string text = token_text(m, toks);
+            std::string v = jc::validate(text, schema);
+            EXPECT_EQ(v, "") << f << "\n" << text;
+            outputs++;
+            forge_grammar_free(g);
+        }
+    }
+    EXPECT_EQ(outputs, (int)files.size() * 3);
+}
+
+/* The mask and forge_grammar_allows agree on every token, in every state of a walk. */
+TEST(Schema, MaskAgreesWithEachToken) {
+    forge_model *m = llama3();
+    ASSERT_NE(m, nullptr);
+    std::string schema = slurp(ft::src("bench/schemas/02-order.json"));
     forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
     forge_grammar *g = nullptr;
     ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK) << forge_model_errmsg(m);
-    std::vector<int32_t> toks(64);
+    std::string text = "{\"order_id\": \"ORD-123456\", \"customer_id\": 7, \"status\": \"paid\", \"items\": [{\"sku\": \"ABC-1234\", \"quantity\": 2, "
+                       "\"unit_price\": 9.5}], \"placed_at\": \"2024-02-29T10:00:00Z\"}";
+    std::vector<int32_t> toks(256);
     size_t n = 0;
-    std::string text = R"({"name": "Ann", "age": 42})";
     ASSERT_EQ(forge_tokenize(m, text.c_str(), text.size(), FORGE_TOKENIZE_NO_PARSE_SPECIAL, toks.data(), toks.size(), &n), FORGE_OK);
     int V = forge_model_n_vocab(m);
     std::vector<uint32_t> mask((V + 31) / 32);
     for (size_t i = 0; i < n; i++) {
-        ASSERT_EQ(forge_grammar_allows(g, toks[i]), 1) << i;
-        ASSERT_EQ(forge_grammar_mask(g, mask.data(), mask.size()), FORGE_OK) << forge_grammar_errmsg(g);
+        ASSERT_EQ(forge_grammar_mask(g, mask.data(), mask.size()), FORGE_OK);
+        if (i % 4 == 0)
+            for (int t = 0; t < V; t++) ASSERT_EQ((int)((mask[t / 32] >> (t % 32)) & 1), forge_grammar_allows(g, t)) << "step " << i << " token " << t;
         ASSERT_TRUE((mask[toks[i] / 32] >> (toks[i] % 32)) & 1) << i;
-        ASSERT_EQ(forge_grammar_accept(g, toks[i]), FORGE_OK);
+        ASSERT_EQ(forge_grammar_accept(g, toks[i]), FORGE_OK) << i;
     }
-    EXPECT_EQ(forge_grammar_status(g) & (FORGE_GRAMMAR_COMPLETE | FORGE_GRAMMAR_DONE), FORGE_GRAMMAR_COMPLETE | FORGE_GRAMMAR_DONE);
+    EXPECT_TRUE(forge_grammar_status(g) & FORGE_GRAMMAR_DONE);
     forge_grammar_free(g);
+}
+
+TEST(Schema, UnsupportedAndInvalidAreNamed) {
+    struct Bad { const char *schema, *want; forge_status st; };
+    std::vector<Bad> bad = {
+        {R"({"type":"object","not":{"required":["a"]}})", "keyword \"not\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"object","patternProperties":{"^x":{}}})", "keyword \"patternProperties\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"if":{"type":"string"},"then":{"maxLength":3}})", "keyword \"if\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"number","multipleOf":5})", "keyword \"multipleOf\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"array","uniqueItems":true})", "keyword \"uniqueItems\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"array","contains":{"type":"integer"}})", "keyword \"contains\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"object","maxProperties":3})", "keyword \"maxProperties\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"string","format":"ipv4"})", "format \"ipv4\"", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"string","pattern":"^(?=a)b$"})", "lookaround", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"string","pattern":"(a)\\1"})", "escape forge does not support", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"string","pattern":"^a+$","maxLength":4})", "pattern with minLength / maxLength", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"number","minimum":0.5})", "whole-number bounds", FORGE_ERR_UNSUPPORTED},
+        {R"({"$ref":"https://example.com/s.json"})", "only references into the schema itself", FORGE_ERR_UNSUPPORTED},
+        {R"({"$ref":"#/$defs/missing"})", "points at nothing", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"obj"})", "\"type\" must be a type name", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"allOf":[{"type":"string"},{"type":"integer"}]})", "types have nothing in common", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"integer","minimum":10,"maximum":3})", "admit no integer", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"array","minItems":3,"maxItems":2})", "maxItems 2 is below minItems 3", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"string","enum":[1,2]})", "admits no value", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"object",)", "not JSON", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"$ref":"#"})", "a $ref cycle", FORGE_ERR_INVALID_ARGUMENT},
+        {R"({"type":"array","minItems":1000000})", "expands counts up to", FORGE_ERR_LIMIT},
+    };
+    for (const Bad &b : bad) {
+        forge_status st = FORGE_OK;
+        std::string err, g = schema_gbnf(b.schema, &st, &err);
+        if (st == FORGE_OK) { /* an error found when the grammar compiles */
+            forge_model *m = llama3();
+            forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, b.schema);
+            forge_grammar *gr = nullptr;
+            st = forge_grammar_create(m, &c, &gr);
+            err = forge_model_errmsg(m);
+            forge_grammar_free(gr);
+        }
+        EXPECT_EQ(st, b.st) << b.schema << ": " << err;
+        EXPECT_NE(err.find(b.want), std::string::npos) << b.schema << ": " << err;
+    }
+    /* annotations are not constraints: accepted */
+    forge_status st;
+    schema_gbnf(R"({"title":"t","description":"d","$schema":"https://json-schema.org/draft/2020-12/schema","examples":[1],"default":2,"type":"integer","deprecated":false})", &st);
+    EXPECT_EQ(st, FORGE_OK);
+}
+
+/* Integer and number bounds compile to digit ranges that take exactly the numbers inside. */
+TEST(Schema, BoundsTakeExactlyTheNumbersInside) {
+    struct R { const char *schema; double lo, hi; bool lo_ex, hi_ex, integer; };
+    std::vector<R> rs = {
+        {R"({"type":"integer","minimum":-15,"maximum":120})", -15, 120, false, false, true},
+        {R"({"type":"integer","minimum":7,"maximum":7})", 7, 7, false, false, true},
+        {R"({"type":"integer","exclusiveMinimum":-3,"exclusiveMaximum":1000})", -3, 1000, true, true, true},
+        {R"({"type":"integer","minimum":95})", 95, 1e18, false, false, true},
+        {R"({"type":"integer","maximum":-42})", -1e18, -42, false, false, true},
+        {R"({"type":"integer","minimum":1.5,"maximum":9.9})", 2, 9, false, false, true},
+        {R"({"type":"integer","minimum":0,"exclusiveMinimum":true,"maximum":10,"exclusiveMaximum":true})", 0, 10, true, true, true},
+        {R"({"type":"number","minimum":-2,"maximum":3})", -2, 3, false, false, false},
+        {R"({"type":"number","exclusiveMinimum":0,"maximum":1})", 0, 1, true, false, false},
+        {R"({"type":"number","minimum":-10,"exclusiveMaximum":-1})", -10, -1, false, true, false},
+        {R"({"type":"number","exclusiveMinimum":-1,"exclusiveMaximum":0})", -1, 0, true, true, false},
+    };
+    std::vector<std::string> samples;
+    for (int i = -1100; i <= 1100; i++) samples.push_back(std::to_string(i));
+    for (const char *x : {"-0", "0.0", "0.5", "-0.5", "1.0", "1.00", "1.01", "3.0", "3.5", "-2.0", "-2.01", "-1.99", "-10.0", "-10.5", "-0.999", "0.001",
+                          "-1.0", "-1", "2.5", "9.9", "95", "96", "123456789", "-123456789", "100000000000", "007", "1.", ".5", "1e3"})
+        samples.push_back(x);
+    for (const R &r : rs) {
+        forge_status st;
+        std::string err, g = schema_gbnf(r.schema, &st, &err);
+        ASSERT_EQ(st, FORGE_OK) << r.schema << ": " << err;
+        for (const std::string &x : samples) {
+            jc::Value v;
+            bool json = jc::parse(x, v).empty();
+            bool in = json && (r.integer ? v.integral : true) && (r.lo_ex ? v.num > r.lo : v.num >= r.lo) && (r.hi_ex ? v.num < r.hi : v.num <= r.hi);
+            int got = match(g, x);
+            if (x == "-0") continue; /* 0 written with a sign: valid, and never generated */
+            if (in) EXPECT_EQ(got, 1) << r.schema << " should take " << x;
+            else EXPECT_NE(got, 1) << r.schema << " should not take " << x;
+        }
+    }
+}
+
+/* Patterns: the grammar takes a JSON string exactly when its value matches the regex (searched
+ * unanchored, as JSON Schema's patterns are), escapes included. */
+TEST(Schema, PatternsMatchAsRegexesDo) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+        {"^[A-Z]{3}-[0-9]{4}$", {"ABC-1234", "AB-1234", "ABCD-1234", "abc-1234", "ABC-123"}},
+        {"^\\d+(\\.\\d+)?$", {"12", "12.5", "12.", ".5", "x1"}},
+        {"abc", {"abc", "xxabcxx", "ab", "ABC", ""}},
+        {"^(foo|bar)+$", {"foo", "foobarfoo", "fo", "foobaz", ""}},
+        {"^[^\"]*$", {"plain", "with \"quote\"", ""}},
+        {"^a\\.b\\\\c$", {"a.b\\c", "axb\\c", "a.bc"}},
+        {"^\\s*\\w+\\s*$", {"  word_1 ", "two words", "\tx\n"}},
+        {"^[\\u00e0-\\u00ff]+$", {"\xc3\xa9\xc3\xa0", "e", ""}},
+        {"^.{2,4}$", {"ab", "abcd", "abcde", "a", "a\nb"}},
+        {"^x?y*z+$", {"z", "xyyz", "xz", "x", "yyy"}},
+        {"^[a-c][^a-c]$", {"ax", "aa", "d1", "b\""}},
+        {"^(?:ab|cd){2}$", {"abcd", "abab", "ab", "abcdab"}},
+    };
+    for (auto &c : cases) {
+        std::string schema = "{\"type\":\"string\",\"pattern\":" + std::string(cJSON_PrintUnformatted(cJSON_CreateString(c.first.c_str()))) + "}";
+        forge_status st;
+        std::string err, g = schema_gbnf(schema, &st, &err);
+        ASSERT_EQ(st, FORGE_OK) << schema << ": " << err;
+        std::wstring wp;
+        for (char32_t ch : jc::u32_of(c.first.c_str())) wp += (wchar_t)ch;
+        for (const std::string &x : c.second) {
+            std::wstring wx;
+            for (char32_t ch : jc::u32_of(x.c_str())) wx += (wchar_t)ch;
+            bool want = std::regex_search(wx, std::wregex(wp));
+            cJSON *js = cJSON_CreateString(x.c_str());
+            char *enc = cJSON_PrintUnformatted(js);
+            EXPECT_EQ(match(g, enc) == 1, want) << c.first << " on " << enc;
+            free(enc);
+            cJSON_Delete(js);
+        }
+    }
+}
+
+TEST(Schema, HostileSchemasMeetLimits) {
+    auto t0 = std::chrono::steady_clock::now();
+    forge_status st;
+    std::string err;
+    /* nesting past the depth bound */
+    std::string deep;
+    for (int i = 0; i < 200; i++) deep += R"({"type":"object","properties":{"a":)";
+    deep += R"({"type":"integer"})";
+    for (int i = 0; i < 200; i++) deep += "},\"required\":[\"a\"]}";
+    schema_gbnf(deep, &st, &err);
+    EXPECT_EQ(st, FORGE_ERR_LIMIT) << err;
+    /* a big enum: a trie of literals, compiled and matched quickly */
+    std::string big = R"({"enum":[)";
+    for (int i = 0; i < 100000; i++) big += (i ? ",\"item-" : "\"item-") + std::to_string(i * 7919 % 1000003) + "\"";
+    big += "]}";
+    std::string g = schema_gbnf(big, &st, &err);
+    ASSERT_EQ(st, FORGE_OK) << err;
+    EXPECT_EQ(match(g, "\"item-" + std::to_string(5 * 7919 % 1000003) + "\""), 1);
+    EXPECT_EQ(match(g, "\"item-x\""), -1);
+    /* mutual recursion through $ref with structure between: fine */
+    schema_gbnf(R"({"$defs":{"a":{"type":"array","items":{"$ref":"#/$defs/b"}},"b":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"})", &st, &err);
+    EXPECT_EQ(st, FORGE_OK) << err;
+    /* recursion through allOf only: a merge that never ends is cut */
+    schema_gbnf(R"({"$defs":{"x":{"allOf":[{"$ref":"#/$defs/x"}]}},"$ref":"#/$defs/x"})", &st, &err);
+    EXPECT_NE(st, FORGE_OK);
+    /* garbage */
+    for (std::string junk : {"", "null", "[1,2]", "\"x\"", "{\"type\":[]}", "{\"properties\":5}", "{\"items\":[{\"type\":1}]}"}) {
+        schema_gbnf(junk, &st, &err);
+        EXPECT_NE(st, FORGE_OK) << junk;
+    }
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 60.0);
+}
+
+/* A trigger: free text until it, the grammar after it (whitespace first allowed), free again once matched. */
+TEST(Grammar, TriggerLeavesTextFreeUntilIt) {
+    forge_model *m = llama3();
+    ASSERT_NE(m, nullptr);
+    forge_constraint c = ft::sized<forge_constraint>();
+    c.kind = FORGE_CONSTRAINT_JSON_OBJECT;
+    c.trigger = "</think>";
+    forge_grammar *g = nullptr;
+    ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK) << forge_model_errmsg(m);
+    auto feed = [&](const std::string &text) {
+        std::vector<int32_t> toks(256);
+        size_t n = 0;
+        EXPECT_EQ(forge_tokenize(m, text.c_str(), text.size(), FORGE_TOKENIZE_NO_PARSE_SPECIAL, toks.data(), toks.size(), &n), FORGE_OK);
+        for (size_t i = 0; i < n; i++) EXPECT_EQ(forge_grammar_accept(g, toks[i]), FORGE_OK) << text << " token " << i << ": " << forge_grammar_errmsg(g);
+    };
+    int32_t brace = forge_token_id(m, "}"), hello = forge_token_id(m, "hello");
+    EXPECT_EQ(forge_grammar_allows(g, brace), 1); /* free: anything */
+    feed("Let me think } about it.\n");
+    EXPECT_EQ(forge_grammar_status(g) & FORGE_GRAMMAR_IN_SPAN, 0u);
+    feed("</think>\n\n");
+    EXPECT_EQ(forge_grammar_status(g) & FORGE_GRAMMAR_IN_SPAN, FORGE_GRAMMAR_IN_SPAN);
+    EXPECT_EQ(forge_grammar_allows(g, hello), 0);
+    EXPECT_EQ(forge_grammar_allows(g, brace), 0);
+    feed("{\"a\": [1, \"x\"]}");
+    EXPECT_EQ(forge_grammar_status(g) & FORGE_GRAMMAR_IN_SPAN, 0u); /* matched: free again */
+    EXPECT_EQ(forge_grammar_allows(g, hello), 1);
+    feed(" done. </think>{}");
+    EXPECT_EQ(forge_grammar_status(g) & FORGE_GRAMMAR_IN_SPAN, 0u);
+    forge_grammar_free(g);
+}
+
+namespace {
+
+/* A random-weight Llama checkpoint (hidden 32, one layer, f16) beside the real Llama 3
+ * tokenizer: its logits are close to uniform, the hard case for constraints (garbage unless
+ * constrained). Made once per process. */
+std::string random_llama3() {
+    static std::string dir = [] {
+        std::string data = ft::tok_data(), d = ft::tmpdir("grammar_llama3");
+        if (ft::sh("cp " + data + "/llama3/tokenizer.json " + data + "/llama3/tokenizer_config.json " + d + "/") != 0) return std::string();
+        const int V = 128256, H = 32, D = 16;
+        std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                          "\"num_key_value_heads\":1,\"intermediate_size\":64,\"vocab_size\":128256,\"max_position_embeddings\":2048,"
+                          "\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
+        ft::write_file(d + "/config.json", cfg.data(), cfg.size());
+        struct T { std::string name; std::vector<int64_t> shape; };
+        std::string p = "model.layers.0.";
+        std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {p + "input_layernorm.weight", {H}},
+                             {p + "post_attention_layernorm.weight", {H}}, {p + "self_attn.q_proj.weight", {2 * D, H}},
+                             {p + "self_attn.k_proj.weight", {D, H}}, {p + "self_attn.v_proj.weight", {D, H}},
+                             {p + "self_attn.o_proj.weight", {H, 2 * D}}, {p + "mlp.gate_proj.weight", {64, H}},
+                             {p + "mlp.up_proj.weight", {64, H}}, {p + "mlp.down_proj.weight", {H, 64}}};
+        std::string hdr = "{";
+        std::vector<uint8_t> body;
+        uint32_t seed = 11;
+        for (auto &t : ts) {
+            size_t n = 1;
+            for (auto x : t.shape) n *= (size_t)x;
+            std::vector<float> v = ft::randn(n, 0.5f, seed++);
+            std::vector<uint8_t> b(n * 2);
+            for (size_t i = 0; i < n; i++) {
+                uint16_t h = ft_f32_to_f16(v[i]);
+                memcpy(&b[2 * i], &h, 2);
+            }
+            hdr += (hdr.size() > 1 ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"F16\",\"shape\":[";
+            for (size_t i = 0; i < t.shape.size(); i++) hdr += (i ? "," : "") + std::to_string(t.shape[i]);
+            hdr += "],\"data_offsets\":[" + std::to_string(body.size()) + "," + std::to_string(body.size() + b.size()) + "]}";
+            body.insert(body.end(), b.begin(), b.end());
+        }
+        hdr += "}";
+        std::vector<uint8_t> file;
+        for (int i = 0; i < 8; i++) file.push_back((uint8_t)((uint64_t)hdr.size() >> (8 * i)));
+        file.insert(file.end(), hdr.begin(), hdr.end());
+        file.insert(file.end(), body.begin(), body.end());
+        ft::write_file(d + "/model.safetensors", file.data(), file.size());
+        return d;
+    }();
+    return dir;
+}
+
+struct GenRun {
+    std::vector<int32_t> tokens;
+    std::string text;
+    forge_metrics mt = ft::sized<forge_metrics>();
+    forge_status st = FORGE_OK;
+};
+
+int collect(void *u, int32_t tok, const char *text, size_t n) {
+    GenRun *r = (GenRun *)u;
+    if (tok >= 0) r->tokens.push_back(tok);
+    r->text.append(text, n);
+    return 0;
+}
+
+GenRun generate(forge_session *s, const std::string &prompt, const forge_constraint *c, float temp, uint64_t seed, int max_tokens) {
+    GenRun r;
+    forge_generate_params p = forge_generate_default_params();
+    p.temperature = temp;
+    p.seed = seed;
+    p.max_tokens = max_tokens;
+    p.constraint = c;
+    p.on_token = collect;
+    p.user_data = &r;
+    r.st = forge_generate(s, prompt.c_str(), prompt.size(), &p, &r.mt);
+    return r;
+}
+
+/* The tokens replayed through a fresh grammar: all allowed (the output never left it). */
+bool replays(forge_model *m, const forge_constraint *c, const std::vector<int32_t> &toks, std::string *why) {
+    forge_grammar *g = nullptr;
+    if (forge_grammar_create(m, c, &g) != FORGE_OK) { *why = forge_model_errmsg(m); return false; }
+    bool ok = true;
+    for (size_t i = 0; i < toks.size() && ok; i++)
+        if (forge_grammar_accept(g, toks[i]) != FORGE_OK) { *why = "token " + std::to_string(i) + ": " + forge_grammar_errmsg(g); ok = false; }
+    forge_grammar_free(g);
+    return ok;
+}
+
+} // namespace
+
+/* Checks a run of constraint c (a JSON Schema when schema is not empty): every output that ends
+ * matched parses and validates; every other one stopped at max_tokens with a prefix of a match. */
+static void check_run(forge_model *m, const forge_constraint *c, const std::string &schema, const GenRun &r, const std::string &what, int *complete) {
+    std::string why;
+    EXPECT_TRUE(replays(m, c, r.tokens, &why)) << what << ": " << why << "\n" << r.text;
+    EXPECT_EQ(r.mt.generated_tokens, (int)r.tokens.size()) << what;
+    if (r.mt.constraint_complete) {
+        (*complete)++;
+        EXPECT_TRUE(r.mt.stop_reason == FORGE_STOP_CONSTRAINT || r.mt.stop_reason == FORGE_STOP_EOS) << what << " " << r.mt.stop_reason;
+        if (!schema.empty()) EXPECT_EQ(jc::validate(r.text, schema), "") << what << "\n" << r.text;
+    } else {
+        EXPECT_EQ(r.mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what << "\n" << r.text;
+    }
+}
+
+/* Constrained generation on random weights (the real Llama 3 tokenizer), greedy and sampled. */
+TEST(Constrained, RandomWeightOutputsValidate) {
+    std::string dir = random_llama3();
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 512);
+    ASSERT_NE(s, nullptr);
+    int complete = 0, total = 0;
+    for (const char *f : {"09-sentiment.json", "28-rgb-color.json", "55-time-slot.json"}) {
+        std::string schema = slurp(ft::src(std::string("bench/schemas/") + f));
+        forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+        for (float temp : {0.0f, 1.2f}) {
+            GenRun r = generate(s, "Answer in JSON:", &c, temp, 7, 48);
+            ASSERT_EQ(r.st, FORGE_OK) << f << ": " << forge_session_errmsg(s);
+            check_run(m, &c, schema, r, std::string(f) + " T " + std::to_string(temp), &complete);
+            total++;
+        }
+    }
+    EXPECT_GE(complete, 2) << complete << " of " << total << " runs matched whole";
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* The same on the bundled story model (a SentencePiece vocabulary of 512 with byte fallback):
+ * many schemas, temperatures and seeds, JSON objects and a GBNF grammar. */
+TEST(Constrained, StoryModelOutputsValidate) {
+    forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 512);
+    int complete = 0, total = 0;
+    std::vector<std::string> files = corpus_files();
+    for (size_t i = 0; i < files.size(); i += 3) {
+        std::string schema = slurp(files[i]);
+        forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+        for (float temp : {0.0f, 0.8f, 1.5f}) {
+            GenRun r = generate(s, "Once upon a time", &c, temp, 1 + i, 150);
+            ASSERT_EQ(r.st, FORGE_OK) << files[i] << ": " << forge_session_errmsg(s);
+            check_run(m, &c, schema, r, files[i] + " T " + std::to_string(temp), &complete);
+            total++;
+        }
+    }
+    EXPECT_GE(complete, total / 3) << complete << " of " << total << " runs matched whole";
+    forge_constraint obj = ft::sized<forge_constraint>();
+    obj.kind = FORGE_CONSTRAINT_JSON_OBJECT;
+    std::string chess = slurp(ft::src("tests/fixtures/grammar/chess.gbnf"));
+    forge_constraint gb = constraint(FORGE_CONSTRAINT_GBNF, chess);
+    for (float temp : {0.0f, 1.0f, 2.0f}) {
+        int dummy = 0;
+        GenRun r = generate(s, "The object", &obj, temp, 3, 150);
+        ASSERT_EQ(r.st, FORGE_OK) << forge_session_errmsg(s);
+        check_run(m, &obj, "{\"type\":\"object\"}", r, "object", &dummy);
+        GenRun q = generate(s, "1.", &gb, temp, 4, 150);
+        ASSERT_EQ(q.st, FORGE_OK) << forge_session_errmsg(s);
+        check_run(m, &gb, "", q, "chess", &dummy);
+        if (q.mt.constraint_complete) EXPECT_EQ(match(chess, q.text), 1) << q.text;
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Greedy with a constraint (forced text sampled too) is, token by token, the highest-logit token
+ * the grammar allows: checked against the logits of forge_eval and the whole mask. */
+class ConstrainedGreedy : public ::testing::TestWithParam<int> {};
+
+TEST_P(ConstrainedGreedy, IsTheBestAllowedToken) {
+    bool story = GetParam() == 0;
+    forge_model *m = story ? ft::load(ft::src("models/stories260K/stories260K.gguf")) : ft::load(random_llama3());
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 512), *ref = ft::session(m, 512);
+    std::string schema = slurp(ft::src("bench/schemas/01-user-profile.json"));
+    forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+    c.sample_forced = 1;
+    GenRun r = generate(s, "Profile:", &c, 0.0f, 0, story ? 80 : 16);
+    ASSERT_EQ(r.st, FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(r.mt.forced_tokens, 0);
+    int V = forge_model_n_vocab(m);
+    std::vector<int32_t> prompt(64);
+    size_t n = 0;
+    ASSERT_EQ(forge_tokenize(m, "Profile:", 8, FORGE_TOKENIZE_ADD_SPECIAL, prompt.data(), prompt.size(), &n), FORGE_OK);
+    prompt.resize(n);
+    forge_grammar *g = nullptr;
+    ASSERT_EQ(forge_grammar_create(m, &c, &g), FORGE_OK);
+    std::vector<float> logits(V);
+    std::vector<uint32_t> mask((V + 31) / 32);
+    ASSERT_EQ(forge_eval(ref, prompt.data(), (int)prompt.size(), 0, logits.data(), V), FORGE_OK);
+    for (size_t i = 0; i < r.tokens.size(); i++) {
+        ASSERT_EQ(forge_grammar_mask(g, mask.data(), mask.size()), FORGE_OK);
+        int best = -1;
+        for (int t = 0; t < V; t++)
+            if (((mask[t / 32] >> (t % 32)) & 1) && (best < 0 || logits[t] > logits[best])) best = t;
+        ASSERT_EQ(r.tokens[i], best) << "step " << i;
+        ASSERT_EQ(forge_grammar_accept(g, best), FORGE_OK);
+        ASSERT_EQ(forge_eval(ref, &best, 1, 0, logits.data(), V), FORGE_OK);
+    }
+    forge_grammar_free(g);
+    forge_session_free(s);
+    forge_session_free(ref);
+    forge_model_free(m);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ConstrainedGreedy, ::testing::Values(0, 1), [](const ::testing::TestParamInfo<int> &i) {
+    return std::string(i.param == 0 ? "Stories260K" : "RandomLlama3");
+});
+
+/* The constrained draw decides from the 256 candidates exactly as from the whole row: the same
+ * token for the same random numbers, under every filter; and its draws follow the allowed
+ * tokens' renormalized distribution. */
+TEST(Constrained, CandidatesDecideAsTheWholeRow) {
+    const int V = 3000;
+    std::mt19937 gen(7);
+    int decided = 0, total = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        std::vector<float> l = ft::randn(V, trial % 3 == 0 ? 0.5f : 3.0f, 100 + trial);
+        std::vector<uint8_t> allowed(V);
+        double density = trial % 4 == 0 ? 0.002 : trial % 4 == 1 ? 0.05 : trial % 4 == 2 ? 0.5 : 0.95;
+        for (int i = 0; i < V; i++) allowed[i] = std::bernoulli_distribution(density)(gen);
+        allowed[trial % V] = 1;
+        float temp = trial % 5 == 0 ? 0.0f : 0.3f + 0.1f * (trial % 17);
+        int top_k = trial % 7 == 1 ? 20 : trial % 7 == 2 ? 400 : 0;
+        float top_p = trial % 6 == 3 ? 0.9f : 1.0f, min_p = trial % 8 == 5 ? 0.05f : 0.0f;
+        uint64_t a[4], b[4];
+        ft_rng_seed(a, trial);
+        ft_rng_seed(b, trial);
+        int used = 0, used_full = 0;
+        int32_t t1 = ft_draw_constrained(l.data(), allowed.data(), V, 256, temp, top_k, top_p, min_p, a, &used);
+        int32_t t2 = ft_draw_constrained(l.data(), allowed.data(), V, V, temp, top_k, top_p, min_p, b, &used_full);
+        ASSERT_GE(t1, 0);
+        ASSERT_TRUE(allowed[t1]) << trial;
+        EXPECT_EQ(t1, t2) << "trial " << trial << " T " << temp << " k " << top_k << " p " << top_p << " min_p " << min_p;
+        EXPECT_EQ(used_full, 0);
+        decided += !used;
+        total++;
+    }
+    EXPECT_GT(decided, total / 3) << "the candidates should decide most draws";
+    /* the distribution: a plain draw at T = 1 over a sparse allowed set */
+    std::vector<float> l = ft::randn(V, 1.0f, 5);
+    std::vector<uint8_t> allowed(V);
+    for (int i = 0; i < V; i += 97) allowed[i] = 1;
+    double S = 0;
+    for (int i = 0; i < V; i++) if (allowed[i]) S += std::exp(l[i]);
+    std::map<int, int> count;
+    uint64_t rng[4];
+    ft_rng_seed(rng, 99);
+    int N = 20000;
+    for (int k = 0; k < N; k++) {
+        int used;
+        count[ft_draw_constrained(l.data(), allowed.data(), V, 256, 1.0f, 0, 1.0f, 0.0f, rng, &used)]++;
+    }
+    for (int i = 0; i < V; i++)
+        if (allowed[i]) EXPECT_NEAR(count[i] / (double)N, std::exp(l[i]) / S, 0.015) << i;
+}
+
+/* Forced text is written without draws (and counted), sample_forced turns that off; a grammar
+ * that cannot end within max_tokens stops there with a prefix of a match. */
+TEST(Constrained, ForcedTextAndStopReasons) {
+    std::string dir = random_llama3();
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 1024);
+    std::string schema = R"({"type":"object","properties":{"customer_account_identifier":{"type":"integer","minimum":0,"maximum":9},)"
+                         R"("preferred_notification_channel":{"enum":["email","sms"]}},"required":["customer_account_identifier","preferred_notification_channel"],"additionalProperties":false})";
+    forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+    GenRun r = generate(s, "JSON:", &c, 0.0f, 0, 100);
+    ASSERT_EQ(r.st, FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_GT(r.mt.forced_tokens, 3) << r.text;
+    EXPECT_EQ(r.mt.stop_reason, FORGE_STOP_CONSTRAINT) << r.text;
+    EXPECT_EQ(r.mt.constraint_complete, 1);
+    EXPECT_EQ(jc::validate(r.text, schema), "") << r.text;
+    c.sample_forced = 1;
+    GenRun q = generate(s, "JSON:", &c, 0.0f, 0, 100);
+    EXPECT_EQ(q.mt.forced_tokens, 0);
+    EXPECT_EQ(jc::validate(q.text, schema), "") << q.text;
+    /* cannot end within max_tokens */
+    forge_constraint longg = constraint(FORGE_CONSTRAINT_GBNF, "root ::= \"ab\"{400} \"!\"");
+    GenRun t = generate(s, "x", &longg, 0.8f, 1, 12);
+    ASSERT_EQ(t.st, FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(t.mt.stop_reason, FORGE_STOP_MAX_TOKENS);
+    EXPECT_EQ(t.mt.constraint_complete, 0);
+    EXPECT_EQ((int)t.tokens.size(), 12);
+    std::string why;
+    EXPECT_TRUE(replays(m, &longg, t.tokens, &why)) << why;
+    /* a grammar of the empty string is matched before any token */
+    forge_constraint empty = constraint(FORGE_CONSTRAINT_GBNF, "root ::= \"\"");
+    GenRun e = generate(s, "x", &empty, 0.0f, 1, 12);
+    EXPECT_EQ(e.mt.stop_reason, FORGE_STOP_CONSTRAINT);
+    EXPECT_EQ(e.mt.generated_tokens, 0);
+    EXPECT_EQ(e.mt.constraint_complete, 1);
+    /* an invalid grammar fails the call before any work, naming the problem */
+    forge_constraint bad = constraint(FORGE_CONSTRAINT_GBNF, "root ::= nope");
+    GenRun b = generate(s, "x", &bad, 0.0f, 1, 12);
+    EXPECT_EQ(b.st, FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_session_errmsg(s)).find("'nope'"), std::string::npos) << forge_session_errmsg(s);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Batch items with constraints give what forge_generate gives for each alone. */
+TEST(Constrained, BatchItemsMatchGenerate) {
+    forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(m, nullptr);
+    forge_session_params sp = forge_session_default_params();
+    sp.n_ctx = 512;
+    sp.n_seq_max = 3;
+    forge_session *bs = ft::session(m, sp), *s = ft::session(m, 512);
+    std::string s1 = slurp(ft::src("bench/schemas/09-sentiment.json")), s2 = slurp(ft::src("bench/schemas/28-rgb-color.json"));
+    forge_constraint c1 = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, s1), c2 = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, s2);
+    const char *choices[] = {"yes", "no", "maybe later"};
+    forge_constraint c3 = ft::sized<forge_constraint>();
+    c3.kind = FORGE_CONSTRAINT_CHOICES;
+    c3.choices = choices;
+    c3.n_choices = 3;
+    const forge_constraint *cs[4] = {&c1, &c2, nullptr, &c3};
+    float temps[4] = {0.0f, 0.9f, 0.0f, 0.7f};
+    std::vector<GenRun> runs(4);
+    std::vector<forge_generate_params> ps(4);
+    std::vector<forge_batch_item> items(4);
+    std::string prompt = "Reply:";
+    for (int i = 0; i < 4; i++) {
+        ps[i] = forge_generate_default_params();
+        ps[i].temperature = temps[i];
+        ps[i].seed = 10 + i;
+        ps[i].max_tokens = 60;
+        ps[i].constraint = cs[i];
+        ps[i].on_token = collect;
+        ps[i].user_data = &runs[i];
+        items[i] = ft::sized<forge_batch_item>();
+        items[i].text = prompt.c_str();
+        items[i].text_len = prompt.size();
+        items[i].params = &ps[i];
+    }
+    std::vector<forge_batch_result> res(4, ft::sized<forge_batch_result>());
+    ASSERT_EQ(forge_batch_generate(bs, items.data(), 4, res.data()), FORGE_OK) << forge_session_errmsg(bs);
+    for (int i = 0; i < 4; i++) {
+        ASSERT_EQ(res[i].status, FORGE_OK) << i;
+        GenRun alone = generate(s, prompt, cs[i], temps[i], 10 + i, 60);
+        EXPECT_EQ(runs[i].tokens, alone.tokens) << "item " << i << "\n" << runs[i].text << "\n" << alone.text;
+        EXPECT_EQ(res[i].metrics.stop_reason, alone.mt.stop_reason) << i;
+        EXPECT_EQ(res[i].metrics.forced_tokens, alone.mt.forced_tokens) << i;
+        EXPECT_EQ(res[i].metrics.constraint_complete, alone.mt.constraint_complete) << i;
+    }
+    EXPECT_TRUE(runs[3].text == "yes" || runs[3].text == "no" || runs[3].text == "maybe later") << runs[3].text;
+    forge_session_free(bs);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Classify with choices: the choice each prompt's model writes, as generate writes it. */
+TEST(Constrained, ClassifyChoices) {
+    forge_model *m = ft::load(ft::src("models/stories260K/stories260K.gguf"));
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 512), *g = ft::session(m, 512);
+    const char *choices[] = {"positive", "negative", "neutral", "positively not", "n/a"};
+    forge_constraint c = ft::sized<forge_constraint>();
+    c.kind = FORGE_CONSTRAINT_CHOICES;
+    c.choices = choices;
+    c.n_choices = 5;
+    std::vector<std::string> texts = {"Great movie!", "Awful.", "It was a film.", "Meh", "I loved every minute of it", "No comment"};
+    std::vector<forge_classify_prompt> ps;
+    for (auto &t : texts) {
+        forge_classify_prompt q = ft::sized<forge_classify_prompt>();
+        q.text = t.c_str();
+        q.text_len = t.size();
+        ps.push_back(q);
+    }
+    forge_classify_params cp = forge_classify_default_params();
+    cp.constraint = &c;
+    std::vector<forge_classify_result> res(texts.size(), ft::sized<forge_classify_result>());
+    ASSERT_EQ(forge_classify(s, ps.data(), (int)ps.size(), &cp, res.data()), FORGE_OK) << forge_session_errmsg(s);
+    for (size_t i = 0; i < texts.size(); i++) {
+        ASSERT_GE(res[i].choice, 0) << i;
+        ASSERT_LT(res[i].choice, 5) << i;
+        GenRun r = generate(g, texts[i], &c, 0.0f, 0, 20);
+        EXPECT_EQ(r.text, choices[res[i].choice]) << texts[i];
+    }
+    EXPECT_EQ(forge_session_n_past(s), 0);
+    /* without choices the result says -1 */
+    cp.constraint = nullptr;
+    ASSERT_EQ(forge_classify(s, ps.data(), 1, &cp, res.data()), FORGE_OK);
+    EXPECT_EQ(res[0].choice, -1);
+    forge_session_free(s);
+    forge_session_free(g);
+    forge_model_free(m);
 }
