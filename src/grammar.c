@@ -56,6 +56,15 @@ static void forge__bset_add(uint64_t s[4], unsigned lo, unsigned hi) {
     for (unsigned b = lo; b <= hi; b++) s[b >> 6] |= 1ull << (b & 63);
 }
 
+/* A 64-bit mixer (hash tables, byte signatures). */
+static uint64_t forge__mix(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    return x ^ (x >> 33);
+}
+
 /* ---- Building a grammar (the GBNF parser's output, and schema.c's through GBNF text) ---- */
 
 typedef struct forge__grule_b {
@@ -610,7 +619,14 @@ typedef struct forge__gram {
     char *names;       /* the rules' names, NUL-separated */
     uint32_t *name_at; /* [n_rules] */
     uint32_t n_elems, n_alts, n_rules, n_sets, root;
+    uint8_t rep[256];   /* each byte's class representative: bytes no set tells apart step alike */
+    uint8_t safe_reps[96]; /* the representatives of the plain-text bytes (forge__tk_safe) */
+    int n_safe_reps;
 } forge__gram;
+
+/* Plain text: printable ASCII but '"' and '\\'. The trie marks subtrees made of it, and a state
+ * from which every run of it up to a length stays alive takes such a subtree whole. */
+static bool forge__tk_safe(unsigned c) { return c >= 0x20 && c <= 0x7E && c != '"' && c != '\\'; }
 
 static void forge__gram_free(forge__gram *g) {
     if (!g) return;
@@ -766,6 +782,18 @@ static forge_status forge__gram_parse(const char *text, size_t len, forge__gram 
             g->n_sets = (uint32_t)(b.sets.n / 32);
             if (b.sets.n) memcpy(g->sets, b.sets.p, b.sets.n);
             g->root = root;
+            /* byte classes: refine one class by every set's membership (a signature per byte) */
+            uint64_t sig[256] = {0};
+            for (uint32_t k = 0; k < g->n_sets; k++)
+                for (int c = 0; c < 256; c++)
+                    if (forge__bset_has(g->sets + 4 * (size_t)k, (unsigned)c)) sig[c] = forge__mix(sig[c] ^ (0x9e3779b97f4a7c15ull * (k + 1)));
+                    else sig[c] = forge__mix(sig[c] + k + 1);
+            for (int c = 0; c < 256; c++) {
+                g->rep[c] = (uint8_t)c;
+                for (int r = 0; r < c; r++)
+                    if (sig[r] == sig[c]) { g->rep[c] = g->rep[r]; break; }
+                if (forge__tk_safe((unsigned)c) && g->rep[c] == c) g->safe_reps[g->n_safe_reps++] = (uint8_t)c;
+            }
         }
     }
     forge_status st = b.st;
@@ -783,12 +811,12 @@ static forge_status forge__gram_parse(const char *text, size_t len, forge__gram 
 
 typedef struct forge__tnode {
     uint32_t end;    /* the index past this node's subtree (preorder) */
-    uint32_t tok_lo; /* its tokens: sorted[tok_lo .. tok_lo + tok_n) */
-    uint16_t tok_n;
+    uint32_t tok_lo; /* the tokens of its subtree: sorted[tok_lo .. nodes[end].tok_lo), its own first */
+    uint16_t tok_n;  /* its own tokens */
     uint8_t byte;
-    uint8_t pad;
+    uint8_t safe;    /* the subtree below it is plain text (forge__tk_safe) this many bytes deep; 255: it is not */
     uint16_t depth;  /* bytes from the root */
-    uint16_t pad2;
+    uint16_t pad;
 } forge__tnode;
 
 /* One allocation, freed with free(): the header, then its arrays. */
@@ -860,6 +888,7 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
         if (i) while (l < vs[i].n && l < vs[i - 1].n && vs[i].s[l] == vs[i - 1].s[l]) l++;
         n_nodes += vs[i].n - l;
     }
+    n_nodes++; /* a sentinel past the last: its tok_lo is the token count */
     size_t sz = sizeof *out + 4 * ((size_t)V + 1) + bytes.n + (size_t)V + 8 + 4 * (size_t)k + 8 + sizeof(forge__tnode) * n_nodes + 16;
     out = (forge__vocab *)calloc(1, sz);
     if (!out) goto oom;
@@ -888,17 +917,28 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
         uint32_t l = 0;
         if (i) while (l < vs[i].n && l < vs[i - 1].n && vs[i].s[l] == vs[i - 1].s[l]) l++;
         while (depth > l) out->nodes[path[depth--]].end = nn; /* close the nodes past the common prefix */
-        for (uint32_t d = l; d < vs[i].n; d++) {
-            out->nodes[nn] = (forge__tnode){0, 0, 0, vs[i].s[d], 0, (uint16_t)(d + 1), 0};
+        for (uint32_t d = l; d < vs[i].n; d++) { /* (a new node's subtree starts with this token) */
+            out->nodes[nn] = (forge__tnode){0, (uint32_t)i, 0, vs[i].s[d], 255, (uint16_t)(d + 1), 0};
             path[++depth] = nn++;
         }
         forge__tnode *t = &out->nodes[path[depth]];
-        if (!t->tok_n) t->tok_lo = (uint32_t)i;
         if (t->tok_n < UINT16_MAX) t->tok_n++;
     }
     while (depth > 0) out->nodes[path[depth--]].end = nn;
     out->nodes[0].end = nn;
     out->n_nodes = nn;
+    out->nodes[nn] = (forge__tnode){nn, (uint32_t)k, 0, 0, 255, 0, 0};
+    /* plain-text subtrees, from the leaves up: a node's depth of plain text below it */
+    for (uint32_t i = nn; i-- > 0;) {
+        forge__tnode *t = &out->nodes[i];
+        int deepest = 0;
+        for (uint32_t j = i + 1; j < t->end && deepest >= 0; j = out->nodes[j].end) {
+            const forge__tnode *c = &out->nodes[j];
+            if (!forge__tk_safe(c->byte) || c->safe == 255) deepest = -1;
+            else deepest = FORGE__MAX(deepest, 1 + c->safe);
+        }
+        t->safe = deepest < 0 || deepest > 254 ? 255 : (uint8_t)deepest;
+    }
     (void)n_text;
     free(path);
     free(off);
@@ -945,7 +985,9 @@ typedef struct forge__gstate {
     int32_t mask;     /* the slot of its cached mask, -1 none */
     int16_t forced;   /* -2 not known yet; -1 none (several bytes, or the grammar may end); else the one byte */
     uint8_t accept;   /* the grammar may end here */
-    uint8_t pad;
+    uint8_t ok_runs;  /* every run of plain text this long or shorter stays alive (known so far) */
+    uint8_t bad_runs; /* ... some run this long dies (known so far; 255: none known) */
+    uint8_t pad[3];
 } forge__gstate;
 
 typedef struct forge__gdfa {
@@ -985,13 +1027,6 @@ static bool forge__dfa_fail(forge__gdfa *d, forge_status st, const char *fmt, ..
     return false;
 }
 
-static uint64_t forge__mix(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
 
 /* The node (pos, parent), interned; UINT32_MAX when it would pass the depth bound or on failure. */
 static uint32_t forge__dfa_node(forge__gdfa *d, uint32_t pos, uint32_t parent) {
@@ -1110,7 +1145,7 @@ static int32_t forge__dfa_state(forge__gdfa *d, bool accept) {
     }
     uint32_t id = d->n_states++;
     memcpy(d->ids + d->n_ids, ids, 4 * n);
-    d->states[id] = (forge__gstate){(uint32_t)d->n_ids, (uint32_t)n, h, -1, -2, (uint8_t)accept, 0};
+    d->states[id] = (forge__gstate){(uint32_t)d->n_ids, (uint32_t)n, h, -1, -2, (uint8_t)accept, 0, 255, {0, 0, 0}};
     d->n_ids += n;
     memset(d->trans + 256ull * id, 0xff, 4 * 256);
     if ((uint64_t)d->n_states * 2 > (uint64_t)d->state_mask + 1) {
@@ -1146,7 +1181,7 @@ static bool forge__dfa_reset(forge__gdfa *d) {
     d->out.n = 0;
     d->st = FORGE_OK;
     /* state 0: DEAD (forge__dfa_state never interns it: an empty set that cannot end is DEAD) */
-    d->states[0] = (forge__gstate){0, 0, 0, -1, -1, 0, 0};
+    d->states[0] = (forge__gstate){0, 0, 0, -1, -1, 0, 0, 1, {0, 0, 0}};
     for (int b = 0; b < 256; b++) d->trans[b] = FORGE__G_DEAD;
     d->n_states = 1;
     return true;
@@ -1211,9 +1246,16 @@ static int32_t forge__dfa_start(forge__gdfa *d) {
     return forge__dfa_state(d, accept);
 }
 
-/* The transition of state s on byte c, computed the first time. */
+/* The transition of state s on byte c, computed the first time (once per byte class). */
 static int32_t forge__dfa_compute(forge__gdfa *d, int32_t s, uint8_t c) {
     if (d->st) return FORGE__G_DEAD;
+    uint8_t r = d->g->rep[c];
+    if (r != c) {
+        int32_t t = d->trans[256ull * s + r];
+        if (t < 0) t = forge__dfa_compute(d, s, r);
+        if (!d->st) d->trans[256ull * s + c] = t;
+        return t;
+    }
     forge__dfa_new_closure(d);
     bool accept = false;
     const forge__gram *g = d->g;
@@ -1264,6 +1306,23 @@ static bool forge__dfa_can_continue(forge__gdfa *d, int32_t s) {
         if (set[0] | set[1] | set[2] | set[3]) return true;
     }
     return false;
+}
+
+/* Whether every run of plain text (forge__tk_safe bytes) of at most `need` bytes from state s
+ * stays alive: what lets a mask take a plain-text subtree of the trie whole. */
+static bool forge__dfa_runs(forge__gdfa *d, int32_t s, int need) {
+    if (need <= d->states[s].ok_runs) return true;
+    if (need >= d->states[s].bad_runs) return false;
+    const forge__gram *g = d->g;
+    bool ok = true;
+    for (int k = 0; k < g->n_safe_reps && ok && !d->st; k++) {
+        int32_t t = forge__dfa_step(d, s, g->safe_reps[k]);
+        ok = t != FORGE__G_DEAD && forge__dfa_runs(d, t, need - 1);
+    }
+    if (d->st) return false;
+    if (ok) d->states[s].ok_runs = (uint8_t)need;
+    else d->states[s].bad_runs = (uint8_t)need;
+    return ok;
 }
 
 /* Starts the tables again keeping state s (returned under its new id): the cache between
@@ -1526,6 +1585,11 @@ static forge_status forge__matcher_mask(forge__matcher *g, uint32_t *mask) {
         if (ns == FORGE__G_DEAD) { i = t->end; continue; }
         stack[t->depth] = ns;
         for (uint32_t k = 0; k < t->tok_n; k++) forge__mask_set(mask, v->sorted[t->tok_lo + k]);
+        if (t->end > i + 1 && t->safe != 255 && forge__dfa_runs(d, ns, t->safe)) { /* a plain-text subtree the state takes whole */
+            for (uint32_t k = t->tok_lo + t->tok_n; k < nodes[t->end].tok_lo; k++) forge__mask_set(mask, v->sorted[k]);
+            i = t->end;
+            continue;
+        }
         if (span && d->states[ns].accept && !forge__dfa_can_continue(d, ns)) {
             /* the span may end here: every longer token's rest is free text */
             for (uint32_t j = i + 1; j < t->end; j++)

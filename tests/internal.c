@@ -839,9 +839,10 @@ int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, 
     }
     v->off[V] = (uint32_t)V;
     v->n_nodes = 3;
-    v->nodes[0] = (forge__tnode){3, 0, 0, 0, 0, 0, 0};
-    v->nodes[1] = (forge__tnode){2, 0, (uint16_t)FORGE__MIN(na, 65535), 'a', 0, 1, 0};
-    v->nodes[2] = (forge__tnode){3, (uint32_t)na, (uint16_t)FORGE__MIN(V - na, 65535), 'b', 0, 1, 0};
+    v->nodes[0] = (forge__tnode){3, 0, 0, 0, 255, 0, 0};
+    v->nodes[1] = (forge__tnode){2, 0, (uint16_t)FORGE__MIN(na, 65535), 'a', 255, 1, 0};
+    v->nodes[2] = (forge__tnode){3, (uint32_t)na, (uint16_t)FORGE__MIN(V - na, 65535), 'b', 255, 1, 0};
+    v->nodes[3] = (forge__tnode){3, (uint32_t)V, 0, 0, 255, 0, 0};
     forge__matcher *g = (forge__matcher *)calloc(1, sizeof *g);
     forge__err e = {{0}};
     const char *gbnf = "root ::= \"a\"*";

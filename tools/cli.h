@@ -93,10 +93,31 @@ void forge_cli_json_cstr(const char *s);
 /* Writes ids[0..n) to stdout as a JSON array of integers. */
 void forge_cli_json_ids(const int32_t *ids, size_t n);
 
+/* A constraint from the command line: --grammar FILE, --json-schema FILE, --json-object, with
+ * with_choices also --choices "a,b,c", and --trigger TEXT (the constraint starts after it). */
+typedef struct forge_cli_constraint {
+    forge_constraint c;       /* kind FORGE_CONSTRAINT_NONE when no option was given */
+    char *text;               /* the file's contents (malloc'd) */
+    char *choices_buf;        /* --choices, cut at its commas (malloc'd) */
+    const char **choices;     /* into choices_buf (malloc'd) */
+    const char *option;       /* the option that gave it ("--json-schema"), for messages */
+} forge_cli_constraint;
+
+/* Takes the constraint options out of argv (leaving the others in order) and reads the file;
+ * returns 0, or 2 after printing what is wrong (two constraints, an unreadable file). */
+int forge_cli_take_constraint(const char *cmd, int *argc, char **argv, forge_cli_constraint *out, int with_choices);
+void forge_cli_constraint_free(forge_cli_constraint *c);
+/* The constraint for forge_generate_params.constraint and friends: NULL when none was given. */
+const forge_constraint *forge_cli_constraint_get(const forge_cli_constraint *c);
+
+/* A whole file, NUL-terminated, malloc'd (its length to *len when not NULL); NULL when it cannot be read. */
+char *forge_cli_read_file(const char *path, size_t *len);
+
 /* The verbs that live outside tools/forge_cli.c. */
 int cmd_train(int argc, char **argv);                  /* tools/cli_train.c */
 int forge_bench_main(int argc, char **argv);           /* tools/cli_bench.c */
 int forge_bench_tokenize_main(int argc, char **argv);  /* tools/cli_bench.c */
+int forge_bench_grammar_main(int argc, char **argv);   /* tools/cli_bench.c */
 /* `forge run PATH --batch-file FILE`: the file's lines generated together on `places` sequences
  * (0: as many as lines, at most 16) with gp's sampling; tools/cli_batch.c. Returns the exit code. */
 int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *file, const forge_generate_params *gp, int places,

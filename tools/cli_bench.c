@@ -34,7 +34,25 @@
  *
  * Both take --adapter DIR [--merge-adapter] (the model's adapter), --device and -v.
  * Ctrl-C (after the model has loaded) stops at the next token, classify batch or training step
- * and exits with 130, printing no result: the medians need every repetition. */
+ * and exits with 130, printing no result: the medians need every repetition.
+ *
+ * With a constraint (--json-schema FILE, --grammar FILE or --json-object; no --train): also
+ * constrained decoding, the same prompt and greedy generation under the constraint (up to N
+ * tokens; it may end earlier, when the constraint is matched), median of R after a warm-up;
+ * adds "constraint" ("json_schema", "gbnf", "json_object"), "constrained_decode_tok_s",
+ * "constrained_ratio" (that over "decode_tok_s"), "constrained_tokens" (generated tokens of
+ * the median run), "constrained_forced_tokens", "constrained_masks" (steps whose candidates
+ * could not decide), "constraint_ms_per_token" (host time in the constraint a generated token).
+ *
+ * `forge bench-grammar PATH [SCHEMAS...] [--walks K] [--steps N] [--seed S]`: the constraint
+ * engine alone on a tokenizer (PATH as for tokenize: vocab only, no device), over JSON Schema
+ * files (a directory's *.json, or files; default bench/schemas). Per schema, compile time
+ * (forge_grammar_create, the vocabulary's trie already built) and K random walks of up to N
+ * tokens: each step computes the whole mask (timed), draws a token uniformly from it (an end
+ * token ends the walk) and takes it (forge_grammar_allows + accept, timed: what a step costs
+ * when the sampler's first candidate is allowed). Prints one JSON object: "path", "vocab",
+ * "trie_ms", "schemas", "compiled", "failed" (names with the error), "compile_ms" {p50, p99,
+ * max}, "mask_us" {p50, p90, p99, mean, max, n}, "token_us" {p50, p99, mean}. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
@@ -465,4 +483,163 @@ int forge_bench_tokenize_main(int argc, char **argv) {
     free(loads);
     free(encs);
     return rc;
+}
+
+/* ---- forge bench-grammar ---- */
+
+static int cmp_name(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The p-quantile (0..1) of v[0..n) (sorted here). */
+static double quantile(double *v, size_t n, double p) {
+    if (!n) return 0;
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+    return v[i < n ? i : n - 1];
+}
+
+#include <dirent.h>
+
+int forge_bench_grammar_main(int argc, char **argv) {
+    const char *path = NULL;
+    long long walks = 4, steps = 64;
+    uint64_t seed = 1;
+    char **files = malloc(sizeof *files * (size_t)(argc + 1));
+    int n_files = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "--walks") && has) {
+            if (forge_cli_parse_int("bench-grammar", a, argv[++i], 1, 100000, &walks)) { free(files); return 2; }
+        } else if (!strcmp(a, "--steps") && has) {
+            if (forge_cli_parse_int("bench-grammar", a, argv[++i], 1, 1000000, &steps)) { free(files); return 2; }
+        } else if (!strcmp(a, "--seed") && has) {
+            if (forge_cli_parse_u64("bench-grammar", a, argv[++i], &seed)) { free(files); return 2; }
+        } else if (!path && a[0] != '-') path = a;
+        else if (a[0] != '-') files[n_files++] = (char *)a;
+        else { fprintf(stderr, "forge bench-grammar: unexpected argument '%s'\n", a); free(files); return 2; }
+    }
+    if (!path) path = forge_cli_env_model();
+    if (!path) {
+        fprintf(stderr, "usage: forge bench-grammar PATH [SCHEMAS...] [--walks 4] [--steps 64] [--seed 1]\n");
+        free(files);
+        return 2;
+    }
+    /* the schema files: directories expanded to their *.json, sorted */
+    char **list = NULL;
+    size_t n_list = 0, cap_list = 0;
+    const char *dflt[1] = {FORGE_SOURCE_DIR "/bench/schemas"};
+    char **in = n_files ? files : (char **)dflt;
+    int n_in = n_files ? n_files : 1;
+    for (int i = 0; i < n_in; i++) {
+        DIR *d = opendir(in[i]);
+        if (!d) {
+            if (n_list == cap_list) list = realloc(list, sizeof *list * (cap_list = cap_list * 2 + 16));
+            list[n_list++] = strdup(in[i]);
+            continue;
+        }
+        for (struct dirent *e; (e = readdir(d));) {
+            size_t l = strlen(e->d_name);
+            if (l < 6 || strcmp(e->d_name + l - 5, ".json")) continue;
+            if (n_list == cap_list) list = realloc(list, sizeof *list * (cap_list = cap_list * 2 + 16));
+            char *full = malloc(strlen(in[i]) + l + 2);
+            sprintf(full, "%s/%s", in[i], e->d_name);
+            list[n_list++] = full;
+        }
+        closedir(d);
+    }
+    free(files);
+    qsort(list, n_list, sizeof *list, cmp_name);
+    forge_model *m = forge_cli_load_vocab(path, 0);
+    if (!m) return 1;
+    int V = forge_model_n_vocab(m);
+    size_t words = ((size_t)V + 31) / 32;
+    uint32_t *mask = malloc(4 * words);
+    int32_t *allowed = malloc(sizeof *allowed * (size_t)V);
+    forge_special_tokens sp = {.struct_size = sizeof sp};
+    forge_model_special_tokens(m, &sp);
+    /* the vocabulary's trie: built by the first grammar */
+    double t0 = now_s();
+    forge_constraint warm = {.struct_size = sizeof warm, .kind = FORGE_CONSTRAINT_JSON_OBJECT};
+    forge_grammar *g = NULL;
+    if (forge_grammar_create(m, &warm, &g) != FORGE_OK) {
+        fprintf(stderr, "forge bench-grammar: %s\n", forge_model_errmsg(m));
+        forge_model_free(m);
+        return 1;
+    }
+    double trie_ms = (now_s() - t0) * 1e3;
+    forge_grammar_free(g);
+    size_t cap_masks = 1 << 16, n_masks = 0, n_toks = 0;
+    double *mask_us = malloc(sizeof(double) * cap_masks), *tok_us = malloc(sizeof(double) * cap_masks);
+    double *compile_ms = malloc(sizeof(double) * (n_list + 1));
+    size_t compiled = 0;
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ull + 1;
+    printf("{\"path\": ");
+    forge_cli_json_cstr(path);
+    printf(", \"vocab\": %d, \"trie_ms\": %.3f, \"schemas\": %zu, \"failed\": [", V, trie_ms, n_list);
+    int n_failed = 0;
+    for (size_t f = 0; f < n_list; f++) {
+        size_t len = 0;
+        char *text = forge_cli_read_file(list[f], &len);
+        forge_constraint c = {.struct_size = sizeof c, .kind = FORGE_CONSTRAINT_JSON_SCHEMA, .text = text, .text_len = len};
+        for (long long w = 0; text && w < walks; w++) {
+            double c0 = now_s();
+            forge_status st = forge_grammar_create(m, &c, &g);
+            double cms = (now_s() - c0) * 1e3;
+            if (st != FORGE_OK) {
+                printf("%s{\"schema\": ", n_failed++ ? ", " : "");
+                forge_cli_json_cstr(list[f]);
+                printf(", \"error\": ");
+                forge_cli_json_cstr(forge_model_errmsg(m));
+                printf("}");
+                break;
+            }
+            if (w == 0) compile_ms[compiled++] = cms;
+            for (long long k = 0; k < steps; k++) {
+                double m0 = now_s();
+                if (forge_grammar_mask(g, mask, words) != FORGE_OK) break;
+                double mus = (now_s() - m0) * 1e6;
+                if (n_masks == cap_masks) {
+                    cap_masks *= 2;
+                    mask_us = realloc(mask_us, sizeof(double) * cap_masks);
+                    tok_us = realloc(tok_us, sizeof(double) * cap_masks);
+                }
+                mask_us[n_masks++] = mus;
+                int n_allowed = 0;
+                for (int t = 0; t < V; t++)
+                    if ((mask[t >> 5] >> (t & 31)) & 1) allowed[n_allowed++] = t;
+                if (!n_allowed) break;
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                int32_t tok = allowed[(rng >> 33) % (uint64_t)n_allowed];
+                int end = 0;
+                for (int e = 0; e < sp.n_eos; e++) end |= sp.eos_ids[e] == tok;
+                if (end) break;
+                double a0 = now_s();
+                int ok = forge_grammar_allows(g, tok) && forge_grammar_accept(g, tok) == FORGE_OK;
+                tok_us[n_toks++] = (now_s() - a0) * 1e6;
+                if (!ok || (forge_grammar_status(g) & FORGE_GRAMMAR_DONE)) break;
+            }
+            forge_grammar_free(g);
+            g = NULL;
+        }
+        free(text);
+    }
+    double mean = 0, tmean = 0, mmax = 0;
+    for (size_t i = 0; i < n_masks; i++) { mean += mask_us[i]; if (mask_us[i] > mmax) mmax = mask_us[i]; }
+    for (size_t i = 0; i < n_toks; i++) tmean += tok_us[i];
+    mean = n_masks ? mean / (double)n_masks : 0;
+    tmean = n_toks ? tmean / (double)n_toks : 0;
+    printf("], \"compiled\": %zu, \"compile_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}", compiled, quantile(compile_ms, compiled, 0.5),
+           quantile(compile_ms, compiled, 0.99), quantile(compile_ms, compiled, 1.0));
+    printf(", \"mask_us\": {\"p50\": %.1f, \"p90\": %.1f, \"p99\": %.1f, \"mean\": %.1f, \"max\": %.1f, \"n\": %zu}", quantile(mask_us, n_masks, 0.5),
+           quantile(mask_us, n_masks, 0.9), quantile(mask_us, n_masks, 0.99), mean, mmax, n_masks);
+    printf(", \"token_us\": {\"p50\": %.2f, \"p99\": %.2f, \"mean\": %.2f}}\n", quantile(tok_us, n_toks, 0.5), quantile(tok_us, n_toks, 0.99), tmean);
+    for (size_t i = 0; i < n_list; i++) free(list[i]);
+    free(list);
+    free(mask);
+    free(allowed);
+    free(mask_us);
+    free(tok_us);
+    free(compile_ms);
+    forge_model_free(m);
+    return 0;
 }

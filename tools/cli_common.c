@@ -259,7 +259,7 @@ const int *forge_cli_cancel_flag(void) { return (const int *)&g_sigint; }
 int forge_cli_interrupted(void) { return g_sigint != 0; }
 
 const char *forge_cli_stop_name(forge_stop_reason r) {
-    static const char *why[] = {"none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"};
+    static const char *why[] = {"none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled", "constraint"};
     return (unsigned)r < sizeof why / sizeof *why ? why[r] : "none";
 }
 
@@ -267,3 +267,98 @@ const char *forge_cli_env_model(void) {
     const char *m = getenv("FORGE_MODEL");
     return m && *m ? m : NULL;
 }
+
+char *forge_cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += r;
+        if (n + 1 == cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) { free(buf); buf = NULL; }
+            buf = b;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) { free(buf); return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+int forge_cli_take_constraint(const char *cmd, int *argc, char **argv, forge_cli_constraint *out, int with_choices) {
+    memset(out, 0, sizeof *out);
+    out->c.struct_size = sizeof out->c;
+    int w = 0;
+    for (int i = 0; i < *argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < *argc;
+        forge_constraint_kind kind = FORGE_CONSTRAINT_NONE;
+        if (!strcmp(a, "--grammar") && has) kind = FORGE_CONSTRAINT_GBNF;
+        else if (!strcmp(a, "--json-schema") && has) kind = FORGE_CONSTRAINT_JSON_SCHEMA;
+        else if (!strcmp(a, "--json-object")) kind = FORGE_CONSTRAINT_JSON_OBJECT;
+        else if (!strcmp(a, "--choices") && has && with_choices) kind = FORGE_CONSTRAINT_CHOICES;
+        else if (!strcmp(a, "--trigger") && has) {
+            out->c.trigger = argv[++i];
+            continue;
+        } else {
+            argv[w++] = argv[i];
+            continue;
+        }
+        if (out->c.kind != FORGE_CONSTRAINT_NONE) {
+            fprintf(stderr, "forge %s: %s and %s: one constraint at a time\n", cmd, out->option, a);
+            forge_cli_constraint_free(out);
+            return 2;
+        }
+        out->c.kind = kind;
+        out->option = a;
+        if (kind == FORGE_CONSTRAINT_GBNF || kind == FORGE_CONSTRAINT_JSON_SCHEMA) {
+            size_t len = 0;
+            if (!(out->text = forge_cli_read_file(argv[++i], &len))) {
+                fprintf(stderr, "forge %s: %s: cannot read %s\n", cmd, a, argv[i]);
+                return 2;
+            }
+            out->c.text = out->text;
+            out->c.text_len = len;
+        } else if (kind == FORGE_CONSTRAINT_CHOICES) {
+            const char *list = argv[++i];
+            int n = 1;
+            for (const char *p = list; *p; p++) n += *p == ',';
+            out->choices_buf = strdup(list);
+            out->choices = malloc(sizeof *out->choices * (size_t)n);
+            if (!out->choices_buf || !out->choices) {
+                fprintf(stderr, "forge %s: out of host memory\n", cmd);
+                forge_cli_constraint_free(out);
+                return 2;
+            }
+            int k = 0;
+            for (char *p = out->choices_buf, *q;; p = q + 1) {
+                q = strchr(p, ',');
+                if (q) *q = 0;
+                out->choices[k++] = p;
+                if (!q) break;
+            }
+            out->c.choices = out->choices;
+            out->c.n_choices = k;
+        }
+    }
+    *argc = w;
+    if (out->c.trigger && out->c.kind == FORGE_CONSTRAINT_NONE) {
+        fprintf(stderr, "forge %s: --trigger goes with --grammar, --json-schema or --json-object\n", cmd);
+        return 2;
+    }
+    return 0;
+}
+
+void forge_cli_constraint_free(forge_cli_constraint *c) {
+    free(c->text);
+    free(c->choices_buf);
+    free((void *)c->choices);
+    c->text = c->choices_buf = NULL;
+    c->choices = NULL;
+}
+
+const forge_constraint *forge_cli_constraint_get(const forge_cli_constraint *c) { return c->c.kind != FORGE_CONSTRAINT_NONE ? &c->c : NULL; }

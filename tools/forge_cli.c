@@ -870,10 +870,11 @@ static int32_t *json_int_ids(const cJSON *arr, int *n) {
     return ids;
 }
 
-static int cmd_classify(int argc, char **argv) {
+static int cmd_classify_body(int argc, char **argv, const forge_cli_constraint *con) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("classify", &argc, argv, &o, 1)) return 2;
     forge_classify_params cp = forge_classify_default_params();
+    cp.constraint = forge_cli_constraint_get(con);
     const char *path = NULL;
     int stdin_json = 0, want_logits = 0, n_args = 0;
     static const char *const values[] = {"--temp", "--top-p", "--min-p", "--top-k", "--seed", NULL};
@@ -997,6 +998,11 @@ static int cmd_classify(int argc, char **argv) {
                         printf(", \"text\": ");
                         forge_cli_json_string(res[i].text, res[i].text_len);
                     }
+                    if (cp.constraint && cp.constraint->kind == FORGE_CONSTRAINT_CHOICES) {
+                        printf(", \"choice\": ");
+                        if (res[i].choice >= 0) forge_cli_json_cstr(cp.constraint->choices[res[i].choice]);
+                        else printf("null");
+                    }
                     if (lg) {
                         printf(", \"logits\": [");
                         for (int j = 0; j < V; j++) printf(j ? ", %.9g" : "%.9g", lg[(size_t)i * (size_t)V + (size_t)j]);
@@ -1024,6 +1030,14 @@ static int cmd_classify(int argc, char **argv) {
     cJSON_Delete(arr);
     free(in);
     free(args);
+    return rc;
+}
+
+static int cmd_classify(int argc, char **argv) {
+    forge_cli_constraint con;
+    if (forge_cli_take_constraint("classify", &argc, argv, &con, 1)) return 2;
+    int rc = cmd_classify_body(argc, argv, &con);
+    forge_cli_constraint_free(&con);
     return rc;
 }
 
@@ -1106,7 +1120,7 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
  * model has no tokenizer (then it and the text are null); `prompt_ids` the ids of --tokens, or
  * NULL (no "prompt_ids"). */
 static void run_json(const char *prompt, const int32_t *prompt_ids, int n_prompt_ids, const run_output *r, forge_status st,
-                     const forge_metrics *m) {
+                     const forge_metrics *m, int constrained) {
     printf("{\"prompt\": ");
     if (prompt) forge_cli_json_cstr(prompt);
     else fputs("null", stdout);
@@ -1120,18 +1134,25 @@ static void run_json(const char *prompt, const int32_t *prompt_ids, int n_prompt
     printf(", \"ids\": ");
     forge_cli_json_ids(r->ids, r->n_ids);
     printf(", \"status\": \"%s\", \"stop_reason\": \"%s\", \"prompt_tokens\": %d, \"cached_tokens\": %d, \"generated_tokens\": %d, "
-           "\"ttft_ms\": %.3f, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"peak_device_bytes\": %llu, \"context_slides\": %d}\n",
+           "\"ttft_ms\": %.3f, \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"peak_device_bytes\": %llu, \"context_slides\": %d",
            forge_status_name(st), forge_cli_stop_name(m->stop_reason), m->prompt_tokens, m->cached_tokens, m->generated_tokens,
            m->ttft_ms, m->prefill_tok_s, m->decode_tok_s, (unsigned long long)m->peak_device_bytes, m->context_slides);
+    if (constrained)
+        printf(", \"constraint_complete\": %s, \"forced_tokens\": %d, \"constraint_masks\": %d, \"constraint_ms\": %.3f",
+               m->constraint_complete ? "true" : "false", m->forced_tokens, m->constraint_masks, m->constraint_ms);
+    printf("}\n");
 }
 
 static void print_metrics(const forge_metrics *m) {
-    static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled"};
+    static const char *why[] = {"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled", "constraint"};
     fprintf(stderr,
             "[prompt %d tokens (%d cached), generated %d, ttft %.1f ms, prefill %.1f tok/s, decode %.1f tok/s, peak device %.1f MiB, stop: %s",
             m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
             (double)m->peak_device_bytes / (1 << 20), why[m->stop_reason]);
     if (m->context_slides) fprintf(stderr, ", context slides %d", m->context_slides);
+    if (m->constraint_ms > 0)
+        fprintf(stderr, ", constraint %s (%d forced, %d masks, %.1f ms)", m->constraint_complete ? "matched" : "not matched", m->forced_tokens,
+                m->constraint_masks, m->constraint_ms);
     fprintf(stderr, "]\n");
 }
 
@@ -1280,10 +1301,12 @@ static int run_refuses(const forge_model *m, const char *path, const int32_t *id
     return 0;
 }
 
-static int cmd_run(int argc, char **argv) {
+/* forge run, the constraint options already taken (con). */
+static int cmd_run_body(int argc, char **argv, const forge_cli_constraint *con) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("run", &argc, argv, &o, 1)) return 2;
     forge_generate_params gp = forge_generate_default_params();
+    gp.constraint = forge_cli_constraint_get(con);
     const char *stops[16];
     int n_stops = 0, show_metrics = 0;
     if (take_sampling("run", &argc, argv, &gp, stops, &n_stops, 16)) return 2;
@@ -1374,7 +1397,7 @@ static int cmd_run(int argc, char **argv) {
                                      : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
         if (st == FORGE_OK && out.echo) fputs(out.echo, stdout); /* no text came: the prompt alone */
-        if (json) run_json(has_tokenizer ? prompt : NULL, tokens ? ids : NULL, n_ids, &out, st, &mt);
+        if (json) run_json(has_tokenizer ? prompt : NULL, tokens ? ids : NULL, n_ids, &out, st, &mt, gp.constraint != NULL);
         else if (st == FORGE_OK || !out.echo) printf("\n");
         fflush(stdout);
         free(out.text);
@@ -1405,6 +1428,14 @@ static int cmd_run(int argc, char **argv) {
     free(ids);
     forge_session_free(s);
     forge_model_free(m);
+    return rc;
+}
+
+static int cmd_run(int argc, char **argv) {
+    forge_cli_constraint con;
+    if (forge_cli_take_constraint("run", &argc, argv, &con, 1)) return 2;
+    int rc = cmd_run_body(argc, argv, &con);
+    forge_cli_constraint_free(&con);
     return rc;
 }
 
@@ -1491,11 +1522,13 @@ static int chat_command(char *line, const forge_metrics *last, int *n, int first
     return 0;
 }
 
-static int cmd_chat(int argc, char **argv) {
+/* forge chat, the constraint options already taken (con). */
+static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("chat", &argc, argv, &o, 1)) return 2;
     forge_generate_params gp = forge_generate_default_params();
     gp.max_tokens = 1024;
+    gp.constraint = forge_cli_constraint_get(con);
     const char *stops[16];
     int n_stops = 0;
     if (take_sampling("chat", &argc, argv, &gp, stops, &n_stops, 16)) return 2;
@@ -1623,6 +1656,14 @@ static int cmd_chat(int argc, char **argv) {
     return rc;
 }
 
+static int cmd_chat(int argc, char **argv) {
+    forge_cli_constraint con;
+    if (forge_cli_take_constraint("chat", &argc, argv, &con, 1)) return 2;
+    int rc = cmd_chat_body(argc, argv, &con);
+    forge_cli_constraint_free(&con);
+    return rc;
+}
+
 static int run_command(const char *cmd, int argc, char **argv);
 
 int main(int argc, char **argv) {
@@ -1691,6 +1732,7 @@ static int run_command(const char *cmd, int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "bench-tokenize")) return forge_bench_tokenize_main(argc, argv);
+    if (!strcmp(cmd, "bench-grammar")) return forge_bench_grammar_main(argc, argv);
     if (!strcmp(cmd, "--version")) { printf("forge %s\n", forge_version()); return 0; }
     fprintf(stderr, "forge: unknown command '%s'\n", cmd);
     usage(stderr);
