@@ -259,7 +259,36 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
     return out;
 }
 
-int forge_bench_main(int argc, char **argv) {
+/* Constrained decoding (see the top of the file): the median run's numbers into out[0..5]:
+ * decode tok/s, generated tokens, forced tokens, masks, constraint ms a token. 0 on success. */
+static int bench_constrained(forge_session *s, const int32_t *prompt, int P, int N, int R, const forge_constraint *c, double out[5]) {
+    forge_generate_params gp = forge_generate_default_params();
+    gp.max_tokens = N;
+    gp.constraint = c;
+    gp.cancel = forge_cli_cancel_flag();
+    double *v[5];
+    for (int k = 0; k < 5; k++) v[k] = malloc(sizeof(double) * (size_t)R);
+    int rc = 0;
+    for (int r = 0; r <= R && !rc; r++) { /* r = 0 is a warm-up */
+        forge_session_truncate(s, 0);
+        forge_metrics mt = {.struct_size = sizeof mt};
+        if (forge_generate_tokens(s, prompt, P, &gp, &mt) != FORGE_OK) { rc = 1; break; }
+        if (r > 0) {
+            v[0][r - 1] = mt.decode_tok_s;
+            v[1][r - 1] = mt.generated_tokens;
+            v[2][r - 1] = mt.forced_tokens;
+            v[3][r - 1] = mt.constraint_masks;
+            v[4][r - 1] = mt.generated_tokens ? mt.constraint_ms / mt.generated_tokens : 0;
+        }
+    }
+    for (int k = 0; k < 5; k++) {
+        if (!rc) out[k] = median(v[k], R);
+        free(v[k]);
+    }
+    return rc;
+}
+
+static int forge_bench_run(int argc, char **argv, const forge_constraint *constraint) {
     forge_cli_opts o = {0};
     if (forge_cli_take_common("bench", &argc, argv, &o, 1)) return 2;
     if (o.n_ctx) {
@@ -300,6 +329,7 @@ int forge_bench_main(int argc, char **argv) {
         return 2;
     }
     if (train && pn_set) { fprintf(stderr, "forge bench: -p and -n do not apply to --train (use --batch and --seq)\n"); return 2; }
+    if (train && constraint) { fprintf(stderr, "forge bench: a constraint goes without --train\n"); return 2; }
     if (!train && train_set) { fprintf(stderr, "forge bench: --seq, --rank, --targets and --grad-checkpoint need --train\n"); return 2; }
     if (!train && batch_set && tb.batch > 512) { fprintf(stderr, "forge bench: --batch: at most 512 sequences generate together\n"); return 2; }
     if (R < 0) R = train ? 5 : 3;
@@ -380,6 +410,8 @@ int forge_bench_main(int argc, char **argv) {
         if (forge_cli_interrupted()) rc = 130;
         else if (batch_tok_s <= 0 || batch1_tok_s <= 0) rc = 2; /* the message is printed */
     }
+    double con[5] = {0};
+    if (!rc && constraint && bench_constrained(s, prompt, P, N, R, constraint, con)) rc = 1;
     if (!rc && forge_cli_interrupted()) rc = 130; /* after the last repetition: no result all the same */
     if (rc == 2) {
         rc = 1;
@@ -395,6 +427,13 @@ int forge_bench_main(int argc, char **argv) {
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"classify_prompts_s\": %.2f", median(cls, R));
         if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);
+        if (constraint) {
+            static const char *const kinds[] = {"none", "gbnf", "json_schema", "json_object", "choices"};
+            double plain = median(dec, R);
+            printf(", \"constraint\": \"%s\", \"constrained_decode_tok_s\": %.2f, \"constrained_ratio\": %.3f, \"constrained_tokens\": %.0f, "
+                   "\"constrained_forced_tokens\": %.0f, \"constrained_masks\": %.0f, \"constraint_ms_per_token\": %.4f",
+                   kinds[constraint->kind <= 4 ? constraint->kind : 0], con[0], plain > 0 ? con[0] / plain : 0, con[1], con[2], con[3], con[4]);
+        }
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)model_peak_bytes(m), load_s);
         if (profile) print_profile(s, session_profile);
         if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
@@ -408,6 +447,14 @@ int forge_bench_main(int argc, char **argv) {
     free(cls);
     forge_session_free(s);
     forge_model_free(m);
+    return rc;
+}
+
+int forge_bench_main(int argc, char **argv) {
+    forge_cli_constraint con;
+    if (forge_cli_take_constraint("bench", &argc, argv, &con, 0)) return 2;
+    int rc = forge_bench_run(argc, argv, forge_cli_constraint_get(&con));
+    forge_cli_constraint_free(&con);
     return rc;
 }
 

@@ -162,7 +162,7 @@ static data_ctx data_ctx_for(forge_model *m, int mask_prompt, int seq) {
     c.has_tokenizer = forge_cli_has_tokenizer(m);
     forge_special_tokens sp = {.struct_size = sizeof sp};
     if (c.has_tokenizer && forge_model_special_tokens(m, &sp) == FORGE_OK) c.eos = sp.eos;
-    forge_chat_message hello = {sizeof hello, "user", "hello"};
+    forge_chat_message hello = {.struct_size = sizeof hello, .role = "user", .content = "hello"};
     size_t need = 0;
     forge_status st = c.has_tokenizer ? forge_chat_render(m, &hello, 1, 0, NULL, 0, &need) : FORGE_ERR_UNSUPPORTED;
     c.has_chat = c.has_tokenizer && st != FORGE_ERR_UNSUPPORTED; /* a template rejects a conversation later, by line */
@@ -345,7 +345,7 @@ static int parse_line(const data_ctx *c, const char *file, long ln, const char *
             if (!role) { line_error(file, ln, "messages[%d] has no string \"role\"", k); break; }
             if (!content) { line_error(file, ln, "messages[%d] has no string \"content\"", k); break; }
             n_assistant += !strcmp(role, "assistant");
-            msgs[k++] = (forge_chat_message){sizeof(forge_chat_message), role, content};
+            msgs[k++] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = role, .content = content};
         }
         if (k == n) {
             if (c->mask_prompt && !n_assistant)
@@ -361,7 +361,7 @@ static int parse_line(const data_ctx *c, const char *file, long ln, const char *
         } else if (!prompt || !completion) {
             line_error(file, ln, "\"%s\" is not a string", prompt ? "completion" : "prompt");
         } else if (c->has_chat) {
-            forge_chat_message msgs[2] = {{sizeof(forge_chat_message), "user", prompt}, {sizeof(forge_chat_message), "assistant", completion}};
+            forge_chat_message msgs[2] = {{.struct_size = sizeof(forge_chat_message), .role = "user", .content = prompt}, {.struct_size = sizeof(forge_chat_message), .role = "assistant", .content = completion}};
             rc = chat_example(c, file, ln, msgs, 2, tok, lab, 1);
         } else {
             /* No chat format: prompt (with BOS as the tokenizer declares), completion, EOS. */

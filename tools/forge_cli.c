@@ -72,7 +72,9 @@ static const char usage_text[] =
             "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile]\n"
             "                                   prefill and decode speed as one JSON object (--batch: also\n"
             "                                   the aggregate decode speed of B sequences generated together;\n"
-            "                                   --profile: also the device time of every kernel and shape)\n"
+            "                                   --profile: also the device time of every kernel and shape;\n"
+            "                                   --json-schema FILE, --grammar FILE or --json-object: also\n"
+            "                                   decoding under that constraint, and its cost a token)\n"
             "  bench MODEL --train [--batch 4] [--seq 512] [--rank 8] [--targets q_proj,v_proj]\n"
             "      [--grad-checkpoint|--no-grad-checkpoint] [-r 5] [--profile]\n"
             "                                   LoRA training step time and tok/s as one JSON object;\n"
@@ -1472,8 +1474,8 @@ static int chat_stream(void *user, int32_t token, const char *text, size_t len) 
 static char *chat_probe(forge_model *m, const char *system_prompt, uint32_t flags) {
     forge_chat_message probe[2];
     int n = 0;
-    if (system_prompt) probe[n++] = (forge_chat_message){sizeof(forge_chat_message), "system", system_prompt};
-    probe[n++] = (forge_chat_message){sizeof(forge_chat_message), "user", "Hi"};
+    if (system_prompt) probe[n++] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "system", .content = system_prompt};
+    probe[n++] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "user", .content = "Hi"};
     size_t len = 0;
     forge_status st = forge_chat_render(m, probe, n, flags, NULL, 0, &len);
     char *out = st == FORGE_ERR_BUFFER_TOO_SMALL ? malloc(len + 1) : NULL;
@@ -1589,7 +1591,7 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
         forge_model_free(m);
         return 1;
     }
-    if (system_prompt) { msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "system", system_prompt}; owned[n++] = NULL; }
+    if (system_prompt) { msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "system", .content = system_prompt}; owned[n++] = NULL; }
     int first = n;
     int interactive = isatty(0);
     forge_metrics last = {.struct_size = sizeof last};
@@ -1616,7 +1618,7 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
             cap *= 2;
         }
         owned[n] = strdup(line + (line[0] == '/')); /* "//x" sends "/x" */
-        msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "user", owned[n]};
+        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "user", .content = owned[n]};
         n++;
         chat_reply reply = {0};
         gp.on_token = chat_stream;
@@ -1640,7 +1642,7 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
             forge_cli_catch_sigint(NULL, 1); /* the next Ctrl-C: the next reply, or the prompt */
         }
         owned[n] = reply.text ? reply.text : strdup("");
-        msgs[n] = (forge_chat_message){sizeof(forge_chat_message), "assistant", owned[n]};
+        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "assistant", .content = owned[n]};
         n++;
     }
     if (forge_cli_interrupted()) {
