@@ -927,16 +927,39 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * tokenizer.chat_template in GGUF); Mistral's from the template alone.
  * ------------------------------------------------------------------------------------- */
 
+/* A function call an assistant message made (tools, below). */
+typedef struct forge_tool_call {
+    uint32_t struct_size;  /* sizeof(forge_tool_call); tool_calls[0]'s is every call's */
+    const char *name;      /* the function's name */
+    const char *arguments; /* its arguments: a JSON object as text (NULL: {}), written as the template writes the dict */
+} forge_tool_call;
+
 typedef struct forge_chat_message {
     uint32_t struct_size;  /* sizeof(forge_chat_message); messages[0]'s is every message's */
     const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool"; Gemma 4: also "developer") */
     const char *content;   /* UTF-8 */
+    const forge_tool_call *tool_calls; /* an assistant message's tool calls (Llama 3.1+: one; Qwen 3, Qwen 3.5), or NULL */
+    int n_tool_calls;
 } forge_chat_message;
+
+/* A function the model may call: rendered into the prompt as the family's template renders the
+ * transformers tools list [{"type": "function", "function": {"name", "description",
+ * "parameters"}}] (description and parameters left out when NULL). */
+typedef struct forge_tool {
+    uint32_t struct_size;     /* sizeof(forge_tool); tools[0]'s is every tool's */
+    const char *name;
+    const char *description;  /* NULL: none */
+    const char *parameters;   /* the arguments' JSON Schema as JSON text (object); NULL: none */
+} forge_tool;
 
 /* chat flags */
 #define FORGE_CHAT_NO_GENERATION_PROMPT 1u  /* do not append the assistant's opening (add_generation_prompt=False) */
 #define FORGE_CHAT_THINKING_OFF 2u          /* enable_thinking=False (Qwen 3's and Qwen 3.5 4B+'s default is on) */
 #define FORGE_CHAT_THINKING_ON 4u           /* enable_thinking=True (Gemma 4's and Qwen3.5-0.8B / 2B's default is off) */
+#define FORGE_CHAT_TOOL_ARGUMENTS 8u        /* forge_chat_tools: a tool call the model opens matches a tool's name and
+                                             * its parameters' JSON Schema (a constraint from the call's opener on) */
+#define FORGE_CHAT_TOOL_REQUIRED 16u        /* forge_chat_tools: the reply is tool calls only (constrained from its start,
+                                             * after the thinking of a thinking reply) */
 
 /* Renders `messages` as the model's chat template does, into `out` (capacity bytes,
  * NUL-terminated), the length to *len; FORGE_ERR_BUFFER_TOO_SMALL with *len = bytes needed.
@@ -951,6 +974,45 @@ FORGE_API forge_status forge_chat_render(const forge_model *model, const forge_c
  * token ends the reply. */
 FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_message *messages, int n_messages, uint32_t flags,
                                   const forge_generate_params *params, forge_metrics *metrics);
+
+/* forge_chat_render with tool definitions, as the template renders apply_chat_template(...,
+ * tools=...): Llama 3.1 / 3.2 / 3.3 (the tools in the first user message, as its default
+ * tools_in_user_message; one tool call a message), Qwen 3 (a # Tools system block, calls as
+ * <tool_call> JSON), Qwen 3.5 / 3.6 (a # Tools system block, calls as <tool_call><function=NAME>
+ * <parameter=P> blocks). Other families (Llama 3.0, Gemma 2 / 3 / 4, ChatML without Qwen's
+ * template, Mistral: v0.3's [AVAILABLE_TOOLS] is not rendered yet) give FORGE_ERR_UNSUPPORTED
+ * naming the family; a tool without a name, or parameters or arguments that are not a JSON
+ * object, FORGE_ERR_INVALID_ARGUMENT. n_tools 0: forge_chat_render. */
+FORGE_API forge_status forge_chat_render_tools(const forge_model *model, const forge_chat_message *messages, int n_messages,
+                                               const forge_tool *tools, int n_tools, uint32_t flags, char *out, size_t capacity,
+                                               size_t *len);
+
+/* A reply forge_chat_tools parsed: its text and the tool calls in it. The strings and arrays
+ * are the session's, valid until its next forge_chat_tools call or its free. */
+typedef struct forge_chat_reply {
+    uint32_t struct_size;                /* set by the caller: sizeof(forge_chat_reply) */
+    const char *text;                    /* the whole reply, as generated (NUL-terminated) */
+    size_t text_len;
+    const char *content;                 /* the reply without its tool calls, trimmed */
+    size_t content_len;
+    int n_tool_calls;
+    const char *const *tool_names;       /* [n_tool_calls] each call's function name */
+    const char *const *tool_arguments;   /* [n_tool_calls] each call's arguments: a JSON object, compact (Qwen 3.5's
+                                          * parameters: JSON where the value reads as JSON other than a string,
+                                          * True / False / None as true / false / null, else a string) */
+} forge_chat_reply;
+
+/* forge_chat with tools: renders with forge_chat_render_tools, generates (FORGE_CHAT_TOOL_ARGUMENTS,
+ * FORGE_CHAT_TOOL_REQUIRED constrain the calls with a grammar of the tools' names and parameter
+ * schemas, Llama 3.1+ and Qwen 3 only: Qwen 3.5 gives FORGE_ERR_UNSUPPORTED; params->constraint
+ * must then be NULL), and parses the family's tool calls out of the reply into *reply (Qwen 3:
+ * <tool_call>{"name", "arguments"}</tool_call> blocks; Qwen 3.5: <tool_call><function=NAME>
+ * blocks; Llama 3: a reply that is a JSON {"name", "parameters"}, or several separated by ';').
+ * A block that does not parse stays in the content. The text also streams through
+ * params->on_token as forge_chat's does. reply may be NULL. */
+FORGE_API forge_status forge_chat_tools(forge_session *session, const forge_chat_message *messages, int n_messages,
+                                        const forge_tool *tools, int n_tools, uint32_t flags, const forge_generate_params *params,
+                                        forge_chat_reply *reply, forge_metrics *metrics);
 
 /* ---------------------------------------------------------------------------------------
  * Classify

@@ -1,6 +1,6 @@
 /* src/chat.c: Chat.
- * Owns: the families' chat templates and forge_chat.
- * May call: base.c, config.c, model.c, session.c, api.c, generate.c.
+ * Owns: the families' chat templates, forge_chat, tools in the prompt and tool calls in the reply.
+ * May call: base.c, config.c, model.c, session.c, api.c, schema.c, grammar.c, generate.c.
  *
  * The native templates, in C: each follows its Jinja original line for line (trim is
  * Python's str.strip, roles must alternate where the template says so, Qwen's <think>
@@ -178,6 +178,357 @@ static void forge__sb_json_string(forge__sb *b, const char *s) {
     forge__sb_puts(b, "\"");
 }
 
+/* Python's repr of a float (the shortest digits that read back the same; fixed notation when
+ * the exponent is in [-4, 16), else d.ddde+XX), as json.dumps writes floats. */
+static void forge__sb_py_float(forge__sb *b, double v) {
+    char buf[48], digits[24], out[64];
+    int prec = 1;
+    for (; prec < 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*e", prec - 1, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    snprintf(buf, sizeof buf, "%.*e", prec - 1, v);
+    const char *q = buf;
+    bool neg = *q == '-';
+    if (neg) q++;
+    size_t nd = 0;
+    for (; *q && *q != 'e'; q++)
+        if (*q != '.') digits[nd++] = *q;
+    digits[nd] = 0;
+    int exp = atoi(q + 1);
+    while (nd > 1 && digits[nd - 1] == '0') digits[--nd] = 0;
+    size_t o = 0;
+    if (neg) out[o++] = '-';
+    if (exp >= -4 && exp < 16) {
+        if (exp >= 0) {
+            for (int i = 0; i <= exp; i++) out[o++] = (size_t)i < nd ? digits[i] : '0';
+            out[o++] = '.';
+            if ((size_t)exp + 1 < nd) for (size_t i = (size_t)exp + 1; i < nd; i++) out[o++] = digits[i];
+            else out[o++] = '0';
+        } else {
+            out[o++] = '0';
+            out[o++] = '.';
+            for (int i = 0; i < -exp - 1; i++) out[o++] = '0';
+            for (size_t i = 0; i < nd; i++) out[o++] = digits[i];
+        }
+        out[o] = 0;
+    } else {
+        out[o++] = digits[0];
+        if (nd > 1) {
+            out[o++] = '.';
+            for (size_t i = 1; i < nd; i++) out[o++] = digits[i];
+        }
+        snprintf(out + o, sizeof out - o, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    }
+    forge__sb_puts(b, out);
+}
+
+static void forge__sb_indent(forge__sb *b, int indent, int level) {
+    forge__sb_puts(b, "\n");
+    for (int i = 0; i < indent * level; i++) forge__sb_put(b, " ", 1);
+}
+
+static void forge__json_ws(const char **p, const char *end) {
+    while (*p < end && (**p == ' ' || **p == '\t' || **p == '\n' || **p == '\r')) (*p)++;
+}
+
+/* The JSON value at *p (text up to end) as Python's json.dumps writes what json.loads reads
+ * from it (transformers' tojson): ensure_ascii=False, indent < 0 none (", " and ": "), else
+ * newlines and `indent` spaces a level ("," and ": "); integers as written (less a "-" on 0),
+ * floats as Python's repr. false on invalid JSON. */
+static bool forge__sb_pyjson(forge__sb *b, const char **p, const char *end, int indent, int level) {
+    forge__json_ws(p, end);
+    if (*p >= end || level > 200) return false;
+    char c = **p;
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        (*p)++;
+        forge__json_ws(p, end);
+        if (*p < end && **p == close) {
+            (*p)++;
+            forge__sb_put(b, c == '{' ? "{}" : "[]", 2);
+            return true;
+        }
+        forge__sb_put(b, &c, 1);
+        for (int k = 0;; k++) {
+            if (k) forge__sb_puts(b, indent < 0 ? ", " : ",");
+            if (indent >= 0) forge__sb_indent(b, indent, level + 1);
+            if (c == '{') {
+                forge__json_ws(p, end);
+                if (*p >= end || **p != '"' || !forge__sb_pyjson(b, p, end, indent, level + 1)) return false;
+                forge__json_ws(p, end);
+                if (*p >= end || **p != ':') return false;
+                (*p)++;
+                forge__sb_puts(b, ": ");
+            }
+            if (!forge__sb_pyjson(b, p, end, indent, level + 1)) return false;
+            forge__json_ws(p, end);
+            if (*p < end && **p == ',') { (*p)++; continue; }
+            if (*p < end && **p == close) { (*p)++; break; }
+            return false;
+        }
+        if (indent >= 0) forge__sb_indent(b, indent, level);
+        forge__sb_put(b, &close, 1);
+        return true;
+    }
+    if (c == '"') { /* decoded, then written as json.dumps writes a str */
+        (*p)++;
+        forge__sb_puts(b, "\"");
+        while (*p < end && **p != '"') {
+            unsigned char u = (unsigned char)**p;
+            if (u < 0x20) return false;
+            if (u != '\\') {
+                forge__sb_put(b, *p, 1);
+                (*p)++;
+                continue;
+            }
+            if (++*p >= end) return false;
+            char e = *(*p)++;
+            uint32_t cp;
+            switch (e) {
+            case '"': forge__sb_puts(b, "\\\""); continue;
+            case '\\': forge__sb_puts(b, "\\\\"); continue;
+            case '/': forge__sb_puts(b, "/"); continue;
+            case 'b': forge__sb_puts(b, "\\b"); continue;
+            case 'f': forge__sb_puts(b, "\\f"); continue;
+            case 'n': forge__sb_puts(b, "\\n"); continue;
+            case 'r': forge__sb_puts(b, "\\r"); continue;
+            case 't': forge__sb_puts(b, "\\t"); continue;
+            case 'u': {
+                cp = 0;
+                for (int i = 0; i < 4; i++) {
+                    int h = *p < end ? forge__hexval(**p) : -1;
+                    if (h < 0) return false;
+                    cp = cp * 16 + (uint32_t)h;
+                    (*p)++;
+                }
+                if (cp >= 0xD800 && cp <= 0xDBFF) { /* a surrogate pair */
+                    uint32_t lo = 0;
+                    if (end - *p < 6 || (*p)[0] != '\\' || (*p)[1] != 'u') return false;
+                    for (int i = 2; i < 6; i++) {
+                        int h = forge__hexval((*p)[i]);
+                        if (h < 0) return false;
+                        lo = lo * 16 + (uint32_t)h;
+                    }
+                    if (lo < 0xDC00 || lo > 0xDFFF) return false;
+                    *p += 6;
+                    cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                    return false;
+                }
+                if (cp < 0x20) {
+                    const char *named = cp == 8 ? "\\b" : cp == 9 ? "\\t" : cp == 10 ? "\\n" : cp == 12 ? "\\f" : cp == 13 ? "\\r" : NULL;
+                    char u6[8];
+                    if (!named) snprintf(u6, sizeof u6, "\\u%04x", cp);
+                    forge__sb_puts(b, named ? named : u6);
+                } else if (cp == '"' || cp == '\\') {
+                    forge__sb_puts(b, cp == '"' ? "\\\"" : "\\\\");
+                } else {
+                    char enc[4];
+                    forge__buf eb;
+                    forge__buf_init(&eb, enc, sizeof enc);
+                    forge__utf8_put(&eb, cp);
+                    forge__sb_put(b, enc, eb.n);
+                }
+                continue;
+            }
+            default: return false;
+            }
+        }
+        if (*p >= end) return false;
+        (*p)++;
+        forge__sb_puts(b, "\"");
+        return true;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        const char *s0 = *p;
+        bool is_float = false;
+        if (**p == '-') (*p)++;
+        if (*p >= end || !isdigit((unsigned char)**p)) return false;
+        if (**p == '0') (*p)++;
+        else while (*p < end && isdigit((unsigned char)**p)) (*p)++;
+        if (*p < end && **p == '.') {
+            is_float = true;
+            (*p)++;
+            if (*p >= end || !isdigit((unsigned char)**p)) return false;
+            while (*p < end && isdigit((unsigned char)**p)) (*p)++;
+        }
+        if (*p < end && (**p == 'e' || **p == 'E')) {
+            is_float = true;
+            (*p)++;
+            if (*p < end && (**p == '+' || **p == '-')) (*p)++;
+            if (*p >= end || !isdigit((unsigned char)**p)) return false;
+            while (*p < end && isdigit((unsigned char)**p)) (*p)++;
+        }
+        size_t n = (size_t)(*p - s0);
+        if (!is_float) {
+            if (n == 2 && s0[0] == '-' && s0[1] == '0') forge__sb_puts(b, "0"); /* int("-0") is 0 */
+            else forge__sb_put(b, s0, n);
+            return true;
+        }
+        char tmp[512];
+        if (n >= sizeof tmp) return false;
+        memcpy(tmp, s0, n);
+        tmp[n] = 0;
+        double v = strtod(tmp, NULL);
+        if (!isfinite(v)) forge__sb_puts(b, v < 0 ? "-Infinity" : "Infinity");
+        else forge__sb_py_float(b, v);
+        return true;
+    }
+    static const char *const words[3] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t l = strlen(words[i]);
+        if ((size_t)(end - *p) >= l && !memcmp(*p, words[i], l)) {
+            forge__sb_put(b, words[i], l);
+            *p += l;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The whole of json[0..n) as json.dumps writes it (a single value; false when it is not one). */
+static bool forge__sb_pyjson_all(forge__sb *b, const char *json, size_t n, int indent) {
+    const char *p = json, *end = json + n;
+    if (!forge__sb_pyjson(b, &p, end, indent, 0)) return false;
+    forge__json_ws(&p, end);
+    return p == end;
+}
+
+/* A tool as transformers passes it to a template, json.dumps'd: {"type": "function", "function":
+ * {"name", "description", "parameters"}} (description and parameters when given). */
+static forge_status forge__sb_tool(forge__sb *b, const forge_tool *t, int indent, int i, forge__err *err) {
+    if (!t->name || !*t->name) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", i);
+    forge__sb doc = {0};
+    forge__sb_puts(&doc, "{\"type\": \"function\", \"function\": {\"name\": ");
+    forge__sb_json_string(&doc, t->name);
+    if (t->description) {
+        forge__sb_puts(&doc, ", \"description\": ");
+        forge__sb_json_string(&doc, t->description);
+    }
+    if (t->parameters) {
+        const char *q = t->parameters;
+        while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r') q++;
+        if (*q != '{') {
+            free(doc.buf);
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameters is not a JSON object", i, t->name);
+        }
+        forge__sb_puts(&doc, ", \"parameters\": ");
+        forge__sb_puts(&doc, t->parameters);
+    }
+    forge__sb_puts(&doc, "}}");
+    bool ok = !doc.oom && forge__sb_pyjson_all(b, doc.buf, doc.len, indent);
+    free(doc.buf);
+    if (doc.oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return ok ? FORGE_OK : forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameters is not valid JSON", i, t->name);
+}
+
+/* A tool call's arguments as json.dumps writes the dict (the template's tojson). */
+static forge_status forge__sb_call_args(forge__sb *b, const forge_tool_call *c, int msg, forge__err *err) {
+    const char *a = c->arguments ? c->arguments : "{}", *q = a;
+    forge__json_ws(&q, a + strlen(a));
+    if (*q != '{' || !forge__sb_pyjson_all(b, a, strlen(a), -1))
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d: the arguments of tool call '%s' are not a JSON object", msg, c->name);
+    return FORGE_OK;
+}
+
+/* A JSON string's value (the quoted text at s, n bytes, already checked by forge__sb_pyjson) as
+ * its raw UTF-8: json.dumps' escapes undone. */
+static void forge__sb_json_unquote(forge__sb *b, const char *s, size_t n) {
+    forge__sb q = {0};
+    const char *p = s;
+    forge__sb_pyjson(&q, &p, s + n, -1, 0); /* ensure_ascii=False: only ", \ and control bytes stay escaped */
+    for (size_t i = 1; q.buf && i + 1 < q.len; i++) {
+        char c = q.buf[i];
+        if (c != '\\') { forge__sb_put(b, &c, 1); continue; }
+        c = q.buf[++i];
+        if (c == 'u') { /* a control byte: \u00XX */
+            char hex[3] = {q.buf[i + 3], q.buf[i + 4], 0};
+            char byte = (char)strtol(hex, NULL, 16);
+            forge__sb_put(b, &byte, 1);
+            i += 4;
+            continue;
+        }
+        char out = c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c == 'b' ? '\b' : c == 'f' ? '\f' : c;
+        forge__sb_put(b, &out, 1);
+    }
+    b->oom |= q.oom;
+    free(q.buf);
+}
+
+/* A tool call's arguments as Qwen 3.5's template writes them: for each key of the object in
+ * order, <parameter=KEY>\n, the value (an object or array: tojson; a string as it is; any other
+ * value: Python's str of it, so True / False / None and a float's repr), \n</parameter>\n. */
+static forge_status forge__sb_qwen35_args(forge__sb *b, const forge_tool_call *c, int msg, forge__err *err) {
+    const char *a = c->arguments ? c->arguments : "{}", *end = a + strlen(a), *p = a;
+    forge__sb scratch = {0};
+    bool ok = false;
+    forge__json_ws(&p, end);
+    if (p < end && *p == '{') {
+        p++;
+        forge__json_ws(&p, end);
+        ok = p < end && *p == '}' ? (p++, true) : false;
+        while (!ok && p < end && *p == '"') {
+            const char *k0 = p;
+            scratch.len = 0;
+            if (!forge__sb_pyjson(&scratch, &p, end, -1, 1)) break;
+            forge__sb_puts(b, "<parameter=");
+            forge__sb_json_unquote(b, k0, (size_t)(p - k0));
+            forge__sb_puts(b, ">\n");
+            forge__json_ws(&p, end);
+            if (p >= end || *p != ':') break;
+            p++;
+            forge__json_ws(&p, end);
+            const char *v0 = p;
+            scratch.len = 0;
+            if (p >= end || !forge__sb_pyjson(&scratch, &p, end, -1, 1)) break;
+            if (*v0 == '{' || *v0 == '[') forge__sb_put(b, scratch.buf, scratch.len);
+            else if (*v0 == '"') forge__sb_json_unquote(b, v0, (size_t)(p - v0));
+            else if (*v0 == 't' || *v0 == 'f' || *v0 == 'n') forge__sb_puts(b, *v0 == 't' ? "True" : *v0 == 'f' ? "False" : "None");
+            else forge__sb_put(b, scratch.buf, scratch.len); /* a number: json.dumps and str agree */
+            forge__sb_puts(b, "\n</parameter>\n");
+            forge__json_ws(&p, end);
+            if (p < end && *p == ',') { p++; forge__json_ws(&p, end); continue; }
+            if (p < end && *p == '}') { p++; ok = true; }
+            break;
+        }
+        forge__json_ws(&p, end);
+        ok = ok && p == end;
+    }
+    b->oom |= scratch.oom;
+    free(scratch.buf);
+    if (!ok) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d: the arguments of tool call '%s' are not a JSON object", msg, c->name);
+    return FORGE_OK;
+}
+
+/* The tool-call formats forge renders and parses: Llama 3.1+'s JSON {"name", "parameters"}
+ * reply, Qwen 3's <tool_call> JSON blocks, Qwen 3.5's <tool_call><function=...> blocks. */
+typedef enum forge__tools {
+    FORGE__TOOLS_NONE = 0,
+    FORGE__TOOLS_LLAMA3,
+    FORGE__TOOLS_QWEN3,
+    FORGE__TOOLS_QWEN35,
+} forge__tools;
+
+static forge__tools forge__tool_format(const forge__chat_style *st) {
+    if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) return FORGE__TOOLS_LLAMA3;
+    if (st->family == FORGE__CHAT_CHATML && st->qwen3) return FORGE__TOOLS_QWEN3;
+    if (st->family == FORGE__CHAT_CHATML && st->qwen35) return FORGE__TOOLS_QWEN35;
+    return FORGE__TOOLS_NONE;
+}
+
+/* The template's family, for messages naming what forge does not render. */
+static const char *forge__chat_family_name(const forge__chat_style *st) {
+    switch (st->family) {
+    case FORGE__CHAT_LLAMA3: return st->llama3_dated ? "Llama 3.1+" : "Llama 3.0";
+    case FORGE__CHAT_CHATML: return st->qwen35 ? "Qwen 3.5" : st->qwen3 ? "Qwen 3" : "ChatML (not Qwen 3's template)";
+    case FORGE__CHAT_GEMMA: return "Gemma 2 / 3";
+    case FORGE__CHAT_GEMMA4: return "Gemma 4";
+    case FORGE__CHAT_MISTRAL: return st->mistral->tool_results ? "Mistral v0.3 / Nemo ([AVAILABLE_TOOLS], not yet rendered by forge)" : "Mistral";
+    default: return "this model";
+    }
+}
+
 /* One Llama 3 turn: the role's header, the trimmed content, <|eot_id|>. */
 static void forge__llama3_turn(forge__sb *b, const char *role, const char *content) {
     forge__sb_puts(b, "<|start_header_id|>");
@@ -245,13 +596,41 @@ static void forge__qwen_tool_result(forge__sb *b, const char *c, size_t cn, bool
 
 /* Qwen 3.5's chat template (tests/fixtures/chat/qwen3.5-*.jinja; Qwen 3.6's renders the same
  * without preserve_thinking, which forge does not pass) for messages of text, line for line:
- * every message's content is trimmed; a first system message opens the prompt; every reply after
- * the last query carries a think block (its reasoning, or empty); the reply opens with <think>\n
- * when thinking is on, else with an empty block. `think`: enable_thinking, its default the
- * template's (off for Qwen3.5-0.8B / -2B, on for 4B and larger). */
-static forge_status forge__render_qwen35(const forge_chat_message *msgs, int n, bool gen, bool think, forge__sb *b, forge__err *err) {
+ * every message's content is trimmed; a first system message opens the prompt (after the
+ * # Tools block when there are tools); every reply after the last query carries a think block
+ * (its reasoning, or empty), then its tool calls as <tool_call><function=NAME><parameter=P>
+ * blocks; the reply opens with <think>\n when thinking is on, else with an empty block.
+ * `think`: enable_thinking, its default the template's (off for Qwen3.5-0.8B / -2B, on for 4B
+ * and larger). */
+static forge_status forge__render_qwen35(const forge_chat_message *msgs, int n, const forge_tool *tools, int n_tools, bool gen, bool think,
+                                         forge__sb *b, forge__err *err) {
     if (n == 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "No messages provided.");
-    if (forge__role_is(&msgs[0], "system")) { /* no tools: the system turn, trimmed */
+    if (n_tools > 0) {
+        forge__sb_puts(b, "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>");
+        for (int t = 0; t < n_tools; t++) {
+            forge__sb_puts(b, "\n");
+            forge_status ts = forge__sb_tool(b, &tools[t], -1, t, err);
+            if (ts) return ts;
+        }
+        forge__sb_puts(b, "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+                          "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+                          "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+                          "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the specified "
+                          "format: an inner <function=...></function> block must be nested within <tool_call></tool_call> XML tags\n- Required "
+                          "parameters MUST be specified\n- You may provide optional reasoning for your function call in natural language "
+                          "BEFORE the function call, but NOT after\n- If there is no function call available, answer the question like normal "
+                          "with your current knowledge and do not tell the user about function calls\n</IMPORTANT>");
+        if (forge__role_is(&msgs[0], "system")) {
+            const char *c = msgs[0].content;
+            size_t cn = strlen(c);
+            forge__py_strip(&c, &cn);
+            if (cn) {
+                forge__sb_puts(b, "\n\n");
+                forge__sb_put(b, c, cn);
+            }
+        }
+        forge__sb_puts(b, "<|im_end|>\n");
+    } else if (forge__role_is(&msgs[0], "system")) { /* no tools: the system turn, trimmed */
         forge__sb_puts(b, "<|im_start|>system\n");
         forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
         forge__sb_puts(b, "<|im_end|>\n");
@@ -281,6 +660,17 @@ static forge_status forge__render_qwen35(const forge_chat_message *msgs, int n, 
                 forge__sb_puts(b, "\n</think>\n\n");
             }
             forge__sb_put(b, c, cn);
+            const char *ct = c;
+            size_t ctn = cn;
+            forge__py_strip(&ct, &ctn); /* content|trim */
+            for (int k = 0; k < m->n_tool_calls; k++) {
+                forge__sb_puts(b, k > 0 ? "\n<tool_call>\n<function=" : ctn ? "\n\n<tool_call>\n<function=" : "<tool_call>\n<function=");
+                forge__sb_puts(b, m->tool_calls[k].name);
+                forge__sb_puts(b, ">\n");
+                forge_status as = forge__sb_qwen35_args(b, &m->tool_calls[k], i, err);
+                if (as) return as;
+                forge__sb_puts(b, "</function>\n</tool_call>");
+            }
             forge__sb_puts(b, "<|im_end|>\n");
         } else if (forge__role_is(m, "tool")) { /* loop.previtem is undefined for the first message: no opening */
             forge__qwen_tool_result(b, c, cn, i > 0 && !forge__role_is(&msgs[i - 1], "tool"),
@@ -342,9 +732,22 @@ static forge_status forge__render_mistral(const forge__chat_style *st, const for
     return FORGE_OK;
 }
 
-FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, uint32_t flags,
-                                                forge__sb *b, forge__err *err) {
+/* Renders msgs (and tools: forge's own arrays) with the style into b; the message on failure in err. */
+FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, const forge_chat_message *msgs, int n, const forge_tool *tools,
+                                                int n_tools, uint32_t flags, forge__sb *b, forge__err *err) {
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
+    bool tool_template = forge__tool_format(st) != FORGE__TOOLS_NONE;
+    if (n_tools > 0 && !tool_template)
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3 and Qwen 3.5)",
+                           forge__chat_family_name(st));
+    for (int i = 0; i < n; i++)
+        if (msgs[i].n_tool_calls > 0 && !tool_template)
+            return forge__fail(err, FORGE_ERR_UNSUPPORTED, "message %d has tool calls, and forge renders none for %s", i, forge__chat_family_name(st));
+        else if (msgs[i].n_tool_calls < 0 || (msgs[i].n_tool_calls > 0 && !msgs[i].tool_calls))
+            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d: n_tool_calls %d without tool_calls", i, msgs[i].n_tool_calls);
+        else
+            for (int k = 0; k < msgs[i].n_tool_calls; k++)
+                if (!msgs[i].tool_calls[k].name) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d: tool call %d has no name", i, k);
     if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_THINKING_ON and FORGE_CHAT_THINKING_OFF together");
     bool think = (flags & FORGE_CHAT_THINKING_ON) ? true : (flags & FORGE_CHAT_THINKING_OFF) ? false : st->think_default;
@@ -355,7 +758,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
         forge_status rc = forge__render_mistral(st, msgs, n, b, err);
         if (rc) return rc;
     } else if (st->family == FORGE__CHAT_CHATML && st->qwen35) {
-        forge_status rc = forge__render_qwen35(msgs, n, gen, think, b, err);
+        forge_status rc = forge__render_qwen35(msgs, n, tools, n_tools, gen, think, b, err);
         if (rc) return rc;
     } else if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) {
         /* Llama 3.1 / 3.2 / 3.3 without tools: BOS, a system block that always exists (cutoff,
@@ -364,15 +767,40 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
         if (n == 0) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "the conversation has no messages");
         int first = forge__role_is(&msgs[0], "system") ? 1 : 0;
         forge__sb_puts(b, st->bos);
-        forge__sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: ");
+        forge__sb_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+        if (n_tools > 0) forge__sb_puts(b, "Environment: ipython\n");
+        forge__sb_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: ");
         forge__sb_puts(b, st->date);
         forge__sb_puts(b, "\n\n");
         if (first) {
             forge__sb_put_trimmed(b, msgs[0].content, strlen(msgs[0].content));
         }
         forge__sb_puts(b, "<|eot_id|>");
+        if (n_tools > 0) { /* tools_in_user_message: the tools, then the first message's content, as a user turn */
+            if (first >= n)
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Cannot put tools in the first user message when there's no first user message!");
+            forge__sb_puts(b, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for a function "
+                              "call with its proper arguments that best answers the given prompt.\n\nRespond in the format {\"name\": function name, "
+                              "\"parameters\": dictionary of argument name and its value}.Do not use variables.\n\n");
+            for (int t = 0; t < n_tools; t++) {
+                forge_status ts = forge__sb_tool(b, &tools[t], 4, t, err);
+                if (ts) return ts;
+                forge__sb_puts(b, "\n\n");
+            }
+            forge__sb_put_trimmed(b, msgs[first].content, strlen(msgs[first].content));
+            forge__sb_puts(b, "<|eot_id|>");
+            first++;
+        }
         for (int i = first; i < n; i++) {
-            if (forge__role_is(&msgs[i], "tool") || forge__role_is(&msgs[i], "ipython")) {
+            if (msgs[i].n_tool_calls > 0) { /* {"name": ..., "parameters": ...}: one call a message */
+                if (msgs[i].n_tool_calls != 1) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "This model only supports single tool-calls at once!");
+                forge__sb_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+                forge__sb_puts(b, msgs[i].tool_calls[0].name);
+                forge__sb_puts(b, "\", \"parameters\": ");
+                forge_status as = forge__sb_call_args(b, &msgs[i].tool_calls[0], i, err);
+                if (as) return as;
+                forge__sb_puts(b, "}<|eot_id|>");
+            } else if (forge__role_is(&msgs[i], "tool") || forge__role_is(&msgs[i], "ipython")) {
                 forge__sb_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
                 forge__sb_json_string(b, msgs[i].content);
                 forge__sb_puts(b, "<|eot_id|>");
@@ -461,7 +889,23 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
             if (st->gemma4_empty_thought && !think) forge__sb_puts(b, "<|channel>thought\n<channel|>");
         }
     } else if (st->family == FORGE__CHAT_CHATML) {
-        if (n > 0 && forge__role_is(&msgs[0], "system")) {
+        if (n_tools > 0) { /* Qwen 3's # Tools system block (the system message's content first) */
+            forge__sb_puts(b, "<|im_start|>system\n");
+            if (n > 0 && forge__role_is(&msgs[0], "system")) {
+                forge__sb_puts(b, msgs[0].content);
+                forge__sb_puts(b, "\n\n");
+            }
+            forge__sb_puts(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function "
+                              "signatures within <tools></tools> XML tags:\n<tools>");
+            for (int t = 0; t < n_tools; t++) {
+                forge__sb_puts(b, "\n");
+                forge_status ts = forge__sb_tool(b, &tools[t], -1, t, err);
+                if (ts) return ts;
+            }
+            forge__sb_puts(b, "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+                              "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                              "<args-json-object>}\n</tool_call><|im_end|>\n");
+        } else if (n > 0 && forge__role_is(&msgs[0], "system")) {
             forge__sb_puts(b, "<|im_start|>system\n");
             forge__sb_puts(b, msgs[0].content);
             forge__sb_puts(b, "<|im_end|>\n");
@@ -485,6 +929,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
                 const char *content = m->content, *reason = "";
                 size_t cn = strlen(content), rn = 0;
                 if (st->qwen3) forge__qwen_split_think(&content, &cn, &reason, &rn);
+                size_t cn_set = cn; /* the template's `content` (a think block's lstrip is in its output only) */
                 forge__sb_puts(b, "<|im_start|>assistant\n");
                 if (st->qwen3 && i > last_query && (i == n - 1 || rn > 0)) {
                     forge__strip_char(&reason, &rn, '\n', true, true);
@@ -494,6 +939,15 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
                     forge__strip_char(&content, &cn, '\n', true, false);
                 }
                 forge__sb_put(b, content, cn);
+                for (int k = 0; k < m->n_tool_calls; k++) { /* <tool_call> blocks, a newline between */
+                    if (k > 0 || cn_set > 0) forge__sb_puts(b, "\n");
+                    forge__sb_puts(b, "<tool_call>\n{\"name\": \"");
+                    forge__sb_puts(b, m->tool_calls[k].name);
+                    forge__sb_puts(b, "\", \"arguments\": ");
+                    forge_status as = forge__sb_call_args(b, &m->tool_calls[k], i, err);
+                    if (as) return as;
+                    forge__sb_puts(b, "}\n</tool_call>");
+                }
                 forge__sb_puts(b, "<|im_end|>\n");
             } else if (forge__role_is(m, "tool")) {
                 forge__qwen_tool_result(b, m->content, strlen(m->content), i == 0 || !forge__role_is(&msgs[i - 1], "tool"),
@@ -598,29 +1052,45 @@ static const char *forge__chat_thinking_end(const forge__chat_style *st, uint32_
     return NULL;
 }
 
-/* Renders the caller's messages (an array of their struct_size) with the model's style into b. */
+/* Renders the caller's messages and tools (arrays of their struct_size: messages', their tool
+ * calls', the tools') with the model's style into b. */
 static forge_status forge__chat_render_caller(const forge__chat_style *st, const forge_chat_message *messages, int n_messages,
-                                              uint32_t flags, forge__sb *b, forge__err *err) {
+                                              const forge_tool *tools, int n_tools, uint32_t flags, forge__sb *b, forge__err *err) {
     if (n_messages < 0 || (n_messages && !messages))
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "a chat needs messages for n_messages (%d) >= 0", n_messages);
+    if (n_tools < 0 || (n_tools && !tools)) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tools is NULL for n_tools %d", n_tools);
     forge_status rc = n_messages ? forge__check_sized(messages, "forge_chat_message", err) : FORGE_OK;
+    if (!rc && n_tools) rc = forge__check_sized(tools, "forge_tool", err);
     if (rc) return rc;
     forge_chat_message *own = (forge_chat_message *)forge__array_in(messages, n_messages, sizeof *own);
-    if (!own) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    rc = forge__chat_render(st, own, n_messages, flags, b, err);
+    forge_tool *own_tools = (forge_tool *)forge__array_in(tools, n_tools, sizeof *own_tools);
+    void **calls = (void **)calloc((size_t)n_messages + 1, sizeof *calls); /* each message's calls, as forge's structs */
+    if (!own || !own_tools || !calls) rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; !rc && i < n_messages; i++) {
+        if (own[i].n_tool_calls <= 0 || !own[i].tool_calls) continue;
+        if ((rc = forge__check_sized(own[i].tool_calls, "forge_tool_call", err))) break;
+        if (!(calls[i] = forge__array_in(own[i].tool_calls, own[i].n_tool_calls, sizeof(forge_tool_call))))
+            rc = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        own[i].tool_calls = (const forge_tool_call *)calls[i];
+    }
+    if (!rc) rc = forge__chat_render(st, own, n_messages, own_tools, n_tools, flags, b, err);
+    for (int i = 0; calls && i < n_messages; i++) free(calls[i]);
+    free(calls);
+    free(own_tools);
     free(own);
     return rc;
 }
 
-FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_message *messages, int n_messages, uint32_t flags,
-                                         char *out, size_t capacity, size_t *len) {
+FORGE_API forge_status forge_chat_render_tools(const forge_model *m, const forge_chat_message *messages, int n_messages,
+                                               const forge_tool *tools, int n_tools, uint32_t flags, char *out, size_t capacity,
+                                               size_t *len) {
     if (!forge__model_ready(m) || !len) return FORGE_ERR_INVALID_ARGUMENT;
     forge__chat_style st;
     forge_status s = forge__chat_style_of(m, &st);
     if (s) return s;
     forge__sb b = {0};
     forge__err err;
-    s = forge__chat_render_caller(&st, messages, n_messages, flags, &b, &err);
+    s = forge__chat_render_caller(&st, messages, n_messages, tools, n_tools, flags, &b, &err);
     if (s) {
         free(b.buf);
         return forge__model_fail(m, s, "%s", err.msg);
@@ -632,16 +1102,21 @@ FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_
     return s;
 }
 
-FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *messages, int n_messages, uint32_t flags,
-                                  const forge_generate_params *params, forge_metrics *metrics) {
-    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                         char *out, size_t capacity, size_t *len) {
+    return forge_chat_render_tools(m, messages, n_messages, NULL, 0, flags, out, capacity, len);
+}
+
+/* forge_chat and forge_chat_tools: renders (with the tools), then generates with `tool_constraint`
+ * (a tool grammar, or NULL: the caller's constraint, if any) lazily after a thinking reply's
+ * thinking when it has no trigger of its own. */
+static forge_status forge__chat_generate(forge_session *s, const forge__chat_style *st, const forge_chat_message *messages, int n_messages,
+                                         const forge_tool *tools, int n_tools, uint32_t flags, const forge_generate_params *p_in,
+                                         const forge_constraint *tool_constraint, forge_metrics *metrics) {
     forge_model *m = s->m;
-    forge_status rc = forge__check_sized(metrics, "forge_metrics", &s->err);
-    if (rc) return rc;
-    forge__chat_style st;
-    if ((rc = forge__chat_style_of(m, &st))) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(m));
+    forge_status rc;
     forge__sb b = {0};
-    if ((rc = forge__chat_render_caller(&st, messages, n_messages, flags, &b, &s->err))) {
+    if ((rc = forge__chat_render_caller(st, messages, n_messages, tools, n_tools, flags, &b, &s->err))) {
         free(b.buf);
         return rc;
     }
@@ -651,18 +1126,18 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
     if (!(flags & FORGE_CHAT_NO_GENERATION_PROMPT) && forge__has_linear(&m->cfg)) {
         forge__sb h = {0};
         forge__err ignored = {0};
-        if (!forge__chat_render_caller(&st, messages, n_messages, flags | FORGE_CHAT_NO_GENERATION_PROMPT, &h, &ignored) && h.len < b.len &&
-            !memcmp(h.buf, b.buf, h.len))
+        if (!forge__chat_render_caller(st, messages, n_messages, tools, n_tools, flags | FORGE_CHAT_NO_GENERATION_PROMPT, &h, &ignored) &&
+            h.len < b.len && !memcmp(h.buf, b.buf, h.len))
             head = h.len;
         free(h.buf);
     }
-    forge_generate_params p;
-    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    forge_generate_params p = *p_in;
     p.add_special = 0; /* the template wrote BOS */
+    if (tool_constraint) p.constraint = tool_constraint;
     forge_constraint lazy; /* a constraint on a thinking reply starts after the thinking */
     if (p.constraint && !forge__check_sized(p.constraint, "forge_constraint", &s->err)) {
         forge__constraint_in(p.constraint, &lazy);
-        const char *after = forge__chat_thinking_end(&st, flags);
+        const char *after = forge__chat_thinking_end(st, flags);
         if (!lazy.trigger && after && lazy.kind != FORGE_CONSTRAINT_NONE) {
             lazy.trigger = after;
             p.constraint = &lazy;
@@ -673,3 +1148,389 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
     return rc;
 }
 
+FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *messages, int n_messages, uint32_t flags,
+                                  const forge_generate_params *params, forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status rc = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (rc) return rc;
+    forge__chat_style st;
+    if ((rc = forge__chat_style_of(s->m, &st))) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(s->m));
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    return forge__chat_generate(s, &st, messages, n_messages, NULL, 0, flags, &p, NULL, metrics);
+}
+
+/* ---- tool calls: the grammar that constrains them, the parser that reads them back ---- */
+
+/* text as a GBNF string literal's inside (", \ and control bytes escaped). */
+static void forge__gbnf_lit(forge__buf *b, const char *text, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)text[i];
+        char esc[8];
+        if (c == '"' || c == '\\') snprintf(esc, sizeof esc, "\\%c", c);
+        else if (c < 0x20 || c == 0x7F) snprintf(esc, sizeof esc, "\\x%02X", c);
+        else { esc[0] = (char)c; esc[1] = 0; }
+        forge__buf_put(b, esc, strlen(esc));
+    }
+}
+
+/* The GBNF of a reply's tool calls (rule root) for Llama 3.1+ and Qwen 3: each tool's call
+ * {"name": "NAME", "parameters" (Llama) / "arguments" (Qwen): ARGS} with ARGS its parameters'
+ * JSON Schema (rules prefixed tK-; any JSON object without one). required: the whole reply
+ * (Qwen 3: one or more <tool_call> blocks; Llama: one call, as its template renders one a
+ * message); else what follows the trigger (*trigger: Qwen 3's "<tool_call>", Llama's
+ * '{"name": '), up to the block's end. */
+static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools, int n_tools, bool required, forge__buf *out,
+                                        const char **trigger, forge__err *err) {
+    forge__buf_init(out, NULL, 0);
+    forge_status st = FORGE_OK;
+    for (int t = 0; t < n_tools && !st; t++) {
+        char root[32], prefix[16];
+        snprintf(root, sizeof root, "t%d-args", t);
+        snprintf(prefix, sizeof prefix, "t%d-", t);
+        if (!tools[t].name || !*tools[t].name) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", t);
+        if (tools[t].parameters) st = forge__schema_rules(tools[t].parameters, strlen(tools[t].parameters), root, prefix, t == 0, out, err);
+        else {
+            if (t == 0) forge__buf_put(out, forge__sc_prelude, strlen(forge__sc_prelude));
+            forge__buf_put(out, root, strlen(root));
+            forge__buf_put(out, " ::= json-object\n", strlen(" ::= json-object\n"));
+        }
+        if (st) {
+            forge__err inner = *err;
+            forge__fail(err, st, "tool %d (%s): parameters: %s", t, tools[t].name, inner.msg);
+        }
+    }
+    if (st) {
+        forge__buf_free(out);
+        return st;
+    }
+    const bool llama = tf == FORGE__TOOLS_LLAMA3;
+    forge__buf calls;
+    forge__buf_init(&calls, NULL, 0);
+    for (int t = 0; t < n_tools; t++) {
+        /* {"name": "NAME", "arguments": ARGS}: the name as JSON writes it, inside a GBNF literal */
+        forge__sb name = {0};
+        forge__sb_json_string(&name, tools[t].name);
+        char head[32];
+        snprintf(head, sizeof head, "%s\"{\\\"name\\\": ", t ? " | " : "");
+        forge__buf_put(&calls, head, strlen(head));
+        if (!required && llama) calls.n -= strlen("{\\\"name\\\": "); /* the trigger wrote that */
+        forge__gbnf_lit(&calls, name.buf ? name.buf : "", name.len);
+        free(name.buf);
+        const char *mid = llama ? ", \\\"parameters\\\": \" " : ", \\\"arguments\\\": \" ";
+        forge__buf_put(&calls, mid, strlen(mid));
+        snprintf(head, sizeof head, "t%d-args \"}\"", t);
+        forge__buf_put(&calls, head, strlen(head));
+    }
+    const char *root = NULL;
+    if (llama) root = "root ::= tool-call\n";
+    else if (required) root = "root ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" tool-call \"\\n</tool_call>\")*\n";
+    else root = "root ::= tool-call \"\\n</tool_call>\"\n";
+    forge__buf_put(out, root, strlen(root));
+    forge__buf_put(out, "tool-call ::= ", strlen("tool-call ::= "));
+    forge__buf_put(out, calls.p, calls.n);
+    forge__buf_put(out, "\n", 1);
+    bool oom = calls.oom || out->oom;
+    forge__buf_free(&calls);
+    if (oom) {
+        forge__buf_free(out);
+        return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    *trigger = required ? NULL : llama ? "{\"name\": " : "<tool_call>";
+    return FORGE_OK;
+}
+
+/* A reply's tool calls as forge__parse_tool_reply reads them: the strings in one buffer,
+ * NUL-separated, at their offsets (names and arguments: [n][2]). */
+typedef struct forge__tool_reply {
+    forge__buf s;
+    size_t text_len, content_off, content_len; /* the text is at offset 0 */
+    int n, cap;
+    size_t (*call)[2]; /* [cap] name offset, arguments offset */
+} forge__tool_reply;
+
+static void forge__tool_reply_free(forge__tool_reply *r) {
+    forge__buf_free(&r->s);
+    free(r->call);
+    memset(r, 0, sizeof *r);
+}
+
+/* Appends a call: its name and its arguments (a JSON object, written compactly). */
+static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t name_len, const cJSON *args) {
+    for (size_t i = 0; i < name_len; i++)
+        if ((unsigned char)name[i] < 0x20) return false; /* no function is named so */
+    if (!name_len) return false;
+    char *text = cJSON_PrintUnformatted(args);
+    if (!text) return false;
+    if (r->n == r->cap) {
+        int cap = r->cap ? 2 * r->cap : 4;
+        size_t(*nc)[2] = (size_t(*)[2])realloc(r->call, sizeof *nc * (size_t)cap);
+        if (!nc) { free(text); r->s.oom = true; return false; }
+        r->call = nc;
+        r->cap = cap;
+    }
+    r->call[r->n][0] = r->s.n;
+    forge__buf_put(&r->s, name, name_len);
+    forge__buf_put(&r->s, "", 1);
+    r->call[r->n][1] = r->s.n;
+    forge__buf_put(&r->s, text, strlen(text) + 1);
+    free(text);
+    r->n++;
+    return true;
+}
+
+/* One JSON call object at [p, end) ({"name": STR, "arguments" (or "parameters"): OBJECT, or a
+ * string holding one}) into r; false when it is not one. */
+static bool forge__tool_json_call(forge__tool_reply *r, const char *p, const char *end, const char **after) {
+    const char *e = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &e, 0);
+    bool ok = false;
+    if (doc && cJSON_IsObject(doc)) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(doc, "name");
+        const cJSON *args = cJSON_GetObjectItemCaseSensitive(doc, "arguments");
+        if (!args) args = cJSON_GetObjectItemCaseSensitive(doc, "parameters");
+        cJSON *parsed = NULL;
+        if (cJSON_IsString(args)) args = parsed = cJSON_Parse(args->valuestring);
+        if (cJSON_IsString(name) && cJSON_IsObject(args)) ok = forge__tool_reply_add(r, name->valuestring, strlen(name->valuestring), args);
+        cJSON_Delete(parsed);
+    }
+    cJSON_Delete(doc);
+    if (after) *after = ok && e ? e : p;
+    return ok;
+}
+
+/* A Qwen 3.5 parameter's value as JSON: the text between <parameter=P>\n and \n</parameter>;
+ * JSON other than a string as it is, Python's True / False / None as JSON's, else the text as a
+ * string (the template writes strings raw; without the schema "42" and 42 read the same). */
+static cJSON *forge__qwen35_value(const char *v, size_t n) {
+    if (n && v[0] == '\n') { v++; n--; }
+    if (n && v[n - 1] == '\n') n--;
+    if (n == 4 && !memcmp(v, "True", 4)) return cJSON_CreateTrue();
+    if (n == 5 && !memcmp(v, "False", 5)) return cJSON_CreateFalse();
+    if (n == 4 && !memcmp(v, "None", 4)) return cJSON_CreateNull();
+    const char *e = NULL;
+    cJSON *j = n ? cJSON_ParseWithLengthOpts(v, n, &e, 0) : NULL;
+    if (j && !cJSON_IsString(j) && e == v + n) return j;
+    cJSON_Delete(j);
+    char *copy = (char *)malloc(n + 1);
+    if (!copy) return NULL;
+    memcpy(copy, v, n);
+    copy[n] = 0;
+    cJSON *str = cJSON_CreateString(copy);
+    free(copy);
+    return str;
+}
+
+/* One Qwen 3.5 call, <function=NAME>\n(<parameter=P>\nVALUE\n</parameter>\n)*</function>, at
+ * [p, end) (the inside of a <tool_call> block) into r; false when it is not one. */
+static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char *end) {
+    const char *s = p;
+    forge__json_ws(&s, end);
+    if ((size_t)(end - s) < 10 || memcmp(s, "<function=", 10)) return false;
+    s += 10;
+    const char *gt = (const char *)memchr(s, '>', (size_t)(end - s));
+    if (!gt) return false;
+    const char *name = s;
+    size_t name_len = (size_t)(gt - s);
+    s = gt + 1;
+    cJSON *args = cJSON_CreateObject();
+    bool ok = args != NULL;
+    for (;;) {
+        forge__json_ws(&s, end);
+        if ((size_t)(end - s) >= 11 && !memcmp(s, "</function>", 11)) {
+            s += 11;
+            break;
+        }
+        if (!ok || (size_t)(end - s) < 11 || memcmp(s, "<parameter=", 11)) { ok = false; break; }
+        s += 11;
+        const char *pgt = (const char *)memchr(s, '>', (size_t)(end - s));
+        const char *close = pgt ? forge__memmem(pgt + 1, (size_t)(end - pgt - 1), "</parameter>") : NULL;
+        if (!close || memchr(s, 0, (size_t)(pgt - s))) { ok = false; break; }
+        char *key = (char *)malloc((size_t)(pgt - s) + 1);
+        cJSON *v = forge__qwen35_value(pgt + 1, (size_t)(close - pgt - 1));
+        if (key) {
+            memcpy(key, s, (size_t)(pgt - s));
+            key[pgt - s] = 0;
+        }
+        if (!key || !v) ok = false;
+        else {
+            cJSON_DeleteItemFromObjectCaseSensitive(args, key); /* a repeated parameter: the last one */
+            cJSON_AddItemToObject(args, key, v);
+            v = NULL;
+        }
+        cJSON_Delete(v);
+        free(key);
+        s = close + 12;
+    }
+    forge__json_ws(&s, end);
+    ok = ok && s == end && forge__tool_reply_add(r, name, name_len, args);
+    cJSON_Delete(args);
+    return ok;
+}
+
+/* Reads a reply's tool calls in format tf into r: the content is the reply without its
+ * thinking (what precedes the last </think>, Qwen) and without the calls, trimmed; a block that
+ * does not parse stays in the content. Llama 3.1+: the reply (after <|python_tag|>, if any) is
+ * calls only, JSON objects separated by ';', or it is content. */
+static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, size_t n, forge__tool_reply *r) {
+    memset(r, 0, sizeof *r);
+    forge__buf_init(&r->s, NULL, 0);
+    forge__buf_put(&r->s, text, n);
+    forge__buf_put(&r->s, "", 1);
+    r->text_len = n;
+    forge__buf content;
+    forge__buf_init(&content, NULL, 0);
+    const char *p = text, *end = text + n;
+    if (tf == FORGE__TOOLS_LLAMA3) {
+        const char *q = p;
+        size_t qn = n;
+        forge__py_strip(&q, &qn);
+        static const char tag[] = "<|python_tag|>";
+        if (qn >= sizeof tag - 1 && !memcmp(q, tag, sizeof tag - 1)) q += sizeof tag - 1, qn -= sizeof tag - 1;
+        const char *e = q + qn, *at = q;
+        bool all = qn > 0;
+        while (all) {
+            forge__json_ws(&at, e);
+            if (!forge__tool_json_call(r, at, e, &at)) { all = false; break; }
+            forge__json_ws(&at, e);
+            if (at == e) break;
+            if (*at != ';') all = false;
+            else at++;
+        }
+        if (!all) {
+            r->n = 0;
+            r->s.n = n + 1;
+            forge__buf_put(&content, text, n);
+        }
+    } else if (tf == FORGE__TOOLS_QWEN3 || tf == FORGE__TOOLS_QWEN35) {
+        const char *think = forge__memmem_last(text, n, "</think>");
+        if (think) p = think + 8;
+        for (;;) {
+            const char *open = forge__memmem(p, (size_t)(end - p), "<tool_call>");
+            if (!open) {
+                forge__buf_put(&content, p, (size_t)(end - p));
+                break;
+            }
+            const char *in = open + 11, *close = forge__memmem(in, (size_t)(end - in), "</tool_call>");
+            const char *in_end = close ? close : end, *next = close ? close + 12 : end;
+            size_t mark = r->s.n;
+            int n0 = r->n;
+            bool ok = tf == FORGE__TOOLS_QWEN3 ? forge__tool_json_call(r, in, in_end, &in) : forge__tool_xml_call(r, in, in_end);
+            if (ok && tf == FORGE__TOOLS_QWEN3) { /* nothing but white space after the object */
+                forge__json_ws(&in, in_end);
+                if (in != in_end) {
+                    ok = false;
+                    r->n = n0;
+                    r->s.n = mark;
+                }
+            }
+            forge__buf_put(&content, p, (size_t)((ok ? open : next) - p));
+            p = next;
+            if (p >= end) break;
+        }
+    } else {
+        forge__buf_put(&content, text, n);
+    }
+    const char *c = content.p ? content.p : "";
+    size_t cn = content.n;
+    forge__py_strip(&c, &cn);
+    r->content_off = r->s.n;
+    r->content_len = cn;
+    forge__buf_put(&r->s, c, cn);
+    forge__buf_put(&r->s, "", 1);
+    bool oom = content.oom || r->s.oom;
+    forge__buf_free(&content);
+    if (oom) {
+        forge__tool_reply_free(r);
+        return FORGE_ERR_OUT_OF_MEMORY;
+    }
+    return FORGE_OK;
+}
+
+typedef struct forge__reply_sink { /* forge_chat_tools' on_token: keeps the text, forwards it */
+    forge__buf text;
+    forge_token_fn user_fn;
+    void *user;
+} forge__reply_sink;
+
+static int forge__reply_collect(void *user, int32_t token, const char *text, size_t len) {
+    forge__reply_sink *k = (forge__reply_sink *)user;
+    forge__buf_put(&k->text, text, len);
+    return k->user_fn ? k->user_fn(k->user, token, text, len) : 0;
+}
+
+FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_message *messages, int n_messages, const forge_tool *tools,
+                                        int n_tools, uint32_t flags, const forge_generate_params *params, forge_chat_reply *reply,
+                                        forge_metrics *metrics) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    forge_status rc = forge__check_sized(metrics, "forge_metrics", &s->err);
+    if (!rc && reply) rc = forge__check_sized(reply, "forge_chat_reply", &s->err);
+    if (rc) return rc;
+    forge__chat_style st;
+    if ((rc = forge__chat_style_of(s->m, &st))) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(s->m));
+    forge_generate_params p;
+    FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
+    const forge__tools tf = forge__tool_format(&st);
+    const bool constrain = (flags & (FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED)) != 0;
+    if (n_tools > 0 && tf == FORGE__TOOLS_NONE)
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3 and Qwen 3.5)",
+                           forge__chat_family_name(&st));
+    if (constrain && n_tools <= 0)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED need tools");
+    if (constrain && p.constraint)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED make the constraint: params->constraint must be NULL");
+    if (constrain && tf == FORGE__TOOLS_QWEN35)
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "Qwen 3.5's tool calls (<function=...> blocks) are parsed, not yet constrained");
+    if (n_tools < 0 || (n_tools && !tools)) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "tools is NULL for n_tools %d", n_tools);
+    forge__buf gbnf;
+    forge__buf_init(&gbnf, NULL, 0);
+    forge_constraint tc = {.struct_size = sizeof tc, .kind = FORGE_CONSTRAINT_GBNF};
+    if (constrain) {
+        if ((rc = forge__check_sized(tools, "forge_tool", &s->err))) return rc;
+        forge_tool *own = (forge_tool *)forge__array_in(tools, n_tools, sizeof *own);
+        if (!own) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        rc = forge__tool_grammar(tf, own, n_tools, (flags & FORGE_CHAT_TOOL_REQUIRED) != 0, &gbnf, &tc.trigger, &s->err);
+        free(own);
+        if (rc) return rc;
+        tc.text = gbnf.p;
+        tc.text_len = gbnf.n;
+    }
+    forge__reply_sink sink = {.user_fn = p.on_token, .user = p.user_data};
+    forge__buf_init(&sink.text, NULL, 0);
+    p.on_token = forge__reply_collect;
+    p.user_data = &sink;
+    rc = forge__chat_generate(s, &st, messages, n_messages, tools, n_tools, flags & ~(FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED),
+                              &p, constrain ? &tc : NULL, metrics);
+    forge__buf_free(&gbnf);
+    forge__tool_reply r;
+    if (!rc && sink.text.oom) rc = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    if (!rc && forge__parse_tool_reply(tf, sink.text.p ? sink.text.p : "", sink.text.n, &r))
+        rc = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    forge__buf_free(&sink.text);
+    if (rc) return rc;
+    /* the session keeps the strings until its next call: one block of pointers, one of text */
+    const char **ptrs = (const char **)malloc(sizeof *ptrs * (2 * (size_t)r.n + 1));
+    if (!ptrs) {
+        forge__tool_reply_free(&r);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    forge__buf_free(&s->chat_reply);
+    free(s->chat_reply_ptrs);
+    s->chat_reply = r.s;
+    s->chat_reply_ptrs = ptrs;
+    for (int i = 0; i < r.n; i++) {
+        ptrs[i] = s->chat_reply.p + r.call[i][0];
+        ptrs[r.n + i] = s->chat_reply.p + r.call[i][1];
+    }
+    forge_chat_reply out = {.struct_size = sizeof out};
+    out.text = s->chat_reply.p;
+    out.text_len = r.text_len;
+    out.content = s->chat_reply.p + r.content_off;
+    out.content_len = r.content_len;
+    out.n_tool_calls = r.n;
+    out.tool_names = ptrs;
+    out.tool_arguments = ptrs + r.n;
+    free(r.call);
+    if (reply) FORGE__PUT(reply, out);
+    return FORGE_OK;
+}

@@ -478,6 +478,8 @@ static void forge__session_destroy(forge_session *s) {
     forge__buffer_destroy(d, &s->readback, &s->mem, &m->mem_total);
     forge__arena_free(&s->arena);
     forge__buf_free(&s->class_text);
+    forge__buf_free(&s->chat_reply);
+    free(s->chat_reply_ptrs);
     free(s->dropped);
     free(s);
 }

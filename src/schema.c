@@ -30,7 +30,14 @@ static const char forge__sc_prelude[] =
     "json-value ::= json-object | json-array | json-string | json-number | \"true\" | \"false\" | \"null\"\n"
     "json-object ::= \"{\" ws (json-string ws \":\" ws json-value (ws \",\" ws json-string ws \":\" ws json-value)* ws)? \"}\"\n"
     "json-array ::= \"[\" ws (json-value (ws \",\" ws json-value)* ws)? \"]\"\n"
-    "json-key-char ::= [^\"\\\\\\x00-\\x1F]\n";
+    "json-key-char ::= [^\"\\\\\\x00-\\x1F]\n"
+    "fmt-date ::= [0-9]{4} \"-\" fmt-md | fmt-leap \"-02-29\"\n"
+    "fmt-md ::= (\"01\" | \"03\" | \"05\" | \"07\" | \"08\" | \"10\" | \"12\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
+    "(\"04\" | \"06\" | \"09\" | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])\n"
+    "fmt-leap ::= [0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | (\"0\" [048] | [2468] [048] | [13579] [26]) \"00\"\n"
+    "fmt-time ::= ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,9})? (\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])\n"
+    "fmt-email-atom ::= [a-zA-Z0-9_%+-]+\n"
+    "fmt-email-label ::= [a-zA-Z0-9]+ (\"-\" [a-zA-Z0-9]+)*\n";
 
 /* Code-point ranges (character classes here and in grammar.c). */
 typedef struct forge__cprange {
@@ -68,7 +75,7 @@ typedef struct forge__sc {
     unsigned counter;
     forge__err *err;
     forge_status st;
-    bool date_rules, time_rules, email_rules;
+    const char *prefix;    /* put before every rule name made here (several schemas in one grammar) */
 } forge__sc;
 
 static bool forge__sc_fail(forge__sc *c, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -123,11 +130,13 @@ static void forge__sc_name(forge__sc *c, const char *hint, char out[64]) {
     while (k && base[k - 1] == '-') k--;
     if (!k) base[k++] = 'r';
     base[k] = 0;
-    static const char *const reserved[] = {"root", "ws", "json-char", "json-string", "json-int", "json-number", "json-value",
-                                           "json-object", "json-array", "json-key-char"};
+    static const char *const reserved[] = {"root", "ws", "json-char", "json-string", "json-int", "json-number", "json-value", "json-object",
+                                           "json-array", "json-key-char", "fmt-date", "fmt-md", "fmt-leap", "fmt-time", "fmt-email-atom",
+                                           "fmt-email-label"};
+    const char *pre = c->prefix ? c->prefix : "";
     for (unsigned i = 0;; i++) {
-        if (i == 0) snprintf(out, 64, "%s", base);
-        else snprintf(out, 64, "%s-%u", base, ++c->counter);
+        if (i == 0) snprintf(out, 64, "%.16s%s", pre, base);
+        else snprintf(out, 64, "%.16s%s-%u", pre, base, ++c->counter);
         bool taken = false;
         for (size_t r = 0; r < FORGE__ARRAY_LEN(reserved) && !taken; r++) taken = !strcmp(out, reserved[r]);
         uint64_t h = forge__fnv(FORGE__FNV_BASIS, out, strlen(out));
@@ -1292,32 +1301,14 @@ static void forge__sc_string(forge__sc *c, const cJSON *s, const char *name) {
     }
     if (fmt) {
         const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "";
-        bool date = !strcmp(f, "date") || !strcmp(f, "date-time"), time = !strcmp(f, "time") || !strcmp(f, "date-time");
-        if (date && !c->date_rules) {
-            c->date_rules = true;
-            forge__sc_puts(&c->out, "fmt-date ::= [0-9]{4} \"-\" fmt-md | fmt-leap \"-02-29\"\n"
-                                    "fmt-md ::= (\"01\" | \"03\" | \"05\" | \"07\" | \"08\" | \"10\" | \"12\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"3\" [01]) | "
-                                    "(\"04\" | \"06\" | \"09\" | \"11\") \"-\" (\"0\" [1-9] | [12] [0-9] | \"30\") | \"02-\" (\"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8])\n"
-                                    "fmt-leap ::= [0-9]{2} (\"0\" [48] | [2468] [048] | [13579] [26]) | (\"0\" [048] | [2468] [048] | [13579] [26]) \"00\"\n");
-        }
-        if (time && !c->time_rules) {
-            c->time_rules = true;
-            forge__sc_puts(&c->out, "fmt-time ::= ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9] \":\" [0-5] [0-9] (\".\" [0-9]{1,9})? "
-                                    "(\"Z\" | [+-] ([01] [0-9] | \"2\" [0-3]) \":\" [0-5] [0-9])\n");
-        }
         if (!strcmp(f, "date")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-date \"\\\"\"\n", name);
         else if (!strcmp(f, "time")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-time \"\\\"\"\n", name);
         else if (!strcmp(f, "date-time")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-date \"T\" fmt-time \"\\\"\"\n", name);
         else if (!strcmp(f, "uuid"))
             forge__sc_printf(&c->out, "%s ::= \"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"\n", name);
-        else if (!strcmp(f, "email")) {
-            if (!c->email_rules) {
-                c->email_rules = true;
-                forge__sc_puts(&c->out, "fmt-email-atom ::= [a-zA-Z0-9_%+-]+\n"
-                                        "fmt-email-label ::= [a-zA-Z0-9]+ (\"-\" [a-zA-Z0-9]+)*\n");
-            }
+        else if (!strcmp(f, "email"))
             forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-email-atom (\".\" fmt-email-atom)* \"@\" fmt-email-label (\".\" fmt-email-label)+ \"\\\"\"\n", name);
-        } else forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "format \"%.100s\" (forge enforces date, time, date-time, uuid and email)", f);
+        else forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "format \"%.100s\" (forge enforces date, time, date-time, uuid and email)", f);
         return;
     }
     if (mn <= 0 && mx < 0) forge__sc_printf(&c->out, "%s ::= json-string\n", name);
@@ -1464,9 +1455,11 @@ out:
     c->depth--;
 }
 
-/* JSON Schema text -> GBNF text (rule root) in *out (the caller frees with forge__buf_free). */
-static forge_status forge__schema_to_gbnf(const char *schema, size_t len, forge__buf *out, forge__err *err) {
-    forge__buf_init(out, NULL, 0);
+/* JSON Schema text -> GBNF rules appended to *out: rule `root` matches the schema, every other
+ * rule made here starts with `prefix`; with `prelude` the shared rules (ws, json-*, fmt-*) first
+ * (a grammar of several schemas writes them once). */
+static forge_status forge__schema_rules(const char *schema, size_t len, const char *root, const char *prefix, bool prelude, forge__buf *out,
+                                        forge__err *err) {
     const char *endp = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(schema, len, &endp, 0);
     if (!doc) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "JSON Schema: not JSON (at byte %zu)", endp && endp >= schema ? (size_t)(endp - schema) : (size_t)0);
@@ -1474,26 +1467,33 @@ static forge_status forge__schema_to_gbnf(const char *schema, size_t len, forge_
     memset(&c, 0, sizeof c);
     c.doc = doc;
     c.err = err;
+    c.prefix = prefix;
     c.refs = cJSON_CreateObject();
     c.owned = cJSON_CreateArray();
     forge__buf_init(&c.out, NULL, 0);
     forge__buf_init(&c.names, NULL, 0);
     if (!c.refs || !c.owned) forge__sc_fail(&c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    forge__sc_puts(&c.out, forge__sc_prelude);
-    if (cJSON_IsTrue(doc) || (cJSON_IsObject(doc) && !doc->child)) forge__sc_puts(&c.out, "root ::= json-value\n");
-    else forge__sc_visit(&c, doc, "root");
+    if (prelude) forge__sc_puts(&c.out, forge__sc_prelude);
+    if (cJSON_IsTrue(doc) || (cJSON_IsObject(doc) && !doc->child)) forge__sc_printf(&c.out, "%s ::= json-value\n", root);
+    else forge__sc_visit(&c, doc, root);
     if (!c.st && (c.out.oom || c.names.oom)) forge__sc_fail(&c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     cJSON_Delete(doc);
     cJSON_Delete(c.refs);
     cJSON_Delete(c.owned);
     forge__buf_free(&c.names);
     free(c.name_tab);
-    if (c.st) {
-        forge__buf_free(&c.out);
-        return c.st;
-    }
-    *out = c.out;
-    return FORGE_OK;
+    if (!c.st) forge__buf_put(out, c.out.p, c.out.n);
+    forge__buf_free(&c.out);
+    if (!c.st && out->oom) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    return c.st;
+}
+
+/* JSON Schema text -> GBNF text (rule root) in *out (the caller frees with forge__buf_free). */
+static forge_status forge__schema_to_gbnf(const char *schema, size_t len, forge__buf *out, forge__err *err) {
+    forge__buf_init(out, NULL, 0);
+    forge_status st = forge__schema_rules(schema, len, "root", NULL, true, out, err);
+    if (st) forge__buf_free(out);
+    return st;
 }
 
 /* GBNF: rule root ::= any JSON object. */

@@ -117,6 +117,8 @@ struct forge_session {
     forge__profile prof;              /* device time per kernel, summed over steps */
     forge_metrics metrics;            /* of the last generate/chat/classify call */
     forge__buf class_text;            /* the texts of the last classify call's tokens */
+    forge__buf chat_reply;            /* the last forge_chat_tools reply's strings (chat.c) */
+    const char **chat_reply_ptrs;     /* its tool names, then arguments */
     uint64_t prompt_cache_hits;
     int kv_from;                      /* sliding-window layers hold no position before this: after
                                        * forge_session_load, or a context shift that turned a ring */

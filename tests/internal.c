@@ -878,18 +878,65 @@ int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, 
 /* ---- chat ---- */
 void ft_model_set_chat_template(forge_model *m, const char *tmpl) { m->chat_template = tmpl; }
 
-forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
-                               char **out, size_t *len) {
+forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, const forge_tool *tools,
+                               int n_tools, uint32_t flags, char **out, size_t *len) {
     forge__chat_style st;
     forge__err err = {{0}};
     forge_status s = forge__chat_style_of(m, &st);
     if (s) return s;
     if (date) snprintf(st.date, sizeof st.date, "%s", date);
     forge__sb b = {0};
-    s = forge__chat_render_caller(&st, msgs, n, flags, &b, &err);
+    s = forge__chat_render_caller(&st, msgs, n, tools, n_tools, flags, &b, &err);
     *out = b.buf;
     *len = b.len;
     return s;
+}
+
+char *ft_tool_reply(int format, const char *text, size_t n, int *n_calls, size_t *content_len) {
+    forge__tool_reply r;
+    if (forge__parse_tool_reply((forge__tools)format, text, n, &r)) return NULL;
+    forge__buf o;
+    forge__buf_init(&o, NULL, 0);
+    forge__buf_put(&o, r.s.p + r.content_off, r.content_len);
+    for (int i = 0; i < r.n; i++) {
+        forge__buf_put(&o, "\x01", 1);
+        forge__buf_put(&o, r.s.p + r.call[i][0], strlen(r.s.p + r.call[i][0]));
+        forge__buf_put(&o, "\x02", 1);
+        forge__buf_put(&o, r.s.p + r.call[i][1], strlen(r.s.p + r.call[i][1]));
+    }
+    forge__buf_put(&o, "", 1);
+    *n_calls = r.n;
+    *content_len = r.content_len;
+    forge__tool_reply_free(&r);
+    if (o.oom) {
+        forge__buf_free(&o);
+        return NULL;
+    }
+    return o.p;
+}
+
+char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size) {
+    forge__buf o;
+    forge__err e = {{0}};
+    forge_status s = forge__tool_grammar((forge__tools)format, tools, n_tools, required != 0, &o, trigger, &e);
+    if (s) {
+        snprintf(err, err_size, "%s", e.msg);
+        return NULL;
+    }
+    forge__buf_put(&o, "", 1);
+    return o.p;
+}
+
+char *ft_schema_gbnf(const char *schema, size_t n, int *status, char *err, size_t err_size) {
+    forge__buf o;
+    forge__err e = {{0}};
+    *status = (int)forge__schema_to_gbnf(schema, n, &o, &e);
+    if (*status) {
+        snprintf(err, err_size, "%s", e.msg);
+        return NULL;
+    }
+    forge__buf_put(&o, "", 1);
+    return o.p;
 }
 
 /* ---- training ---- */

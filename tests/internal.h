@@ -314,8 +314,17 @@ int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, 
 void ft_model_set_chat_template(forge_model *m, const char *tmpl);
 /* forge_chat_render with the Llama 3.1+ "Today Date" pinned to `date` (NULL: as forge picks it);
  * *out is malloc'd (free it), NULL when nothing was rendered. */
-forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, uint32_t flags,
-                               char **out, size_t *len);
+forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, const forge_tool *tools,
+                               int n_tools, uint32_t flags, char **out, size_t *len);
+/* A reply's tool calls as forge_chat_tools reads them (format: 1 Llama 3.1+, 2 Qwen 3, 3 Qwen
+ * 3.5): "CONTENT" then "\x01NAME\x02ARGUMENTS" a call, malloc'd (NULL: out of memory); the
+ * calls' count in *n_calls, the content's length (it may hold any byte) in *content_len. */
+char *ft_tool_reply(int format, const char *text, size_t n, int *n_calls, size_t *content_len);
+/* The GBNF forge_chat_tools constrains tool calls with (format as above; required: the
+ * FORGE_CHAT_TOOL_REQUIRED form), malloc'd, its trigger in *trigger; NULL with the message in err. */
+char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size);
+/* JSON Schema text -> GBNF text, malloc'd; NULL with the status in *status and the message in err. */
+char *ft_schema_gbnf(const char *schema, size_t n, int *status, char *err, size_t err_size);
 /* forge_generate_tokens with the prompt cache's checkpoint (a model with linear-attention
  * layers) after the first `snap` prompt tokens, as forge_chat places it (-1: all but the last);
  * *ckpt_pos gets where the session's checkpoint then is (-1: none). */

@@ -120,7 +120,7 @@ TEST(Chat, TemplatesMatchTransformers) {
         forge_status st;
         if (date) { /* llama3.2: rendered on the date the fixture records */
             char *text = nullptr;
-            st = ft_chat_render_on(m, date, msgs.data(), (int)msgs.size(), flags, &text, &len);
+            st = ft_chat_render_on(m, date, msgs.data(), (int)msgs.size(), NULL, 0, flags, &text, &len);
             if (text) out->assign(text, len);
             free(text);
         } else {
@@ -472,4 +472,221 @@ TEST(Examples, ChatOnAModelWithATemplate) {
         EXPECT_GE(c2, p1);
         EXPECT_GT(p2, c2);
     }
+}
+
+namespace {
+
+/* A fixture case's forge input: the tools and each message's calls (their JSON text as the case
+ * records it), pointing into the case. */
+struct ToolCase {
+    std::vector<forge_tool> tools;
+    std::vector<std::vector<forge_tool_call>> calls;
+    std::vector<forge_chat_message> msgs;
+};
+
+ToolCase tool_case(cJSON *c) {
+    ToolCase tc;
+    cJSON *t;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItem(c, "forge_tools"))
+        tc.tools.push_back({sizeof(forge_tool), cJSON_GetStringValue(cJSON_GetObjectItem(t, "name")),
+                            cJSON_GetStringValue(cJSON_GetObjectItem(t, "description")), cJSON_GetStringValue(cJSON_GetObjectItem(t, "parameters"))});
+    cJSON *mc;
+    cJSON_ArrayForEach(mc, cJSON_GetObjectItem(c, "forge_calls")) {
+        tc.calls.emplace_back();
+        cJSON *k;
+        cJSON_ArrayForEach(k, mc)
+            tc.calls.back().push_back({sizeof(forge_tool_call), cJSON_GetStringValue(cJSON_GetObjectItem(k, "name")),
+                                       cJSON_GetStringValue(cJSON_GetObjectItem(k, "arguments"))});
+    }
+    cJSON *mj;
+    size_t i = 0;
+    cJSON_ArrayForEach(mj, cJSON_GetObjectItem(c, "messages")) {
+        forge_chat_message msg = {sizeof(forge_chat_message), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "role")),
+                                  cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content")), nullptr, 0};
+        if (!tc.calls[i].empty()) {
+            msg.tool_calls = tc.calls[i].data();
+            msg.n_tool_calls = (int)tc.calls[i].size();
+        }
+        tc.msgs.push_back(msg);
+        i++;
+    }
+    return tc;
+}
+
+} // namespace
+
+/* tests/fixtures/chat/chat_tools.json (make_chat_fixtures.py --tools: jinja2 set up as
+ * transformers sets it up) on Llama 3.2's, Qwen 3's and both Qwen 3.5 templates: tools in the
+ * prompt, tool calls (floats, -0.0, 1e-07, a 17-digit integer, None / True / False, nested
+ * objects, escapes and CJK) and tool results, byte for byte. */
+TEST(ChatTools, RenderingMatchesTheTemplates) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    std::vector<uint8_t> js = ft::read_file(ft::src("tests/fixtures/chat/chat_tools.json"));
+    cJSON *root = cJSON_ParseWithLength((const char *)js.data(), js.size());
+    ASSERT_TRUE(cJSON_IsArray(root));
+    std::map<std::string, forge_model *> models;
+    std::map<std::string, std::string> templates = {{"llama3.2", llama32_template()},
+                                                    {"qwen3.5", chat_fixture("qwen3.5-0.8b.jinja")},
+                                                    {"qwen3.5-think", chat_fixture("qwen3.5-27b.jinja")}};
+    int checked = 0;
+    cJSON *c;
+    cJSON_ArrayForEach(c, root) {
+        std::string fam = cJSON_GetStringValue(cJSON_GetObjectItem(c, "family"));
+        if (!models.count(fam)) {
+            models[fam] = family_vocab(fam, data);
+            if (templates.count(fam) && models[fam]) ft_model_set_chat_template(models[fam], templates[fam].c_str());
+        }
+        forge_model *m = models[fam];
+        ASSERT_NE(m, nullptr);
+        ToolCase tc = tool_case(c);
+        uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
+        if (cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking"))) flags |= FORGE_CHAT_THINKING_OFF;
+        std::string what = fam + " " + cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
+        char *text = nullptr;
+        size_t len = 0;
+        forge_status st = ft_chat_render_on(m, cJSON_GetStringValue(cJSON_GetObjectItem(c, "date")), tc.msgs.data(), (int)tc.msgs.size(),
+                                            tc.tools.data(), (int)tc.tools.size(), flags, &text, &len);
+        ASSERT_EQ(st, FORGE_OK) << what;
+        EXPECT_EQ(std::string(text, len), cJSON_GetStringValue(cJSON_GetObjectItem(c, "rendered"))) << what;
+        free(text);
+        if (fam != "llama3.2") { /* the public call agrees (the Llama cases pin the date) */
+            std::vector<char> buf(1 << 15);
+            ASSERT_EQ(forge_chat_render_tools(m, tc.msgs.data(), (int)tc.msgs.size(), tc.tools.data(), (int)tc.tools.size(), flags, buf.data(),
+                                              buf.size(), &len), FORGE_OK) << what;
+            EXPECT_EQ(std::string(buf.data(), len), cJSON_GetStringValue(cJSON_GetObjectItem(c, "rendered"))) << what;
+        }
+        checked++;
+    }
+    EXPECT_EQ(checked, 39);
+    /* Llama 3.1+: one call a message, the template's message */
+    forge_tool_call two[2] = {{sizeof(forge_tool_call), "a", "{}"}, {sizeof(forge_tool_call), "b", nullptr}};
+    forge_chat_message conv[2] = {{sizeof(forge_chat_message), "user", "x", nullptr, 0}, {sizeof(forge_chat_message), "assistant", "", two, 2}};
+    size_t len = 0;
+    EXPECT_EQ(forge_chat_render_tools(models["llama3.2"], conv, 2, nullptr, 0, 0, nullptr, 0, &len), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(models["llama3.2"])).find("This model only supports single tool-calls at once!"), std::string::npos);
+    for (auto &kv : models) forge_model_free(kv.second);
+    cJSON_Delete(root);
+}
+
+/* Families without a tool format forge renders are named; bad tools and arguments are refused. */
+TEST(ChatTools, RefusalsNameTheFamilyAndTheFault) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_tool weather = {sizeof(forge_tool), "get_weather", nullptr, "{\"type\": \"object\"}"};
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Hi", nullptr, 0};
+    size_t len = 0;
+    struct { const char *fam, *tmpl, *named; } cases[] = {{"gemma3", nullptr, "Gemma 2 / 3"},
+                                                          {"llama3", nullptr, "Llama 3.0"},
+                                                          {"mistral-v0.3", "mistral-7b-instruct-v0.3.jinja", "Mistral v0.3"}};
+    for (auto &cs : cases) {
+        forge_model *m = family_vocab(cs.fam, data);
+        ASSERT_NE(m, nullptr);
+        std::string t = cs.tmpl ? chat_fixture(cs.tmpl) : "";
+        if (cs.tmpl) ft_model_set_chat_template(m, t.c_str());
+        EXPECT_EQ(forge_chat_render_tools(m, &user, 1, &weather, 1, 0, nullptr, 0, &len), FORGE_ERR_UNSUPPORTED) << cs.fam;
+        EXPECT_NE(std::string(forge_model_errmsg(m)).find(cs.named), std::string::npos) << forge_model_errmsg(m);
+        EXPECT_EQ(forge_chat_render_tools(m, &user, 1, nullptr, 0, 0, nullptr, 0, &len), FORGE_ERR_BUFFER_TOO_SMALL) << cs.fam;
+        forge_model_free(m);
+    }
+    forge_model *q = vocab(data + "/qwen3");
+    ASSERT_NE(q, nullptr);
+    forge_tool bad[] = {{sizeof(forge_tool), "", nullptr, nullptr},
+                        {sizeof(forge_tool), "f", nullptr, "[1]"},
+                        {sizeof(forge_tool), "f", nullptr, "{\"a\": }"}};
+    for (auto &b : bad) EXPECT_EQ(forge_chat_render_tools(q, &user, 1, &b, 1, 0, nullptr, 0, &len), FORGE_ERR_INVALID_ARGUMENT) << b.parameters;
+    forge_tool_call call = {sizeof(forge_tool_call), "f", "[1, 2]"};
+    forge_chat_message conv[2] = {user, {sizeof(forge_chat_message), "assistant", "", &call, 1}};
+    EXPECT_EQ(forge_chat_render_tools(q, conv, 2, nullptr, 0, 0, nullptr, 0, &len), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_model_errmsg(q)).find("not a JSON object"), std::string::npos) << forge_model_errmsg(q);
+    forge_model_free(q);
+}
+
+namespace {
+/* ft_tool_reply split: the content, then (name, arguments) pairs. */
+std::vector<std::string> reply_parts(int format, const std::string &text) {
+    int n = -1;
+    size_t content = 0;
+    char *r = ft_tool_reply(format, text.data(), text.size(), &n, &content);
+    std::vector<std::string> out;
+    std::string s = r ? std::string(r, content + strlen(r + content)) : "";
+    free(r);
+    out.push_back(s.substr(0, content));
+    size_t at = content;
+    while (at < s.size()) {
+        size_t next = s.find_first_of("\x01\x02", at + 1);
+        out.push_back(s.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1));
+        at = next == std::string::npos ? s.size() : next;
+    }
+    EXPECT_EQ((int)out.size(), 1 + 2 * n) << text;
+    return out;
+}
+} // namespace
+
+/* Replies of each format read back: calls, the content around them, blocks that do not parse
+ * left as content, Qwen 3.5's values typed as its template writes them. */
+TEST(ChatTools, RepliesParse) {
+    using V = std::vector<std::string>;
+    /* Llama 3.1+ (1): the whole reply is calls, or it is content */
+    EXPECT_EQ(reply_parts(1, " {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"days\": 3}} "),
+              (V{"", "get_weather", "{\"city\":\"Paris\",\"days\":3}"}));
+    EXPECT_EQ(reply_parts(1, "<|python_tag|>{\"name\": \"a\", \"arguments\": {}}; {\"name\": \"b\", \"parameters\": \"{\\\"x\\\": 1}\"}"),
+              (V{"", "a", "{}", "b", "{\"x\":1}"}));
+    EXPECT_EQ(reply_parts(1, "It is sunny. {\"name\": \"a\", \"parameters\": {}}"), (V{"It is sunny. {\"name\": \"a\", \"parameters\": {}}"}));
+    EXPECT_EQ(reply_parts(1, "{\"name\": \"a\", \"parameters\": [1]}"), (V{"{\"name\": \"a\", \"parameters\": [1]}"}));
+    EXPECT_EQ(reply_parts(1, "{\"name\": \"a\", \"parameters\": {}} trailing"), (V{"{\"name\": \"a\", \"parameters\": {}} trailing"}));
+    /* Qwen 3 (2): <tool_call> JSON blocks after the thinking */
+    EXPECT_EQ(reply_parts(2, "<think>\nuse <tool_call> here\n</think>\n\nLet me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                             "{\"city\": \"東京\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"),
+              (V{"Let me check.", "get_weather", "{\"city\":\"東京\"}", "now", "{}"}));
+    EXPECT_EQ(reply_parts(2, "A <tool_call>{\"name\": 3}</tool_call> B"), (V{"A <tool_call>{\"name\": 3}</tool_call> B"}));
+    EXPECT_EQ(reply_parts(2, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}"), (V{"", "f", "{\"a\":1}"})); /* cut at max_tokens */
+    EXPECT_EQ(reply_parts(2, "<tool_call>{\"name\": \"f\", \"arguments\": {}} x</tool_call>"), (V{"<tool_call>{\"name\": \"f\", \"arguments\": {}} x</tool_call>"}));
+    /* Qwen 3.5 (3): <function=...> blocks; values as JSON where they read as such */
+    EXPECT_EQ(reply_parts(3, "<think>\n\n</think>\n\nChecking.\n\n<tool_call>\n<function=search>\n<parameter=query>\ncafé a\\b\n</parameter>\n"
+                             "<parameter=limit>\n20.0\n</parameter>\n<parameter=safe>\nFalse\n</parameter>\n<parameter=tags>\n[\"x\", 1e-07, null, true]\n"
+                             "</parameter>\n<parameter=note>\nline 1\nline 2\n</parameter>\n<parameter=n>\n\"42\"\n</parameter>\n</function>\n</tool_call>"),
+              (V{"Checking.", "search", "{\"query\":\"café a\\\\b\",\"limit\":20,\"safe\":false,\"tags\":[\"x\",1e-07,null,true],\"note\":\"line 1\\nline 2\",\"n\":\"\\\"42\\\"\"}"}));
+    EXPECT_EQ(reply_parts(3, "<tool_call>\n<function=now>\n</function>\n</tool_call>"), (V{"", "now", "{}"}));
+    EXPECT_EQ(reply_parts(3, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"),
+              (V{"<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"}));
+    EXPECT_EQ(reply_parts(3, "no calls"), (V{"no calls"}));
+}
+
+/* The tool grammar takes the calls the template shows and nothing else: Qwen 3's blocks (every
+ * tool, the schema's types), Llama's object after its trigger. */
+TEST(ChatTools, GrammarTakesTheToolsCalls) {
+    forge_tool tools[] = {{sizeof(forge_tool), "get_weather", nullptr,
+                           "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": {\"type\": \"integer\"}}, "
+                           "\"required\": [\"city\", \"days\"], \"additionalProperties\": false}"},
+                          {sizeof(forge_tool), "now \"quoted\"", nullptr, nullptr}};
+    char err[256];
+    const char *trigger = nullptr;
+    char *g = ft_tool_grammar(2, tools, 2, 1, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_EQ(trigger, nullptr);
+    std::string one = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
+    std::string two = one + "\n<tool_call>\n{\"name\": \"now \\\"quoted\\\"\", \"arguments\": {\"x\": [1]}}\n</tool_call>";
+    EXPECT_EQ(ft_gbnf_match(g, one.data(), one.size(), err, sizeof err), 1) << g;
+    EXPECT_EQ(ft_gbnf_match(g, two.data(), two.size(), err, sizeof err), 1) << g;
+    for (std::string bad : {std::string("<tool_call>\n{\"name\": \"get_wether\""), std::string("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": 3"),
+                            std::string("Sure! <tool_call>")})
+        EXPECT_EQ(ft_gbnf_match(g, bad.data(), bad.size(), err, sizeof err), -1) << bad;
+    free(g);
+    g = ft_tool_grammar(2, tools, 1, 0, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_STREQ(trigger, "<tool_call>");
+    std::string after = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\", \"days\": -1}}\n</tool_call>";
+    EXPECT_EQ(ft_gbnf_match(g, after.data(), after.size(), err, sizeof err), 1) << g;
+    free(g);
+    g = ft_tool_grammar(1, tools, 1, 0, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_STREQ(trigger, "{\"name\": ");
+    after = "\"get_weather\", \"parameters\": {\"city\": \"P\", \"days\": 2}}";
+    EXPECT_EQ(ft_gbnf_match(g, after.data(), after.size(), err, sizeof err), 1) << g;
+    free(g);
+    forge_tool bad = {sizeof(forge_tool), "f", nullptr, "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"ipv6\"}}}"};
+    EXPECT_EQ(ft_tool_grammar(2, &bad, 1, 1, &trigger, err, sizeof err), nullptr);
+    EXPECT_NE(std::string(err).find("tool 0 (f)"), std::string::npos) << err;
+    EXPECT_NE(std::string(err).find("ipv6"), std::string::npos) << err;
 }

@@ -923,3 +923,58 @@ TEST(Constrained, ClassifyChoices) {
     forge_session_free(g);
     forge_model_free(m);
 }
+
+/* forge_chat_tools on random weights with Llama 3.2's template: FORGE_CHAT_TOOL_REQUIRED makes the
+ * reply one call of a given tool whose arguments validate against its schema, and the reply parses
+ * back into that call; without the flags the reply is free text (parsed as content). */
+TEST(ToolCalls, RequiredCallsValidateOnRandomWeights) {
+    std::string dir = random_llama3();
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    std::string tmpl = slurp(ft::src("tests/fixtures/chat/llama3.2-instruct.jinja"));
+    ft_model_set_chat_template(m, tmpl.c_str());
+    forge_session *s = ft::session(m, 1024);
+    ASSERT_NE(s, nullptr);
+    std::string weather = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, "
+                          "\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\", \"unit\"], \"additionalProperties\": false}";
+    std::string clock = "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\", \"minimum\": -12, \"maximum\": 14}}, "
+                        "\"required\": [\"zone\"], \"additionalProperties\": false}";
+    forge_tool tools[2] = {{sizeof(forge_tool), "get_weather", "Weather in a city.", weather.c_str()},
+                           {sizeof(forge_tool), "get_time", nullptr, clock.c_str()}};
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
+    int complete = 0;
+    for (float temp : {0.0f, 1.2f}) {
+        for (uint64_t seed : {1u, 2u, 3u}) {
+            forge_generate_params p = forge_generate_default_params();
+            p.temperature = temp;
+            p.seed = seed;
+            p.max_tokens = 96;
+            forge_chat_reply r = ft::sized<forge_chat_reply>();
+            forge_metrics mt = ft::sized<forge_metrics>();
+            ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
+            std::string what = "T " + std::to_string(temp) + " seed " + std::to_string(seed) + ": " + std::string(r.text, r.text_len);
+            if (!mt.constraint_complete) {
+                EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what;
+                continue;
+            }
+            complete++;
+            ASSERT_EQ(r.n_tool_calls, 1) << what;
+            std::string name = r.tool_names[0];
+            ASSERT_TRUE(name == "get_weather" || name == "get_time") << what;
+            EXPECT_EQ(jc::validate(r.tool_arguments[0], name == "get_weather" ? weather : clock), "") << what << "\n" << r.tool_arguments[0];
+            EXPECT_EQ(r.content_len, 0u) << what;
+        }
+    }
+    EXPECT_GE(complete, 4) << complete << " of 6 runs made a whole call";
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 8;
+    forge_chat_reply r = ft::sized<forge_chat_reply>();
+    ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, 0, &p, &r, nullptr), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(r.n_tool_calls, 0);
+    forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_OBJECT, "");
+    p.constraint = &c;
+    EXPECT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_ARGUMENTS, &p, &r, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    forge_session_free(s);
+    forge_model_free(m);
+}
