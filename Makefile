@@ -137,14 +137,14 @@ clean:
 # fuzzes it for FUZZ_SECONDS from a copy of that corpus in the build tree. tests/fuzz/README.md
 # records the long runs.
 FUZZ_SECONDS ?= 30
-FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state discover chat train_data
+FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state discover chat train_data grammar schema tool_reply
 FUZZ_CC ?= clang
 fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 	@for f in $(FUZZERS); do \
 		echo "replaying tests/fuzz/corpus/$$f ($$(ls tests/fuzz/corpus/$$f | wc -l) inputs)"; \
 		$(BUILD)/fuzz_$$f tests/fuzz/corpus/$$f/* > $(BUILD)/fuzz_$$f.replay.log 2>&1 || { tail -n 40 $(BUILD)/fuzz_$$f.replay.log; exit 1; }; \
 		rm -rf $(BUILD)/corpus_$$f; mkdir -p $(BUILD)/corpus_$$f; cp tests/fuzz/corpus/$$f/* $(BUILD)/corpus_$$f/; \
-		case $$f in tokenize|chat) len=8192 ;; *) len=65536 ;; esac; \
+		case $$f in tokenize|chat|grammar|schema|tool_reply) len=8192 ;; *) len=65536 ;; esac; \
 		echo "fuzzing $$f for $(FUZZ_SECONDS) s"; \
 		$(BUILD)/fuzz_$$f -max_total_time=$(FUZZ_SECONDS) -max_len=$$len -artifact_prefix=$(BUILD)/ $(BUILD)/corpus_$$f \
 			> $(BUILD)/fuzz_$$f.log 2>&1 || { tail -n 40 $(BUILD)/fuzz_$$f.log; exit 1; }; tail -n 1 $(BUILD)/fuzz_$$f.log; \
@@ -152,10 +152,10 @@ fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 
 # `forge train`'s data reader lives in the CLI: its target includes tools/cli_train.c and links cli_common.c.
 $(BUILD)/fuzz_train_data: tests/fuzz/fuzz_train_data.c tests/fuzz/fuzz_common.h tools/cli_train.c tools/cli_common.c tools/cli.h \
-		tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
+		tests/internal.c tests/internal.h forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFORGE_TESTING \
 		-DFORGE_SOURCE_DIR='"$(CURDIR)"' -I. -I$(BUILD) -Itests tests/fuzz/fuzz_train_data.c tests/internal.c tools/cli_common.c $(LIBS) -o $@
 
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/internal.c tests/internal.h forge.c forge.h $(BUILD)/forge_kernels.h
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_common.h tests/internal.c tests/internal.h forge.c $(wildcard src/*.c) forge.h $(BUILD)/forge_kernels.h
 	$(FUZZ_CC) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DFORGE_TESTING \
 		-DFORGE_SOURCE_DIR='"$(CURDIR)"' -I. -I$(BUILD) -Itests tests/fuzz/fuzz_$*.c tests/internal.c $(LIBS) -o $@

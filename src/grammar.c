@@ -306,7 +306,7 @@ static bool forge__gb_emit_class(forge__gbuild *b, uint32_t rule, const forge__c
         }
         if (next <= 0x10FFFF) r[k++] = (forge__cprange){next, 0x10FFFF};
     } else {
-        memcpy(r, in, sizeof *r * n);
+        if (n) memcpy(r, in, sizeof *r * n); /* (an empty class: in may be NULL) */
         k = n;
     }
     /* without the surrogates: no UTF-8 string encodes them */
