@@ -42,6 +42,10 @@ TEST(Abi, VersionAndStructSizes) {
     EXPECT_EQ(forge_struct_size("forge_train_params"), sizeof(forge_train_params));
     EXPECT_EQ(forge_struct_size("forge_detok_stream"), sizeof(forge_detok_stream));
     EXPECT_EQ(forge_struct_size("forge_discovered_model"), sizeof(forge_discovered_model));
+    EXPECT_EQ(forge_struct_size("forge_constraint"), sizeof(forge_constraint));
+    EXPECT_EQ(forge_struct_size("forge_tool_call"), sizeof(forge_tool_call));
+    EXPECT_EQ(forge_struct_size("forge_tool"), sizeof(forge_tool));
+    EXPECT_EQ(forge_struct_size("forge_chat_reply"), sizeof(forge_chat_reply));
     EXPECT_EQ(forge_struct_size("forge_nothing"), 0u);
     EXPECT_EQ(forge_struct_size(nullptr), 0u);
 }

@@ -690,3 +690,21 @@ TEST(ChatTools, GrammarTakesTheToolsCalls) {
     EXPECT_NE(std::string(err).find("tool 0 (f)"), std::string::npos) << err;
     EXPECT_NE(std::string(err).find("ipv6"), std::string::npos) << err;
 }
+
+/* A caller built against the forge_chat_message before tool calls (struct_size up to content)
+ * renders as before: forge reads its array by that stride, the calls as none. */
+TEST(ChatTools, OlderChatMessageArraysRenderAsBefore) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model *q = vocab(data + "/qwen3");
+    ASSERT_NE(q, nullptr);
+    struct Old { uint32_t struct_size; const char *role, *content; };
+    Old old[2] = {{sizeof(Old), "user", "Hi"}, {sizeof(Old), "assistant", "Hello"}};
+    forge_chat_message now[2] = {{sizeof(forge_chat_message), "user", "Hi", nullptr, 0}, {sizeof(forge_chat_message), "assistant", "Hello", nullptr, 0}};
+    std::vector<char> a(4096), b(4096);
+    size_t la = 0, lb = 0;
+    ASSERT_EQ(forge_chat_render(q, reinterpret_cast<const forge_chat_message *>(old), 2, 0, a.data(), a.size(), &la), FORGE_OK) << forge_model_errmsg(q);
+    ASSERT_EQ(forge_chat_render(q, now, 2, 0, b.data(), b.size(), &lb), FORGE_OK);
+    EXPECT_EQ(std::string(a.data(), la), std::string(b.data(), lb));
+    forge_model_free(q);
+}

@@ -161,7 +161,7 @@ class StopReason(enum.IntEnum):
     """forge_stop_reason: why a generate or chat call stopped. An IntEnum (it compares equal to
     the C value, 5 for CALLBACK) whose str() is the name `forge run --json` prints as its
     "stop_reason" (docs/json.md): "none", "eos", "stop_token", "stop_string", "max_tokens",
-    "callback", "context", "cancelled"; `.name` is the member's ("CALLBACK")."""
+    "callback", "context", "cancelled", "constraint"; `.name` is the member's ("CALLBACK")."""
 
     NONE = 0
     EOS = 1          # the model produced one of its end tokens
@@ -171,6 +171,7 @@ class StopReason(enum.IntEnum):
     CALLBACK = 5     # the consumer stopped (broke out of the stream, closed it)
     CONTEXT = 6      # the session's context is full
     CANCELLED = 7
+    CONSTRAINT = 8   # the output matched the constraint whole, or no token could continue it
 
     def __str__(self) -> str:
         return {"TOKEN": "stop_token", "STRING": "stop_string"}.get(self.name, self.name.lower())

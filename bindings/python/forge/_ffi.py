@@ -194,6 +194,7 @@ class GenerateParams(Structure):
         ("on_token", token_fn),
         ("user_data", c_void_p),
         ("cancel", POINTER(c_int)),
+        ("constraint", c_void_p),  # const forge_constraint * (not exposed yet: always NULL)
     ]
 
 
@@ -213,6 +214,10 @@ class Metrics(Structure):
         ("prompt_cache_hits", c_uint64),
         ("stop_reason", c_int),
         ("context_slides", c_int),
+        ("constraint_complete", c_int),
+        ("forced_tokens", c_int),
+        ("constraint_masks", c_int),
+        ("constraint_ms", c_double),
     ]
 
 
@@ -232,7 +237,13 @@ class BatchResult(Structure):
 
 
 class ChatMessage(Structure):
-    _fields_ = [("struct_size", c_uint32), ("role", c_char_p), ("content", c_char_p)]
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("role", c_char_p),
+        ("content", c_char_p),
+        ("tool_calls", c_void_p),  # const forge_tool_call * (not exposed yet: always NULL)
+        ("n_tool_calls", c_int),
+    ]
 
 
 class ClassifyPrompt(Structure):

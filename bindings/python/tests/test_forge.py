@@ -223,7 +223,7 @@ def test_classification_names_its_token_id_as_the_cli_does(model):
 def test_stop_reason_prints_the_name_the_cli_json_prints(session):
     """str(StopReason) is forge run --json's "stop_reason" (docs/json.md), not the number; it stays
     an IntEnum, equal to the C value."""
-    names = ["none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled"]
+    names = ["none", "eos", "stop_token", "stop_string", "max_tokens", "callback", "context", "cancelled", "constraint"]
     assert [str(r) for r in forge.StopReason] == names
     assert f"{forge.StopReason.CALLBACK}" == "callback" and "%s" % forge.StopReason.EOS == "eos"
     assert forge.StopReason.CALLBACK == 5 and int(forge.StopReason.CALLBACK) == 5 and forge.StopReason(5) is forge.StopReason.CALLBACK
