@@ -33,6 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(buf, data, size);
     buf[size] = 0;
     forge_chat_message msgs[MAX_MESSAGES];
+    memset(msgs, 0, sizeof msgs); /* no tool calls */
     int n = 0;
     static const char *roles[] = {"system", "user", "assistant", "tool"};
     for (size_t i = 1; i < size && n < MAX_MESSAGES;) {

@@ -268,6 +268,7 @@ class ClassifyParams(Structure):
         ("logits", POINTER(c_float)),
         ("logits_capacity", c_size_t),
         ("cancel", POINTER(c_int)),
+        ("constraint", c_void_p),  # const forge_constraint * (not exposed yet: always NULL)
     ]
 
 
@@ -278,6 +279,7 @@ class ClassifyResult(Structure):
         ("n_tokens", c_int),
         ("text", POINTER(c_char)),
         ("text_len", c_size_t),
+        ("choice", c_int),
     ]
 
 
