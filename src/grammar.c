@@ -1144,7 +1144,7 @@ static int32_t forge__dfa_state(forge__gdfa *d, bool accept) {
         d->cap_ids = cap;
     }
     uint32_t id = d->n_states++;
-    memcpy(d->ids + d->n_ids, ids, 4 * n);
+    if (n) memcpy(d->ids + d->n_ids, ids, 4 * n); /* (a state of no items: ids may be NULL) */
     d->states[id] = (forge__gstate){(uint32_t)d->n_ids, (uint32_t)n, h, -1, -2, (uint8_t)accept, 0, 255, {0, 0, 0}};
     d->n_ids += n;
     memset(d->trans + 256ull * id, 0xff, 4 * 256);

@@ -1460,6 +1460,8 @@ out:
  * (a grammar of several schemas writes them once). */
 static forge_status forge__schema_rules(const char *schema, size_t len, const char *root, const char *prefix, bool prelude, forge__buf *out,
                                         forge__err *err) {
+    if (!forge__utf8_valid(schema, len)) /* its strings become grammar literals, which must be UTF-8 */
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "JSON Schema: not valid UTF-8");
     const char *endp = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(schema, len, &endp, 0);
     if (!doc) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "JSON Schema: not JSON (at byte %zu)", endp && endp >= schema ? (size_t)(endp - schema) : (size_t)0);
