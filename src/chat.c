@@ -1262,6 +1262,10 @@ static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t
     if (!name_len) return false;
     char *text = cJSON_PrintUnformatted(args);
     if (!text) return false;
+    if (!forge__utf8_valid(text, strlen(text)) || !forge__utf8_valid(name, name_len)) { /* broken text is no call */
+        free(text);
+        return false;
+    }
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 4;
         size_t(*nc)[2] = (size_t(*)[2])realloc(r->call, sizeof *nc * (size_t)cap);
