@@ -64,7 +64,13 @@ int main(int argc, char **argv) {
     std::vector<forge_chat_message> chat; // points into conversation: rebuilt after every change
     auto rebuild = [&] {
         chat.clear();
-        for (auto &[role, text] : conversation) chat.push_back({sizeof(forge_chat_message), role.c_str(), text.c_str()});
+        for (auto &[role, text] : conversation) {
+            forge_chat_message msg{}; // fields a newer forge.h adds (tool calls) stay zero
+            msg.struct_size = sizeof msg;
+            msg.role = role.c_str();
+            msg.content = text.c_str();
+            chat.push_back(msg);
+        }
     };
     rebuild();
     size_t need = 0;

@@ -44,8 +44,8 @@ int main(int argc, char **argv) {
 
     /* Chat: the whole conversation on every call, rendered in the model's own template; the
      * session's prompt cache prefills only the new turn. The bundled story model has no template. */
-    forge_chat_message chat[] = {{sizeof(forge_chat_message), "system", "You are a storyteller."},
-                                 {sizeof(forge_chat_message), "user", "Tell me a story about a cat."}};
+    forge_chat_message chat[] = {{.struct_size = sizeof(forge_chat_message), .role = "system", .content = "You are a storyteller."},
+                                 {.struct_size = sizeof(forge_chat_message), .role = "user", .content = "Tell me a story about a cat."}};
     size_t need;
     char probe[1];
     if (st == FORGE_OK && forge_chat_render(model, chat, 2, 0, probe, sizeof probe, &need) == FORGE_ERR_UNSUPPORTED) {

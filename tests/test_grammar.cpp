@@ -338,9 +338,10 @@ TEST(Schema, MaskAgreesWithEachToken) {
         ASSERT_EQ(forge_tokenize(m, c.second.c_str(), c.second.size(), FORGE_TOKENIZE_NO_PARSE_SPECIAL, toks.data(), toks.size(), &n), FORGE_OK);
         for (size_t i = 0; i < n; i++) {
             ASSERT_EQ(forge_grammar_mask(g, mask.data(), mask.size()), FORGE_OK);
-            if (i % 3 == 0)
+            if (i % 3 == 0) {
                 for (int t = 0; t < V; t++)
                     ASSERT_EQ((int)((mask[t / 32] >> (t % 32)) & 1), forge_grammar_allows(g, t)) << c.first << " step " << i << " token " << t;
+            }
             ASSERT_TRUE((mask[toks[i] / 32] >> (toks[i] % 32)) & 1) << c.first << " " << i;
             ASSERT_EQ(forge_grammar_accept(g, toks[i]), FORGE_OK) << i;
         }
@@ -632,7 +633,7 @@ static void check_run(forge_model *m, const forge_constraint *c, const std::stri
     if (r.mt.constraint_complete) {
         (*complete)++;
         EXPECT_TRUE(r.mt.stop_reason == FORGE_STOP_CONSTRAINT || r.mt.stop_reason == FORGE_STOP_EOS) << what << " " << r.mt.stop_reason;
-        if (!schema.empty()) EXPECT_EQ(jc::validate(r.text, schema), "") << what << "\n" << r.text;
+        if (!schema.empty()) { EXPECT_EQ(jc::validate(r.text, schema), "") << what << "\n" << r.text; }
     } else {
         EXPECT_EQ(r.mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what << "\n" << r.text;
     }
@@ -693,7 +694,7 @@ TEST(Constrained, StoryModelOutputsValidate) {
         GenRun q = generate(s, "1.", &gb, temp, 4, 150);
         ASSERT_EQ(q.st, FORGE_OK) << forge_session_errmsg(s);
         check_run(m, &gb, "", q, "chess", &dummy);
-        if (q.mt.constraint_complete) EXPECT_EQ(match(chess, q.text), 1) << q.text;
+        if (q.mt.constraint_complete) { EXPECT_EQ(match(chess, q.text), 1) << q.text; }
     }
     forge_session_free(s);
     forge_model_free(m);
@@ -788,7 +789,7 @@ TEST(Constrained, CandidatesDecideAsTheWholeRow) {
         count[ft_draw_constrained(l.data(), allowed.data(), V, 256, 1.0f, 0, 1.0f, 0.0f, rng, &used)]++;
     }
     for (int i = 0; i < V; i++)
-        if (allowed[i]) EXPECT_NEAR(count[i] / (double)N, std::exp(l[i]) / S, 0.015) << i;
+        if (allowed[i]) { EXPECT_NEAR(count[i] / (double)N, std::exp(l[i]) / S, 0.015) << i; }
 }
 
 /* Forced text is written without draws (and counted), sample_forced turns that off; a grammar
