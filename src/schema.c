@@ -830,13 +830,6 @@ static bool forge__sc_types(forge__sc *c, const cJSON *s, unsigned *types) {
     return true;
 }
 
-static bool forge__sc_num(const cJSON *s, const char *key, double *v) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, key);
-    if (!cJSON_IsNumber(x)) return false;
-    *v = x->valuedouble;
-    return true;
-}
-
 /* A non-negative integer keyword (minItems ...): -1 when absent; false on a bad value. */
 static bool forge__sc_count(forge__sc *c, const cJSON *s, const char *key, long *out) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(s, key);
