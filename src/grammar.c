@@ -412,6 +412,7 @@ static const char *forge__gb_char(forge__gbuild *b, const char *p, uint32_t *cp)
     return p + n;
 }
 
+/* recursion: a parenthesized group in a sequence holds alternates again */
 static const char *forge__gb_alternates(forge__gbuild *b, const char *p, uint32_t rule, int nest);
 
 /* A decimal count of a {m,n} repetition. */

@@ -384,6 +384,7 @@ static void forge__rx_emit_set(forge__buf *b, forge__rxset *s) {
     forge__buf_free(&cls);
 }
 
+/* recursion: a group of the pattern holds alternatives again */
 static bool forge__rx_alt(forge__rx *x, forge__buf *b);
 
 /* One atom (with its quantifier) into b. */
@@ -774,6 +775,7 @@ static cJSON *forge__sc_resolve(forge__sc *c, const char *ref) {
     return at;
 }
 
+/* recursion: a schema's properties, items and branches are schemas again */
 static void forge__sc_visit(forge__sc *c, const cJSON *s, const char *name);
 
 /* The rule for a subschema: a new rule (named from hint) holding it; written into out. */
@@ -904,6 +906,7 @@ static cJSON *forge__sc_own(forge__sc *c, cJSON *x) {
     return x;
 }
 
+/* recursion: merging two schemas merges their subschemas */
 static cJSON *forge__sc_merge(forge__sc *c, const cJSON *a, const cJSON *b, int depth);
 
 /* A schema with its $ref (if any) resolved, as an object (true: {}; false: NULL with an error). */
