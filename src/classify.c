@@ -111,6 +111,8 @@ static forge_status forge__classify_finish_choice(forge_session *s, const forge_
     gp.on_token = forge__classify_collect;
     gp.user_data = &out;
     forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    mt.struct_size = sizeof mt; /* forge__generate_tokens writes only what struct_size says */
     forge_status st = forge__generate_tokens(s, ids, n + 1, -1, &gp, &mt);
     if (!st && !out.oom) {
         bool ended = mt.stop_reason == FORGE_STOP_EOS || mt.stop_reason == FORGE_STOP_CONSTRAINT;
