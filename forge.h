@@ -701,7 +701,7 @@ typedef enum forge_stop_reason {
  * text that could begin a stop string held back until it is known not to (so it may be
  * empty). The text continues the prompt's (a word's leading space after the prompt is kept).
  * When generation ends for another reason, one last call with token -1 delivers what was held
- * back (its return value is not read). `text` is valid during the call only.
+ * back (its return value is not read). `text` is never NULL and is valid during the call only.
  * Return 0 to continue, non-zero to stop (as every forge callback): the stop takes effect
  * before the next token, leaves the session usable, and the stop reason is
  * FORGE_STOP_CALLBACK. */

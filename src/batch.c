@@ -260,7 +260,7 @@ static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, boo
     if (!tk || forge_detok_stream_next(m, &q->ds, tok, w->piece, sizeof w->piece, &plen) != FORGE_OK) plen = 0;
     bool found = false;
     size_t release = forge__stopper_push(&q->stop, w->piece, plen, &found);
-    if (q->p.on_token && q->p.on_token(q->p.user_data, tok, q->stop.buf, release)) {
+    if (q->p.on_token && q->p.on_token(q->p.user_data, tok, forge__stopper_text(&q->stop), release)) {
         forge__stopper_consume(&q->stop, release);
         q->mt.stop_reason = FORGE_STOP_CALLBACK;
         return false;
@@ -291,7 +291,7 @@ static void forge__batch_finish(forge_session *s, forge__bseq *q, forge_batch_re
             release = forge__stopper_push(&q->stop, w->piece, plen, &found);
         if (found) q->mt.stop_reason = FORGE_STOP_STRING;
         else release = q->stop.len;
-        if (release && q->p.on_token) q->p.on_token(q->p.user_data, -1, q->stop.buf, release);
+        if (release && q->p.on_token) q->p.on_token(q->p.user_data, -1, forge__stopper_text(&q->stop), release);
     }
     double t_end = forge__now_s();
     q->mt.decode_ms = q->mt.generated_tokens > 0 ? (t_end - q->t_first) * 1e3 : 0;

@@ -363,6 +363,10 @@ typedef struct forge__stopper {
     size_t len, cap;
 } forge__stopper;
 
+/* The held text as the callback receives it: never NULL, "" before any text arrived (a model
+ * without a tokenizer never has any). */
+static const char *forge__stopper_text(const forge__stopper *st) { return st->buf ? st->buf : ""; }
+
 /* Appends text; returns the number of leading bytes that may be released now, and whether a
  * stop string was found (then only the text before it is released). */
 static size_t forge__stopper_push(forge__stopper *st, const char *text, size_t n, bool *stopped) {
@@ -482,7 +486,7 @@ static bool forge__emit(forge_model *m, const forge_generate_params *p, forge__s
     if (!tk || forge_detok_stream_next(m, ds, tok, piece, piece_size, &plen) != FORGE_OK) plen = 0;
     bool found = false;
     size_t release = forge__stopper_push(stop, piece, plen, &found);
-    if (p->on_token && p->on_token(p->user_data, tok, stop->buf, release)) { /* non-zero: stop */
+    if (p->on_token && p->on_token(p->user_data, tok, forge__stopper_text(stop), release)) { /* non-zero: stop */
         forge__stopper_consume(stop, release);
         mt->stop_reason = FORGE_STOP_CALLBACK;
         return false;
@@ -643,7 +647,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
             release = forge__stopper_push(&stop, piece, plen, &found);
         if (found) mt.stop_reason = FORGE_STOP_STRING;
         else release = stop.len;
-        if (release && p.on_token) p.on_token(p.user_data, -1, stop.buf, release);
+        if (release && p.on_token) p.on_token(p.user_data, -1, forge__stopper_text(&stop), release);
     }
     double t_end = forge__now_s();
     mt.decode_ms = mt.generated_tokens > 0 ? (t_end - t_first) * 1e3 : 0;

@@ -451,7 +451,11 @@ TEST(Schema, PatternsMatchAsRegexesDo) {
         {"^(?:ab|cd){2}$", {"abcd", "abab", "ab", "abcdab"}},
     };
     for (auto &c : cases) {
-        std::string schema = "{\"type\":\"string\",\"pattern\":" + std::string(cJSON_PrintUnformatted(cJSON_CreateString(c.first.c_str()))) + "}";
+        cJSON *pattern = cJSON_CreateString(c.first.c_str());
+        char *pattern_json = cJSON_PrintUnformatted(pattern);
+        std::string schema = "{\"type\":\"string\",\"pattern\":" + std::string(pattern_json) + "}";
+        free(pattern_json);
+        cJSON_Delete(pattern);
         forge_status st;
         std::string err, g = schema_gbnf(schema, &st, &err);
         ASSERT_EQ(st, FORGE_OK) << schema << ": " << err;
