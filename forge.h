@@ -998,16 +998,22 @@ typedef struct forge_chat_reply {
     int n_tool_calls;
     const char *const *tool_names;       /* [n_tool_calls] each call's function name */
     const char *const *tool_arguments;   /* [n_tool_calls] each call's arguments: a JSON object, compact (Qwen 3.5's
-                                          * parameters: JSON where the value reads as JSON other than a string,
-                                          * True / False / None as true / false / null, else a string) */
+                                          * parameters: as the tool's schema types them (below); untyped, JSON where
+                                          * the value reads as JSON other than a string, True / False / None as
+                                          * true / false / null, else a string) */
 } forge_chat_reply;
 
 /* forge_chat with tools: renders with forge_chat_render_tools, generates (FORGE_CHAT_TOOL_ARGUMENTS,
  * FORGE_CHAT_TOOL_REQUIRED constrain the calls with a grammar of the tools' names and parameter
- * schemas, Llama 3.1+ and Qwen 3 only: Qwen 3.5 gives FORGE_ERR_UNSUPPORTED; params->constraint
- * must then be NULL), and parses the family's tool calls out of the reply into *reply (Qwen 3:
- * <tool_call>{"name", "arguments"}</tool_call> blocks; Qwen 3.5: <tool_call><function=NAME>
- * blocks; Llama 3: a reply that is a JSON {"name", "parameters"}, or several separated by ';').
+ * schemas; params->constraint must then be NULL), and parses the family's tool calls out of the
+ * reply into *reply (Qwen 3: <tool_call>{"name", "arguments"}</tool_call> blocks; Qwen 3.5:
+ * <tool_call><function=NAME> blocks; Llama 3: a reply that is a JSON {"name", "parameters"}, or
+ * several separated by ';'). Qwen 3.5 writes a string value raw and others as JSON: a value is
+ * read by its parameter's schema (type string, a string enum or const: the text; another type:
+ * JSON), and constrained so; a raw string is constrained by type, enum, const, minLength and
+ * maxLength only (pattern or format on one, or a parameter that may be a string or another
+ * type, is FORGE_ERR_UNSUPPORTED with those flags), a string has no "</", and the parameters
+ * come in the schema's order, the required ones always, no others.
  * A block that does not parse stays in the content. The text also streams through
  * params->on_token as forge_chat's does. reply may be NULL. */
 FORGE_API forge_status forge_chat_tools(forge_session *session, const forge_chat_message *messages, int n_messages,

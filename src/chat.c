@@ -1174,9 +1174,185 @@ static void forge__gbnf_lit(forge__buf *b, const char *text, size_t n) {
     }
 }
 
+/* ---- Qwen 3.5's calls: <function=NAME>\n(<parameter=P>\nVALUE\n</parameter>\n)*</function>.
+ * Its template writes a string value raw and any other value as JSON, so how a value is
+ * constrained and read back follows its parameter's schema. */
+typedef enum forge__xml_value {
+    FORGE__XML_ANY,     /* no type: raw text, read as JSON where it reads as JSON other than a string */
+    FORGE__XML_STRING,  /* type string: raw text without "</" (the parser ends a value at "</parameter>"), read as a string */
+    FORGE__XML_BOUNDED, /* ... with minLength / maxLength: one line of that many characters, no '<' */
+    FORGE__XML_CHOICE,  /* enum / const of strings: one of them, raw, read as a string */
+    FORGE__XML_JSON,    /* another type: JSON as the schema says, read as JSON */
+} forge__xml_value;
+
+/* The kind of parameter schema `prop` in parameters schema `root` (a "$ref" into its $defs or
+ * definitions followed to its target, *resolved); FORGE__XML_ANY with *why set when a raw
+ * value cannot be constrained as the schema says (*why names the keyword). */
+static forge__xml_value forge__xml_value_of(const cJSON *root, const cJSON *prop, const cJSON **resolved, const char **why) {
+    const cJSON *s = prop;
+    *why = NULL;
+    for (int hops = 0; hops < 8 && cJSON_IsObject(s); hops++) {
+        const cJSON *ref = cJSON_GetObjectItemCaseSensitive(s, "$ref");
+        if (!cJSON_IsString(ref)) break;
+        const char *r = ref->valuestring, *name = NULL;
+        const cJSON *defs = NULL;
+        if (!strncmp(r, "#/$defs/", 8)) defs = cJSON_GetObjectItemCaseSensitive(root, "$defs"), name = r + 8;
+        else if (!strncmp(r, "#/definitions/", 14)) defs = cJSON_GetObjectItemCaseSensitive(root, "definitions"), name = r + 14;
+        const cJSON *target = defs && !strchr(name, '/') ? cJSON_GetObjectItemCaseSensitive(defs, name) : NULL;
+        if (!target) break; /* the JSON Schema compiler says what is wrong with it */
+        s = target;
+    }
+    *resolved = s;
+    if (!cJSON_IsObject(s)) return cJSON_IsTrue(s) ? FORGE__XML_ANY : FORGE__XML_JSON;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(s, "type"), *t;
+    bool string = false, other = false, validates = false;
+    if (cJSON_IsString(type)) string = !strcmp(type->valuestring, "string"), other = !string;
+    else if (cJSON_IsArray(type))
+        cJSON_ArrayForEach(t, type) {
+            if (cJSON_IsString(t) && !strcmp(t->valuestring, "string")) string = true;
+            else other = true;
+        }
+    const cJSON *values = cJSON_GetObjectItemCaseSensitive(s, "enum"), *one = cJSON_GetObjectItemCaseSensitive(s, "const");
+    if (values || one) {
+        bool strings = false, others = false; /* among the values */
+        if (one) *(cJSON_IsString(one) ? &strings : &others) = true;
+        if (cJSON_IsArray(values))
+            cJSON_ArrayForEach(t, values) *(cJSON_IsString(t) ? &strings : &others) = true;
+        if (!others && !other) return FORGE__XML_CHOICE;
+        if (strings || string) { /* strings and other values: a raw "1" would read as 1 */
+            *why = one ? "const" : "enum";
+            return FORGE__XML_ANY;
+        }
+        return FORGE__XML_JSON;
+    }
+    if (string && other) { *why = "type"; return FORGE__XML_ANY; }
+    bool bounded = false;
+    for (const cJSON *k = s->child; k; k = k->next) {
+        if (!strcmp(k->string, "type") || forge__sc_is_annotation(k->string)) continue;
+        if (!strcmp(k->string, "minLength") || !strcmp(k->string, "maxLength")) bounded = true;
+        else if (string || !type) {
+            if (!string && strcmp(k->string, "pattern") && strcmp(k->string, "format")) { validates = true; continue; }
+            *why = k->string;
+            return FORGE__XML_ANY;
+        }
+    }
+    if (!type) return validates ? FORGE__XML_JSON : bounded ? FORGE__XML_BOUNDED : FORGE__XML_ANY;
+    if (string) return bounded ? FORGE__XML_BOUNDED : FORGE__XML_STRING;
+    return FORGE__XML_JSON;
+}
+
+/* Tool `t`'s rules for Qwen 3.5 (tK-params: its parameters in its schema's order, the required
+ * ones always, no others unless it names none) into out; the JSON rules' prelude is written. */
+static forge_status forge__tool_xml_rules(const forge_tool *tool, int t, forge__buf *out, forge__err *err) {
+    char rule[48];
+    snprintf(rule, sizeof rule, "t%d-params ::=", t);
+    if (!tool->parameters) {
+        forge__sc_printf(out, "%s xml-any-param*\n", rule);
+        return FORGE_OK;
+    }
+    cJSON *root = cJSON_ParseWithLength(tool->parameters, strlen(tool->parameters));
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(root, "properties"), *req = cJSON_GetObjectItemCaseSensitive(root, "required");
+    const cJSON *extra = cJSON_GetObjectItemCaseSensitive(root, "additionalProperties");
+    if (!cJSON_IsObject(root) || (props && !cJSON_IsObject(props))) {
+        cJSON_Delete(root);
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameters: not a JSON Schema of an object with properties", t, tool->name);
+    }
+    forge__buf params;
+    forge__buf_init(&params, NULL, 0);
+    forge__buf_put(&params, rule, strlen(rule));
+    forge_status st = FORGE_OK;
+    int j = 0;
+    for (const cJSON *p = props ? props->child : NULL; p && !st; p = p->next, j++) {
+        const cJSON *resolved;
+        const char *why;
+        forge__xml_value kind = forge__xml_value_of(root, p, &resolved, &why);
+        if (why) {
+            st = forge__fail(err, FORGE_ERR_UNSUPPORTED,
+                             "tool %d (%s): parameter %s: \"%s\": Qwen 3.5 writes strings raw, and forge constrains a raw string by its "
+                             "type string, enum, const, minLength and maxLength only",
+                             t, tool->name, p->string, why);
+            break;
+        }
+        bool required = false;
+        const cJSON *r;
+        cJSON_ArrayForEach(r, req) required |= cJSON_IsString(r) && !strcmp(r->valuestring, p->string);
+        forge__sc_printf(out, "t%d-p%d ::= \"<parameter=", t, j);
+        forge__gbnf_lit(out, p->string, strlen(p->string));
+        forge__sc_puts(out, ">\\n\" ");
+        if (kind == FORGE__XML_ANY || kind == FORGE__XML_STRING) forge__sc_puts(out, "xml-text");
+        else if (kind == FORGE__XML_BOUNDED) {
+            const cJSON *lo = cJSON_GetObjectItemCaseSensitive(resolved, "minLength"), *hi = cJSON_GetObjectItemCaseSensitive(resolved, "maxLength");
+            long l = cJSON_IsNumber(lo) && lo->valuedouble > 0 ? (long)lo->valuedouble : 0;
+            if (cJSON_IsNumber(hi) && hi->valuedouble < (double)l) {
+                st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameter %s: maxLength is below minLength", t, tool->name, p->string);
+                break;
+            }
+            if (cJSON_IsNumber(hi)) forge__sc_printf(out, "[^<\\n]{%ld,%ld}", l, (long)hi->valuedouble);
+            else forge__sc_printf(out, "[^<\\n]{%ld,}", l);
+        } else if (kind == FORGE__XML_CHOICE) {
+            const cJSON *one = cJSON_GetObjectItemCaseSensitive(resolved, "const"), *values = cJSON_GetObjectItemCaseSensitive(resolved, "enum"), *v;
+            int n = 0;
+            forge__sc_puts(out, "(");
+            if (one) {
+                forge__sc_puts(out, "\"");
+                forge__gbnf_lit(out, one->valuestring, strlen(one->valuestring));
+                forge__sc_puts(out, "\"");
+                n++;
+            } else
+                cJSON_ArrayForEach(v, values) {
+                    forge__sc_puts(out, n++ ? " | \"" : "\"");
+                    forge__gbnf_lit(out, v->valuestring, strlen(v->valuestring));
+                    forge__sc_puts(out, "\"");
+                }
+            if (!n) {
+                st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameter %s: an empty enum allows nothing", t, tool->name, p->string);
+                break;
+            }
+            forge__sc_puts(out, ")");
+        } else {
+            /* the JSON Schema compiler on the parameter's schema, with the document's $defs beside it */
+            cJSON *alone = cJSON_Duplicate(resolved, true);
+            const char *const keep[] = {"$defs", "definitions"};
+            for (int k = 0; k < 2 && cJSON_IsObject(alone); k++) {
+                const cJSON *d = cJSON_GetObjectItemCaseSensitive(root, keep[k]);
+                if (d && !cJSON_GetObjectItemCaseSensitive(alone, keep[k])) cJSON_AddItemToObject(alone, keep[k], cJSON_Duplicate(d, true));
+            }
+            char *text = alone ? cJSON_PrintUnformatted(alone) : NULL;
+            cJSON_Delete(alone);
+            char vrule[48], prefix[32];
+            snprintf(vrule, sizeof vrule, "t%d-p%d-v", t, j);
+            snprintf(prefix, sizeof prefix, "t%d-p%d-", t, j);
+            forge__sc_printf(out, "%s \"\\n</parameter>\\n\"\n", vrule);
+            if (!text) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            else if ((st = forge__schema_rules(text, strlen(text), vrule, prefix, false, out, err))) {
+                forge__err inner = *err;
+                forge__fail(err, st, "tool %d (%s): parameter %s: %s", t, tool->name, p->string, inner.msg);
+            }
+            free(text);
+            forge__sc_printf(&params, " t%d-p%d%s", t, j, required ? "" : "?");
+            continue;
+        }
+        forge__sc_puts(out, " \"\\n</parameter>\\n\"\n");
+        forge__sc_printf(&params, " t%d-p%d%s", t, j, required ? "" : "?");
+    }
+    if (!st && !j && !cJSON_IsFalse(extra)) forge__sc_puts(&params, " xml-any-param*");
+    else if (!st && !j) forge__sc_puts(&params, " \"\"");
+    forge__buf_put(&params, "\n", 1);
+    if (!st) forge__buf_put(out, params.p, params.n);
+    forge__buf_free(&params);
+    cJSON_Delete(root);
+    return st;
+}
+
+/* Qwen 3.5's raw-text values: no "</" (the parser ends a value at "</parameter>"); a parameter
+ * of a tool without parameters' schema: any name, raw text. */
+static const char forge__xml_prelude[] = "xml-text ::= ([^<] | \"<\"+ [^</])* \"<\"*\n"
+                                         "xml-any-param ::= \"<parameter=\" [^<>\\n]+ \">\\n\" xml-text \"\\n</parameter>\\n\"\n";
+
 /* The GBNF of a reply's tool calls (rule root) for Llama 3.1+ and Qwen 3: each tool's call
  * {"name": "NAME", "parameters" (Llama) / "arguments" (Qwen): ARGS} with ARGS its parameters'
- * JSON Schema (rules prefixed tK-; any JSON object without one). required: the whole reply
+ * JSON Schema (rules prefixed tK-; any JSON object without one); for Qwen 3.5 its
+ * <function=NAME> block (forge__tool_xml_rules) in the same <tool_call> frame. required: the whole reply
  * (Qwen 3: one or more <tool_call> blocks; Llama: one call, as its template renders one a
  * message); else what follows the trigger (*trigger: Qwen 3's "<tool_call>", Llama's
  * '{"name": '), up to the block's end. */
@@ -1184,11 +1360,25 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
                                         const char **trigger, forge__err *err) {
     forge__buf_init(out, NULL, 0);
     forge_status st = FORGE_OK;
+    const bool xml = tf == FORGE__TOOLS_QWEN35;
+    if (xml) {
+        forge__buf_put(out, forge__sc_prelude, strlen(forge__sc_prelude));
+        forge__buf_put(out, forge__xml_prelude, strlen(forge__xml_prelude));
+    }
     for (int t = 0; t < n_tools && !st; t++) {
+        if (xml) {
+            if (!tools[t].name || !*tools[t].name || strpbrk(tools[t].name, "<>\n"))
+                st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d %s", t, tools[t].name && *tools[t].name ? "has '<', '>' or a newline in its name" : "has no name");
+            else st = forge__tool_xml_rules(&tools[t], t, out, err);
+            continue;
+        }
         char root[32], prefix[16];
         snprintf(root, sizeof root, "t%d-args", t);
         snprintf(prefix, sizeof prefix, "t%d-", t);
-        if (!tools[t].name || !*tools[t].name) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", t);
+        if (!tools[t].name || !*tools[t].name) {
+            st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", t);
+            break;
+        }
         if (tools[t].parameters) st = forge__schema_rules(tools[t].parameters, strlen(tools[t].parameters), root, prefix, t == 0, out, err);
         else {
             if (t == 0) forge__buf_put(out, forge__sc_prelude, strlen(forge__sc_prelude));
@@ -1207,7 +1397,14 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
     const bool llama = tf == FORGE__TOOLS_LLAMA3;
     forge__buf calls;
     forge__buf_init(&calls, NULL, 0);
-    for (int t = 0; t < n_tools; t++) {
+    for (int t = 0; t < n_tools && xml; t++) { /* <function=NAME>\n PARAMS </function> */
+        forge__buf_put(&calls, t ? " | \"<function=" : "\"<function=", t ? 14 : 11);
+        forge__gbnf_lit(&calls, tools[t].name, strlen(tools[t].name));
+        char tail[40];
+        snprintf(tail, sizeof tail, ">\\n\" t%d-params \"</function>\"", t);
+        forge__buf_put(&calls, tail, strlen(tail));
+    }
+    for (int t = 0; t < n_tools && !xml; t++) {
         /* {"name": "NAME", "arguments": ARGS}: the name as JSON writes it, inside a GBNF literal */
         forge__sb name = {0};
         forge__sb_json_string(&name, tools[t].name);
@@ -1325,9 +1522,38 @@ static cJSON *forge__qwen35_value(const char *v, size_t n) {
     return str;
 }
 
+/* A Qwen 3.5 parameter's value as its schema says (forge__xml_value_of): a string kind's text as
+ * the string, JSON as JSON (a string too), else forge__qwen35_value's reading. `schema` is the
+ * tool's parameters (NULL: none known). */
+static cJSON *forge__qwen35_typed_value(const cJSON *schema, const char *param, const char *v, size_t n) {
+    const cJSON *prop = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(schema, "properties"), param), *resolved;
+    const char *why;
+    forge__xml_value kind = prop ? forge__xml_value_of(schema, prop, &resolved, &why) : FORGE__XML_ANY;
+    if (kind == FORGE__XML_ANY) return forge__qwen35_value(v, n);
+    const char *s = v;
+    size_t len = n;
+    if (len && s[0] == '\n') { s++; len--; }
+    if (len && s[len - 1] == '\n') len--;
+    if (kind == FORGE__XML_JSON) {
+        const char *e = NULL;
+        cJSON *j = len ? cJSON_ParseWithLengthOpts(s, len, &e, 0) : NULL;
+        if (j && e == s + len) return j;
+        cJSON_Delete(j);
+        return forge__qwen35_value(v, n);
+    }
+    char *copy = (char *)malloc(len + 1);
+    if (!copy) return NULL;
+    memcpy(copy, s, len);
+    copy[len] = 0;
+    cJSON *str = cJSON_CreateString(copy);
+    free(copy);
+    return str;
+}
+
 /* One Qwen 3.5 call, <function=NAME>\n(<parameter=P>\nVALUE\n</parameter>\n)*</function>, at
- * [p, end) (the inside of a <tool_call> block) into r; false when it is not one. */
-static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char *end) {
+ * [p, end) (the inside of a <tool_call> block) into r, its values read by the named tool's
+ * parameters' schema when tools[0 .. n_tools) has it; false when it is not one. */
+static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char *end, const forge_tool *tools, int n_tools) {
     const char *s = p;
     forge__json_ws(&s, end);
     if ((size_t)(end - s) < 10 || memcmp(s, "<function=", 10)) return false;
@@ -1337,6 +1563,10 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
     const char *name = s;
     size_t name_len = (size_t)(gt - s);
     s = gt + 1;
+    cJSON *schema = NULL;
+    for (int t = 0; t < n_tools && !schema; t++)
+        if (tools[t].name && tools[t].parameters && strlen(tools[t].name) == name_len && !memcmp(tools[t].name, name, name_len))
+            schema = cJSON_Parse(tools[t].parameters);
     cJSON *args = cJSON_CreateObject();
     bool ok = args != NULL;
     for (;;) {
@@ -1351,10 +1581,11 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
         const char *close = pgt ? forge__memmem(pgt + 1, (size_t)(end - pgt - 1), "</parameter>") : NULL;
         if (!close || memchr(s, 0, (size_t)(pgt - s))) { ok = false; break; }
         char *key = (char *)malloc((size_t)(pgt - s) + 1);
-        cJSON *v = forge__qwen35_value(pgt + 1, (size_t)(close - pgt - 1));
+        cJSON *v = NULL;
         if (key) {
             memcpy(key, s, (size_t)(pgt - s));
             key[pgt - s] = 0;
+            v = forge__qwen35_typed_value(schema, key, pgt + 1, (size_t)(close - pgt - 1));
         }
         if (!key || !v) ok = false;
         else {
@@ -1369,6 +1600,7 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
     forge__json_ws(&s, end);
     ok = ok && s == end && forge__tool_reply_add(r, name, name_len, args);
     cJSON_Delete(args);
+    cJSON_Delete(schema);
     return ok;
 }
 
@@ -1376,7 +1608,8 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
  * thinking (what precedes the last </think>, Qwen) and without the calls, trimmed; a block that
  * does not parse stays in the content. Llama 3.1+: the reply (after <|python_tag|>, if any) is
  * calls only, JSON objects separated by ';', or it is content. */
-static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, size_t n, forge__tool_reply *r) {
+static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, size_t n, const forge_tool *tools, int n_tools,
+                                            forge__tool_reply *r) {
     memset(r, 0, sizeof *r);
     forge__buf_init(&r->s, NULL, 0);
     forge__buf_put(&r->s, text, n);
@@ -1419,7 +1652,7 @@ static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, s
             const char *in_end = close ? close : end, *next = close ? close + 12 : end;
             size_t mark = r->s.n;
             int n0 = r->n;
-            bool ok = tf == FORGE__TOOLS_QWEN3 ? forge__tool_json_call(r, in, in_end, &in) : forge__tool_xml_call(r, in, in_end);
+            bool ok = tf == FORGE__TOOLS_QWEN3 ? forge__tool_json_call(r, in, in_end, &in) : forge__tool_xml_call(r, in, in_end, tools, n_tools);
             if (ok && tf == FORGE__TOOLS_QWEN3) { /* nothing but white space after the object */
                 forge__json_ws(&in, in_end);
                 if (in != in_end) {
@@ -1483,19 +1716,21 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED need tools");
     if (constrain && p.constraint)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED make the constraint: params->constraint must be NULL");
-    if (constrain && tf == FORGE__TOOLS_QWEN35)
-        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "Qwen 3.5's tool calls (<function=...> blocks) are parsed, not yet constrained");
     if (n_tools < 0 || (n_tools && !tools)) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "tools is NULL for n_tools %d", n_tools);
+    forge_tool *own = NULL; /* the tools at this build's stride: the grammar's, and the parser's types */
+    if (n_tools > 0) {
+        if ((rc = forge__check_sized(tools, "forge_tool", &s->err))) return rc;
+        if (!(own = (forge_tool *)forge__array_in(tools, n_tools, sizeof *own))) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
     forge__buf gbnf;
     forge__buf_init(&gbnf, NULL, 0);
     forge_constraint tc = {.struct_size = sizeof tc, .kind = FORGE_CONSTRAINT_GBNF};
     if (constrain) {
-        if ((rc = forge__check_sized(tools, "forge_tool", &s->err))) return rc;
-        forge_tool *own = (forge_tool *)forge__array_in(tools, n_tools, sizeof *own);
-        if (!own) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         rc = forge__tool_grammar(tf, own, n_tools, (flags & FORGE_CHAT_TOOL_REQUIRED) != 0, &gbnf, &tc.trigger, &s->err);
-        free(own);
-        if (rc) return rc;
+        if (rc) {
+            free(own);
+            return rc;
+        }
         tc.text = gbnf.p;
         tc.text_len = gbnf.n;
     }
@@ -1508,9 +1743,10 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
     forge__buf_free(&gbnf);
     forge__tool_reply r;
     if (!rc && sink.text.oom) rc = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (!rc && forge__parse_tool_reply(tf, sink.text.p ? sink.text.p : "", sink.text.n, &r))
+    if (!rc && forge__parse_tool_reply(tf, sink.text.p ? sink.text.p : "", sink.text.n, own, n_tools, &r))
         rc = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     forge__buf_free(&sink.text);
+    free(own);
     if (rc) return rc;
     /* the session keeps the strings until its next call: one block of pointers, one of text */
     const char **ptrs = (const char **)malloc(sizeof *ptrs * (2 * (size_t)r.n + 1));

@@ -892,9 +892,9 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
     return s;
 }
 
-char *ft_tool_reply(int format, const char *text, size_t n, int *n_calls, size_t *content_len) {
+char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, int *n_calls, size_t *content_len) {
     forge__tool_reply r;
-    if (forge__parse_tool_reply((forge__tools)format, text, n, &r)) return NULL;
+    if (forge__parse_tool_reply((forge__tools)format, text, n, tools, n_tools, &r)) return NULL;
     forge__buf o;
     forge__buf_init(&o, NULL, 0);
     forge__buf_put(&o, r.s.p + r.content_off, r.content_len);

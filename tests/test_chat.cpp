@@ -604,10 +604,10 @@ TEST(ChatTools, RefusalsNameTheFamilyAndTheFault) {
 
 namespace {
 /* ft_tool_reply split: the content, then (name, arguments) pairs. */
-std::vector<std::string> reply_parts(int format, const std::string &text) {
+std::vector<std::string> reply_parts(int format, const std::string &text, const forge_tool *tools = nullptr, int n_tools = 0) {
     int n = -1;
     size_t content = 0;
-    char *r = ft_tool_reply(format, text.data(), text.size(), &n, &content);
+    char *r = ft_tool_reply(format, text.data(), text.size(), tools, n_tools, &n, &content);
     std::vector<std::string> out;
     std::string s = r ? std::string(r, content + strlen(r + content)) : "";
     free(r);
@@ -689,6 +689,68 @@ TEST(ChatTools, GrammarTakesTheToolsCalls) {
     EXPECT_EQ(ft_tool_grammar(2, &bad, 1, 1, &trigger, err, sizeof err), nullptr);
     EXPECT_NE(std::string(err).find("tool 0 (f)"), std::string::npos) << err;
     EXPECT_NE(std::string(err).find("ipv6"), std::string::npos) << err;
+}
+
+/* Qwen 3.5's calls, whose template writes strings raw and other values as JSON: the grammar takes
+ * the blocks it writes (strings raw, enums as one of their strings, integers and objects as JSON,
+ * the required parameters, in the schema's order, no "</" in a raw string) and nothing else; the
+ * parser reads each value as its parameter's schema types it ("42" stays a string where the
+ * schema says string); what a raw string cannot be held to is refused, naming the keyword. */
+TEST(ChatTools, Qwen35CallsFollowTheSchemas) {
+    const char *schema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"a city\"}, "
+                         "\"zip\": {\"type\": \"string\", \"maxLength\": 5}, \"unit\": {\"$ref\": \"#/$defs/unit\"}, "
+                         "\"days\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 9}, \"opts\": {\"type\": \"object\", "
+                         "\"properties\": {\"hourly\": {\"type\": \"boolean\"}}, \"additionalProperties\": false}}, "
+                         "\"required\": [\"city\", \"days\"], \"$defs\": {\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}}";
+    forge_tool tools[] = {{sizeof(forge_tool), "get_weather", nullptr, schema}, {sizeof(forge_tool), "now", nullptr, nullptr}};
+    char err[512];
+    const char *trigger = nullptr;
+    char *g = ft_tool_grammar(3, tools, 2, 1, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_EQ(trigger, nullptr);
+    auto call = [](const std::string &params) {
+        return "<tool_call>\n<function=get_weather>\n" + params + "</function>\n</tool_call>";
+    };
+    auto param = [](const std::string &name, const std::string &value) { return "<parameter=" + name + ">\n" + value + "\n</parameter>\n"; };
+    std::string full = call(param("city", "New York\nNY <b>") + param("zip", "10001") + param("unit", "celsius") + param("days", "3") +
+                            param("opts", "{\"hourly\": true}"));
+    std::string two = call(param("city", "Paris") + param("days", "9")) + "\n<tool_call>\n<function=now>\n" + param("anything", "x") +
+                      "</function>\n</tool_call>";
+    for (const std::string &good : {full, two})
+        EXPECT_EQ(ft_gbnf_match(g, good.data(), good.size(), err, sizeof err), 1) << good << "\n" << g;
+    for (const std::string &bad : {call(param("days", "3")),                                     /* city is required */
+                                   call(param("days", "3") + param("city", "Paris")),            /* the schema's order */
+                                   call(param("city", "Paris") + param("days", "\"3\"")),         /* an integer as JSON */
+                                   call(param("city", "Paris") + param("days", "12")),            /* maximum 9 */
+                                   call(param("city", "a</b") + param("days", "1")),              /* no "</" in a raw string */
+                                   call(param("city", "Paris") + param("zip", "123456") + param("days", "1")),
+                                   call(param("city", "Paris") + param("unit", "kelvin") + param("days", "1")),
+                                   call(param("city", "Paris") + param("days", "1") + param("extra", "1")),
+                                   std::string("<tool_call>\n<function=get_wether>\n")})
+        EXPECT_EQ(ft_gbnf_match(g, bad.data(), bad.size(), err, sizeof err), -1) << bad;
+    free(g);
+    g = ft_tool_grammar(3, tools, 1, 0, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_STREQ(trigger, "<tool_call>");
+    std::string after = "<function=get_weather>\n" + param("city", "Rome") + param("days", "2") + "</function>\n</tool_call>";
+    EXPECT_EQ(ft_gbnf_match(g, after.data(), after.size(), err, sizeof err), 1) << g;
+    free(g);
+    /* read back by the schema: zip "01234" and city "42" stay strings, days and opts are JSON */
+    EXPECT_EQ(reply_parts(3, call(param("city", "42") + param("zip", "01234") + param("unit", "celsius") + param("days", "3") +
+                                  param("opts", "{\"hourly\": false}")),
+                          tools, 2),
+              (std::vector<std::string>{"", "get_weather", "{\"city\":\"42\",\"zip\":\"01234\",\"unit\":\"celsius\",\"days\":3,\"opts\":{\"hourly\":false}}"}));
+    EXPECT_EQ(reply_parts(3, call(param("city", "42") + param("days", "3"))), /* without the tools: as the value reads */
+              (std::vector<std::string>{"", "get_weather", "{\"city\":42,\"days\":3}"}));
+    for (auto refused : std::vector<std::pair<const char *, const char *>>{
+             {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"format\": \"date\"}}}", "\"format\""},
+             {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": \"string\", \"pattern\": \"^a\"}}}", "\"pattern\""},
+             {"{\"type\": \"object\", \"properties\": {\"d\": {\"type\": [\"string\", \"integer\"]}}}", "\"type\""},
+             {"{\"type\": \"object\", \"properties\": {\"d\": {\"enum\": [\"a\", 1]}}}", "\"enum\""}}) {
+        forge_tool t = {sizeof(forge_tool), "f", nullptr, refused.first};
+        EXPECT_EQ(ft_tool_grammar(3, &t, 1, 1, &trigger, err, sizeof err), nullptr) << refused.first;
+        EXPECT_NE(std::string(err).find("tool 0 (f): parameter d: " + std::string(refused.second)), std::string::npos) << err;
+    }
 }
 
 /* A caller built against the forge_chat_message before tool calls (struct_size up to content)

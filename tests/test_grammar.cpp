@@ -541,50 +541,53 @@ TEST(Grammar, TriggerLeavesTextFreeUntilIt) {
 
 namespace {
 
-/* A random-weight Llama checkpoint (hidden 32, one layer, f16) beside the real Llama 3
- * tokenizer: its logits are close to uniform, the hard case for constraints (garbage unless
- * constrained). Made once per process. */
-std::string random_llama3() {
-    static std::string dir = [] {
-        std::string data = ft::tok_data(), d = ft::tmpdir("grammar_llama3");
-        if (ft::sh("cp " + data + "/llama3/tokenizer.json " + data + "/llama3/tokenizer_config.json " + d + "/") != 0) return std::string();
-        const int V = 128256, H = 32, D = 16;
-        std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
-                          "\"num_key_value_heads\":1,\"intermediate_size\":64,\"vocab_size\":128256,\"max_position_embeddings\":2048,"
-                          "\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
-        ft::write_file(d + "/config.json", cfg.data(), cfg.size());
-        struct T { std::string name; std::vector<int64_t> shape; };
-        std::string p = "model.layers.0.";
-        std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {p + "input_layernorm.weight", {H}},
-                             {p + "post_attention_layernorm.weight", {H}}, {p + "self_attn.q_proj.weight", {2 * D, H}},
-                             {p + "self_attn.k_proj.weight", {D, H}}, {p + "self_attn.v_proj.weight", {D, H}},
-                             {p + "self_attn.o_proj.weight", {H, 2 * D}}, {p + "mlp.gate_proj.weight", {64, H}},
-                             {p + "mlp.up_proj.weight", {64, H}}, {p + "mlp.down_proj.weight", {H, 64}}};
-        std::string hdr = "{";
-        std::vector<uint8_t> body;
-        uint32_t seed = 11;
-        for (auto &t : ts) {
-            size_t n = 1;
-            for (auto x : t.shape) n *= (size_t)x;
-            std::vector<float> v = ft::randn(n, 0.5f, seed++);
-            std::vector<uint8_t> b(n * 2);
-            for (size_t i = 0; i < n; i++) {
-                uint16_t h = ft_f32_to_f16(v[i]);
-                memcpy(&b[2 * i], &h, 2);
-            }
-            hdr += (hdr.size() > 1 ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"F16\",\"shape\":[";
-            for (size_t i = 0; i < t.shape.size(); i++) hdr += (i ? "," : "") + std::to_string(t.shape[i]);
-            hdr += "],\"data_offsets\":[" + std::to_string(body.size()) + "," + std::to_string(body.size() + b.size()) + "]}";
-            body.insert(body.end(), b.begin(), b.end());
+/* A random-weight Llama checkpoint (hidden 32, one layer, f16) beside a real tokenizer
+ * (../shared/tokenizers' `family`, V its embedding rows): its logits are close to uniform, the
+ * hard case for constraints (garbage unless constrained). */
+std::string random_model(const std::string &family, int V) {
+    std::string data = ft::tok_data(), d = ft::tmpdir("grammar_" + family);
+    if (ft::sh("cp " + data + "/" + family + "/tokenizer.json " + data + "/" + family + "/tokenizer_config.json " + d + "/") != 0) return std::string();
+    const int H = 32, D = 16;
+    std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
+                      "\"num_key_value_heads\":1,\"intermediate_size\":64,\"vocab_size\":" + std::to_string(V) + ",\"max_position_embeddings\":2048,"
+                      "\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0,\"tie_word_embeddings\":true,\"torch_dtype\":\"float16\"}";
+    ft::write_file(d + "/config.json", cfg.data(), cfg.size());
+    struct T { std::string name; std::vector<int64_t> shape; };
+    std::string p = "model.layers.0.";
+    std::vector<T> ts = {{"model.embed_tokens.weight", {V, H}}, {"model.norm.weight", {H}}, {p + "input_layernorm.weight", {H}},
+                         {p + "post_attention_layernorm.weight", {H}}, {p + "self_attn.q_proj.weight", {2 * D, H}},
+                         {p + "self_attn.k_proj.weight", {D, H}}, {p + "self_attn.v_proj.weight", {D, H}},
+                         {p + "self_attn.o_proj.weight", {H, 2 * D}}, {p + "mlp.gate_proj.weight", {64, H}},
+                         {p + "mlp.up_proj.weight", {64, H}}, {p + "mlp.down_proj.weight", {H, 64}}};
+    std::string hdr = "{";
+    std::vector<uint8_t> body;
+    uint32_t seed = 11;
+    for (auto &t : ts) {
+        size_t n = 1;
+        for (auto x : t.shape) n *= (size_t)x;
+        std::vector<float> v = ft::randn(n, 0.5f, seed++);
+        std::vector<uint8_t> b(n * 2);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = ft_f32_to_f16(v[i]);
+            memcpy(&b[2 * i], &h, 2);
         }
-        hdr += "}";
-        std::vector<uint8_t> file;
-        for (int i = 0; i < 8; i++) file.push_back((uint8_t)((uint64_t)hdr.size() >> (8 * i)));
-        file.insert(file.end(), hdr.begin(), hdr.end());
-        file.insert(file.end(), body.begin(), body.end());
-        ft::write_file(d + "/model.safetensors", file.data(), file.size());
-        return d;
-    }();
+        hdr += (hdr.size() > 1 ? "," : "") + std::string("\"") + t.name + "\":{\"dtype\":\"F16\",\"shape\":[";
+        for (size_t i = 0; i < t.shape.size(); i++) hdr += (i ? "," : "") + std::to_string(t.shape[i]);
+        hdr += "],\"data_offsets\":[" + std::to_string(body.size()) + "," + std::to_string(body.size() + b.size()) + "]}";
+        body.insert(body.end(), b.begin(), b.end());
+    }
+    hdr += "}";
+    std::vector<uint8_t> file;
+    for (int i = 0; i < 8; i++) file.push_back((uint8_t)((uint64_t)hdr.size() >> (8 * i)));
+    file.insert(file.end(), hdr.begin(), hdr.end());
+    file.insert(file.end(), body.begin(), body.end());
+    ft::write_file(d + "/model.safetensors", file.data(), file.size());
+    return d;
+}
+
+/* The Llama 3 one, made once per process. */
+std::string random_llama3() {
+    static std::string dir = random_model("llama3", 128256);
     return dir;
 }
 
@@ -926,6 +929,56 @@ TEST(Constrained, ClassifyChoices) {
     EXPECT_EQ(res[0].choice, -1);
     forge_session_free(s);
     forge_session_free(g);
+    forge_model_free(m);
+}
+
+/* forge_chat_tools on random weights with Qwen 3.5's template (the Qwen 3 tokenizer, whose ChatML
+ * tokens 3.5 shares): FORGE_CHAT_TOOL_REQUIRED makes the reply <tool_call><function=...> blocks of
+ * the given tools whose values, read by the schemas (a raw string, an enum, JSON integers),
+ * validate against them. */
+TEST(ToolCalls, Qwen35RequiredCallsValidateOnRandomWeights) {
+    std::string dir = random_model("qwen3", 151936);
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    std::string tmpl = slurp(ft::src("tests/fixtures/chat/qwen3.5-0.8b.jinja"));
+    ft_model_set_chat_template(m, tmpl.c_str());
+    forge_session *s = ft::session(m, 2048);
+    ASSERT_NE(s, nullptr);
+    std::string weather = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, "
+                          "\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\", \"unit\"]}";
+    std::string clock = "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\", \"minimum\": -12, \"maximum\": 14}}, "
+                        "\"required\": [\"zone\"], \"additionalProperties\": false}";
+    forge_tool tools[2] = {{sizeof(forge_tool), "get_weather", "Weather in a city.", weather.c_str()},
+                           {sizeof(forge_tool), "get_time", nullptr, clock.c_str()}};
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
+    int complete = 0;
+    for (float temp : {0.0f, 1.2f}) {
+        for (uint64_t seed : {1u, 2u, 3u}) {
+            forge_generate_params p = forge_generate_default_params();
+            p.temperature = temp;
+            p.seed = seed;
+            p.max_tokens = 64;
+            forge_chat_reply r = ft::sized<forge_chat_reply>();
+            forge_metrics mt = ft::sized<forge_metrics>();
+            ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
+            std::string what = "T " + std::to_string(temp) + " seed " + std::to_string(seed) + ": " + std::string(r.text, r.text_len);
+            if (!mt.constraint_complete) {
+                EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what;
+                continue;
+            }
+            complete++;
+            ASSERT_GE(r.n_tool_calls, 1) << what;
+            for (int i = 0; i < r.n_tool_calls; i++) {
+                std::string name = r.tool_names[i];
+                ASSERT_TRUE(name == "get_weather" || name == "get_time") << what;
+                EXPECT_EQ(jc::validate(r.tool_arguments[i], name == "get_weather" ? weather : clock), "") << what << "\n" << r.tool_arguments[i];
+            }
+            EXPECT_EQ(r.content_len, 0u) << what;
+        }
+    }
+    EXPECT_GE(complete, 4) << complete << " of 6 runs made whole calls";
+    forge_session_free(s);
     forge_model_free(m);
 }
 

@@ -1,8 +1,9 @@
 /* libFuzzer target: the tool-call reply parser (forge_chat_tools reads a generated reply with
  * it). Input: byte 0 picks the format (Llama 3.1+'s JSON reply, Qwen 3's <tool_call> JSON
- * blocks, Qwen 3.5's <function=...> blocks); the rest is the reply (any bytes). Invariants: no
- * crash; every call has a non-empty name and arguments that are a JSON object (checked against
- * a GBNF of RFC 8259's objects); the content is no longer than the reply. */
+ * blocks, Qwen 3.5's <function=...> blocks, their values typed by typed_tools' schemas); the
+ * rest is the reply (any bytes). Invariants: no crash; every call has a non-empty name and
+ * arguments that are a JSON object (checked against a GBNF of RFC 8259's objects); the content
+ * is no longer than the reply. */
 #include "internal.h"
 #include "fuzz_common.h"
 
@@ -15,6 +16,14 @@ static const char object_gbnf[] =
     "str ::= \"\\\"\" ([^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}))* \"\\\"\"\n"
     "num ::= \"-\"? (\"0\" | [1-9] [0-9]*) (\".\" [0-9]+)? ([eE] [-+]? [0-9]+)?\n"
     "ws ::= [ \\t\\n\\r]*\n";
+
+/* Tools whose parameters' schemas type Qwen 3.5's values: f's a (string), b (integer), c (enum),
+ * d (a $ref to an object), e (anything); g has no schema. */
+static const forge_tool typed_tools[2] = {
+    {sizeof(forge_tool), "f", NULL,
+     "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\"}, \"b\": {\"type\": \"integer\"}, "
+     "\"c\": {\"enum\": [\"x\", \"y\"]}, \"d\": {\"$ref\": \"#/$defs/o\"}, \"e\": {}}, \"$defs\": {\"o\": {\"type\": \"object\"}}}"},
+    {sizeof(forge_tool), "g", NULL, NULL}};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
@@ -32,7 +41,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     int format = 1 + data[0] % 3, n = -1;
     size_t content = 0;
-    char *r = ft_tool_reply(format, (const char *)data + 1, size - 1, &n, &content);
+    char *r = ft_tool_reply(format, (const char *)data + 1, size - 1, typed_tools, 2, &n, &content);
     if (!r || n < 0) abort();
     if (content > size - 1) abort();
     char *p = n ? r + content : NULL;
