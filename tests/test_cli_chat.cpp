@@ -5,6 +5,7 @@
 // reply, and at the prompt ends the chat with 130. The model with a template is
 // tests/test_chat.cpp's random-weight Llama with the real Llama 3 tokenizer.
 #include "cli_process.h"
+#include "json_check.h"
 #include "tok_util.h"
 
 std::string chat_model(const std::string &family, const std::string &data); /* tests/test_chat.cpp */
@@ -161,6 +162,81 @@ TEST(CliChat, CtrlCStopsAReplyThenEndsAtThePrompt) {
         f.interrupt();
         EXPECT_EQ(f.wait_exit(60), 130) << f.stderr_text();
         EXPECT_EQ(f.stderr_text().find("forge:"), std::string::npos) << f.stderr_text();
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
+namespace {
+
+/* The Llama 3 chat model with Llama 3.2's template (tools rendered in the first user message),
+ * made once: a copy whose tokenizer_config.json carries tests/fixtures/chat/llama3.2-instruct.jinja. */
+const std::string &llama32_tools_model() {
+    static const std::string dir = [] {
+        const std::string &base = llama_chat_model();
+        if (base.empty()) return std::string();
+        std::string d = ft::tmpdir("cli_chat_llama32");
+        if (ft::sh("cp '" + base + "'/* '" + d + "'/") != 0) return std::string();
+        std::vector<uint8_t> cfg = ft::read_file(d + "/tokenizer_config.json"), tmpl = ft::read_file(ft::src("tests/fixtures/chat/llama3.2-instruct.jinja"));
+        cJSON *root = cJSON_ParseWithLength((const char *)cfg.data(), cfg.size());
+        if (!root) return std::string();
+        cJSON_DeleteItemFromObjectCaseSensitive(root, "chat_template");
+        cJSON_AddItemToObject(root, "chat_template", cJSON_CreateString(std::string(tmpl.begin(), tmpl.end()).c_str()));
+        char *text = cJSON_PrintUnformatted(root);
+        ft::write_file(d + "/tokenizer_config.json", text, strlen(text));
+        free(text);
+        cJSON_Delete(root);
+        return d;
+    }();
+    return dir;
+}
+
+const char weather_schema[] = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}}, "
+                              "\"required\": [\"city\"], \"additionalProperties\": false}";
+
+} // namespace
+
+/* forge chat --tools: a reply's calls are printed as [tool call NAME ARGUMENTS] (required: every
+ * reply is one, its arguments valid against the tool's schema), the next line is the call's
+ * result (the prompt names the function), after which the model answers again; a tools file
+ * that is no tools list, --tool-calls without --tools, and a family without a tool format are
+ * refused before any message. Random weights: only the shape of the exchange is checked. */
+TEST(CliChat, ToolCallsPrintAndTakeTheirResults) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string &model = llama32_tools_model();
+    ASSERT_FALSE(model.empty());
+    std::string d = ft::tmpdir("cli_chat_tools");
+    std::string tools = "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather in a city.\", "
+                        "\"parameters\": " + std::string(weather_schema) + "}}]";
+    ft::write_file(d + "/tools.json", tools.data(), tools.size());
+    {
+        Forge f(d, {"chat", model, "--tools", d + "/tools.json", "--tool-calls", "required", "-n", "48"});
+        for (const char *line : {"Weather in Paris?", "{\"celsius\": 21}", "/quit"}) f.write_line(line);
+        EXPECT_EQ(f.wait_exit(120), 0) << f.stderr_text();
+        std::string out = f.stdout_text();
+        EXPECT_EQ(f.stderr_text().find("forge:"), std::string::npos) << f.stderr_text();
+        /* two replies, each one call: the second came after the result line */
+        ASSERT_EQ(count(out, "[tool call get_weather "), 2u) << out;
+        size_t at = out.find("[tool call get_weather ") + 23, end = out.find("]\n", at);
+        ASSERT_NE(end, std::string::npos) << out;
+        EXPECT_EQ(jc::validate(out.substr(at, end - at), weather_schema), "") << out;
+    }
+    struct Refusal { std::vector<std::string> args; int status; std::string says; };
+    std::string bad = d + "/bad.json";
+    auto put = [](const std::string &path, const std::string &text) { ft::write_file(path, text.data(), text.size()); };
+    put(bad, "{\"name\": \"x\"}");
+    std::string nameless = d + "/nameless.json";
+    put(nameless, "[{\"type\": \"function\", \"function\": {\"description\": \"x\"}}]");
+    for (const Refusal &r : std::vector<Refusal>{
+             {{"chat", model, "--tools", bad}, 2, "forge chat: --tools: " + bad + " is not a JSON array of tools"},
+             {{"chat", model, "--tools", nameless}, 2, "forge chat: --tools: " + nameless + ": tool 1 has no \"name\"\n"},
+             {{"chat", model, "--tools", d + "/missing.json"}, 2, "forge chat: --tools: cannot read " + d + "/missing.json\n"},
+             {{"chat", model, "--tool-calls", "strict"}, 2, "--tool-calls goes with --tools FILE"},
+             {{"chat", model, "--tools", d + "/tools.json", "--tool-calls", "always"}, 2, "--tool-calls 'always': expected free, strict or required"},
+             {{"chat", llama_chat_model(), "--tools", d + "/tools.json"}, 1, "(FORGE_ERR_UNSUPPORTED)\n"}}) {
+        Forge f(d, r.args); /* stdin stays open: the refusal does not wait for a message */
+        EXPECT_EQ(f.wait_exit(60), r.status) << r.says << "\n" << f.stderr_text();
+        EXPECT_NE(f.stderr_text().find(r.says), std::string::npos) << f.stderr_text();
+        EXPECT_EQ(f.stdout_text(), "");
     }
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }

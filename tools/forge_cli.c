@@ -22,6 +22,7 @@ static const char usage_text[] =
             "  run [MODEL] [-p PROMPT | --tokens \"1 2 3\"] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
             "      [--min-p M] [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
             "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE] [--json]\n"
+            "      [--json-schema FILE | --grammar FILE | --json-object] [--trigger STR]\n"
             "                                   generate text, streamed to stdout (default model: FORGE_MODEL,\n"
             "                                   else the bundled stories260K; greedy unless --temp > 0;\n"
             "                                   -n default 256; the default --seed is fixed, 0: a sampled\n"
@@ -35,20 +36,30 @@ static const char usage_text[] =
             "                                   follows its tokens), --save-state saves the session\n"
             "                                   (prompt and generated text) after generating; Ctrl-C stops\n"
             "                                   at the next token, then prints and saves as any stop does\n"
-            "                                   (during the prompt: no state is saved)\n"
+            "                                   (during the prompt: no state is saved); --json-schema,\n"
+            "                                   --grammar (GBNF), --json-object: the text matches it (from\n"
+            "                                   after --trigger's text when given)\n"
             "  run [MODEL] --batch-file FILE [-n N] [--parallel K] [--json] [sampling options]\n"
             "                                   every line of FILE a text prompt (no -p or --tokens with it),\n"
             "                                   generated together (K at once, default min(lines, 16)); each\n"
             "                                   output labelled, or with --json one JSON object each; Ctrl-C\n"
             "                                   stops every sequence at its next token, then prints them\n"
             "  chat MODEL [--system S] [-n N] [--temp T] [--adapter DIR] [--ctx-overflow MODE] [--keep N] ...\n"
+            "      [--tools FILE.json [--tool-calls free|strict|required]]\n"
             "                                   interactive chat in the model's own template (a model with\n"
-            "                                   none is refused); sampling options as run's (the default\n"
-            "                                   --seed is fixed, 0), -n default 1024; --think / --no-think:\n"
-            "                                   the family's thinking switch (Gemma 4 / Qwen 3); Ctrl-C stops\n"
-            "                                   a reply; /help, /metrics, /reset, /quit (a message starting\n"
-            "                                   with / is sent as //...); a full context slides (shift by\n"
-            "                                   default), so a chat runs indefinitely\n"
+            "                                   none is refused); sampling and constraint options as run's\n"
+            "                                   (the default --seed is fixed, 0), -n default 1024; --think /\n"
+            "                                   --no-think: the family's thinking switch (Gemma 4 / Qwen 3);\n"
+            "                                   Ctrl-C stops a reply; /help, /metrics, /reset, /quit (a\n"
+            "                                   message starting with / is sent as //...); a full context\n"
+            "                                   slides (shift by default), so a chat runs indefinitely;\n"
+            "                                   --tools: the functions in FILE (transformers' tools list)\n"
+            "                                   are offered to the model (Llama 3.1+, Qwen 3, Qwen 3.5); a\n"
+            "                                   call in a reply prints as [tool call NAME ARGUMENTS], and the\n"
+            "                                   next lines are the calls' results, in order (prompt NAME>),\n"
+            "                                   then the model answers; --tool-calls strict: a call matches\n"
+            "                                   a tool's name and parameters' schema, required: every reply\n"
+            "                                   is calls, strict\n"
             "  devices [--json]                 list Vulkan devices, preferred first\n"
             "  info MODEL [--json]              architecture, shapes, device and memory plan\n"
             "  discover DIR [--json] [--depth N] [--follow-symlinks] [--quick]\n"
@@ -62,13 +73,14 @@ static const char usage_text[] =
             "                                   (post-RoPE, per KV head): the shape and the positions its cache\n"
             "                                   holds; --json: one JSON object with the values\n"
             "  classify MODEL (--stdin-json | PROMPT...) [--logits] [--temp T] [--top-k K] [--top-p P]\n"
-            "      [--min-p M] [--seed S] [--no-special] [--json]\n"
+            "      [--min-p M] [--seed S] [--no-special] [--json] [--choices \"a,b,c\"]\n"
             "                                   the next token of each prompt, in batched forward passes:\n"
             "                                   a JSON array of {\"id\", \"text\"[, \"logits\"]}; --stdin-json reads\n"
             "                                   a JSON array of strings or token-id arrays; greedy unless\n"
             "                                   --temp > 0 (the default --seed is fixed, 0); a prompt longer\n"
             "                                   than the model's context (or --ctx) is refused; Ctrl-C stops\n"
-            "                                   between batches, printing no results\n"
+            "                                   between batches, printing no results; --choices: each\n"
+            "                                   answer is one of the strings (its \"choice\" in the output)\n"
             "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile]\n"
             "                                   prefill and decode speed as one JSON object (--batch: also\n"
             "                                   the aggregate decode speed of B sequences generated together;\n"
@@ -1468,18 +1480,122 @@ static int chat_stream(void *user, int32_t token, const char *text, size_t len) 
     return 0;
 }
 
-/* The rendered probe conversation ([system,] user "Hi") with `flags`, malloc'd; NULL after the
- * library's message on stderr (no chat format: FORGE_ERR_UNSUPPORTED; a conversation the
- * template refuses: FORGE_ERR_INVALID_ARGUMENT). */
-static char *chat_probe(forge_model *m, const char *system_prompt, uint32_t flags) {
+/* --tools FILE: the functions of a JSON array, transformers' tools list ({"type": "function",
+ * "function": {"name", "description", "parameters"}}, or the bare function objects), as the
+ * library's forge_tool[] (n 0: no --tools). */
+typedef struct chat_tools {
+    forge_tool *tools;
+    int n;
+    char **parameters; /* [n] each tool's parameters printed compactly (malloc'd), or NULL */
+    cJSON *doc;        /* the file; names and descriptions point into it */
+} chat_tools;
+
+static void chat_tools_free(chat_tools *t) {
+    for (int i = 0; t->parameters && i < t->n; i++) free(t->parameters[i]);
+    free(t->parameters);
+    free(t->tools);
+    cJSON_Delete(t->doc);
+    memset(t, 0, sizeof *t);
+}
+
+/* Reads --tools FILE into t: 0, or 2 after saying on stderr what is wrong with the file. */
+static int chat_tools_read(const char *path, chat_tools *t) {
+    memset(t, 0, sizeof *t);
+    size_t len = 0;
+    char *text = forge_cli_read_file(path, &len);
+    if (!text) {
+        fprintf(stderr, "forge chat: --tools: cannot read %s\n", path);
+        return 2;
+    }
+    t->doc = cJSON_ParseWithLength(text, len);
+    free(text);
+    int n = cJSON_IsArray(t->doc) ? cJSON_GetArraySize(t->doc) : 0;
+    if (!n) {
+        fprintf(stderr, "forge chat: --tools: %s is not a JSON array of tools ([{\"type\": \"function\", \"function\": {\"name\", "
+                        "\"description\", \"parameters\"}}, ...])\n", path);
+        chat_tools_free(t);
+        return 2;
+    }
+    t->tools = calloc((size_t)n, sizeof *t->tools);
+    t->parameters = calloc((size_t)n, sizeof *t->parameters);
+    if (!t->tools || !t->parameters) {
+        fprintf(stderr, "forge chat: out of host memory\n");
+        chat_tools_free(t);
+        return 2;
+    }
+    const cJSON *item;
+    cJSON_ArrayForEach(item, t->doc) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(item, "function"), *type = cJSON_GetObjectItemCaseSensitive(item, "type");
+        if (!fn) fn = item;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name"), *desc = cJSON_GetObjectItemCaseSensitive(fn, "description"),
+                    *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
+        const char *why = !cJSON_IsObject(fn)                                        ? "is not a JSON object"
+                          : type && !(cJSON_IsString(type) && !strcmp(type->valuestring, "function")) ? "has a \"type\" other than \"function\""
+                          : !cJSON_IsString(name) || !*name->valuestring              ? "has no \"name\""
+                          : desc && !cJSON_IsString(desc)                             ? "has a \"description\" that is not a string"
+                          : params && !cJSON_IsObject(params)                         ? "has \"parameters\" that are not a JSON object (a JSON Schema)"
+                                                                                      : NULL;
+        if (why) {
+            fprintf(stderr, "forge chat: --tools: %s: tool %d %s\n", path, t->n + 1, why);
+            chat_tools_free(t);
+            return 2;
+        }
+        if (params && !(t->parameters[t->n] = cJSON_PrintUnformatted(params))) {
+            fprintf(stderr, "forge chat: out of host memory\n");
+            chat_tools_free(t);
+            return 2;
+        }
+        t->tools[t->n] = (forge_tool){.struct_size = sizeof(forge_tool), .name = name->valuestring,
+                                      .description = desc ? desc->valuestring : NULL, .parameters = t->parameters[t->n]};
+        t->n++;
+    }
+    return 0;
+}
+
+/* What the conversation owns of one message: its text and, for an assistant's tool calls, one
+ * block holding the calls and their strings. */
+typedef struct chat_owned {
+    char *content;
+    forge_tool_call *calls;
+} chat_owned;
+
+static void chat_owned_free(chat_owned *o) {
+    free(o->content);
+    free(o->calls);
+    o->content = NULL;
+    o->calls = NULL;
+}
+
+/* A copy of a parsed reply's tool calls (the reply's strings are the session's until its next
+ * call): one malloc'd block, the calls first, then their names and arguments. */
+static forge_tool_call *chat_copy_calls(const forge_chat_reply *r) {
+    size_t bytes = sizeof(forge_tool_call) * (size_t)r->n_tool_calls;
+    for (int i = 0; i < r->n_tool_calls; i++) bytes += strlen(r->tool_names[i]) + strlen(r->tool_arguments[i]) + 2;
+    forge_tool_call *calls = malloc(bytes);
+    if (!calls) return NULL;
+    char *p = (char *)(calls + r->n_tool_calls);
+    for (int i = 0; i < r->n_tool_calls; i++) {
+        size_t nl = strlen(r->tool_names[i]) + 1, al = strlen(r->tool_arguments[i]) + 1;
+        calls[i] = (forge_tool_call){.struct_size = sizeof(forge_tool_call), .name = memcpy(p, r->tool_names[i], nl),
+                                     .arguments = memcpy(p + nl, r->tool_arguments[i], al)};
+        p += nl + al;
+    }
+    return calls;
+}
+
+/* The rendered probe conversation ([system,] user "Hi") with `flags` and the tools, malloc'd;
+ * NULL after the library's message on stderr (no chat format, or tools the family's format
+ * lacks: FORGE_ERR_UNSUPPORTED; a conversation the template refuses, a tool it cannot render:
+ * FORGE_ERR_INVALID_ARGUMENT). */
+static char *chat_probe(forge_model *m, const char *system_prompt, uint32_t flags, const chat_tools *tools) {
     forge_chat_message probe[2];
     int n = 0;
     if (system_prompt) probe[n++] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "system", .content = system_prompt};
     probe[n++] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "user", .content = "Hi"};
     size_t len = 0;
-    forge_status st = forge_chat_render(m, probe, n, flags, NULL, 0, &len);
+    forge_status st = forge_chat_render_tools(m, probe, n, tools->tools, tools->n, flags, NULL, 0, &len);
     char *out = st == FORGE_ERR_BUFFER_TOO_SMALL ? malloc(len + 1) : NULL;
-    if (out) st = forge_chat_render(m, probe, n, flags, out, len + 1, &len);
+    if (out) st = forge_chat_render_tools(m, probe, n, tools->tools, tools->n, flags, out, len + 1, &len);
     if (st != FORGE_OK) {
         if (st == FORGE_ERR_BUFFER_TOO_SMALL) st = FORGE_ERR_OUT_OF_MEMORY;
         fprintf(stderr, "forge: %s (%s)\n", st == FORGE_ERR_OUT_OF_MEMORY ? "out of host memory" : forge_model_errmsg(m),
@@ -1496,7 +1612,7 @@ static const char chat_help[] = "commands: /help (this list), /metrics (the last
                                 "starts with /, double the /: //etc/hosts sends /etc/hosts)\n";
 
 /* A line starting with one '/' (not "//", a message): runs the command; 1 to end the chat. */
-static int chat_command(char *line, const forge_metrics *last, int *n, int first, char **owned, const char *system_prompt) {
+static int chat_command(char *line, const forge_metrics *last, int *n, int first, chat_owned *owned, const char *system_prompt) {
     size_t len = strlen(line);
     while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) line[--len] = 0;
     size_t word = strcspn(line, " \t");
@@ -1515,13 +1631,23 @@ static int chat_command(char *line, const forge_metrics *last, int *n, int first
         print_metrics(last);
     } else {
         int dropped = *n - first;
-        for (int i = first; i < *n; i++) free(owned[i]);
+        for (int i = first; i < *n; i++) chat_owned_free(&owned[i]);
         *n = first;
         printf("[reset: %d message%s forgotten%s; the next message starts a new conversation]\n", dropped, dropped == 1 ? "" : "s",
                system_prompt ? ", the system prompt kept" : "");
     }
     fflush(stdout);
     return 0;
+}
+
+/* The tool results the last reply's calls still wait for: the assistant message msgs[n - 1 -
+ * (results given)] made them. 0 when the last message is not an unanswered call. */
+static int chat_pending_results(const forge_chat_message *msgs, int n, int first) {
+    int given = 0;
+    while (n - 1 - given >= first && !strcmp(msgs[n - 1 - given].role, "tool")) given++;
+    int at = n - 1 - given;
+    if (at < first || strcmp(msgs[at].role, "assistant")) return 0;
+    return msgs[at].n_tool_calls > given ? msgs[at].n_tool_calls - given : 0;
 }
 
 /* forge chat, the constraint options already taken (con). */
@@ -1537,12 +1663,14 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
     forge_session_params sp = forge_session_default_params();
     sp.overflow = FORGE_OVERFLOW_SHIFT; /* a chat runs indefinitely: a full context slides */
     if (take_overflow("chat", &argc, argv, &sp)) return 2;
-    const char *path = NULL, *system_prompt = NULL, *think_flag = NULL;
-    uint32_t flags = 0;
-    static const char *const values[] = {"--system", NULL};
+    const char *path = NULL, *system_prompt = NULL, *think_flag = NULL, *tools_path = NULL, *tool_calls = NULL;
+    uint32_t flags = 0, tool_flags = 0;
+    static const char *const values[] = {"--system", "--tools", "--tool-calls", NULL};
     for (int i = 0; i < argc; i++) {
         if (forge_cli_needs_value("chat", argv[i], i + 1 < argc, values)) return 2;
         if (!strcmp(argv[i], "--system") && i + 1 < argc) system_prompt = argv[++i];
+        else if (!strcmp(argv[i], "--tools") && i + 1 < argc) tools_path = argv[++i];
+        else if (!strcmp(argv[i], "--tool-calls") && i + 1 < argc) tool_calls = argv[++i];
         else if (!strcmp(argv[i], "--no-think") || !strcmp(argv[i], "--think")) {
             flags |= argv[i][2] == 'n' ? FORGE_CHAT_THINKING_OFF : FORGE_CHAT_THINKING_ON; /* Qwen 3's default is on, Gemma 4's off */
             think_flag = argv[i];
@@ -1552,19 +1680,37 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
     }
     if ((flags & FORGE_CHAT_THINKING_ON) && (flags & FORGE_CHAT_THINKING_OFF))
         return verb_usage_error("chat", "--think and --no-think contradict each other");
+    if (tool_calls) {
+        if (!strcmp(tool_calls, "strict")) tool_flags = FORGE_CHAT_TOOL_ARGUMENTS;
+        else if (!strcmp(tool_calls, "required")) tool_flags = FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED;
+        else if (strcmp(tool_calls, "free")) {
+            fprintf(stderr, "forge chat: --tool-calls '%s': expected free, strict or required\n", tool_calls);
+            return 2;
+        }
+        if (!tools_path) return verb_usage_error("chat", "--tool-calls goes with --tools FILE");
+        if (tool_flags && gp.constraint)
+            return verb_usage_error("chat", "--tool-calls strict or required constrains the calls itself: no --json-schema, --grammar or --json-object with it");
+    }
     if (!path) path = forge_cli_env_model();
     if (!path) return verb_usage_error("chat", no_model);
+    chat_tools tools = {0};
+    if (tools_path && chat_tools_read(tools_path, &tools)) return 2;
     forge_model *m = forge_cli_load(path, &o);
-    if (!m) return 1;
+    if (!m) {
+        chat_tools_free(&tools);
+        return 1;
+    }
     /* Refused at start-up what every message would fail on: no chat format (the story model),
-     * a system message the template rejects (Gemma 2). */
-    char *probe = chat_probe(m, system_prompt, flags);
+     * a system message the template rejects (Gemma 2), tools the family's format lacks. */
+    char *probe = chat_probe(m, system_prompt, flags, &tools);
     if (!probe) {
+        chat_tools_free(&tools);
         forge_model_free(m);
         return 1;
     }
     if (think_flag) { /* a family with a thinking switch renders its two settings differently */
-        char *on = chat_probe(m, system_prompt, FORGE_CHAT_THINKING_ON), *off = on ? chat_probe(m, system_prompt, FORGE_CHAT_THINKING_OFF) : NULL;
+        char *on = chat_probe(m, system_prompt, FORGE_CHAT_THINKING_ON, &tools),
+             *off = on ? chat_probe(m, system_prompt, FORGE_CHAT_THINKING_OFF, &tools) : NULL;
         if (on && off && !strcmp(on, off))
             fprintf(stderr, "forge chat: %s is ignored: this model's chat format has no thinking switch (Qwen 3 and Gemma 4 have one)\n",
                     think_flag);
@@ -1577,22 +1723,24 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
     forge_session *s = NULL;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+        chat_tools_free(&tools);
         forge_model_free(m);
         return 1;
     }
     int cap = 64, n = 0;
     forge_chat_message *msgs = malloc(sizeof *msgs * (size_t)cap);
-    char **owned = malloc(sizeof *owned * (size_t)cap); /* our copies of the contents */
+    chat_owned *owned = calloc((size_t)cap, sizeof *owned); /* our copies of the contents and calls */
     if (!msgs || !owned) {
         fprintf(stderr, "forge: out of host memory\n");
         free(msgs);
         free(owned);
+        chat_tools_free(&tools);
         forge_session_free(s);
         forge_model_free(m);
         return 1;
     }
-    if (system_prompt) { msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "system", .content = system_prompt}; owned[n++] = NULL; }
-    int first = n;
+    if (system_prompt) { msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "system", .content = system_prompt}; n++; }
+    int first = n, turn = n; /* turn: where the messages since the last reply start */
     int interactive = isatty(0);
     forge_metrics last = {.struct_size = sizeof last};
     char line[8192];
@@ -1600,59 +1748,79 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
     gp.cancel = forge_cli_cancel_flag();
     forge_cli_catch_sigint(NULL, 1); /* at the prompt, Ctrl-C interrupts the read (EINTR) */
     for (;;) {
-        if (interactive) { printf("> "); fflush(stdout); }
+        int pending = chat_pending_results(msgs, n, first); /* the next line is a tool's result */
+        if (interactive) {
+            if (pending) printf("%s> ", msgs[turn - 1].tool_calls[msgs[turn - 1].n_tool_calls - pending].name);
+            else printf("> ");
+            fflush(stdout);
+        }
         if (forge_cli_interrupted() || !fgets(line, sizeof line, stdin)) break;
         size_t ll = strlen(line);
         while (ll && (line[ll - 1] == '\n' || line[ll - 1] == '\r')) line[--ll] = 0;
         if (line[0] == '/' && line[1] != '/') {
             if (chat_command(line, &last, &n, first, owned, system_prompt)) break;
+            if (n == first) turn = n;
             continue;
         }
         if (!ll) continue;
         if (n + 2 > cap) {
             forge_chat_message *mm = realloc(msgs, sizeof *msgs * (size_t)cap * 2);
             if (mm) msgs = mm;
-            char **oo = mm ? realloc(owned, sizeof *owned * (size_t)cap * 2) : NULL;
-            if (oo) owned = oo;
+            chat_owned *oo = mm ? realloc(owned, sizeof *owned * (size_t)cap * 2) : NULL;
+            if (oo) {
+                owned = oo;
+                memset(owned + cap, 0, sizeof *owned * (size_t)cap);
+            }
             if (!mm || !oo) { fprintf(stderr, "forge: out of host memory\n"); rc = 1; break; }
             cap *= 2;
         }
-        owned[n] = strdup(line + (line[0] == '/')); /* "//x" sends "/x" */
-        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "user", .content = owned[n]};
+        owned[n].content = strdup(line + (line[0] == '/')); /* "//x" sends "/x" */
+        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = pending ? "tool" : "user", .content = owned[n].content};
         n++;
+        if (pending > 1) continue; /* every call's result first */
         chat_reply reply = {0};
         gp.on_token = chat_stream;
         gp.user_data = &reply;
-        forge_status st = forge_chat(s, msgs, n, flags, &gp, &last);
+        forge_chat_reply parsed = {.struct_size = sizeof parsed};
+        forge_status st = tools.n ? forge_chat_tools(s, msgs, n, tools.tools, tools.n, flags | tool_flags, &gp, &parsed, &last)
+                                  : forge_chat(s, msgs, n, flags, &gp, &last);
         printf("\n");
-        fflush(stdout);
+        forge_tool_call *calls = NULL;
+        if (st == FORGE_OK && !reply.failed && parsed.n_tool_calls && !(calls = chat_copy_calls(&parsed))) reply.failed = 1;
         if (st == FORGE_OK && reply.failed) st = FORGE_ERR_OUT_OF_MEMORY;
         if (st != FORGE_OK) {
             fprintf(stderr, "forge: %s (%s)\n", reply.failed ? "out of host memory keeping the reply" : forge_session_errmsg(s),
                     forge_status_name(st));
-            free(owned[--n]);
+            while (n > turn) chat_owned_free(&owned[--n]); /* the message, or the tool results, again */
             free(reply.text);
             rc = 1;
             if (!interactive) break;
             if (forge_cli_interrupted()) forge_cli_catch_sigint(NULL, 1);
             continue;
         }
+        for (int i = 0; i < parsed.n_tool_calls; i++) printf("[tool call %s %s]\n", calls[i].name, calls[i].arguments);
+        fflush(stdout);
         if (forge_cli_interrupted()) {
             fprintf(stderr, "[stopped]\n");
             forge_cli_catch_sigint(NULL, 1); /* the next Ctrl-C: the next reply, or the prompt */
         }
-        owned[n] = reply.text ? reply.text : strdup("");
-        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "assistant", .content = owned[n]};
-        n++;
+        /* the history keeps a reply with calls as its template writes one: the content and the calls */
+        owned[n].content = calls ? strdup(parsed.content) : reply.text ? reply.text : strdup("");
+        if (calls) free(reply.text);
+        owned[n].calls = calls;
+        msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = "assistant", .content = owned[n].content,
+                                       .tool_calls = calls, .n_tool_calls = parsed.n_tool_calls};
+        turn = ++n;
     }
     if (forge_cli_interrupted()) {
         if (interactive) printf("\n");
         rc = 130;
     }
     forge_cli_release_sigint();
-    for (int i = first; i < n; i++) free(owned[i]);
+    for (int i = first; i < n; i++) chat_owned_free(&owned[i]);
     free(owned);
     free(msgs);
+    chat_tools_free(&tools);
     forge_session_free(s);
     forge_model_free(m);
     return rc;
