@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import enum
+import json
 import os
 import queue
 import threading
@@ -38,7 +39,7 @@ __all__ = [
     "Model", "Session", "TokenStream", "Token", "Status", "StopReason", "Error",
     "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError", "ModelError", "DeviceError",
     "OutOfMemoryError", "LimitError", "BufferTooSmallError", "CancelledError", "LibraryNotFoundError",
-    "ModelInfo", "MemoryStats", "SpecialTokens", "Metrics", "Classification", "Completion", "Device",
+    "ModelInfo", "MemoryStats", "SpecialTokens", "Metrics", "Classification", "Completion", "ToolCall", "Device",
     "devices", "library_version", "Trainer", "TrainStats",
 ]
 
@@ -258,7 +259,9 @@ class SpecialTokens:
 
 @dataclass(frozen=True)
 class Metrics:
-    """forge_metrics: the numbers of one generate, chat or batch item."""
+    """forge_metrics: the numbers of one generate, chat or batch item. The constraint_* fields
+    and forced_tokens count only with a constraint (grammar=, json_schema=, json_object=,
+    choices=, or a chat's tool_choice="required" / strict=True)."""
 
     prompt_tokens: int
     cached_tokens: int
@@ -273,6 +276,10 @@ class Metrics:
     prompt_cache_hits: int
     stop_reason: StopReason
     context_slides: int
+    constraint_complete: bool  # the output matches the constraint whole (or ended outside a triggered span)
+    forced_tokens: int         # generated tokens the constraint forced (written, not sampled)
+    constraint_masks: int      # steps whose candidates could not decide: the whole mask was computed
+    constraint_ms: float       # host time spent on the constraint: compiling, checks, masks, forced text
 
 
 @dataclass(frozen=True)
@@ -280,12 +287,15 @@ class Classification:
     """One prompt's result from Session.classify: `id`, the token drawn after its last token
     (the argmax at temperature 0; "id" in `forge classify`'s JSON), that token's `text` as it
     continues the prompt, the prompt's token count and, when asked for, the logits after its
-    last token. `token` is a read-only alias of `id` (its earlier name)."""
+    last token. With choices=, `choice` is the index of the choice the model writes (token by
+    token, as generate would; None without choices). `token` is a read-only alias of `id` (its
+    earlier name)."""
 
     id: int
     text: str
     n_tokens: int
     logits: Optional[array] = None  # array('f') of n_vocab floats
+    choice: Optional[int] = None    # with choices=: the index of the chosen one in the list
 
     @property
     def token(self) -> int:
@@ -302,6 +312,16 @@ class Completion:
     tokens: list[int]
     metrics: Optional[Metrics]
     error: Optional[Error] = None
+
+
+@dataclass
+class ToolCall:
+    """A function call: one of TokenStream.tool_calls (what Session.chat(..., tools=...) parsed
+    out of the reply), and what an assistant message's "tool_calls" may hold. `arguments` is
+    the parsed JSON object (a dict)."""
+
+    name: str
+    arguments: dict
 
 
 def _convert(struct: ctypes.Structure, cls: type, **extra: Any) -> Any:
@@ -546,18 +566,32 @@ class Model:
 
     # -- chat template ---------------------------------------------------------------------
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                    thinking: Optional[bool] = None) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                    thinking: Optional[bool] = None, tools: Optional[Sequence[Mapping[str, Any]]] = None) -> str:
         """The conversation as the model's chat template renders it (Llama 3, ChatML, Gemma,
         Gemma 4). `thinking` is the template's enable_thinking (None: its default, on for Qwen 3,
-        off for Gemma 4). Raises UnsupportedError for a model without a known chat format."""
+        off for Gemma 4). Raises UnsupportedError for a model without a known chat format.
+
+        `tools` are the functions the model may call, rendered as the template renders
+        apply_chat_template(messages, tools=tools) (Llama 3.1+, Qwen 3, Qwen 3.5; another family
+        raises UnsupportedError naming it): each in transformers' form {"type": "function",
+        "function": {"name", "description", "parameters"}} or bare {"name", "description",
+        "parameters"}, the parameters a JSON Schema (a dict, or its JSON text). Messages may
+        carry what a tool-calling conversation holds: an assistant message's "tool_calls" (each
+        {"name", "arguments"}, transformers' {"type": "function", "function": {...}} or a
+        ToolCall; arguments a dict or JSON text) and "tool" messages with a call's result."""
         msgs, keep = _chat_messages(messages)
         flags = _chat_flags(add_generation_prompt, thinking)
+        c_tools, n_tools, tool_keep = _chat_tools(tools)
         n = ctypes.c_size_t(0)
-        capacity = sum(len(k) for k in keep) + 1024
+        capacity = 2 * sum(len(k) for k in keep + tool_keep if isinstance(k, bytes)) + 1024
         while True:
             buf = ctypes.create_string_buffer(capacity)
-            status = self._lib.forge_chat_render(self._h(), msgs, len(messages), flags, buf, capacity, ctypes.byref(n))
+            if tools is None:
+                status = self._lib.forge_chat_render(self._h(), msgs, len(messages), flags, buf, capacity, ctypes.byref(n))
+            else:
+                status = self._lib.forge_chat_render_tools(self._h(), msgs, len(messages), c_tools, n_tools, flags, buf,
+                                                           capacity, ctypes.byref(n))
             if status == _ffi.ERR_BUFFER_TOO_SMALL:
                 capacity = n.value + 1
                 continue
@@ -598,17 +632,78 @@ class Model:
         return _convert(plan, MemoryStats)
 
 
-def _chat_messages(messages: Sequence[Mapping[str, str]]) -> tuple[ctypes.Array, list[bytes]]:
-    keep: list[bytes] = []
+def _json_text(value: Any, what: str) -> bytes:
+    """A JSON object given as a dict (json.dumps'd) or as its JSON text, as UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogatepass")
+    if isinstance(value, Mapping):
+        return json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    raise TypeError(f"{what} must be a dict or its JSON text (str), not {type(value).__name__}")
+
+
+def _chat_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[ctypes.Array, list]:
+    keep: list = []
     msgs = _ffi.sized_array(_ffi.ChatMessage, len(messages))
     for i, m in enumerate(messages):
         try:
-            role, content = m["role"], m["content"]
-        except (KeyError, TypeError) as e:
+            role = m["role"]
+            calls = m.get("tool_calls") or ()
+            # an assistant message that only calls tools may leave its content out (or None)
+            content = m["content"] if not calls or m.get("content") is not None else ""
+        except (KeyError, TypeError, AttributeError) as e:
             raise TypeError(f"message {i} is not a {{'role': ..., 'content': ...}} mapping: {m!r}") from e
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise TypeError(f"message {i}: role and content must be str: {m!r}")
         keep += [role.encode(), content.encode("utf-8", "surrogatepass")]
         msgs[i].role, msgs[i].content = keep[-2], keep[-1]
+        if calls:
+            c_calls = _ffi.sized_array(_ffi.ToolCall, len(calls))
+            for j, call in enumerate(calls):
+                if isinstance(call, ToolCall):
+                    name, arguments = call.name, call.arguments
+                elif isinstance(call, Mapping):
+                    f = call.get("function", call)  # transformers' {"type": "function", "function": {...}}
+                    name, arguments = f.get("name"), f.get("arguments")
+                else:
+                    raise TypeError(f"message {i}: tool call {j} is not a {{'name': ..., 'arguments': ...}} mapping: {call!r}")
+                if name is not None:
+                    keep.append(str(name).encode("utf-8", "surrogatepass"))
+                    c_calls[j].name = keep[-1]
+                if arguments is not None:
+                    keep.append(_json_text(arguments, f"message {i}: tool call {j}'s arguments"))
+                    c_calls[j].arguments = keep[-1]
+            keep.append(c_calls)
+            msgs[i].tool_calls, msgs[i].n_tool_calls = c_calls, len(calls)
     return msgs, keep
+
+
+def _chat_tools(tools: Optional[Sequence[Mapping[str, Any]]]) -> tuple[Any, int, list]:
+    """forge_tool array of `tools` (transformers' {"type": "function", "function": {...}} or bare
+    {"name", "description", "parameters"}), its length, and what it points into."""
+    if tools is None:
+        return None, 0, []
+    if isinstance(tools, (str, bytes, Mapping)):
+        raise TypeError("tools is a list of tools ({'name': ..., 'description': ..., 'parameters': ...})")
+    keep: list = []
+    arr = _ffi.sized_array(_ffi.Tool, len(tools))
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, Mapping):
+            raise TypeError(f"tool {i} is not a {{'name': ..., 'parameters': ...}} mapping: {tool!r}")
+        f = tool.get("function", tool)
+        if not isinstance(f, Mapping):
+            raise TypeError(f"tool {i}'s function is not a mapping: {tool!r}")
+        name, description, parameters = f.get("name"), f.get("description"), f.get("parameters")
+        if name is not None:  # a tool without a name is forge's to refuse, in its words
+            keep.append(str(name).encode("utf-8", "surrogatepass"))
+            arr[i].name = keep[-1]
+        if description is not None:
+            keep.append(str(description).encode("utf-8", "surrogatepass"))
+            arr[i].description = keep[-1]
+        if parameters is not None:
+            keep.append(_json_text(parameters, f"tool {i}'s parameters"))
+            arr[i].parameters = keep[-1]
+    keep.append(arr)
+    return arr, len(tools), keep
 
 
 def _chat_flags(add_generation_prompt: bool, thinking: Optional[bool]) -> int:
@@ -789,7 +884,10 @@ class Session(_ModelChild):
     def generate(self, prompt: Prompt = "", *, max_tokens: int = 256, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0, repeat_window: int = 64,
                  seed: int = 0, stop: Union[str, Sequence[str], None] = None, stop_tokens: Sequence[int] = (),
-                 ignore_eos: bool = False, add_special: bool = True) -> "TokenStream":
+                 ignore_eos: bool = False, add_special: bool = True, grammar: Optional[str] = None,
+                 json_schema: Union[Mapping[str, Any], str, None] = None, json_object: bool = False,
+                 choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
+                 sample_forced: bool = False) -> "TokenStream":
         """Generates from `prompt` (text, or a list of token ids) and returns a TokenStream:
         iterate it for the tokens as they come (each a Token: its text, with .id). Breaking out
         of the loop (or closing the stream) stops generation before the next token and leaves
@@ -800,11 +898,25 @@ class Session(_ModelChild):
         a draw seeded by `seed`. `stop`: text (or texts) that ends generation, not emitted;
         `stop_tokens`: ids that do. add_special adds the tokenizer's BOS to a text prompt.
         Errors (a prompt longer than the context, ...) are raised while iterating.
+
+        Structured output (forge.h's constraints), at most one of: `grammar` (GBNF text,
+        llama.cpp's format, from rule root), `json_schema` (a dict, or its JSON text; the
+        keywords forge enforces are in docs/features.md, any other is UnsupportedError naming
+        it), `json_object=True` (any JSON object), `choices` (a list of str: exactly one of
+        them). Only tokens the constraint allows are drawn, and the text it forces is written
+        without sampling (sample_forced=True samples it too). The call stops when the match is
+        whole (StopReason.CONSTRAINT, metrics.constraint_complete True); max_tokens, stop
+        strings or a break leave a prefix of a match (constraint_complete False). `trigger`
+        makes the constraint lazy: the text is free until the trigger string appears, and the
+        text after it must match. A constraint forge cannot compile (a grammar or schema error,
+        named by line, rule or keyword) raises while iterating, as other errors do.
         """
         h = self._h()
         self._settle()
         params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
-                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special)
+                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special,
+                                        grammar=grammar, json_schema=json_schema, json_object=json_object,
+                                        choices=choices, trigger=trigger, sample_forced=sample_forced)
         if isinstance(prompt, str):
             data = prompt.encode("utf-8", "surrogatepass")
 
@@ -818,42 +930,86 @@ class Session(_ModelChild):
                 return self._lib.forge_generate_tokens(h, arr, len(ids), ctypes.byref(p), ctypes.byref(m))
         return self._start(call, params, keep)
 
-    def chat(self, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+    def chat(self, messages: Sequence[Mapping[str, Any]], *, tools: Optional[Sequence[Mapping[str, Any]]] = None,
+             tool_choice: str = "auto", strict: bool = False, add_generation_prompt: bool = True,
              thinking: Optional[bool] = None, **sampling: Any) -> "TokenStream":
         """Generates the assistant's reply to `messages` ([{"role": "user", "content": ...}, ...]),
         rendered with the model's own chat template, streamed like generate() (same sampling
-        keywords). Pass the whole conversation each turn: the prompt cache makes a multi-turn
+        and constraint keywords: a constraint applies to the reply, after a thinking reply's
+        thinking). Pass the whole conversation each turn: the prompt cache makes a multi-turn
         chat prefill only the new turn. The family's end-of-turn token ends the reply.
         `thinking` is the template's enable_thinking (None: its default, on for Qwen 3, off for
         Gemma 4). A model without a known chat format
-        raises UnsupportedError while iterating."""
+        raises UnsupportedError while iterating.
+
+        Tool calling (Llama 3.1+, Qwen 3, Qwen 3.5): `tools` are the functions the model may
+        call, as Model.render_chat takes them, and messages may hold earlier calls and "tool"
+        results. The reply streams as usual; once the stream has ended, its `tool_calls` are
+        the calls forge parsed out of it (ToolCall: name, arguments as a dict) and its `content`
+        the rest of the reply. tool_choice="auto" leaves the choice to the model;
+        tool_choice="required" makes the reply tool calls only, each naming a tool and matching
+        its parameters' schema; strict=True holds a call the model opens to that too (both
+        constrain the calls with a grammar, forge_chat_tools' FORGE_CHAT_TOOL_REQUIRED and
+        FORGE_CHAT_TOOL_ARGUMENTS, and take no other constraint; a family forge does not
+        constrain says so with UnsupportedError). A family without tool calls raises
+        UnsupportedError while iterating."""
         h = self._h()
         self._settle()
+        if tool_choice not in _TOOL_CHOICE:
+            raise ValueError(f"tool_choice must be one of {list(_TOOL_CHOICE)}, not {tool_choice!r}")
+        flags = _chat_flags(add_generation_prompt, thinking)
+        if tool_choice == "required" or strict:
+            if tools is None:
+                raise ValueError("tool_choice='required' and strict=True go with tools=")
+            given = _constraint_given(sampling)
+            if given:
+                raise ValueError(f"tool_choice='required' and strict=True constrain the reply themselves: "
+                                 f"they take no {' or '.join(given)}")
+            flags |= _TOOL_CHOICE[tool_choice] | (_ffi.CHAT_TOOL_ARGUMENTS if strict else 0)
         sampling.setdefault("add_special", True)
         params, keep = _generate_params(self._lib, **_sampling_args(sampling))
         msgs, texts = _chat_messages(messages)
         keep += [msgs, texts]
-        n, flags = len(messages), _chat_flags(add_generation_prompt, thinking)
+        n = len(messages)
+        if tools is None:
+            def call(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
+                return self._lib.forge_chat(h, msgs, n, flags, ctypes.byref(p), ctypes.byref(m))
+            return self._start(call, params, keep)
+        c_tools, n_tools, tool_keep = _chat_tools(tools)
+        keep += tool_keep
+        reply = _ffi.sized(_ffi.ChatReply)
 
-        def call(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
-            return self._lib.forge_chat(h, msgs, n, flags, ctypes.byref(p), ctypes.byref(m))
-        return self._start(call, params, keep)
+        def call_tools(p: _ffi.GenerateParams, m: _ffi.Metrics) -> int:
+            return self._lib.forge_chat_tools(h, msgs, n, c_tools, n_tools, flags, ctypes.byref(p), ctypes.byref(reply),
+                                              ctypes.byref(m))
+        # the reply's strings are the session's until its next call: copied out on the worker
+        # thread as soon as the call returns, before the session can be used again
+        return self._start(call_tools, params, keep, parse=lambda: _parse_reply(reply))
 
-    def _start(self, call: Any, params: _ffi.GenerateParams, keep: list) -> "TokenStream":
-        state = _StreamState(self, call, params, keep)
+    def _start(self, call: Any, params: _ffi.GenerateParams, keep: list, parse: Any = None) -> "TokenStream":
+        state = _StreamState(self, call, params, keep, parse)
         self._box.stream = state
         return TokenStream(state)
 
     def classify(self, prompts: Sequence[Prompt], *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0, seed: int = 0, add_special: bool = True, logits: bool = False) -> list[Classification]:
+                 min_p: float = 0.0, seed: int = 0, add_special: bool = True, logits: bool = False,
+                 choices: Optional[Sequence[str]] = None, grammar: Optional[str] = None,
+                 json_schema: Union[Mapping[str, Any], str, None] = None, json_object: bool = False,
+                 trigger: Optional[str] = None, sample_forced: bool = False) -> list[Classification]:
         """One batched forward pass per batch over `prompts` (texts or token-id lists), no decode
         loop: for each, the token drawn from the logits after its last token (temperature 0:
         the argmax) and its text, and with logits=True those logits (array('f'), n_vocab).
         Each result equals the prompt's own run, whatever the batching. The session's cache is
-        scratch here: afterwards it holds no tokens."""
+        scratch here: afterwards it holds no tokens.
+
+        With a constraint (generate()'s keywords) the token is drawn among those it allows
+        first; with `choices` (a list of str) each Classification's `choice` is also the index
+        of the choice the model writes, token by token, as generate(choices=...) would."""
         h = self._h()
         self._settle()
         n = len(prompts)
+        constraint, c_keep = _constraint(grammar=grammar, json_schema=json_schema, json_object=json_object,
+                                         choices=choices, trigger=trigger, sample_forced=sample_forced)
         if n == 0:
             return []
         c_prompts = _ffi.sized_array(_ffi.ClassifyPrompt, n)
@@ -871,6 +1027,8 @@ class Session(_ModelChild):
         params = self._lib.forge_classify_default_params()
         params.temperature, params.top_k, params.top_p, params.min_p = temperature, top_k, top_p, min_p
         params.seed, params.add_special = seed, int(bool(add_special))
+        if constraint is not None:
+            params.constraint = ctypes.pointer(constraint)
         n_vocab = self.model.n_vocab
         out_logits = None
         if logits:
@@ -878,6 +1036,7 @@ class Session(_ModelChild):
             params.logits, params.logits_capacity = out_logits, n * n_vocab
         results = _ffi.sized_array(_ffi.ClassifyResult, n)
         status = self._lib.forge_classify(h, c_prompts, n, ctypes.byref(params), results)
+        del c_keep
         if status != _ffi.OK:
             self._raise(status)
         found = []
@@ -887,20 +1046,24 @@ class Session(_ModelChild):
             row = None
             if out_logits is not None:
                 row = array("f", bytes(memoryview(out_logits).cast("B")[4 * i * n_vocab: 4 * (i + 1) * n_vocab]))
-            found.append(Classification(id=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row))
+            choice = int(r.choice) if constraint is not None and r.choice >= 0 else None
+            found.append(Classification(id=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row, choice=choice))
         return found
 
     def batch_generate(self, prompts: Sequence[Prompt], *, max_tokens: int = 256, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                        repeat_window: int = 64, seed: int = 0, stop: Union[str, Sequence[str], None] = None,
-                       stop_tokens: Sequence[int] = (), ignore_eos: bool = False,
-                       add_special: bool = True) -> list[Completion]:
+                       stop_tokens: Sequence[int] = (), ignore_eos: bool = False, add_special: bool = True,
+                       grammar: Optional[str] = None, json_schema: Union[Mapping[str, Any], str, None] = None,
+                       json_object: bool = False, choices: Optional[Sequence[str]] = None,
+                       trigger: Optional[str] = None, sample_forced: bool = False) -> list[Completion]:
         """Generates for every prompt together (forge_batch_generate): the session decodes up to
         its n_seq_max sequences in lockstep, a finished one's place taken by the next prompt.
-        Sampling as generate()'s, the same for every prompt (each draws from its own generator
-        seeded by `seed`, so each Completion equals generate() of its prompt alone on a fresh
-        session). A prompt that fails on its own (too long, empty) gets Completion.error and the
-        others still run; a device failure raises. The session's cache is scratch here."""
+        Sampling and constraints as generate()'s, the same for every prompt (each draws from its
+        own generator seeded by `seed`, so each Completion equals generate() of its prompt alone
+        on a fresh session). A prompt that fails on its own (too long, empty) gets
+        Completion.error and the others still run; a device failure raises. The session's cache
+        is scratch here."""
         h = self._h()
         self._settle()
         n = len(prompts)
@@ -923,7 +1086,9 @@ class Session(_ModelChild):
 
         callback = _ffi.token_fn(on_token)
         params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
-                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special)
+                                        repeat_window, seed, stop, stop_tokens, ignore_eos, add_special,
+                                        grammar=grammar, json_schema=json_schema, json_object=json_object,
+                                        choices=choices, trigger=trigger, sample_forced=sample_forced)
         per_item = (_ffi.GenerateParams * n)()
         items = _ffi.sized_array(_ffi.BatchItem, n)
         for i, prompt in enumerate(prompts):
@@ -958,8 +1123,10 @@ class Session(_ModelChild):
         return completions
 
 
+_CONSTRAINTS = ("grammar", "json_schema", "json_object", "choices")
 _SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_window", "seed", "stop",
-             "stop_tokens", "ignore_eos", "add_special")
+             "stop_tokens", "ignore_eos", "add_special") + _CONSTRAINTS + ("trigger", "sample_forced")
+_TOOL_CHOICE = {"auto": 0, "required": _ffi.CHAT_TOOL_REQUIRED | _ffi.CHAT_TOOL_ARGUMENTS}
 
 
 def _sampling_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -967,21 +1134,85 @@ def _sampling_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}; sampling takes {list(_SAMPLING)}")
     defaults = dict(max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
-                    repeat_window=64, seed=0, stop=None, stop_tokens=(), ignore_eos=False, add_special=True)
+                    repeat_window=64, seed=0, stop=None, stop_tokens=(), ignore_eos=False, add_special=True,
+                    grammar=None, json_schema=None, json_object=False, choices=None, trigger=None, sample_forced=False)
     defaults.update(kwargs)
     return defaults
 
 
+def _constraint_given(kwargs: Mapping[str, Any]) -> list[str]:
+    """The constraint keywords set in kwargs, named as "grammar=", ..., "json_object=True"."""
+    return [("json_object=True" if k == "json_object" else f"{k}=") for k in _CONSTRAINTS
+            if (bool(kwargs.get(k)) if k == "json_object" else kwargs.get(k) is not None)]
+
+
+def _constraint(*, grammar: Optional[str] = None, json_schema: Union[Mapping[str, Any], str, None] = None,
+                json_object: bool = False, choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
+                sample_forced: bool = False) -> tuple[Optional[_ffi.Constraint], list]:
+    """forge_constraint from the keywords (None when none is given), and the objects its
+    pointers point into (to be kept alive as long as it is used)."""
+    given = _constraint_given(dict(grammar=grammar, json_schema=json_schema, json_object=json_object, choices=choices))
+    if len(given) > 1:
+        raise ValueError(f"one constraint at a time: {' and '.join(given)} were both given" if len(given) == 2 else
+                         f"one constraint at a time: {', '.join(given)} were given")
+    if not given:
+        if trigger is not None or sample_forced:
+            raise ValueError("trigger= and sample_forced= go with a constraint: grammar=, json_schema=, "
+                             "json_object=True or choices=")
+        return None, []
+    c = _ffi.sized(_ffi.Constraint)
+    keep: list = [c]
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise TypeError(f"grammar must be GBNF text (str), not {type(grammar).__name__}")
+        c.kind = _ffi.CONSTRAINT_GBNF
+        keep.append(grammar.encode("utf-8", "surrogatepass"))
+        c.text, c.text_len = keep[-1], len(keep[-1])
+    elif json_schema is not None:
+        c.kind = _ffi.CONSTRAINT_JSON_SCHEMA
+        keep.append(_json_text(json_schema, "json_schema"))
+        c.text, c.text_len = keep[-1], len(keep[-1])
+    elif json_object:
+        c.kind = _ffi.CONSTRAINT_JSON_OBJECT
+    else:
+        if isinstance(choices, (str, bytes)) or not all(isinstance(x, str) for x in choices):
+            raise TypeError(f"choices must be a list of str, not {choices!r}")
+        encoded = [x.encode("utf-8", "surrogatepass") for x in choices]
+        arr = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
+        keep += [encoded, arr]
+        c.kind = _ffi.CONSTRAINT_CHOICES
+        c.choices, c.n_choices = ctypes.cast(arr, ctypes.POINTER(ctypes.c_char_p)), len(encoded)
+    if trigger is not None:
+        keep.append(trigger.encode("utf-8", "surrogatepass"))
+        c.trigger = keep[-1]
+    c.sample_forced = int(bool(sample_forced))
+    return c, keep
+
+
+def _parse_reply(r: _ffi.ChatReply) -> tuple[str, list[ToolCall]]:
+    """The content and the tool calls of a forge_chat_reply, copied out of the session's strings."""
+    content = ctypes.string_at(r.content, r.content_len).decode("utf-8", "replace") if r.content else ""
+    calls = [ToolCall(name=_ffi.text(r.tool_names[i]), arguments=json.loads(_ffi.text(r.tool_arguments[i]) or "{}"))
+             for i in range(r.n_tool_calls)]
+    return content, calls
+
+
 def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_k: int, top_p: float, min_p: float,
                      repeat_penalty: float, repeat_window: int, seed: int, stop: Union[str, Sequence[str], None],
-                     stop_tokens: Sequence[int], ignore_eos: bool, add_special: bool) -> tuple[_ffi.GenerateParams, list]:
+                     stop_tokens: Sequence[int], ignore_eos: bool, add_special: bool, *,
+                     grammar: Optional[str] = None, json_schema: Union[Mapping[str, Any], str, None] = None,
+                     json_object: bool = False, choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
+                     sample_forced: bool = False) -> tuple[_ffi.GenerateParams, list]:
     """forge_generate_params from the keywords, and the objects its pointers point into (to be
     kept alive as long as the params are used)."""
+    constraint, keep = _constraint(grammar=grammar, json_schema=json_schema, json_object=json_object, choices=choices,
+                                   trigger=trigger, sample_forced=sample_forced)
     p = lib.forge_generate_default_params()
+    if constraint is not None:
+        p.constraint = ctypes.pointer(constraint)
     p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p = max_tokens, temperature, top_k, top_p, min_p
     p.repeat_penalty, p.repeat_window, p.seed = repeat_penalty, repeat_window, seed
     p.ignore_eos, p.add_special = int(bool(ignore_eos)), int(bool(add_special))
-    keep: list = []
     strings = [stop] if isinstance(stop, str) else list(stop or [])
     if strings:
         encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
@@ -1011,11 +1242,13 @@ class _StreamState:
     here, not the other way round, so dropping the TokenStream closes the stream even while the
     worker waits in the callback."""
 
-    def __init__(self, session: Session, call: Any, params: _ffi.GenerateParams, keep: list):
+    def __init__(self, session: Session, call: Any, params: _ffi.GenerateParams, keep: list, parse: Any = None):
         self.session = session
         self.call = call
         self.params = params
         self.keep = keep
+        self.parse = parse  # chat with tools: reads the reply (content, tool calls) after the call
+        self.reply: Optional[tuple[str, list[ToolCall]]] = None
         self.metrics_c = _ffi.sized(_ffi.Metrics)
         self.items: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self.go = threading.Semaphore(0)
@@ -1046,6 +1279,8 @@ class _StreamState:
     def _run(self) -> None:
         try:
             self.status = self.call(self.params, self.metrics_c)
+            if self.status == _ffi.OK and self.parse is not None:
+                self.reply = self.parse()
         except BaseException as e:
             self.raised = e
         finally:
@@ -1115,7 +1350,8 @@ class TokenStream:
     Token, a str with .id). Breaking out, close(), or leaving a `with` block stops generation
     before the next token; the session stays usable. After the stream ends, `metrics` holds the
     call's Metrics (stop_reason CALLBACK when the consumer stopped it), `tokens` the generated
-    ids and `text` the text so far. Errors of the call are raised from the iteration."""
+    ids and `text` the text so far; a chat with tools= also has the reply's `tool_calls` and its
+    `content` without them. Errors of the call are raised from the iteration."""
 
     def __init__(self, state: _StreamState):
         self._state = state
@@ -1159,6 +1395,22 @@ class TokenStream:
     def metrics(self) -> Optional[Metrics]:
         """The call's metrics once it has ended (None before)."""
         return _metrics(self._state.metrics_c) if self._state.done and self._state.thread is not None else None
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """Session.chat(..., tools=...): the tool calls forge parsed out of the reply (each a
+        ToolCall: name, arguments as a dict), once the stream has ended; [] before, and
+        without tools."""
+        return list(self._state.reply[1]) if self._state.done and self._state.reply else []
+
+    @property
+    def content(self) -> str:
+        """Session.chat(..., tools=...): the reply without its tool calls (and without a thinking
+        reply's thinking), trimmed, once the stream has ended ("" before). Otherwise the same
+        as `text`."""
+        if self._state.parse is None:
+            return self.text
+        return self._state.reply[0] if self._state.done and self._state.reply else ""
 
     def read(self) -> str:
         """Runs the stream to its end and returns the whole generated text."""

@@ -53,7 +53,16 @@ DETOKENIZE_SKIP_SPECIAL = 1
 CHAT_NO_GENERATION_PROMPT = 1
 CHAT_THINKING_OFF = 2
 CHAT_THINKING_ON = 4
+CHAT_TOOL_ARGUMENTS = 8
+CHAT_TOOL_REQUIRED = 16
 EVAL_ALL_LOGITS = 1
+
+# enum forge_constraint_kind
+CONSTRAINT_NONE = 0
+CONSTRAINT_GBNF = 1
+CONSTRAINT_JSON_SCHEMA = 2
+CONSTRAINT_JSON_OBJECT = 3
+CONSTRAINT_CHOICES = 4
 
 log_fn = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 progress_fn = CFUNCTYPE(None, c_void_p, c_float)
@@ -174,6 +183,19 @@ class SpecialTokens(Structure):
     ]
 
 
+class Constraint(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("kind", c_int),
+        ("text", c_char_p),
+        ("text_len", c_size_t),
+        ("choices", POINTER(c_char_p)),
+        ("n_choices", c_int),
+        ("trigger", c_char_p),
+        ("sample_forced", c_int),
+    ]
+
+
 class GenerateParams(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -194,7 +216,7 @@ class GenerateParams(Structure):
         ("on_token", token_fn),
         ("user_data", c_void_p),
         ("cancel", POINTER(c_int)),
-        ("constraint", c_void_p),  # const forge_constraint * (not exposed yet: always NULL)
+        ("constraint", POINTER(Constraint)),
     ]
 
 
@@ -236,13 +258,45 @@ class BatchResult(Structure):
     _fields_ = [("struct_size", c_uint32), ("status", forge_status), ("metrics", Metrics)]
 
 
+class ToolCall(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("arguments", c_char_p),
+    ]
+
+
 class ChatMessage(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
         ("role", c_char_p),
         ("content", c_char_p),
-        ("tool_calls", c_void_p),  # const forge_tool_call * (not exposed yet: always NULL)
+        ("tool_calls", POINTER(ToolCall)),
         ("n_tool_calls", c_int),
+    ]
+
+
+class Tool(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("name", c_char_p),
+        ("description", c_char_p),
+        ("parameters", c_char_p),
+    ]
+
+
+class ChatReply(Structure):
+    # text and content as pointers with their lengths, as forge_classify_result.text: ctypes would
+    # stop a c_char_p at a NUL the reply might hold
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("text", POINTER(c_char)),
+        ("text_len", c_size_t),
+        ("content", POINTER(c_char)),
+        ("content_len", c_size_t),
+        ("n_tool_calls", c_int),
+        ("tool_names", POINTER(c_char_p)),
+        ("tool_arguments", POINTER(c_char_p)),
     ]
 
 
@@ -268,7 +322,7 @@ class ClassifyParams(Structure):
         ("logits", POINTER(c_float)),
         ("logits_capacity", c_size_t),
         ("cancel", POINTER(c_int)),
-        ("constraint", c_void_p),  # const forge_constraint * (not exposed yet: always NULL)
+        ("constraint", POINTER(Constraint)),
     ]
 
 
@@ -375,6 +429,10 @@ _PROTOTYPES = {
     "forge_batch_generate": (forge_status, [c_void_p, _P(BatchItem), c_int, _P(BatchResult)]),
     "forge_chat_render": (forge_status, [c_void_p, _P(ChatMessage), c_int, c_uint32, _P(c_char), c_size_t, _P(c_size_t)]),
     "forge_chat": (forge_status, [c_void_p, _P(ChatMessage), c_int, c_uint32, _P(GenerateParams), _P(Metrics)]),
+    "forge_chat_render_tools": (forge_status, [c_void_p, _P(ChatMessage), c_int, _P(Tool), c_int, c_uint32, _P(c_char),
+                                               c_size_t, _P(c_size_t)]),
+    "forge_chat_tools": (forge_status, [c_void_p, _P(ChatMessage), c_int, _P(Tool), c_int, c_uint32, _P(GenerateParams),
+                                        _P(ChatReply), _P(Metrics)]),
     "forge_classify_default_params": (ClassifyParams, []),
     "forge_classify": (forge_status, [c_void_p, _P(ClassifyPrompt), c_int, _P(ClassifyParams), _P(ClassifyResult)]),
     "forge_train_default_params": (TrainParams, []),
@@ -397,11 +455,15 @@ _MIRRORS = {
     "forge_model_info": ModelInfo,
     "forge_session_params": SessionParams,
     "forge_special_tokens": SpecialTokens,
+    "forge_constraint": Constraint,
     "forge_generate_params": GenerateParams,
     "forge_metrics": Metrics,
     "forge_batch_item": BatchItem,
     "forge_batch_result": BatchResult,
+    "forge_tool_call": ToolCall,
     "forge_chat_message": ChatMessage,
+    "forge_tool": Tool,
+    "forge_chat_reply": ChatReply,
     "forge_classify_prompt": ClassifyPrompt,
     "forge_classify_params": ClassifyParams,
     "forge_classify_result": ClassifyResult,

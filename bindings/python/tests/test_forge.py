@@ -67,9 +67,9 @@ def test_struct_mirror_and_status_names_match_the_library():
     # the package does not use (a header change shows up here either way)
     header = (Path(__file__).resolve().parents[3] / "forge.h").read_text()
     defined = set(re.findall(r"^typedef struct (forge_[a-z_]+) \{", header, re.M))
-    unused = {"forge_discover_params", "forge_discovered_model", "forge_keys_info", "forge_detok_stream",
-              "forge_constraint", "forge_tool_call", "forge_tool", "forge_chat_reply"}  # constraints and tools: not in the package yet
+    unused = {"forge_discover_params", "forge_discovered_model", "forge_keys_info", "forge_detok_stream"}
     assert defined == set(_ffi._MIRRORS) | unused
+    assert {"forge_constraint", "forge_tool", "forge_tool_call", "forge_chat_reply"} <= set(_ffi._MIRRORS)
     for name, mirror in _ffi._MIRRORS.items():
         assert lib.forge_struct_size(name.encode()) == ctypes.sizeof(mirror), name
     assert lib.forge_struct_size(b"forge_no_such_struct") == 0
@@ -213,7 +213,9 @@ def test_classification_names_its_token_id_as_the_cli_does(model):
     assert r.token == r.id and isinstance(r.id, int)
     with pytest.raises(AttributeError):
         r.token = 3
-    assert [f.name for f in forge.Classification.__dataclass_fields__.values()] == ["id", "text", "n_tokens", "logits"]
+    assert [f.name for f in forge.Classification.__dataclass_fields__.values()] == ["id", "text", "n_tokens", "logits",
+                                                                                   "choice"]
+    assert r.choice is None  # no choices= asked for
     if CLI.exists():
         out = subprocess.run([str(CLI), "classify", str(ROOT / "models" / "stories260K" / "stories260K.gguf"), "Lily"],
                              capture_output=True, text=True, timeout=120)
@@ -432,6 +434,367 @@ def test_chat_streams_and_reuses_the_cache(chat_model_dir):
         assert m.special_tokens.eot == eot and eot in m.special_tokens.eos_ids
         with pytest.raises(TypeError, match="message 0"):
             s.chat([{"text": "no role"}])
+
+
+# --- structured output (constraints) -------------------------------------------------------
+
+SCHEMAS = ROOT / "bench" / "schemas"
+
+
+def schema_errors(value, schema, at="$"):
+    """Why `value` (parsed JSON) does not satisfy `schema`, or "": the JSON Schema keywords the
+    tests' schemas use (a small validator, so the tests need no jsonschema package)."""
+    types = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    kind = schema.get("type")
+    if kind in ("integer", "number"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "integer" and value != int(value)):
+            return f"{at}: {value!r} is not an {kind}"
+    elif kind is not None and not isinstance(value, types[kind]):
+        return f"{at}: {value!r} is not of type {kind}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"{at}: {value!r} not in {schema['enum']}"
+    if "minimum" in schema and value < schema["minimum"] or "maximum" in schema and value > schema["maximum"]:
+        return f"{at}: {value!r} out of range"
+    if isinstance(value, str):
+        if len(value) > schema.get("maxLength", len(value)) or len(value) < schema.get("minLength", 0):
+            return f"{at}: {value!r} has the wrong length"
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            return f"{at}: {value!r} does not match {schema['pattern']}"
+        if schema.get("format") == "time" and not re.fullmatch(
+                r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])", value):
+            return f"{at}: {value!r} is not a time"
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                return f"{at}: {key!r} is missing"
+        for key, v in value.items():
+            if key in props:
+                why = schema_errors(v, props[key], f"{at}.{key}")
+                if why:
+                    return why
+            elif schema.get("additionalProperties", True) is False:
+                return f"{at}: {key!r} is not allowed"
+    if isinstance(value, list):
+        prefix = schema.get("prefixItems", [])
+        if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", len(value)):
+            return f"{at}: {len(value)} items"
+        for i, v in enumerate(value):
+            sub = prefix[i] if i < len(prefix) else schema.get("items", True)
+            if sub is False:
+                return f"{at}[{i}]: no item allowed here"
+            why = schema_errors(v, sub, f"{at}[{i}]") if isinstance(sub, dict) else ""
+            if why:
+                return why
+    return ""
+
+
+def check_constrained(stream, schema=None):
+    """The checks of tests/test_grammar.cpp's check_run on a finished stream: an output that
+    matched whole parses and satisfies the schema; any other stopped at max_tokens. Returns
+    whether it matched whole."""
+    m = stream.metrics
+    assert m.generated_tokens == len(stream.tokens)
+    what = f"{m.stop_reason}: {stream.text!r}"
+    if not m.constraint_complete:
+        assert m.stop_reason == forge.StopReason.MAX_TOKENS, what
+        return False
+    # (max_tokens when the last token it allowed completed the match)
+    assert m.stop_reason in (forge.StopReason.CONSTRAINT, forge.StopReason.EOS, forge.StopReason.MAX_TOKENS), what
+    if schema is not None:
+        assert schema_errors(json.loads(stream.text), schema) == "", what
+    return True
+
+
+def test_json_schema_outputs_validate_on_random_weights(chat_model_dir):
+    """tests/test_grammar.cpp's Constrained.RandomWeightOutputsValidate through the package: on
+    random weights (logits close to uniform: garbage unless constrained), greedy and sampled,
+    the schema given as a dict and as its JSON text."""
+    complete = total = 0
+    with forge.Model(chat_model_dir) as m, m.session(n_ctx=512) as s:
+        for name in ("09-sentiment.json", "28-rgb-color.json", "55-time-slot.json"):
+            text = (SCHEMAS / name).read_text()
+            schema = json.loads(text)
+            for temperature, seed, given in ((0.0, 7, schema), (1.2, 8, text)):
+                stream = s.generate("Answer in JSON:", json_schema=given, temperature=temperature, seed=seed,
+                                    max_tokens=48)
+                stream.read()
+                complete += check_constrained(stream, schema)
+                total += 1
+                assert stream.metrics.constraint_ms > 0
+        # json_object=True: any JSON object; chat takes the same keywords
+        stream = s.chat([{"role": "user", "content": "Reply in JSON."}], json_object=True, temperature=0.8, seed=3,
+                        max_tokens=32)
+        stream.read()
+        if check_constrained(stream, {"type": "object"}):
+            complete += 1
+        total += 1
+    assert complete >= 4, f"{complete} of {total} runs matched whole"
+
+
+def test_forced_text_grammars_and_triggers(chat_model_dir, model):
+    """Forced text is written without draws (metrics.forced_tokens) unless sample_forced; a GBNF
+    grammar's match is whole or a prefix cut by max_tokens; a trigger leaves the text free
+    until it appears (tests/test_grammar.cpp's Constrained.ForcedTextAndStopReasons)."""
+    schema = {"type": "object", "properties": {
+        "customer_account_identifier": {"type": "integer", "minimum": 0, "maximum": 9},
+        "preferred_notification_channel": {"enum": ["email", "sms"]}},
+        "required": ["customer_account_identifier", "preferred_notification_channel"], "additionalProperties": False}
+    with forge.Model(chat_model_dir) as m, m.session(n_ctx=1024) as s:
+        stream = s.generate("JSON:", json_schema=schema, max_tokens=100)
+        stream.read()
+        assert check_constrained(stream, schema) and stream.metrics.stop_reason == forge.StopReason.CONSTRAINT
+        assert stream.metrics.forced_tokens > 3
+        sampled = s.generate("JSON:", json_schema=schema, sample_forced=True, max_tokens=100)
+        sampled.read()
+        assert sampled.metrics.forced_tokens == 0 and schema_errors(json.loads(sampled.text), schema) == ""
+        # a grammar that cannot end within max_tokens: a prefix of a match
+        long = s.generate("x", grammar='root ::= "ab"{400} "!"', temperature=0.8, seed=1, max_tokens=12)
+        long.read()
+        assert (long.metrics.stop_reason, long.metrics.constraint_complete, len(long.tokens)) == \
+            (forge.StopReason.MAX_TOKENS, False, 12)
+        assert ("ab" * 200).startswith(long.text)
+        # the empty string is matched before any token
+        empty = s.generate("x", grammar='root ::= ""', max_tokens=12)
+        assert empty.read() == "" and empty.metrics.stop_reason == forge.StopReason.CONSTRAINT
+        assert empty.metrics.generated_tokens == 0 and empty.metrics.constraint_complete
+    grammar = 'root ::= ("yes" | "no") ", " [0-9]{1,3} " " [a-z]+ "."'
+    whole = r"(yes|no), [0-9]{1,3} [a-z]+\."
+    prefix = r"|y|ye|n|(yes|no)(,( ([0-9]{1,3}( [a-z]*)?)?)?)?"
+    with model.session(n_ctx=512) as s:
+        for temperature in (0.0, 1.0, 2.0):
+            stream = s.generate("1.", grammar=grammar, temperature=temperature, seed=4, max_tokens=40)
+            stream.read()
+            assert re.fullmatch(whole if check_constrained(stream) else prefix, stream.text), stream.text
+        # a trigger: free text until "there", the grammar's text after it, then free again
+        free = s.generate(ONCE, max_tokens=30).read()
+        assert free.startswith(", there was")
+        stream = s.generate(ONCE, grammar='root ::= " lived a cat named Zed."', trigger="there", max_tokens=30)
+        assert stream.read().startswith(", there lived a cat named Zed.") and stream.metrics.constraint_complete
+
+
+def test_constraint_keywords_are_checked_and_errors_carry_forges_message(session):
+    for kwargs, named in ((dict(json_object=True, choices=["a"]), "json_object=True and choices="),
+                          (dict(grammar='root ::= "a"', json_schema={}), "grammar= and json_schema="),
+                          (dict(grammar="", json_schema="{}", choices=[]), "grammar=, json_schema=, choices=")):
+        for call in (lambda: session.generate(ONCE, **kwargs), lambda: session.chat([], **kwargs),
+                     lambda: session.batch_generate([ONCE], **kwargs), lambda: session.classify([ONCE], **kwargs)):
+            with pytest.raises(ValueError, match="one constraint at a time: " + re.escape(named)):
+                call()
+    with pytest.raises(ValueError, match="trigger= and sample_forced= go with a constraint"):
+        session.generate(ONCE, trigger="x")
+    with pytest.raises(TypeError, match="choices must be a list of str"):
+        session.classify([ONCE], choices="yes")
+    with pytest.raises(TypeError, match="json_schema must be a dict"):
+        session.generate(ONCE, json_schema=42)
+    # what forge cannot compile fails the call, with the library's message naming the problem
+    with pytest.raises(forge.UnsupportedError) as e:
+        session.generate(ONCE, json_schema={"type": "integer", "multipleOf": 3}).read()
+    assert e.value.status == forge.Status.UNSUPPORTED and '"multipleOf"' in e.value.message
+    with pytest.raises(forge.InvalidArgumentError, match="not JSON"):
+        session.generate(ONCE, json_schema='{"type": ').read()
+    with pytest.raises(forge.InvalidArgumentError, match="'nope'"):
+        session.generate(ONCE, grammar="root ::= nope").read()
+    with pytest.raises(forge.InvalidArgumentError, match="choices"):
+        session.classify([ONCE], choices=[])
+    bad = session.batch_generate([ONCE], grammar="root ::= nope", max_tokens=4)[0]
+    assert isinstance(bad.error, forge.InvalidArgumentError) and "'nope'" in bad.error.message
+    assert session.generate(ONCE, max_tokens=4).read()  # still usable
+
+
+def test_classify_choices_are_what_generate_writes(model):
+    """tests/test_grammar.cpp's Constrained.ClassifyChoices: each prompt's choice is the one a
+    greedy generate with the same choices writes; `forge classify --choices` prints its text."""
+    choices = ["positive", "negative", "neutral", "positively not", "n/a"]
+    texts = ["Great movie!", "Awful.", "It was a film.", "Meh", "I loved every minute of it", "No comment"]
+    with model.session(n_ctx=512) as s:
+        results = s.classify(texts, choices=choices)
+        assert s.n_past == 0
+        for text, r in zip(texts, results):
+            assert r.choice in range(len(choices))
+            assert s.generate(text, choices=choices, max_tokens=20).read() == choices[r.choice], text
+        assert [r.choice for r in s.classify(texts[:2])] == [None, None]
+    if CLI.exists():
+        out = subprocess.run([str(CLI), "classify", str(MODEL), "--choices", ",".join(choices), *texts],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert [r["choice"] for r in json.loads(out.stdout)] == [choices[r.choice] for r in results]
+
+
+def test_batch_items_with_constraints_equal_generate(model):
+    """tests/test_grammar.cpp's Constrained.BatchItemsMatchGenerate: each prompt of a constrained
+    batch gives what generate gives for it alone."""
+    schema = json.loads((SCHEMAS / "09-sentiment.json").read_text())
+    prompts = ["Reply:", "Lily", "Tom and"]
+    for kwargs in (dict(json_schema=schema, temperature=0.9, seed=11), dict(choices=["yes", "no", "maybe later"])):
+        with model.session(n_ctx=512, n_seq_max=2) as bs:
+            done = bs.batch_generate(prompts, max_tokens=60, **kwargs)
+        for prompt, d in zip(prompts, done):
+            with model.session(n_ctx=512) as s:
+                alone = s.generate(prompt, max_tokens=60, **kwargs)
+                alone.read()
+            assert (d.text, d.tokens, d.error) == (alone.text, alone.tokens, None), prompt
+            am = alone.metrics
+            assert (d.metrics.stop_reason, d.metrics.forced_tokens, d.metrics.constraint_complete) == \
+                (am.stop_reason, am.forced_tokens, am.constraint_complete)
+            if "choices" in kwargs:
+                assert d.text in kwargs["choices"]
+
+
+# --- tool calls, on the random-weight Llama with Llama 3.2's chat template ------------------
+
+
+@pytest.fixture(scope="module")
+def tools_model_dir(chat_model_dir, tmp_path_factory):
+    """chat_model_dir's model with Llama 3.2 Instruct's template (tests/fixtures/chat), which
+    renders tools: forge reads chat_template.jinja from the model directory when
+    tokenizer_config.json has no "chat_template" (that one comes first), so the copy of
+    tokenizer_config.json here leaves it out."""
+    out = tmp_path_factory.mktemp("tools") / "llama3.2"
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (out / name).symlink_to(chat_model_dir / name)
+    config = json.loads((chat_model_dir / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    (out / "chat_template.jinja").write_bytes((ROOT / "tests" / "fixtures" / "chat" / "llama3.2-instruct.jinja").read_bytes())
+    return out
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+CLOCK = {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+         "required": ["zone"], "additionalProperties": False}
+# one tool in transformers' form, one bare with its parameters as JSON text
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.", "parameters": WEATHER}},
+         {"name": "get_time", "parameters": json.dumps(CLOCK)}]
+
+
+def test_render_chat_with_tools_is_what_transformers_renders(tools_model_dir):
+    """tests/fixtures/chat/chat_tools.json's Llama 3.2 conversations (tools, assistant tool calls,
+    tool results), rendered through the package, byte for byte as transformers'
+    apply_chat_template rendered them (but for the "Today Date" line: today's date here)."""
+    cases = [c for c in json.loads((ROOT / "tests" / "fixtures" / "chat" / "chat_tools.json").read_text())
+             if c["family"] == "llama3.2"]
+    assert len(cases) >= 8
+    with forge.Model(tools_model_dir) as m:
+        for c in cases:
+            got = m.render_chat(c["messages"], add_generation_prompt=c["add_generation_prompt"],
+                                thinking=c["kwargs"].get("enable_thinking"), tools=c.get("tools"))
+            assert re.sub(r"Today Date: [^\n]*", "Today Date: " + c["date"], got) == c["rendered"], c["name"]
+        # the same tools and calls in the other forms: bare tools, parameters and arguments as
+        # JSON text, calls as {"name", "arguments"} or as ToolCall
+        c = next(c for c in cases if c["name"] == "tools_call_result")
+        bare = [{k: json.dumps(v) if k == "parameters" else v for k, v in t["function"].items()} for t in c["tools"]]
+        call = c["messages"][1]["tool_calls"][0]["function"]
+        for form in ({"name": call["name"], "arguments": json.dumps(call["arguments"])},
+                     forge.ToolCall(call["name"], call["arguments"])):
+            messages = [c["messages"][0], {"role": "assistant", "tool_calls": [form]}, c["messages"][2]]
+            assert m.render_chat(messages, tools=bare) == m.render_chat(c["messages"], tools=c["tools"])
+        # the history's call and result, as the template writes them
+        rendered = m.render_chat(c["messages"], tools=c["tools"])
+        assert '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius", "days": 3}}<|eot_id|>' in rendered
+        assert '<|start_header_id|>ipython<|end_header_id|>\n\n"{\\"temp\\": 21.5}"<|eot_id|>' in rendered
+        # forge's errors, in its words
+        with pytest.raises(forge.InvalidArgumentError, match="name"):
+            m.render_chat([{"role": "user", "content": "hi"}], tools=[{"description": "no name"}])
+        with pytest.raises(forge.InvalidArgumentError, match="JSON object"):
+            m.render_chat([{"role": "user", "content": "hi"}], tools=[{"name": "f", "parameters": "[1, 2]"}])
+        with pytest.raises(TypeError, match="tool 0"):
+            m.render_chat([{"role": "user", "content": "hi"}], tools=["get_weather"])
+
+
+def test_required_tool_calls_validate_on_random_weights(tools_model_dir, chat_model_dir):
+    """tests/test_grammar.cpp's ToolCalls.RequiredCallsValidateOnRandomWeights through the package:
+    tool_choice="required" makes the reply one call of a given tool whose arguments validate
+    against its parameters' schema, parsed back into TokenStream.tool_calls; without it the
+    reply is free text (its content)."""
+    user = [{"role": "user", "content": "Weather in Paris?"}]
+    schemas = {"get_weather": WEATHER, "get_time": CLOCK}
+    complete, calls = 0, []
+    with forge.Model(tools_model_dir) as m, m.session(n_ctx=1024) as s:
+        for temperature in (0.0, 1.2):
+            for seed in (1, 2, 3):
+                reply = s.chat(user, tools=TOOLS, tool_choice="required", temperature=temperature, seed=seed,
+                               max_tokens=96)
+                assert reply.tool_calls == [] and reply.content == ""  # not run yet
+                text = reply.read()
+                what = f"T {temperature} seed {seed}: {text!r}"
+                if not reply.metrics.constraint_complete:
+                    assert reply.metrics.stop_reason == forge.StopReason.MAX_TOKENS, what
+                    continue
+                complete += 1
+                assert len(reply.tool_calls) == 1, what
+                call = reply.tool_calls[0]
+                assert isinstance(call, forge.ToolCall) and call.name in schemas, what
+                assert schema_errors(call.arguments, schemas[call.name]) == "", what
+                assert json.loads(text) == {"name": call.name, "parameters": call.arguments}  # Llama's call format
+                assert reply.content == "" and reply.metrics.forced_tokens > 0
+                calls = reply.tool_calls
+        assert complete >= 4, f"{complete} of 6 runs made a whole call"
+        # the call and its result go back into the conversation, and the chat goes on
+        history = user + [{"role": "assistant", "tool_calls": calls},
+                          {"role": "tool", "content": json.dumps({"temperature": 21})}]
+        assert "<|start_header_id|>ipython<|end_header_id|>" in m.render_chat(history, tools=TOOLS)
+        follow = s.chat(history, tools=TOOLS, max_tokens=4)
+        follow.read()
+        assert follow.metrics.cached_tokens > 0 and follow.metrics.generated_tokens >= 1
+        # without tool_choice the reply is free (random weights: no call), all of it content
+        free = s.chat(user, tools=TOOLS, max_tokens=8)
+        text = free.read()
+        assert free.tool_calls == [] and free.content == text.strip() and not free.metrics.forced_tokens
+        # strict=True holds a call the model opens to a tool's schema (the constraint is lazy)
+        strict = s.chat(user, tools=TOOLS, strict=True, max_tokens=8)
+        strict.read()
+        assert strict.tool_calls == [] and strict.metrics.constraint_ms > 0
+        # a plain chat's content is its text, and it has no tool calls
+        plain = s.chat(user, max_tokens=4)
+        assert plain.read() == plain.content and plain.tool_calls == []
+        # what the keywords refuse
+        with pytest.raises(ValueError, match="tool_choice must be one of"):
+            s.chat(user, tools=TOOLS, tool_choice="any")
+        with pytest.raises(ValueError, match="go with tools="):
+            s.chat(user, tool_choice="required")
+        with pytest.raises(ValueError, match="take no json_object=True"):
+            s.chat(user, tools=TOOLS, strict=True, json_object=True)
+    # a chat format without tools (Llama 3.0's template) says so, in forge's words
+    with forge.Model(chat_model_dir) as m, m.session(n_ctx=256) as s:
+        with pytest.raises(forge.UnsupportedError, match="tools"):
+            s.chat(user, tools=TOOLS, max_tokens=4).read()
+
+
+def test_the_readme_example_runs(tools_model_dir):
+    """bindings/python/README.md's structured output and tool call example (tests/test_docs.cpp
+    holds the README to the lines between the markers)."""
+    path = str(tools_model_dir)
+    # docs:begin structured
+    import json
+    import forge
+
+    weather = {"type": "object", "properties": {"city": {"type": "string"},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+               "required": ["city", "unit"], "additionalProperties": False}
+    # path: a model whose chat template renders tools (Llama 3.1+, Qwen 3, Qwen 3.5)
+    with forge.Model(path) as model, model.session(n_ctx=1024) as session:
+        # structured output: grammar=, json_schema=, json_object=True or choices=
+        stream = session.generate("A city's weather as JSON:", json_schema=weather, max_tokens=64)
+        text = stream.read()
+        if stream.metrics.constraint_complete:  # else it stopped at max_tokens, a prefix of a match
+            print(json.loads(text)["unit"])
+        print(session.classify(["Paris is sunny:"], choices=["yes", "no"])[0].choice)  # 0 or 1
+        # tool calls (Llama 3.1+, Qwen 3, Qwen 3.5): tools as transformers takes them
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                                   "parameters": weather}}]
+        messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+        reply = session.chat(messages, tools=tools, tool_choice="required", max_tokens=64)
+        reply.read()                                   # streams like any chat; parsed at its end
+        for call in reply.tool_calls:                  # ToolCall(name, arguments: dict)
+            print(call.name, call.arguments["unit"])
+        messages.append({"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls})
+        messages.append({"role": "tool", "content": json.dumps({"temperature": 21})})
+        print(session.chat(messages, tools=tools, max_tokens=16).read())
+    # docs:end structured
 
 
 # --- the example ----------------------------------------------------------------------------
