@@ -914,8 +914,8 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * exactly what the checkpoint's own Jinja chat_template renders (checked against
  * transformers): Llama 3 headers (3.1 / 3.2 / 3.3: the system block with the knowledge cutoff
  * and "Today Date", today's local date where the template calls strftime_now, else the date
- * the template sets; a "tool" message becomes the ipython turn; tool definitions are not
- * supported), ChatML for Qwen 2 / 3 / 3.5 / 3.6 (with Qwen 3's and 3.5's thinking switch;
+ * the template sets; a "tool" message becomes the ipython turn; 3.1+: tools and tool calls,
+ * below), ChatML for Qwen 2 / 3 / 3.5 / 3.6 (with Qwen 3's and 3.5's thinking switch;
  * Qwen 3.5 trims every message and refuses what its template refuses), Mistral's [INST] turns
  * (7B Instruct v0.1 / v0.2 / v0.3 and Nemo, each template's spaces and system message; a
  * tool result is refused, as v0.3's template does without a tool_call_id), Gemma turns

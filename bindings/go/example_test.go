@@ -2,11 +2,13 @@ package forge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 
 	forge "forge.lthn.ai/core/forge/bindings/go"
 )
@@ -129,4 +131,86 @@ func Example_tour() {
 	// " and Tom were play" " and Lily were playing"
 	// true
 	// 17 true
+}
+
+// Structured output: a JSON Schema makes the output JSON that validates against it (here on
+// the bundled story model, greedy). bindings/go/README.md shows the lines between docs:begin and
+// docs:end.
+func ExampleWithJSONSchema() {
+	m, err := forge.LoadModel(modelPath)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	// docs:begin schema
+	// The schema: JSON text, or any value encoding/json marshals; WithGrammar (GBNF),
+	// WithJSONObject and WithChoices are the other constraints.
+	schema := `{"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+		"age": {"type": "integer", "minimum": 1, "maximum": 99}}, "required": ["name", "age"],
+		"additionalProperties": false}`
+	var text strings.Builder
+	for tok := range m.Generate(ctx, "Lily's profile:", forge.WithJSONSchema(schema), forge.WithMaxTokens(64)) {
+		text.WriteString(tok.Text)
+	}
+	if err := m.Err(); err != nil { // a schema keyword forge does not enforce: StatusUnsupported naming it
+		log.Fatal(err)
+	}
+	// ConstraintComplete: the output matches whole (else max tokens cut it: a prefix of a match).
+	if met := m.Metrics(); met.ConstraintComplete {
+		var profile struct {
+			Name string
+			Age  int
+		}
+		if err := json.Unmarshal([]byte(text.String()), &profile); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("%s\n%+v (%v, %d tokens forced)\n", text.String(), profile, met.StopReason, met.ForcedTokens)
+	}
+	// docs:end schema
+
+	// Output:
+	// { "name" : "I'm sorry," , "age" : 20 }
+	// {Name:I'm sorry, Age:20} (constraint, 8 tokens forced)
+}
+
+// A tool call: the model (a Llama 3.1+ or Qwen 3 checkpoint: the bundled one has no chat
+// template) gets a function, calls it, and answers from its result. Compiled, not run.
+// bindings/go/README.md shows the lines between docs:begin and docs:end.
+func ExampleModel_ChatTools() {
+	m, err := forge.LoadModel("models/Qwen3-0.6B")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	// docs:begin tools
+	weather := forge.Tool{
+		Name:        "get_weather",
+		Description: "Current weather in a city.",
+		Parameters: map[string]any{"type": "object", "required": []string{"city"},
+			"properties": map[string]any{"city": map[string]any{"type": "string"}}}, // or JSON text
+	}
+	chat := []forge.Message{{Role: "user", Content: "What's the weather in Paris?"}}
+	// WithRequiredToolCalls: the reply is calls only, each matching its tool's schema
+	// (WithStrictToolCalls: the model may answer in text, and a call it opens matches).
+	reply, err := m.ChatTools(ctx, chat, forge.WithTools(weather), forge.WithRequiredToolCalls())
+	if err != nil {
+		log.Fatal(err)
+	}
+	chat = append(chat, reply.Message()) // the assistant's turn, its calls included
+	for _, call := range reply.ToolCalls {
+		var args struct{ City string }
+		if err := json.Unmarshal([]byte(call.Arguments), &args); err != nil {
+			log.Fatal(err)
+		}
+		result := fmt.Sprintf(`{"city": %q, "celsius": 21}`, args.City) // what call.Name returns
+		chat = append(chat, forge.Message{Role: "tool", Content: result})
+	}
+	reply, err = m.ChatTools(ctx, chat, forge.WithTools(weather))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(reply.Content) // the answer; RenderChat(chat, forge.WithTools(weather)) shows the prompt
+	// docs:end tools
 }

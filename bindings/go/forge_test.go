@@ -8,20 +8,24 @@ package forge_test
 // The story is compared with the CLI's: $FORGE_CLI, else build/forge.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"unicode/utf8"
 
 	forge "forge.lthn.ai/core/forge/bindings/go"
 )
@@ -927,4 +931,419 @@ func TestTrainingErrors(t *testing.T) {
 		t.Errorf("a step after the model's Close: %v", err)
 	}
 	tr.Close()
+}
+
+// weatherSchema is a JSON Schema for constrained generation and a tool's parameters;
+// validWeather checks a JSON text against it.
+const weatherSchema = `{"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, ` +
+	`"unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}, ` +
+	`"required": ["city", "unit", "days"], "additionalProperties": false}`
+
+func validWeather(text string) error {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(text), &obj); err != nil {
+		return err
+	}
+	var city, unit string
+	if len(obj) != 3 || json.Unmarshal(obj["city"], &city) != nil || json.Unmarshal(obj["unit"], &unit) != nil {
+		return fmt.Errorf("not the schema's properties: %s", text)
+	}
+	if utf8.RuneCountInString(city) > 12 || (unit != "celsius" && unit != "fahrenheit") {
+		return fmt.Errorf("city %q, unit %q", city, unit)
+	}
+	return intIn(obj["days"], 1, 7)
+}
+
+// intIn checks that a JSON value is an integer in [lo, hi].
+func intIn(raw json.RawMessage, lo, hi int64) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return err
+	}
+	n, ok := v.(json.Number)
+	if !ok {
+		return fmt.Errorf("%s is not a number", raw)
+	}
+	i, err := n.Int64()
+	if err != nil || i < lo || i > hi {
+		return fmt.Errorf("%s is not an integer in [%d, %d]", raw, lo, hi)
+	}
+	return nil
+}
+
+// clockSchema is another tool's parameters, as a Go value that encoding/json marshals.
+var clockSchema = map[string]any{"type": "object", "properties": map[string]any{
+	"zone": map[string]any{"type": "integer", "minimum": -12, "maximum": 14}},
+	"required": []string{"zone"}, "additionalProperties": false}
+
+func validClock(text string) error {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(text), &obj); err != nil {
+		return err
+	}
+	if len(obj) != 1 || obj["zone"] == nil {
+		return fmt.Errorf("not the schema's properties: %s", text)
+	}
+	return intIn(obj["zone"], -12, 14)
+}
+
+// A JSON Schema on random weights, greedy and sampled: every output that ends matched parses
+// and validates; every other one stopped at max tokens (as tests/test_grammar.cpp's
+// Constrained.RandomWeightOutputsValidate).
+func TestJSONSchemaConstrainsGenerate(t *testing.T) {
+	m, err := forge.LoadModel(makeChatModel(t), forge.WithContextLen(256))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	complete, forced, total := 0, 0, 0
+	check := func(what, text string, valid func(string) error) {
+		t.Helper()
+		met := m.Metrics()
+		total++
+		if m.Err() != nil {
+			t.Fatalf("%s: %v", what, m.Err())
+		}
+		if !met.ConstraintComplete {
+			if met.StopReason != forge.StopMaxTokens {
+				t.Errorf("%s: incomplete, stopped by %v: %q", what, met.StopReason, text)
+			}
+			return
+		}
+		complete++
+		forced += met.ForcedTokens
+		if met.StopReason != forge.StopConstraint && met.StopReason != forge.StopEOS {
+			t.Errorf("%s: complete, stopped by %v", what, met.StopReason)
+		}
+		if err := valid(text); err != nil {
+			t.Errorf("%s: %v\n%s", what, err, text)
+		}
+	}
+	for i, run := range []struct {
+		temp float32
+		seed uint64
+	}{{0, 0}, {1.2, 1}, {1.2, 2}} {
+		what := fmt.Sprintf("T %v seed %d", run.temp, run.seed)
+		opts := []forge.GenerateOption{forge.WithTemperature(run.temp), forge.WithSeed(run.seed), forge.WithMaxTokens(40)}
+		text, _ := collect(m.Generate(ctx, "Answer in JSON:", append(opts, forge.WithJSONSchema(weatherSchema))...))
+		check("weather "+what, text, validWeather)
+		if i < 2 { // the schema as a Go value
+			text, _ = collect(m.Generate(ctx, "Answer in JSON:", append(opts, forge.WithJSONSchema(clockSchema))...))
+			check("clock "+what, text, validClock)
+		}
+	}
+	text, _ := collect(m.Generate(ctx, "Answer in JSON:", forge.WithJSONObject(), forge.WithMaxTokens(40)))
+	check("object", text, func(s string) error {
+		var obj map[string]any
+		return json.Unmarshal([]byte(s), &obj)
+	})
+	if complete < total/2 || forced == 0 {
+		t.Errorf("%d of %d runs matched whole, %d forced tokens", complete, total, forced)
+	}
+	// WithSampleForced samples what the schema forces; a schema as []byte is the same schema.
+	raw, _ := json.Marshal(clockSchema)
+	text, _ = collect(m.Generate(ctx, "JSON:", forge.WithJSONSchema(raw), forge.WithSampleForced(), forge.WithMaxTokens(24)))
+	if met := m.Metrics(); m.Err() != nil || met.ForcedTokens != 0 || (met.ConstraintComplete && validClock(text) != nil) {
+		t.Errorf("sample forced: %+v, %v: %q", met, m.Err(), text)
+	}
+}
+
+// A GBNF grammar on the bundled model, greedy and sampled: a whole match is the grammar's.
+func TestGrammarConstrainsGenerate(t *testing.T) {
+	m := model(t)
+	grammar := "root ::= (\"yes\" | \"no\") \", \" [a-z]{3,8} \" \" [0-9]{1,3} \".\"\n"
+	re := regexp.MustCompile(`^(yes|no), [a-z]{3,8} [0-9]{1,3}\.$`)
+	complete := 0
+	for i, temp := range []float32{0, 1, 2} {
+		text, _ := collect(m.Generate(context.Background(), once, forge.WithGrammar(grammar), forge.WithTemperature(temp),
+			forge.WithSeed(uint64(i)), forge.WithMaxTokens(24)))
+		met := m.Metrics()
+		if m.Err() != nil {
+			t.Fatal(m.Err())
+		}
+		if met.ConstraintComplete {
+			complete++
+			if !re.MatchString(text) || met.StopReason != forge.StopConstraint {
+				t.Errorf("T %v: %q, %v", temp, text, met.StopReason)
+			}
+		} else if met.StopReason != forge.StopMaxTokens {
+			t.Errorf("T %v: incomplete %q, %v", temp, text, met.StopReason)
+		}
+	}
+	if complete == 0 {
+		t.Error("no run matched the grammar whole")
+	}
+}
+
+// Classify with choices gives the choice greedy Generate writes; BatchGenerate's items are
+// constrained as Generate is.
+func TestChoices(t *testing.T) {
+	m := model(t)
+	ctx := context.Background()
+	choices := []string{"positive", "negative", "neutral", "positively not", "n/a"}
+	prompts := []string{"Great movie!", "Awful.", "It was a film.", "Meh", "No comment"}
+	res, err := m.Classify(ctx, prompts, forge.WithChoices(choices...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range prompts {
+		if res[i].Choice < 0 || res[i].Choice >= len(choices) {
+			t.Fatalf("%q: choice %d", p, res[i].Choice)
+		}
+		text, _ := collect(m.Generate(ctx, p, forge.WithChoices(choices...), forge.WithMaxTokens(20)))
+		if text != choices[res[i].Choice] || !m.Metrics().ConstraintComplete {
+			t.Errorf("%q: Classify chose %q, Generate wrote %q", p, choices[res[i].Choice], text)
+		}
+	}
+	if res, err := m.Classify(ctx, prompts[:1]); err != nil || res[0].Choice != -1 {
+		t.Errorf("without choices: %+v, %v", res, err)
+	}
+	batch, err := m.BatchGenerate(ctx, prompts[:3], forge.WithChoices(choices...), forge.WithMaxTokens(20),
+		forge.WithTemperature(0.8), forge.WithSeed(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range batch {
+		alone, _ := collect(m.Generate(ctx, prompts[i], forge.WithChoices(choices...), forge.WithMaxTokens(20),
+			forge.WithTemperature(0.8), forge.WithSeed(5)))
+		if r.Err != nil || r.Text != alone || !slices.Contains(choices, r.Text) || !r.Metrics.ConstraintComplete {
+			t.Errorf("item %d: %q (%v), Generate %q", i, r.Text, r.Err, alone)
+		}
+	}
+}
+
+func TestConstraintErrors(t *testing.T) {
+	m := model(t)
+	ctx := context.Background()
+	var fe *forge.Error
+	// Two kinds at once: the call fails before any work, naming both options.
+	_, toks := collect(m.Generate(ctx, once, forge.WithGrammar(`root ::= "a"`), forge.WithJSONSchema(weatherSchema)))
+	if len(toks) != 0 || !errors.Is(m.Err(), forge.StatusInvalidArgument) || !errors.As(m.Err(), &fe) ||
+		!strings.Contains(fe.Message, "WithGrammar") || !strings.Contains(fe.Message, "WithJSONSchema") {
+		t.Errorf("two constraints: %d tokens, %v", len(toks), m.Err())
+	}
+	if _, err := m.Classify(ctx, []string{once}, forge.WithChoices("a", "b"), forge.WithJSONObject()); !errors.Is(err, forge.StatusInvalidArgument) ||
+		!strings.Contains(err.Error(), "WithChoices and WithJSONObject") {
+		t.Errorf("Classify with two constraints: %v", err)
+	}
+	if _, err := m.BatchGenerate(ctx, []string{once}, forge.WithJSONObject(), forge.WithGrammar(`root ::= "a"`)); !errors.Is(err, forge.StatusInvalidArgument) {
+		t.Errorf("BatchGenerate with two constraints: %v", err)
+	}
+	collect(m.Generate(ctx, once, forge.WithConstraintTrigger("{")))
+	if !errors.Is(m.Err(), forge.StatusInvalidArgument) {
+		t.Errorf("a trigger without a constraint: %v", m.Err())
+	}
+	collect(m.Generate(ctx, once, forge.WithJSONSchema(make(chan int))))
+	if !errors.Is(m.Err(), forge.StatusInvalidArgument) || !strings.Contains(m.Err().Error(), "chan int") {
+		t.Errorf("a schema that does not marshal: %v", m.Err())
+	}
+	// The library's errors: an unsupported keyword, a grammar error, a trigger in Classify.
+	collect(m.Generate(ctx, once, forge.WithJSONSchema(`{"type": "integer", "multipleOf": 3}`)))
+	if !errors.Is(m.Err(), forge.StatusUnsupported) || !strings.Contains(m.Err().Error(), "multipleOf") {
+		t.Errorf("an unsupported keyword: %v", m.Err())
+	}
+	collect(m.Generate(ctx, once, forge.WithGrammar("root ::= nope")))
+	if !errors.Is(m.Err(), forge.StatusInvalidArgument) || !strings.Contains(m.Err().Error(), "'nope'") {
+		t.Errorf("an undefined rule: %v", m.Err())
+	}
+	if _, err := m.Classify(ctx, []string{once}, forge.WithJSONObject(), forge.WithConstraintTrigger("{")); !errors.Is(err, forge.StatusInvalidArgument) ||
+		!strings.Contains(err.Error(), "trigger") {
+		t.Errorf("Classify with a trigger: %v", err)
+	}
+	// The model is still fine.
+	if text, _ := collect(m.Generate(ctx, once, forge.WithJSONObject(), forge.WithMaxTokens(8))); m.Err() != nil || !strings.HasPrefix(text, "{") {
+		t.Errorf("after the errors: %q, %v", text, m.Err())
+	}
+}
+
+// makeToolModel is makeChatModel with Llama 3.2's chat template (tools, the "tool" role) as
+// chat_template.jinja, which forge reads when tokenizer_config.json has no chat_template.
+func makeToolModel(t *testing.T) string {
+	t.Helper()
+	dir := makeChatModel(t)
+	tmpl, err := os.ReadFile(filepath.Join(root, "tests", "fixtures", "chat", "llama3.2-instruct.jinja"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "tokenizer_config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	delete(cfg, "chat_template")
+	var out bytes.Buffer
+	enc := json.NewEncoder(&out)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, out.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), tmpl, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+var (
+	weatherTool = forge.Tool{Name: "get_weather", Description: "Weather in a city.", Parameters: weatherSchema}
+	clockTool   = forge.Tool{Name: "get_time", Parameters: clockSchema}
+)
+
+func TestToolCalls(t *testing.T) {
+	m, err := forge.LoadModel(makeToolModel(t), forge.WithContextLen(1024))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ctx := context.Background()
+	user := []forge.Message{{Role: "user", Content: "Weather in Paris?"}}
+
+	t.Run("RenderWithTools", func(t *testing.T) {
+		plain, err := m.RenderChat(user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rendered, err := m.RenderChat(user, forge.WithTools(weatherTool, clockTool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"Environment: ipython\n", `"name": "get_weather"`, `"description": "Weather in a city."`,
+			`"name": "get_time"`, `"maxLength": 12`, `"minimum": -12`, "Weather in Paris?<|eot_id|>"} {
+			if !strings.Contains(rendered, want) {
+				t.Errorf("RenderChat with tools lacks %q:\n%s", want, rendered)
+			}
+		}
+		if strings.Contains(plain, "get_weather") || !strings.HasSuffix(rendered, "<|start_header_id|>assistant<|end_header_id|>\n\n") {
+			t.Errorf("without tools %q,\nwith them %q", plain, rendered)
+		}
+		if _, err := m.RenderChat(user, forge.WithTools(forge.Tool{Description: "no name"})); !errors.Is(err, forge.StatusInvalidArgument) {
+			t.Errorf("a tool without a name: %v", err)
+		}
+		if _, err := m.RenderChat(user, forge.WithTools(forge.Tool{Name: "f", Parameters: func() {}})); !errors.Is(err, forge.StatusInvalidArgument) ||
+			!strings.Contains(err.Error(), "tool 0 (f)") {
+			t.Errorf("parameters that do not marshal: %v", err)
+		}
+		if _, err := model(t).RenderChat(user, forge.WithTools(weatherTool)); !errors.Is(err, forge.StatusUnsupported) {
+			t.Errorf("tools on a model without a chat format: %v", err)
+		}
+	})
+
+	t.Run("HistoryWithACallAndItsResult", func(t *testing.T) {
+		history := append(slices.Clone(user),
+			forge.Message{Role: "assistant", ToolCalls: []forge.ToolCall{{Name: "get_weather", Arguments: `{"city": "Paris", "unit": "celsius", "days": 3}`}}},
+			forge.Message{Role: "tool", Content: `{"temp": 21.5}`})
+		rendered, err := m.RenderChat(history, forge.WithTools(weatherTool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "<|start_header_id|>assistant<|end_header_id|>\n\n" +
+			`{"name": "get_weather", "parameters": {"city": "Paris", "unit": "celsius", "days": 3}}<|eot_id|>` +
+			"<|start_header_id|>ipython<|end_header_id|>\n\n" + `"{\"temp\": 21.5}"<|eot_id|>` +
+			"<|start_header_id|>assistant<|end_header_id|>\n\n"
+		if !strings.HasSuffix(rendered, want) {
+			t.Errorf("RenderChat = %q,\nwant the suffix %q", rendered, want)
+		}
+		// The template takes one call a message.
+		two := slices.Clone(history)
+		two[1].ToolCalls = append(two[1].ToolCalls, forge.ToolCall{Name: "get_time"})
+		if _, err := m.RenderChat(two, forge.WithTools(weatherTool)); !errors.Is(err, forge.StatusInvalidArgument) {
+			t.Errorf("two calls in a message: %v", err)
+		}
+	})
+
+	// As tests/test_grammar.cpp's ToolCalls.RequiredCallsValidateOnRandomWeights.
+	t.Run("RequiredCallsValidate", func(t *testing.T) {
+		s, err := m.NewSession(forge.SessionConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		tools := forge.WithTools(weatherTool, clockTool)
+		complete := 0
+		var last forge.ChatReply
+		for _, run := range []struct {
+			temp float32
+			seed uint64
+		}{{0, 0}, {1.2, 1}, {1.2, 2}} {
+			opts := []forge.GenerateOption{tools, forge.WithRequiredToolCalls(), forge.WithTemperature(run.temp),
+				forge.WithSeed(run.seed), forge.WithMaxTokens(96)}
+			reply, err := s.ChatTools(ctx, user, opts...)
+			what := fmt.Sprintf("T %v seed %d: %q", run.temp, run.seed, reply.Text)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			met := s.Metrics()
+			if !met.ConstraintComplete {
+				if met.StopReason != forge.StopMaxTokens {
+					t.Errorf("%s: incomplete, stopped by %v", what, met.StopReason)
+				}
+				continue
+			}
+			complete++
+			if len(reply.ToolCalls) != 1 || reply.Content != "" {
+				t.Fatalf("%s: calls %+v, content %q", what, reply.ToolCalls, reply.Content)
+			}
+			call := reply.ToolCalls[0]
+			switch call.Name {
+			case "get_weather":
+				err = validWeather(call.Arguments)
+			case "get_time":
+				err = validClock(call.Arguments)
+			default:
+				err = fmt.Errorf("no tool %q", call.Name)
+			}
+			if err != nil {
+				t.Errorf("%s: %v", what, err)
+			}
+			if complete == 1 { // Chat streams the same reply
+				streamed, _ := collect(s.Chat(ctx, user, opts...))
+				if s.Err() != nil || streamed != reply.Text {
+					t.Errorf("%s: Chat streamed %q, %v", what, streamed, s.Err())
+				}
+			}
+			last = reply
+		}
+		if complete < 2 {
+			t.Fatalf("%d of 3 runs made a whole call", complete)
+		}
+		// The call and its result go back into the conversation.
+		history := append(slices.Clone(user), last.Message(), forge.Message{Role: "tool", Content: `{"ok": true}`})
+		rendered, err := m.RenderChat(history, tools)
+		if err != nil || !strings.Contains(rendered, `"name": "`+last.ToolCalls[0].Name+`"`) {
+			t.Errorf("the reply in the history: %v\n%s", err, rendered)
+		}
+		if _, err := s.ChatTools(ctx, history, tools, forge.WithMaxTokens(4)); err != nil || s.Metrics().CachedTokens == 0 {
+			t.Errorf("the next turn: %v, %+v", err, s.Metrics())
+		}
+		// Without the options the reply is free text, parsed as content.
+		reply, err := m.ChatTools(ctx, user, tools, forge.WithMaxTokens(8))
+		if err != nil || len(reply.ToolCalls) != 0 || reply.Content != strings.TrimSpace(reply.Text) || m.Metrics().GeneratedTokens == 0 {
+			t.Errorf("free reply %+v, %v", reply, err)
+		}
+	})
+
+	t.Run("Errors", func(t *testing.T) {
+		_, err := m.ChatTools(ctx, user, forge.WithTools(weatherTool), forge.WithStrictToolCalls(), forge.WithJSONObject())
+		if !errors.Is(err, forge.StatusInvalidArgument) || !strings.Contains(err.Error(), "constraint") {
+			t.Errorf("strict tool calls and a constraint: %v", err)
+		}
+		collect(m.Chat(ctx, user, forge.WithRequiredToolCalls()))
+		if !errors.Is(m.Err(), forge.StatusInvalidArgument) || !strings.Contains(m.Err().Error(), "need tools") {
+			t.Errorf("required tool calls without tools: %v", m.Err())
+		}
+		bad := forge.Tool{Name: "f", Parameters: `{"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}`}
+		if _, err := m.ChatTools(ctx, user, forge.WithTools(bad), forge.WithRequiredToolCalls()); !errors.Is(err, forge.StatusUnsupported) ||
+			!strings.Contains(err.Error(), "multipleOf") {
+			t.Errorf("a tool's unsupported keyword: %v", err)
+		}
+	})
 }

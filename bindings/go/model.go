@@ -266,8 +266,9 @@ func (m *Model) Err() error {
 	return m.lastErr
 }
 
-// Metrics returns the numbers of the model's last Generate, Chat, Classify or BatchGenerate
-// (for BatchGenerate: the items' tokens summed, durations the call's).
+// Metrics returns the numbers of the model's last Generate, Chat, ChatTools, Classify or
+// BatchGenerate (for BatchGenerate: the items' tokens, forced tokens, masks and constraint time
+// summed, the other durations the call's; BatchResult.Metrics has each item's).
 func (m *Model) Metrics() Metrics {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -343,7 +344,9 @@ func (m *Model) pooledSeq(seq func(*Session) iter.Seq[Token]) iter.Seq[Token] {
 // BOS added as it declares), streamed as the sequence is ranged over. Breaking out of the
 // loop stops generation before the next token (StopCallback); cancelling ctx stops it too
 // (StopCancelled, and Err returns ctx.Err()). Errors end the sequence and are returned by Err.
-// Each range over the sequence generates anew.
+// Each range over the sequence generates anew. With a constraint (WithJSONSchema, WithGrammar,
+// WithJSONObject, WithChoices) the output matches it; Metrics().ConstraintComplete tells a whole
+// match from one cut short (by WithMaxTokens, say).
 func (m *Model) Generate(ctx context.Context, prompt string, opts ...GenerateOption) iter.Seq[Token] {
 	return m.pooledSeq(func(s *Session) iter.Seq[Token] { return s.Generate(ctx, prompt, opts...) })
 }
@@ -356,7 +359,9 @@ func (m *Model) GenerateTokens(ctx context.Context, prompt []int32, opts ...Gene
 // Chat renders messages with the model family's chat template (Llama 3, ChatML for Qwen,
 // Gemma), then streams the assistant's reply as Generate does; the family's end-of-turn token
 // ends it. A model without a known chat format gives no tokens and Err returns an *Error with
-// StatusUnsupported.
+// StatusUnsupported. With WithTools the conversation is rendered with the tools and the reply
+// streams as generated, tool calls included (ChatTools parses them out); a constraint
+// (WithJSONSchema, ...) holds after a thinking reply's thinking.
 func (m *Model) Chat(ctx context.Context, messages []Message, opts ...GenerateOption) iter.Seq[Token] {
 	return m.pooledSeq(func(s *Session) iter.Seq[Token] { return s.Chat(ctx, messages, opts...) })
 }
@@ -364,7 +369,9 @@ func (m *Model) Chat(ctx context.Context, messages []Message, opts ...GenerateOp
 // Classify runs one batched forward pass per batch over prompts, no decode loop, and returns
 // for each the token drawn from the logits after its last token (greedy by default: the
 // argmax, which is the first token Generate would give) and, with WithLogits, those logits.
-// Sampling options apply (WithTemperature, WithTopK, WithTopP, WithMinP, WithSeed).
+// Sampling options apply (WithTemperature, WithTopK, WithTopP, WithMinP, WithSeed), and a
+// constraint: the token is drawn among those it allows first; with WithChoices each result's
+// Choice is the choice the model writes.
 func (m *Model) Classify(ctx context.Context, prompts []string, opts ...GenerateOption) ([]ClassifyResult, error) {
 	s, err := m.takeSession(false)
 	if err != nil {
@@ -381,7 +388,7 @@ func (m *Model) Classify(ctx context.Context, prompts []string, opts ...Generate
 // what Generate gives for its prompt alone (same tokens, same seeded draws, up to float
 // rounding on devices whose batched products round differently). A prompt that fails on its
 // own gets BatchResult.Err; a failure of the whole call is returned. When ctx is cancelled the
-// results so far are returned with ctx.Err().
+// results so far are returned with ctx.Err(). A constraint applies to every prompt.
 func (m *Model) BatchGenerate(ctx context.Context, prompts []string, opts ...GenerateOption) ([]BatchResult, error) {
 	s, err := m.takeSession(true)
 	if err != nil {
@@ -510,27 +517,38 @@ func (m *Model) SpecialTokens() (SpecialTokens, error) {
 }
 
 // RenderChat returns the conversation as the model's chat template renders it (the prompt
-// Chat generates from). WithoutGenerationPrompt and WithThinking apply. It fails with
-// StatusUnsupported for a model without a known chat format and StatusInvalidArgument when the
-// template rejects the conversation.
+// Chat generates from). WithoutGenerationPrompt, WithThinking and WithTools apply. It fails
+// with StatusUnsupported for a model without a known chat format (or, with tools, a family
+// whose tools forge does not render) and StatusInvalidArgument when the template rejects the
+// conversation.
 func (m *Model) RenderChat(messages []Message, opts ...GenerateOption) (string, error) {
+	cfg := NewGenerateConfig(opts...)
+	if err := cfg.check(); err != nil {
+		return "", err
+	}
 	cm, err := m.acquire()
 	if err != nil {
 		return "", err
 	}
 	defer m.release()
-	cfg := NewGenerateConfig(opts...)
 	var a cmem
 	defer a.free()
-	msgs := a.messages(messages)
+	msgs, tools := a.messages(messages), a.tools(&cfg)
 	size := 1024
 	for _, msg := range messages {
 		size += len(msg.Role) + len(msg.Content)
+		for _, call := range msg.ToolCalls {
+			size += 64 + 2*(len(call.Name)+len(call.Arguments))
+		}
+	}
+	for i, t := range cfg.Tools {
+		size += 256 + len(t.Name) + len(t.Description) + 4*len(cfg.toolParams[i])
 	}
 	for {
 		buf := make([]byte, size)
 		var n C.size_t
-		st := C.forge_chat_render(cm, msgs, C.int(len(messages)), cfg.chatFlags(), (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
+		st := C.forge_chat_render_tools(cm, msgs, C.int(len(messages)), tools, C.int(len(cfg.Tools)), cfg.chatFlags(),
+			(*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)), &n)
 		if st == C.FORGE_ERR_BUFFER_TOO_SMALL {
 			size = int(n) + 1
 			continue
@@ -552,6 +570,18 @@ func (a *cmem) messages(messages []Message) *C.forge_chat_message {
 		cs[i].struct_size = C.sizeof_forge_chat_message
 		cs[i].role = a.str(msg.Role)
 		cs[i].content = a.str(msg.Content)
+		if n := len(msg.ToolCalls); n > 0 {
+			calls := (*C.forge_tool_call)(a.alloc(uintptr(n) * C.sizeof_forge_tool_call))
+			for j, call := range msg.ToolCalls {
+				c := &unsafe.Slice(calls, n)[j]
+				c.struct_size = C.sizeof_forge_tool_call
+				c.name = a.str(call.Name)
+				if call.Arguments != "" {
+					c.arguments = a.str(call.Arguments)
+				}
+			}
+			cs[i].tool_calls, cs[i].n_tool_calls = calls, C.int(n)
+		}
 	}
 	return p
 }

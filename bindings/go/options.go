@@ -5,6 +5,8 @@ package forge
 */
 import "C"
 
+import "fmt"
+
 // Overflow is forge_overflow: what a session does when the next token would not fit its
 // context.
 type Overflow int
@@ -101,22 +103,29 @@ func WithMaxDeviceMemory(bytes uint64) LoadOption {
 // GenerateConfig holds what the generation options set; NewGenerateConfig gives forge's
 // defaults.
 type GenerateConfig struct {
-	MaxTokens          int      // tokens to generate at most; 0: evaluate the prompt only
-	Temperature        float32  // 0: greedy (argmax, ties to the lower id)
-	TopK               int      // 0: off
-	TopP               float32  // 1: off
-	MinP               float32  // 0: off
-	RepeatPenalty      float32  // 1: off
-	RepeatWindow       int      // tokens looked back for the penalty
-	Seed               uint64   // the sampler's seed: same seed, device and model, same output
-	StopTokens         []int32  // extra ids that end generation (not emitted)
-	StopStrings        []string // texts that end generation (matched across tokens, not emitted)
-	IgnoreEOS          bool     // do not stop at the model's end tokens
-	AddSpecial         bool     // add the tokens the tokenizer declares (BOS) to a text prompt
-	Logits             bool     // Classify: return each prompt's logits
-	NoGenerationPrompt bool     // Chat: do not append the assistant's opening
-	ThinkingOff        bool     // Chat: enable_thinking=False (Qwen 3; Gemma 4's default)
-	ThinkingOn         bool     // Chat: enable_thinking=True (Gemma 4; Qwen 3's default)
+	MaxTokens          int        // tokens to generate at most; 0: evaluate the prompt only
+	Temperature        float32    // 0: greedy (argmax, ties to the lower id)
+	TopK               int        // 0: off
+	TopP               float32    // 1: off
+	MinP               float32    // 0: off
+	RepeatPenalty      float32    // 1: off
+	RepeatWindow       int        // tokens looked back for the penalty
+	Seed               uint64     // the sampler's seed: same seed, device and model, same output
+	StopTokens         []int32    // extra ids that end generation (not emitted)
+	StopStrings        []string   // texts that end generation (matched across tokens, not emitted)
+	IgnoreEOS          bool       // do not stop at the model's end tokens
+	AddSpecial         bool       // add the tokens the tokenizer declares (BOS) to a text prompt
+	Logits             bool       // Classify: return each prompt's logits
+	NoGenerationPrompt bool       // Chat: do not append the assistant's opening
+	ThinkingOff        bool       // Chat: enable_thinking=False (Qwen 3; Gemma 4's default)
+	ThinkingOn         bool       // Chat: enable_thinking=True (Gemma 4; Qwen 3's default)
+	Constraint         Constraint // what the output must match (WithGrammar, WithJSONSchema, ...)
+	Tools              []Tool     // Chat, ChatTools, RenderChat: functions the model may call
+	StrictToolCalls    bool       // Chat, ChatTools: a call the model opens matches a tool's schema
+	RequiredToolCalls  bool       // Chat, ChatTools: the reply is tool calls only
+
+	err        error    // an option's error (two constraints, a schema that does not marshal)
+	toolParams []string // check: each tool's parameters as JSON text ("": none)
 }
 
 // NewGenerateConfig returns forge's defaults (forge_generate_default_params) with opts
@@ -203,6 +212,29 @@ func WithThinking(on bool) GenerateOption {
 	return func(c *GenerateConfig) { c.ThinkingOn, c.ThinkingOff = on, !on }
 }
 
+// check returns the error an option left (two constraints, a value that does not marshal)
+// before the call does any work, and marshals the tools' parameters.
+func (c *GenerateConfig) check() error {
+	if c.err != nil {
+		return c.err
+	}
+	if k := &c.Constraint; k.Kind == ConstraintNone && (k.Trigger != "" || k.SampleForced) {
+		return invalid("WithConstraintTrigger and WithSampleForced need a constraint (WithGrammar, WithJSONSchema, WithJSONObject, WithChoices)")
+	}
+	c.toolParams = make([]string, len(c.Tools))
+	for i, t := range c.Tools {
+		if t.Parameters == nil {
+			continue
+		}
+		text, err := jsonText(t.Parameters)
+		if err != nil {
+			return invalid(fmt.Sprintf("tool %d (%s): parameters: %v", i, t.Name, err))
+		}
+		c.toolParams[i] = text
+	}
+	return nil
+}
+
 func (c *GenerateConfig) chatFlags() C.uint32_t {
 	var f C.uint32_t
 	if c.NoGenerationPrompt {
@@ -213,6 +245,12 @@ func (c *GenerateConfig) chatFlags() C.uint32_t {
 	}
 	if c.ThinkingOn {
 		f |= C.FORGE_CHAT_THINKING_ON
+	}
+	if c.StrictToolCalls {
+		f |= C.FORGE_CHAT_TOOL_ARGUMENTS
+	}
+	if c.RequiredToolCalls {
+		f |= C.FORGE_CHAT_TOOL_REQUIRED
 	}
 	return f
 }

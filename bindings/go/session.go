@@ -237,6 +237,7 @@ func (a *cmem) generateParams(c *GenerateConfig) *C.forge_generate_params {
 	}
 	p.ignore_eos = cbool(c.IgnoreEOS)
 	p.add_special = cbool(c.AddSpecial)
+	p.constraint = a.constraint(&c.Constraint)
 	return p
 }
 
@@ -276,12 +277,12 @@ func (st *stream) onToken(id int32, text string) (ret C.int) {
 	return 0
 }
 
-type generateCall func(cs *C.forge_session, a *cmem, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status
+type generateCall func(cs *C.forge_session, a *cmem, cfg *GenerateConfig, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status
 
 // seq runs one generate or chat call per range over the returned sequence.
 func (s *Session) seq(ctx context.Context, opts []GenerateOption, call generateCall) iter.Seq[Token] {
-	cfg := NewGenerateConfig(opts...)
 	return func(yield func(Token) bool) {
+		cfg := NewGenerateConfig(opts...)
 		st := &stream{yield: yield}
 		met, err := s.run(ctx, &cfg, st, call)
 		s.setResult(met, err, true)
@@ -294,6 +295,9 @@ func (s *Session) seq(ctx context.Context, opts []GenerateOption, call generateC
 func (s *Session) run(ctx context.Context, cfg *GenerateConfig, st *stream, call generateCall) (Metrics, error) {
 	if err := ctx.Err(); err != nil {
 		return Metrics{StopReason: StopCancelled}, err
+	}
+	if err := cfg.check(); err != nil {
+		return Metrics{}, err
 	}
 	cs, err := s.begin()
 	if err != nil {
@@ -310,7 +314,7 @@ func (s *Session) run(ctx context.Context, cfg *GenerateConfig, st *stream, call
 	cmet := (*C.forge_metrics)(a.alloc(C.sizeof_forge_metrics))
 	cmet.struct_size = C.sizeof_forge_metrics
 	stop := s.watch(ctx)
-	status := call(cs, &a, p, cmet)
+	status := call(cs, &a, cfg, p, cmet)
 	stop()
 	met := metrics(cmet)
 	if status != C.FORGE_OK {
@@ -326,14 +330,14 @@ func (s *Session) run(ctx context.Context, cfg *GenerateConfig, st *stream, call
 // afterwards holds the prompt and the generated tokens, so a later prompt that continues them
 // prefills only the rest.
 func (s *Session) Generate(ctx context.Context, prompt string, opts ...GenerateOption) iter.Seq[Token] {
-	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
+	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, _ *GenerateConfig, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
 		return C.forge_generate(cs, a.str(prompt), C.size_t(len(prompt)), p, met)
 	})
 }
 
 // GenerateTokens is Generate from a prompt of token ids.
 func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...GenerateOption) iter.Seq[Token] {
-	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
+	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, _ *GenerateConfig, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
 		ids := (*C.int32_t)(a.alloc(uintptr(len(prompt)) * 4))
 		for i, id := range prompt {
 			unsafe.Slice(ids, len(prompt))[i] = C.int32_t(id)
@@ -345,10 +349,8 @@ func (s *Session) GenerateTokens(ctx context.Context, prompt []int32, opts ...Ge
 // Chat streams the reply to messages; see Model.Chat. The prompt cache makes a multi-turn
 // chat on one session prefill only the new turn.
 func (s *Session) Chat(ctx context.Context, messages []Message, opts ...GenerateOption) iter.Seq[Token] {
-	cfg := NewGenerateConfig(opts...)
-	flags := cfg.chatFlags()
-	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
-		return C.forge_chat(cs, a.messages(messages), C.int(len(messages)), flags, p, met)
+	return s.seq(ctx, opts, func(cs *C.forge_session, a *cmem, cfg *GenerateConfig, p *C.forge_generate_params, met *C.forge_metrics) C.forge_status {
+		return a.chat(cs, messages, cfg, p, nil, met)
 	})
 }
 
@@ -361,12 +363,15 @@ func (s *Session) Classify(ctx context.Context, prompts []string, opts ...Genera
 	if len(prompts) == 0 {
 		return nil, nil
 	}
+	cfg := NewGenerateConfig(opts...)
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	cs, err := s.begin()
 	if err != nil {
 		return nil, err
 	}
 	defer s.end()
-	cfg := NewGenerateConfig(opts...)
 	n := len(prompts)
 	var a cmem
 	defer a.free()
@@ -382,6 +387,7 @@ func (s *Session) Classify(ctx context.Context, prompts []string, opts ...Genera
 	par.top_p, par.min_p = C.float(cfg.TopP), C.float(cfg.MinP)
 	par.seed, par.add_special = C.uint64_t(cfg.Seed), cbool(cfg.AddSpecial)
 	par.cancel = s.cancel
+	par.constraint = a.constraint(&cfg.Constraint)
 	nv := s.m.info.VocabSize
 	var logits *C.float
 	if cfg.Logits {
@@ -405,7 +411,7 @@ func (s *Session) Classify(ctx context.Context, prompts []string, opts ...Genera
 	}
 	out := make([]ClassifyResult, n)
 	for i, r := range unsafe.Slice(res, n) {
-		out[i] = ClassifyResult{Token: Token{ID: int32(r.token)}, NumTokens: int(r.n_tokens)}
+		out[i] = ClassifyResult{Token: Token{ID: int32(r.token)}, NumTokens: int(r.n_tokens), Choice: int(r.choice)}
 		if r.text != nil {
 			out[i].Token.Text = C.GoStringN(r.text, C.int(r.text_len))
 		}
@@ -437,12 +443,15 @@ func (s *Session) BatchGenerate(ctx context.Context, prompts []string, opts ...G
 	if len(prompts) == 0 {
 		return nil, nil
 	}
+	cfg := NewGenerateConfig(opts...)
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
 	cs, err := s.begin()
 	if err != nil {
 		return nil, err
 	}
 	defer s.end()
-	cfg := NewGenerateConfig(opts...)
 	n := len(prompts)
 	var a cmem
 	defer a.free()
@@ -500,6 +509,9 @@ func (s *Session) BatchGenerate(ctx context.Context, prompts []string, opts ...G
 		total.GeneratedTokens += met.GeneratedTokens
 		total.PrefillDuration += met.PrefillDuration
 		total.PeakMemoryBytes = max(total.PeakMemoryBytes, met.PeakMemoryBytes)
+		total.ForcedTokens += met.ForcedTokens
+		total.ConstraintMasks += met.ConstraintMasks
+		total.ConstraintDuration += met.ConstraintDuration
 		if met.StopReason == StopCancelled {
 			cancelled = true
 		}

@@ -21,8 +21,9 @@ type Token struct {
 
 // Message is one chat turn for Chat and RenderChat.
 type Message struct {
-	Role    string // "system", "user", "assistant" (Qwen: also "tool")
-	Content string
+	Role      string     // "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool", a tool's result)
+	Content   string     // UTF-8
+	ToolCalls []ToolCall // an assistant message's tool calls (Llama 3.1+: one a message; Qwen 3, Qwen 3.5)
 }
 
 // StopReason is a forge_stop_reason: why a generate or chat call stopped.
@@ -38,9 +39,12 @@ const (
 	StopCallback  StopReason = 5 // the consumer stopped (broke out of the range loop)
 	StopContext   StopReason = 6 // the session's context is full
 	StopCancelled StopReason = 7 // the context was cancelled, or the model closed
+	// The constraint allows nothing more: the output matches it whole with nothing that may
+	// follow (Metrics.ConstraintComplete), or no token of the vocabulary continues it.
+	StopConstraint StopReason = 8
 )
 
-var stopNames = [...]string{"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled"}
+var stopNames = [...]string{"none", "eos", "stop token", "stop string", "max tokens", "callback", "context full", "cancelled", "constraint"}
 
 // String returns a short lower-case name ("eos", "max tokens").
 func (r StopReason) String() string {
@@ -151,6 +155,10 @@ type Metrics struct {
 	PromptCacheHits     uint64        // calls on the session that reused a cached prefix (cumulative)
 	StopReason          StopReason    // why the call stopped
 	ContextSlides       int           // times the call slid a full context (WithOverflow)
+	ConstraintComplete  bool          // with a constraint: the output matches it whole (else it stopped early, a prefix of a match)
+	ForcedTokens        int           // generated tokens the constraint forced (written, not sampled)
+	ConstraintMasks     int           // steps whose candidates could not decide: the whole mask was computed
+	ConstraintDuration  time.Duration // host time on the constraint: compiling, checks, masks, forced text
 }
 
 func ms(v C.double) time.Duration { return time.Duration(float64(v) * float64(time.Millisecond)) }
@@ -170,16 +178,23 @@ func metrics(m *C.forge_metrics) Metrics {
 		PromptCacheHits:     uint64(m.prompt_cache_hits),
 		StopReason:          StopReason(m.stop_reason),
 		ContextSlides:       int(m.context_slides),
+		ConstraintComplete:  m.constraint_complete != 0,
+		ForcedTokens:        int(m.forced_tokens),
+		ConstraintMasks:     int(m.constraint_masks),
+		ConstraintDuration:  ms(m.constraint_ms),
 	}
 }
 
 // ClassifyResult is one prompt's result from Classify: the token drawn from the logits after
 // the prompt's last token (the argmax at temperature 0) with its text as it continues the
-// prompt, the prompt's token count and, with WithLogits, those logits (VocabSize floats).
+// prompt, the prompt's token count, with WithLogits those logits (VocabSize floats) and, with
+// WithChoices, the index of the choice the model writes (greedy or drawn, token by token as
+// Generate would), else -1. With a constraint the token is drawn among those it allows first.
 type ClassifyResult struct {
 	Token     Token
 	NumTokens int
 	Logits    []float32
+	Choice    int
 }
 
 // BatchResult is one prompt's result from BatchGenerate: its tokens (as Generate would
