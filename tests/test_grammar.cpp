@@ -932,6 +932,55 @@ TEST(Constrained, ClassifyChoices) {
     forge_model_free(m);
 }
 
+namespace {
+
+/* The two tools of the required-calls tests: get_weather's parameters (a string of at most 12
+ * characters and an enum) and get_time's (an integer in [-12, 14]). */
+const std::string weather_schema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, "
+                                   "\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\", \"unit\"], "
+                                   "\"additionalProperties\": false}";
+const std::string clock_schema = "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\", \"minimum\": -12, \"maximum\": 14}}, "
+                                 "\"required\": [\"zone\"], \"additionalProperties\": false}";
+const forge_tool weather_tools[2] = {{sizeof(forge_tool), "get_weather", "Weather in a city.", weather_schema.c_str()},
+                                     {sizeof(forge_tool), "get_time", nullptr, clock_schema.c_str()}};
+
+/* forge_chat_tools with FORGE_CHAT_TOOL_REQUIRED on session s (its model's template set), greedy
+ * and at T 1.2, seeds 1 to 3: a reply that ends matched is 1 to max_calls calls of the two tools
+ * whose arguments validate against their schemas, and no content; one that does not stopped for
+ * max_tokens. Returns how many of the 6 ended matched. */
+int required_tool_calls(forge_session *s, int max_tokens, int max_calls) {
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
+    int complete = 0;
+    for (float temp : {0.0f, 1.2f}) {
+        for (uint64_t seed : {1u, 2u, 3u}) {
+            forge_generate_params p = forge_generate_default_params();
+            p.temperature = temp;
+            p.seed = seed;
+            p.max_tokens = max_tokens;
+            forge_chat_reply r = ft::sized<forge_chat_reply>();
+            forge_metrics mt = ft::sized<forge_metrics>();
+            EXPECT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
+            std::string what = "T " + std::to_string(temp) + " seed " + std::to_string(seed) + ": " + std::string(r.text, r.text_len);
+            if (!mt.constraint_complete) {
+                EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what;
+                continue;
+            }
+            complete++;
+            EXPECT_GE(r.n_tool_calls, 1) << what;
+            EXPECT_LE(r.n_tool_calls, max_calls) << what;
+            for (int i = 0; i < r.n_tool_calls; i++) {
+                std::string name = r.tool_names[i];
+                EXPECT_TRUE(name == "get_weather" || name == "get_time") << what;
+                EXPECT_EQ(jc::validate(r.tool_arguments[i], name == "get_weather" ? weather_schema : clock_schema), "") << what << "\n" << r.tool_arguments[i];
+            }
+            EXPECT_EQ(r.content_len, 0u) << what;
+        }
+    }
+    return complete;
+}
+
+} // namespace
+
 /* forge_chat_tools on random weights with Qwen 3.5's template (the Qwen 3 tokenizer, whose ChatML
  * tokens 3.5 shares): FORGE_CHAT_TOOL_REQUIRED makes the reply <tool_call><function=...> blocks of
  * the given tools whose values, read by the schemas (a raw string, an enum, JSON integers),
@@ -945,38 +994,7 @@ TEST(ToolCalls, Qwen35RequiredCallsValidateOnRandomWeights) {
     ft_model_set_chat_template(m, tmpl.c_str());
     forge_session *s = ft::session(m, 2048);
     ASSERT_NE(s, nullptr);
-    std::string weather = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, "
-                          "\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\", \"unit\"]}";
-    std::string clock = "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\", \"minimum\": -12, \"maximum\": 14}}, "
-                        "\"required\": [\"zone\"], \"additionalProperties\": false}";
-    forge_tool tools[2] = {{sizeof(forge_tool), "get_weather", "Weather in a city.", weather.c_str()},
-                           {sizeof(forge_tool), "get_time", nullptr, clock.c_str()}};
-    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
-    int complete = 0;
-    for (float temp : {0.0f, 1.2f}) {
-        for (uint64_t seed : {1u, 2u, 3u}) {
-            forge_generate_params p = forge_generate_default_params();
-            p.temperature = temp;
-            p.seed = seed;
-            p.max_tokens = 64;
-            forge_chat_reply r = ft::sized<forge_chat_reply>();
-            forge_metrics mt = ft::sized<forge_metrics>();
-            ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
-            std::string what = "T " + std::to_string(temp) + " seed " + std::to_string(seed) + ": " + std::string(r.text, r.text_len);
-            if (!mt.constraint_complete) {
-                EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what;
-                continue;
-            }
-            complete++;
-            ASSERT_GE(r.n_tool_calls, 1) << what;
-            for (int i = 0; i < r.n_tool_calls; i++) {
-                std::string name = r.tool_names[i];
-                ASSERT_TRUE(name == "get_weather" || name == "get_time") << what;
-                EXPECT_EQ(jc::validate(r.tool_arguments[i], name == "get_weather" ? weather : clock), "") << what << "\n" << r.tool_arguments[i];
-            }
-            EXPECT_EQ(r.content_len, 0u) << what;
-        }
-    }
+    int complete = required_tool_calls(s, 64, 1000);
     EXPECT_GE(complete, 4) << complete << " of 6 runs made whole calls";
     forge_session_free(s);
     forge_model_free(m);
@@ -994,45 +1012,17 @@ TEST(ToolCalls, RequiredCallsValidateOnRandomWeights) {
     ft_model_set_chat_template(m, tmpl.c_str());
     forge_session *s = ft::session(m, 1024);
     ASSERT_NE(s, nullptr);
-    std::string weather = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"maxLength\": 12}, "
-                          "\"unit\": {\"enum\": [\"celsius\", \"fahrenheit\"]}}, \"required\": [\"city\", \"unit\"], \"additionalProperties\": false}";
-    std::string clock = "{\"type\": \"object\", \"properties\": {\"zone\": {\"type\": \"integer\", \"minimum\": -12, \"maximum\": 14}}, "
-                        "\"required\": [\"zone\"], \"additionalProperties\": false}";
-    forge_tool tools[2] = {{sizeof(forge_tool), "get_weather", "Weather in a city.", weather.c_str()},
-                           {sizeof(forge_tool), "get_time", nullptr, clock.c_str()}};
-    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
-    int complete = 0;
-    for (float temp : {0.0f, 1.2f}) {
-        for (uint64_t seed : {1u, 2u, 3u}) {
-            forge_generate_params p = forge_generate_default_params();
-            p.temperature = temp;
-            p.seed = seed;
-            p.max_tokens = 96;
-            forge_chat_reply r = ft::sized<forge_chat_reply>();
-            forge_metrics mt = ft::sized<forge_metrics>();
-            ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
-            std::string what = "T " + std::to_string(temp) + " seed " + std::to_string(seed) + ": " + std::string(r.text, r.text_len);
-            if (!mt.constraint_complete) {
-                EXPECT_EQ(mt.stop_reason, FORGE_STOP_MAX_TOKENS) << what;
-                continue;
-            }
-            complete++;
-            ASSERT_EQ(r.n_tool_calls, 1) << what;
-            std::string name = r.tool_names[0];
-            ASSERT_TRUE(name == "get_weather" || name == "get_time") << what;
-            EXPECT_EQ(jc::validate(r.tool_arguments[0], name == "get_weather" ? weather : clock), "") << what << "\n" << r.tool_arguments[0];
-            EXPECT_EQ(r.content_len, 0u) << what;
-        }
-    }
+    int complete = required_tool_calls(s, 96, 1);
     EXPECT_GE(complete, 4) << complete << " of 6 runs made a whole call";
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
     forge_generate_params p = forge_generate_default_params();
     p.max_tokens = 8;
     forge_chat_reply r = ft::sized<forge_chat_reply>();
-    ASSERT_EQ(forge_chat_tools(s, &user, 1, tools, 2, 0, &p, &r, nullptr), FORGE_OK) << forge_session_errmsg(s);
+    ASSERT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, 0, &p, &r, nullptr), FORGE_OK) << forge_session_errmsg(s);
     EXPECT_EQ(r.n_tool_calls, 0);
     forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_OBJECT, "");
     p.constraint = &c;
-    EXPECT_EQ(forge_chat_tools(s, &user, 1, tools, 2, FORGE_CHAT_TOOL_ARGUMENTS, &p, &r, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, FORGE_CHAT_TOOL_ARGUMENTS, &p, &r, nullptr), FORGE_ERR_INVALID_ARGUMENT);
     forge_session_free(s);
     forge_model_free(m);
 }
