@@ -717,8 +717,11 @@ typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, 
  * next (special tokens never; the end tokens only where the grammar may end):
  *   - sampling: the allowed tokens' distribution, renormalized, then the usual filters and draw
  *     (llama.cpp's order: the grammar first). Greedy takes the highest-logit allowed token.
- *     The device's 256 candidates are checked first; the whole mask (and the whole logits row)
- *     is computed only when they cannot decide the draw.
+ *     generate and chat: the automaton state's mask (computed once per state) is written
+ *     before each step and applied to the logits on the device ahead of the sampler's
+ *     reduction, so greedy costs what unconstrained greedy does; batch items check the
+ *     device's 256 candidates first. The whole mask and logits row are read on the host only
+ *     when the candidates cannot decide the draw.
  *   - forced text: where the grammar allows one byte at a time (a property name, "}"), the
  *     text up to where it branches is written as the tokenizer's own tokens of it (all but the
  *     last, which could merge with what follows) without sampling, evaluated together in one
@@ -835,7 +838,7 @@ typedef struct forge_metrics {
     int context_slides;               /* times this call slid a full context (forge_overflow) */
     int constraint_complete;          /* with a constraint: 1 when the output matches it whole (or ended outside a triggered span) */
     int forced_tokens;                /* generated tokens the constraint forced (written, not sampled) */
-    int constraint_masks;             /* steps whose candidates could not decide: the whole mask was computed */
+    int constraint_masks;             /* draws the device's candidates could not decide: the whole row was read on the host */
     double constraint_ms;             /* host time spent on the constraint: compiling, checks, masks, forced text */
 } forge_metrics;
 

@@ -187,7 +187,8 @@ static void forge__readback_invalidate(forge__device *d, const forge__buffer *rb
 
 /* Runs one step of n tokens at position n_past. FORGE__OUT_LOGITS copies n_out logit rows to
  * `logits`; FORGE__OUT_SAMPLE (n_out = 1) leaves the sampler's candidates in the readback
- * buffer, with `sp` giving the penalty and temperature (its ids already in the io buffer). */
+ * buffer, with `sp` giving the penalty and temperature (its ids already in the io buffer);
+ * FORGE__OUT_SAMPLE_MASKED the same over the tokens the io buffer's mask allows. */
 static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
                                 forge__out_mode mode, const forge__step_params *sp, float *logits) {
     forge__device *d = &s->m->dev;
@@ -540,12 +541,13 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
             s->vc[l] = s->vc[c->kv_source[l]];
         }
     /* (device memory the host sees is a small heap on some GPUs: system memory if it is full) */
-    if (forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_step, true, &s->mem, &m->mem_total, &s->io, &s->err) &&
-        (st = forge__buffer_create(d, forge__session_io_bytes(sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
+    if (forge__buffer_create(d, forge__session_io_bytes(m, sp), d->caps.mem_step, true, &s->mem, &m->mem_total, &s->io, &s->err) &&
+        (st = forge__buffer_create(d, forge__session_io_bytes(m, sp), d->caps.mem_upload, true, &s->mem, &m->mem_total, &s->io, &s->err)))
         return st;
     s->params_r = (forge__range){s->io.buf, 0, sizeof(forge__step_params)};
     s->penalty_r = (forge__range){s->io.buf, FORGE__IO_PENALTY_OFFSET, 4ull * FORGE__MAX_PENALTY_WINDOW};
     s->tokens_r = (forge__range){s->io.buf, FORGE__IO_TOKENS_OFFSET, 4ull * sp->n_batch};
+    s->mask_r = (forge__range){s->io.buf, forge__session_io_mask_offset(sp), 4ull * (((uint64_t)c->n_vocab + 31) / 32)};
     s->n_chunks = forge__topk_chunks(m);
     if ((st = forge__buffer_create(d, forge__session_readback_bytes(m, sp), d->caps.mem_readback, true, &s->mem, &m->mem_total,
                                    &s->readback, &s->err)))

@@ -1000,7 +1000,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         p.seq = out_row0;
         p.batch = n_out;
     }
-    bool batch = mode >= FORGE__OUT_BATCH_PREFILL, batch_reduce = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE;
+    bool batch = mode >= FORGE__OUT_BATCH_PREFILL && mode <= FORGE__OUT_BATCH_DECODE_LOGITS, batch_reduce = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE;
     if (batch) { /* the row table follows the step params; the rows' temperatures follow the tokens */
         p.table = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_PREFILL_LOGITS ? FORGE__TABLE_PREFILL : FORGE__TABLE_DECODE;
         p.params = (forge__range){s->io.buf, 0, s->io.size};
@@ -1060,11 +1060,16 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__barrier(r);
         forge__copy(r, s->sample_out, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
                     8ull * n_out * (1 + FORGE__CANDIDATES));
-    } else if (mode == FORGE__OUT_SAMPLE) { /* row 0 only: penalty, then the two-stage top-k */
+    } else if (mode == FORGE__OUT_SAMPLE || mode == FORGE__OUT_SAMPLE_MASKED) { /* row 0 only: penalty, [mask,] the two-stage top-k */
         uint32_t V = (uint32_t)c->n_vocab;
         forge__range bp[3] = {s->params_r, s->penalty_r, s->logits};
         forge__dispatch(r, FORGE__OP_PENALTY, bp, &V, FORGE__MAX_PENALTY_WINDOW / 64, 1, 1);
         forge__barrier(r);
+        if (mode == FORGE__OUT_SAMPLE_MASKED) {
+            forge__range bm[2] = {s->mask_r, s->logits};
+            forge__dispatch(r, FORGE__OP_LOGIT_MASK, bm, &V, (V + 255) / 256, 1, 1);
+            forge__barrier(r);
+        }
         if (m->sample_on_host) { /* the penalized row itself; forge__sample reduces it */
             forge__copy(r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
                         4ull * V);

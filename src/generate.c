@@ -329,12 +329,37 @@ typedef struct forge__cwork {
     uint32_t *mask;     /* the matcher's words */
 } forge__cwork;
 
-/* forge__sample with constraint g: *out -1 when no token is allowed. */
+/* forge__sample with constraint g: *out -1 when no token is allowed. `masked`: the step applied
+ * the constraint's mask (forge__mask_step), so a greedy reduction's one candidate is the best
+ * allowed token (the others are stale: greedy writes the best alone). */
 static forge_status forge__sample_constrained(forge_session *s, const forge_generate_params *p, forge__matcher *g, forge__cwork *w,
-                                              forge__cand *scratch, double *probs, int32_t *out) {
+                                              bool masked, forge__cand *scratch, double *probs, int32_t *out) {
     forge__draw_src src = {w->cands, 0, 0, 0, NULL, forge__fetch_row_cb, s};
     src.n = forge__read_reduction(s, p, w->cands, &src.M, &src.S, &src.row);
+    if (masked && p->temperature <= 0.0f && !s->m->sample_on_host) src.n = FORGE__MIN(src.n, 1);
     return forge__draw_constrained(g, p, s->rng, &src, s->m->cfg.n_vocab, scratch, probs, w->row, w->mask, out, &s->err);
+}
+
+/* Before a step whose last logits a constrained draw reads: while the constraint holds (not
+ * outside a triggered span, where the draw checks the candidates itself), its mask at its
+ * present state goes to the io buffer and the step applies it on the device
+ * (FORGE__OUT_SAMPLE_MASKED), so the reduction's best candidates are allowed tokens: a greedy
+ * draw needs the argmax alone (inv_temp 0, no sort), a sampled one gets the allowed tokens'
+ * own normalizer. The mask is the matcher's (cached per automaton state); it does not count as
+ * a draw the candidates could not decide (forge_metrics.constraint_masks). *masked says which. */
+static forge_status forge__mask_step(forge_session *s, forge__matcher *g, const forge_generate_params *p, uint32_t *scratch,
+                                     forge__step_params *sp, forge__out_mode *mode, bool *masked) {
+    *masked = g && g->constrained && !g->done && !g->dead;
+    *mode = *masked ? FORGE__OUT_SAMPLE_MASKED : FORGE__OUT_SAMPLE;
+    /* (a greedy draw the mask does not decide needs the device's whole candidate list) */
+    sp->inv_temp = p->temperature > 0 ? 1.0f / p->temperature : g && !*masked ? 1.0f : 0.0f;
+    if (!*masked) return FORGE_OK;
+    int counted = g->full_masks;
+    forge_status st = forge__matcher_mask(g, scratch); /* built in host memory: the io buffer may be write-combined */
+    g->full_masks = counted;
+    if (st) return forge__fail(&s->err, st, "%s", g->err.msg);
+    memcpy((uint8_t *)s->io.mapped + s->mask_r.offset, scratch, (size_t)FORGE__MIN(s->mask_r.size, 4ull * g->words));
+    return FORGE_OK;
 }
 
 /* Writes to the io buffer the distinct ids among the last `window` tokens of the session's
@@ -555,8 +580,9 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     forge__stopper stop = {&p, NULL, 0, 0};
     const forge__tokenizer *tk = m->tok.n_vocab ? &m->tok : NULL; /* without one: no end tokens, no text */
     forge_status st = (cands && probs && (!g || (cw.cands && cw.row && cw.mask))) ? FORGE_OK : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    /* (a greedy draw with a constraint needs the device's whole candidate list: any temperature but 0) */
-    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : g ? 1.0f : 0.0f, 0, {0, 0}};
+    forge__step_params sp = {0, 0, 0, p.repeat_penalty, p.temperature > 0 ? 1.0f / p.temperature : 0.0f, 0, {0, 0}};
+    forge__out_mode sample_mode = FORGE__OUT_SAMPLE;
+    bool masked = false; /* the last step applied the constraint's mask (forge__mask_step) */
     int window = FORGE__MIN(p.repeat_window, FORGE__MAX_PENALTY_WINDOW);
     /* prefill: all but the last chunk without outputs, the last one sampled; a step ends where
      * the checkpoint goes */
@@ -572,8 +598,9 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         bool last = done + step == n_prompt;
         if (last) /* the penalty window includes the prompt */
             sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, prompt + done, step, window) : 0;
+        if (last && (st = forge__mask_step(s, g, &p, cw.mask, &sp, &sample_mode, &masked))) break;
         st = forge__step(s, prompt + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u,
-                         last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp, NULL);
+                         last ? sample_mode : FORGE__OUT_LOGITS, &sp, NULL);
         done += step;
     }
     double t_prefill = forge__now_s();
@@ -597,7 +624,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         int32_t tok = -1;
         if (n_steps == 0 && !forced_start) { /* a draw from the last step's logits */
             if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; }
-            if ((st = g ? forge__sample_constrained(s, &p, g, &cw, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) break;
+            if ((st = g ? forge__sample_constrained(s, &p, g, &cw, masked, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) break;
             if (mt.generated_tokens == 0) {
                 t_first = forge__now_s();
                 mt.ttft_ms = (t_first - t0) * 1e3;
@@ -636,7 +663,8 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         }
         if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
         sp.n_penalty = p.repeat_penalty != 1.0f ? forge__penalty_ids(s, steps, n_steps, window) : 0;
-        st = forge__step(s, steps, (uint32_t)n_steps, (uint32_t)n_steps - 1, 1, FORGE__OUT_SAMPLE, &sp, NULL);
+        if ((st = forge__mask_step(s, g, &p, cw.mask, &sp, &sample_mode, &masked))) break;
+        st = forge__step(s, steps, (uint32_t)n_steps, (uint32_t)n_steps - 1, 1, sample_mode, &sp, NULL);
         n_steps = 0;
     }
     if (!st && mt.stop_reason != FORGE_STOP_STRING && mt.stop_reason != FORGE_STOP_CALLBACK) {

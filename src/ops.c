@@ -256,6 +256,7 @@ typedef enum forge__op {
     FORGE__OP_LOSS,
     FORGE__OP_ADAMW,
     FORGE__OP_LORA_MERGE,                              /* an adapter folded into float weights at load */
+    FORGE__OP_LOGIT_MASK,         /* a constraint's mask on the row the sampler reduces (FORGE__OUT_SAMPLE_MASKED) */
     FORGE__OP_COUNT
 } forge__op;
 
@@ -387,6 +388,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_DELTA_RULE_SG] = {"delta_rule_sg", FORGE__SPV(delta_rule_sg), 8, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_GATED_NORM] = {"gated_norm", FORGE__SPV(gated_norm), 3, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
+    [FORGE__OP_LOGIT_MASK] = {"logit_mask", FORGE__SPV(logit_mask), 2, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
     [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 5, sizeof(forge__pc_gemm), 0, {0}},
@@ -477,6 +479,7 @@ FORGE__PUSH_IS(moe_route, forge__pc_moe_route);
 FORGE__PUSH_IS(moe_group, forge__pc_moe_group);
 FORGE__PUSH_IS(moe_combine, forge__pc_moe_combine);
 FORGE__PUSH_IS(penalty, uint32_t);     /* src/forward.c pushes n_vocab alone */
+FORGE__PUSH_IS(logit_mask, uint32_t);  /* n_vocab alone too */
 FORGE__PUSH_IS(topk, uint32_t[3]);     /* ... and {n, candidates, temp_word} */
 FORGE__PUSH_IS(topk_merge, uint32_t[3]);
 FORGE__PUSH_IS(gemm, forge__pc_gemm);

@@ -43,7 +43,10 @@ typedef enum forge__out_mode {
     /* batch generation (batch.c): one sequence's prompt tokens (PREFILL) or one token of each
      * of n sequences (DECODE); each out row reduced as OUT_SAMPLE's row (candidates and normalizer
      * per row, at the row's temperature), or its logits read back (_LOGITS: the host's penalty) */
-    FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6
+    FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6,
+    /* OUT_SAMPLE with a constraint's mask (the io buffer's mask words, written by the host
+     * before the step) applied to the row first: every disallowed logit -inf (logit_mask.comp) */
+    FORGE__OUT_SAMPLE_MASKED = 7
 } forge__out_mode;
 
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
@@ -77,9 +80,9 @@ struct forge_session {
     forge__pack pack;
     forge__buffer *blocks;
     int n_blocks;
-    forge__buffer io;                 /* host-visible: step params | penalty ids | tokens [n_batch] u32 */
+    forge__buffer io;                 /* host-visible: step params | penalty ids | tokens [n_batch] u32 | .. | mask (mask_r) */
     forge__buffer readback;           /* host-visible: sampler output [1 + C] | logits [n_out_max, vocab] */
-    forge__range params_r, penalty_r, tokens_r, dummy;
+    forge__range params_r, penalty_r, tokens_r, mask_r, dummy;
     forge__range cand, cand_stats, sample_out; /* sampler: [n_chunks, C] uvec2, [n_chunks] vec2, [1 + C] uvec2 */
     forge__range attn_part;           /* decode attention partials [heads, splits, head_dim + 2] f32 */
     forge__range attn_done;           /* attention_decode's finished runs per (row, head) [n_batch, heads] u32, zero between steps */
@@ -376,19 +379,24 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     }
 }
 
-/* The io buffer: step params at 0, penalty ids at 64, tokens after them; and the readback
- * buffer: the sampler's output, then the logits rows. */
+/* The io buffer: step params at 0, penalty ids at 64, tokens after them, then batch
+ * generation's 1 / temperature per row, then a constraint's mask (a bit per token, at a
+ * 256-byte boundary: any storage offset alignment); and the readback buffer: the sampler's
+ * output, then the logits rows. */
 #define FORGE__IO_PENALTY_OFFSET 64
 #define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
 #define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
-static uint64_t forge__session_io_bytes(const forge__session_plan *sp) {
-    return FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq; /* then batch generation's 1 / temperature per row */
+static uint64_t forge__session_io_mask_offset(const forge__session_plan *sp) {
+    return (FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq + 255) & ~255ull;
+}
+static uint64_t forge__session_io_bytes(const forge_model *m, const forge__session_plan *sp) {
+    return forge__session_io_mask_offset(sp) + 4ull * (((uint64_t)m->cfg.n_vocab + 31) / 32);
 }
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
     uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
     return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * m->cfg.n_vocab, batch_cands);
 }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
-    return forge__session_io_bytes(sp) + forge__session_readback_bytes(m, sp);
+    return forge__session_io_bytes(m, sp) + forge__session_readback_bytes(m, sp);
 }
 

@@ -708,13 +708,17 @@ TEST(Constrained, StoryModelOutputsValidate) {
 }
 
 /* Greedy with a constraint (forced text sampled too) is, token by token, the highest-logit token
- * the grammar allows: checked against the logits of forge_eval and the whole mask. */
+ * the grammar allows: checked against the logits of forge_eval and the whole mask. Params 2 and
+ * 3: the same with the sampler's reduction on the device (topk.comp's greedy argmax over the row
+ * logit_mask.comp masked), which a GPU runs and lavapipe otherwise leaves to the host. The
+ * device's masked row decides every draw: none falls back to the host's whole row. */
 class ConstrainedGreedy : public ::testing::TestWithParam<int> {};
 
 TEST_P(ConstrainedGreedy, IsTheBestAllowedToken) {
-    bool story = GetParam() == 0;
+    bool story = GetParam() % 2 == 0;
     forge_model *m = story ? ft::load(ft::src("models/stories260K/stories260K.gguf")) : ft::load(random_llama3());
     ASSERT_NE(m, nullptr);
+    if (GetParam() >= 2) ft_model_set_sample_on_host(m, 0);
     forge_session *s = ft::session(m, 512), *ref = ft::session(m, 512);
     std::string schema = slurp(ft::src("bench/schemas/01-user-profile.json"));
     forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
@@ -722,6 +726,7 @@ TEST_P(ConstrainedGreedy, IsTheBestAllowedToken) {
     GenRun r = generate(s, "Profile:", &c, 0.0f, 0, story ? 80 : 16);
     ASSERT_EQ(r.st, FORGE_OK) << forge_session_errmsg(s);
     EXPECT_EQ(r.mt.forced_tokens, 0);
+    EXPECT_EQ(r.mt.constraint_masks, 0) << "the mask the device applied decides every greedy draw";
     int V = forge_model_n_vocab(m);
     std::vector<int32_t> prompt(64);
     size_t n = 0;
@@ -747,8 +752,8 @@ TEST_P(ConstrainedGreedy, IsTheBestAllowedToken) {
     forge_model_free(m);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, ConstrainedGreedy, ::testing::Values(0, 1), [](const ::testing::TestParamInfo<int> &i) {
-    return std::string(i.param == 0 ? "Stories260K" : "RandomLlama3");
+INSTANTIATE_TEST_SUITE_P(Models, ConstrainedGreedy, ::testing::Values(0, 1, 2, 3), [](const ::testing::TestParamInfo<int> &i) {
+    return std::string(i.param % 2 == 0 ? "Stories260K" : "RandomLlama3") + (i.param >= 2 ? "DeviceReduction" : "");
 });
 
 /* The constrained draw decides from the 256 candidates exactly as from the whole row: the same

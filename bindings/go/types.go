@@ -157,7 +157,7 @@ type Metrics struct {
 	ContextSlides       int           // times the call slid a full context (WithOverflow)
 	ConstraintComplete  bool          // with a constraint: the output matches it whole (else it stopped early, a prefix of a match)
 	ForcedTokens        int           // generated tokens the constraint forced (written, not sampled)
-	ConstraintMasks     int           // steps whose candidates could not decide: the whole mask was computed
+	ConstraintMasks     int           // draws the device's candidates could not decide: the whole row was read on the host
 	ConstraintDuration  time.Duration // host time on the constraint: compiling, checks, masks, forced text
 }
 

@@ -278,7 +278,7 @@ class Metrics:
     context_slides: int
     constraint_complete: bool  # the output matches the constraint whole (or ended outside a triggered span)
     forced_tokens: int         # generated tokens the constraint forced (written, not sampled)
-    constraint_masks: int      # steps whose candidates could not decide: the whole mask was computed
+    constraint_masks: int      # draws the device's candidates could not decide: the whole row was read on the host
     constraint_ms: float       # host time spent on the constraint: compiling, checks, masks, forced text
 
 
