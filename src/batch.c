@@ -196,7 +196,7 @@ static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const fl
             forge_status st = forge__batch_fetch_row(s, out_row, w->row);
             if (st) return st;
             for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){w->row[i], i};
-            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            forge__sort_cands(w->cands, V);
             tok = forge__sample_candidates(w->cands, V, 1, M, S, p, q->rng, w->probs);
         }
         if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
@@ -232,7 +232,7 @@ static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const fl
         tok = forge__sample_candidates(w->cands, n, n == V, mx, S, p, q->rng, w->probs);
         if (tok < 0) { /* the draw reaches past the candidates: the whole row */
             for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){row[i], i};
-            qsort(w->cands, (size_t)V, sizeof *w->cands, forge__cmp_cand);
+            forge__sort_cands(w->cands, V);
             tok = forge__sample_candidates(w->cands, V, 1, mx, S, p, q->rng, w->probs);
         }
     }

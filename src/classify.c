@@ -41,7 +41,7 @@ static int32_t forge__classify_draw(const float *row, int V, const forge_classif
         cands[i] = (forge__cand){l, i};
         S += exp(((double)l - M) / cp->temperature);
     }
-    qsort(cands, (size_t)V, sizeof *cands, forge__cmp_cand);
+    forge__sort_cands(cands, V);
     return forge__sample_candidates(cands, V, 1, M, S, &gp, rng, probs);
 }
 

@@ -694,6 +694,17 @@ void ft_reduce_row_host(const float *row, int V, int n, double inv_temp, float *
     free(c);
 }
 
+void ft_sort_cands(const float *logit, int n, float *sorted_logit, int32_t *sorted_id) {
+    forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);
+    for (int i = 0; i < n; i++) c[i] = (forge__cand){logit[i], i};
+    forge__sort_cands(c, n);
+    for (int i = 0; i < n; i++) {
+        sorted_logit[i] = c[i].logit;
+        sorted_id[i] = c[i].id;
+    }
+    free(c);
+}
+
 int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
                   float top_p, float min_p, uint64_t state[4]) {
     forge__cand *c = (forge__cand *)malloc(sizeof *c * (size_t)n);

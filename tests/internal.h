@@ -291,6 +291,9 @@ void ft_reduce_row_host(const float *row, int V, int n, double inv_temp, float *
 int32_t ft_sample(const float *logit, const int32_t *id, int n, int complete, double M, double S, float temperature, int top_k,
                   float top_p, float min_p, uint64_t seed_state[4]);
 void ft_rng_seed(uint64_t state[4], uint64_t seed);
+/* The whole-row draws' sort (forge__sort_cands) of logit[n] with ids 0 .. n-1, into the order
+ * the draw walks: sorted_logit / sorted_id [n]. */
+void ft_sort_cands(const float *logit, int n, float *sorted_logit, int32_t *sorted_id);
 
 /* ---- constraints ---- */
 /* Compiles GBNF text and runs it over the bytes text[0..n): 1 when it takes them all and may
