@@ -729,8 +729,10 @@ typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, 
  *   - the end: when the grammar is matched and nothing may follow, the call stops
  *     (FORGE_STOP_CONSTRAINT); where it may end or go on, the model's end token is allowed.
  *     max_tokens, a full context, stop strings, the callback and cancel still stop it, which
- *     leaves a prefix of a match (forge_metrics.constraint_complete 0). The output never
- *     leaves the grammar.
+ *     leaves a prefix of a match (forge_metrics.constraint_complete 0; 1 where the text is a
+ *     whole match the grammar could continue; a token that both completes a match nothing may
+ *     follow and reaches max_tokens stops as FORGE_STOP_CONSTRAINT). The output never leaves
+ *     the grammar.
  *   - a trigger makes the constraint lazy: text is free until the trigger string appears in
  *     it (Qwen 3's "</think>", a tool-call opener); the text after it (up to 16 whitespace
  *     bytes first) must match the grammar, and once matched the text is free again until the

@@ -267,11 +267,12 @@ static bool forge__batch_take(forge_session *s, forge__bseq *q, int32_t tok, boo
     }
     forge__stopper_consume(&q->stop, release);
     if (found) { q->mt.stop_reason = FORGE_STOP_STRING; q->stop.len = 0; return false; }
+    if (q->g && q->at_forced == q->n_forced && q->g->done) { q->mt.stop_reason = FORGE_STOP_CONSTRAINT; return false; } /* before max_tokens: the match is whole */
     if (q->mt.generated_tokens >= q->p.max_tokens) { q->mt.stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
     if (q->n_past >= s->n_ctx) { q->mt.stop_reason = FORGE_STOP_CONTEXT; return false; }
     if (forge__cancelled(q->p.cancel)) { q->mt.stop_reason = FORGE_STOP_CANCELLED; return false; }
     if (q->g && q->at_forced == q->n_forced) { /* (forced tokens still queued come first) */
-        if (q->g->done || q->g->dead) { q->mt.stop_reason = FORGE_STOP_CONSTRAINT; return false; }
+        if (q->g->dead) { q->mt.stop_reason = FORGE_STOP_CONSTRAINT; return false; }
         /* the text the constraint forces next: one token a step, no draws */
         int cap = FORGE__MIN(FORGE__MIN(FORGE__MAX_FORCED_STEP, q->p.max_tokens - q->mt.generated_tokens), s->n_ctx - q->n_past - 1);
         q->n_forced = forge__matcher_forced(q->g, q->forced, cap);

@@ -734,6 +734,8 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     mt.prompt_cache_hits = s->prompt_cache_hits;
     mt.context_slides = s->slides - slides0;
     if (g) {
+        /* the last token max_tokens allowed also matched the constraint whole, with nothing that may follow */
+        if (g->done && mt.stop_reason == FORGE_STOP_MAX_TOKENS) mt.stop_reason = FORGE_STOP_CONSTRAINT;
         mt.constraint_complete = g->complete && !g->dead && mt.stop_reason != FORGE_STOP_STRING;
         mt.constraint_masks = g->full_masks;
         mt.constraint_ms = g->ms;

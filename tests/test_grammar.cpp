@@ -658,6 +658,16 @@ TEST(Constrained, RandomWeightOutputsValidate) {
     for (const char *f : {"09-sentiment.json", "28-rgb-color.json", "55-time-slot.json"}) {
         std::string schema = slurp(ft::src(std::string("bench/schemas/") + f));
         forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_SCHEMA, schema);
+        /* a greedy run given exactly the tokens its match takes ends matched, as the constraint's
+         * stop (the last token both completes the object and reaches max_tokens) */
+        GenRun whole = generate(s, "Answer in JSON:", &c, 0.0f, 7, 200);
+        ASSERT_EQ(whole.st, FORGE_OK) << f << ": " << forge_session_errmsg(s);
+        if (whole.mt.constraint_complete && whole.mt.stop_reason == FORGE_STOP_CONSTRAINT) {
+            GenRun exact = generate(s, "Answer in JSON:", &c, 0.0f, 7, whole.mt.generated_tokens);
+            EXPECT_EQ(exact.tokens, whole.tokens) << f;
+            EXPECT_EQ(exact.mt.stop_reason, FORGE_STOP_CONSTRAINT) << f;
+            EXPECT_EQ(exact.mt.constraint_complete, 1) << f;
+        }
         for (float temp : {0.0f, 1.2f}) {
             GenRun r = generate(s, "Answer in JSON:", &c, temp, 7, 48);
             ASSERT_EQ(r.st, FORGE_OK) << f << ": " << forge_session_errmsg(s);
