@@ -976,7 +976,7 @@ FORGE_API forge_status forge_chat_render(const forge_model *model, const forge_c
 /* Renders the conversation, tokenizes it (special-token text recognised, nothing added: the
  * template writes BOS itself) and generates the assistant's reply as forge_generate_tokens does;
  * the prompt cache makes a multi-turn chat prefill only the new turn. The family's end-of-turn
- * token ends the reply. */
+ * token ends the reply. The tool flags are FORGE_ERR_INVALID_ARGUMENT here (forge_chat_tools). */
 FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_message *messages, int n_messages, uint32_t flags,
                                   const forge_generate_params *params, forge_metrics *metrics);
 

@@ -1155,6 +1155,8 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
     if (rc) return rc;
     forge__chat_style st;
     if ((rc = forge__chat_style_of(s->m, &st))) return forge__fail(&s->err, rc, "%s", forge_model_errmsg(s->m));
+    if (flags & (FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED)) /* (silently unconstrained before) */
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED go with forge_chat_tools: forge_chat has no tools");
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
     return forge__chat_generate(s, &st, messages, n_messages, NULL, 0, flags, &p, NULL, metrics);

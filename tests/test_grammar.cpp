@@ -1038,6 +1038,9 @@ TEST(ToolCalls, RequiredCallsValidateOnRandomWeights) {
     forge_constraint c = constraint(FORGE_CONSTRAINT_JSON_OBJECT, "");
     p.constraint = &c;
     EXPECT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, FORGE_CHAT_TOOL_ARGUMENTS, &p, &r, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    p.constraint = nullptr; /* forge_chat has no tools: the flags are refused, not ignored */
+    EXPECT_EQ(forge_chat(s, &user, 1, FORGE_CHAT_TOOL_REQUIRED, &p, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_session_errmsg(s)).find("forge_chat_tools"), std::string::npos) << forge_session_errmsg(s);
     forge_session_free(s);
     forge_model_free(m);
 }
