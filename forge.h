@@ -736,7 +736,9 @@ typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, 
  *   - a trigger makes the constraint lazy: text is free until the trigger string appears in
  *     it (Qwen 3's "</think>", a tool-call opener); the text after it (up to 16 whitespace
  *     bytes first) must match the grammar, and once matched the text is free again until the
- *     next trigger. A reasoning model's thinking stays free.
+ *     next trigger. A reasoning model's thinking stays free: forge_chat and forge_chat_tools
+ *     start a constraint without a trigger after a thinking reply's thinking, and count a
+ *     trigger of its own (a tool-call opener) only after it.
  * docs/features.md lists the JSON Schema keywords forge enforces; any other validation keyword
  * is FORGE_ERR_UNSUPPORTED naming it (never silently ignored). A grammar error names the line,
  * column and rule; left recursion is refused; hostile grammars meet limits (FORGE_ERR_LIMIT).

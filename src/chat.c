@@ -1135,15 +1135,21 @@ static forge_status forge__chat_generate(forge_session *s, const forge__chat_sty
     p.add_special = 0; /* the template wrote BOS */
     if (tool_constraint) p.constraint = tool_constraint;
     forge_constraint lazy; /* a constraint on a thinking reply starts after the thinking */
+    const char *after = NULL;
     if (p.constraint && !forge__check_sized(p.constraint, "forge_constraint", &s->err)) {
         forge__constraint_in(p.constraint, &lazy);
-        const char *after = forge__chat_thinking_end(st, flags);
+        after = forge__chat_thinking_end(st, flags);
         if (!lazy.trigger && after && lazy.kind != FORGE_CONSTRAINT_NONE) {
             lazy.trigger = after;
             p.constraint = &lazy;
+            after = NULL;
         }
     }
+    /* a trigger of its own (a tool-call opener) counts only after the thinking: written inside
+     * it, it opens nothing */
+    s->constraint_arm = after;
     rc = forge__generate_text(s, b.buf ? b.buf : "", b.len, head, &p, metrics);
+    s->constraint_arm = NULL;
     free(b.buf);
     return rc;
 }

@@ -166,7 +166,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         forge__constraint_in(p.constraint, &con);
         if (con.trigger) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify: a constraint with a trigger (classify draws one token)");
         if (con.kind != FORGE_CONSTRAINT_NONE) {
-            if ((cs = forge__matcher_new(m, &con, 0, NULL, 0, &g, &s->err))) return cs;
+            if ((cs = forge__matcher_new(m, &con, 0, NULL, 0, NULL, &g, &s->err))) return cs;
             allow = (uint32_t *)malloc(4ull * g->words);
             cs = allow ? forge__matcher_mask(g, allow) : forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
             if (cs && allow) forge__fail(&s->err, cs, "%s", g->err.msg);

@@ -581,7 +581,7 @@ static forge_status forge__constraint_for(forge_session *s, const forge_generate
     forge_constraint c;
     forge__constraint_in(p->constraint, &c);
     if (c.kind == FORGE_CONSTRAINT_NONE) return FORGE_OK;
-    return forge__matcher_new(s->m, &c, p->ignore_eos, p->stop_tokens, p->n_stop_tokens, g, &s->err);
+    return forge__matcher_new(s->m, &c, p->ignore_eos, p->stop_tokens, p->n_stop_tokens, s->constraint_arm, g, &s->err);
 }
 
 #define FORGE__MAX_FORCED_STEP 64 /* forced tokens evaluated in one step with the drawn one */

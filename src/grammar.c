@@ -1383,6 +1383,11 @@ typedef struct forge__matcher {
     size_t trig_len;
     char *tail;                /* free text's last trig_len - 1 bytes */
     size_t tail_len;
+    char *arm;                 /* NULL, or: the trigger counts only after this text (a thinking reply's end) */
+    size_t arm_len;
+    char *arm_tail;            /* until then, the text's last arm_len - 1 bytes */
+    size_t arm_tail_len;
+    bool armed;                /* the arm text has come (always, without one) */
     uint8_t *is_end;           /* [n_vocab] 1: an end token (allowed where the constraint may end) */
     uint32_t *masks;           /* cached masks, words_per_mask each */
     uint32_t n_masks, cap_masks, max_masks, words;
@@ -1397,6 +1402,8 @@ static void forge__matcher_free(forge__matcher *g) {
     forge__gram_free(g->gram);
     free(g->trigger);
     free(g->tail);
+    free(g->arm);
+    free(g->arm_tail);
     free(g->is_end);
     free(g->masks);
     free(g);
@@ -1437,32 +1444,48 @@ static int32_t forge__matcher_walk(forge__matcher *g, int32_t from, const uint8_
     return t;
 }
 
-/* In free text: where the trigger ends within tail + s[0..n) (bytes of s up to its end), or 0. */
-static size_t forge__matcher_trigger_at(const forge__matcher *g, const uint8_t *s, size_t n) {
-    if (!g->trigger) return 0;
-    size_t L = g->trig_len;
-    for (size_t e = 1; e <= n; e++) { /* the trigger ending after s[e - 1] */
-        if (e + g->tail_len < L) continue;
+/* Where text pat[0..L) first ends within tail[0..tail_len) + s[0..n) (bytes of s up to its end), or 0. */
+static size_t forge__text_end_at(const char *pat, size_t L, const char *tail, size_t tail_len, const uint8_t *s, size_t n) {
+    for (size_t e = 1; e <= n; e++) { /* pat ending after s[e - 1] */
+        if (e + tail_len < L) continue;
         size_t from_s = FORGE__MIN(e, L), from_tail = L - from_s;
-        if (memcmp(s + e - from_s, g->trigger + from_tail, from_s)) continue;
-        if (from_tail && memcmp(g->tail + g->tail_len - from_tail, g->trigger, from_tail)) continue;
+        if (memcmp(s + e - from_s, pat + from_tail, from_s)) continue;
+        if (from_tail && memcmp(tail + tail_len - from_tail, pat, from_tail)) continue;
         return e;
     }
     return 0;
 }
 
-static void forge__matcher_tail_push(forge__matcher *g, const uint8_t *s, size_t n) {
-    if (!g->trigger || g->trig_len < 2) return;
-    size_t keep = g->trig_len - 1;
+/* In free text: where the trigger ends within tail + s[0..n) (bytes of s up to its end), or 0;
+ * before the arm text it counts only after that (within s, with no tail before it). */
+static size_t forge__matcher_trigger_at(const forge__matcher *g, const uint8_t *s, size_t n) {
+    if (!g->trigger) return 0;
+    if (g->armed) return forge__text_end_at(g->trigger, g->trig_len, g->tail, g->tail_len, s, n);
+    size_t a = forge__text_end_at(g->arm, g->arm_len, g->arm_tail, g->arm_tail_len, s, n);
+    size_t e = a ? forge__text_end_at(g->trigger, g->trig_len, NULL, 0, s + a, n - a) : 0;
+    return e ? a + e : 0;
+}
+
+/* Keeps the last keep bytes of buf[0..*len) + s[0..n) in buf. */
+static void forge__keep_tail(char *buf, size_t *len, size_t keep, const uint8_t *s, size_t n) {
     if (n >= keep) {
-        memcpy(g->tail, s + n - keep, keep);
-        g->tail_len = keep;
+        memcpy(buf, s + n - keep, keep);
+        *len = keep;
         return;
     }
-    size_t old = FORGE__MIN(g->tail_len, keep - n);
-    memmove(g->tail, g->tail + g->tail_len - old, old);
-    memcpy(g->tail + old, s, n);
-    g->tail_len = old + n;
+    size_t old = FORGE__MIN(*len, keep - n);
+    memmove(buf, buf + *len - old, old);
+    memcpy(buf + old, s, n);
+    *len = old + n;
+}
+
+static void forge__matcher_tail_push(forge__matcher *g, const uint8_t *s, size_t n) {
+    if (!g->armed) { /* the trigger waits for the arm text */
+        if (g->arm_len >= 2) forge__keep_tail(g->arm_tail, &g->arm_tail_len, g->arm_len - 1, s, n);
+        return;
+    }
+    if (!g->trigger || g->trig_len < 2) return;
+    forge__keep_tail(g->tail, &g->tail_len, g->trig_len - 1, s, n);
 }
 
 /* Whether token `tok` may come next. */
@@ -1508,6 +1531,15 @@ static void forge__matcher_accept(forge__matcher *g, int32_t tok) {
     const uint8_t *s = forge__vocab_tok(v, tok, &n);
     while (n > 0) {
         if (!g->constrained) {
+            if (!g->armed) { /* the arm text first: the trigger counts after it */
+                size_t a = forge__text_end_at(g->arm, g->arm_len, g->arm_tail, g->arm_tail_len, s, n);
+                if (!a) { forge__matcher_tail_push(g, s, n); break; }
+                g->armed = true;
+                g->tail_len = 0;
+                s += a;
+                n -= (uint32_t)a;
+                continue;
+            }
             size_t at = forge__matcher_trigger_at(g, s, n);
             if (!at) { forge__matcher_tail_push(g, s, n); break; }
             g->constrained = g->ever = true;
@@ -1749,8 +1781,10 @@ static forge_status forge__constraint_compile(const forge_constraint *c, forge__
 /* A matcher for constraint c (forge's own copy) over m's tokens into *out: end tokens (allowed
  * where the constraint may end) are the model's unless ignore_eos, and the caller's stop tokens.
  * On failure *out is NULL and the message in err. */
+/* `arm`: NULL, or a text after which the constraint's trigger counts (forge_chat: a thinking
+ * reply's end, so a tool-call opener in the thinking opens nothing); without a trigger unused. */
 static forge_status forge__matcher_new(const forge_model *m, const forge_constraint *c, int ignore_eos, const int32_t *stop_tokens,
-                                       int n_stop, forge__matcher **out, forge__err *err) {
+                                       int n_stop, const char *arm, forge__matcher **out, forge__err *err) {
     *out = NULL;
     if (!m->tok.n_vocab) return forge__fail(err, FORGE_ERR_UNSUPPORTED, "constraint: the model has no tokenizer");
     if (c->trigger && !forge__utf8_valid(c->trigger, strlen(c->trigger)))
@@ -1773,6 +1807,13 @@ static forge_status forge__matcher_new(const forge_model *m, const forge_constra
         g->trigger = strdup(c->trigger);
         g->tail = (char *)malloc(g->trig_len + 1);
         if (!g->trigger || !g->tail) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    g->armed = !g->trigger || !arm || !*arm;
+    if (!st && !g->armed) {
+        g->arm_len = strlen(arm);
+        g->arm = strdup(arm);
+        g->arm_tail = (char *)malloc(g->arm_len + 1);
+        if (!g->arm || !g->arm_tail) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     if (!st) st = forge__constraint_compile(c, &g->gram, err);
     if (!st && !forge__dfa_init(&g->dfa, g->gram, &g->err)) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -1821,7 +1862,7 @@ FORGE_API forge_status forge_grammar_create(const forge_model *m, const forge_co
     forge__constraint_in(constraint, &c);
     forge_grammar *gr = (forge_grammar *)calloc(1, sizeof *gr);
     if (!gr) return forge__model_fail(m, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    if ((st = forge__matcher_new(m, &c, 0, NULL, 0, &gr->g, &err))) {
+    if ((st = forge__matcher_new(m, &c, 0, NULL, 0, NULL, &gr->g, &err))) {
         free(gr);
         return forge__model_fail(m, st, "%s", err.msg);
     }

@@ -123,6 +123,8 @@ struct forge_session {
     forge__buf chat_reply;            /* the last forge_chat_tools reply's strings (chat.c) */
     const char **chat_reply_ptrs;     /* its tool names, then arguments */
     uint64_t prompt_cache_hits;
+    const char *constraint_arm;       /* during forge_chat: a thinking reply's end, after which a constraint's own
+                                       * trigger counts (generate.c passes it to the matcher); NULL otherwise */
     int kv_from;                      /* sliding-window layers hold no position before this: after
                                        * forge_session_load, or a context shift that turned a ring */
     int kv_high;                      /* positions written since the sequence began (>= n_past after a truncation):

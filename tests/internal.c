@@ -926,6 +926,23 @@ char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *to
     return o.p;
 }
 
+int ft_trigger_opens(const forge_model *m, const char *gbnf, const char *trigger, const char *arm, const int32_t *toks, int n) {
+    forge_constraint c = {.struct_size = sizeof c, .kind = FORGE_CONSTRAINT_GBNF, .text = gbnf, .trigger = trigger};
+    forge__matcher *g = NULL;
+    forge__err e = {{0}};
+    if (forge__matcher_new(m, &c, 1, NULL, 0, arm, &g, &e)) return -2;
+    int opened = -1;
+    for (int i = 0; i < n && opened == -1; i++) {
+        if (!forge__matcher_allows(g, toks[i])) opened = -2;
+        else {
+            forge__matcher_accept(g, toks[i]);
+            if (g->ever) opened = i;
+        }
+    }
+    forge__matcher_free(g);
+    return opened;
+}
+
 char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size) {
     forge__buf o;
     forge__err e = {{0}};

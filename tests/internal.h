@@ -324,6 +324,10 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
  * malloc'd (NULL: out of memory); the calls' count in *n_calls, the content's length (it may
  * hold any byte) in *content_len. */
 char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, int *n_calls, size_t *content_len);
+/* A GBNF constraint with `trigger` and `arm` (the matcher's: the trigger counts only after arm;
+ * NULL: anywhere) fed toks[0 .. n): the index of the token with which the constraint first
+ * applied (-1: never), or -2 when a token was not allowed or the grammar did not compile. */
+int ft_trigger_opens(const forge_model *m, const char *gbnf, const char *trigger, const char *arm, const int32_t *toks, int n);
 /* The GBNF forge_chat_tools constrains tool calls with (format as above; required: the
  * FORGE_CHAT_TOOL_REQUIRED form), malloc'd, its trigger in *trigger; NULL with the message in err. */
 char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size);

@@ -539,6 +539,34 @@ TEST(Grammar, TriggerLeavesTextFreeUntilIt) {
     forge_grammar_free(g);
 }
 
+/* A trigger armed by a text (what forge_chat sets for a thinking reply's tool calls: "<tool_call>"
+ * counts only after "</think>"): the opener written inside the thinking opens nothing, the one
+ * after it opens the constraint; without the arm the first one does. Qwen 3's vocabulary, where
+ * "</think>" is one special token. */
+TEST(Grammar, TriggerCountsOnlyAfterItsArm) {
+    std::string data = ft::tok_data();
+    ASSERT_FALSE(data.empty());
+    forge_model_params mp = forge_model_default_params();
+    mp.vocab_only = 1;
+    forge_model *m = nullptr;
+    ASSERT_EQ(forge_model_load((data + "/qwen3").c_str(), &mp, &m), FORGE_OK) << forge_model_errmsg(m);
+    std::string text = "<think>\nI could write <tool_call> now.\n</think>\n\nSure.<tool_call>\n{}";
+    std::vector<int32_t> toks(256);
+    size_t n = 0;
+    ASSERT_EQ(forge_tokenize(m, text.c_str(), text.size(), 0, toks.data(), toks.size(), &n), FORGE_OK);
+    int32_t opener = forge_token_id(m, "<tool_call>");
+    ASSERT_GE(opener, 0);
+    std::vector<int> at;
+    for (size_t i = 0; i < n; i++)
+        if (toks[i] == opener) at.push_back((int)i);
+    ASSERT_EQ(at.size(), 2u);
+    EXPECT_EQ(ft_trigger_opens(m, "root ::= \"{}\"", "<tool_call>", nullptr, toks.data(), (int)n), at[0]);
+    EXPECT_EQ(ft_trigger_opens(m, "root ::= \"{}\"", "<tool_call>", "</think>", toks.data(), (int)n), at[1]);
+    /* an arm that never comes: nothing opens, everything stays free */
+    EXPECT_EQ(ft_trigger_opens(m, "root ::= \"{}\"", "<tool_call>", "</answer>", toks.data(), (int)n), -1);
+    forge_model_free(m);
+}
+
 namespace {
 
 /* A random-weight Llama checkpoint (hidden 32, one layer, f16) beside a real tokenizer
