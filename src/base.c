@@ -71,6 +71,21 @@ static forge_status forge__fail(forge__err *err, forge_status status, const char
     return status;
 }
 
+/* The first failure of a builder that goes on after one (a grammar's parser and automaton, a
+ * schema's conversion): `prefix` and the formatted message into `err`, and st into *sticky,
+ * unless *sticky already holds one (the first message is the one that says why). Returns
+ * false, for `return forge__x_fail(...)` in functions that return success. */
+static bool forge__fail_first(forge_status *sticky, forge__err *err, forge_status st, const char *prefix, const char *fmt, va_list ap)
+    __attribute__((format(printf, 5, 0)));
+static bool forge__fail_first(forge_status *sticky, forge__err *err, forge_status st, const char *prefix, const char *fmt, va_list ap) {
+    if (*sticky) return false;
+    char msg[FORGE__ERRMSG_SIZE];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    forge__fail(err, st, "%s%s", prefix, msg);
+    *sticky = st;
+    return false;
+}
+
 /* Prefixes the message already in `err` with more context ("loading x: <old message>"). */
 static forge_status forge__wrap(forge__err *err, forge_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -103,20 +103,16 @@ static void forge__gb_where(const forge__gbuild *b, const char *p, int *line, in
 
 static bool forge__gb_fail(forge__gbuild *b, forge_status st, const char *p, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static bool forge__gb_fail(forge__gbuild *b, forge_status st, const char *p, const char *fmt, ...) {
-    if (b->st) return false;
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (p) {
+    char where[64] = "grammar: ";
+    if (p && !b->st) {
         int line, col;
         forge__gb_where(b, p, &line, &col);
-        forge__fail(b->err, st, "grammar, line %d column %d: %s", line, col, msg);
-    } else {
-        forge__fail(b->err, st, "grammar: %s", msg);
+        snprintf(where, sizeof where, "grammar, line %d column %d: ", line, col);
     }
-    b->st = st;
+    va_list ap;
+    va_start(ap, fmt);
+    forge__fail_first(&b->st, b->err, st, where, fmt, ap);
+    va_end(ap);
     return false;
 }
 
@@ -1017,14 +1013,10 @@ typedef struct forge__gdfa {
 
 static bool forge__dfa_fail(forge__gdfa *d, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool forge__dfa_fail(forge__gdfa *d, forge_status st, const char *fmt, ...) {
-    if (d->st) return false;
-    char msg[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    forge__fail_first(&d->st, d->err, st, "", fmt, ap);
     va_end(ap);
-    forge__fail(d->err, st, "%s", msg);
-    d->st = st;
     return false;
 }
 

@@ -80,14 +80,10 @@ typedef struct forge__sc {
 
 static bool forge__sc_fail(forge__sc *c, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool forge__sc_fail(forge__sc *c, forge_status st, const char *fmt, ...) {
-    if (c->st) return false;
-    char msg[700];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    forge__fail_first(&c->st, c->err, st, "JSON Schema: ", fmt, ap);
     va_end(ap);
-    forge__fail(c->err, st, "JSON Schema: %s", msg);
-    c->st = st;
     return false;
 }
 
