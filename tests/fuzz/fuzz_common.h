@@ -50,6 +50,19 @@ static forge_model *fuzz_load_vocab(const char *path) {
     return m;
 }
 
+/* Qwen 3's tokenizer as a vocab-only model (the constraint targets compile on its vocabulary). */
+static forge_model *fuzz_qwen3_vocab(const char *argv0) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/qwen3", fuzz_tok_data(argv0));
+    return fuzz_load_vocab(path);
+}
+
+/* Whether st is how the grammar and schema code documents refusing an input: invalid, a limit,
+ * an unsupported keyword or construct, out of memory. */
+static int fuzz_constraint_refusal(int st) {
+    return st == FORGE_ERR_INVALID_ARGUMENT || st == FORGE_ERR_LIMIT || st == FORGE_ERR_UNSUPPORTED || st == FORGE_ERR_OUT_OF_MEMORY;
+}
+
 /* Whether the n bytes at s are valid UTF-8. */
 static int fuzz_utf8_valid(const char *s, size_t n) {
     const unsigned char *u = (const unsigned char *)s;

@@ -11,14 +11,8 @@ static forge_model *model;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/qwen3", fuzz_tok_data((*argv)[0]));
-    model = fuzz_load_vocab(path);
+    model = fuzz_qwen3_vocab((*argv)[0]);
     return 0;
-}
-
-static int documented_failure(int st) {
-    return st == FORGE_ERR_INVALID_ARGUMENT || st == FORGE_ERR_LIMIT || st == FORGE_ERR_UNSUPPORTED || st == FORGE_ERR_OUT_OF_MEMORY;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -31,12 +25,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t tlen = nul ? size - glen - 1 : 0;
     char err[512];
     int r = ft_gbnf_match(gbnf, text, tlen, err, sizeof err);
-    if (r < -1 && !documented_failure(-r - 1)) abort(); /* -(status) - 1 */
+    if (r < -1 && !fuzz_constraint_refusal(-r - 1)) abort(); /* -(status) - 1 */
     if (r >= -1) {
         forge_constraint c = {.struct_size = sizeof c, .kind = FORGE_CONSTRAINT_GBNF, .text = gbnf, .text_len = glen};
         forge_grammar *g = NULL;
         forge_status st = forge_grammar_create(model, &c, &g);
-        if (st != FORGE_OK && !documented_failure(st)) abort();
+        if (st != FORGE_OK && !fuzz_constraint_refusal(st)) abort();
         if (st == FORGE_OK) {
             int V = forge_model_n_vocab(model);
             size_t words = ((size_t)V + 31) / 32;
@@ -44,7 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             for (int step = 0; step < 6 && !(forge_grammar_status(g) & (FORGE_GRAMMAR_DONE | FORGE_GRAMMAR_DEAD)); step++) {
                 st = forge_grammar_mask(g, mask, words);
                 if (st != FORGE_OK) {
-                    if (!documented_failure(st)) abort();
+                    if (!fuzz_constraint_refusal(st)) abort();
                     break;
                 }
                 int32_t tok = -1;

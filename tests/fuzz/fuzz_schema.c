@@ -10,14 +10,8 @@ static forge_model *model;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/qwen3", fuzz_tok_data((*argv)[0]));
-    model = fuzz_load_vocab(path);
+    model = fuzz_qwen3_vocab((*argv)[0]);
     return 0;
-}
-
-static int documented_failure(int st) {
-    return st == FORGE_ERR_INVALID_ARGUMENT || st == FORGE_ERR_LIMIT || st == FORGE_ERR_UNSUPPORTED || st == FORGE_ERR_OUT_OF_MEMORY;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -25,7 +19,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int st = 0;
     char *gbnf = ft_schema_gbnf((const char *)data, size, &st, err, sizeof err);
     if (!gbnf) {
-        if (!documented_failure(st)) abort();
+        if (!fuzz_constraint_refusal(st)) abort();
         return 0;
     }
     int r = ft_gbnf_match(gbnf, "", 0, err, sizeof err);
@@ -38,7 +32,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!size) return 0; /* text_len 0 reads up to a NUL */
     forge_grammar *g = NULL;
     forge_status cs = forge_grammar_create(model, &c, &g);
-    if (cs != FORGE_OK && !documented_failure(cs)) abort();
+    if (cs != FORGE_OK && !fuzz_constraint_refusal(cs)) abort();
     if (cs == FORGE_OK) {
         size_t words = ((size_t)forge_model_n_vocab(model) + 31) / 32;
         uint32_t *mask = malloc(4 * words);
