@@ -924,8 +924,8 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * the template sets; a "tool" message becomes the ipython turn; 3.1+: tools and tool calls,
  * below), ChatML for Qwen 2 / 3 / 3.5 / 3.6 (with Qwen 3's and 3.5's thinking switch;
  * Qwen 3.5 trims every message and refuses what its template refuses), Mistral's [INST] turns
- * (7B Instruct v0.1 / v0.2 / v0.3 and Nemo, each template's spaces and system message; a
- * tool result is refused, as v0.3's template does without a tool_call_id), Gemma turns
+ * (7B Instruct v0.1 / v0.2 / v0.3 and Nemo, each template's spaces and system message; v0.3's
+ * and Nemo's tools, tool calls and tool results, below), Gemma turns
  * (Gemma 3 folds a system message into the first user turn; Gemma 2's template rejects one),
  * Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
  * 31B template's empty thought block when thinking is off; tools and tool results are not
@@ -939,14 +939,18 @@ typedef struct forge_tool_call {
     uint32_t struct_size;  /* sizeof(forge_tool_call); tool_calls[0]'s is every call's */
     const char *name;      /* the function's name */
     const char *arguments; /* its arguments: a JSON object as text (NULL: {}), written as the template writes the dict */
+    const char *id;        /* the call's id (NULL: none); Mistral v0.3 / Nemo need one of 9 characters, as
+                            * forge_chat_reply.tool_ids gives them */
 } forge_tool_call;
 
 typedef struct forge_chat_message {
     uint32_t struct_size;  /* sizeof(forge_chat_message); messages[0]'s is every message's */
     const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool"; Gemma 4: also "developer") */
     const char *content;   /* UTF-8 */
-    const forge_tool_call *tool_calls; /* an assistant message's tool calls (Llama 3.1+: one; Qwen 3, Qwen 3.5), or NULL */
+    const forge_tool_call *tool_calls; /* an assistant message's tool calls (Llama 3.1+: one; Qwen 3, Qwen 3.5, Mistral), or NULL */
     int n_tool_calls;
+    const char *tool_call_id; /* a "tool" message's: the id of the call it answers (Mistral v0.3 / Nemo: required,
+                               * 9 characters), or NULL */
 } forge_chat_message;
 
 /* A function the model may call: rendered into the prompt as the family's template renders the
@@ -986,9 +990,11 @@ FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_messa
  * tools=...): Llama 3.1 / 3.2 / 3.3 (the tools in the first user message, as its default
  * tools_in_user_message; one tool call a message), Qwen 3 (a # Tools system block, calls as
  * <tool_call> JSON), Qwen 3.5 / 3.6 (a # Tools system block, calls as <tool_call><function=NAME>
- * <parameter=P> blocks). Other families (Llama 3.0, Gemma 2 / 3 / 4, ChatML without Qwen's
- * template, Mistral: v0.3's [AVAILABLE_TOOLS] is not rendered yet) give FORGE_ERR_UNSUPPORTED
- * naming the family; a tool without a name, or parameters or arguments that are not a JSON
+ * <parameter=P> blocks), Mistral v0.3 / Nemo ([AVAILABLE_TOOLS] before the last user message,
+ * calls as [TOOL_CALLS] [{"name", "arguments", "id"}], results as [TOOL_RESULTS] with their
+ * call_id; a call or a result without a 9-character id is the template's error). Other families
+ * (Llama 3.0, Gemma 2 / 3 / 4, ChatML without Qwen's template, Mistral v0.1 / v0.2) give
+ * FORGE_ERR_UNSUPPORTED naming the family; a tool without a name, or parameters or arguments that are not a JSON
  * object, FORGE_ERR_INVALID_ARGUMENT. n_tools 0: forge_chat_render. */
 FORGE_API forge_status forge_chat_render_tools(const forge_model *model, const forge_chat_message *messages, int n_messages,
                                                const forge_tool *tools, int n_tools, uint32_t flags, char *out, size_t capacity,
@@ -1008,6 +1014,9 @@ typedef struct forge_chat_reply {
                                           * parameters: as the tool's schema types them (below); untyped, JSON where
                                           * the value reads as JSON other than a string, True / False / None as
                                           * true / false / null, else a string) */
+    const char *const *tool_ids;         /* [n_tool_calls] each call's id: the "id" the model wrote (Mistral), else
+                                          * 9 letters and digits forge makes from the reply and the call's place,
+                                          * to give back in forge_tool_call.id and a result's tool_call_id */
 } forge_chat_reply;
 
 /* forge_chat with tools: renders with forge_chat_render_tools, generates (FORGE_CHAT_TOOL_ARGUMENTS,
@@ -1015,7 +1024,9 @@ typedef struct forge_chat_reply {
  * schemas; params->constraint must then be NULL), and parses the family's tool calls out of the
  * reply into *reply (Qwen 3: <tool_call>{"name", "arguments"}</tool_call> blocks; Qwen 3.5:
  * <tool_call><function=NAME> blocks; Llama 3: a reply that is a JSON {"name", "parameters"}, or
- * several separated by ';'). Qwen 3.5 writes a string value raw and others as JSON: a value is
+ * several separated by ';'; Mistral: a [TOOL_CALLS] JSON array of {"name", "arguments"}; with
+ * FORGE_CHAT_TOOL_REQUIRED its prompt ends with [TOOL_CALLS], which the reply's text then starts
+ * with, though it was not generated). Qwen 3.5 writes a string value raw and others as JSON: a value is
  * read by its parameter's schema (type string, a string enum or const: the text; another type:
  * JSON), and constrained so; a raw string is constrained by type, enum, const, minLength and
  * maxLength only (pattern or format on one, or a parameter that may be a string or another

@@ -17,6 +17,18 @@ typedef enum forge__chat_family {
     FORGE__CHAT_MISTRAL, /* Mistral: [INST] ... [/INST], one of forge__mistral_templates */
 } forge__chat_family;
 
+/* The tool-call formats forge renders and parses: Llama 3.1+'s JSON {"name", "parameters"}
+ * reply, Qwen 3's <tool_call> JSON blocks, Qwen 3.5's <tool_call><function=...> blocks,
+ * Mistral v0.3's [TOOL_CALLS] [...] array and Nemo's, the same without the space. */
+typedef enum forge__tools {
+    FORGE__TOOLS_NONE = 0,
+    FORGE__TOOLS_LLAMA3,
+    FORGE__TOOLS_QWEN3,
+    FORGE__TOOLS_QWEN35,
+    FORGE__TOOLS_MISTRAL,
+    FORGE__TOOLS_NEMO,
+} forge__tools;
+
 /* Where a Mistral template puts a first system message. */
 typedef enum forge__mistral_system {
     FORGE__MISTRAL_SYSTEM_NONE,  /* nowhere: it is an ordinary message, which the alternation check refuses */
@@ -32,7 +44,8 @@ typedef struct forge__mistral_template {
     const char *reply, *after_eos; /* before an assistant message; after its EOS */
     bool reply_trim;               /* the reply |trim'ed */
     forge__mistral_system system;  /* where a first system message goes */
-    bool tool_results;             /* roles checked first, tool results skipped; each needs a tool_call_id */
+    forge__tools tools;            /* its tool format (v0.3, Nemo): roles checked first, tool calls and results
+                                    * skipped there; each call and result carries a 9-character id */
     const char *alternate_error, *role_error;
 } forge__mistral_template;
 
@@ -45,19 +58,19 @@ typedef struct forge__mistral_template {
  * checkpoint's template contains is its own (v0.1's text contains v0.2's user line too). */
 static const forge__mistral_template forge__mistral_templates[] = {
     /* Mistral-7B-Instruct-v0.1's first (2023) */
-    {"{{ message['content'] + eos_token + ' ' }}", "[INST] ", " [/INST]", "", " ", false, FORGE__MISTRAL_SYSTEM_NONE, false,
+    {"{{ message['content'] + eos_token + ' ' }}", "[INST] ", " [/INST]", "", " ", false, FORGE__MISTRAL_SYSTEM_NONE, FORGE__TOOLS_NONE,
      FORGE__MISTRAL_ALTERNATE_V1, FORGE__MISTRAL_ROLE_V1},
     /* Mistral-7B-Instruct-v0.2's first (2023), which GGUF files of it carry */
-    {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", "[INST] ", " [/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_NONE, false,
+    {"{{ '[INST] ' + message['content'] + ' [/INST]' }}", "[INST] ", " [/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_NONE, FORGE__TOOLS_NONE,
      FORGE__MISTRAL_ALTERNATE_V1, FORGE__MISTRAL_ROLE_V1},
     /* the 2024 one of v0.1 and v0.2 (and Mixtral-8x7B-Instruct): a system message */
-    {"{{- ' [INST] ' + message['content'] + ' [/INST]' }}", " [INST] ", " [/INST]", " ", "", false, FORGE__MISTRAL_SYSTEM_FIRST, false,
+    {"{{- ' [INST] ' + message['content'] + ' [/INST]' }}", " [INST] ", " [/INST]", " ", "", false, FORGE__MISTRAL_SYSTEM_FIRST, FORGE__TOOLS_NONE,
      FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
     /* Mistral-7B-Instruct-v0.3's: [INST] is a control token, tools */
-    {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}", "[INST] ", "[/INST]", " ", "", true, FORGE__MISTRAL_SYSTEM_LAST, true,
+    {"{{- \"[INST] \" + message[\"content\"] + \"[/INST]\" }}", "[INST] ", "[/INST]", " ", "", true, FORGE__MISTRAL_SYSTEM_LAST, FORGE__TOOLS_MISTRAL,
      FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
     /* Mistral-Nemo-Instruct-2407's (Tekken): no spaces */
-    {"{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", "[INST]", "[/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_LAST, true,
+    {"{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}", "[INST]", "[/INST]", "", "", false, FORGE__MISTRAL_SYSTEM_LAST, FORGE__TOOLS_NEMO,
      FORGE__MISTRAL_ALTERNATE, FORGE__MISTRAL_ROLE},
 };
 
@@ -423,11 +436,18 @@ static forge_status forge__sb_tool(forge__sb *b, const forge_tool *t, int indent
     return ok ? FORGE_OK : forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameters is not valid JSON", i, t->name);
 }
 
+/* A JSON object's text (a tool's parameters, a call's arguments) as json.dumps writes the dict
+ * (the template's tojson); false when it is not one. */
+static bool forge__sb_pyjson_object(forge__sb *b, const char *json, int indent) {
+    const char *q = json;
+    forge__json_ws(&q, json + strlen(json));
+    return *q == '{' && forge__sb_pyjson_all(b, json, strlen(json), indent);
+}
+
 /* A tool call's arguments as json.dumps writes the dict (the template's tojson). */
 static forge_status forge__sb_call_args(forge__sb *b, const forge_tool_call *c, int msg, forge__err *err) {
-    const char *a = c->arguments ? c->arguments : "{}", *q = a;
-    forge__json_ws(&q, a + strlen(a));
-    if (*q != '{' || !forge__sb_pyjson_all(b, a, strlen(a), -1))
+    const char *a = c->arguments ? c->arguments : "{}";
+    if (!forge__sb_pyjson_object(b, a, -1))
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d: the arguments of tool call '%s' are not a JSON object", msg, c->name);
     return FORGE_OK;
 }
@@ -501,19 +521,11 @@ static forge_status forge__sb_qwen35_args(forge__sb *b, const forge_tool_call *c
     return FORGE_OK;
 }
 
-/* The tool-call formats forge renders and parses: Llama 3.1+'s JSON {"name", "parameters"}
- * reply, Qwen 3's <tool_call> JSON blocks, Qwen 3.5's <tool_call><function=...> blocks. */
-typedef enum forge__tools {
-    FORGE__TOOLS_NONE = 0,
-    FORGE__TOOLS_LLAMA3,
-    FORGE__TOOLS_QWEN3,
-    FORGE__TOOLS_QWEN35,
-} forge__tools;
-
 static forge__tools forge__tool_format(const forge__chat_style *st) {
     if (st->family == FORGE__CHAT_LLAMA3 && st->llama3_dated) return FORGE__TOOLS_LLAMA3;
     if (st->family == FORGE__CHAT_CHATML && st->qwen3) return FORGE__TOOLS_QWEN3;
     if (st->family == FORGE__CHAT_CHATML && st->qwen35) return FORGE__TOOLS_QWEN35;
+    if (st->family == FORGE__CHAT_MISTRAL) return st->mistral->tools;
     return FORGE__TOOLS_NONE;
 }
 
@@ -524,7 +536,7 @@ static const char *forge__chat_family_name(const forge__chat_style *st) {
     case FORGE__CHAT_CHATML: return st->qwen35 ? "Qwen 3.5" : st->qwen3 ? "Qwen 3" : "ChatML (not Qwen 3's template)";
     case FORGE__CHAT_GEMMA: return "Gemma 2 / 3";
     case FORGE__CHAT_GEMMA4: return "Gemma 4";
-    case FORGE__CHAT_MISTRAL: return st->mistral->tool_results ? "Mistral v0.3 / Nemo ([AVAILABLE_TOOLS], not yet rendered by forge)" : "Mistral";
+    case FORGE__CHAT_MISTRAL: return st->mistral->tools == FORGE__TOOLS_MISTRAL ? "Mistral v0.3" : st->mistral->tools ? "Mistral Nemo" : "Mistral v0.1 / v0.2";
     default: return "this model";
     }
 }
@@ -687,27 +699,81 @@ static bool forge__mistral_tool_result(const forge_chat_message *m) {
     return forge__role_is(m, "tool") || forge__role_is(m, "tool_results");
 }
 
+/* A string's length as Python's len counts it: its code points. */
+static size_t forge__py_len(const char *s) {
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* Mistral v0.3's / Nemo's tool list, [AVAILABLE_TOOLS] [...][/AVAILABLE_TOOLS]: each tool as
+ * {"type": "function", "function": {...}} with its name and description between quotes as they
+ * are (the template does not escape them) and its parameters as tojson. */
+static forge_status forge__mistral_tools(forge__sb *b, const char *sp, const forge_tool *tools, int n_tools, forge__err *err) {
+    forge__sb_puts(b, "[AVAILABLE_TOOLS]");
+    forge__sb_puts(b, sp);
+    forge__sb_puts(b, "[");
+    for (int t = 0; t < n_tools; t++) {
+        if (!tools[t].name || !*tools[t].name) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", t);
+        forge__sb_puts(b, "{\"type\": \"function\", \"function\": {\"name\": \"");
+        forge__sb_puts(b, tools[t].name);
+        forge__sb_puts(b, "\"");
+        if (tools[t].description) {
+            forge__sb_puts(b, ", \"description\": \"");
+            forge__sb_puts(b, tools[t].description);
+            forge__sb_puts(b, "\"");
+        }
+        if (tools[t].parameters) {
+            forge__sb_puts(b, ", \"parameters\": ");
+            if (!forge__sb_pyjson_object(b, tools[t].parameters, -1))
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d (%s): parameters is not a JSON object", t, tools[t].name);
+        }
+        forge__sb_puts(b, t + 1 < n_tools ? "}}, " : "}}]");
+    }
+    forge__sb_puts(b, "[/AVAILABLE_TOOLS]");
+    return FORGE_OK;
+}
+
+/* Python's == of two user messages as transformers passes them (role, content, and the keys
+ * forge gives): the template writes the tools before every user message equal to the last one. */
+static bool forge__mistral_same_message(const forge_chat_message *a, const forge_chat_message *b) {
+    if (strcmp(a->content, b->content) || a->n_tool_calls || b->n_tool_calls) return a == b;
+    return (!a->tool_call_id && !b->tool_call_id) || (a->tool_call_id && b->tool_call_id && !strcmp(a->tool_call_id, b->tool_call_id));
+}
+
+static const char forge__mistral_id_error[] = "Tool call IDs should be alphanumeric strings with length 9!";
+
 /* Mistral's [INST] templates (forge__mistral_templates), line for line: a first system message
  * taken out where the template takes one, BOS, then each message in turn, user and assistant
- * alternating. v0.3's and Nemo's check the roles before writing anything and skip tool results
- * there; a tool result is then refused for its tool_call_id, which forge's messages do not carry. */
-static forge_status forge__render_mistral(const forge__chat_style *st, const forge_chat_message *msgs, int n, forge__sb *b,
-                                          forge__err *err) {
+ * alternating. v0.3's and Nemo's check the roles before writing anything, skipping tool calls
+ * and results there; they write the tools before the last user message, an assistant's calls as
+ * [TOOL_CALLS] [{"name", "arguments", "id"}] then EOS, a result as [TOOL_RESULTS] {"content":
+ * CONTENT, "call_id": ID} with the content as it is, and refuse an id that is not 9 characters. */
+static forge_status forge__render_mistral(const forge__chat_style *st, const forge_chat_message *msgs, int n, const forge_tool *tools,
+                                          int n_tools, forge__sb *b, forge__err *err) {
     const forge__mistral_template *t = st->mistral;
+    const char *sp = t->tools == FORGE__TOOLS_MISTRAL ? " " : "";
     if (n == 0 && t->system != FORGE__MISTRAL_SYSTEM_NONE) /* messages[0]["role"] fails on no messages */
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "the conversation has no messages");
     int first = t->system != FORGE__MISTRAL_SYSTEM_NONE && forge__role_is(&msgs[0], "system") ? 1 : 0;
-    if (t->tool_results)
-        for (int i = first, k = 0; i < n; i++)
-            if (!forge__mistral_tool_result(&msgs[i]) && forge__role_is(&msgs[i], "user") != (k++ % 2 == 0))
+    int last_user = -1;
+    if (t->tools)
+        for (int i = first, k = 0; i < n; i++) {
+            if (forge__role_is(&msgs[i], "user")) last_user = i;
+            if (!forge__mistral_tool_result(&msgs[i]) && msgs[i].n_tool_calls == 0 && forge__role_is(&msgs[i], "user") != (k++ % 2 == 0))
                 return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->alternate_error);
+        }
     forge__sb_puts(b, st->bos);
     for (int i = first; i < n; i++) {
         const forge_chat_message *m = &msgs[i];
         bool user = forge__role_is(m, "user");
-        if (!t->tool_results && user != ((i - first) % 2 == 0))
+        if (!t->tools && user != ((i - first) % 2 == 0))
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->alternate_error);
         if (user) {
+            if (n_tools > 0 && forge__mistral_same_message(m, &msgs[last_user])) {
+                forge_status ts = forge__mistral_tools(b, sp, tools, n_tools, err);
+                if (ts) return ts;
+            }
             forge__sb_puts(b, t->inst);
             if (first && i == (t->system == FORGE__MISTRAL_SYSTEM_FIRST ? first : n - 1)) {
                 forge__sb_puts(b, msgs[0].content);
@@ -715,6 +781,24 @@ static forge_status forge__render_mistral(const forge__chat_style *st, const for
             }
             forge__sb_puts(b, m->content);
             forge__sb_puts(b, t->inst_end);
+        } else if (t->tools && m->n_tool_calls > 0) {
+            forge__sb_puts(b, "[TOOL_CALLS]");
+            forge__sb_puts(b, sp);
+            forge__sb_puts(b, "[");
+            for (int k = 0; k < m->n_tool_calls; k++) { /* tool_call.function|tojson, its } replaced by the id's */
+                const forge_tool_call *c = &m->tool_calls[k];
+                forge__sb_puts(b, "{\"name\": ");
+                forge__sb_json_string(b, c->name);
+                forge__sb_puts(b, ", \"arguments\": ");
+                forge_status as = forge__sb_call_args(b, c, i, err);
+                if (as) return as;
+                if (!c->id || forge__py_len(c->id) != 9) return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", forge__mistral_id_error);
+                forge__sb_puts(b, ", \"id\": \"");
+                forge__sb_puts(b, c->id);
+                forge__sb_puts(b, "\"}");
+                forge__sb_puts(b, k + 1 < m->n_tool_calls ? ", " : "]");
+            }
+            forge__sb_puts(b, st->eos);
         } else if (forge__role_is(m, "assistant")) {
             forge__sb_puts(b, t->reply);
             if (t->reply_trim)
@@ -723,8 +807,17 @@ static forge_status forge__render_mistral(const forge__chat_style *st, const for
                 forge__sb_puts(b, m->content);
             forge__sb_puts(b, st->eos);
             forge__sb_puts(b, t->after_eos);
-        } else if (t->tool_results && forge__mistral_tool_result(m)) {
-            return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "Tool call IDs should be alphanumeric strings with length 9!");
+        } else if (t->tools && forge__mistral_tool_result(m)) {
+            forge__sb_puts(b, "[TOOL_RESULTS]");
+            forge__sb_puts(b, sp);
+            forge__sb_puts(b, "{\"content\": ");
+            forge__sb_puts(b, m->content);
+            forge__sb_puts(b, ", ");
+            if (!m->tool_call_id || forge__py_len(m->tool_call_id) != 9)
+                return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", forge__mistral_id_error);
+            forge__sb_puts(b, "\"call_id\": \"");
+            forge__sb_puts(b, m->tool_call_id);
+            forge__sb_puts(b, "\"}[/TOOL_RESULTS]");
         } else {
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "%s", t->role_error);
         }
@@ -738,7 +831,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
     bool gen = !(flags & FORGE_CHAT_NO_GENERATION_PROMPT);
     bool tool_template = forge__tool_format(st) != FORGE__TOOLS_NONE;
     if (n_tools > 0 && !tool_template)
-        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3 and Qwen 3.5)",
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3, Qwen 3.5 and Mistral v0.3 / Nemo)",
                            forge__chat_family_name(st));
     for (int i = 0; i < n; i++)
         if (msgs[i].n_tool_calls > 0 && !tool_template)
@@ -755,7 +848,7 @@ FORGE__INTERNAL forge_status forge__chat_render(const forge__chat_style *st, con
         if (!msgs[i].role || !msgs[i].content)
             return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "message %d has no role or no content", i);
     if (st->family == FORGE__CHAT_MISTRAL) {
-        forge_status rc = forge__render_mistral(st, msgs, n, b, err);
+        forge_status rc = forge__render_mistral(st, msgs, n, tools, n_tools, b, err);
         if (rc) return rc;
     } else if (st->family == FORGE__CHAT_CHATML && st->qwen35) {
         forge_status rc = forge__render_qwen35(msgs, n, tools, n_tools, gen, think, b, err);
@@ -1107,18 +1200,24 @@ FORGE_API forge_status forge_chat_render(const forge_model *m, const forge_chat_
     return forge_chat_render_tools(m, messages, n_messages, NULL, 0, flags, out, capacity, len);
 }
 
-/* forge_chat and forge_chat_tools: renders (with the tools), then generates with `tool_constraint`
- * (a tool grammar, or NULL: the caller's constraint, if any) lazily after a thinking reply's
- * thinking when it has no trigger of its own. */
+/* forge_chat and forge_chat_tools: renders (with the tools; then `opener`, when not NULL: the
+ * start of the reply written for the model), then generates with `tool_constraint` (a tool
+ * grammar, or NULL: the caller's constraint, if any) lazily after a thinking reply's thinking
+ * when it has no trigger of its own. */
 static forge_status forge__chat_generate(forge_session *s, const forge__chat_style *st, const forge_chat_message *messages, int n_messages,
-                                         const forge_tool *tools, int n_tools, uint32_t flags, const forge_generate_params *p_in,
-                                         const forge_constraint *tool_constraint, forge_metrics *metrics) {
+                                         const forge_tool *tools, int n_tools, uint32_t flags, const char *opener,
+                                         const forge_generate_params *p_in, const forge_constraint *tool_constraint, forge_metrics *metrics) {
     forge_model *m = s->m;
     forge_status rc;
     forge__sb b = {0};
     if ((rc = forge__chat_render_caller(st, messages, n_messages, tools, n_tools, flags, &b, &s->err))) {
         free(b.buf);
         return rc;
+    }
+    if (opener) forge__sb_puts(&b, opener);
+    if (b.oom) {
+        free(b.buf);
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     /* where the reply's opening begins: the conversation rendered without it, when that is a
      * prefix (a model with linear-attention layers checkpoints its prompt cache there) */
@@ -1165,7 +1264,7 @@ FORGE_API forge_status forge_chat(forge_session *s, const forge_chat_message *me
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED go with forge_chat_tools: forge_chat has no tools");
     forge_generate_params p;
     FORGE__COPY_PARAMS(p, params, forge_generate_default_params);
-    return forge__chat_generate(s, &st, messages, n_messages, NULL, 0, flags, &p, NULL, metrics);
+    return forge__chat_generate(s, &st, messages, n_messages, NULL, 0, flags, NULL, &p, NULL, metrics);
 }
 
 /* ---- tool calls: the grammar that constrains them, the parser that reads them back ---- */
@@ -1357,13 +1456,14 @@ static forge_status forge__tool_xml_rules(const forge_tool *tool, int t, forge__
 static const char forge__xml_prelude[] = "xml-text ::= ([^<] | \"<\"+ [^</])* \"<\"*\n"
                                          "xml-any-param ::= \"<parameter=\" [^<>\\n]+ \">\\n\" xml-text \"\\n</parameter>\\n\"\n";
 
-/* The GBNF of a reply's tool calls (rule root) for Llama 3.1+ and Qwen 3: each tool's call
- * {"name": "NAME", "parameters" (Llama) / "arguments" (Qwen): ARGS} with ARGS its parameters'
- * JSON Schema (rules prefixed tK-; any JSON object without one); for Qwen 3.5 its
+/* The GBNF of a reply's tool calls (rule root) for Llama 3.1+, Qwen 3 and Mistral: each tool's
+ * call {"name": "NAME", "parameters" (Llama) / "arguments" (Qwen, Mistral): ARGS} with ARGS its
+ * parameters' JSON Schema (rules prefixed tK-; any JSON object without one); for Qwen 3.5 its
  * <function=NAME> block (forge__tool_xml_rules) in the same <tool_call> frame. required: the whole reply
  * (Qwen 3: one or more <tool_call> blocks; Llama: one call, as its template renders one a
- * message); else what follows the trigger (*trigger: Qwen 3's "<tool_call>", Llama's
- * '{"name": '), up to the block's end. */
+ * message; Mistral: the call array after the [TOOL_CALLS] its prompt then ends with); else what
+ * follows the trigger (*trigger: Qwen 3's "<tool_call>", Llama's '{"name": ', Mistral's
+ * "[TOOL_CALLS]"), up to the block's end. */
 static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools, int n_tools, bool required, forge__buf *out,
                                         const char **trigger, forge__err *err) {
     forge__buf_init(out, NULL, 0);
@@ -1427,8 +1527,10 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
         snprintf(head, sizeof head, "t%d-args \"}\"", t);
         forge__buf_put(&calls, head, strlen(head));
     }
+    const bool mistral = tf == FORGE__TOOLS_MISTRAL || tf == FORGE__TOOLS_NEMO;
     const char *root = NULL;
     if (llama) root = "root ::= tool-call\n";
+    else if (mistral) root = tf == FORGE__TOOLS_MISTRAL ? "root ::= \" [\" tool-call (\", \" tool-call)* \"]\"\n" : "root ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n";
     else if (required) root = "root ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" tool-call \"\\n</tool_call>\")*\n";
     else root = "root ::= tool-call \"\\n</tool_call>\"\n";
     forge__buf_put(out, root, strlen(root));
@@ -1441,17 +1543,17 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
         forge__buf_free(out);
         return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    *trigger = required ? NULL : llama ? "{\"name\": " : "<tool_call>";
+    *trigger = required ? NULL : llama ? "{\"name\": " : mistral ? "[TOOL_CALLS]" : "<tool_call>";
     return FORGE_OK;
 }
 
 /* A reply's tool calls as forge__parse_tool_reply reads them: the strings in one buffer,
- * NUL-separated, at their offsets (names and arguments: [n][2]). */
+ * NUL-separated, at their offsets (names, arguments and ids: [n][3]). */
 typedef struct forge__tool_reply {
     forge__buf s;
     size_t text_len, content_off, content_len; /* the text is at offset 0 */
     int n, cap;
-    size_t (*call)[2]; /* [cap] name offset, arguments offset */
+    size_t (*call)[3]; /* [cap] name offset, arguments offset, id offset */
 } forge__tool_reply;
 
 static void forge__tool_reply_free(forge__tool_reply *r) {
@@ -1460,8 +1562,18 @@ static void forge__tool_reply_free(forge__tool_reply *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* Appends a call: its name and its arguments (a JSON object, written compactly). */
-static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t name_len, const cJSON *args) {
+/* An id the model wrote that a template takes back: 9 letters and digits (Mistral's). */
+static bool forge__tool_id_ok(const char *id) {
+    size_t n = 0;
+    for (; id && id[n]; n++)
+        if (!((id[n] >= '0' && id[n] <= '9') || (id[n] >= 'a' && id[n] <= 'z') || (id[n] >= 'A' && id[n] <= 'Z'))) return false;
+    return n == 9;
+}
+
+/* Appends a call: its name, its arguments (a JSON object, written compactly) and its id (the
+ * model's, when forge__tool_id_ok; else 9 letters and digits from the reply's text and the
+ * call's place, so a reply and its ids are reproducible). */
+static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t name_len, const cJSON *args, const char *id) {
     for (size_t i = 0; i < name_len; i++)
         if ((unsigned char)name[i] < 0x20) return false; /* no function is named so */
     if (!name_len) return false;
@@ -1473,7 +1585,7 @@ static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t
     }
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 4;
-        size_t(*nc)[2] = (size_t(*)[2])realloc(r->call, sizeof *nc * (size_t)cap);
+        size_t(*nc)[3] = (size_t(*)[3])realloc(r->call, sizeof *nc * (size_t)cap);
         if (!nc) { free(text); r->s.oom = true; return false; }
         r->call = nc;
         r->cap = cap;
@@ -1484,25 +1596,41 @@ static bool forge__tool_reply_add(forge__tool_reply *r, const char *name, size_t
     r->call[r->n][1] = r->s.n;
     forge__buf_put(&r->s, text, strlen(text) + 1);
     free(text);
+    char made[10];
+    if (!forge__tool_id_ok(id)) {
+        static const char alnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        uint64_t h = forge__fnv_u64(forge__fnv(FORGE__FNV_BASIS, r->s.p, r->text_len), (uint64_t)r->n);
+        for (int i = 0; i < 9; i++, h /= 62) made[i] = alnum[h % 62];
+        made[9] = 0;
+        id = made;
+    }
+    r->call[r->n][2] = r->s.n;
+    forge__buf_put(&r->s, id, 10);
     r->n++;
     return true;
 }
 
-/* One JSON call object at [p, end) ({"name": STR, "arguments" (or "parameters"): OBJECT, or a
- * string holding one}) into r; false when it is not one. */
+/* One parsed JSON call ({"name": STR, "arguments" (or "parameters"): OBJECT, or a string
+ * holding one, "id" when the model writes one}) into r; false when it is not one. */
+static bool forge__tool_json_object(forge__tool_reply *r, const cJSON *doc) {
+    if (!cJSON_IsObject(doc)) return false;
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(doc, "name");
+    const cJSON *args = cJSON_GetObjectItemCaseSensitive(doc, "arguments");
+    if (!args) args = cJSON_GetObjectItemCaseSensitive(doc, "parameters");
+    cJSON *parsed = NULL;
+    if (cJSON_IsString(args)) args = parsed = cJSON_Parse(args->valuestring);
+    bool ok = cJSON_IsString(name) && cJSON_IsObject(args) &&
+              forge__tool_reply_add(r, name->valuestring, strlen(name->valuestring), args,
+                                    cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(doc, "id")));
+    cJSON_Delete(parsed);
+    return ok;
+}
+
+/* One JSON call object at [p, end) into r (forge__tool_json_object); false when it is not one. */
 static bool forge__tool_json_call(forge__tool_reply *r, const char *p, const char *end, const char **after) {
     const char *e = NULL;
     cJSON *doc = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &e, 0);
-    bool ok = false;
-    if (doc && cJSON_IsObject(doc)) {
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(doc, "name");
-        const cJSON *args = cJSON_GetObjectItemCaseSensitive(doc, "arguments");
-        if (!args) args = cJSON_GetObjectItemCaseSensitive(doc, "parameters");
-        cJSON *parsed = NULL;
-        if (cJSON_IsString(args)) args = parsed = cJSON_Parse(args->valuestring);
-        if (cJSON_IsString(name) && cJSON_IsObject(args)) ok = forge__tool_reply_add(r, name->valuestring, strlen(name->valuestring), args);
-        cJSON_Delete(parsed);
-    }
+    bool ok = forge__tool_json_object(r, doc);
     cJSON_Delete(doc);
     if (after) *after = ok && e ? e : p;
     return ok;
@@ -1606,7 +1734,7 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
         s = close + 12;
     }
     forge__json_ws(&s, end);
-    ok = ok && s == end && forge__tool_reply_add(r, name, name_len, args);
+    ok = ok && s == end && forge__tool_reply_add(r, name, name_len, args, NULL);
     cJSON_Delete(args);
     cJSON_Delete(schema);
     return ok;
@@ -1615,7 +1743,8 @@ static bool forge__tool_xml_call(forge__tool_reply *r, const char *p, const char
 /* Reads a reply's tool calls in format tf into r: the content is the reply without its
  * thinking (what precedes the last </think>, Qwen) and without the calls, trimmed; a block that
  * does not parse stays in the content. Llama 3.1+: the reply (after <|python_tag|>, if any) is
- * calls only, JSON objects separated by ';', or it is content. */
+ * calls only, JSON objects separated by ';', or it is content. Mistral: the JSON array after the
+ * first [TOOL_CALLS], every element a call, or it is content. */
 static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, size_t n, const forge_tool *tools, int n_tools,
                                             forge__tool_reply *r) {
     memset(r, 0, sizeof *r);
@@ -1673,6 +1802,22 @@ static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, s
             p = next;
             if (p >= end) break;
         }
+    } else if (tf == FORGE__TOOLS_MISTRAL || tf == FORGE__TOOLS_NEMO) {
+        const char *open = forge__memmem(text, n, "[TOOL_CALLS]"), *at = open ? open + 12 : end, *e = NULL;
+        forge__json_ws(&at, end);
+        cJSON *calls = at < end ? cJSON_ParseWithLengthOpts(at, (size_t)(end - at), &e, 0) : NULL;
+        bool ok = cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0 && e;
+        const cJSON *item;
+        cJSON_ArrayForEach(item, calls) ok = ok && forge__tool_json_object(r, item);
+        cJSON_Delete(calls);
+        if (ok) {
+            forge__buf_put(&content, text, (size_t)(open - text));
+            forge__buf_put(&content, e, (size_t)(end - e));
+        } else {
+            r->n = 0;
+            r->s.n = n + 1;
+            forge__buf_put(&content, text, n);
+        }
     } else {
         forge__buf_put(&content, text, n);
     }
@@ -1718,7 +1863,7 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
     const forge__tools tf = forge__tool_format(&st);
     const bool constrain = (flags & (FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED)) != 0;
     if (n_tools > 0 && tf == FORGE__TOOLS_NONE)
-        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3 and Qwen 3.5)",
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "tools: forge renders no tools for %s (it does for Llama 3.1+, Qwen 3, Qwen 3.5 and Mistral v0.3 / Nemo)",
                            forge__chat_family_name(&st));
     if (constrain && n_tools <= 0)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED need tools");
@@ -1742,12 +1887,16 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
         tc.text = gbnf.p;
         tc.text_len = gbnf.n;
     }
+    /* Mistral's calls open with a control token, which a constrained span cannot take: a reply
+     * that must call starts after the [TOOL_CALLS] its prompt ends with, and its text with it */
+    const char *opener = (flags & FORGE_CHAT_TOOL_REQUIRED) && (tf == FORGE__TOOLS_MISTRAL || tf == FORGE__TOOLS_NEMO) ? "[TOOL_CALLS]" : NULL;
     forge__reply_sink sink = {.user_fn = p.on_token, .user = p.user_data};
     forge__buf_init(&sink.text, NULL, 0);
+    if (opener) forge__buf_put(&sink.text, opener, strlen(opener));
     p.on_token = forge__reply_collect;
     p.user_data = &sink;
     rc = forge__chat_generate(s, &st, messages, n_messages, tools, n_tools, flags & ~(FORGE_CHAT_TOOL_ARGUMENTS | FORGE_CHAT_TOOL_REQUIRED),
-                              &p, constrain ? &tc : NULL, metrics);
+                              opener, &p, constrain ? &tc : NULL, metrics);
     forge__buf_free(&gbnf);
     forge__tool_reply r;
     if (!rc && sink.text.oom) rc = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -1757,7 +1906,7 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
     free(own);
     if (rc) return rc;
     /* the session keeps the strings until its next call: one block of pointers, one of text */
-    const char **ptrs = (const char **)malloc(sizeof *ptrs * (2 * (size_t)r.n + 1));
+    const char **ptrs = (const char **)malloc(sizeof *ptrs * (3 * (size_t)r.n + 1));
     if (!ptrs) {
         forge__tool_reply_free(&r);
         return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -1769,6 +1918,7 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
     for (int i = 0; i < r.n; i++) {
         ptrs[i] = s->chat_reply.p + r.call[i][0];
         ptrs[r.n + i] = s->chat_reply.p + r.call[i][1];
+        ptrs[2 * r.n + i] = s->chat_reply.p + r.call[i][2];
     }
     forge_chat_reply out = {.struct_size = sizeof out};
     out.text = s->chat_reply.p;
@@ -1778,6 +1928,7 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
     out.n_tool_calls = r.n;
     out.tool_names = ptrs;
     out.tool_arguments = ptrs + r.n;
+    out.tool_ids = ptrs + 2 * r.n;
     free(r.call);
     if (reply) FORGE__PUT(reply, out);
     return FORGE_OK;

@@ -943,6 +943,24 @@ int ft_trigger_opens(const forge_model *m, const char *gbnf, const char *trigger
     return opened;
 }
 
+char *ft_tool_reply_ids(int format, const char *text, size_t n) {
+    forge__tool_reply r;
+    if (forge__parse_tool_reply((forge__tools)format, text, n, NULL, 0, &r)) return NULL;
+    forge__buf o;
+    forge__buf_init(&o, NULL, 0);
+    for (int i = 0; i < r.n; i++) {
+        if (i) forge__buf_put(&o, ",", 1);
+        forge__buf_put(&o, r.s.p + r.call[i][2], strlen(r.s.p + r.call[i][2]));
+    }
+    forge__buf_put(&o, "", 1);
+    forge__tool_reply_free(&r);
+    if (o.oom) {
+        forge__buf_free(&o);
+        return NULL;
+    }
+    return o.p;
+}
+
 char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size) {
     forge__buf o;
     forge__err e = {{0}};

@@ -496,13 +496,14 @@ ToolCase tool_case(cJSON *c) {
         cJSON *k;
         cJSON_ArrayForEach(k, mc)
             tc.calls.back().push_back({sizeof(forge_tool_call), cJSON_GetStringValue(cJSON_GetObjectItem(k, "name")),
-                                       cJSON_GetStringValue(cJSON_GetObjectItem(k, "arguments"))});
+                                       cJSON_GetStringValue(cJSON_GetObjectItem(k, "arguments")), cJSON_GetStringValue(cJSON_GetObjectItem(k, "id"))});
     }
     cJSON *mj;
     size_t i = 0;
     cJSON_ArrayForEach(mj, cJSON_GetObjectItem(c, "messages")) {
         forge_chat_message msg = {sizeof(forge_chat_message), cJSON_GetStringValue(cJSON_GetObjectItem(mj, "role")),
-                                  cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content")), nullptr, 0};
+                                  cJSON_GetStringValue(cJSON_GetObjectItem(mj, "content")), nullptr, 0,
+                                  cJSON_GetStringValue(cJSON_GetObjectItem(mj, "tool_call_id"))};
         if (!tc.calls[i].empty()) {
             msg.tool_calls = tc.calls[i].data();
             msg.n_tool_calls = (int)tc.calls[i].size();
@@ -516,9 +517,10 @@ ToolCase tool_case(cJSON *c) {
 } // namespace
 
 /* tests/fixtures/chat/chat_tools.json (make_chat_fixtures.py --tools: jinja2 set up as
- * transformers sets it up) on Llama 3.2's, Qwen 3's and both Qwen 3.5 templates: tools in the
- * prompt, tool calls (floats, -0.0, 1e-07, a 17-digit integer, None / True / False, nested
- * objects, escapes and CJK) and tool results, byte for byte. */
+ * transformers sets it up) on Llama 3.2's, Qwen 3's, both Qwen 3.5 templates, Mistral v0.3's and
+ * Nemo's: tools in the prompt, tool calls (floats, -0.0, 1e-07, a 17-digit integer, None / True /
+ * False, nested objects, escapes and CJK) and tool results, byte for byte; Mistral's id checks
+ * as the template's own exception. */
 TEST(ChatTools, RenderingMatchesTheTemplates) {
     std::string data = ft::tok_data();
     ASSERT_FALSE(data.empty());
@@ -528,7 +530,9 @@ TEST(ChatTools, RenderingMatchesTheTemplates) {
     std::map<std::string, forge_model *> models;
     std::map<std::string, std::string> templates = {{"llama3.2", llama32_template()},
                                                     {"qwen3.5", chat_fixture("qwen3.5-0.8b.jinja")},
-                                                    {"qwen3.5-think", chat_fixture("qwen3.5-27b.jinja")}};
+                                                    {"qwen3.5-think", chat_fixture("qwen3.5-27b.jinja")},
+                                                    {"mistral-v0.3", chat_fixture("mistral-7b-instruct-v0.3.jinja")},
+                                                    {"mistral-nemo", chat_fixture("mistral-nemo-instruct-2407.jinja")}};
     int checked = 0;
     cJSON *c;
     cJSON_ArrayForEach(c, root) {
@@ -547,6 +551,16 @@ TEST(ChatTools, RenderingMatchesTheTemplates) {
         size_t len = 0;
         forge_status st = ft_chat_render_on(m, cJSON_GetStringValue(cJSON_GetObjectItem(c, "date")), tc.msgs.data(), (int)tc.msgs.size(),
                                             tc.tools.data(), (int)tc.tools.size(), flags, &text, &len);
+        if (const char *error = cJSON_GetStringValue(cJSON_GetObjectItem(c, "error"))) {
+            free(text);
+            std::vector<char> buf(1 << 15);
+            EXPECT_EQ(st, FORGE_ERR_INVALID_ARGUMENT) << what;
+            EXPECT_EQ(forge_chat_render_tools(m, tc.msgs.data(), (int)tc.msgs.size(), tc.tools.data(), (int)tc.tools.size(), flags, buf.data(),
+                                              buf.size(), &len), FORGE_ERR_INVALID_ARGUMENT) << what;
+            EXPECT_STREQ(forge_model_errmsg(m), error) << what;
+            checked++;
+            continue;
+        }
         ASSERT_EQ(st, FORGE_OK) << what;
         EXPECT_EQ(std::string(text, len), cJSON_GetStringValue(cJSON_GetObjectItem(c, "rendered"))) << what;
         free(text);
@@ -558,7 +572,7 @@ TEST(ChatTools, RenderingMatchesTheTemplates) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 39);
+    EXPECT_EQ(checked, 71);
     /* Llama 3.1+: one call a message, the template's message */
     forge_tool_call two[2] = {{sizeof(forge_tool_call), "a", "{}"}, {sizeof(forge_tool_call), "b", nullptr}};
     forge_chat_message conv[2] = {{sizeof(forge_chat_message), "user", "x", nullptr, 0}, {sizeof(forge_chat_message), "assistant", "", two, 2}};
@@ -578,7 +592,7 @@ TEST(ChatTools, RefusalsNameTheFamilyAndTheFault) {
     size_t len = 0;
     struct { const char *fam, *tmpl, *named; } cases[] = {{"gemma3", nullptr, "Gemma 2 / 3"},
                                                           {"llama3", nullptr, "Llama 3.0"},
-                                                          {"mistral-v0.3", "mistral-7b-instruct-v0.3.jinja", "Mistral v0.3"}};
+                                                          {"mistral-v0.1", "mistral-7b-instruct-v0.1.jinja", "Mistral v0.1 / v0.2"}};
     for (auto &cs : cases) {
         forge_model *m = family_vocab(cs.fam, data);
         ASSERT_NE(m, nullptr);
@@ -651,6 +665,34 @@ TEST(ChatTools, RepliesParse) {
     EXPECT_EQ(reply_parts(3, "<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"),
               (V{"<tool_call>\n<function=f>\n<parameter=a>\n1\n</function>\n</tool_call>"}));
     EXPECT_EQ(reply_parts(3, "no calls"), (V{"no calls"}));
+    /* Mistral v0.3 (4) and Nemo (5): the array after [TOOL_CALLS], every element a call */
+    std::string two = "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+                      "{\"name\": \"now\", \"arguments\": \"{}\", \"id\": \"Ab3dE6gH9\"}]";
+    EXPECT_EQ(reply_parts(4, two), (V{"", "get_weather", "{\"city\":\"Paris\"}", "now", "{}"}));
+    EXPECT_EQ(reply_parts(5, "Checking.[TOOL_CALLS][{\"name\": \"now\", \"arguments\": {}}] done"), (V{"Checking. done", "now", "{}"}));
+    for (const char *content : {"[TOOL_CALLS] []", "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, 3]", "[TOOL_CALLS] {\"name\": \"a\"}",
+                                "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}", "no calls [TOOL_CALLS"})
+        EXPECT_EQ(reply_parts(4, content), (V{content})) << content;
+    /* ids: the model's when it wrote 9 letters and digits, else made from the reply and the
+     * call's place (the same reply, the same ids) */
+    char *ids = ft_tool_reply_ids(4, two.data(), two.size());
+    ASSERT_NE(ids, nullptr);
+    std::string got = ids;
+    free(ids);
+    ASSERT_EQ(got.size(), 19u) << got;
+    EXPECT_EQ(got.substr(10), "Ab3dE6gH9");
+    for (char ch : got.substr(0, 9)) EXPECT_TRUE(isalnum((unsigned char)ch)) << got;
+    std::string bad_id = "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}, \"id\": \"short\"}, {\"name\": \"a\", \"arguments\": {}}]";
+    ids = ft_tool_reply_ids(4, bad_id.data(), bad_id.size());
+    char *again = ft_tool_reply_ids(4, bad_id.data(), bad_id.size());
+    ASSERT_TRUE(ids && again);
+    got = ids;
+    EXPECT_EQ(got, std::string(again));
+    EXPECT_EQ(got.size(), 19u) << got;
+    EXPECT_NE(got.substr(0, 9), "short") << got;
+    EXPECT_NE(got.substr(0, 9), got.substr(10)) << got;
+    free(ids);
+    free(again);
 }
 
 /* The tool grammar takes the calls the template shows and nothing else: Qwen 3's blocks (every
@@ -684,6 +726,21 @@ TEST(ChatTools, GrammarTakesTheToolsCalls) {
     EXPECT_STREQ(trigger, "{\"name\": ");
     after = "\"get_weather\", \"parameters\": {\"city\": \"P\", \"days\": 2}}";
     EXPECT_EQ(ft_gbnf_match(g, after.data(), after.size(), err, sizeof err), 1) << g;
+    free(g);
+    /* Mistral: the array its template writes after [TOOL_CALLS] (v0.3 with a space, Nemo without) */
+    g = ft_tool_grammar(4, tools, 2, 1, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_EQ(trigger, nullptr);
+    std::string arr = " [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}, {\"name\": \"now \\\"quoted\\\"\", "
+                      "\"arguments\": {}}]";
+    EXPECT_EQ(ft_gbnf_match(g, arr.data(), arr.size(), err, sizeof err), 1) << g;
+    for (std::string bad : {arr.substr(1), std::string(" []"), std::string(" [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\"}}]")})
+        EXPECT_EQ(ft_gbnf_match(g, bad.data(), bad.size(), err, sizeof err), -1) << bad;
+    free(g);
+    g = ft_tool_grammar(5, tools, 2, 0, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_STREQ(trigger, "[TOOL_CALLS]");
+    EXPECT_EQ(ft_gbnf_match(g, arr.data() + 1, arr.size() - 1, err, sizeof err), 1) << g;
     free(g);
     forge_tool bad = {sizeof(forge_tool), "f", nullptr, "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"format\": \"ipv6\"}}}"};
     EXPECT_EQ(ft_tool_grammar(2, &bad, 1, 1, &trigger, err, sizeof err), nullptr);

@@ -168,25 +168,28 @@ TEST(CliChat, CtrlCStopsAReplyThenEndsAtThePrompt) {
 
 namespace {
 
-/* The Llama 3 chat model with Llama 3.2's template (tools rendered in the first user message),
- * made once: a copy whose tokenizer_config.json carries tests/fixtures/chat/llama3.2-instruct.jinja. */
+/* llama_chat_model's copy in directory `name` with the committed template `file`
+ * (tests/fixtures/chat) in its tokenizer_config.json. */
+std::string templated_model(const std::string &name, const std::string &file) {
+    const std::string &base = llama_chat_model();
+    if (base.empty()) return std::string();
+    std::string d = ft::tmpdir(name);
+    if (ft::sh("cp '" + base + "'/* '" + d + "'/") != 0) return std::string();
+    std::vector<uint8_t> cfg = ft::read_file(d + "/tokenizer_config.json"), tmpl = ft::read_file(ft::src("tests/fixtures/chat/" + file));
+    cJSON *root = cJSON_ParseWithLength((const char *)cfg.data(), cfg.size());
+    if (!root) return std::string();
+    cJSON_DeleteItemFromObjectCaseSensitive(root, "chat_template");
+    cJSON_AddItemToObject(root, "chat_template", cJSON_CreateString(std::string(tmpl.begin(), tmpl.end()).c_str()));
+    char *text = cJSON_PrintUnformatted(root);
+    ft::write_file(d + "/tokenizer_config.json", text, strlen(text));
+    free(text);
+    cJSON_Delete(root);
+    return d;
+}
+
+/* The Llama 3 chat model with Llama 3.2's template (tools rendered in the first user message), made once. */
 const std::string &llama32_tools_model() {
-    static const std::string dir = [] {
-        const std::string &base = llama_chat_model();
-        if (base.empty()) return std::string();
-        std::string d = ft::tmpdir("cli_chat_llama32");
-        if (ft::sh("cp '" + base + "'/* '" + d + "'/") != 0) return std::string();
-        std::vector<uint8_t> cfg = ft::read_file(d + "/tokenizer_config.json"), tmpl = ft::read_file(ft::src("tests/fixtures/chat/llama3.2-instruct.jinja"));
-        cJSON *root = cJSON_ParseWithLength((const char *)cfg.data(), cfg.size());
-        if (!root) return std::string();
-        cJSON_DeleteItemFromObjectCaseSensitive(root, "chat_template");
-        cJSON_AddItemToObject(root, "chat_template", cJSON_CreateString(std::string(tmpl.begin(), tmpl.end()).c_str()));
-        char *text = cJSON_PrintUnformatted(root);
-        ft::write_file(d + "/tokenizer_config.json", text, strlen(text));
-        free(text);
-        cJSON_Delete(root);
-        return d;
-    }();
+    static const std::string dir = templated_model("cli_chat_llama32", "llama3.2-instruct.jinja");
     return dir;
 }
 
@@ -219,6 +222,18 @@ TEST(CliChat, ToolCallsPrintAndTakeTheirResults) {
         size_t at = out.find("[tool call get_weather ") + 23, end = out.find("]\n", at);
         ASSERT_NE(end, std::string::npos) << out;
         EXPECT_EQ(jc::validate(out.substr(at, end - at), weather_schema), "") << out;
+    }
+    {   /* Mistral v0.3: each result line answers its call by the call's id (a result without one
+         * is the template's error); sampled, as greedy random weights write call after call */
+        std::string mistral = templated_model("cli_chat_mistral", "mistral-7b-instruct-v0.3.jinja");
+        ASSERT_FALSE(mistral.empty());
+        Forge f(d, {"chat", mistral, "--tools", d + "/tools.json", "--tool-calls", "required", "-n", "64", "--temp", "1.2", "--seed", "1"});
+        for (const char *line : {"Weather in Paris?", "{\"celsius\": 21}", "{\"celsius\": 22}", "/quit"}) f.write_line(line);
+        EXPECT_EQ(f.wait_exit(120), 0) << f.stderr_text();
+        std::string out = f.stdout_text();
+        EXPECT_EQ(f.stderr_text(), "") << f.stderr_text();
+        EXPECT_GE(count(out, "[tool call get_weather "), 3u) << out; /* two calls, their results, more calls */
+        EXPECT_EQ(system(("rm -rf '" + mistral + "'").c_str()), 0);
     }
     struct Refusal { std::vector<std::string> args; int status; std::string says; };
     std::string bad = d + "/bad.json";

@@ -989,8 +989,9 @@ const forge_tool weather_tools[2] = {{sizeof(forge_tool), "get_weather", "Weathe
 
 /* forge_chat_tools with FORGE_CHAT_TOOL_REQUIRED on session s (its model's template set), greedy
  * and at T 1.2, seeds 1 to 3: a reply that ends matched is 1 to max_calls calls of the two tools
- * whose arguments validate against their schemas, and no content; one that does not stopped for
- * max_tokens. Returns how many of the 6 ended matched. */
+ * whose arguments validate against their schemas, each with its own id of 9 letters and digits,
+ * and no content; one that does not stopped for max_tokens. Returns how many of the 6 ended
+ * matched. */
 int required_tool_calls(forge_session *s, int max_tokens, int max_calls) {
     forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
     int complete = 0;
@@ -1015,6 +1016,10 @@ int required_tool_calls(forge_session *s, int max_tokens, int max_calls) {
                 std::string name = r.tool_names[i];
                 EXPECT_TRUE(name == "get_weather" || name == "get_time") << what;
                 EXPECT_EQ(jc::validate(r.tool_arguments[i], name == "get_weather" ? weather_schema : clock_schema), "") << what << "\n" << r.tool_arguments[i];
+                std::string id = r.tool_ids[i];
+                EXPECT_EQ(id.size(), 9u) << what;
+                for (char ch : id) EXPECT_TRUE(isalnum((unsigned char)ch)) << what << " id " << id;
+                for (int k = 0; k < i; k++) EXPECT_NE(id, r.tool_ids[k]) << what;
             }
             EXPECT_EQ(r.content_len, 0u) << what;
         }
@@ -1040,6 +1045,65 @@ TEST(ToolCalls, Qwen35RequiredCallsValidateOnRandomWeights) {
     int complete = required_tool_calls(s, 64, 1000);
     EXPECT_GE(complete, 4) << complete << " of 6 runs made whole calls";
     forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* forge_chat_tools on random weights with Mistral v0.3's and Nemo's templates (read by their text:
+ * the Llama 3 tokenizer serves): FORGE_CHAT_TOOL_REQUIRED writes [TOOL_CALLS] after the prompt and
+ * makes the reply the call array after it, which parses back into calls with ids; the history
+ * with those calls and results answering their ids renders; without the flags the reply is free. */
+TEST(ToolCalls, MistralRequiredCallsValidateOnRandomWeights) {
+    std::string dir = random_llama3();
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    for (const char *file : {"mistral-7b-instruct-v0.3.jinja", "mistral-nemo-instruct-2407.jinja"}) {
+        std::string tmpl = slurp(ft::src(std::string("tests/fixtures/chat/") + file));
+        ft_model_set_chat_template(m, tmpl.c_str());
+        forge_session *s = ft::session(m, 1024);
+        ASSERT_NE(s, nullptr);
+        if (file[8] == '7') { /* v0.3: six runs. Random weights write white space in the JSON and
+                               * call after call (the array goes on): few end within 192 tokens */
+            int complete = required_tool_calls(s, 192, 1000);
+            EXPECT_GE(complete, 2) << file << ": " << complete << " of 6 runs made whole calls";
+        }
+        forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 192;
+        forge_chat_reply r = ft::sized<forge_chat_reply>();
+        forge_metrics mt = ft::sized<forge_metrics>();
+        for (uint64_t seed = 1; seed <= 6; seed++) { /* the first sampled run that ends matched */
+            p.temperature = 1.2f;
+            p.seed = seed;
+            ASSERT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &mt), FORGE_OK) << forge_session_errmsg(s);
+            std::string text(r.text, r.text_len);
+            EXPECT_EQ(text.rfind("[TOOL_CALLS]", 0), 0u) << text;
+            if (mt.constraint_complete) break;
+        }
+        ASSERT_TRUE(mt.constraint_complete) << file << ": no run of 6 ended matched";
+        ASSERT_GT(r.n_tool_calls, 0) << std::string(r.text, r.text_len);
+        std::vector<std::string> names, args, ids;
+        for (int i = 0; i < r.n_tool_calls; i++) names.push_back(r.tool_names[i]), args.push_back(r.tool_arguments[i]), ids.push_back(r.tool_ids[i]);
+        std::vector<forge_tool_call> calls;
+        std::vector<forge_chat_message> conv = {user};
+        for (size_t i = 0; i < names.size(); i++) calls.push_back({sizeof(forge_tool_call), names[i].c_str(), args[i].c_str(), ids[i].c_str()});
+        conv.push_back({sizeof(forge_chat_message), "assistant", "", calls.data(), (int)calls.size()});
+        for (size_t i = 0; i < names.size(); i++) conv.push_back({sizeof(forge_chat_message), "tool", "{\"ok\": true}", nullptr, 0, ids[i].c_str()});
+        std::vector<char> out(1 << 16);
+        size_t len = 0;
+        ASSERT_EQ(forge_chat_render_tools(m, conv.data(), (int)conv.size(), weather_tools, 2, 0, out.data(), out.size(), &len), FORGE_OK)
+            << forge_model_errmsg(m);
+        std::string rendered(out.data(), len);
+        for (const std::string &id : ids) EXPECT_NE(rendered.find("\"call_id\": \"" + id + "\"}[/TOOL_RESULTS]"), std::string::npos) << rendered;
+        conv.back().tool_call_id = nullptr; /* a result without its id: the template's error */
+        EXPECT_EQ(forge_chat_render_tools(m, conv.data(), (int)conv.size(), weather_tools, 2, 0, out.data(), out.size(), &len),
+                  FORGE_ERR_INVALID_ARGUMENT);
+        p.temperature = 0.0f;
+        p.max_tokens = 8;
+        ASSERT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, 0, &p, &r, nullptr), FORGE_OK) << forge_session_errmsg(s);
+        EXPECT_EQ(std::string(r.text, r.text_len).find("[TOOL_CALLS]"), std::string::npos);
+        forge_session_free(s);
+    }
     forge_model_free(m);
 }
 

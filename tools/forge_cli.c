@@ -54,8 +54,9 @@ static const char usage_text[] =
             "                                   message starting with / is sent as //...); a full context\n"
             "                                   slides (shift by default), so a chat runs indefinitely;\n"
             "                                   --tools: the functions in FILE (transformers' tools list)\n"
-            "                                   are offered to the model (Llama 3.1+, Qwen 3, Qwen 3.5); a\n"
-            "                                   call in a reply prints as [tool call NAME ARGUMENTS], and the\n"
+            "                                   are offered to the model (Llama 3.1+, Qwen 3, Qwen 3.5,\n"
+            "                                   Mistral v0.3 / Nemo); a call in a reply prints as [tool call\n"
+            "                                   NAME ARGUMENTS], and the\n"
             "                                   next lines are the calls' results, in order (prompt NAME>),\n"
             "                                   then the model answers; --tool-calls strict: a call matches\n"
             "                                   a tool's name and parameters' schema, required: every reply\n"
@@ -1567,18 +1568,18 @@ static void chat_owned_free(chat_owned *o) {
 }
 
 /* A copy of a parsed reply's tool calls (the reply's strings are the session's until its next
- * call): one malloc'd block, the calls first, then their names and arguments. */
+ * call): one malloc'd block, the calls first, then their names, arguments and ids. */
 static forge_tool_call *chat_copy_calls(const forge_chat_reply *r) {
     size_t bytes = sizeof(forge_tool_call) * (size_t)r->n_tool_calls;
-    for (int i = 0; i < r->n_tool_calls; i++) bytes += strlen(r->tool_names[i]) + strlen(r->tool_arguments[i]) + 2;
+    for (int i = 0; i < r->n_tool_calls; i++) bytes += strlen(r->tool_names[i]) + strlen(r->tool_arguments[i]) + strlen(r->tool_ids[i]) + 3;
     forge_tool_call *calls = malloc(bytes);
     if (!calls) return NULL;
     char *p = (char *)(calls + r->n_tool_calls);
     for (int i = 0; i < r->n_tool_calls; i++) {
-        size_t nl = strlen(r->tool_names[i]) + 1, al = strlen(r->tool_arguments[i]) + 1;
+        size_t nl = strlen(r->tool_names[i]) + 1, al = strlen(r->tool_arguments[i]) + 1, il = strlen(r->tool_ids[i]) + 1;
         calls[i] = (forge_tool_call){.struct_size = sizeof(forge_tool_call), .name = memcpy(p, r->tool_names[i], nl),
-                                     .arguments = memcpy(p + nl, r->tool_arguments[i], al)};
-        p += nl + al;
+                                     .arguments = memcpy(p + nl, r->tool_arguments[i], al), .id = memcpy(p + nl + al, r->tool_ids[i], il)};
+        p += nl + al + il;
     }
     return calls;
 }
@@ -1776,6 +1777,7 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
         }
         owned[n].content = strdup(line + (line[0] == '/')); /* "//x" sends "/x" */
         msgs[n] = (forge_chat_message){.struct_size = sizeof(forge_chat_message), .role = pending ? "tool" : "user", .content = owned[n].content};
+        if (pending) msgs[n].tool_call_id = msgs[turn - 1].tool_calls[msgs[turn - 1].n_tool_calls - pending].id; /* the call it answers */
         n++;
         if (pending > 1) continue; /* every call's result first */
         chat_reply reply = {0};

@@ -1293,6 +1293,9 @@ func TestToolCalls(t *testing.T) {
 				t.Fatalf("%s: calls %+v, content %q", what, reply.ToolCalls, reply.Content)
 			}
 			call := reply.ToolCalls[0]
+			if len(call.ID) != 9 {
+				t.Errorf("%s: the call's ID %q is not 9 characters", what, call.ID)
+			}
 			switch call.Name {
 			case "get_weather":
 				err = validWeather(call.Arguments)
@@ -1328,6 +1331,48 @@ func TestToolCalls(t *testing.T) {
 		reply, err := m.ChatTools(ctx, user, tools, forge.WithMaxTokens(8))
 		if err != nil || len(reply.ToolCalls) != 0 || reply.Content != strings.TrimSpace(reply.Text) || m.Metrics().GeneratedTokens == 0 {
 			t.Errorf("free reply %+v, %v", reply, err)
+		}
+	})
+
+	// Mistral v0.3's template writes each call with its ID and each result with the ID it answers.
+	t.Run("MistralCallsAndResultsCarryIDs", func(t *testing.T) {
+		dir := t.TempDir()
+		src := m.Path()
+		for _, name := range []string{"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} {
+			if err := os.Symlink(filepath.Join(src, name), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tmpl, err := os.ReadFile(filepath.Join(root, "tests", "fixtures", "chat", "mistral-7b-instruct-v0.3.jinja"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "chat_template.jinja"), tmpl, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		mm, err := forge.LoadModel(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mm.Close()
+		history := append(slices.Clone(user),
+			forge.Message{Role: "assistant", ToolCalls: []forge.ToolCall{{Name: "get_weather", Arguments: `{"city": "Paris"}`, ID: "c4llW3ath"}}},
+			forge.Message{Role: "tool", Content: `{"temp": 21.5}`, ToolCallID: "c4llW3ath"})
+		rendered, err := mm.RenderChat(history, forge.WithTools(weatherTool))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{`[AVAILABLE_TOOLS] [{"type": "function", "function": {"name": "get_weather"`,
+			`[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "c4llW3ath"}]`,
+			`[TOOL_RESULTS] {"content": {"temp": 21.5}, "call_id": "c4llW3ath"}[/TOOL_RESULTS]`} {
+			if !strings.Contains(rendered, want) {
+				t.Errorf("RenderChat lacks %q:\n%s", want, rendered)
+			}
+		}
+		history[2].ToolCallID = ""
+		if _, err := mm.RenderChat(history, forge.WithTools(weatherTool)); !errors.Is(err, forge.StatusInvalidArgument) ||
+			!strings.Contains(err.Error(), "length 9") {
+			t.Errorf("a result without its call's ID: %v", err)
 		}
 	})
 

@@ -579,8 +579,14 @@ func (a *cmem) messages(messages []Message) *C.forge_chat_message {
 				if call.Arguments != "" {
 					c.arguments = a.str(call.Arguments)
 				}
+				if call.ID != "" {
+					c.id = a.str(call.ID)
+				}
 			}
 			cs[i].tool_calls, cs[i].n_tool_calls = calls, C.int(n)
+		}
+		if msg.ToolCallID != "" {
+			cs[i].tool_call_id = a.str(msg.ToolCallID)
 		}
 	}
 	return p

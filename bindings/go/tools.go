@@ -26,12 +26,14 @@ type Tool struct {
 type ToolCall struct {
 	Name      string // the function's name
 	Arguments string // its arguments: a JSON object as text ("": {})
+	ID        string // the call's id ("": none); Mistral v0.3 / Nemo need one of 9 characters, as ChatTools gives them
 }
 
 // ChatReply is a reply ChatTools parsed (forge_chat_reply): its text and the tool calls in it
 // (Llama 3.1+: a reply that is a JSON {"name", "parameters"}, or several separated by ';';
-// Qwen 3: <tool_call> blocks of JSON; Qwen 3.5: <tool_call><function=NAME> blocks). A call
-// that does not parse stays in the content.
+// Qwen 3: <tool_call> blocks of JSON; Qwen 3.5: <tool_call><function=NAME> blocks; Mistral:
+// a [TOOL_CALLS] JSON array). A call that does not parse stays in the content. Each call has an
+// ID: the model's, or 9 letters and digits forge makes from the reply.
 type ChatReply struct {
 	Text      string     // the whole reply, as generated
 	Content   string     // the reply without its tool calls, trimmed
@@ -39,14 +41,15 @@ type ChatReply struct {
 }
 
 // Message returns the reply as the assistant's turn of a conversation (its Content and
-// ToolCalls), to send back with the tools' results (role "tool").
+// ToolCalls), to send back with the tools' results (role "tool", ToolCallID the call's ID).
 func (r ChatReply) Message() Message {
 	return Message{Role: "assistant", Content: r.Content, ToolCalls: r.ToolCalls}
 }
 
 // WithTools adds functions the model may call. RenderChat renders them as the model's
 // template renders tools= (Llama 3.1 / 3.2 / 3.3: in the first user message; Qwen 3, Qwen 3.5:
-// a # Tools system block; other families fail with StatusUnsupported naming the family), Chat
+// a # Tools system block; Mistral v0.3 / Nemo: [AVAILABLE_TOOLS] before the last user message;
+// other families fail with StatusUnsupported naming the family), Chat
 // streams the reply to a conversation rendered with them, and ChatTools parses the calls out of
 // the reply. A tool without a name, or parameters that are not a JSON object, fail the call
 // with StatusInvalidArgument.
@@ -111,10 +114,10 @@ func (a *cmem) chat(cs *C.forge_session, messages []Message, c *GenerateConfig, 
 func chatReply(r *C.forge_chat_reply) ChatReply {
 	out := ChatReply{Text: C.GoStringN(r.text, C.int(r.text_len)), Content: C.GoStringN(r.content, C.int(r.content_len))}
 	if n := int(r.n_tool_calls); n > 0 {
-		names, args := unsafe.Slice(r.tool_names, n), unsafe.Slice(r.tool_arguments, n)
+		names, args, ids := unsafe.Slice(r.tool_names, n), unsafe.Slice(r.tool_arguments, n), unsafe.Slice(r.tool_ids, n)
 		out.ToolCalls = make([]ToolCall, n)
 		for i := range out.ToolCalls {
-			out.ToolCalls[i] = ToolCall{Name: C.GoString(names[i]), Arguments: C.GoString(args[i])}
+			out.ToolCalls[i] = ToolCall{Name: C.GoString(names[i]), Arguments: C.GoString(args[i]), ID: C.GoString(ids[i])}
 		}
 	}
 	return out

@@ -21,9 +21,10 @@ type Token struct {
 
 // Message is one chat turn for Chat and RenderChat.
 type Message struct {
-	Role      string     // "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool", a tool's result)
-	Content   string     // UTF-8
-	ToolCalls []ToolCall // an assistant message's tool calls (Llama 3.1+: one a message; Qwen 3, Qwen 3.5)
+	Role       string     // "system", "user", "assistant" (Qwen, Llama 3.1+, Mistral v0.3 / Nemo: also "tool", a tool's result)
+	Content    string     // UTF-8
+	ToolCalls  []ToolCall // an assistant message's tool calls (Llama 3.1+: one a message; Qwen 3, Qwen 3.5, Mistral)
+	ToolCallID string     // a "tool" message's: the ID of the call it answers (Mistral v0.3 / Nemo need it)
 }
 
 // StopReason is a forge_stop_reason: why a generate or chat call stopped.

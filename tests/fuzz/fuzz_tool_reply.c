@@ -1,11 +1,14 @@
 /* libFuzzer target: the tool-call reply parser (forge_chat_tools reads a generated reply with
  * it). Input: byte 0 picks the format (Llama 3.1+'s JSON reply, Qwen 3's <tool_call> JSON
- * blocks, Qwen 3.5's <function=...> blocks, their values typed by typed_tools' schemas); the
- * rest is the reply (any bytes). Invariants: no crash; every call has a non-empty name and
- * arguments that are a JSON object (checked against a GBNF of RFC 8259's objects); the content
+ * blocks, Qwen 3.5's <function=...> blocks, their values typed by typed_tools' schemas,
+ * Mistral v0.3's and Nemo's [TOOL_CALLS] arrays); the rest is the reply (any bytes).
+ * Invariants: no crash; every call has a non-empty name, arguments that are a JSON object
+ * (checked against a GBNF of RFC 8259's objects) and an id of 9 letters and digits; the content
  * is no longer than the reply. */
 #include "internal.h"
 #include "fuzz_common.h"
+
+#include <ctype.h>
 
 /* Any JSON object (RFC 8259), escapes in keys included. */
 static const char object_gbnf[] =
@@ -39,7 +42,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int format = 1 + data[0] % 3, n = -1;
+    int format = 1 + data[0] % 5, n = -1;
     size_t content = 0;
     char *r = ft_tool_reply(format, (const char *)data + 1, size - 1, typed_tools, 2, &n, &content);
     if (!r || n < 0) abort();
@@ -62,5 +65,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (seen != n) abort();
     free(r);
+    char *ids = ft_tool_reply_ids(format, (const char *)data + 1, size - 1);
+    if (!ids || strlen(ids) != (n ? 10 * (size_t)n - 1 : 0)) abort();
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < 9; k++)
+            if (!isalnum((unsigned char)ids[10 * i + k])) abort();
+    free(ids);
     return 0;
 }

@@ -318,10 +318,13 @@ class Completion:
 class ToolCall:
     """A function call: one of TokenStream.tool_calls (what Session.chat(..., tools=...) parsed
     out of the reply), and what an assistant message's "tool_calls" may hold. `arguments` is
-    the parsed JSON object (a dict)."""
+    the parsed JSON object (a dict); `id` the call's id (the model's, or 9 letters and digits
+    forge made), which a "tool" message answering it gives as its "tool_call_id" (Mistral v0.3 /
+    Nemo's template requires both)."""
 
     name: str
     arguments: dict
+    id: Optional[str] = None
 
 
 def _convert(struct: ctypes.Structure, cls: type, **extra: Any) -> Any:
@@ -573,13 +576,14 @@ class Model:
         off for Gemma 4). Raises UnsupportedError for a model without a known chat format.
 
         `tools` are the functions the model may call, rendered as the template renders
-        apply_chat_template(messages, tools=tools) (Llama 3.1+, Qwen 3, Qwen 3.5; another family
+        apply_chat_template(messages, tools=tools) (Llama 3.1+, Qwen 3, Qwen 3.5, Mistral v0.3 / Nemo; another family
         raises UnsupportedError naming it): each in transformers' form {"type": "function",
         "function": {"name", "description", "parameters"}} or bare {"name", "description",
         "parameters"}, the parameters a JSON Schema (a dict, or its JSON text). Messages may
         carry what a tool-calling conversation holds: an assistant message's "tool_calls" (each
-        {"name", "arguments"}, transformers' {"type": "function", "function": {...}} or a
-        ToolCall; arguments a dict or JSON text) and "tool" messages with a call's result."""
+        {"name", "arguments"}, transformers' {"type": "function", "function": {...}, "id": ...} or
+        a ToolCall; arguments a dict or JSON text) and "tool" messages with a call's result (and
+        its "tool_call_id")."""
         msgs, keep = _chat_messages(messages)
         flags = _chat_flags(add_generation_prompt, thinking)
         c_tools, n_tools, tool_keep = _chat_tools(tools)
@@ -660,10 +664,10 @@ def _chat_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[ctypes.Array,
             c_calls = _ffi.sized_array(_ffi.ToolCall, len(calls))
             for j, call in enumerate(calls):
                 if isinstance(call, ToolCall):
-                    name, arguments = call.name, call.arguments
+                    name, arguments, call_id = call.name, call.arguments, call.id
                 elif isinstance(call, Mapping):
-                    f = call.get("function", call)  # transformers' {"type": "function", "function": {...}}
-                    name, arguments = f.get("name"), f.get("arguments")
+                    f = call.get("function", call)  # transformers' {"type": "function", "function": {...}, "id": ...}
+                    name, arguments, call_id = f.get("name"), f.get("arguments"), call.get("id", f.get("id"))
                 else:
                     raise TypeError(f"message {i}: tool call {j} is not a {{'name': ..., 'arguments': ...}} mapping: {call!r}")
                 if name is not None:
@@ -672,8 +676,14 @@ def _chat_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[ctypes.Array,
                 if arguments is not None:
                     keep.append(_json_text(arguments, f"message {i}: tool call {j}'s arguments"))
                     c_calls[j].arguments = keep[-1]
+                if call_id is not None:
+                    keep.append(str(call_id).encode("utf-8", "surrogatepass"))
+                    c_calls[j].id = keep[-1]
             keep.append(c_calls)
             msgs[i].tool_calls, msgs[i].n_tool_calls = c_calls, len(calls)
+        if m.get("tool_call_id") is not None:
+            keep.append(str(m["tool_call_id"]).encode("utf-8", "surrogatepass"))
+            msgs[i].tool_call_id = keep[-1]
     return msgs, keep
 
 
@@ -1192,7 +1202,8 @@ def _constraint(*, grammar: Optional[str] = None, json_schema: Union[Mapping[str
 def _parse_reply(r: _ffi.ChatReply) -> tuple[str, list[ToolCall]]:
     """The content and the tool calls of a forge_chat_reply, copied out of the session's strings."""
     content = ctypes.string_at(r.content, r.content_len).decode("utf-8", "replace") if r.content else ""
-    calls = [ToolCall(name=_ffi.text(r.tool_names[i]), arguments=json.loads(_ffi.text(r.tool_arguments[i]) or "{}"))
+    calls = [ToolCall(name=_ffi.text(r.tool_names[i]), arguments=json.loads(_ffi.text(r.tool_arguments[i]) or "{}"),
+                      id=_ffi.text(r.tool_ids[i]))
              for i in range(r.n_tool_calls)]
     return content, calls
 

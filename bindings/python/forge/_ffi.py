@@ -263,6 +263,7 @@ class ToolCall(Structure):
         ("struct_size", c_uint32),
         ("name", c_char_p),
         ("arguments", c_char_p),
+        ("id", c_char_p),
     ]
 
 
@@ -273,6 +274,7 @@ class ChatMessage(Structure):
         ("content", c_char_p),
         ("tool_calls", POINTER(ToolCall)),
         ("n_tool_calls", c_int),
+        ("tool_call_id", c_char_p),
     ]
 
 
@@ -297,6 +299,7 @@ class ChatReply(Structure):
         ("n_tool_calls", c_int),
         ("tool_names", POINTER(c_char_p)),
         ("tool_arguments", POINTER(c_char_p)),
+        ("tool_ids", POINTER(c_char_p)),
     ]
 
 

@@ -704,6 +704,41 @@ def test_render_chat_with_tools_is_what_transformers_renders(tools_model_dir):
             m.render_chat([{"role": "user", "content": "hi"}], tools=["get_weather"])
 
 
+@pytest.mark.parametrize("family,template", [("mistral-v0.3", "mistral-7b-instruct-v0.3.jinja"),
+                                             ("mistral-nemo", "mistral-nemo-instruct-2407.jinja")])
+def test_mistral_tools_render_with_their_ids(tools_model_dir, tmp_path, family, template):
+    """chat_tools.json's Mistral v0.3 / Nemo conversations through the package: calls with their
+    "id" (transformers' dicts or ToolCall), results with their "tool_call_id", byte for byte as
+    the template renders them, and the template's own error for a missing or short id."""
+    out = tmp_path / family
+    out.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        (out / name).symlink_to(tools_model_dir / name)
+    (out / "chat_template.jinja").write_bytes((ROOT / "tests" / "fixtures" / "chat" / template).read_bytes())
+    cases = [c for c in json.loads((ROOT / "tests" / "fixtures" / "chat" / "chat_tools.json").read_text())
+             if c["family"] == family]
+    assert len(cases) >= 16
+    with forge.Model(out) as m:
+        # the tokenizer here is Llama 3's: its BOS and EOS stand where Mistral's <s> and </s> do
+        probe = m.render_chat([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+        bos, eos = probe[:probe.index("[INST]")], probe[probe.rindex("b") + 1:]
+        assert bos and eos
+        for c in cases:
+            if c["rendered"]:
+                c["rendered"] = bos + c["rendered"][len("<s>"):].replace("</s>", eos)
+            if c["error"]:
+                with pytest.raises(forge.InvalidArgumentError, match=re.escape(c["error"])):
+                    m.render_chat(c["messages"], add_generation_prompt=c["add_generation_prompt"], tools=c["tools"] or None)
+                continue
+            got = m.render_chat(c["messages"], add_generation_prompt=c["add_generation_prompt"], tools=c["tools"] or None)
+            assert got == c["rendered"], c["name"]
+        c = next(c for c in cases if c["name"] == "tools_call_result")
+        call = c["messages"][1]["tool_calls"][0]
+        as_toolcall = [c["messages"][0], {"role": "assistant", "tool_calls": [forge.ToolCall(
+            call["function"]["name"], call["function"]["arguments"], call["id"])]}, c["messages"][2]]
+        assert m.render_chat(as_toolcall, tools=c["tools"]) == c["rendered"]
+
+
 def test_required_tool_calls_validate_on_random_weights(tools_model_dir, chat_model_dir):
     """tests/test_grammar.cpp's ToolCalls.RequiredCallsValidateOnRandomWeights through the package:
     tool_choice="required" makes the reply one call of a given tool whose arguments validate
@@ -727,6 +762,7 @@ def test_required_tool_calls_validate_on_random_weights(tools_model_dir, chat_mo
                 assert len(reply.tool_calls) == 1, what
                 call = reply.tool_calls[0]
                 assert isinstance(call, forge.ToolCall) and call.name in schemas, what
+                assert len(call.id) == 9 and call.id.isalnum(), what
                 assert schema_errors(call.arguments, schemas[call.name]) == "", what
                 assert json.loads(text) == {"name": call.name, "parameters": call.arguments}  # Llama's call format
                 assert reply.content == "" and reply.metrics.forced_tokens > 0
