@@ -928,8 +928,7 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * and Nemo's tools, tool calls and tool results, below), Gemma turns
  * (Gemma 3 folds a system message into the first user turn; Gemma 2's template rejects one),
  * Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
- * 31B template's empty thought block when thinking is off; tools and tool results are not
- * supported). The family is recognised from the tokenizer's special tokens and the
+ * 31B template's empty thought block when thinking is off; tools, calls and results, below). The family is recognised from the tokenizer's special tokens and the
  * checkpoint's chat_template (tokenizer_config.json, chat_template.jinja, or
  * tokenizer.chat_template in GGUF); Mistral's from the template alone.
  * ------------------------------------------------------------------------------------- */
@@ -955,7 +954,9 @@ typedef struct forge_chat_message {
 
 /* A function the model may call: rendered into the prompt as the family's template renders the
  * transformers tools list [{"type": "function", "function": {"name", "description",
- * "parameters"}}] (description and parameters left out when NULL). */
+ * "parameters"}}] (description and parameters left out when NULL). Gemma 4's template writes a
+ * schema in its own notation; a "type" or "description" forge cannot write as it does (an object
+ * there) is FORGE_ERR_UNSUPPORTED naming it. */
 typedef struct forge_tool {
     uint32_t struct_size;     /* sizeof(forge_tool); tools[0]'s is every tool's */
     const char *name;
@@ -992,8 +993,11 @@ FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_messa
  * <tool_call> JSON), Qwen 3.5 / 3.6 (a # Tools system block, calls as <tool_call><function=NAME>
  * <parameter=P> blocks), Mistral v0.3 / Nemo ([AVAILABLE_TOOLS] before the last user message,
  * calls as [TOOL_CALLS] [{"name", "arguments", "id"}], results as [TOOL_RESULTS] with their
- * call_id; a call or a result without a 9-character id is the template's error). Other families
- * (Llama 3.0, Gemma 2 / 3 / 4, ChatML without Qwen's template, Mistral v0.1 / v0.2) give
+ * call_id; a call or a result without a 9-character id is the template's error), Gemma 4 (each
+ * tool's <|tool>declaration:...<tool|> in the system turn in its own notation of the schema,
+ * calls as <|tool_call>call:NAME{k:v}<tool_call|> with keys sorted, the "tool" messages after a
+ * call as <|tool_response> blocks named by the call whose id they answer). Other families
+ * (Llama 3.0, Gemma 2 / 3, ChatML without Qwen's template, Mistral v0.1 / v0.2) give
  * FORGE_ERR_UNSUPPORTED naming the family; a tool without a name, or parameters or arguments that are not a JSON
  * object, FORGE_ERR_INVALID_ARGUMENT. n_tools 0: forge_chat_render. */
 FORGE_API forge_status forge_chat_render_tools(const forge_model *model, const forge_chat_message *messages, int n_messages,
@@ -1026,7 +1030,8 @@ typedef struct forge_chat_reply {
  * <tool_call><function=NAME> blocks; Llama 3: a reply that is a JSON {"name", "parameters"}, or
  * several separated by ';'; Mistral: a [TOOL_CALLS] JSON array of {"name", "arguments"}; with
  * FORGE_CHAT_TOOL_REQUIRED its prompt ends with [TOOL_CALLS], which the reply's text then starts
- * with, though it was not generated). Qwen 3.5 writes a string value raw and others as JSON: a value is
+ * with, though it was not generated; Gemma 4: <|tool_call>call:NAME{...}<tool_call|> blocks after
+ * its thinking, parsed but not constrained: the tool flags are FORGE_ERR_UNSUPPORTED there). Qwen 3.5 writes a string value raw and others as JSON: a value is
  * read by its parameter's schema (type string, a string enum or const: the text; another type:
  * JSON), and constrained so; a raw string is constrained by type, enum, const, minLength and
  * maxLength only (pattern or format on one, or a parameter that may be a string or another

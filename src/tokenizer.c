@@ -2099,8 +2099,9 @@ static void forge__tk_special_ids(forge__tokenizer *tk, const cJSON *cfg) {
     /* the end-of-text token ends generation too when the files name another eos (chat models
      * name the end of turn; their generation_config lists both) */
     forge__tk_add_eos(tk, text_end);
-    static const char *const more[] = {"<|eom_id|>"};
-    forge__tk_add_eos(tk, forge__tk_first_of(tk, more, 1));
+    /* a turn that hands over to a tool: Llama 3.1's end of message, Gemma 4's call for results */
+    static const char *const more[] = {"<|eom_id|>", "<|tool_response>"};
+    for (size_t i = 0; i < FORGE__ARRAY_LEN(more); i++) forge__tk_add_eos(tk, forge__tk_first_of(tk, more + i, 1));
 }
 
 /* Parses a tokenizer.json held in memory (json[0..len)); cfg_json (tokenizer_config.json,

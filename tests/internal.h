@@ -320,7 +320,7 @@ void ft_model_set_chat_template(forge_model *m, const char *tmpl);
 forge_status ft_chat_render_on(const forge_model *m, const char *date, const forge_chat_message *msgs, int n, const forge_tool *tools,
                                int n_tools, uint32_t flags, char **out, size_t *len);
 /* A reply's tool calls as forge_chat_tools reads them (format: 1 Llama 3.1+, 2 Qwen 3, 3 Qwen
- * 3.5, whose values the tools' schemas type, 4 Mistral v0.3, 5 Mistral Nemo): "CONTENT" then
+ * 3.5, whose values the tools' schemas type, 4 Mistral v0.3, 5 Mistral Nemo, 6 Gemma 4): "CONTENT" then
  * "\x01NAME\x02ARGUMENTS" a call, malloc'd (NULL: out of memory); the calls' count in *n_calls,
  * the content's length (it may hold any byte) in *content_len. */
 char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, int *n_calls, size_t *content_len);

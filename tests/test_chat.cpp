@@ -36,9 +36,10 @@ forge_model *renamed_vocab(const std::string &data, const std::string &base, con
 }
 
 /* Gemma 4's: Gemma 3's tokenizer (the same 262144 entries) with ids 105 / 106 under Gemma 4's
- * names <|turn> / <turn|>. */
+ * names <|turn> / <turn|>, and id 50 as its <|tool_response>. */
 forge_model *gemma4_vocab(const std::string &data) {
-    return renamed_vocab(data, "gemma3", "gemma4_vocab", {{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}});
+    return renamed_vocab(data, "gemma3", "gemma4_vocab",
+                         {{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}, {"<unused44>", "<|tool_response>"}});
 }
 
 /* Mistral's: Gemma 2's tokenizer with its <s> / </s> (ids 204 / 213, HTML tags there) as BOS and
@@ -222,15 +223,18 @@ TEST(Chat, Gemma4EndOfTurnAndRefusals) {
     ASSERT_NE(m, nullptr);
     forge_special_tokens sp = ft::sized<forge_special_tokens>();
     ASSERT_EQ(forge_model_special_tokens(m, &sp), FORGE_OK);
-    bool ends = false;
-    for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == forge_token_id(m, "<turn|>");
+    bool ends = false, hands_over = false; /* <|tool_response>: the model's call waits for its results */
+    for (int i = 0; i < sp.n_eos; i++) ends |= sp.eos_ids[i] == forge_token_id(m, "<turn|>"), hands_over |= sp.eos_ids[i] == 50;
     EXPECT_TRUE(ends);
+    EXPECT_TRUE(hands_over);
     EXPECT_EQ(forge_token_id(m, "<turn|>"), 106);
+    EXPECT_EQ(forge_token_id(m, "<|tool_response>"), 50);
     std::vector<char> out(512);
     size_t len = 0;
+    /* a tool result that follows no call is left out, as the template leaves it */
     forge_chat_message tool[3] = {{sizeof(forge_chat_message), "user", "Weather?"}, {sizeof(forge_chat_message), "assistant", "Let me check."}, {sizeof(forge_chat_message), "tool", "sunny"}};
-    EXPECT_EQ(forge_chat_render(m, tool, 3, 0, out.data(), out.size(), &len), FORGE_ERR_UNSUPPORTED);
-    EXPECT_NE(std::string(forge_model_errmsg(m)).find("message 2"), std::string::npos) << forge_model_errmsg(m);
+    ASSERT_EQ(forge_chat_render(m, tool, 3, 0, out.data(), out.size(), &len), FORGE_OK) << forge_model_errmsg(m);
+    EXPECT_EQ(std::string(out.data(), len), "<bos><|turn>user\nWeather?<turn|>\n<|turn>model\nLet me check.<turn|>\n<|turn>model\n");
     forge_chat_message hi = {sizeof(forge_chat_message), "user", "Hi"};
     EXPECT_EQ(forge_chat_render(m, &hi, 1, FORGE_CHAT_THINKING_ON | FORGE_CHAT_THINKING_OFF, out.data(), out.size(), &len),
               FORGE_ERR_INVALID_ARGUMENT);
@@ -517,8 +521,9 @@ ToolCase tool_case(cJSON *c) {
 } // namespace
 
 /* tests/fixtures/chat/chat_tools.json (make_chat_fixtures.py --tools: jinja2 set up as
- * transformers sets it up) on Llama 3.2's, Qwen 3's, both Qwen 3.5 templates, Mistral v0.3's and
- * Nemo's: tools in the prompt, tool calls (floats, -0.0, 1e-07, a 17-digit integer, None / True /
+ * transformers sets it up) on Llama 3.2's, Qwen 3's, both Qwen 3.5 templates, Mistral v0.3's,
+ * Nemo's and both of Gemma 4's (its declarations' own notation of the schemas, sorted keys, results
+ * named by their call's id): tools in the prompt, tool calls (floats, -0.0, 1e-07, a 17-digit integer, None / True /
  * False, nested objects, escapes and CJK) and tool results, byte for byte; Mistral's id checks
  * as the template's own exception. */
 TEST(ChatTools, RenderingMatchesTheTemplates) {
@@ -540,12 +545,14 @@ TEST(ChatTools, RenderingMatchesTheTemplates) {
         if (!models.count(fam)) {
             models[fam] = family_vocab(fam, data);
             if (templates.count(fam) && models[fam]) ft_model_set_chat_template(models[fam], templates[fam].c_str());
+            if (fam == "gemma4-large" && models[fam]) ft_model_set_chat_template(models[fam], kGemma4LargeTemplateLine);
         }
         forge_model *m = models[fam];
         ASSERT_NE(m, nullptr);
         ToolCase tc = tool_case(c);
         uint32_t flags = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt")) ? 0 : FORGE_CHAT_NO_GENERATION_PROMPT;
         if (cJSON_IsFalse(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking"))) flags |= FORGE_CHAT_THINKING_OFF;
+        if (cJSON_IsTrue(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "kwargs"), "enable_thinking"))) flags |= FORGE_CHAT_THINKING_ON;
         std::string what = fam + " " + cJSON_GetStringValue(cJSON_GetObjectItem(c, "name"));
         char *text = nullptr;
         size_t len = 0;
@@ -572,7 +579,7 @@ TEST(ChatTools, RenderingMatchesTheTemplates) {
         }
         checked++;
     }
-    EXPECT_EQ(checked, 71);
+    EXPECT_EQ(checked, 103);
     /* Llama 3.1+: one call a message, the template's message */
     forge_tool_call two[2] = {{sizeof(forge_tool_call), "a", "{}"}, {sizeof(forge_tool_call), "b", nullptr}};
     forge_chat_message conv[2] = {{sizeof(forge_chat_message), "user", "x", nullptr, 0}, {sizeof(forge_chat_message), "assistant", "", two, 2}};
@@ -673,6 +680,17 @@ TEST(ChatTools, RepliesParse) {
     for (const char *content : {"[TOOL_CALLS] []", "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}, 3]", "[TOOL_CALLS] {\"name\": \"a\"}",
                                 "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {}}", "no calls [TOOL_CALLS"})
         EXPECT_EQ(reply_parts(4, content), (V{content})) << content;
+    /* Gemma 4 (6): <|tool_call>call:NAME{...}<tool_call|> in its notation, the thought channels out */
+    EXPECT_EQ(reply_parts(6, "<|channel>thought\nuse <|tool_call>call:x{}<tool_call|><channel|>Checking.<|tool_call>call:book{alpha:[{x:2}],"
+                             "beta:{c:null},delta:<|\"|>a \"b\"\n{c}<|\"|>,num:2.5,ok:true,<|\"|>odd key<|\"|>:-1e-07}<tool_call|>"
+                             "<|tool_call>call:now{}<tool_call|>"),
+              (V{"Checking.", "book", "{\"alpha\":[{\"x\":2}],\"beta\":{\"c\":null},\"delta\":\"a \\\"b\\\"\\n{c}\",\"num\":2.5,\"ok\":true,\"odd key\":-1e-07}",
+                 "now", "{}"}));
+    EXPECT_EQ(reply_parts(6, "<|tool_call>call:f{a:1"), (V{"<|tool_call>call:f{a:1"}));             /* cut inside: content */
+    EXPECT_EQ(reply_parts(6, "<|tool_call>call:f{a:<|\"|>x<|\"|>}"), (V{"", "f", "{\"a\":\"x\"}"})); /* cut at its close */
+    for (const char *content : {"<|tool_call>call:{a:1}<tool_call|>", "<|tool_call>call:f{a:yes}<tool_call|>", "<|tool_call>call:f{a:1,}<tool_call|>",
+                                "<|tool_call>call:f{:1}<tool_call|>", "<|tool_call>call:f[1]<tool_call|>", "<|tool_call>f{}<tool_call|>"})
+        EXPECT_EQ(reply_parts(6, content), (V{content})) << content;
     /* ids: the model's when it wrote 9 letters and digits, else made from the reply and the
      * call's place (the same reply, the same ids) */
     char *ids = ft_tool_reply_ids(4, two.data(), two.size());

@@ -55,7 +55,7 @@ static const char usage_text[] =
             "                                   slides (shift by default), so a chat runs indefinitely;\n"
             "                                   --tools: the functions in FILE (transformers' tools list)\n"
             "                                   are offered to the model (Llama 3.1+, Qwen 3, Qwen 3.5,\n"
-            "                                   Mistral v0.3 / Nemo); a call in a reply prints as [tool call\n"
+            "                                   Mistral v0.3 / Nemo, Gemma 4); a call in a reply prints as [tool call\n"
             "                                   NAME ARGUMENTS], and the\n"
             "                                   next lines are the calls' results, in order (prompt NAME>),\n"
             "                                   then the model answers; --tool-calls strict: a call matches\n"

@@ -32,7 +32,7 @@ type ToolCall struct {
 // ChatReply is a reply ChatTools parsed (forge_chat_reply): its text and the tool calls in it
 // (Llama 3.1+: a reply that is a JSON {"name", "parameters"}, or several separated by ';';
 // Qwen 3: <tool_call> blocks of JSON; Qwen 3.5: <tool_call><function=NAME> blocks; Mistral:
-// a [TOOL_CALLS] JSON array). A call that does not parse stays in the content. Each call has an
+// a [TOOL_CALLS] JSON array; Gemma 4: <|tool_call>call:NAME{...} blocks). A call that does not parse stays in the content. Each call has an
 // ID: the model's, or 9 letters and digits forge makes from the reply.
 type ChatReply struct {
 	Text      string     // the whole reply, as generated
@@ -49,7 +49,8 @@ func (r ChatReply) Message() Message {
 // WithTools adds functions the model may call. RenderChat renders them as the model's
 // template renders tools= (Llama 3.1 / 3.2 / 3.3: in the first user message; Qwen 3, Qwen 3.5:
 // a # Tools system block; Mistral v0.3 / Nemo: [AVAILABLE_TOOLS] before the last user message;
-// other families fail with StatusUnsupported naming the family), Chat
+// Gemma 4: <|tool> declarations in the system turn; other families fail with StatusUnsupported
+// naming the family), Chat
 // streams the reply to a conversation rendered with them, and ChatTools parses the calls out of
 // the reply. A tool without a name, or parameters that are not a JSON object, fail the call
 // with StatusInvalidArgument.

@@ -1,7 +1,8 @@
 /* libFuzzer target: the tool-call reply parser (forge_chat_tools reads a generated reply with
  * it). Input: byte 0 picks the format (Llama 3.1+'s JSON reply, Qwen 3's <tool_call> JSON
  * blocks, Qwen 3.5's <function=...> blocks, their values typed by typed_tools' schemas,
- * Mistral v0.3's and Nemo's [TOOL_CALLS] arrays); the rest is the reply (any bytes).
+ * Mistral v0.3's and Nemo's [TOOL_CALLS] arrays, Gemma 4's <|tool_call> blocks in its own
+ * notation); the rest is the reply (any bytes).
  * Invariants: no crash; every call has a non-empty name, arguments that are a JSON object
  * (checked against a GBNF of RFC 8259's objects) and an id of 9 letters and digits; the content
  * is no longer than the reply. */
@@ -42,7 +43,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
-    int format = 1 + data[0] % 5, n = -1;
+    int format = 1 + data[0] % 6, n = -1;
     size_t content = 0;
     char *r = ft_tool_reply(format, (const char *)data + 1, size - 1, typed_tools, 2, &n, &content);
     if (!r || n < 0) abort();

@@ -576,7 +576,7 @@ class Model:
         off for Gemma 4). Raises UnsupportedError for a model without a known chat format.
 
         `tools` are the functions the model may call, rendered as the template renders
-        apply_chat_template(messages, tools=tools) (Llama 3.1+, Qwen 3, Qwen 3.5, Mistral v0.3 / Nemo; another family
+        apply_chat_template(messages, tools=tools) (Llama 3.1+, Qwen 3, Qwen 3.5, Mistral v0.3 / Nemo, Gemma 4; another family
         raises UnsupportedError naming it): each in transformers' form {"type": "function",
         "function": {"name", "description", "parameters"}} or bare {"name", "description",
         "parameters"}, the parameters a JSON Schema (a dict, or its JSON text). Messages may
