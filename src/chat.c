@@ -1268,12 +1268,13 @@ static forge_status forge__g4_call(forge__sb *b, const forge_tool_call *c, int m
     return FORGE_OK;
 }
 
-/* strip_thinking: every <|channel>...<channel|> span out of an assistant's content, trimmed. */
-static void forge__g4_strip_thinking(forge__sb *b, const char *p) {
+/* strip_thinking: every <|channel>...<channel|> span out of an assistant's content (n bytes at
+ * p), trimmed. */
+static void forge__g4_strip_thinking(forge__sb *b, const char *p, size_t n) {
     forge__sb kept = {0};
-    for (;;) {
-        const char *close = strstr(p, "<channel|>");
-        size_t len = close ? (size_t)(close - p) : strlen(p);
+    for (const char *end = p + n;;) {
+        const char *close = forge__memmem(p, (size_t)(end - p), "<channel|>");
+        size_t len = close ? (size_t)(close - p) : (size_t)(end - p);
         const char *open = forge__memmem(p, len, "<|channel>");
         forge__sb_put(&kept, p, open ? (size_t)(open - p) : len);
         if (!close) break;
@@ -1342,7 +1343,7 @@ static forge_status forge__render_gemma4(const forge__chat_style *st, const forg
             prev = G4_RESPONSE;
         }
         size_t at = b->len;
-        if (model) forge__g4_strip_thinking(b, m->content);
+        if (model) forge__g4_strip_thinking(b, m->content, strlen(m->content));
         else forge__sb_put_trimmed(b, m->content, strlen(m->content));
         bool has_content = b->len > at;
         const char *next = NULL; /* the next message's role that is not "tool" */
@@ -2344,6 +2345,48 @@ static bool forge__g4_reply_call(forge__tool_reply *r, const char *p, const char
     return ok;
 }
 
+/* How forge__tool_blocks reads the inside of one block: the call into r, or false (r as it was). */
+typedef bool (*forge__block_fn)(forge__tool_reply *r, const char *in, const char *in_end, const forge_tool *tools, int n_tools);
+
+static bool forge__qwen3_block(forge__tool_reply *r, const char *in, const char *in_end, const forge_tool *tools, int n_tools) {
+    (void)tools;
+    (void)n_tools;
+    size_t mark = r->s.n;
+    int n0 = r->n;
+    if (!forge__tool_json_call(r, in, in_end, &in)) return false;
+    forge__json_ws(&in, in_end); /* nothing but white space after the object */
+    if (in == in_end) return true;
+    r->n = n0;
+    r->s.n = mark;
+    return false;
+}
+
+static bool forge__g4_block(forge__tool_reply *r, const char *in, const char *in_end, const forge_tool *tools, int n_tools) {
+    (void)tools;
+    (void)n_tools;
+    return forge__g4_reply_call(r, in, in_end);
+}
+
+/* The calls in [p, end) between open and close tags (the last block may lack its close), each
+ * read by `call`; the text around them, and a block that does not read, into content. */
+static void forge__tool_blocks(forge__tool_reply *r, const char *p, const char *end, const char *open_tag, const char *close_tag,
+                               forge__block_fn call, const forge_tool *tools, int n_tools, forge__buf *content) {
+    const size_t ol = strlen(open_tag), cl = strlen(close_tag);
+    for (;;) {
+        const char *open = forge__memmem(p, (size_t)(end - p), open_tag);
+        if (!open) {
+            forge__buf_put(content, p, (size_t)(end - p));
+            return;
+        }
+        const char *in = open + ol, *close = forge__memmem(in, (size_t)(end - in), close_tag);
+        const char *in_end = close ? close : end, *next = close ? close + cl : end;
+        bool ok = call(r, in, in_end, tools, n_tools);
+        forge__buf_put(content, p, (size_t)((ok ? open : next) - p));
+        p = next;
+        if (p >= end) return;
+    }
+}
+
 /* Reads a reply's tool calls in format tf into r: the content is the reply without its
  * thinking (what precedes the last </think>, Qwen) and without the calls, trimmed; a block that
  * does not parse stays in the content. Llama 3.1+: the reply (after <|python_tag|>, if any) is
@@ -2384,53 +2427,13 @@ static forge_status forge__parse_tool_reply(forge__tools tf, const char *text, s
     } else if (tf == FORGE__TOOLS_QWEN3 || tf == FORGE__TOOLS_QWEN35) {
         const char *think = forge__memmem_last(text, n, "</think>");
         if (think) p = think + 8;
-        for (;;) {
-            const char *open = forge__memmem(p, (size_t)(end - p), "<tool_call>");
-            if (!open) {
-                forge__buf_put(&content, p, (size_t)(end - p));
-                break;
-            }
-            const char *in = open + 11, *close = forge__memmem(in, (size_t)(end - in), "</tool_call>");
-            const char *in_end = close ? close : end, *next = close ? close + 12 : end;
-            size_t mark = r->s.n;
-            int n0 = r->n;
-            bool ok = tf == FORGE__TOOLS_QWEN3 ? forge__tool_json_call(r, in, in_end, &in) : forge__tool_xml_call(r, in, in_end, tools, n_tools);
-            if (ok && tf == FORGE__TOOLS_QWEN3) { /* nothing but white space after the object */
-                forge__json_ws(&in, in_end);
-                if (in != in_end) {
-                    ok = false;
-                    r->n = n0;
-                    r->s.n = mark;
-                }
-            }
-            forge__buf_put(&content, p, (size_t)((ok ? open : next) - p));
-            p = next;
-            if (p >= end) break;
-        }
+        forge__tool_blocks(r, p, end, "<tool_call>", "</tool_call>", tf == FORGE__TOOLS_QWEN3 ? forge__qwen3_block : forge__tool_xml_call,
+                           tools, n_tools, &content);
     } else if (tf == FORGE__TOOLS_GEMMA4) {
-        forge__sb visible = {0}; /* strip_thinking, untrimmed */
-        for (const char *q = text;;) {
-            const char *close = forge__memmem(q, (size_t)(end - q), "<channel|>");
-            size_t len = close ? (size_t)(close - q) : (size_t)(end - q);
-            const char *open = forge__memmem(q, len, "<|channel>");
-            forge__sb_put(&visible, q, open ? (size_t)(open - q) : len);
-            if (!close) break;
-            q = close + 10;
-        }
-        const char *v = visible.buf ? visible.buf : "", *vend = v + visible.len;
-        for (;;) {
-            const char *open = forge__memmem(v, (size_t)(vend - v), "<|tool_call>");
-            if (!open) {
-                forge__buf_put(&content, v, (size_t)(vend - v));
-                break;
-            }
-            const char *in = open + 12, *close = forge__memmem(in, (size_t)(vend - in), "<tool_call|>");
-            const char *in_end = close ? close : vend, *next = close ? close + 12 : vend;
-            bool ok = forge__g4_reply_call(r, in, in_end);
-            forge__buf_put(&content, v, (size_t)((ok ? open : next) - v));
-            v = next;
-            if (v >= vend) break;
-        }
+        forge__sb visible = {0};
+        forge__g4_strip_thinking(&visible, text, n);
+        const char *v = visible.buf ? visible.buf : "";
+        forge__tool_blocks(r, v, v + visible.len, "<|tool_call>", "<tool_call|>", forge__g4_block, tools, n_tools, &content);
         content.oom |= visible.oom;
         free(visible.buf);
     } else if (tf == FORGE__TOOLS_MISTRAL || tf == FORGE__TOOLS_NEMO) {

@@ -903,21 +903,30 @@ forge_status ft_chat_render_on(const forge_model *m, const char *date, const for
     return s;
 }
 
-char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, int *n_calls, size_t *content_len) {
+/* ft_tool_reply's and ft_tool_reply_ids' text: the content then "\x01NAME\x02ARGUMENTS" a call,
+ * or (ids) the calls' ids comma-separated. */
+static char *tool_reply_text(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, bool ids, int *n_calls,
+                             size_t *content_len) {
     forge__tool_reply r;
     if (forge__parse_tool_reply((forge__tools)format, text, n, tools, n_tools, &r)) return NULL;
     forge__buf o;
     forge__buf_init(&o, NULL, 0);
-    forge__buf_put(&o, r.s.p + r.content_off, r.content_len);
+    if (!ids) forge__buf_put(&o, r.s.p + r.content_off, r.content_len);
     for (int i = 0; i < r.n; i++) {
+        const char *name = r.s.p + r.call[i][0], *args = r.s.p + r.call[i][1], *id = r.s.p + r.call[i][2];
+        if (ids) {
+            if (i) forge__buf_put(&o, ",", 1);
+            forge__buf_put(&o, id, strlen(id));
+            continue;
+        }
         forge__buf_put(&o, "\x01", 1);
-        forge__buf_put(&o, r.s.p + r.call[i][0], strlen(r.s.p + r.call[i][0]));
+        forge__buf_put(&o, name, strlen(name));
         forge__buf_put(&o, "\x02", 1);
-        forge__buf_put(&o, r.s.p + r.call[i][1], strlen(r.s.p + r.call[i][1]));
+        forge__buf_put(&o, args, strlen(args));
     }
     forge__buf_put(&o, "", 1);
-    *n_calls = r.n;
-    *content_len = r.content_len;
+    if (n_calls) *n_calls = r.n;
+    if (content_len) *content_len = r.content_len;
     forge__tool_reply_free(&r);
     if (o.oom) {
         forge__buf_free(&o);
@@ -925,6 +934,12 @@ char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *to
     }
     return o.p;
 }
+
+char *ft_tool_reply(int format, const char *text, size_t n, const forge_tool *tools, int n_tools, int *n_calls, size_t *content_len) {
+    return tool_reply_text(format, text, n, tools, n_tools, false, n_calls, content_len);
+}
+
+char *ft_tool_reply_ids(int format, const char *text, size_t n) { return tool_reply_text(format, text, n, NULL, 0, true, NULL, NULL); }
 
 int ft_trigger_opens(const forge_model *m, const char *gbnf, const char *trigger, const char *arm, const int32_t *toks, int n) {
     forge_constraint c = {.struct_size = sizeof c, .kind = FORGE_CONSTRAINT_GBNF, .text = gbnf, .trigger = trigger};
@@ -941,24 +956,6 @@ int ft_trigger_opens(const forge_model *m, const char *gbnf, const char *trigger
     }
     forge__matcher_free(g);
     return opened;
-}
-
-char *ft_tool_reply_ids(int format, const char *text, size_t n) {
-    forge__tool_reply r;
-    if (forge__parse_tool_reply((forge__tools)format, text, n, NULL, 0, &r)) return NULL;
-    forge__buf o;
-    forge__buf_init(&o, NULL, 0);
-    for (int i = 0; i < r.n; i++) {
-        if (i) forge__buf_put(&o, ",", 1);
-        forge__buf_put(&o, r.s.p + r.call[i][2], strlen(r.s.p + r.call[i][2]));
-    }
-    forge__buf_put(&o, "", 1);
-    forge__tool_reply_free(&r);
-    if (o.oom) {
-        forge__buf_free(&o);
-        return NULL;
-    }
-    return o.p;
 }
 
 char *ft_tool_grammar(int format, const forge_tool *tools, int n_tools, int required, const char **trigger, char *err, size_t err_size) {
