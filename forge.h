@@ -928,9 +928,10 @@ FORGE_API forge_status forge_batch_generate(forge_session *session, const forge_
  * and Nemo's tools, tool calls and tool results, below), Gemma turns
  * (Gemma 3 folds a system message into the first user turn; Gemma 2's template rejects one),
  * Gemma 4's <|turn> turns (a system turn; the thinking switch; the 12B / 26B /
- * 31B template's empty thought block when thinking is off; tools, calls and results, below). The family is recognised from the tokenizer's special tokens and the
- * checkpoint's chat_template (tokenizer_config.json, chat_template.jinja, or
- * tokenizer.chat_template in GGUF); Mistral's from the template alone.
+ * 31B template's empty thought block when thinking is off; tools, calls and results, below).
+ * The family is recognised from the tokenizer's special tokens and the checkpoint's
+ * chat_template (tokenizer_config.json, chat_template.jinja, or tokenizer.chat_template in
+ * GGUF); Mistral's from the template alone.
  * ------------------------------------------------------------------------------------- */
 
 /* A function call an assistant message made (tools, below). */
@@ -944,9 +945,11 @@ typedef struct forge_tool_call {
 
 typedef struct forge_chat_message {
     uint32_t struct_size;  /* sizeof(forge_chat_message); messages[0]'s is every message's */
-    const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+: also "tool"; Gemma 4: also "developer") */
+    const char *role;      /* "system", "user", "assistant" (Qwen, Llama 3.1+, Mistral v0.3 / Nemo, Gemma 4: also
+                            * "tool", a call's result; Gemma 4: also "developer") */
     const char *content;   /* UTF-8 */
-    const forge_tool_call *tool_calls; /* an assistant message's tool calls (Llama 3.1+: one; Qwen 3, Qwen 3.5, Mistral), or NULL */
+    const forge_tool_call *tool_calls; /* an assistant message's tool calls (Llama 3.1+: one; Qwen 3, Qwen 3.5,
+                                        * Mistral, Gemma 4), or NULL */
     int n_tool_calls;
     const char *tool_call_id; /* a "tool" message's: the id of the call it answers (Mistral v0.3 / Nemo: required,
                                * 9 characters), or NULL */
@@ -998,8 +1001,8 @@ FORGE_API forge_status forge_chat(forge_session *session, const forge_chat_messa
  * calls as <|tool_call>call:NAME{k:v}<tool_call|> with keys sorted, the "tool" messages after a
  * call as <|tool_response> blocks named by the call whose id they answer). Other families
  * (Llama 3.0, Gemma 2 / 3, ChatML without Qwen's template, Mistral v0.1 / v0.2) give
- * FORGE_ERR_UNSUPPORTED naming the family; a tool without a name, or parameters or arguments that are not a JSON
- * object, FORGE_ERR_INVALID_ARGUMENT. n_tools 0: forge_chat_render. */
+ * FORGE_ERR_UNSUPPORTED naming the family; a tool without a name, or parameters or arguments
+ * that are not a JSON object, FORGE_ERR_INVALID_ARGUMENT. n_tools 0: forge_chat_render. */
 FORGE_API forge_status forge_chat_render_tools(const forge_model *model, const forge_chat_message *messages, int n_messages,
                                                const forge_tool *tools, int n_tools, uint32_t flags, char *out, size_t capacity,
                                                size_t *len);
@@ -1031,12 +1034,13 @@ typedef struct forge_chat_reply {
  * several separated by ';'; Mistral: a [TOOL_CALLS] JSON array of {"name", "arguments"}; with
  * FORGE_CHAT_TOOL_REQUIRED its prompt ends with [TOOL_CALLS], which the reply's text then starts
  * with, though it was not generated; Gemma 4: <|tool_call>call:NAME{...}<tool_call|> blocks after
- * its thinking, parsed but not constrained: the tool flags are FORGE_ERR_UNSUPPORTED there). Qwen 3.5 writes a string value raw and others as JSON: a value is
- * read by its parameter's schema (type string, a string enum or const: the text; another type:
- * JSON), and constrained so; a raw string is constrained by type, enum, const, minLength and
- * maxLength only (pattern or format on one, or a parameter that may be a string or another
- * type, is FORGE_ERR_UNSUPPORTED with those flags), a string has no "</", and the parameters
- * come in the schema's order, the required ones always, no others.
+ * its thinking, parsed but not constrained: the tool flags are FORGE_ERR_UNSUPPORTED there).
+ * Qwen 3.5 writes a string value raw and others as JSON: a value is read by its parameter's
+ * schema (type string, a string enum or const: the text; another type: JSON), and constrained
+ * so; a raw string is constrained by type, enum, const, minLength and maxLength only (pattern
+ * or format on one, or a parameter that may be a string or another type, is
+ * FORGE_ERR_UNSUPPORTED with those flags), a string has no "</", and the parameters come in the
+ * schema's order, the required ones always, no others.
  * A block that does not parse stays in the content. The text also streams through
  * params->on_token as forge_chat's does. reply may be NULL. */
 FORGE_API forge_status forge_chat_tools(forge_session *session, const forge_chat_message *messages, int n_messages,

@@ -37,6 +37,8 @@
 #define FORGE__G_MAX_STACKS 200000           /* stacks in one state */
 #define FORGE__G_SOFT_STATES 40000           /* states kept between tokens (more: the cache starts again) */
 #define FORGE__G_HARD_STATES 150000          /* states made during one token's work */
+#define FORGE__G_HARD_STEPS 30000000ull      /* closure steps for one token: states alone do not bound the time,
+                                              * as a state of many stacks costs as much to make */
 #define FORGE__G_SOFT_NODES (3u << 20)       /* stack nodes kept between tokens */
 #define FORGE__G_MASK_BYTES (48u << 20)      /* masks kept per matcher */
 #define FORGE__G_MAX_FORCED 256              /* forced bytes looked at a time */
@@ -1005,6 +1007,7 @@ typedef struct forge__gdfa {
     uint32_t stamp;
     forge__buf work, out; /* closure scratch (uint32_t) */
     bool depth_hit;      /* a stack would have passed FORGE__G_MAX_DEPTH: that path was dropped */
+    uint64_t steps;      /* closure steps since the matcher last took a token (FORGE__G_HARD_STEPS) */
     forge_status st;     /* a limit or out of memory: the automaton stops */
     forge__err *err;
 } forge__gdfa;
@@ -1076,6 +1079,10 @@ static void forge__dfa_close(forge__gdfa *d, uint32_t n0, bool *accept) {
     d->work.n = 0;
     FORGE__VEC_PUSH(&d->work, uint32_t, n0);
     while (d->work.n && !d->st) {
+        if (++d->steps > FORGE__G_HARD_STEPS) {
+            forge__dfa_fail(d, FORGE_ERR_LIMIT, "grammar: more than %llu automaton steps for one token", FORGE__G_HARD_STEPS);
+            break;
+        }
         d->work.n -= 4;
         uint32_t n = FORGE__VEC_AT(&d->work, uint32_t, d->work.n / 4);
         if (d->mark[n] == d->stamp) continue;
@@ -1409,6 +1416,7 @@ static int32_t forge__matcher_start(forge__matcher *g) {
 /* Keeps the automaton's tables bounded between tokens. */
 static void forge__matcher_tidy(forge__matcher *g) {
     forge__gdfa *d = &g->dfa;
+    d->steps = 0;
     if (d->st || (d->n_states < FORGE__G_SOFT_STATES && d->n_nodes < FORGE__G_SOFT_NODES)) return;
     g->cur = g->constrained ? forge__dfa_compact(d, g->cur) : forge__dfa_compact(d, forge__matcher_start(g));
     if (!g->constrained) g->cur = FORGE__G_DEAD;

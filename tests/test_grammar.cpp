@@ -499,6 +499,24 @@ TEST(Schema, HostileSchemasMeetLimits) {
     /* recursion through allOf only: a merge that never ends is cut */
     schema_gbnf(R"({"$defs":{"x":{"allOf":[{"$ref":"#/$defs/x"}]}},"$ref":"#/$defs/x"})", &st, &err);
     EXPECT_NE(st, FORGE_OK);
+    /* a pattern of bounded repetitions around a letter: every byte makes states of many stacks,
+     * so the mask stops at the automaton's step bound, not after minutes at the state bound */
+    forge_constraint c = {sizeof c, FORGE_CONSTRAINT_JSON_SCHEMA, R"({"type": "string", "pattern": "^.{0,200}x.{0,200}y$"})"};
+    forge_grammar *gr = nullptr;
+    ASSERT_EQ(forge_grammar_create(llama3(), &c, &gr), FORGE_OK) << forge_model_errmsg(llama3());
+    std::vector<uint32_t> mask((forge_model_n_vocab(llama3()) + 31) / 32);
+    forge_status ms = FORGE_OK;
+    for (int step = 0; step < 4 && ms == FORGE_OK; step++) { /* the first allowed token each time (a quote, then any) */
+        if ((ms = forge_grammar_mask(gr, mask.data(), mask.size())) != FORGE_OK) break;
+        int32_t tok = -1;
+        for (size_t w = 0; w < mask.size() && tok < 0; w++)
+            if (mask[w]) tok = (int32_t)(w * 32 + (size_t)__builtin_ctz(mask[w]));
+        ASSERT_GE(tok, 0);
+        ASSERT_EQ(forge_grammar_accept(gr, tok), FORGE_OK);
+    }
+    EXPECT_EQ(ms, FORGE_ERR_LIMIT);
+    EXPECT_NE(std::string(forge_grammar_errmsg(gr)).find("automaton steps for one token"), std::string::npos) << forge_grammar_errmsg(gr);
+    forge_grammar_free(gr);
     /* garbage */
     for (std::string junk : {"", "null", "[1,2]", "\"x\"", "{\"type\":[]}", "{\"properties\":5}", "{\"items\":[{\"type\":1}]}"}) {
         schema_gbnf(junk, &st, &err);
