@@ -1079,13 +1079,15 @@ static bool forge__g4_str(forge__sb *b, const forge__jv *v, bool upper) {
     return ok;
 }
 
-/* A value's str() upper-cased into out (for the template's `| upper == 'STRING'` tests). */
-static bool forge__g4_upper(const forge__jv *v, char *out, size_t cap) {
+/* A value's str() upper-cased (the template's `| upper`), malloc'd; NULL when forge__g4_str
+ * does not write it, or out of memory. */
+static char *forge__g4_upper(const forge__jv *v) {
     forge__sb t = {0};
     bool ok = forge__g4_str(&t, v, true);
-    snprintf(out, cap, "%.*s", (int)t.len, t.buf ? t.buf : "");
+    forge__sb_put(&t, "", 1);
+    if (ok && !t.oom) return t.buf;
     free(t.buf);
-    return ok && !t.oom;
+    return NULL;
 }
 
 /* A `required` list as the template writes it: [<|"|>a<|"|>,...] of its items' str(). */
@@ -1129,8 +1131,9 @@ static bool forge__g4_params(forge__sb *b, const forge__jv *props, bool filter_k
             forge__sb_puts(b, FORGE__G4_Q);
             comma = true;
         }
-        char type[64];
-        if (ok && !(ok = forge__g4_upper(forge__jv_get(v, "type"), type, sizeof type))) *why = "a \"type\" that is neither a string nor a list of strings";
+        char *upper = ok ? forge__g4_upper(forge__jv_get(v, "type")) : NULL;
+        const char *type = upper ? upper : "";
+        if (ok && !upper) ok = false, *why = "a \"type\" that is neither a string nor a list of strings";
         const forge__jv *items = forge__jv_get(v, "items");
         if (!ok) {
         } else if (!strcmp(type, "STRING")) {
@@ -1162,11 +1165,9 @@ static bool forge__g4_params(forge__sb *b, const forge__jv *props, bool filter_k
                         forge__sb_puts(b, iv->kind == 'a' ? "[" : "");
                         for (int e = 0; ok && e < (iv->kind == 'a' ? iv->n_kids : 1); e++) {
                             const forge__jv *one = iv->kind == 'a' ? &iv->kids[e] : iv;
-                            char up[64];
                             if (e) forge__sb_puts(b, ",");
-                            ok = one->kind == 's' && forge__g4_upper(one, up, sizeof up);
                             forge__sb_puts(b, FORGE__G4_Q);
-                            forge__sb_puts(b, up);
+                            ok = one->kind == 's' && forge__g4_str(b, one, true);
                             forge__sb_puts(b, FORGE__G4_Q);
                         }
                         forge__sb_puts(b, iv->kind == 'a' ? "]" : "");
@@ -1203,6 +1204,7 @@ static bool forge__g4_params(forge__sb *b, const forge__jv *props, bool filter_k
         forge__sb_puts(b, "type:" FORGE__G4_Q);
         forge__sb_puts(b, type);
         forge__sb_puts(b, FORGE__G4_Q "}");
+        free(upper);
     }
     free(k);
     return ok;
