@@ -714,7 +714,8 @@ typedef int (*forge_token_fn)(void *user_data, int32_t token, const char *text, 
  * grammar matches: a GBNF grammar (llama.cpp's format, starting at rule `root`), a JSON Schema,
  * any JSON object, or one of a list of strings. forge compiles it once per call into a byte
  * automaton and, at each token, allows exactly the tokens whose bytes the automaton can take
- * next (special tokens never; the end tokens only where the grammar may end):
+ * next (special tokens only where the grammar names them, as llama.cpp's <[ID]> or <TEXT>; the
+ * end tokens only where the grammar may end):
  *   - sampling: the allowed tokens' distribution, renormalized, then the usual filters and draw
  *     (llama.cpp's order: the grammar first). Greedy takes the highest-logit allowed token.
  *     generate and chat: the automaton state's mask (computed once per state) is written
@@ -1034,7 +1035,9 @@ typedef struct forge_chat_reply {
  * several separated by ';'; Mistral: a [TOOL_CALLS] JSON array of {"name", "arguments"}; with
  * FORGE_CHAT_TOOL_REQUIRED its prompt ends with [TOOL_CALLS], which the reply's text then starts
  * with, though it was not generated; Gemma 4: <|tool_call>call:NAME{...}<tool_call|> blocks after
- * its thinking, parsed but not constrained: the tool flags are FORGE_ERR_UNSUPPORTED there).
+ * its thinking, constrained in its notation: <|"|> marks, its special token, around strings, bare
+ * keys, no white space; a string holds no "<|", a length-bounded one no "<"; pattern and an
+ * object or array in enum / const are FORGE_ERR_UNSUPPORTED there).
  * Qwen 3.5 writes a string value raw and others as JSON: a value is read by its parameter's
  * schema (type string, a string enum or const: the text; another type: JSON), and constrained
  * so; a raw string is constrained by type, enum, const, minLength and maxLength only (pattern

@@ -1929,7 +1929,7 @@ static forge_status forge__tool_xml_rules(const forge_tool *tool, int t, forge__
             snprintf(prefix, sizeof prefix, "t%d-p%d-", t, j);
             forge__sc_printf(out, "%s \"\\n</parameter>\\n\"\n", vrule);
             if (!text) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-            else if ((st = forge__schema_rules(text, strlen(text), vrule, prefix, false, out, err))) {
+            else if ((st = forge__schema_rules(text, strlen(text), vrule, prefix, false, FORGE__SC_JSON, out, err))) {
                 forge__err inner = *err;
                 forge__fail(err, st, "tool %d (%s): parameter %s: %s", t, tool->name, p->string, inner.msg);
             }
@@ -1957,16 +1957,18 @@ static const char forge__xml_prelude[] = "xml-text ::= ([^<] | \"<\"+ [^</])* \"
 /* The GBNF of a reply's tool calls (rule root) for Llama 3.1+, Qwen 3 and Mistral: each tool's
  * call {"name": "NAME", "parameters" (Llama) / "arguments" (Qwen, Mistral): ARGS} with ARGS its
  * parameters' JSON Schema (rules prefixed tK-; any JSON object without one); for Qwen 3.5 its
- * <function=NAME> block (forge__tool_xml_rules) in the same <tool_call> frame. required: the whole reply
- * (Qwen 3: one or more <tool_call> blocks; Llama: one call, as its template renders one a
- * message; Mistral: the call array after the [TOOL_CALLS] its prompt then ends with); else what
- * follows the trigger (*trigger: Qwen 3's "<tool_call>", Llama's '{"name": ', Mistral's
- * "[TOOL_CALLS]"), up to the block's end. */
+ * <function=NAME> block (forge__tool_xml_rules) in the same <tool_call> frame; for Gemma 4
+ * call:NAME ARGS, ARGS in its notation (schema.c's FORGE__SC_GEMMA4), between its <|tool_call>
+ * and <tool_call|> special tokens. required: the whole reply (Qwen 3 and Gemma 4: one or more
+ * blocks; Llama: one call, as its template renders one a message; Mistral: the call array after
+ * the [TOOL_CALLS] its prompt then ends with); else what follows the trigger (*trigger: Qwen 3's
+ * "<tool_call>", Llama's '{"name": ', Mistral's "[TOOL_CALLS]", Gemma 4's "<|tool_call>"), up
+ * to the block's end. */
 static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools, int n_tools, bool required, forge__buf *out,
                                         const char **trigger, forge__err *err) {
     forge__buf_init(out, NULL, 0);
     forge_status st = FORGE_OK;
-    const bool xml = tf == FORGE__TOOLS_QWEN35;
+    const bool xml = tf == FORGE__TOOLS_QWEN35, g4 = tf == FORGE__TOOLS_GEMMA4;
     if (xml) {
         forge__buf_put(out, forge__sc_prelude, strlen(forge__sc_prelude));
         forge__buf_put(out, forge__xml_prelude, strlen(forge__xml_prelude));
@@ -1985,9 +1987,14 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
             st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has no name", t);
             break;
         }
-        if (tools[t].parameters) st = forge__schema_rules(tools[t].parameters, strlen(tools[t].parameters), root, prefix, t == 0, out, err);
+        if (g4 && strpbrk(tools[t].name, "{<\n")) {
+            st = forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "tool %d has '{', '<' or a newline in its name", t);
+            break;
+        }
+        if (tools[t].parameters)
+            st = forge__schema_rules(tools[t].parameters, strlen(tools[t].parameters), root, prefix, t == 0, g4 ? FORGE__SC_GEMMA4 : FORGE__SC_JSON, out, err);
         else {
-            if (t == 0) forge__buf_put(out, forge__sc_prelude, strlen(forge__sc_prelude));
+            if (t == 0) forge__sc_prelude_put(g4, out);
             forge__buf_put(out, root, strlen(root));
             forge__buf_put(out, " ::= json-object\n", strlen(" ::= json-object\n"));
         }
@@ -2010,7 +2017,15 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
         snprintf(tail, sizeof tail, ">\\n\" t%d-params \"</function>\"", t);
         forge__buf_put(&calls, tail, strlen(tail));
     }
-    for (int t = 0; t < n_tools && !xml; t++) {
+    for (int t = 0; t < n_tools && g4; t++) { /* call:NAME{...} */
+        const char *head = t ? " | \"call:" : "\"call:";
+        forge__buf_put(&calls, head, strlen(head));
+        forge__gbnf_lit(&calls, tools[t].name, strlen(tools[t].name));
+        char tail[24];
+        snprintf(tail, sizeof tail, "\" t%d-args", t);
+        forge__buf_put(&calls, tail, strlen(tail));
+    }
+    for (int t = 0; t < n_tools && !xml && !g4; t++) {
         /* {"name": "NAME", "arguments": ARGS}: the name as JSON writes it, inside a GBNF literal */
         forge__sb name = {0};
         forge__sb_json_string(&name, tools[t].name);
@@ -2029,6 +2044,7 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
     const char *root = NULL;
     if (llama) root = "root ::= tool-call\n";
     else if (mistral) root = tf == FORGE__TOOLS_MISTRAL ? "root ::= \" [\" tool-call (\", \" tool-call)* \"]\"\n" : "root ::= \"[\" tool-call (\", \" tool-call)* \"]\"\n";
+    else if (g4) root = required ? "root ::= <|tool_call> tool-call <tool_call|> (<|tool_call> tool-call <tool_call|>)*\n" : "root ::= tool-call <tool_call|>\n";
     else if (required) root = "root ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\" (\"\\n<tool_call>\\n\" tool-call \"\\n</tool_call>\")*\n";
     else root = "root ::= tool-call \"\\n</tool_call>\"\n";
     forge__buf_put(out, root, strlen(root));
@@ -2041,7 +2057,7 @@ static forge_status forge__tool_grammar(forge__tools tf, const forge_tool *tools
         forge__buf_free(out);
         return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    *trigger = required ? NULL : llama ? "{\"name\": " : mistral ? "[TOOL_CALLS]" : "<tool_call>";
+    *trigger = required ? NULL : llama ? "{\"name\": " : mistral ? "[TOOL_CALLS]" : g4 ? "<|tool_call>" : "<tool_call>";
     return FORGE_OK;
 }
 
@@ -2503,10 +2519,6 @@ FORGE_API forge_status forge_chat_tools(forge_session *s, const forge_chat_messa
                            forge__chat_family_name(&st));
     if (constrain && n_tools <= 0)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED need tools");
-    if (constrain && tf == FORGE__TOOLS_GEMMA4) /* its string marks and closing tag are control tokens inside the call */
-        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED,
-                           "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED: Gemma 4's calls hold control tokens (<|\"|>, <tool_call|>), which "
-                           "forge's grammars do not take yet: its calls are parsed, not constrained");
     if (constrain && p.constraint)
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "FORGE_CHAT_TOOL_ARGUMENTS / _REQUIRED make the constraint: params->constraint must be NULL");
     if (n_tools < 0 || (n_tools && !tools)) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "tools is NULL for n_tools %d", n_tools);

@@ -25,7 +25,10 @@
  *
  * Tokens are matched through a trie of their bytes (built once per model, on first use,
  * without special tokens): a full mask walks it depth first from a state, a subtree cut off
- * where its first byte is refused, and is kept per state. The sampler asks first about its
+ * where its first byte is refused, and is kept per state. A special token the grammar names
+ * (<[ID]> or <TEXT>, llama.cpp's syntax) is an escape in the automaton's bytes: 0xFF, which no
+ * UTF-8 text holds and no ordinary token may step over, then the id in three bytes; the special
+ * tokens are tried one by one only where the state takes 0xFF. The sampler asks first about its
  * candidates, one token at a time (a few transitions each), and only when none of them is
  * allowed for the whole mask (generate.c).
  */
@@ -43,6 +46,7 @@
 #define FORGE__G_SOFT_NODES (3u << 20)       /* stack nodes kept between tokens */
 #define FORGE__G_MASK_BYTES (48u << 20)      /* masks kept per matcher */
 #define FORGE__G_MAX_FORCED 256              /* forced bytes looked at a time */
+#define FORGE__G_TOKEN_BYTE 0xFFu            /* opens a special token's escape (forge__gb_token) */
 
 /* Elements: kind in the top two bits, argument below. Rules are stored as their alternatives,
  * each a run of elements closed by END. */
@@ -86,6 +90,7 @@ typedef struct forge__gbuild {
     uint32_t set_mask;
     uint64_t n_elems;   /* elements in all bodies (the budget) */
     uint32_t any_rule;  /* '.', made once; UINT32_MAX until then */
+    const forge__tokenizer *tk; /* the model's, for tokens named by their text (<...>); NULL: none */
     const char *text, *end;
     forge__err *err;
     forge_status st;
@@ -464,6 +469,56 @@ static bool forge__gb_repeat(forge__gbuild *b, const char *at, uint32_t rule, si
     return ok;
 }
 
+/* A token element, llama.cpp's syntax: <[ID]> by id, or <TEXT> by its text (the whole
+ * bracketed text is one token of the model's vocabulary, such as <|"|> or <tool_call|>). A
+ * special token steps the automaton over its escape: byte 0xFF, then its id in three bytes;
+ * 0xFF is in no UTF-8 text, and the matcher refuses it inside an ordinary token, so only that
+ * token takes the path. An ordinary token is its text (any tokens that spell it match). */
+static const char *forge__gb_token(forge__gbuild *b, const char *p, uint32_t rule) {
+    const char *open = p;
+    if (*p == '!') return forge__gb_fail(b, FORGE_ERR_UNSUPPORTED, p, "a negated token (!<...>) is not supported"), NULL;
+    const char *close = p + 1;
+    while (close < b->end && *close != '>' && *close != '\n') close++;
+    if (close >= b->end || *close != '>' || close == p + 1)
+        return forge__gb_fail(b, FORGE_ERR_INVALID_ARGUMENT, p, "a token (<[ID]> or <TEXT>) is not closed with '>' on its line"), NULL;
+    const forge__tokenizer *tk = b->tk;
+    int64_t id = -1;
+    if (p[1] == '[') {
+        id = 0;
+        const char *q = p + 2;
+        for (; q < close && isdigit((unsigned char)*q); q++) id = id < (1 << 24) ? id * 10 + (*q - '0') : id;
+        if (q == p + 2 || q + 1 != close || *q != ']')
+            return forge__gb_fail(b, FORGE_ERR_INVALID_ARGUMENT, p, "a token id is written <[DIGITS]>"), NULL;
+        if (id >= (1 << 24) || (tk && id >= tk->n_vocab))
+            return forge__gb_fail(b, FORGE_ERR_INVALID_ARGUMENT, p, "token id %.*s is outside the vocabulary (0 to %d)", (int)FORGE__MIN(close - p - 3, 12), p + 2,
+                                  tk ? tk->n_vocab - 1 : (1 << 24) - 1), NULL;
+    } else {
+        if (!tk)
+            return forge__gb_fail(b, FORGE_ERR_UNSUPPORTED, p, "token %.*s: a token named by its text needs a model's vocabulary", (int)FORGE__MIN(close + 1 - p, 80), p), NULL;
+        id = forge__tk_lookup(tk, p, (size_t)(close + 1 - p));
+        if (id < 0)
+            return forge__gb_fail(b, FORGE_ERR_INVALID_ARGUMENT, p, "token %.*s is not one token of the model's vocabulary", (int)FORGE__MIN(close + 1 - p, 80), p), NULL;
+    }
+    if (tk && (!tk->pieces[id] || !tk->is_special[id])) { /* ordinary text (or a hole: nothing matches it) */
+        forge__buf tb;
+        forge__buf_init(&tb, NULL, 0);
+        bool ok = tk->pieces[id] && forge__tk_token_bytes(tk, (int32_t)id, &tb) && tb.n > 0;
+        if (!ok && !tb.oom) {
+            forge__buf_free(&tb);
+            return forge__gb_fail(b, FORGE_ERR_INVALID_ARGUMENT, open, "token %lld has no text to match", (long long)id), NULL;
+        }
+        for (size_t i = 0; ok && i < tb.n; i++) ok = forge__gb_emit_byte(b, rule, (uint8_t)tb.p[i], (uint8_t)tb.p[i]);
+        ok = ok && !tb.oom;
+        forge__buf_free(&tb);
+        if (!ok) return b->st ? NULL : (forge__gb_oom(b), NULL);
+        return close + 1;
+    }
+    const unsigned esc[4] = {FORGE__G_TOKEN_BYTE, (unsigned)(id >> 16) & 255, (unsigned)(id >> 8) & 255, (unsigned)id & 255};
+    for (int i = 0; i < 4; i++)
+        if (!forge__gb_emit_byte(b, rule, esc[i], esc[i])) return NULL;
+    return close + 1;
+}
+
 static const char *forge__gb_sequence(forge__gbuild *b, const char *p, uint32_t rule, int nest) {
     size_t last = SIZE_MAX; /* where the last symbol's elements start */
     forge__buf *body = &FORGE__GB_RULE(b, rule)->body;
@@ -565,8 +620,9 @@ static const char *forge__gb_sequence(forge__gbuild *b, const char *p, uint32_t 
             if (!forge__gb_repeat(b, at, rule, last, lo, hi)) return NULL;
             body = &FORGE__GB_RULE(b, rule)->body;
             last = SIZE_MAX; /* x** is an error, as in llama.cpp */
-        } else if (c == '<') {
-            return forge__gb_fail(b, FORGE_ERR_UNSUPPORTED, p, "token references (<...>) are not supported: write the text"), NULL;
+        } else if (c == '<' || (c == '!' && p + 1 < b->end && p[1] == '<')) {
+            if (!(p = forge__gb_token(b, p, rule))) return NULL;
+            last = here;
         } else {
             break;
         }
@@ -704,8 +760,9 @@ done:
     return st;
 }
 
-/* Parses GBNF text into a compiled grammar whose start is rule `root`. */
-static forge_status forge__gram_parse(const char *text, size_t len, forge__gram **out, forge__err *err) {
+/* Parses GBNF text into a compiled grammar whose start is rule `root`; tokens named by their
+ * text are looked up in tk (NULL: refused). */
+static forge_status forge__gram_parse(const char *text, size_t len, const forge__tokenizer *tk, forge__gram **out, forge__err *err) {
     *out = NULL;
     if (len > FORGE__G_MAX_TEXT) return forge__fail(err, FORGE_ERR_LIMIT, "grammar: %zu bytes (the most is %u)", len, FORGE__G_MAX_TEXT);
     forge__gbuild b;
@@ -713,6 +770,7 @@ static forge_status forge__gram_parse(const char *text, size_t len, forge__gram 
     b.any_rule = UINT32_MAX;
     b.text = text;
     b.end = text + len;
+    b.tk = tk;
     b.err = err;
     forge__gb_parse(&b);
     uint32_t nr = FORGE__GB_NRULES(&b);
@@ -1433,7 +1491,7 @@ static int32_t forge__matcher_walk(forge__matcher *g, int32_t from, const uint8_
     int32_t t = from;
     size_t i = 0;
     for (; i < n; i++) {
-        int32_t next = forge__dfa_step(d, t, s[i]);
+        int32_t next = s[i] == FORGE__G_TOKEN_BYTE ? FORGE__G_DEAD : forge__dfa_step(d, t, s[i]); /* (text never opens a token's escape) */
         if (next == FORGE__G_DEAD) {
             if (span_end && d->states[t].accept) break;
             t = FORGE__G_DEAD;
@@ -1442,6 +1500,14 @@ static int32_t forge__matcher_walk(forge__matcher *g, int32_t from, const uint8_
         t = next;
     }
     if (used) *used = i;
+    return t;
+}
+
+/* Steps a special token's escape (forge__gb_token) from state `from`: the state reached, or DEAD. */
+static int32_t forge__matcher_special(forge__matcher *g, int32_t from, int32_t tok) {
+    const uint8_t esc[4] = {FORGE__G_TOKEN_BYTE, (uint8_t)(tok >> 16), (uint8_t)(tok >> 8), (uint8_t)tok};
+    int32_t t = from;
+    for (int i = 0; i < 4 && t != FORGE__G_DEAD; i++) t = forge__dfa_step(&g->dfa, t, esc[i]);
     return t;
 }
 
@@ -1505,6 +1571,7 @@ static bool forge__matcher_allows(forge__matcher *g, int32_t tok) {
         int32_t t = forge__matcher_walk(g, forge__matcher_start(g), s + at, n - at, true, &used);
         return t != FORGE__G_DEAD || (used > 0 && used < n - at);
     }
+    if (v->kind[tok] == FORGE__TK_SPECIAL) return forge__matcher_special(g, g->cur, tok) != FORGE__G_DEAD;
     if (v->kind[tok] != FORGE__TK_TEXT) return false;
     size_t used;
     return forge__matcher_walk(g, g->cur, s, n, g->trigger != NULL, &used) != FORGE__G_DEAD;
@@ -1530,6 +1597,15 @@ static void forge__matcher_accept(forge__matcher *g, int32_t tok) {
     if (tok < 0 || tok >= v->n_vocab || g->is_end[tok]) goto out;
     uint32_t n;
     const uint8_t *s = forge__vocab_tok(v, tok, &n);
+    if (g->constrained && v->kind[tok] == FORGE__TK_SPECIAL) { /* a token the grammar names: its escape */
+        int32_t t = forge__matcher_special(g, g->cur, tok);
+        if (t == FORGE__G_DEAD) g->dead = true; /* (not allowed: the caller's mistake) */
+        else {
+            g->cur = t;
+            forge__matcher_settle(g);
+        }
+        n = 0;
+    }
     while (n > 0) {
         if (!g->constrained) {
             if (!g->armed) { /* the arm text first: the trigger counts after it */
@@ -1609,7 +1685,7 @@ static forge_status forge__matcher_mask(forge__matcher *g, uint32_t *mask) {
     uint32_t i = 1, end = v->n_nodes;
     while (i < end) {
         const forge__tnode *t = &nodes[i];
-        if (t->depth > maxd) { i = t->end; continue; }
+        if (t->depth > maxd || t->byte == FORGE__G_TOKEN_BYTE) { i = t->end; continue; } /* (text never opens a token's escape) */
         int32_t ps = stack[t->depth - 1];
         int32_t ns = d->trans[256ull * ps + t->byte];
         if (ns < 0) {
@@ -1633,6 +1709,13 @@ static forge_status forge__matcher_mask(forge__matcher *g, uint32_t *mask) {
         }
         i++;
     }
+    if (d->st) {
+        g->ms += (forge__now_s() - t0) * 1e3;
+        return d->st;
+    }
+    if (forge__dfa_step(d, g->cur, FORGE__G_TOKEN_BYTE) != FORGE__G_DEAD) /* the grammar names special tokens here */
+        for (int id = 0; id < v->n_vocab && !d->st; id++)
+            if (v->kind[id] == FORGE__TK_SPECIAL && !g->is_end[id] && forge__matcher_special(g, g->cur, id) != FORGE__G_DEAD) forge__mask_set(mask, id);
     if (d->st) {
         g->ms += (forge__now_s() - t0) * 1e3;
         return d->st;
@@ -1673,7 +1756,7 @@ static int forge__matcher_forced(forge__matcher *g, int32_t *out, int cap) {
     size_t n = 0;
     for (int32_t s = g->cur; n < sizeof text;) {
         int b = forge__dfa_forced(d, s);
-        if (b < 0) break;
+        if (b < 0 || b == (int)FORGE__G_TOKEN_BYTE) break; /* (a special token is sampled: the mask allows it alone) */
         text[n++] = (uint8_t)b;
         s = forge__dfa_step(d, s, (uint8_t)b);
         if (s == FORGE__G_DEAD) break;
@@ -1742,7 +1825,7 @@ static void forge__constraint_in(const forge_constraint *in, forge_constraint *c
 
 /* The GBNF of a constraint, then its compiled grammar: from rule root, or with a trigger from a
  * rule that lets whitespace come first. */
-static forge_status forge__constraint_compile(const forge_constraint *c, forge__gram **out, forge__err *err) {
+static forge_status forge__constraint_compile(const forge_constraint *c, const forge__tokenizer *tk, forge__gram **out, forge__err *err) {
     forge__buf text;
     forge__buf_init(&text, NULL, 0);
     forge_status st = FORGE_OK;
@@ -1769,7 +1852,7 @@ static forge_status forge__constraint_compile(const forge_constraint *c, forge__
         forge__buf_put(&text, wrap, sizeof wrap - 1);
     }
     if (text.oom) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    else st = forge__gram_parse(text.p ? text.p : "", text.n, out, err);
+    else st = forge__gram_parse(text.p ? text.p : "", text.n, tk, out, err);
     if (!st && c->trigger && *c->trigger) { /* start at the wrapper */
         forge__gram *g = *out;
         for (uint32_t r = 0; r < g->n_rules; r++)
@@ -1816,7 +1899,7 @@ static forge_status forge__matcher_new(const forge_model *m, const forge_constra
         g->arm_tail = (char *)malloc(g->arm_len + 1);
         if (!g->arm || !g->arm_tail) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
-    if (!st) st = forge__constraint_compile(c, &g->gram, err);
+    if (!st) st = forge__constraint_compile(c, &m->tok, &g->gram, err);
     if (!st && !forge__dfa_init(&g->dfa, g->gram, &g->err)) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     if (st) {
         forge__matcher_free(g);

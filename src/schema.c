@@ -39,6 +39,38 @@ static const char forge__sc_prelude[] =
     "fmt-email-atom ::= [a-zA-Z0-9_%+-]+\n"
     "fmt-email-label ::= [a-zA-Z0-9]+ (\"-\" [a-zA-Z0-9]+)*\n";
 
+/* Gemma 4's notation of a JSON value (its tool calls' arguments, as its template's
+ * format_argument writes them): strings as they are between <|"|> marks (a control token,
+ * grammar.c's token element), no white space, object keys bare. The rules keep the JSON
+ * prelude's names, so a schema's rules read the same in both. A string never holds "<|", so that
+ * no text in it reads as a mark; a key runs to its ':' as the reply's parser reads one. Numbers
+ * and the formats' rules are the JSON prelude's own lines. */
+static const char forge__sc_g4_prelude[] =
+    "ws ::= \"\"\n"
+    "json-char ::= [^<\\x00]\n"
+    "g4-text ::= ([^<\\x00] | \"<\"+ [^<|\\x00])* \"<\"*\n"
+    "json-string ::= <|\"|> g4-text <|\"|>\n"
+    "json-value ::= json-object | json-array | json-string | json-number | \"true\" | \"false\" | \"null\"\n"
+    "g4-key ::= [^:,{}\\[\\]<\\x00-\\x20] [^:,{}\\[\\]<\\x00-\\x1F]*\n"
+    "json-object ::= \"{\" (g4-key \":\" json-value (\",\" g4-key \":\" json-value)*)? \"}\"\n"
+    "json-array ::= \"[\" (json-value (\",\" json-value)*)? \"]\"\n"
+    "json-key-char ::= [^:,{}\\[\\]<\\x00-\\x1F]\n";
+
+/* The shared rules of a notation (JSON, or Gemma 4's when g4) into b. */
+static void forge__sc_prelude_put(bool g4, forge__buf *b) {
+    if (!g4) {
+        forge__buf_put(b, forge__sc_prelude, strlen(forge__sc_prelude));
+        return;
+    }
+    forge__buf_put(b, forge__sc_g4_prelude, strlen(forge__sc_g4_prelude));
+    for (const char *l = forge__sc_prelude; *l;) { /* the numbers' and formats' lines as JSON's */
+        const char *e = strchr(l, '\n');
+        e = e ? e + 1 : l + strlen(l);
+        if (!strncmp(l, "json-int ", 9) || !strncmp(l, "json-number ", 12) || !strncmp(l, "fmt-", 4)) forge__buf_put(b, l, (size_t)(e - l));
+        l = e;
+    }
+}
+
 /* Code-point ranges (character classes here and in grammar.c). */
 typedef struct forge__cprange {
     uint32_t lo, hi;
@@ -76,7 +108,11 @@ typedef struct forge__sc {
     forge__err *err;
     forge_status st;
     const char *prefix;    /* put before every rule name made here (several schemas in one grammar) */
+    bool g4;               /* Gemma 4's notation (forge__sc_g4_prelude), not JSON */
 } forge__sc;
+
+/* A string's mark in c's notation, as GBNF. */
+static const char *forge__sc_quote(const forge__sc *c) { return c->g4 ? "<|\"|>" : "\"\\\"\""; }
 
 static bool forge__sc_fail(forge__sc *c, forge_status st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static bool forge__sc_fail(forge__sc *c, forge_status st, const char *fmt, ...) {
@@ -114,6 +150,32 @@ static void forge__sc_lit(forge__buf *b, const char *s, size_t n) {
     forge__buf_put(b, "\"", 1);
 }
 
+/* Property name `k` as an object key in c's notation, as GBNF: JSON's quoted and escaped key;
+ * Gemma 4's bare key where its reply parser reads it back so (it runs to a ':'), else marked. */
+static void forge__sc_key(const forge__sc *c, forge__buf *b, const char *k) {
+    if (c->g4) {
+        bool bare = *k && (unsigned char)*k > 0x20;
+        for (const unsigned char *q = (const unsigned char *)k; *q && bare; q++) bare = *q >= 0x20 && !strchr(":,{}[]<", *q);
+        if (!bare) forge__buf_put(b, "<|\"|> ", 6);
+        forge__sc_lit(b, k, strlen(k));
+        if (!bare) forge__buf_put(b, " <|\"|>", 6);
+        return;
+    }
+    forge__buf key;
+    forge__buf_init(&key, NULL, 0);
+    forge__buf_put(&key, "\"", 1);
+    for (const unsigned char *q = (const unsigned char *)k; *q; q++) { /* the key as JSON writes it */
+        char e[8];
+        if (*q == '"' || *q == '\\') { e[0] = '\\'; e[1] = (char)*q; forge__buf_put(&key, e, 2); }
+        else if (*q < 0x20) { snprintf(e, sizeof e, "\\u%04x", *q); forge__buf_put(&key, e, 6); }
+        else forge__buf_put(&key, q, 1);
+    }
+    forge__buf_put(&key, "\"", 1);
+    forge__sc_lit(b, key.p, key.n);
+    if (key.oom) b->oom = true;
+    forge__buf_free(&key);
+}
+
 /* A fresh rule name from a hint (a property name, "item"...): [a-z0-9-], unique. */
 static void forge__sc_name(forge__sc *c, const char *hint, char out[64]) {
     char base[40];
@@ -128,7 +190,7 @@ static void forge__sc_name(forge__sc *c, const char *hint, char out[64]) {
     base[k] = 0;
     static const char *const reserved[] = {"root", "ws", "json-char", "json-string", "json-int", "json-number", "json-value", "json-object",
                                            "json-array", "json-key-char", "fmt-date", "fmt-md", "fmt-leap", "fmt-time", "fmt-email-atom",
-                                           "fmt-email-label"};
+                                           "fmt-email-label", "g4-text", "g4-key"};
     const char *pre = c->prefix ? c->prefix : "";
     for (unsigned i = 0;; i++) {
         if (i == 0) snprintf(out, 64, "%.16s%s", pre, base);
@@ -851,7 +913,7 @@ static void forge__sc_enum(forge__sc *c, const cJSON *s, const char *name, unsig
     if (n > FORGE__SC_MAX_ENUM) { forge__sc_fail(c, FORGE_ERR_LIMIT, "an enum of %d values (the most is %d)", n, FORGE__SC_MAX_ENUM); return; }
     char **texts = (char **)calloc((size_t)n + 1, sizeof *texts);
     forge__sc_str *v = (forge__sc_str *)malloc(sizeof *v * ((size_t)n + 1));
-    size_t k = 0;
+    size_t k = 0, n_str = 0;
     if (!texts || !v) { forge__sc_fail(c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
     for (const cJSON *e = cn ? cn : en->child; e && !c->st; e = cn ? NULL : e->next) {
         unsigned t = cJSON_IsNull(e) ? FORGE__SCT_NULL : cJSON_IsBool(e) ? FORGE__SCT_BOOL : cJSON_IsObject(e) ? FORGE__SCT_OBJECT
@@ -859,7 +921,12 @@ static void forge__sc_enum(forge__sc *c, const cJSON *s, const char *name, unsig
                    : (cJSON_IsNumber(e) && e->valuedouble == floor(e->valuedouble)) ? FORGE__SCT_INTEGER : FORGE__SCT_NUMBER;
         if (t == FORGE__SCT_INTEGER && (types & FORGE__SCT_NUMBER)) t = FORGE__SCT_NUMBER;
         if (!(types & t) && !(t == FORGE__SCT_INTEGER && (types & FORGE__SCT_NUMBER))) continue;
-        char *j = cJSON_PrintUnformatted(e);
+        if (c->g4 && (t == FORGE__SCT_OBJECT || t == FORGE__SCT_ARRAY)) {
+            forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "an object or array in \"%s\" in Gemma 4's notation (forge enforces strings, numbers, booleans and null there)", cn ? "const" : "enum");
+            break;
+        }
+        /* (Gemma 4: a string's text, marked below; other values are written as JSON writes them) */
+        char *j = c->g4 && t == FORGE__SCT_STRING ? strdup(e->valuestring) : cJSON_PrintUnformatted(e);
         if (!j) { forge__sc_fail(c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); break; }
         if (strlen(j) > FORGE__SC_MAX_LITERAL) {
             free(j);
@@ -869,9 +936,31 @@ static void forge__sc_enum(forge__sc *c, const cJSON *s, const char *name, unsig
         texts[k] = j;
         v[k] = (forge__sc_str){j, strlen(j)};
         k++;
+        if (c->g4 && t == FORGE__SCT_STRING) { /* strings first in v */
+            forge__sc_str x = v[k - 1];
+            char *xt = texts[k - 1];
+            memmove(v + n_str + 1, v + n_str, sizeof *v * (k - 1 - n_str));
+            memmove(texts + n_str + 1, texts + n_str, sizeof *texts * (k - 1 - n_str));
+            v[n_str] = x;
+            texts[n_str++] = xt;
+        }
     }
     if (!c->st && k == 0) forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "\"%s\" admits no value of the schema's type", cn ? "const" : "enum");
-    if (!c->st) forge__sc_literals(c, name, v, k);
+    if (!c->st && !c->g4) forge__sc_literals(c, name, v, k);
+    else if (!c->st) { /* Gemma 4: <|"|> one of the strings <|"|> | one of the other values */
+        char sname[64] = "", oname[64] = "";
+        if (n_str) {
+            forge__sc_name(c, "str", sname);
+            forge__sc_literals(c, sname, v, n_str);
+        }
+        if (k > n_str) {
+            forge__sc_name(c, "lit", oname);
+            forge__sc_literals(c, oname, v + n_str, k - n_str);
+        }
+        forge__sc_printf(&c->out, "%s ::= ", name);
+        if (n_str) forge__sc_printf(&c->out, "%s %s %s%s", forge__sc_quote(c), sname, forge__sc_quote(c), oname[0] ? " | " : "");
+        forge__sc_printf(&c->out, "%s\n", oname);
+    }
 done:
     for (size_t i = 0; texts && i < k; i++) free(texts[i]);
     free(texts);
@@ -1090,21 +1179,11 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
         forge__buf line;
         forge__buf_init(&line, NULL, 0);
         forge__sc_printf(&line, "%s ::= ", kv[i]);
-        forge__buf key;
-        forge__buf_init(&key, NULL, 0);
-        forge__buf_put(&key, "\"", 1);
-        for (const unsigned char *q = (const unsigned char *)p->string; *q; q++) { /* the key as JSON writes it */
-            char e[8];
-            if (*q == '"' || *q == '\\') { e[0] = '\\'; e[1] = (char)*q; forge__buf_put(&key, e, 2); }
-            else if (*q < 0x20) { snprintf(e, sizeof e, "\\u%04x", *q); forge__buf_put(&key, e, 6); }
-            else forge__buf_put(&key, q, 1);
-        }
-        forge__buf_put(&key, "\"", 1);
-        forge__sc_lit(&line, key.p, key.n);
+        forge__sc_key(c, &line, p->string);
         forge__sc_printf(&line, " ws \":\" ws %s\n", value);
         forge__buf_put(&c->out, line.p, line.n);
+        if (line.oom) c->out.oom = true;
         forge__buf_free(&line);
-        forge__buf_free(&key);
     }
     for (const cJSON *r = req ? req->child : NULL; r && !c->st; r = r->next)
         if (!cJSON_GetObjectItemCaseSensitive(props, r->valuestring)) {
@@ -1117,14 +1196,8 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
             snprintf(hint, sizeof hint, "%.40s-kv", r->valuestring);
             forge__sc_name(c, hint, kv[i]);
             forge__sc_printf(&c->out, "%s ::= ", kv[i]);
-            forge__buf key;
-            forge__buf_init(&key, NULL, 0);
-            forge__buf_put(&key, "\"", 1);
-            forge__buf_put(&key, r->valuestring, strlen(r->valuestring));
-            forge__buf_put(&key, "\"", 1);
-            forge__sc_lit(&c->out, key.p, key.n);
+            forge__sc_key(c, &c->out, r->valuestring);
             forge__sc_printf(&c->out, " ws \":\" ws %s\n", value);
-            forge__buf_free(&key);
             i++;
         }
     if (c->st) goto done;
@@ -1136,14 +1209,15 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
         char keyrule[64];
         forge__sc_name(c, "key", keyrule);
         if (total == 0) {
-            forge__sc_printf(&c->out, "%s ::= \"\\\"\" json-key-char* \"\\\"\"\n", keyrule);
+            if (c->g4) forge__sc_printf(&c->out, "%s ::= g4-key\n", keyrule); /* (bare, as the template writes keys) */
+            else forge__sc_printf(&c->out, "%s ::= \"\\\"\" json-key-char* \"\\\"\"\n", keyrule);
         } else { /* a string of key characters that is none of the names: by the names' trie */
             forge__sc_str *v = (forge__sc_str *)malloc(sizeof *v * (size_t)total);
             if (!v) { forge__sc_fail(c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory"); goto done; }
             int k = 0;
             for (int q = 0; q < total; q++) {
                 bool plain = true;
-                for (const unsigned char *t = (const unsigned char *)keys[q]; *t && plain; t++) plain = *t >= 0x20 && *t != '"' && *t != '\\';
+                for (const unsigned char *t = (const unsigned char *)keys[q]; *t && plain; t++) plain = *t >= 0x20 && !strchr(c->g4 ? ":,{}[]<" : "\"\\", *t);
                 if (plain) v[k++] = (forge__sc_str){keys[q], strlen(keys[q])};
             }
             qsort(v, (size_t)k, sizeof *v, forge__sc_str_cmp);
@@ -1165,7 +1239,7 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
                 forge__buf cls;
                 forge__buf_init(&cls, NULL, 0);
                 bool first = true;
-                if (!ends) { forge__sc_puts(&c->out, " \"\""); first = false; }
+                if (!ends && !(c->g4 && d == 0)) { forge__sc_puts(&c->out, " \"\""); first = false; } /* (a bare key is never empty) */
                 while (q < hi) {
                     size_t l = forge__sc_cp_len(v[q].s + d, v[q].n - d);
                     size_t j = q + 1;
@@ -1181,14 +1255,16 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
                     forge__buf_put(&stack, child, sizeof child);
                     q = j;
                 }
-                forge__sc_printf(&c->out, "%s[^\"\\\\\\x00-\\x1F", first ? " " : " | ");
+                /* json-key-char's class, less the names' next characters (a bare key opens with no space) */
+                forge__sc_printf(&c->out, "%s[^%s", first ? " " : " | ", c->g4 ? (d == 0 ? ":,{}\\[\\]<\\x00-\\x20" : ":,{}\\[\\]<\\x00-\\x1F") : "\"\\\\\\x00-\\x1F");
                 forge__buf_put(&c->out, cls.p, cls.n);
                 forge__sc_puts(&c->out, "] json-key-char*\n");
                 forge__buf_free(&cls);
             }
             forge__buf_free(&stack);
             free(v);
-            forge__sc_printf(&c->out, "%s ::= \"\\\"\" %s-n0 \"\\\"\"\n", keyrule, keyrule);
+            if (c->g4) forge__sc_printf(&c->out, "%s ::= %s-n0\n", keyrule, keyrule);
+            else forge__sc_printf(&c->out, "%s ::= \"\\\"\" %s-n0 \"\\\"\"\n", keyrule, keyrule);
         }
         forge__sc_name(c, "extra-kv", extra);
         forge__sc_printf(&c->out, "%s ::= %s ws \":\" ws %s\n", extra, keyrule, value);
@@ -1288,25 +1364,28 @@ static void forge__sc_string(forge__sc *c, const cJSON *s, const char *name) {
     if (pat && fmt) { forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "pattern with format (forge enforces one or the other)"); return; }
     if (pat) {
         if (!cJSON_IsString(pat)) { forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "\"pattern\" must be a string"); return; }
+        if (c->g4) { /* (its regex compiles to JSON string text, escapes and all) */
+            forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "pattern on a string in Gemma 4's notation (forge enforces type, enum, const, format, minLength and maxLength there)");
+            return;
+        }
         forge__sc_pattern(c, name, pat->valuestring);
         return;
     }
     if (fmt) {
-        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "";
-        if (!strcmp(f, "date")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-date \"\\\"\"\n", name);
-        else if (!strcmp(f, "time")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-time \"\\\"\"\n", name);
-        else if (!strcmp(f, "date-time")) forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-date \"T\" fmt-time \"\\\"\"\n", name);
-        else if (!strcmp(f, "uuid"))
-            forge__sc_printf(&c->out, "%s ::= \"\\\"\" [0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12} \"\\\"\"\n", name);
-        else if (!strcmp(f, "email"))
-            forge__sc_printf(&c->out, "%s ::= \"\\\"\" fmt-email-atom (\".\" fmt-email-atom)* \"@\" fmt-email-label (\".\" fmt-email-label)+ \"\\\"\"\n", name);
+        const char *f = cJSON_IsString(fmt) ? fmt->valuestring : "", *body = NULL;
+        if (!strcmp(f, "date")) body = "fmt-date";
+        else if (!strcmp(f, "time")) body = "fmt-time";
+        else if (!strcmp(f, "date-time")) body = "fmt-date \"T\" fmt-time";
+        else if (!strcmp(f, "uuid")) body = "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}";
+        else if (!strcmp(f, "email")) body = "fmt-email-atom (\".\" fmt-email-atom)* \"@\" fmt-email-label (\".\" fmt-email-label)+";
+        if (body) forge__sc_printf(&c->out, "%s ::= %s %s %s\n", name, forge__sc_quote(c), body, forge__sc_quote(c));
         else forge__sc_fail(c, FORGE_ERR_UNSUPPORTED, "format \"%.100s\" (forge enforces date, time, date-time, uuid and email)", f);
         return;
     }
     if (mn <= 0 && mx < 0) forge__sc_printf(&c->out, "%s ::= json-string\n", name);
-    else if (mx < 0) forge__sc_printf(&c->out, "%s ::= \"\\\"\" json-char{%ld,} \"\\\"\"\n", name, mn);
+    else if (mx < 0) forge__sc_printf(&c->out, "%s ::= %s json-char{%ld,} %s\n", name, forge__sc_quote(c), mn, forge__sc_quote(c));
     else if (mx < mn) forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "maxLength %ld is below minLength %ld", mx, mn);
-    else forge__sc_printf(&c->out, "%s ::= \"\\\"\" json-char{%ld,%ld} \"\\\"\"\n", name, mn < 0 ? 0 : mn, mx);
+    else forge__sc_printf(&c->out, "%s ::= %s json-char{%ld,%ld} %s\n", name, forge__sc_quote(c), mn < 0 ? 0 : mn, mx, forge__sc_quote(c));
 }
 
 /* Integer or number bounds: rule `name`. */
@@ -1449,9 +1528,12 @@ out:
 
 /* JSON Schema text -> GBNF rules appended to *out: rule `root` matches the schema, every other
  * rule made here starts with `prefix`; with `prelude` the shared rules (ws, json-*, fmt-*) first
- * (a grammar of several schemas writes them once). */
-static forge_status forge__schema_rules(const char *schema, size_t len, const char *root, const char *prefix, bool prelude, forge__buf *out,
-                                        forge__err *err) {
+ * (a grammar of several schemas writes them once); values in JSON (FORGE__SC_JSON) or in Gemma 4's
+ * notation (FORGE__SC_GEMMA4). */
+#define FORGE__SC_JSON 0
+#define FORGE__SC_GEMMA4 1
+static forge_status forge__schema_rules(const char *schema, size_t len, const char *root, const char *prefix, bool prelude, int notation,
+                                        forge__buf *out, forge__err *err) {
     if (!forge__utf8_valid(schema, len)) /* its strings become grammar literals, which must be UTF-8 */
         return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "JSON Schema: not valid UTF-8");
     const char *endp = NULL;
@@ -1467,7 +1549,8 @@ static forge_status forge__schema_rules(const char *schema, size_t len, const ch
     forge__buf_init(&c.out, NULL, 0);
     forge__buf_init(&c.names, NULL, 0);
     if (!c.refs || !c.owned) forge__sc_fail(&c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    if (prelude) forge__sc_puts(&c.out, forge__sc_prelude);
+    c.g4 = notation == FORGE__SC_GEMMA4;
+    if (prelude) forge__sc_prelude_put(c.g4, &c.out);
     if (cJSON_IsTrue(doc) || (cJSON_IsObject(doc) && !doc->child)) forge__sc_printf(&c.out, "%s ::= json-value\n", root);
     else forge__sc_visit(&c, doc, root);
     if (!c.st && (c.out.oom || c.names.oom)) forge__sc_fail(&c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -1485,7 +1568,7 @@ static forge_status forge__schema_rules(const char *schema, size_t len, const ch
 /* JSON Schema text -> GBNF text (rule root) in *out (the caller frees with forge__buf_free). */
 static forge_status forge__schema_to_gbnf(const char *schema, size_t len, forge__buf *out, forge__err *err) {
     forge__buf_init(out, NULL, 0);
-    forge_status st = forge__schema_rules(schema, len, "root", NULL, true, out, err);
+    forge_status st = forge__schema_rules(schema, len, "root", NULL, true, FORGE__SC_JSON, out, err);
     if (st) forge__buf_free(out);
     return st;
 }

@@ -727,7 +727,7 @@ void ft_rng_seed(uint64_t state[4], uint64_t seed) { forge__rng_seed(state, seed
 int ft_gbnf_match(const char *gbnf, const char *text, size_t n, char *err, size_t err_size) {
     forge__err e = {{0}};
     forge__gram *g = NULL;
-    forge_status st = forge__gram_parse(gbnf, strlen(gbnf), &g, &e);
+    forge_status st = forge__gram_parse(gbnf, strlen(gbnf), NULL, &g, &e);
     if (err && err_size) snprintf(err, err_size, "%s", e.msg);
     if (st) return -(int)st - 1;
     forge__gdfa d;
@@ -857,7 +857,7 @@ int32_t ft_draw_constrained(const float *logits, const uint8_t *allowed, int V, 
     forge__matcher *g = (forge__matcher *)calloc(1, sizeof *g);
     forge__err e = {{0}};
     const char *gbnf = "root ::= \"a\"*";
-    forge__gram_parse(gbnf, strlen(gbnf), &g->gram, &e);
+    forge__gram_parse(gbnf, strlen(gbnf), NULL, &g->gram, &e);
     forge__dfa_init(&g->dfa, g->gram, &g->err);
     g->voc = v;
     g->start = -1;

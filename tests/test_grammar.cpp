@@ -150,7 +150,11 @@ TEST(Grammar, ErrorsNameLineColumnAndRule) {
         {"root ::= root \"a\" | \"b\"", "left recursion in rule 'root'", FORGE_ERR_INVALID_ARGUMENT},
         {"root ::= a\na ::= b \"x\"\nb ::= c\nc ::= \"\" | a", "left recursion in rule", FORGE_ERR_INVALID_ARGUMENT},
         {"root ::= (\"a\"?)*", "left recursion in rule 'root_", FORGE_ERR_INVALID_ARGUMENT},
-        {"root ::= <|eot_id|>", "token references", FORGE_ERR_UNSUPPORTED},
+        {"root ::= <|eot_id|>", "token <|eot_id|>: a token named by its text needs a model's vocabulary", FORGE_ERR_UNSUPPORTED},
+        {"root ::= !<[5]>", "a negated token (!<...>) is not supported", FORGE_ERR_UNSUPPORTED},
+        {"root ::= <[5x]>", "a token id is written <[DIGITS]>", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= <[99999999999]>", "token id 99999999999 is outside the vocabulary", FORGE_ERR_INVALID_ARGUMENT},
+        {"root ::= \"a\" <|x\n", "is not closed with '>' on its line", FORGE_ERR_INVALID_ARGUMENT},
         {"root ::= \"a\"{100000000}", "repetition count over", FORGE_ERR_LIMIT},
         {"root :: \"a\"", "expected '::='", FORGE_ERR_INVALID_ARGUMENT},
         {"root ::= \"\\xZZ\"", "\\x needs 2 hex digits", FORGE_ERR_INVALID_ARGUMENT},
@@ -591,9 +595,17 @@ namespace {
 /* A random-weight Llama checkpoint (hidden 32, one layer, f16) beside a real tokenizer
  * (../shared/tokenizers' `family`, V its embedding rows): its logits are close to uniform, the
  * hard case for constraints (garbage unless constrained). */
-std::string random_model(const std::string &family, int V) {
-    std::string data = ft::tok_data(), d = ft::tmpdir("grammar_" + family);
-    if (ft::sh("cp " + data + "/" + family + "/tokenizer.json " + data + "/" + family + "/tokenizer_config.json " + d + "/") != 0) return std::string();
+std::string random_model(const std::string &family, int V, const std::vector<std::pair<std::string, std::string>> &renames = {},
+                         const std::string &name = "") {
+    std::string data = ft::tok_data(), d = ft::tmpdir("grammar_" + (name.empty() ? family : name));
+    for (const char *f : {"tokenizer.json", "tokenizer_config.json"}) { /* (renames: text replaced throughout both files) */
+        std::vector<uint8_t> b = ft::read_file(data + "/" + family + "/" + f);
+        if (b.empty()) return std::string();
+        std::string t(b.begin(), b.end());
+        for (const auto &[from, to] : renames)
+            for (size_t at = t.find(from); at != std::string::npos; at = t.find(from, at + to.size())) t.replace(at, from.size(), to);
+        ft::write_file(d + "/" + f, t.data(), t.size());
+    }
     const int H = 32, D = 16;
     std::string cfg = "{\"model_type\":\"llama\",\"hidden_size\":32,\"num_hidden_layers\":1,\"num_attention_heads\":2,"
                       "\"num_key_value_heads\":1,\"intermediate_size\":64,\"vocab_size\":" + std::to_string(V) + ",\"max_position_embeddings\":2048,"
@@ -1123,6 +1135,251 @@ TEST(ToolCalls, MistralRequiredCallsValidateOnRandomWeights) {
         EXPECT_EQ(std::string(r.text, r.text_len).find("[TOOL_CALLS]"), std::string::npos);
         forge_session_free(s);
     }
+    forge_model_free(m);
+}
+
+/* Tokens in a grammar, llama.cpp's <[ID]> and <TEXT>: a special token is matched as that token
+ * alone (no text spells it: not its own characters, nor the byte tokens of its escape), by id or by
+ * its text alike; an ordinary token by its text; a name that is no token, an id past the vocabulary
+ * and a token by text without a model are refused by name. */
+TEST(Grammar, TokenElements) {
+    std::string dir = random_llama3();
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    const int32_t sp = forge_token_id(m, "<|reserved_special_token_5|>");
+    ASSERT_GE(sp, 0);
+    const int V = forge_model_n_vocab(m);
+    const size_t words = ((size_t)V + 31) / 32;
+    std::vector<uint32_t> mask(words);
+    auto one = [&](const char *text) {
+        int32_t ids[8];
+        size_t n = 0;
+        EXPECT_EQ(forge_tokenize(m, text, strlen(text), 0, ids, 8, &n), FORGE_OK);
+        EXPECT_EQ(n, 1u) << text;
+        return ids[0];
+    };
+    const int32_t x = one("x"), y = one("y"), lt = one("<");
+    for (std::string g : {std::string("root ::= \"x\" <|reserved_special_token_5|> \"y\""), "root ::= \"x\" <[" + std::to_string(sp) + "]> \"y\""}) {
+        forge_constraint c = ft::sized<forge_constraint>();
+        c.kind = FORGE_CONSTRAINT_GBNF;
+        c.text = g.c_str();
+        c.sample_forced = 1;
+        forge_grammar *gr = nullptr;
+        ASSERT_EQ(forge_grammar_create(m, &c, &gr), FORGE_OK) << forge_model_errmsg(m);
+        EXPECT_FALSE(forge_grammar_allows(gr, sp)) << g;
+        ASSERT_EQ(forge_grammar_accept(gr, x), FORGE_OK);
+        ASSERT_EQ(forge_grammar_mask(gr, mask.data(), words), FORGE_OK);
+        size_t allowed = 0;
+        for (uint32_t w : mask) allowed += (size_t)__builtin_popcount(w);
+        EXPECT_EQ(allowed, 1u) << g;
+        EXPECT_TRUE((mask[sp / 32] >> (sp % 32)) & 1) << g;
+        EXPECT_TRUE(forge_grammar_allows(gr, sp)) << g;
+        EXPECT_FALSE(forge_grammar_allows(gr, lt)) << g;
+        EXPECT_FALSE(forge_grammar_allows(gr, y)) << g;
+        ASSERT_EQ(forge_grammar_accept(gr, sp), FORGE_OK);
+        EXPECT_FALSE(forge_grammar_allows(gr, sp)) << g;
+        EXPECT_TRUE(forge_grammar_allows(gr, y)) << g;
+        ASSERT_EQ(forge_grammar_accept(gr, y), FORGE_OK);
+        EXPECT_EQ(forge_grammar_status(gr) & (FORGE_GRAMMAR_COMPLETE | FORGE_GRAMMAR_DONE), FORGE_GRAMMAR_COMPLETE | FORGE_GRAMMAR_DONE) << g;
+        forge_grammar_free(gr);
+    }
+    { /* an ordinary token named by id matches its text, whichever tokens spell it */
+        const int32_t hello = one("hello");
+        std::string g = "root ::= <[" + std::to_string(hello) + "]>";
+        forge_constraint c = ft::sized<forge_constraint>();
+        c.kind = FORGE_CONSTRAINT_GBNF;
+        c.text = g.c_str();
+        forge_grammar *gr = nullptr;
+        ASSERT_EQ(forge_grammar_create(m, &c, &gr), FORGE_OK) << forge_model_errmsg(m);
+        EXPECT_TRUE(forge_grammar_allows(gr, hello));
+        EXPECT_TRUE(forge_grammar_allows(gr, one("he")));
+        EXPECT_FALSE(forge_grammar_allows(gr, sp));
+        forge_grammar_free(gr);
+    }
+    const std::string past = "root ::= <[" + std::to_string(V) + "]>";
+    const std::pair<std::string, std::string> bad[] = {
+        {"root ::= <|not_a_token|>", "token <|not_a_token|> is not one token of the model's vocabulary"},
+        {past, "is outside the vocabulary (0 to " + std::to_string(V - 1) + ")"},
+    };
+    for (const auto &[g, msg] : bad) {
+        forge_constraint c = ft::sized<forge_constraint>();
+        c.kind = FORGE_CONSTRAINT_GBNF;
+        c.text = g.c_str();
+        forge_grammar *gr = nullptr;
+        EXPECT_EQ(forge_grammar_create(m, &c, &gr), FORGE_ERR_INVALID_ARGUMENT) << g;
+        EXPECT_NE(std::string(forge_model_errmsg(m)).find(msg), std::string::npos) << forge_model_errmsg(m);
+    }
+    forge_model_free(m);
+}
+
+namespace {
+
+/* Gemma 4's control tokens on Gemma 3's tokenizer (the same 262144 entries): its turns (ids 105 /
+ * 106), <|tool_response> (id 50, an end token), and unused ids 51-55 made the special tokens of
+ * its calls and declarations (<|"|>, <|tool_call>, <tool_call|>, <|tool>, <tool|>). */
+std::vector<std::pair<std::string, std::string>> gemma4_renames() {
+    std::vector<std::pair<std::string, std::string>> r = {{"<start_of_turn>", "<|turn>"}, {"<end_of_turn>", "<turn|>"}, {"<unused44>", "<|tool_response>"}};
+    const char *const names[] = {"<|\\\"|>", "<|tool_call>", "<tool_call|>", "<|tool>", "<tool|>"};
+    for (int i = 0; i < 5; i++) {
+        std::string unused = "<unused" + std::to_string(45 + i) + ">";
+        r.push_back({"\"content\": \"" + unused + "\",\n      \"single_word\": false,\n      \"lstrip\": false,\n      \"rstrip\": false,\n"
+                     "      \"normalized\": false,\n      \"special\": false",
+                     "\"content\": \"" + unused + "\",\n      \"single_word\": false,\n      \"lstrip\": false,\n      \"rstrip\": false,\n"
+                     "      \"normalized\": false,\n      \"special\": true"});
+        r.push_back({unused, names[i]});
+    }
+    return r;
+}
+
+} // namespace
+
+/* forge_chat_tools on random weights with Gemma 4's format (its control tokens on Gemma 3's
+ * tokenizer; forge tells Gemma 4 by its turn tokens): FORGE_CHAT_TOOL_REQUIRED makes the reply
+ * <|tool_call>call:NAME{...}<tool_call|> blocks in Gemma 4's notation, the string marks and the
+ * block's ends its special tokens, whose arguments validate against the tools' schemas; with
+ * FORGE_CHAT_TOOL_ARGUMENTS the reply is free until a <|tool_call>. */
+TEST(ToolCalls, Gemma4RequiredCallsValidateOnRandomWeights) {
+    std::string dir = random_model("gemma3", 262144, gemma4_renames(), "gemma4");
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    const int32_t quote = forge_token_id(m, "<|\"|>"), open = forge_token_id(m, "<|tool_call>"), close = forge_token_id(m, "<tool_call|>");
+    ASSERT_EQ(quote, 51);
+    ASSERT_EQ(open, 52);
+    ASSERT_EQ(close, 53);
+    EXPECT_TRUE(forge_token_is_special(m, quote));
+    forge_session *s = ft::session(m, 1024);
+    ASSERT_NE(s, nullptr);
+    /* the prompt renders the tools in Gemma 4's declarations */
+    forge_chat_message user = {sizeof(forge_chat_message), "user", "Weather in Paris?", nullptr, 0};
+    std::vector<char> out(1 << 14);
+    size_t len = 0;
+    ASSERT_EQ(forge_chat_render_tools(m, &user, 1, weather_tools, 2, 0, out.data(), out.size(), &len), FORGE_OK) << forge_model_errmsg(m);
+    EXPECT_NE(std::string(out.data(), len).find("<|tool>declaration:get_weather{"), std::string::npos) << std::string(out.data(), len);
+    int complete = required_tool_calls(s, 64, 1000);
+    EXPECT_GE(complete, 4) << complete << " of 6 runs made whole calls";
+    /* a required reply's tokens (get_weather alone: its city and unit are strings): the calls'
+     * marks are the special tokens, never their characters */
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 64;
+    GenRun run;
+    p.on_token = collect;
+    p.user_data = &run;
+    forge_chat_reply r = ft::sized<forge_chat_reply>();
+    ASSERT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 1, FORGE_CHAT_TOOL_REQUIRED, &p, &r, &run.mt), FORGE_OK) << forge_session_errmsg(s);
+    ASSERT_FALSE(run.tokens.empty());
+    EXPECT_EQ(run.tokens[0], open);
+    EXPECT_EQ(std::string(r.text, r.text_len).rfind("<|tool_call>call:get_weather{", 0), 0u) << std::string(r.text, r.text_len);
+    int quotes = 0;
+    for (int32_t t : run.tokens) quotes += t == quote;
+    EXPECT_GE(quotes, 4) << run.text;
+    if (run.mt.constraint_complete) {
+        ASSERT_GE(r.n_tool_calls, 1) << run.text;
+        EXPECT_EQ(jc::validate(r.tool_arguments[0], weather_schema), "") << run.text;
+    }
+    for (size_t at = run.text.find("<|"); at != std::string::npos; at = run.text.find("<|", at + 1)) /* each "<|" is a special token's */
+        EXPECT_TRUE(!run.text.compare(at, 5, "<|\"|>") || !run.text.compare(at, 12, "<|tool_call>")) << run.text;
+    /* free until the opener: random weights seldom write it, and the reply stays content then */
+    p.on_token = nullptr;
+    p.max_tokens = 8;
+    ASSERT_EQ(forge_chat_tools(s, &user, 1, weather_tools, 2, FORGE_CHAT_TOOL_ARGUMENTS, &p, &r, nullptr), FORGE_OK) << forge_session_errmsg(s);
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
+/* Gemma 4's call grammar against its own template's notation: a call forge renders into the
+ * history (format_argument's: marks, bare keys, nested objects and arrays, numbers, booleans,
+ * null), read back as tokens, is taken token by token by the grammar of the same tool; its
+ * characters typed as text where a mark belongs are not; what the notation cannot be held to is
+ * refused by name. */
+TEST(ToolCalls, Gemma4GrammarTakesItsRenderedCalls) {
+    std::string dir = random_model("gemma3", 262144, gemma4_renames(), "gemma4");
+    ASSERT_FALSE(dir.empty());
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    const char *schema = "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"code\": {\"type\": \"string\", \"maxLength\": 4}, "
+                         "\"day\": {\"type\": \"string\", \"format\": \"date\"}, \"opts\": {\"type\": \"object\", \"properties\": "
+                         "{\"days\": {\"type\": \"array\", \"items\": {\"type\": \"integer\", \"minimum\": 1}}, \"hourly\": {\"type\": \"boolean\"}}, "
+                         "\"additionalProperties\": false}, \"ratio\": {\"type\": \"number\"}, \"tags\": {\"type\": \"array\", "
+                         "\"items\": {\"type\": \"string\"}}, \"unit\": {\"enum\": [\"celsius\", 7, null]}}, \"required\": [\"city\", \"unit\"], "
+                         "\"additionalProperties\": {\"type\": \"string\"}}";
+    forge_tool tool = {sizeof(forge_tool), "get_weather", "Weather.", schema};
+    const char *args[] = {"{\"city\": \"Paris <b> x<\", \"code\": \"75 0\", \"unit\": \"celsius\"}",
+                          "{\"city\": \"\", \"day\": \"2026-02-28\", \"opts\": {\"days\": [1, 22], \"hourly\": true}, \"ratio\": -0.5, "
+                          "\"tags\": [\"a\", \"b c\"], \"unit\": 7, \"zz\": \"more\"}",
+                          "{\"city\": \"Nice\", \"opts\": {}, \"tags\": [], \"unit\": null}"};
+    char err[256];
+    const char *trigger = nullptr;
+    char *g = ft_tool_grammar(6, &tool, 1, 1, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_EQ(trigger, nullptr);
+    const std::string gbnf = g;
+    free(g);
+    forge_constraint c = ft::sized<forge_constraint>();
+    c.kind = FORGE_CONSTRAINT_GBNF;
+    c.text = gbnf.c_str();
+    c.sample_forced = 1;
+    auto walk = [&](const std::string &text) { /* tokens taken before the first refused, and whether all were, complete */
+        std::vector<int32_t> ids(4096);
+        size_t n = 0;
+        EXPECT_EQ(forge_tokenize(m, text.data(), text.size(), 0, ids.data(), ids.size(), &n), FORGE_OK);
+        forge_grammar *gr = nullptr;
+        EXPECT_EQ(forge_grammar_create(m, &c, &gr), FORGE_OK) << forge_model_errmsg(m) << "\n" << gbnf;
+        if (!gr) return false;
+        bool ok = true;
+        for (size_t i = 0; i < n && ok; i++) {
+            ok = forge_grammar_allows(gr, ids[i]) != 0;
+            if (ok) EXPECT_EQ(forge_grammar_accept(gr, ids[i]), FORGE_OK);
+        }
+        ok = ok && (forge_grammar_status(gr) & FORGE_GRAMMAR_COMPLETE);
+        forge_grammar_free(gr);
+        return ok;
+    };
+    for (const char *a : args) {
+        forge_tool_call call = {sizeof(forge_tool_call), "get_weather", a, nullptr};
+        forge_chat_message conv[2] = {{sizeof(forge_chat_message), "user", "Weather?", nullptr, 0},
+                                      {sizeof(forge_chat_message), "assistant", "", &call, 1}};
+        std::vector<char> out(1 << 14);
+        size_t len = 0;
+        ASSERT_EQ(forge_chat_render_tools(m, conv, 2, &tool, 1, 0, out.data(), out.size(), &len), FORGE_OK) << forge_model_errmsg(m);
+        std::string text(out.data(), len);
+        size_t open = text.find("<|tool_call>call:"), close = text.find("<tool_call|>", open);
+        ASSERT_NE(close, std::string::npos) << text;
+        std::string block = text.substr(open, close + 12 - open);
+        EXPECT_TRUE(walk(block)) << block << "\n" << gbnf;
+        EXPECT_TRUE(walk(block + block)) << block;
+        std::string typed = block; /* the first mark typed as its characters */
+        size_t q = typed.find("<|\"|>");
+        ASSERT_NE(q, std::string::npos);
+        typed.replace(q, 5, "<|\" |>");
+        EXPECT_FALSE(walk(typed)) << typed;
+    }
+    for (std::string bad : {std::string("<|tool_call>call:get_weather{city:<|\"|>P<|\"|>}<tool_call|>"), /* unit is required */
+                            std::string("<|tool_call>call:get_weather{city:<|\"|>P<|\"|>,unit:<|\"|>kelvin<|\"|>}<tool_call|>"),
+                            std::string("<|tool_call>call:get_weather{city:<|\"|>a<|b<|\"|>,unit:7}<tool_call|>"),
+                            std::string("<|tool_call>call:get_weather{ city:<|\"|>P<|\"|>,unit:7}<tool_call|>"),
+                            std::string("<|tool_call>call:get_weather{city:<|\"|>P<|\"|>,code:<|\"|>12345<|\"|>,unit:7}<tool_call|>"),
+                            std::string("<|tool_call>call:get_weather{city:<|\"|>P<|\"|>,code:<|\"|>a<b<|\"|>,unit:7}<tool_call|>")})
+        EXPECT_FALSE(walk(bad)) << bad;
+    EXPECT_TRUE(walk("<|tool_call>call:get_weather{city:<|\"|>a<b<|\"|>,unit:7}<tool_call|>"));
+    /* the trigger's form: what follows <|tool_call>, to its close */
+    g = ft_tool_grammar(6, &tool, 1, 0, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    EXPECT_STREQ(trigger, "<|tool_call>");
+    free(g);
+    const std::pair<const char *, const char *> refused[] = {
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"^x$\"}}}", "pattern on a string in Gemma 4's notation"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [[1], 2]}}}", "an object or array in \"enum\" in Gemma 4's notation"},
+    };
+    for (const auto &[sc, why] : refused) {
+        forge_tool t = {sizeof(forge_tool), "f", nullptr, sc};
+        EXPECT_EQ(ft_tool_grammar(6, &t, 1, 1, &trigger, err, sizeof err), nullptr) << sc;
+        EXPECT_NE(std::string(err).find(why), std::string::npos) << err;
+    }
+    forge_tool brace = {sizeof(forge_tool), "f{x}", nullptr, nullptr};
+    EXPECT_EQ(ft_tool_grammar(6, &brace, 1, 1, &trigger, err, sizeof err), nullptr);
+    EXPECT_NE(std::string(err).find("'{', '<' or a newline in its name"), std::string::npos) << err;
     forge_model_free(m);
 }
 
