@@ -19,6 +19,8 @@
 #define FORGE__SC_MAX_EXPAND 100000  /* items / string lengths a bound may expand to */
 #define FORGE__SC_MAX_LITERAL 4096   /* bytes of one enum / const value */
 #define FORGE__SC_MAX_ENUM 200000    /* enum values */
+#define FORGE__SC_MAX_MADE 1000000   /* JSON nodes of the schemas merges make ($ref beside keywords, allOf): a
+                                      * recursive $ref among keywords copies the document again at each level */
 
 /* The rules every schema grammar may use. */
 static const char forge__sc_prelude[] =
@@ -103,6 +105,7 @@ typedef struct forge__sc {
     uint32_t name_mask, n_names;
     cJSON *refs;           /* object: JSON pointer -> rule name given to its target */
     cJSON *owned;          /* array: merged schemas made here (freed with the context) */
+    uint64_t made;         /* their JSON nodes, counted as they are made (FORGE__SC_MAX_MADE) */
     int depth;
     unsigned counter;
     forge__err *err;
@@ -303,7 +306,8 @@ static void forge__sc_literals(forge__sc *c, const char *name, forge__sc_str *v,
     forge__buf_init(&body, NULL, 0);
     forge__sc_trie(c, &body, v, 0, k, 0, name);
     forge__sc_printf(&c->out, "%s ::= ", name);
-    forge__buf_put(&c->out, body.p, body.n);
+    if (body.n) forge__buf_put(&c->out, body.p, body.n);
+    else forge__sc_puts(&c->out, "\"\""); /* the empty string alone (Gemma 4's enum [""]: a rule needs a body) */
     forge__buf_put(&c->out, "\n", 1);
     if (body.oom) c->out.oom = true;
     forge__buf_free(&body);
@@ -443,14 +447,15 @@ static void forge__rx_emit_set(forge__buf *b, forge__rxset *s) {
 }
 
 /* recursion: a group of the pattern holds alternatives again */
-static bool forge__rx_alt(forge__rx *x, forge__buf *b);
+static bool forge__rx_alt(forge__rx *x, forge__buf *b, bool *nullable);
 
 /* One atom (with its quantifier) into b. */
-static bool forge__rx_piece(forge__rx *x, forge__buf *b) {
+/* One atom and its quantifier into b; *nullable: whether it can match the empty string. */
+static bool forge__rx_piece(forge__rx *x, forge__buf *b, bool *nullable) {
     forge__buf atom;
     forge__buf_init(&atom, NULL, 0);
     char c = *x->p;
-    bool ok = true;
+    bool ok = true, empty = false; /* (the atom's) */
     if (c == '(') {
         x->p++;
         if (x->p < x->end && *x->p == '?') {
@@ -463,7 +468,7 @@ static bool forge__rx_piece(forge__rx *x, forge__buf *b) {
         }
         if (++x->nest > 100) return forge__rx_fail(x, "groups nested deeper than 100");
         forge__buf_put(&atom, "(", 1);
-        ok = forge__rx_alt(x, &atom);
+        ok = forge__rx_alt(x, &atom, &empty);
         x->nest--;
         if (ok && (x->p >= x->end || *x->p != ')')) ok = forge__rx_fail(x, "a group without its ')'");
         if (ok) x->p++;
@@ -554,8 +559,12 @@ static bool forge__rx_piece(forge__rx *x, forge__buf *b) {
     }
     forge__buf_put(b, atom.p, atom.n);
     forge__buf_free(&atom);
-    /* quantifiers (a lazy '?' after one matches the same strings) */
+    *nullable = empty;
+    /* quantifiers (a lazy '?' after one matches the same strings); an unbounded one over an atom
+     * that can match nothing would be a grammar rule that reaches itself without text */
     if (x->p < x->end && (*x->p == '*' || *x->p == '+' || *x->p == '?')) {
+        if (empty && *x->p != '?') return forge__rx_fail(x, "a repetition of a group that can match the empty string");
+        *nullable = empty || *x->p != '+';
         forge__buf_put(b, x->p, 1);
         x->p++;
     } else if (x->p < x->end && *x->p == '{') {
@@ -572,6 +581,8 @@ static bool forge__rx_piece(forge__rx *x, forge__buf *b) {
         if (q >= x->end || *q != '}') return forge__rx_fail(x, "a {m,n} quantifier without its '}'");
         if (lo > FORGE__SC_MAX_EXPAND || hi > FORGE__SC_MAX_EXPAND) return forge__sc_fail(x->c, FORGE_ERR_LIMIT, "pattern \"%.200s\": a repetition count over %d", x->src, FORGE__SC_MAX_EXPAND);
         if (has_hi && hi < lo) return forge__rx_fail(x, "a {m,n} quantifier with n < m");
+        if (empty && comma && !has_hi) return forge__rx_fail(x, "a repetition of a group that can match the empty string");
+        *nullable = empty || lo == 0;
         if (!comma) forge__sc_printf(b, "{%lu}", lo);
         else if (has_hi) forge__sc_printf(b, "{%lu,%lu}", lo, hi);
         else forge__sc_printf(b, "{%lu,}", lo);
@@ -584,14 +595,20 @@ static bool forge__rx_piece(forge__rx *x, forge__buf *b) {
     return true;
 }
 
-static bool forge__rx_alt(forge__rx *x, forge__buf *b) {
+/* Alternatives into b; *nullable: whether one of them can match the empty string. */
+static bool forge__rx_alt(forge__rx *x, forge__buf *b, bool *nullable) {
+    *nullable = false;
     for (;;) {
         forge__buf_put(b, " (", 2);
+        bool all = true; /* every piece of this alternative can match nothing */
         while (x->p < x->end && *x->p != '|' && *x->p != ')') {
             if (*x->p == '$' && x->p + 1 == x->end) break;
             forge__buf_put(b, " ", 1);
-            if (!forge__rx_piece(x, b)) return false;
+            bool e = false;
+            if (!forge__rx_piece(x, b, &e)) return false;
+            all = all && e;
         }
+        *nullable = *nullable || all;
         forge__buf_put(b, " )", 2);
         if (x->p < x->end && *x->p == '|') {
             x->p++;
@@ -612,7 +629,8 @@ static void forge__sc_pattern(forge__sc *c, const char *name, const char *patter
     bool end = len && x.end[-1] == '$' && (len < 2 || x.end[-2] != '\\');
     forge__buf body;
     forge__buf_init(&body, NULL, 0);
-    bool ok = forge__rx_alt(&x, &body);
+    bool empty;
+    bool ok = forge__rx_alt(&x, &body, &empty);
     if (ok && x.p < x.end && !(end && x.p + 1 == x.end)) ok = forge__rx_fail(&x, "an unmatched ')'");
     if (ok) {
         forge__sc_printf(&c->out, "%s ::= \"\\\"\" %s(", name, start ? "" : "json-char* ");
@@ -985,10 +1003,25 @@ static const char *forge__sc_unknown(const cJSON *s) {
     return NULL;
 }
 
+/* JSON nodes in x and below. */
+static uint64_t forge__sc_nodes(const cJSON *x) {
+    uint64_t n = 1;
+    for (const cJSON *k = x->child; k; k = k->next) n += forge__sc_nodes(k);
+    return n;
+}
+
+/* Counts schema x's nodes against the merges' budget: false (and the error) past it. */
+static bool forge__sc_charge(forge__sc *c, const cJSON *x) {
+    if (x) c->made += forge__sc_nodes(x);
+    if (c->made <= FORGE__SC_MAX_MADE) return true;
+    return forge__sc_fail(c, FORGE_ERR_LIMIT, "allOf / $ref merges make more than %d schema nodes (a $ref beside other keywords that recurses?)",
+                          FORGE__SC_MAX_MADE);
+}
+
 static cJSON *forge__sc_own(forge__sc *c, cJSON *x) {
     if (x) cJSON_AddItemToArray(c->owned, x);
     else forge__sc_fail(c, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    return x;
+    return x && forge__sc_charge(c, x) ? x : NULL;
 }
 
 /* recursion: merging two schemas merges their subschemas */
@@ -1134,7 +1167,7 @@ static cJSON *forge__sc_merge(forge__sc *c, const cJSON *a0, const cJSON *b0, in
             p = next;
         }
     }
-    return c->st ? NULL : m;
+    return c->st || !forge__sc_charge(c, m) ? NULL : m; /* (what was added to m after it was owned) */
 }
 
 /* An object: rule `name`. */
@@ -1232,7 +1265,7 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
                 stack.n -= sizeof fr;
                 memcpy(fr, stack.p + stack.n, sizeof fr);
                 size_t lo = fr[0], hi = fr[1], d = fr[2];
-                forge__sc_printf(&c->out, "%s-n%zu ::=", keyrule, fr[3]);
+                forge__sc_printf(&c->out, "%s_n%zu ::=", keyrule, fr[3]); /* ('_': in no name forge__sc_name makes) */
                 bool ends = false;
                 size_t q = lo;
                 if (q < hi && v[q].n == d) { ends = true; q++; }
@@ -1250,7 +1283,7 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
                     forge__sc_printf(&c->out, "%s", first ? " " : " | ");
                     first = false;
                     forge__sc_lit(&c->out, v[q].s + d, l);
-                    forge__sc_printf(&c->out, " %s-n%u", keyrule, id);
+                    forge__sc_printf(&c->out, " %s_n%u", keyrule, id);
                     size_t child[4] = {q, j, d + l, id++};
                     forge__buf_put(&stack, child, sizeof child);
                     q = j;
@@ -1263,8 +1296,8 @@ static void forge__sc_object(forge__sc *c, const cJSON *s, const char *name) {
             }
             forge__buf_free(&stack);
             free(v);
-            if (c->g4) forge__sc_printf(&c->out, "%s ::= %s-n0\n", keyrule, keyrule);
-            else forge__sc_printf(&c->out, "%s ::= \"\\\"\" %s-n0 \"\\\"\"\n", keyrule, keyrule);
+            if (c->g4) forge__sc_printf(&c->out, "%s ::= %s_n0\n", keyrule, keyrule);
+            else forge__sc_printf(&c->out, "%s ::= \"\\\"\" %s_n0 \"\\\"\"\n", keyrule, keyrule);
         }
         forge__sc_name(c, "extra-kv", extra);
         forge__sc_printf(&c->out, "%s ::= %s ws \":\" ws %s\n", extra, keyrule, value);

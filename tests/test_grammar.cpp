@@ -368,6 +368,9 @@ TEST(Schema, UnsupportedAndInvalidAreNamed) {
         {R"({"type":"string","pattern":"^(?=a)b$"})", "lookaround", FORGE_ERR_UNSUPPORTED},
         {R"({"type":"string","pattern":"(a)\\1"})", "escape forge does not support", FORGE_ERR_UNSUPPORTED},
         {R"({"type":"string","pattern":"^a+$","maxLength":4})", "pattern with minLength / maxLength", FORGE_ERR_UNSUPPORTED},
+        /* (fuzz finds: repeating what can match nothing would be a rule that reaches itself) */
+        {R"({"type":"string","pattern":"^[A-Z]{2}(|xy)+?$"})", "a repetition of a group that can match the empty string", FORGE_ERR_UNSUPPORTED},
+        {R"({"type":"string","pattern":"(a*|b){2,}"})", "a repetition of a group that can match the empty string", FORGE_ERR_UNSUPPORTED},
         {R"({"type":"number","minimum":0.5})", "whole-number bounds", FORGE_ERR_UNSUPPORTED},
         {R"({"$ref":"https://example.com/s.json"})", "only references into the schema itself", FORGE_ERR_UNSUPPORTED},
         {R"({"$ref":"#/$defs/missing"})", "points at nothing", FORGE_ERR_INVALID_ARGUMENT},
@@ -500,6 +503,16 @@ TEST(Schema, HostileSchemasMeetLimits) {
     /* mutual recursion through $ref with structure between: fine */
     schema_gbnf(R"({"$defs":{"a":{"type":"array","items":{"$ref":"#/$defs/b"}},"b":{"anyOf":[{"$ref":"#/$defs/a"},{"type":"null"}]}},"$ref":"#/$defs/a"})", &st, &err);
     EXPECT_EQ(st, FORGE_OK) << err;
+    /* a $ref beside other keywords that recurses (a fuzz find, its "#" followed by NULs: the
+     * merges copied the document again at each level, past 2 GB under ASan) */
+    schema_gbnf(R"({"type":"array","items":{"$ref":"#","items":{"$ref":"#"},"maxItems":4}})", &st, &err);
+    EXPECT_EQ(st, FORGE_ERR_LIMIT) << err;
+    EXPECT_NE(err.find("merges make more than"), std::string::npos) << err;
+    /* a property whose name is a rule name the additional keys' trie once made too (a fuzz find) */
+    g = schema_gbnf(R"({"type":"object","properties":{"key-n3":{"type":"integer"},"r":{"type":"number"}},"required":["idid"]})", &st, &err);
+    ASSERT_EQ(st, FORGE_OK) << err;
+    EXPECT_EQ(match(g, R"({"key-n3": 1, "idid": null, "rr": 2})"), 1) << g;
+    EXPECT_EQ(match(g, R"({"r": 1, "idid": 2, "r": 3})"), -1) << g;
     /* recursion through allOf only: a merge that never ends is cut */
     schema_gbnf(R"({"$defs":{"x":{"allOf":[{"$ref":"#/$defs/x"}]}},"$ref":"#/$defs/x"})", &st, &err);
     EXPECT_NE(st, FORGE_OK);
@@ -1330,7 +1343,7 @@ TEST(ToolCalls, Gemma4GrammarTakesItsRenderedCalls) {
         bool ok = true;
         for (size_t i = 0; i < n && ok; i++) {
             ok = forge_grammar_allows(gr, ids[i]) != 0;
-            if (ok) EXPECT_EQ(forge_grammar_accept(gr, ids[i]), FORGE_OK);
+            if (ok) { EXPECT_EQ(forge_grammar_accept(gr, ids[i]), FORGE_OK); }
         }
         ok = ok && (forge_grammar_status(gr) & FORGE_GRAMMAR_COMPLETE);
         forge_grammar_free(gr);
@@ -1377,6 +1390,14 @@ TEST(ToolCalls, Gemma4GrammarTakesItsRenderedCalls) {
         EXPECT_EQ(ft_tool_grammar(6, &t, 1, 1, &trigger, err, sizeof err), nullptr) << sc;
         EXPECT_NE(std::string(err).find(why), std::string::npos) << err;
     }
+    forge_tool empty = {sizeof(forge_tool), "f", nullptr, "{\"type\": \"object\", \"properties\": {\"s\": {\"enum\": [\"\", 1]}}}"}; /* (a fuzz find) */
+    g = ft_tool_grammar(6, &empty, 1, 1, &trigger, err, sizeof err);
+    ASSERT_NE(g, nullptr) << err;
+    c.text = g;
+    EXPECT_TRUE(walk("<|tool_call>call:f{s:<|\"|><|\"|>}<tool_call|>")) << g;
+    EXPECT_TRUE(walk("<|tool_call>call:f{s:1}<tool_call|>")) << g;
+    EXPECT_FALSE(walk("<|tool_call>call:f{s:<|\"|>x<|\"|>}<tool_call|>")) << g;
+    free(g);
     forge_tool brace = {sizeof(forge_tool), "f{x}", nullptr, nullptr};
     EXPECT_EQ(ft_tool_grammar(6, &brace, 1, 1, &trigger, err, sizeof err), nullptr);
     EXPECT_NE(std::string(err).find("'{', '<' or a newline in its name"), std::string::npos) << err;
