@@ -49,13 +49,22 @@
 //           POST_ADD: 8 p f32 [K] | 9 pw f32 [K] | 10 A' f32 [K] (written)
 // flags: 1 bias, 2 accumulate into C, 4 soft-cap, 8 PRENORM, 16 GATED (act in bit 5: 0 SiLU, 1 GELU-tanh),
 //        512 EXPERTS
-// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host).
+// Spec constants: 0 = workgroup size, 1 = ROWS per workgroup (pinned by the host), 2 = PATHS:
+// the code compiled in, bit 0 the experts' mapping (EXPERTS flag), bit 1 several tokens' (M > 1),
+// bit 2 one token's MV_STEPS unrolled loads (without it the step-at-a-time loop takes all of
+// K); the host never asks for a mapping left out. GPUs take all (7). A CPU device compiles only
+// what it runs, since lavapipe's LLVM compiles a module whole, every path inlined and unrolled,
+// at its first dispatch: matvec_sg_f32 took 82 s with all, 32 s without several tokens', 38 s
+// without the experts', 13 s without both, 2.2 s without the unrolled steps too (the host sends
+// several tokens to matmul there, and experts exist only in MoE models).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 16;
+layout(constant_id = 2) const uint PATHS = 7u;
+const bool UNROLLED = (PATHS & 4u) != 0u;
 
 #include "pc_linear.glsl"
 
@@ -226,7 +235,7 @@ vec2 one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenor
     // MV_STEPS steps of k a lane (gated: twice as many rows' loads) in flight: the loads of a
     // whole round first, then their products
     uint stride = width * 8u, k = lane * 8u;
-    if (vec_a && !two) { // one row: twice the steps in the same registers
+    if (UNROLLED && vec_a && !two) { // one row: twice the steps in the same registers
         for (; k + (2u * MV_STEPS - 1u) * stride < pc.K; k += 2u * MV_STEPS * stride) {
             vec4 wl[2u * MV_STEPS], wh[2u * MV_STEPS];
             [[unroll]] for (uint i = 0; i < 2u * MV_STEPS; i++) w_get8(w0, k + i * stride, pc.K, wl[i], wh[i]);
@@ -237,7 +246,7 @@ vec2 one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenor
             }
         }
     }
-    if (vec_a) {
+    if (UNROLLED && vec_a) {
         for (; k + (MV_STEPS - 1u) * stride < pc.K; k += MV_STEPS * stride) {
             vec4 wl[MV_STEPS], wh[MV_STEPS], ul[MV_STEPS], uh[MV_STEPS];
             [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
@@ -276,7 +285,7 @@ vec2 one_token(uint w0, uint a_m, uint lane, uint width, bool vec_a, bool prenor
 vec2 one_token_gated_pair(uint w0, uint lane, uint width, bool prenorm) {
     float s0 = 0.0, u0 = 0.0, s1 = 0.0, u1 = 0.0, ss = 0.0;
     uint stride = width * 8u, k = lane * 8u;
-    for (; k + (MV_STEPS - 1u) * stride < pc.K; k += MV_STEPS * stride) {
+    for (; UNROLLED && k + (MV_STEPS - 1u) * stride < pc.K; k += MV_STEPS * stride) {
         vec4 g0l[MV_STEPS], g0h[MV_STEPS], u0l[MV_STEPS], u0h[MV_STEPS], g1l[MV_STEPS], g1h[MV_STEPS], u1l[MV_STEPS], u1h[MV_STEPS];
         [[unroll]] for (uint i = 0; i < MV_STEPS; i++) {
             w_get8(w0, k + i * stride, pc.K, g0l[i], g0h[i]);
@@ -356,7 +365,7 @@ void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
     bool vec_a = (pc.K & 7u) == 0u, prenorm = (pc.flags & 8u) != 0u, gated = (pc.flags & 16u) != 0u;
-    if ((pc.flags & 512u) != 0u) {
+    if ((PATHS & 1u) != 0u && (pc.flags & 512u) != 0u) {
         experts(lane, width, vec_a, gated);
         return;
     }
@@ -392,7 +401,7 @@ void main() {
         if (pc.M == 1u) {
             float v = one_token(gated ? 2u * out_row : out_row, 0u, lane, width, vec_a, prenorm, gated).x;
             if (lane == 0u) store(out_row, 0u, v);
-        } else {
+        } else if ((PATHS & 2u) != 0u) {
             few_tokens(out_row, lane, width, vec_a, prenorm, gated);
         }
     }

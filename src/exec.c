@@ -23,7 +23,7 @@ static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool p
                                   forge__err *err) {
     forge__device *d = &m->dev;
     forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err,
-                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim_max, 8)};
+                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim_max, 8), .mv_paths = forge__matvec_paths(m)};
     fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};

@@ -87,7 +87,21 @@ typedef struct forge__acts {
 
 /* Whether a product of M rows runs on the subgroup matvec, the one kernel that can fuse the
  * RMSNorm of its input (forge__linear's `norm`). */
-static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith; }
+/* The most rows of A a matrix-vector kernel takes (more go to matmul): FORGE__MATVEC_MAX_M, but
+ * one on a CPU device, whose matvec_sg modules leave the several-token mapping out
+ * (forge__matvec_paths). */
+static uint32_t forge__matvec_max_m(const forge_model *m) { return m->dev.caps.type == FORGE_DEVICE_CPU ? 1u : FORGE__MATVEC_MAX_M; }
+
+/* The matvec_sg code a model's pipelines compile in (the modules' PATHS, kernels/matvec_sg.comp):
+ * all on a GPU; on a CPU device, where lavapipe compiles each module whole at its first dispatch
+ * (matvec_sg_f32 took 82 s with all of it, the first run's whole wait), one token's mapping a
+ * step at a time, and the experts' only in a mixture-of-experts model. */
+static uint32_t forge__matvec_paths(const forge_model *m) {
+    if (m->dev.caps.type != FORGE_DEVICE_CPU) return 7u;
+    return m->cfg.n_experts > 0 ? 1u : 0u;
+}
+
+static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= forge__matvec_max_m(m) && m->dev.caps.subgroup_arith; }
 
 /* Whether a product of M rows of x with w runs on int8 activations (forge__linear_q8a). */
 static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) {
@@ -207,7 +221,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         return;
     }
     flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
-    bool vec = M <= FORGE__MATVEC_MAX_M, sg = forge__fuses_norm(m, M);
+    bool vec = M <= forge__matvec_max_m(m), sg = forge__fuses_norm(m, M);
     /* Every product of more than FORGE__MATVEC_MAX_M rows runs on the tensor cores where the
      * device has them and the model is not exact: prefill, classify, training's forward and batch
      * decode's rows (on the H100 even 32 rows beat the SIMT kernels: 32 x 2048 x 16384 in 0.10 ms
@@ -475,7 +489,7 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
     uint32_t n = p->n, K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden, pairs = n * K;
     uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0, gx, gy;
     forge__rec *r = p->r;
-    if (n <= FORGE__MATVEC_MAX_M && m->dev.caps.subgroup_arith) {
+    if (n <= forge__matvec_max_m(m) && m->dev.caps.subgroup_arith) {
         uint32_t rows = forge__matvec_rows_per_wg(true, 0);
         for (int i = 0; i < gu->n_chunks; i++) { /* h [pairs, I] = act(gate) * up of each pair's expert */
             const forge__wchunk *ch = &gu->chunks[i];

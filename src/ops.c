@@ -271,6 +271,7 @@ typedef struct forge__op_desc {
     bool per_subgroup;     /* matvec_sg, matvec_q8a: spec[0] = FORGE__SG_PER_WG subgroups at the device's width */
     bool per_head_dim;     /* attention kernels: spec[0] = DMAX, the model's head_dim rounded up to 8 */
     bool sg_width;         /* spec[1] = the device's subgroup width */
+    bool mv_paths;         /* matvec_sg modules: spec[2] = the mappings compiled in (forge__matvec_paths) */
 } forge__op_desc;
 
 /* matvec_sg: FORGE__SG_PER_WG subgroups per workgroup, one output each at a time */
@@ -328,8 +329,8 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_EMBED + FMT] = {"embed_" #name, FORGE__SPV(embed_##name), 5, sizeof(forge__pc_embed), 0, {0}},          \
     [FORGE__OP_MATVEC + FMT] = {"matvec_" #name, FORGE__SPV(matvec_##name), 6, sizeof(forge__pc_linear), 2,             \
                                 {FORGE__MATVEC_WG, FORGE__MATVEC_ROWS}},                                              \
-    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 8, sizeof(forge__pc_linear), 2,       \
-                                   {0, FORGE__SG_PER_WG}, true},                                                        \
+    [FORGE__OP_MATVEC_SG + FMT] = {"matvec_sg_" #name, FORGE__SPV(matvec_sg_##name), 8, sizeof(forge__pc_linear), 3,       \
+                                   {0, FORGE__SG_PER_WG, 7}, true, .mv_paths = true},                                   \
     [FORGE__OP_MATMUL_MOE + FMT] = {"matmul_moe_" #name, FORGE__SPV(matmul_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_MOE_S + FMT] = {"matmul_moe_s_" #name, FORGE__SPV(matmul_moe_s_##name), 7, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL + FMT] = {"matmul_" #name, FORGE__SPV(matmul_##name), 6, sizeof(forge__pc_linear), 0, {0}},              \
@@ -356,16 +357,16 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__Q8A_OP(4, q8_0) FORGE__Q8A_OP(5, out_q8_0) FORGE__Q8A_OP(6, g8_q8_0) FORGE__Q8A_OP(7, g8_out_q8_0)
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
-    [FORGE__OP_MATVEC_SG_POST] = {"matvec_sg_post_f32", FORGE__SPV(matvec_sg_post_f32), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
-    [FORGE__OP_MATVEC_SG_POST + 1] = {"matvec_sg_post_f16", FORGE__SPV(matvec_sg_post_f16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
-                                      true},
-    [FORGE__OP_MATVEC_SG_POST + 2] = {"matvec_sg_post_bf16", FORGE__SPV(matvec_sg_post_bf16), 11, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
-                                      true},
-    [FORGE__OP_MATVEC_SG_PAIR] = {"matvec_sg_pair_f32", FORGE__SPV(matvec_sg_pair_f32), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG}, true},
-    [FORGE__OP_MATVEC_SG_PAIR + 1] = {"matvec_sg_pair_f16", FORGE__SPV(matvec_sg_pair_f16), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
-                                      true},
-    [FORGE__OP_MATVEC_SG_PAIR + 2] = {"matvec_sg_pair_bf16", FORGE__SPV(matvec_sg_pair_bf16), 8, sizeof(forge__pc_linear), 2, {0, FORGE__SG_PER_WG},
-                                      true},
+    [FORGE__OP_MATVEC_SG_POST] = {"matvec_sg_post_f32", FORGE__SPV(matvec_sg_post_f32), 11, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7}, true, .mv_paths = true},
+    [FORGE__OP_MATVEC_SG_POST + 1] = {"matvec_sg_post_f16", FORGE__SPV(matvec_sg_post_f16), 11, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7},
+                                      true, .mv_paths = true},
+    [FORGE__OP_MATVEC_SG_POST + 2] = {"matvec_sg_post_bf16", FORGE__SPV(matvec_sg_post_bf16), 11, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7},
+                                      true, .mv_paths = true},
+    [FORGE__OP_MATVEC_SG_PAIR] = {"matvec_sg_pair_f32", FORGE__SPV(matvec_sg_pair_f32), 8, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7}, true, .mv_paths = true},
+    [FORGE__OP_MATVEC_SG_PAIR + 1] = {"matvec_sg_pair_f16", FORGE__SPV(matvec_sg_pair_f16), 8, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7},
+                                      true, .mv_paths = true},
+    [FORGE__OP_MATVEC_SG_PAIR + 2] = {"matvec_sg_pair_bf16", FORGE__SPV(matvec_sg_pair_bf16), 8, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7},
+                                      true, .mv_paths = true},
     [FORGE__OP_RMSNORM] = {"rmsnorm", FORGE__SPV(rmsnorm), 4, sizeof(forge__pc_rmsnorm), 0, {0}},
     [FORGE__OP_ROPE] = {"rope", FORGE__SPV(rope), 5, sizeof(forge__pc_rope), 0, {0}},
     [FORGE__OP_ATTENTION] = {"attention_tiled", FORGE__SPV(attention_tiled), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
@@ -523,7 +524,9 @@ typedef struct forge__pipeline {
 static uint32_t forge__attn_block_queries(uint32_t dmax) { return dmax > 256 ? 4 : 8; }
 
 /* dmax: the head_dim the attention kernels are specialized for (0: 256). */
-static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, uint32_t dmax, forge__pipeline *p, forge__err *err) {
+/* mv_paths: the matvec_sg mappings to compile in (forge__matvec_paths). */
+static forge_status forge__pipeline_create(forge__device *d, const forge__op_desc *op, uint32_t dmax, uint32_t mv_paths, forge__pipeline *p,
+                                           forge__err *err) {
     VkDescriptorSetLayoutBinding b[FORGE__MAX_BINDINGS];
     for (uint32_t i = 0; i < op->n_bindings; i++)
         b[i] = (VkDescriptorSetLayoutBinding){.binding = i, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
@@ -546,6 +549,7 @@ static forge_status forge__pipeline_create(forge__device *d, const forge__op_des
     if (op->per_subgroup) spec[0] = FORGE__SG_PER_WG * d->caps.subgroup_size;
     if (op->per_head_dim && dmax) spec[0] = dmax;
     if (op->sg_width) spec[1] = d->caps.subgroup_size;
+    if (op->mv_paths) spec[2] = mv_paths;
     VkSpecializationInfo si = {.mapEntryCount = op->n_spec, .pMapEntries = me, .dataSize = 4u * op->n_spec, .pData = spec};
     VkComputePipelineCreateInfo pci = {
         .sType = VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
@@ -570,6 +574,7 @@ typedef struct forge__rec {
     forge__device *dev;
     forge__pipeline *pipes;        /* the model's table, FORGE__OP_COUNT entries */
     uint32_t dmax;                 /* the attention kernels' head_dim specialization (the model's, rounded up to 8); 0: 256 */
+    uint32_t mv_paths;             /* the matvec_sg mappings compiled in (forge__matvec_paths) */
     pthread_mutex_t *pipe_lock;
     VkCommandBuffer cb;
     VkDescriptorPool pool;
@@ -589,7 +594,7 @@ static forge__pipeline *forge__get_pipeline(forge__rec *r, forge__op op) {
     pthread_mutex_lock(r->pipe_lock);
     if (!p->pipe) {
         forge__pipeline np = {0};
-        forge_status st = forge__pipeline_create(r->dev, &forge__ops[op], r->dmax, &np, r->err);
+        forge_status st = forge__pipeline_create(r->dev, &forge__ops[op], r->dmax, r->mv_paths, &np, r->err);
         if (st) {
             forge__pipeline_destroy(r->dev, &np);
             r->st = st;

@@ -93,6 +93,7 @@ static void ft_begin(ft_job *j, ft_ctx *c) {
     j->rec.pool = j->dpool;
     j->rec.err = &c->err;
     j->rec.dmax = c->dmax;
+    j->rec.mv_paths = 7u; /* every matvec_sg path, as a GPU compiles it (a model on lavapipe leaves some out: forge__matvec_paths) */
 }
 
 /* Submits, waits, copies buffer `idx` back to `out`, frees everything. */
@@ -1700,8 +1701,8 @@ forge_status ft_time_matmul(ft_ctx *c, int kind, int fmt, const uint32_t *spv, s
     forge__pipeline custom = {0};
     forge__op op = FORGE__OP_COUNT;
     if (!st && spv) {
-        forge__op_desc desc = {"custom", spv, spv_bytes, 6, sizeof(forge__pc_linear), 0, {0}, false, false, false};
-        st = forge__pipeline_create(d, &desc, 0, &custom, &c->err);
+        forge__op_desc desc = {"custom", spv, spv_bytes, 6, sizeof(forge__pc_linear), 0, {0}, false, false, false, false};
+        st = forge__pipeline_create(d, &desc, 0, 0, &custom, &c->err);
     } else if (!st) {
         op = (forge__op)((kind == 2 ? FORGE__OP_MATMUL_CM : kind == 3 ? FORGE__OP_MATMUL_BIG : kind == 4 ? FORGE__OP_MATMUL_S : FORGE__OP_MATMUL) + fmt);
     }
