@@ -885,6 +885,8 @@ typedef struct forge__vocab {
     uint8_t *bytes;
     uint8_t *kind;            /* [n_vocab] FORGE__TK_TEXT etc. */
     int32_t *sorted;          /* the trie's tokens in preorder */
+    int32_t *specials;        /* [n_specials] the FORGE__TK_SPECIAL tokens (a grammar's token escapes) */
+    int n_specials;
     forge__tnode *nodes;      /* [n_nodes], 0 the root */
 } forge__vocab;
 
@@ -917,7 +919,7 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
     forge__vsort *vs = (forge__vsort *)malloc(sizeof *vs * ((size_t)V + 1));
     forge__vocab *out = NULL;
     if (!off || !kind || !vs) goto oom;
-    int n_text = 0;
+    int n_special = 0;
     for (int i = 0; i < V; i++) {
         off[i] = (uint32_t)bytes.n;
         kind[i] = FORGE__TK_NONE;
@@ -925,13 +927,13 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
         if (tk->is_special[i]) {
             forge__buf_put(&bytes, tk->pieces[i], tk->piece_len[i]);
             kind[i] = tk->piece_len[i] ? FORGE__TK_SPECIAL : FORGE__TK_NONE;
+            n_special += kind[i] == FORGE__TK_SPECIAL;
             continue;
         }
         if (!forge__tk_token_bytes(tk, i, &tb)) goto oom;
         if (tb.n == 0 || tb.n > 60000) continue;
         forge__buf_put(&bytes, tb.p, tb.n);
         kind[i] = FORGE__TK_TEXT;
-        n_text++;
     }
     off[V] = (uint32_t)bytes.n;
     if (bytes.oom || bytes.n > UINT32_MAX / 2) goto oom;
@@ -947,7 +949,8 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
         n_nodes += vs[i].n - l;
     }
     n_nodes++; /* a sentinel past the last: its tok_lo is the token count */
-    size_t sz = sizeof *out + 4 * ((size_t)V + 1) + bytes.n + (size_t)V + 8 + 4 * (size_t)k + 8 + sizeof(forge__tnode) * n_nodes + 16;
+    size_t sz = sizeof *out + 4 * ((size_t)V + 1) + bytes.n + (size_t)V + 8 + 4 * (size_t)k + 8 + 4 * (size_t)n_special + 8 +
+                sizeof(forge__tnode) * n_nodes + 16;
     out = (forge__vocab *)calloc(1, sz);
     if (!out) goto oom;
     char *p = (char *)(out + 1);
@@ -957,12 +960,16 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
     p += 4 * ((size_t)V + 1);
     out->sorted = (int32_t *)p;
     p += 4 * (size_t)k + 8;
+    out->specials = (int32_t *)p;
+    p += 4 * (size_t)n_special + 8;
     out->kind = (uint8_t *)p;
     p += (size_t)V + 8;
     out->bytes = (uint8_t *)p;
     out->n_vocab = V;
     memcpy(out->off, off, 4 * ((size_t)V + 1));
     memcpy(out->kind, kind, (size_t)V);
+    for (int i = 0; i < V; i++)
+        if (kind[i] == FORGE__TK_SPECIAL) out->specials[out->n_specials++] = i;
     if (bytes.n) memcpy(out->bytes, bytes.p, bytes.n);
     /* preorder construction along the sorted strings; path[d] is the open node at depth d */
     uint32_t *path = (uint32_t *)malloc(4 * 60002);
@@ -997,7 +1004,6 @@ static forge__vocab *forge__vocab_build(const forge_model *m, forge__err *err) {
         }
         t->safe = deepest < 0 || deepest > 254 ? 255 : (uint8_t)deepest;
     }
-    (void)n_text;
     free(path);
     free(off);
     free(kind);
@@ -1503,12 +1509,19 @@ static int32_t forge__matcher_walk(forge__matcher *g, int32_t from, const uint8_
     return t;
 }
 
-/* Steps a special token's escape (forge__gb_token) from state `from`: the state reached, or DEAD. */
-static int32_t forge__matcher_special(forge__matcher *g, int32_t from, int32_t tok) {
-    const uint8_t esc[4] = {FORGE__G_TOKEN_BYTE, (uint8_t)(tok >> 16), (uint8_t)(tok >> 8), (uint8_t)tok};
-    int32_t t = from;
-    for (int i = 0; i < 4 && t != FORGE__G_DEAD; i++) t = forge__dfa_step(&g->dfa, t, esc[i]);
+/* Steps the id bytes of a special token's escape (forge__gb_token) from state `opened`, where
+ * its opening byte has been taken: the state reached, or DEAD. */
+static int32_t forge__matcher_escape_id(forge__matcher *g, int32_t opened, int32_t tok) {
+    const uint8_t id[3] = {(uint8_t)(tok >> 16), (uint8_t)(tok >> 8), (uint8_t)tok};
+    int32_t t = opened;
+    for (int i = 0; i < 3 && t != FORGE__G_DEAD; i++) t = forge__dfa_step(&g->dfa, t, id[i]);
     return t;
+}
+
+/* Steps a special token's whole escape from state `from`: the state reached, or DEAD. */
+static int32_t forge__matcher_special(forge__matcher *g, int32_t from, int32_t tok) {
+    int32_t opened = forge__dfa_step(&g->dfa, from, FORGE__G_TOKEN_BYTE);
+    return opened == FORGE__G_DEAD ? FORGE__G_DEAD : forge__matcher_escape_id(g, opened, tok);
 }
 
 /* Where text pat[0..L) first ends within tail[0..tail_len) + s[0..n) (bytes of s up to its end), or 0. */
@@ -1713,9 +1726,12 @@ static forge_status forge__matcher_mask(forge__matcher *g, uint32_t *mask) {
         g->ms += (forge__now_s() - t0) * 1e3;
         return d->st;
     }
-    if (forge__dfa_step(d, g->cur, FORGE__G_TOKEN_BYTE) != FORGE__G_DEAD) /* the grammar names special tokens here */
-        for (int id = 0; id < v->n_vocab && !d->st; id++)
-            if (v->kind[id] == FORGE__TK_SPECIAL && !g->is_end[id] && forge__matcher_special(g, g->cur, id) != FORGE__G_DEAD) forge__mask_set(mask, id);
+    int32_t opened = forge__dfa_step(d, g->cur, FORGE__G_TOKEN_BYTE);
+    if (opened != FORGE__G_DEAD) /* the grammar names special tokens here: the vocabulary's, each */
+        for (int i = 0; i < v->n_specials && !d->st; i++) {
+            int32_t id = v->specials[i];
+            if (!g->is_end[id] && forge__matcher_escape_id(g, opened, id) != FORGE__G_DEAD) forge__mask_set(mask, id);
+        }
     if (d->st) {
         g->ms += (forge__now_s() - t0) * 1e3;
         return d->st;

@@ -954,13 +954,14 @@ static void forge__sc_enum(forge__sc *c, const cJSON *s, const char *name, unsig
         texts[k] = j;
         v[k] = (forge__sc_str){j, strlen(j)};
         k++;
-        if (c->g4 && t == FORGE__SCT_STRING) { /* strings first in v */
-            forge__sc_str x = v[k - 1];
-            char *xt = texts[k - 1];
-            memmove(v + n_str + 1, v + n_str, sizeof *v * (k - 1 - n_str));
-            memmove(texts + n_str + 1, texts + n_str, sizeof *texts * (k - 1 - n_str));
-            v[n_str] = x;
-            texts[n_str++] = xt;
+        if (c->g4 && t == FORGE__SCT_STRING) { /* strings first in v (each list is sorted later: a swap keeps it so) */
+            forge__sc_str x = v[n_str];
+            char *xt = texts[n_str];
+            v[n_str] = v[k - 1];
+            texts[n_str] = texts[k - 1];
+            v[k - 1] = x;
+            texts[k - 1] = xt;
+            n_str++;
         }
     }
     if (!c->st && k == 0) forge__sc_fail(c, FORGE_ERR_INVALID_ARGUMENT, "\"%s\" admits no value of the schema's type", cn ? "const" : "enum");
