@@ -137,7 +137,7 @@ clean:
 # fuzzes it for FUZZ_SECONDS from a copy of that corpus in the build tree. tests/fuzz/README.md
 # records the long runs.
 FUZZ_SECONDS ?= 30
-FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state discover chat train_data grammar schema tool_reply
+FUZZERS := safetensors gguf config tokenizer_json tokenize adapter state discover chat train_data grammar schema tool_reply sentence
 FUZZ_CC ?= clang
 fuzz: $(FUZZERS:%=$(BUILD)/fuzz_%)
 	@for f in $(FUZZERS); do \

@@ -61,6 +61,7 @@
 #include "src/generate.c"   /* the sampler, stop rules, the prompt cache, forge_generate */
 #include "src/batch.c"      /* many sequences on one session: forge_generate_batch */
 #include "src/classify.c"   /* many prompts in padded batches: forge_classify */
+#include "src/embed.c"      /* forge_embed (pooling, sentence-transformers steps), forge_rerank */
 #include "src/chat.c"       /* the families' native chat templates: forge_chat, tools and tool calls */
 #include "src/train.c"      /* the LoRA trainer: backward pass, checkpointing, AdamW */
 #include "src/state.c"      /* state files (save / restore), attention-K inspection */

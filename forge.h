@@ -1115,6 +1115,114 @@ FORGE_API forge_status forge_classify(forge_session *session, const forge_classi
                                       const forge_classify_params *params, forge_classify_result *results);
 
 /* ---------------------------------------------------------------------------------------
+ * Embeddings and reranking
+ *
+ * forge_embed turns texts into vectors as sentence-transformers' encode() does, read from the
+ * checkpoint's own sentence-transformers files when it has them: modules.json (Transformer,
+ * Pooling, Dense, Normalize; other modules are FORGE_ERR_UNSUPPORTED), 1_Pooling/config.json
+ * (last token, mean, CLS; include_prompt false is FORGE_ERR_UNSUPPORTED), the Dense
+ * projections' weights (N_Dense/model.safetensors; pytorch_model.bin is not read),
+ * config_sentence_transformers.json (prompts, default_prompt_name) and
+ * sentence_bert_config.json (max_seq_length). A checkpoint without them is any decoder forge
+ * loads, pooled as forge_embed_params.pooling says (last token by default), not normalized.
+ * Models with bidirectional attention (EmbeddingGemma: gemma3_text with
+ * use_bidirectional_attention) run only here: generate, chat, eval and classify refuse them.
+ * Texts are batched as classify batches prompts (right-padded, sorted by length, at most
+ * n_batch tokens and n_outputs_max texts a batch); padding never changes a vector. The
+ * pooling, final norm and head run on the device; Dense projections and normalization on the
+ * host, in double precision.
+ *
+ * forge_rerank scores documents against a query, one pass of classify's batching for all:
+ * - a sequence-classification checkpoint (a `score` head, as Qwen3ForSequenceClassification
+ *   saves it): the query and the document as the tokenizer's pair (its post-processor's pair
+ *   template), the head at the last token that is not the pad token (transformers' rule), one
+ *   label's logit through a sigmoid (sentence-transformers' CrossEncoder.predict);
+ * - a causal LM with "yes" and "no" tokens (Qwen3-Reranker): its model card's prompt
+ *   (system judge text, "<Instruct>: I\n<Query>: Q\n<Document>: D", the empty think block;
+ *   the three parts tokenized apart, as the card does), the score P(yes) = softmax over the
+ *   "no" and "yes" logits at the last position.
+ * Anything else is FORGE_ERR_UNSUPPORTED.
+ * ------------------------------------------------------------------------------------- */
+
+typedef enum forge_pooling {
+    FORGE_POOLING_DEFAULT = 0,    /* the checkpoint's Pooling module; without one, the last token */
+    FORGE_POOLING_LAST = 1,       /* the last token's hidden state (after the final norm) */
+    FORGE_POOLING_MEAN = 2,       /* the mean over every token of the text (prompt included) */
+    FORGE_POOLING_CLS = 3         /* the first token's */
+} forge_pooling;
+
+typedef struct forge_embed_params {
+    uint32_t struct_size;
+    int pooling;                  /* forge_pooling; default FORGE_POOLING_DEFAULT */
+    int normalize;                /* -1 (default): as the checkpoint declares (its Normalize module,
+                                     applied before truncation, as sentence-transformers does);
+                                     0: never; 1: L2-normalize the vector returned (after truncation) */
+    int dim;                      /* Matryoshka: keep the first dim values; 0 (default): all */
+    const char *prompt_name;      /* a prompt of config_sentence_transformers.json ("query",
+                                     "document", ...) put before each text prompt; NULL: the
+                                     config's default_prompt_name, or none. A name it lacks is
+                                     FORGE_ERR_INVALID_ARGUMENT naming the ones it has. */
+    const char *prompt;           /* the prefix text itself (wins over prompt_name); "" for none */
+    int truncate;                 /* 1 (default): a text longer than the model's limit (its
+                                     max_seq_length, else its context) keeps its first tokens and
+                                     the tokenizer's closing special tokens, as sentence-transformers
+                                     truncates; 0: FORGE_ERR_LIMIT naming the text */
+    int add_special;              /* text prompts: the tokenizer's special tokens; default 1 */
+    const int *cancel;            /* optional: set to stop between batches (FORGE_ERR_CANCELLED) */
+} forge_embed_params;
+
+FORGE_API forge_embed_params forge_embed_default_params(void);
+
+typedef struct forge_embed_info {
+    uint32_t struct_size;         /* sizeof(forge_embed_info), set by the caller */
+    int dim;                      /* the vector's length before truncation (the last Dense's output, else hidden) */
+    int pooling;                  /* the checkpoint's pooling (forge_pooling, never DEFAULT) */
+    int normalize;                /* 1 when the checkpoint ends in Normalize */
+    int max_tokens;               /* the longest text forge embeds whole (max_seq_length or the context) */
+    int n_dense;                  /* Dense projections after pooling */
+    int bidirectional;            /* 1: attention sees both sides (embedding only) */
+    int sentence_transformers;    /* 1 when modules.json was read */
+    const char *prompt_names;     /* the config's prompt names, comma-separated ("" for none);
+                                     owned by the model */
+    const char *default_prompt_name; /* or NULL */
+} forge_embed_info;
+
+/* What forge_embed does with this model. Its sentence-transformers files are read at load; a
+ * fault in them (an unsupported module, a Dense file that does not parse) does not stop the
+ * load but is returned here and by forge_embed, with a message naming the file. */
+FORGE_API forge_status forge_embed_info_get(const forge_model *model, forge_embed_info *info);
+
+/* Embeds n_texts texts (or token-id lists: prompts[i].tokens, which get no prompt prefix and
+ * are truncated to the limit when truncate is 1) into vectors[i * dim .. (i + 1) * dim), dim the
+ * vector's length (params->dim if set, else forge_embed_info.dim), written to *dim when dim is
+ * not NULL. FORGE_ERR_BUFFER_TOO_SMALL when capacity < n_texts * dim floats (*dim is still
+ * set: call with vectors NULL and capacity 0 to learn it), FORGE_ERR_LIMIT / _INVALID_ARGUMENT
+ * as forge_classify for a text that cannot run, FORGE_ERR_INVALID_ARGUMENT for dim < 0 or past
+ * the vector's length. forge_session_metrics reports the tokens and time as for classify. */
+FORGE_API forge_status forge_embed(forge_session *session, const forge_classify_prompt *texts, int n_texts,
+                                   const forge_embed_params *params, float *vectors, size_t capacity, int *dim);
+
+typedef struct forge_rerank_params {
+    uint32_t struct_size;
+    const char *instruction;      /* Qwen3-Reranker's <Instruct>; NULL: its default, "Given a web search
+                                     query, retrieve relevant passages that answer the query" */
+    int raw;                      /* 0 (default): probabilities (sigmoid, P(yes)); 1: the logit
+                                     (the head's; log P(yes) - log P(no)) */
+    int truncate;                 /* 1 (default): a pair longer than the model's context loses
+                                     tokens from its longer part's end (transformers'
+                                     longest_first; the reranker prompt's document); 0: FORGE_ERR_LIMIT */
+    const int *cancel;            /* optional: set to stop between batches (FORGE_ERR_CANCELLED) */
+} forge_rerank_params;
+
+FORGE_API forge_rerank_params forge_rerank_default_params(void);
+
+/* Scores n_documents documents against query into scores[0 .. n_documents) (higher: more
+ * relevant). FORGE_ERR_UNSUPPORTED for a model with neither formulation (the message says
+ * what it lacks). */
+FORGE_API forge_status forge_rerank(forge_session *session, const char *query, const char *const *documents, int n_documents,
+                                    const forge_rerank_params *params, float *scores);
+
+/* ---------------------------------------------------------------------------------------
  * Training: LoRA fine-tuning
  *
  * A forge_trainer adds low-rank adapters to chosen projections of a loaded model and trains

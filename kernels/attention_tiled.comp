@@ -15,6 +15,11 @@
 // flags 1 each query's softmax log-sum-exp (m + log l) goes to lse, for the backward pass.
 // Batch generation (flags 2) prefills one sequence of several: the rows are at positions
 // tab[TAB + 2t] (consecutive) of sequence tab[TAB + 1], whose keys fill slots from seq * cache_slots.
+// Bidirectional attention (flags 512, embedding models: EmbeddingGemma) has no causal rule:
+// query p of sequence b sees keys 0 .. last_b, last_b its last real row (tab[TAB + b] - b *
+// n_tokens: the row table classify and forge_embed fill), and within a window w the keys with
+// |p - j| < w (w = sliding_window / 2 + 1: transformers' Gemma3TextConfig halves the window of a
+// bidirectional model); a padding query past the window of every real key writes zeros.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
 // One workgroup of 64 per (block of BQ queries, head, sequence); D <= DMAX <= 512.
@@ -67,6 +72,14 @@ void stage_row(bool values, uint kj, uint part, uint src, bool live_row) {
 #endif
 }
 
+// The first and last key query position p sees: causal (the window's last keys up to p), or
+// bidirectional (|p - j| < window, within the sequence's real rows 0 .. seq_last).
+uint key_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
+uint key_hi(uint p, bool bidi, uint seq_last) {
+    if (!bidi) return p;
+    return pc.window != 0u ? min(seq_last, p + pc.window - 1u) : seq_last;
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint t0 = gl_WorkGroupID.x * BQ, h = gl_WorkGroupID.y;
@@ -85,19 +98,21 @@ void main() {
         p_last = p_first + nq - 1u;
         kv0 = params.tab[TAB + 1u] * pc.cache_slots * pc.n_kv_heads * D;
     }
-    uint lo_first = (pc.window != 0u && p_first + 1u > pc.window) ? p_first + 1u - pc.window : 0u;
+    bool bidi = (pc.flags & 512u) != 0u;
+    uint seq_last = bidi ? params.tab[TAB + gl_WorkGroupID.z] - gl_WorkGroupID.z * pc.n_tokens : 0u;
+    uint lo_first = key_lo(p_first), hi_last = key_hi(p_last, bidi, seq_last);
     uint my_q = tid / TPQ, my_l = tid % TPQ;
     uint my_p = p_first + my_q;
-    uint my_lo = (pc.window != 0u && my_p + 1u > pc.window) ? my_p + 1u - pc.window : 0u;
+    uint my_lo = key_lo(my_p), my_hi = key_hi(my_p, bidi, seq_last);
     bool live = my_q < nq;
     float m = -1.0 / 0.0, l = 0.0;
     float acc[DMAX / TPQ];
     [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) acc[i] = 0.0;
-    for (uint j0 = lo_first; j0 <= p_last; j0 += BK) {
+    for (uint j0 = lo_first; j0 <= hi_last; j0 += BK) {
         barrier(); // the previous tile's V reads are done
         { // TPK threads per key: one slot computation each, then a share of the row
             uint kj = tid / TPK, j = j0 + kj;
-            stage_row(false, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
+            stage_row(false, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= hi_last);
         }
         barrier();
         if (!WIDE) {
@@ -111,21 +126,21 @@ void main() {
                 uint kj = 2u * my_l + c, j = j0 + kj;
                 float v = s[c] * pc.scale;
                 if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
-                sc[my_q][kj] = (live && j >= my_lo && j <= my_p) ? v : -1.0 / 0.0;
+                sc[my_q][kj] = (live && j >= my_lo && j <= my_hi) ? v : -1.0 / 0.0;
             }
         } else if (tid < BQ * BK) { // one score a thread
             uint sq = tid / BK, kj = tid % BK, j = j0 + kj, sp = p_first + sq;
-            uint s_lo = (pc.window != 0u && sp + 1u > pc.window) ? sp + 1u - pc.window : 0u;
+            uint s_lo = key_lo(sp), s_hi = key_hi(sp, bidi, seq_last);
             float s = 0.0;
             for (uint d = 0; d < D; d++) s += qs[sq * DS + d] * kv[kj * DS + d];
             float v = s * pc.scale;
             if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
-            sc[sq][kj] = (sq < nq && j >= s_lo && j <= sp) ? v : -1.0 / 0.0;
+            sc[sq][kj] = (sq < nq && j >= s_lo && j <= s_hi) ? v : -1.0 / 0.0;
         }
         barrier();
         { // V replaces K
             uint kj = tid / TPK, j = j0 + kj;
-            stage_row(true, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= p_last);
+            stage_row(true, kj, tid % TPK, kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * D, j <= hi_last);
         }
         float tmax = -1.0 / 0.0;
         [[unroll]] for (uint kj = 0; kj < BK; kj++) tmax = max(tmax, sc[my_q][kj]);
@@ -152,7 +167,7 @@ void main() {
     if (live) {
         [[unroll]] for (uint i = 0; i < DMAX / TPQ; i++) {
             uint d = my_l + TPQ * i;
-            if (d < D) o[((row0 + t0 + my_q) * pc.n_heads + h) * D + d] = acc[i] / l;
+            if (d < D) o[((row0 + t0 + my_q) * pc.n_heads + h) * D + d] = l > 0.0 ? acc[i] / l : 0.0;
         }
         if ((pc.flags & 1u) != 0u && my_l == 0u) lse[(row0 + t0 + my_q) * pc.n_heads + h] = m + log(l);
     }

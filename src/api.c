@@ -258,6 +258,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
             (st = forge__tokenizer_load_file(&m->tok, tok_path, &m->arena, &m->err)))
             return st;
         forge__chat_template_from_dir(m, dir);
+        forge__st_load(&m->embed, dir, &m->arena);
     }
     if ((st = forge__device_open(&m->dev, p->device_index, p->device_name, p->max_storage_buffer_range, p->max_allocation_size, &m->err)))
         return st;

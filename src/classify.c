@@ -142,6 +142,86 @@ static forge_status forge__classify_text(forge_model *m, int32_t prev, int32_t t
     return out->oom ? FORGE_ERR_OUT_OF_MEMORY : FORGE_OK;
 }
 
+/* ---- Batches of sequences (classify, embed, rerank) ----
+ * Sequences sorted by length (stable) are cut into batches of B right-padded to T (the
+ * longest, rounded up to 8, capped at n_batch) where B x T would pass n_batch or B max_b; a
+ * batch runs as one pass of the session in classify's layout. */
+
+/* Whether sequence i (`what` i: "prompt 3", "text 3") can run: not empty, within the model's
+ * context, the session's n_ctx and n_batch, its ids inside the vocabulary. */
+static forge_status forge__batch_check(forge_session *s, const char *what, int i, const int32_t *t, int len) {
+    forge_model *m = s->m;
+    if (len <= 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "%s %d is empty (and the tokenizer adds no BOS)", what, i);
+    if (len > m->cfg.n_ctx_train)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%s %d has %d tokens, more than the model's context of %d (n_ctx_train)", what, i, len,
+                           m->cfg.n_ctx_train);
+    if (len > s->n_ctx)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%s %d has %d tokens, more than the session's context of %d (n_ctx)", what, i, len, s->n_ctx);
+    if (len > s->n_batch)
+        return forge__fail(&s->err, FORGE_ERR_LIMIT, "%s %d has %d tokens; a batch holds %d (the session's n_batch)", what, i, len, s->n_batch);
+    for (int j = 0; j < len; j++)
+        if (t[j] < 0 || t[j] >= m->cfg.n_vocab)
+            return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "%s %d: token %d (at index %d) is outside the vocabulary of %d", what, i, t[j], j,
+                               m->cfg.n_vocab);
+    return FORGE_OK;
+}
+
+/* order[0 .. n) = the sequences by length, stable (insertion sort: n is small or nearly sorted). */
+static void forge__batch_sort(const int *lens, int *order, int n) {
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && lens[order[j - 1]] > lens[order[j]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+}
+
+/* The most sequences a batch holds: the output rows, and for Qwen 3.5's linear-attention layers
+ * the session's recurrent-state places (each prompt keeps its state in one). */
+static int forge__batch_max(const forge_session *s) {
+    int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
+    if (forge__has_linear(&s->m->cfg)) max_b = FORGE__MIN(max_b, s->n_seq);
+    return max_b;
+}
+
+/* The batch starting at order[b0]: returns its B, its padded length in *T. */
+static int forge__batch_cut(const forge_session *s, const int *lens, const int *order, int n, int b0, int *T) {
+    int B = 0, max_b = forge__batch_max(s);
+    *T = 0;
+    while (b0 + B < n && B < max_b) {
+        int t = (int)FORGE__MIN(forge__align_up((uint64_t)lens[order[b0 + B]], 8), (uint64_t)s->n_batch);
+        if ((int64_t)(B + 1) * t > s->n_batch) break;
+        *T = t; /* sorted: the newest sequence is the longest */
+        B++;
+    }
+    return B;
+}
+
+/* Runs sequences order[b0 .. b0 + B) right-padded to T as one pass of `mode`: their tokens and
+ * the row table (rows[k]: the row of sequence k that the pass reads, e.g. its last) in the io
+ * buffer, the recording submitted and waited for. The output is then in the readback buffer. */
+static forge_status forge__batch_pass(forge_session *s, const int32_t *const *toks, const int *lens, const int *order, int b0, int B, int T,
+                                      forge__out_mode mode, const uint32_t *rows) {
+    forge_model *m = s->m;
+    uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
+    uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    memset(io_tokens, 0, 4ull * (size_t)B * (size_t)T);
+    for (int k = 0; k < B; k++) {
+        int i = order[b0 + k];
+        memcpy(io_tokens + (size_t)k * (size_t)T, toks[i], 4ull * (size_t)lens[i]);
+        io_rows[k] = rows[k];
+    }
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, (uint32_t)(B * T), (uint32_t)T, (uint32_t)B, mode, &rc);
+    if (st) return st;
+    forge__step_params sp = {0, (uint32_t)(B * T), 0, 1.0f, 1.0f, 0, {0, 0}};
+    memcpy(s->io.mapped, &sp, sizeof sp);
+    if ((st = forge__submit_wait(&m->dev, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(&m->dev, &s->prof, rc);
+    return FORGE_OK;
+}
+
 static forge_status forge__classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
                                     const forge_classify_params *params, forge_classify_result *results) {
     forge_classify_params p;
@@ -151,6 +231,9 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params: %s", fault);
     forge_model *m = s->m;
     const int V = m->cfg.n_vocab;
+    if (m->cfg.bidirectional || m->cfg.n_labels)
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "classify draws the next token, and this model has %s: use forge_embed or forge_rerank",
+                           m->cfg.bidirectional ? "bidirectional attention (an embedding model)" : "a sequence classifier's head");
     if (p.logits && p.logits_capacity < (size_t)n_prompts * (size_t)V)
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %d prompts x %d need %zu", p.logits_capacity,
                            n_prompts, V, (size_t)n_prompts * (size_t)V);
@@ -185,6 +268,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     int32_t **ids = (int32_t **)calloc((size_t)n_prompts + 1, sizeof *ids);
     int *lens = (int *)calloc((size_t)n_prompts + 1, sizeof *lens);
     int *order = (int *)malloc(sizeof *order * ((size_t)n_prompts + 1));
+    const int32_t **toks = (const int32_t **)calloc((size_t)n_prompts + 1, sizeof *toks);
     size_t *text_at = (size_t *)malloc(sizeof *text_at * ((size_t)n_prompts + 1));
     forge__cand *cands = (forge__cand *)malloc(sizeof *cands * (size_t)V);
     double *probs = (double *)malloc(sizeof *probs * (size_t)V);
@@ -192,7 +276,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     float *masked = allow ? (float *)malloc(4ull * (size_t)V) : NULL;
     uint8_t *open = allow && con.kind == FORGE_CONSTRAINT_CHOICES ? (uint8_t *)calloc((size_t)n_prompts + 1, 1) : NULL;
     forge_status st = FORGE_OK;
-    if (!ids || !lens || !order || !text_at || !cands || !probs || !rows || (allow && !masked) ||
+    if (!ids || !lens || !order || !toks || !text_at || !cands || !probs || !rows || (allow && !masked) ||
         (allow && con.kind == FORGE_CONSTRAINT_CHOICES && !open))
         st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     int64_t total = 0;
@@ -211,59 +295,20 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             lens[i] = q->n_tokens;
         }
         if (st) break;
-        const int32_t *t = q->text ? ids[i] : q->tokens;
-        if (lens[i] <= 0) st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d is empty (and the tokenizer adds no BOS)", i);
-        else if (lens[i] > m->cfg.n_ctx_train)
-            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens, more than the model's context of %d (n_ctx_train)", i, lens[i],
-                             m->cfg.n_ctx_train);
-        else if (lens[i] > s->n_ctx)
-            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens, more than the session's context of %d (n_ctx)", i, lens[i], s->n_ctx);
-        else if (lens[i] > s->n_batch)
-            st = forge__fail(&s->err, FORGE_ERR_LIMIT, "prompt %d has %d tokens; a classify batch holds %d (the session's n_batch)", i, lens[i], s->n_batch);
-        for (int j = 0; j < lens[i] && !st; j++)
-            if (t[j] < 0 || t[j] >= V)
-                st = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prompt %d: token %d (at index %d) is outside the vocabulary of %d", i, t[j], j, V);
-        order[i] = i;
+        toks[i] = q->text ? ids[i] : q->tokens;
+        st = forge__batch_check(s, "prompt", i, toks[i], lens[i]);
         total += lens[i];
     }
-    /* batches of prompts of similar length: sorted by length (stable), then cut where
-     * B x T (T the longest, rounded up to 8) would pass n_batch or B the output rows */
-    for (int i = 1; i < n_prompts && !st; i++) /* insertion sort: stable, and n is small */
-        for (int j = i; j > 0 && lens[order[j - 1]] > lens[order[j]]; j--) {
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    int max_b = FORGE__MIN(s->n_out_max, FORGE__MAX_PENALTY_WINDOW);
-    /* Qwen 3.5's linear-attention layers keep each prompt's recurrent state in a place of the
-     * session's (n_seq_max of them): a batch holds at most that many prompts */
-    if (forge__has_linear(&m->cfg)) max_b = FORGE__MIN(max_b, s->n_seq);
-    uint32_t *io_tokens = (uint32_t *)((uint8_t *)s->io.mapped + s->tokens_r.offset);
-    uint32_t *io_rows = (uint32_t *)((uint8_t *)s->io.mapped + s->penalty_r.offset);
+    if (!st) forge__batch_sort(lens, order, n_prompts);
     for (int b0 = 0; b0 < n_prompts && !st;) {
         if (forge__cancelled(p.cancel)) {
             st = forge__fail(&s->err, FORGE_ERR_CANCELLED, "classify was cancelled after %d of %d prompts", b0, n_prompts);
             break;
         }
-        int B = 0, T = 0;
-        while (b0 + B < n_prompts && B < max_b) {
-            int t = (int)FORGE__MIN(forge__align_up((uint64_t)lens[order[b0 + B]], 8), (uint64_t)s->n_batch);
-            if ((int64_t)(B + 1) * t > s->n_batch) break;
-            T = t; /* sorted: the newest prompt is the longest */
-            B++;
-        }
-        memset(io_tokens, 0, 4ull * (size_t)B * (size_t)T);
-        for (int k = 0; k < B; k++) {
-            int i = order[b0 + k];
-            memcpy(io_tokens + (size_t)k * (size_t)T, prompts[i].text ? ids[i] : prompts[i].tokens, 4ull * (size_t)lens[i]);
-            io_rows[k] = (uint32_t)(k * T + lens[i] - 1);
-        }
-        forge__recording *rc;
-        if ((st = forge__get_recording(s, (uint32_t)(B * T), (uint32_t)T, (uint32_t)B, FORGE__OUT_CLASSIFY, &rc))) break;
-        forge__step_params sp = {0, (uint32_t)(B * T), 0, 1.0f, 1.0f, 0, {0, 0}};
-        memcpy(s->io.mapped, &sp, sizeof sp);
-        if ((st = forge__submit_wait(&m->dev, rc->cb, s->fence, &s->err))) break;
-        if (rc->qpool) forge__profile_collect(&m->dev, &s->prof, rc);
+        int T, B = forge__batch_cut(s, lens, order, n_prompts, b0, &T);
+        uint32_t rows_k[FORGE__MAX_PENALTY_WINDOW];
+        for (int k = 0; k < B; k++) rows_k[k] = (uint32_t)(k * T + lens[order[b0 + k]] - 1); /* each prompt's last row */
+        if ((st = forge__batch_pass(s, toks, lens, order, b0, B, T, FORGE__OUT_CLASSIFY, rows_k))) break;
         uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)V;
         forge__readback_invalidate(&m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
         memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
@@ -289,7 +334,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
             }
             text_at[i] = SIZE_MAX;
             if (tk) {
-                const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
+                const int32_t *t = toks[i];
                 text_at[i] = s->class_text.n;
                 if ((st = forge__classify_text(m, t[lens[i] - 1], tok, &s->class_text)))
                     forge__fail(&s->err, st, "prompt %d: the text of token %d: %s", i, tok, forge_model_errmsg(m));
@@ -303,7 +348,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         if (!open[i]) continue;
         uint32_t tn = 0;
         const uint8_t *tb = forge__vocab_tok(g->voc, results[i].token, &tn);
-        const int32_t *t = prompts[i].text ? ids[i] : prompts[i].tokens;
+        const int32_t *t = toks[i];
         st = forge__classify_finish_choice(s, &p, &con, t, lens[i], results[i].token, (const char *)tb, tn,
                                            p.seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1)) ^ 0x5bd1e995ull, &results[i].choice);
         s->n_past = 0;
@@ -324,6 +369,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     free(ids);
     free(lens);
     free(order);
+    free((void *)toks);
     free(text_at);
     free(cands);
     free(probs);

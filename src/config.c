@@ -107,11 +107,21 @@ typedef struct forge__config {
     bool attn_gate;               /* Qwen 3.5's full attention: q_proj gives each head's query and an output gate (sigmoid) */
     int shared_ffn;               /* Qwen 3.5-MoE: the shared expert's width beside the experts (0: none), its output times
                                    * sigmoid(x . shared_expert_gate) */
+    /* Embedding and reranking checkpoints (embed.c) */
+    bool bidirectional;           /* use_bidirectional_attention true (EmbeddingGemma): every token sees the whole text;
+                                   * a sliding layer sees |i - j| < sliding_window / 2 + 1 (transformers 5.17's
+                                   * Gemma3TextConfig halves the window: the fixture's window 8 reaches 4 tokens each
+                                   * side); only forge_embed runs such a model */
+    int n_labels;                 /* an XForSequenceClassification: its `score` head's rows (the model's only head) */
+    int pad_id;                   /* pad_token_id (-1: none): the sequence-classification head reads the last other token */
 } forge__config;
 
 /* Qwen 3.5's linear-attention widths: the convolved q|k|v row, the value row. */
 static uint32_t forge__lin_conv_dim(const forge__config *c) { return (uint32_t)(2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim); }
 static uint32_t forge__lin_v_dim(const forge__config *c) { return (uint32_t)(c->lin_v_heads * c->lin_v_dim); }
+/* The rows of the model's head: the vocabulary's, or a sequence-classification head's labels. */
+static int forge__head_rows(const forge__config *c) { return c->n_labels ? c->n_labels : c->n_vocab; }
+
 /* Whether any layer is a linear-attention layer (a recurrent state, not a KV cache). */
 static bool forge__has_linear(const forge__config *c) {
     for (int l = 0; l < c->n_layers; l++)
@@ -543,6 +553,24 @@ FORGE__INTERNAL forge_status forge__config_from_hf_json(const char *text, size_t
         goto done;
     }
     c->tied = forge__json_bool(o, "tie_word_embeddings", forge__json_bool(root, "tie_word_embeddings", gemma));
+    {
+        const cJSON *bd = cJSON_GetObjectItemCaseSensitive(o, "use_bidirectional_attention");
+        c->bidirectional = cJSON_IsTrue(bd); /* Gemma 4's string values ("vision") concern its image tokens */
+        const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+        const cJSON *a0 = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
+        const char *an = cJSON_IsString(a0) ? a0->valuestring : "";
+        size_t al = strlen(an), sl = strlen("ForSequenceClassification");
+        c->pad_id = forge__json_int(o, "pad_token_id", forge__json_int(root, "pad_token_id", -1));
+        if (al > sl && !strcmp(an + al - sl, "ForSequenceClassification")) {
+            const cJSON *labels = cJSON_GetObjectItemCaseSensitive(root, "id2label");
+            c->n_labels = forge__json_int(root, "num_labels", cJSON_IsObject(labels) ? cJSON_GetArraySize(labels) : 2);
+            if (c->n_labels <= 0 || c->n_labels > 65536) {
+                st = forge__fail(err, FORGE_ERR_FORMAT, "%s: %s with %d labels", path, an, c->n_labels);
+                goto done;
+            }
+            c->tied = false; /* the score head is the model's head */
+        }
+    }
     c->qkv_bias = c->arch == FORGE__ARCH_QWEN2 || forge__json_bool(o, "attention_bias", false);
     c->o_bias = c->arch == FORGE__ARCH_LLAMA && forge__json_bool(o, "attention_bias", false);
     c->qk_norm = c->arch == FORGE__ARCH_QWEN3 || c->arch == FORGE__ARCH_QWEN3MOE || c->arch == FORGE__ARCH_GEMMA3 ||
@@ -1021,3 +1049,222 @@ FORGE__INTERNAL forge_status forge__config_from_gguf(const forge__gguf *g, const
     return FORGE_OK;
 }
 
+
+/* ---- sentence-transformers: how a checkpoint embeds (forge_embed) ----
+ *
+ * A checkpoint published for sentence-transformers names its pipeline in modules.json: the
+ * Transformer (the model forge loads), Pooling (1_Pooling/config.json), Dense projections
+ * (N_Dense/config.json and model.safetensors: linear.weight [out, in], linear.bias [out]) and
+ * Normalize, in order; config_sentence_transformers.json its prompts, sentence_bert_config.json
+ * its max_seq_length. Read at load; a fault in them does not stop the model from loading
+ * (it can still generate) but is what forge_embed returns. */
+
+#define FORGE__ST_MAX_STEPS 8
+typedef struct forge__st_dense {
+    int in, out;
+    float *w;                     /* [out, in] */
+    float *b;                     /* [out] or NULL */
+    bool tanh;                    /* activation_function Tanh; else Identity */
+} forge__st_dense;
+
+typedef struct forge__st {
+    bool present;                 /* modules.json was read */
+    forge_status st;              /* reading them: FORGE_OK, or the fault forge_embed returns */
+    char msg[512];
+    int pooling;                  /* forge_pooling, never DEFAULT: LAST without a Pooling module */
+    int n_steps;                  /* after pooling, in order: a Dense (its index) or Normalize (-1) */
+    int steps[FORGE__ST_MAX_STEPS];
+    int n_dense;
+    forge__st_dense dense[FORGE__ST_MAX_STEPS];
+    int max_seq;                  /* max_seq_length; 0: none */
+    int n_prompts;
+    const char **prompt_names, **prompts;
+    char *prompt_names_csv;       /* "query,document" */
+    const char *default_prompt;   /* default_prompt_name's, or NULL */
+} forge__st;
+
+static cJSON *forge__st_json(const char *dir, const char *name, forge__err *err, forge_status *st) {
+    char path[4200], *text = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    *st = FORGE_OK;
+    if (!forge__file_exists(path)) return NULL;
+    if ((*st = forge__read_text(path, &text, &len, err))) return NULL;
+    cJSON *o = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!o) *st = forge__fail(err, FORGE_ERR_FORMAT, "%s: not JSON", path);
+    return o;
+}
+
+/* A Dense module's weights from DIR/PATH into d (f32 in the arena). */
+static forge_status forge__st_dense_load(const char *dir, const char *mpath, const cJSON *cfg, forge__st_dense *d, forge__arena *a,
+                                         forge__err *err) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s/config.json", dir, mpath);
+    d->in = forge__json_int(cfg, "in_features", 0);
+    d->out = forge__json_int(cfg, "out_features", 0);
+    if (d->in <= 0 || d->out <= 0 || d->in > (1 << 20) || d->out > (1 << 20))
+        return forge__fail(err, FORGE_ERR_FORMAT, "%s: in_features %d, out_features %d", path, d->in, d->out);
+    const char *act = forge__json_str(cfg, "activation_function");
+    if (!act) act = "torch.nn.modules.linear.Identity";
+    d->tanh = strstr(act, "Tanh") != NULL;
+    if (!d->tanh && !strstr(act, "Identity"))
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: activation_function '%s' is not supported (Identity, Tanh)", path, act);
+    bool bias = forge__json_bool(cfg, "bias", true);
+    snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, mpath);
+    if (!forge__file_exists(path))
+        return forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: missing (forge reads a Dense module's weights from model.safetensors only)", path);
+    forge__file f;
+    forge_status st = forge__file_map(&f, path, err);
+    if (st) return st;
+    forge__tensor_table tt = {0};
+    st = forge__safetensors_parse_meta(&f, &tt, a, NULL, err);
+    for (int part = 0; part < 2 && !st; part++) {
+        const char *name = part ? "linear.bias" : "linear.weight";
+        if (part && !bias) break;
+        const forge__tensor *t = forge__tensor_find(&tt, name);
+        int64_t want = part ? d->out : (int64_t)d->out * d->in;
+        if (!t) {
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: no tensor '%s'", path, name);
+            break;
+        }
+        int64_t have = 1;
+        for (int i = 0; i < t->n_dims; i++) have *= t->shape[i];
+        bool shape_ok = part ? (t->n_dims == 1 && have == want) : (t->n_dims == 2 && t->shape[0] == d->out && t->shape[1] == d->in);
+        if (!shape_ok || (t->dtype != FORGE__F32 && t->dtype != FORGE__F16 && t->dtype != FORGE__BF16)) {
+            char shape[96];
+            forge__shape_str(t, shape, sizeof shape);
+            st = forge__fail(err, FORGE_ERR_FORMAT, "%s: '%s' is %s %s; want %s [%d%s%d]", path, name, forge__dtype_name(t->dtype), shape,
+                             "F32/F16/BF16", d->out, part ? "" : ", ", part ? 0 : d->in);
+            break;
+        }
+        float *v = (float *)forge__arena_alloc(a, 4ull * (size_t)want, 16);
+        if (!v) {
+            st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+            break;
+        }
+        for (int64_t i = 0; i < want; i++) {
+            const uint8_t *s = t->data + i * (t->dtype == FORGE__F32 ? 4 : 2);
+            uint16_t h;
+            if (t->dtype == FORGE__F32) memcpy(&v[i], s, 4);
+            else {
+                memcpy(&h, s, 2);
+                v[i] = t->dtype == FORGE__F16 ? forge__f16_to_f32(h) : forge__bf16_to_f32(h);
+            }
+        }
+        if (part) d->b = v;
+        else d->w = v;
+    }
+    forge__file_unmap(&f);
+    return st;
+}
+
+static forge_status forge__st_read(forge__st *s, const char *dir, forge__arena *a, forge__err *err) {
+    forge_status st;
+    char path[4200];
+    cJSON *mods = forge__st_json(dir, "modules.json", err, &st);
+    if (st) return st;
+    if (mods) {
+        s->present = true;
+        snprintf(path, sizeof path, "%s/modules.json", dir);
+        const cJSON *it;
+        int i = 0;
+        if (!cJSON_IsArray(mods)) st = forge__fail(err, FORGE_ERR_FORMAT, "%s: not an array of modules", path);
+        cJSON_ArrayForEach(it, (cJSON_IsArray(mods) ? mods : NULL)) {
+            const char *type = forge__json_str(it, "type"), *mp = forge__json_str(it, "path");
+            const char *dot = type ? strrchr(type, '.') : NULL, *kind = dot ? dot + 1 : type ? type : "";
+            if (!mp) mp = "";
+            if (!strcmp(kind, "Transformer")) {
+                if (i != 0) st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: the Transformer is module %d (forge runs it first)", path, i);
+            } else if (i == 0) {
+                st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: module 0 is '%s', not a Transformer", path, type ? type : "?");
+            } else if (!strcmp(kind, "Pooling")) {
+                char pp[4400];
+                snprintf(pp, sizeof pp, "%s/config.json", mp);
+                cJSON *pc = forge__st_json(dir, pp, err, &st);
+                if (!st && !pc) st = forge__fail(err, FORGE_ERR_FORMAT, "%s/%s: missing", dir, pp);
+                static const char *const modes[] = {"pooling_mode_lasttoken", "pooling_mode_mean_tokens", "pooling_mode_cls_token"};
+                static const char *const other[] = {"pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens"};
+                int n_on = 0;
+                for (int k = 0; k < 3 && !st; k++)
+                    if (forge__json_bool(pc, modes[k], false)) {
+                        n_on++;
+                        s->pooling = k == 0 ? FORGE_POOLING_LAST : k == 1 ? FORGE_POOLING_MEAN : FORGE_POOLING_CLS;
+                    }
+                for (int k = 0; k < 3 && !st; k++)
+                    if (forge__json_bool(pc, other[k], false)) st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s/%s: %s is not supported", dir, pp, other[k]);
+                const char *pm = forge__json_str(pc, "pooling_mode"); /* the older single-string form */
+                if (!st && !n_on && pm) {
+                    n_on = 1;
+                    if (!strcmp(pm, "lasttoken")) s->pooling = FORGE_POOLING_LAST;
+                    else if (!strcmp(pm, "mean")) s->pooling = FORGE_POOLING_MEAN;
+                    else if (!strcmp(pm, "cls")) s->pooling = FORGE_POOLING_CLS;
+                    else st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s/%s: pooling_mode '%s' is not supported (lasttoken, mean, cls)", dir, pp, pm);
+                }
+                if (!st && n_on != 1) st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s/%s: %d pooling modes on (forge takes one)", dir, pp, n_on);
+                if (!st && !forge__json_bool(pc, "include_prompt", true))
+                    st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s/%s: include_prompt false is not supported", dir, pp);
+                cJSON_Delete(pc);
+            } else if (!strcmp(kind, "Dense") || !strcmp(kind, "Normalize")) {
+                if (s->n_steps == FORGE__ST_MAX_STEPS) st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: more than %d modules", path, FORGE__ST_MAX_STEPS);
+                else if (kind[0] == 'N') s->steps[s->n_steps++] = -1;
+                else {
+                    char dp[4400];
+                    snprintf(dp, sizeof dp, "%s/config.json", mp);
+                    cJSON *dc = forge__st_json(dir, dp, err, &st);
+                    if (!st && !dc) st = forge__fail(err, FORGE_ERR_FORMAT, "%s/%s: missing", dir, dp);
+                    if (!st) st = forge__st_dense_load(dir, mp, dc, &s->dense[s->n_dense], a, err);
+                    cJSON_Delete(dc);
+                    if (!st) s->steps[s->n_steps++] = s->n_dense++;
+                }
+            } else {
+                st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: module '%s' is not supported (Transformer, Pooling, Dense, Normalize)", path,
+                                 type ? type : "?");
+            }
+            if (st) break;
+            i++;
+        }
+        cJSON_Delete(mods);
+        if (st) return st;
+    }
+    cJSON *cst = forge__st_json(dir, "config_sentence_transformers.json", err, &st);
+    if (st) return st;
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(cst, "prompts"), *it;
+    int n = 0;
+    cJSON_ArrayForEach(it, (cJSON_IsObject(pr) ? pr : NULL)) n += cJSON_IsString(it) && it->string;
+    s->prompt_names = (const char **)forge__arena_alloc(a, sizeof(char *) * (size_t)(n + 1), 16);
+    s->prompts = (const char **)forge__arena_alloc(a, sizeof(char *) * (size_t)(n + 1), 16);
+    forge__buf csv;
+    forge__buf_init(&csv, NULL, 0);
+    cJSON_ArrayForEach(it, (cJSON_IsObject(pr) ? pr : NULL)) {
+        if (!cJSON_IsString(it) || !it->string || !s->prompts) continue;
+        s->prompt_names[s->n_prompts] = forge__arena_strdup(a, it->string);
+        s->prompts[s->n_prompts++] = forge__arena_strdup(a, it->valuestring);
+        if (csv.n) forge__buf_put(&csv, ",", 1);
+        forge__buf_put(&csv, it->string, strlen(it->string));
+    }
+    forge__buf_put(&csv, "", 1);
+    s->prompt_names_csv = csv.oom ? NULL : forge__arena_strdup(a, csv.p);
+    forge__buf_free(&csv);
+    const char *dp = forge__json_str(cst, "default_prompt_name");
+    for (int k = 0; dp && k < s->n_prompts; k++)
+        if (!strcmp(s->prompt_names[k], dp)) s->default_prompt = s->prompt_names[k];
+    cJSON_Delete(cst);
+    if (!s->prompt_names || !s->prompts || !s->prompt_names_csv) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    cJSON *sb = forge__st_json(dir, "sentence_bert_config.json", err, &st);
+    if (st) return st;
+    s->max_seq = FORGE__MAX(forge__json_int(sb, "max_seq_length", 0), 0);
+    cJSON_Delete(sb);
+    return FORGE_OK;
+}
+
+/* The sentence-transformers pipeline of the checkpoint in dir (none: last-token pooling); a
+ * fault is kept in s->st and s->msg, for forge_embed to return. */
+static void forge__st_load(forge__st *s, const char *dir, forge__arena *a) {
+    memset(s, 0, sizeof *s);
+    s->pooling = FORGE_POOLING_LAST;
+    forge__err e;
+    memset(&e, 0, sizeof e);
+    s->st = forge__st_read(s, dir, a, &e);
+    if (s->st) snprintf(s->msg, sizeof s->msg, "%s", e.msg);
+}

@@ -92,6 +92,11 @@ static void forge__record_forward_fn(void *ctx, forge__rec *r) {
 /* Returns the recorded command buffer for a shape, recording it on first use. */
 static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
                                         forge__recording **out) {
+    const forge__config *c = &s->m->cfg;
+    if ((c->bidirectional || c->n_labels) && mode != FORGE__OUT_CLASSIFY && mode != FORGE__OUT_POOL_ROWS && mode != FORGE__OUT_POOL_MEAN)
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "%s: only forge_embed and forge_rerank run it",
+                           c->bidirectional ? "the model's attention is bidirectional (an embedding model)"
+                                            : "the model's head is a sequence classifier's (score), not a language model's");
     for (int i = 0; i < FORGE__RECORDINGS; i++) {
         forge__recording *rc = &s->rec[i];
         if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
@@ -559,8 +564,10 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         d->vk.vkCreateFence(d->dev, &fci, NULL, &s->fence) != VK_SUCCESS)
         return forge__fail(&s->err, FORGE_ERR_DEVICE, "creating the session's command pool or fence failed");
     if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, &s->attn_done, 1, &s->err))) return st; /* attention_decode's counters */
-    /* Record the decode steps now, so the first token pays no recording cost. */
+    /* Record the decode steps now, so the first token pays no recording cost (a model that
+     * only embeds or reranks decodes nothing). */
     forge__recording *rc;
+    if (c->bidirectional || c->n_labels) return FORGE_OK;
     if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
     return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &rc);
 }

@@ -148,6 +148,12 @@ static void forge__file_unmap(forge__file *f) {
     memset(f, 0, sizeof *f);
 }
 
+/* Whether path is a regular file. */
+static bool forge__file_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
 /* Reads a whole small file (config.json) into a NUL-terminated malloc'd buffer. */
 static forge_status forge__read_text(const char *path, char **out, size_t *len, forge__err *err) {
     forge__file f;
@@ -379,7 +385,7 @@ static forge__dtype forge__safetensors_dtype(const char *s) {
 
 /* Strips the prefixes multimodal and wrapped checkpoints put before the text model's names:
  * "language_model.model.x" and "model.language_model.x" -> "model.x"; "language_model.lm_head"
- * -> "lm_head". Returns NULL for tensors of other towers (vision, audio, projector), which
+ * -> "lm_head"; a bare model's "layers.x", "embed_tokens.x", "norm.x" -> "model.x". Returns NULL for tensors of other towers (vision, audio, projector), which
  * forge skips. */
 static const char *forge__hf_canonical_name(const char *name, char *buf, size_t size) {
     static const char *skip[] = {"vision_tower.", "vision_model.", "multi_modal_projector.",
@@ -393,6 +399,12 @@ static const char *forge__hf_canonical_name(const char *name, char *buf, size_t 
         name += 15;
     } else if (strncmp(name, "model.language_model.", 21) == 0) {
         snprintf(buf, size, "model.%s", name + 21);
+        return buf;
+    } else if (strncmp(name, "layers.", 7) == 0 || !strcmp(name, "embed_tokens.weight") || !strcmp(name, "norm.weight") ||
+               strncmp(name, "embed_tokens.", 13) == 0) {
+        /* a bare XModel as sentence-transformers saves its Transformer module (Qwen3-Embedding,
+         * EmbeddingGemma): the text model without the "model." of an XForCausalLM */
+        snprintf(buf, size, "model.%s", name);
         return buf;
     }
     snprintf(buf, size, "%s", name);

@@ -759,8 +759,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                                   (c->qk_norm ? FORGE__ATTN_QK_NORM : 0) | (c->qk_norm && c->v_norm && !shared ? FORGE__ATTN_V_NORM : 0);
         forge__pc_attention pa = {seq, NH, NKV, D, p->seq ? p->seq : a->slots, ly->sliding ? (uint32_t)c->sliding_window : 0,
                                   (float)c->attn_scale, (float)c->attn_softcap, splits, QKVD, p->seq * KVD,
-                                  (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | rope_flags, (float)c->norm_eps,
-                                  forge__attn_min_run(m)};
+                                  (a->lse.buf ? 1u : 0u) | (p->table ? 2u : 0u) | (c->bidirectional ? FORGE__ATTN_BIDIRECTIONAL : 0u) | rope_flags,
+                                  (float)c->norm_eps, forge__attn_min_run(m)};
+        if (c->bidirectional && ly->sliding) pa.window = (uint32_t)c->sliding_window / 2 + 1; /* |i - j| < w (forge__config.bidirectional) */
         /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
         bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate;
         if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
@@ -781,7 +782,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             }
         } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
             forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-            forge__op cm = forge__attn_cm_op(p, D);
+            forge__op cm = c->bidirectional ? FORGE__OP_COUNT : forge__attn_cm_op(p, D); /* attention_tiled alone has no causal rule */
             uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
             forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
                             p->batch);
@@ -1010,9 +1011,11 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
     const forge__config *c = &m->cfg;
     uint32_t H = (uint32_t)c->hidden;
     forge__pass p = forge__session_pass(s, r, n);
-    if (mode == FORGE__OUT_CLASSIFY) { /* n_out prompts of out_row0 tokens at positions 0.. (the cache is scratch) */
+    bool pooled = mode == FORGE__OUT_POOL_ROWS || mode == FORGE__OUT_POOL_MEAN;
+    if (mode == FORGE__OUT_CLASSIFY || pooled) { /* n_out prompts of out_row0 tokens at positions 0.. (the cache is scratch) */
         p.seq = out_row0;
         p.batch = n_out;
+        if (c->bidirectional) p.params = (forge__range){s->io.buf, 0, s->io.size}; /* the attention reads the row table */
     }
     bool batch = mode >= FORGE__OUT_BATCH_PREFILL && mode <= FORGE__OUT_BATCH_DECODE_LOGITS, batch_reduce = mode == FORGE__OUT_BATCH_PREFILL || mode == FORGE__OUT_BATCH_DECODE;
     if (batch) { /* the row table follows the step params; the rows' temperatures follow the tokens */
@@ -1041,6 +1044,28 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__record_layer(&p, l, &a);
     }
     if (n_out == 0) return;
+    if (pooled) { /* one row of H per text: the final norm, pooled, read back */
+        forge__range rb = {s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET};
+        if (mode == FORGE__OUT_POOL_ROWS) { /* each text's row (the row table) gathered, then normed */
+            forge__pc_embed pe = {n_out, H, 0, n, 1.0f, 0, 0, 0, 0};
+            forge__range b[5] = {s->penalty_r, s->x, s->xn, p.dummy, p.dummy};
+            forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + FORGE__W_F32), b, &pe, n_out, 1, 1);
+            forge__barrier(r);
+            forge__rmsnorm(&p, s->xn, 0, &m->output_norm, s->xn, 0, n_out, H, 0);
+            forge__barrier(r);
+            forge__copy(r, s->xn, rb, 4ull * n_out * H);
+        } else { /* every row normed, each text's rows averaged into x's first rows */
+            forge__rmsnorm(&p, s->x, 0, &m->output_norm, s->xn, 0, n, H, 0);
+            forge__barrier(r);
+            forge__pc_pool pp = {out_row0, H};
+            forge__range b[3] = {s->penalty_r, s->xn, s->x};
+            forge__dispatch(r, FORGE__OP_POOL_MEAN, b, &pp, (H + 63) / 64, n_out, 1);
+            forge__barrier(r);
+            forge__copy(r, s->x, rb, 4ull * n_out * H);
+        }
+        forge__host_barrier(r);
+        return;
+    }
     const forge__weight *head = c->tied ? &m->tok_embd : &m->output;
     uint32_t head_flags = c->final_softcap > 0 ? FORGE__LINEAR_SOFTCAP : 0;
     if (mode == FORGE__OUT_CLASSIFY) {
@@ -1052,7 +1077,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__barrier(r);
         forge__rmsnorm(&p, s->xn, 0, &m->output_norm, s->xn, 0, n_out, H, 0);
         forge__barrier(r);
-        forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, NULL, head_flags, (float)c->final_softcap);
+        forge__linear(&p, head, s->xn, 0, n_out, s->logits, (uint32_t)forge__head_rows(c), 0, NULL, NULL, head_flags, (float)c->final_softcap);
     } else if (forge__fuses_norm(m, n_out)) { /* the final norm fused into the head */
         forge__linear(&p, head, s->x, out_row0, n_out, s->logits, (uint32_t)c->n_vocab, 0, NULL, &m->output_norm, head_flags,
                       (float)c->final_softcap);
@@ -1100,7 +1125,7 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         }
     } else {
         forge__copy(r, s->logits, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET},
-                    4ull * n_out * (uint64_t)c->n_vocab);
+                    4ull * n_out * (uint64_t)forge__head_rows(c));
     }
     forge__host_barrier(r);
 }

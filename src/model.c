@@ -125,6 +125,7 @@ struct forge_model {
     int n_files;
     forge__tensor_table tensors;
     forge__tokenizer tok;
+    forge__st embed;              /* the sentence-transformers pipeline forge_embed follows (config.c) */
     bool vocab_only;              /* loaded with forge_model_params.vocab_only: tokenizer only */
     forge__device dev;
     forge__mem_counter mem;       /* the model's own device memory (weights) */
@@ -276,6 +277,7 @@ static void forge__name(const forge__loader *L, forge__role role, int layer, cha
         fmt = (L->gguf ? gg : hf)[role - FORGE__R_GATE];
     }
     if (L->gguf && role == FORGE__R_FFN_NORM && forge__arch_qwen35(L->m->cfg.arch)) fmt = "blk.%d.post_attention_norm.weight";
+    if (!L->gguf && role == FORGE__R_OUTPUT && L->m->cfg.n_labels) fmt = "score.weight"; /* a sequence-classification head */
     snprintf(buf, size, fmt ? fmt : "", layer);
 }
 
@@ -1331,7 +1333,9 @@ static forge_status forge__plan_model(forge__loader *L) {
     char why[160];
     snprintf(why, sizeof why, "vocab %d, hidden %d", c->n_vocab, c->hidden);
     if ((st = forge__plan_weight_role(L, &m->tok_embd, FORGE__R_EMBED, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
-    if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
+    if (c->n_labels) snprintf(why, sizeof why, "labels %d, hidden %d", c->n_labels, c->hidden);
+    if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)forge__head_rows(c), (uint32_t)c->hidden, why)))
+        return st;
     float norm_add = c->norm_plus_one && !forge__norms_hold_one(L) ? 1.0f : 0.0f;
     snprintf(why, sizeof why, "hidden %d", c->hidden);
     if ((st = forge__plan_vec_role(L, &m->output_norm, FORGE__R_OUT_NORM, 0, (uint32_t)c->hidden, true, norm_add, why))) return st;

@@ -74,6 +74,12 @@ typedef struct forge__pc_attention { /* kernels/pc_attention.glsl: attention_til
  * attention_combine after it; and writes row 0 as the o projection's int8 input too */
 #define FORGE__ATTN_MERGE 128u
 #define FORGE__ATTN_MERGE_Q8 256u
+/* bidirectional attention (FORGE__OUT_POOL_*, embedding models): no causal rule, the keys of
+ * each sequence's real rows (the row table), a window on both sides (attention_tiled.comp) */
+#define FORGE__ATTN_BIDIRECTIONAL 512u
+typedef struct forge__pc_pool {     /* pool_mean.comp */
+    uint32_t rows_per_text, hidden;
+} forge__pc_pool;
 typedef struct forge__pc_combine {   /* attention_combine.comp */
     uint32_t n_heads, head_dim, n_splits;
     uint32_t flags;                 /* 1: row 0 also as int8 blocks (the o projection's act_q8) */
@@ -257,6 +263,7 @@ typedef enum forge__op {
     FORGE__OP_ADAMW,
     FORGE__OP_LORA_MERGE,                              /* an adapter folded into float weights at load */
     FORGE__OP_LOGIT_MASK,         /* a constraint's mask on the row the sampler reduces (FORGE__OUT_SAMPLE_MASKED) */
+    FORGE__OP_POOL_MEAN,          /* forge_embed: each text's rows averaged (FORGE__OUT_POOL_MEAN) */
     FORGE__OP_COUNT
 } forge__op;
 
@@ -380,6 +387,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
                                     false, true, true},
     [FORGE__OP_ROPE_SHIFT_KV16] = {"rope_shift_kv16", FORGE__SPV(rope_shift_kv16), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
+    [FORGE__OP_POOL_MEAN] = {"pool_mean", FORGE__SPV(pool_mean), 3, sizeof(forge__pc_pool), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 3, sizeof(forge__pc_act), 0, {0}},
     [FORGE__OP_MOE_ROUTE] = {"moe_route", FORGE__SPV(moe_route), 3, sizeof(forge__pc_moe_route), 0, {0}},
     [FORGE__OP_MOE_GROUP] = {"moe_group", FORGE__SPV(moe_group), 2, sizeof(forge__pc_moe_group), 0, {0}},
@@ -471,6 +479,7 @@ FORGE__PUSH_IS(attention_split_kv16, forge__pc_attention);
 FORGE__PUSH_IS(attention_decode, forge__pc_attention);
 FORGE__PUSH_IS(attention_decode_kv16, forge__pc_attention);
 FORGE__PUSH_IS(attention_combine, forge__pc_combine);
+FORGE__PUSH_IS(pool_mean, forge__pc_pool);
 FORGE__PUSH_IS(act_mul, forge__pc_act);
 FORGE__PUSH_IS(conv1d, forge__pc_conv);
 FORGE__PUSH_IS(delta_rule, forge__pc_delta);

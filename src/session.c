@@ -46,7 +46,11 @@ typedef enum forge__out_mode {
     FORGE__OUT_BATCH_PREFILL = 3, FORGE__OUT_BATCH_DECODE = 4, FORGE__OUT_BATCH_PREFILL_LOGITS = 5, FORGE__OUT_BATCH_DECODE_LOGITS = 6,
     /* OUT_SAMPLE with a constraint's mask (the io buffer's mask words, written by the host
      * before the step) applied to the row first: every disallowed logit -inf (logit_mask.comp) */
-    FORGE__OUT_SAMPLE_MASKED = 7
+    FORGE__OUT_SAMPLE_MASKED = 7,
+    /* forge_embed (embed.c): classify's batch of n_out texts of out_row0 rows each, each text
+     * pooled from the final norm's rows into one row of H: its row in the row table (the last
+     * token's, or the first's for CLS) gathered (_ROWS), or all its rows averaged (_MEAN) */
+    FORGE__OUT_POOL_ROWS = 8, FORGE__OUT_POOL_MEAN = 9
 } forge__out_mode;
 
 #define FORGE__CANDIDATES 256          /* topk_merge.comp MAXC: candidates read back per token */
@@ -396,7 +400,7 @@ static uint64_t forge__session_io_bytes(const forge_model *m, const forge__sessi
 }
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
     uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
-    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * m->cfg.n_vocab, batch_cands);
+    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * (uint64_t)FORGE__MAX(m->cfg.n_vocab, m->cfg.hidden), batch_cands);
 }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
     return forge__session_io_bytes(m, sp) + forge__session_readback_bytes(m, sp);

@@ -398,6 +398,10 @@ typedef struct forge__tokenizer {
     bool has_decoder;            /* without one, HF joins pieces with " " */
     int32_t tmpl_pre[FORGE__TK_MAX_TEMPLATE], tmpl_post[FORGE__TK_MAX_TEMPLATE];
     int n_tmpl_pre, n_tmpl_post; /* ids the post-processor adds around the text */
+    /* ... and around a pair of texts (cross-encoders): before A, between A and B, after B;
+     * without a pair template the two are joined bare (transformers' default) */
+    int32_t tmpl_pair[3][FORGE__TK_MAX_TEMPLATE];
+    int n_tmpl_pair[3];
     pcre2_code *regex[FORGE__TK_MAX_REGEX];
     int n_regex;
     int32_t bos, eos, eot, pad, unk, sot;
@@ -1867,13 +1871,35 @@ static forge_status forge__tk_post(forge__tkload *L, const cJSON *o, int depth) 
                     return st;
             }
         }
+        const cJSON *pair = cJSON_GetObjectItemCaseSensitive(o, "pair");
+        int part = 0; /* 0 before A, 1 between A and B, 2 after B */
+        cJSON_ArrayForEach(it, (cJSON_IsArray(pair) ? pair : NULL)) {
+            const cJSON *spt = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken"), *seq = cJSON_GetObjectItemCaseSensitive(it, "Sequence");
+            if (seq) {
+                const char *which = forge__json_str(seq, "id");
+                int next = which && !strcmp(which, "B") ? 2 : 1;
+                if (next <= part) return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: TemplateProcessing's pair is not A then B", L->path);
+                part = next;
+                continue;
+            }
+            const cJSON *ent = cJSON_GetObjectItemCaseSensitive(sp, forge__json_str(spt, "id") ? forge__json_str(spt, "id") : ""),
+                        *ids = cJSON_GetObjectItemCaseSensitive(ent, "ids"), *idv;
+            if (!cJSON_IsArray(ids)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: TemplateProcessing's pair names a token it has no ids for", L->path);
+            cJSON_ArrayForEach(idv, ids) {
+                if (!cJSON_IsNumber(idv)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: TemplateProcessing id is not a number", L->path);
+                if ((st = forge__tk_tmpl_add(L, tk->tmpl_pair[part], &tk->n_tmpl_pair[part], idv))) return st;
+            }
+        }
         return FORGE_OK;
     }
     if (!strcmp(t, "BertProcessing") || !strcmp(t, "RobertaProcessing")) {
         const cJSON *cls = cJSON_GetObjectItemCaseSensitive(o, "cls"), *sep = cJSON_GetObjectItemCaseSensitive(o, "sep");
         const cJSON *ci = cJSON_GetArrayItem(cls, 1), *si = cJSON_GetArrayItem(sep, 1);
         if (!cJSON_IsNumber(ci) || !cJSON_IsNumber(si)) return forge__fail(L->err, FORGE_ERR_FORMAT, "%s: %s without cls/sep", L->path, t);
-        if ((st = forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, ci))) return st;
+        if ((st = forge__tk_tmpl_add(L, tk->tmpl_pre, &tk->n_tmpl_pre, ci)) || (st = forge__tk_tmpl_add(L, tk->tmpl_pair[0], &tk->n_tmpl_pair[0], ci)) ||
+            (st = forge__tk_tmpl_add(L, tk->tmpl_pair[1], &tk->n_tmpl_pair[1], si)) || (st = forge__tk_tmpl_add(L, tk->tmpl_pair[2], &tk->n_tmpl_pair[2], si)))
+            return st;
+        if (!strcmp(t, "RobertaProcessing") && (st = forge__tk_tmpl_add(L, tk->tmpl_pair[1], &tk->n_tmpl_pair[1], si))) return st; /* </s></s> */
         return forge__tk_tmpl_add(L, tk->tmpl_post, &tk->n_tmpl_post, si);
     }
     return forge__fail(L->err, FORGE_ERR_UNSUPPORTED, "%s: post_processor '%s' is not supported", L->path, t);
@@ -2517,11 +2543,6 @@ static forge_status forge__tokenizer_from_gguf(forge__tokenizer *tk, const forge
 
 /* ---- Loading from a directory: tokenizer.json, with tokenizer_config.json (bos/eos/pad
  * names) and generation_config.json (every eos id) when they are there. ---- */
-
-static bool forge__file_exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
-}
 
 static void forge__tk_eos_from_config(forge__tokenizer *tk, const char *path) {
     char *text = NULL;

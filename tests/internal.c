@@ -1642,6 +1642,71 @@ forge_status ft_discover_mem(const uint8_t *data, size_t size) {
 }
 
 
+/* ---- sentence-transformers files (forge__st_load) ---- */
+static char ft_sentence_dir[256];
+static void ft_sentence_dir_remove(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", ft_sentence_dir);
+    if (system(cmd)) { /* best effort */ }
+}
+/* The bytes as a sentence-transformers checkpoint's files: five 2-byte little-endian lengths,
+ * then modules.json, 1_Pooling/config.json, 2_Dense/config.json, config_sentence_transformers.json,
+ * sentence_bert_config.json, and the rest as 2_Dense/model.safetensors. What loads must hold
+ * together: steps within bounds and naming loaded Dense modules, chained widths, a pooling. */
+forge_status ft_sentence_mem(const uint8_t *data, size_t size) {
+    if (!ft_sentence_dir[0]) {
+        snprintf(ft_sentence_dir, sizeof ft_sentence_dir, "%s/forge_fuzz_sentence.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
+        mkdir(ft_sentence_dir, 0777);
+        atexit(ft_sentence_dir_remove);
+        char sub[300];
+        snprintf(sub, sizeof sub, "%s/1_Pooling", ft_sentence_dir);
+        mkdir(sub, 0777);
+        snprintf(sub, sizeof sub, "%s/2_Dense", ft_sentence_dir);
+        mkdir(sub, 0777);
+    }
+    static const char *const names[6] = {"modules.json", "1_Pooling/config.json", "2_Dense/config.json", "config_sentence_transformers.json",
+                                         "sentence_bert_config.json", "2_Dense/model.safetensors"};
+    if (size < 10) return FORGE_ERR_FORMAT;
+    size_t lens[6], at = 10;
+    for (int i = 0; i < 5; i++) {
+        lens[i] = FORGE__MIN((size_t)data[2 * i] | (size_t)data[2 * i + 1] << 8, size - at);
+        at += lens[i];
+    }
+    lens[5] = size - at;
+    at = 10;
+    for (int i = 0; i < 6; i++) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/%s", ft_sentence_dir, names[i]);
+        remove(path);
+        if (!lens[i] && i != 0) { at += lens[i]; continue; } /* an empty part: that file is absent (modules.json always written) */
+        FILE *f = fopen(path, "wb");
+        if (!f) return FORGE_ERR_IO;
+        fwrite(data + at, 1, lens[i], f);
+        fclose(f);
+        at += lens[i];
+    }
+    forge__arena a = {0};
+    forge__st st;
+    forge__st_load(&st, ft_sentence_dir, &a);
+    if (!st.st) {
+        if (st.pooling < FORGE_POOLING_LAST || st.pooling > FORGE_POOLING_CLS || st.n_steps < 0 || st.n_steps > FORGE__ST_MAX_STEPS) abort();
+        for (int k = 0; k < st.n_steps; k++) {
+            if (st.steps[k] < -1 || st.steps[k] >= st.n_dense) abort();
+            if (st.steps[k] >= 0) {
+                const forge__st_dense *d = &st.dense[st.steps[k]];
+                if (!d->w || d->in <= 0 || d->out <= 0) abort();
+                volatile float sum = 0; /* every weight readable */
+                for (size_t i = 0; i < (size_t)d->in * (size_t)d->out; i++) sum += d->w[i];
+                for (int i = 0; d->b && i < d->out; i++) sum += d->b[i];
+            }
+        }
+        for (int k = 0; k < st.n_prompts; k++)
+            if (!st.prompt_names[k] || !st.prompts[k]) abort();
+    }
+    forge__arena_free(&a);
+    return st.st;
+}
+
 /* ---- push constants ---- */
 typedef struct ft_module_rec {
     const char *name;

@@ -167,6 +167,7 @@ uint64_t ft_discover_gguf_head_bytes(uint64_t n);
  * runs with the GGUF header read 64 bytes at first. */
 forge_status ft_discover_mem(const uint8_t *data, size_t size);
 forge_status ft_config_mem(const uint8_t *data, size_t size);
+forge_status ft_sentence_mem(const uint8_t *data, size_t size);
 /* tokenizer.json on a buffer; when it loads, also encodes and decodes a few texts with it. */
 forge_status ft_tokenizer_json_mem(const uint8_t *data, size_t size);
 /* An adapter (config + safetensors, PEFT or mlx-lm) from fuzz bytes; see tests/internal.c. */
