@@ -57,7 +57,7 @@ $(BUILD)/libforge.a: $(BUILD)/forge.o
 $(BUILD)/libforge.so: $(BUILD)/forge.o
 	$(CC) -shared -Wl,-soname,libforge.so.$(VERSION_MAJOR) -o $@ $^ $(LIBS)
 
-CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c tools/cli_batch.c tools/cli_bench.c
+CLI_SRCS := tools/forge_cli.c tools/cli_common.c tools/cli_train.c tools/cli_batch.c tools/cli_bench.c tools/cli_embed.c
 $(BUILD)/forge: $(CLI_SRCS) tools/cli.h forge.h $(BUILD)/libforge.a
 	$(CC) -std=c11 $(OPT) $(WARN) -I. -DFORGE_SOURCE_DIR='"$(CURDIR)"' $(CLI_SRCS) $(BUILD)/libforge.a $(LIBS) -o $@
 

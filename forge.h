@@ -1128,9 +1128,9 @@ FORGE_API forge_status forge_classify(forge_session *session, const forge_classi
  * Models with bidirectional attention (EmbeddingGemma: gemma3_text with
  * use_bidirectional_attention) run only here: generate, chat, eval and classify refuse them.
  * Texts are batched as classify batches prompts (right-padded, sorted by length, at most
- * n_batch tokens and n_outputs_max texts a batch); padding never changes a vector. The
- * pooling, final norm and head run on the device; Dense projections and normalization on the
- * host, in double precision.
+ * n_batch tokens and n_outputs_max texts a batch); padding never changes a vector. The final
+ * norm, the pooling and the Dense projections run on the device (a Tanh Dense, or a Normalize
+ * between projections, on the host in double precision); normalization on the host.
  *
  * forge_rerank scores documents against a query, one pass of classify's batching for all:
  * - a sequence-classification checkpoint (a `score` head, as Qwen3ForSequenceClassification

@@ -1,7 +1,8 @@
 #version 450
 // attention_cm: prefill attention on tensor cores (VK_NV_cooperative_matrix, f16 x f16 + f32):
 // the function of attention_tiled.comp (causal, GQA, sliding window, soft-cap, rotating slots,
-// batch prefill's row table, the log-sum-exp with flags 1) over an f16 KV cache, for heads of
+// batch prefill's row table, the log-sum-exp with flags 1, bidirectional attention with flags
+// 512: each sequence's real keys from the row table, |p - j| < window) over an f16 KV cache, for heads of
 // HD = 64, 128 or 256 elements (a module each: fragments are named by constant indices, which
 // the driver keeps in registers; matmul_cm.comp says what a dynamic index cost).
 //   A workgroup of 4 subgroups takes BQ = 64 consecutive queries of one head, 16 a subgroup,
@@ -54,7 +55,13 @@ shared uvec2 tile[BKEYS * LDK];          // 32 rows of K, then of V (first: 32 o
 shared float sc[4u * 16u * LDS];         // each subgroup's scores [16][32] (and its last output fragments)
 shared uvec2 pr[4u * 16u * LDP];         // each subgroup's P [16][32] in f16
 
+// The first and last key query position p sees (attention_tiled.comp's rule): causal, or
+// bidirectional within the sequence's real rows 0 .. seq_last.
 uint key_lo(uint p) { return (pc.window != 0u && p + 1u > pc.window) ? p + 1u - pc.window : 0u; }
+uint key_hi(uint p, bool bidi, uint seq_last) {
+    if (!bidi) return p;
+    return pc.window != 0u ? min(seq_last, p + pc.window - 1u) : seq_last;
+}
 
 // keys (or values) j0 .. j0 + 31 into the tile, rows past p_last zero (their P is 0, and 0 x a
 // stale NaN would not be)
@@ -79,13 +86,15 @@ void main() {
         p_first = params.tab[TAB + 2u * t0];
         kv0 = params.tab[TAB + 1u] * pc.cache_slots * pc.n_kv_heads * HD;
     }
-    uint p_last = p_first + nq - 1u, lo_first = key_lo(p_first);
+    bool bidi = (pc.flags & 512u) != 0u;
+    uint seq_last = bidi ? params.tab[TAB + gl_WorkGroupID.z] - gl_WorkGroupID.z * pc.n_tokens : 0u;
+    uint p_last = p_first + nq - 1u, lo_first = key_lo(p_first), hi_last = key_hi(p_last, bidi, seq_last);
     // this subgroup's queries: rows sq0 .. sq0 + 15 of the block; this lane's row r of them,
     // and its half hf of each tile's keys
     uint sq0 = 16u * sg, r = lane >> 1, hf = lane & 1u;
     bool sg_live = sq0 < nq;
-    uint sg_last = p_first + min(sq0 + 15u, nq - 1u), sg_lo = key_lo(p_first + sq0);
-    uint my_p = p_first + sq0 + r, my_lo = key_lo(my_p);
+    uint sg_last = p_first + min(sq0 + 15u, nq - 1u), sg_lo = key_lo(p_first + sq0), sg_hi = key_hi(sg_last, bidi, seq_last);
+    uint my_p = p_first + sq0 + r, my_lo = key_lo(my_p), my_hi = key_hi(my_p, bidi, seq_last);
     bool live = sq0 + r < nq;
 
     // the queries in f16, 32 rows at a time through the tile, into each subgroup's fragments
@@ -118,12 +127,12 @@ void main() {
             rinv = L > 0.0 ? 1.0 / L : 0.0;
             if ((pc.flags & 1u) != 0u && live && hf == 0u) lse[(row0 + t0 + sq0 + r) * pc.n_heads + h] = rm + log(L);
         }
-        for (uint j0 = lo_first; j0 <= p_last; j0 += BKEYS) {
+        for (uint j0 = lo_first; j0 <= hi_last; j0 += BKEYS) {
             barrier(); // the tile's last readers are done
-            stage_keys(false, j0, p_last, kv0, kvh);
+            stage_keys(false, j0, hi_last, kv0, kvh);
             barrier();
             // whether any key of the tile is one of this subgroup's (uniform in the subgroup)
-            bool act = sg_live && j0 <= sg_last && j0 + BKEYS - 1u >= sg_lo;
+            bool act = sg_live && j0 <= sg_hi && j0 + BKEYS - 1u >= sg_lo;
             if (act) {
                 fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> s0 = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0), s1 = s0;
                 [[unroll]] for (uint dc = 0u; dc < DF; dc++) {
@@ -143,7 +152,7 @@ void main() {
                     uint kj = 16u * hf + c, j = j0 + kj;
                     float v = sc[(sg * 16u + r) * LDS + kj] * pc.scale;
                     if (pc.softcap > 0.0) v = safe_tanh(v / pc.softcap) * pc.softcap;
-                    s[c] = (live && j >= my_lo && j <= my_p) ? v : NEG_INF;
+                    s[c] = (live && j >= my_lo && j <= my_hi) ? v : NEG_INF;
                     tmax = max(tmax, s[c]);
                 }
                 if (pass == 0u) {
@@ -164,7 +173,7 @@ void main() {
             }
             if (pass == 0u) continue;
             barrier(); // every subgroup is done with K; P is written
-            stage_keys(true, j0, p_last, kv0, kvh);
+            stage_keys(true, j0, hi_last, kv0, kvh);
             barrier();
             if (act) {
                 fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> p0, p1;

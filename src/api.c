@@ -128,6 +128,7 @@ static forge_status forge__load_safetensors_dir(forge_model *m, const char *dir,
         if (single) snprintf(path, sizeof path, "%s", names.v[i]);
         else snprintf(path, sizeof path, "%s/%s", dir, names.v[i]);
         if ((st = forge__model_add_file(m, path, &f))) break;
+        m->tensors.model_names = true;
         st = forge__safetensors_parse(f, &m->tensors, &m->arena, &m->err);
     }
     forge__names_free(&names);

@@ -44,7 +44,8 @@ FORGE_API int forge_version_number(void) { return FORGE_VERSION_NUMBER; }
     X(forge_discovered_model) X(forge_session_params) X(forge_keys_info) X(forge_detok_stream) X(forge_special_tokens)          \
     X(forge_generate_params) X(forge_metrics) X(forge_batch_item) X(forge_batch_result) X(forge_chat_message)                   \
     X(forge_classify_prompt) X(forge_classify_params) X(forge_classify_result) X(forge_train_params) X(forge_train_batch)      \
-    X(forge_train_stats) X(forge_constraint) X(forge_tool_call) X(forge_tool) X(forge_chat_reply)
+    X(forge_train_stats) X(forge_constraint) X(forge_tool_call) X(forge_tool) X(forge_chat_reply) X(forge_embed_params)          \
+    X(forge_embed_info) X(forge_rerank_params)
 FORGE_API size_t forge_struct_size(const char *name) {
 #define FORGE__STRUCT_SIZE(T) if (name && !strcmp(name, #T)) return sizeof(T);
     FORGE__PUBLIC_STRUCTS(FORGE__STRUCT_SIZE)

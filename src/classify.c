@@ -222,6 +222,26 @@ static forge_status forge__batch_pass(forge_session *s, const int32_t *const *to
     return FORGE_OK;
 }
 
+/* The readback's rows after a pass: B rows of `cols` floats into rows. */
+static void forge__batch_read(forge_session *s, int B, int cols, float *rows) {
+    uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)cols;
+    forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+}
+
+/* A batched call's metrics: its tokens and time (prefill_ms, prefill_tok_s). */
+static void forge__batch_metrics(forge_session *s, int64_t total, double t0) {
+    forge_metrics mt;
+    memset(&mt, 0, sizeof mt);
+    mt.struct_size = sizeof mt;
+    mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
+    mt.prefill_ms = (forge__now_s() - t0) * 1e3;
+    mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
+    mt.peak_device_bytes = forge__mem_peak(&s->m->mem_total);
+    mt.prompt_cache_hits = s->prompt_cache_hits;
+    s->metrics = mt;
+}
+
 static forge_status forge__classify(forge_session *s, const forge_classify_prompt *prompts, int n_prompts,
                                     const forge_classify_params *params, forge_classify_result *results) {
     forge_classify_params p;
@@ -309,9 +329,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         uint32_t rows_k[FORGE__MAX_PENALTY_WINDOW];
         for (int k = 0; k < B; k++) rows_k[k] = (uint32_t)(k * T + lens[order[b0 + k]] - 1); /* each prompt's last row */
         if ((st = forge__batch_pass(s, toks, lens, order, b0, B, T, FORGE__OUT_CLASSIFY, rows_k))) break;
-        uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)V;
-        forge__readback_invalidate(&m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
-        memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+        forge__batch_read(s, B, V, rows);
         for (int k = 0; k < B && !st; k++) {
             int i = order[b0 + k];
             const float *row = rows + (size_t)k * (size_t)V;
@@ -356,15 +374,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     /* the texts' addresses once the buffer stops growing */
     for (int i = 0; i < n_prompts && !st; i++)
         if (text_at[i] != SIZE_MAX) results[i].text = s->class_text.p + text_at[i];
-    forge_metrics mt;
-    memset(&mt, 0, sizeof mt);
-    mt.struct_size = sizeof mt;
-    mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
-    mt.prefill_ms = (forge__now_s() - t0) * 1e3;
-    mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
-    mt.peak_device_bytes = forge__mem_peak(&m->mem_total);
-    mt.prompt_cache_hits = s->prompt_cache_hits;
-    s->metrics = mt;
+    forge__batch_metrics(s, total, t0);
     for (int i = 0; ids && i < n_prompts; i++) free(ids[i]);
     free(ids);
     free(lens);

@@ -1065,6 +1065,7 @@ typedef struct forge__st_dense {
     float *w;                     /* [out, in] */
     float *b;                     /* [out] or NULL */
     bool tanh;                    /* activation_function Tanh; else Identity */
+    forge__tensor wt, bt;         /* w and b as f32 tensors of the arena, for the device's copy (model.c) */
 } forge__st_dense;
 
 typedef struct forge__st {
@@ -1154,6 +1155,12 @@ static forge_status forge__st_dense_load(const char *dir, const char *mpath, con
         }
         if (part) d->b = v;
         else d->w = v;
+        forge__tensor *ft = part ? &d->bt : &d->wt;
+        char tn[4400];
+        snprintf(tn, sizeof tn, "%s/%s", mpath, name);
+        *ft = (forge__tensor){forge__arena_strdup(a, tn), FORGE__F32, part ? 1 : 2, {part ? d->out : d->out, part ? 0 : d->in},
+                              (const uint8_t *)v, 4ull * (uint64_t)want, forge__arena_strdup(a, path), false};
+        if (!ft->name || !ft->file) st = forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     forge__file_unmap(&f);
     return st;
@@ -1256,6 +1263,19 @@ static forge_status forge__st_read(forge__st *s, const char *dir, forge__arena *
     s->max_seq = FORGE__MAX(forge__json_int(sb, "max_seq_length", 0), 0);
     cJSON_Delete(sb);
     return FORGE_OK;
+}
+
+/* The length of the vector after the steps (the last Dense's output, else hidden). */
+static int forge__st_dim(const forge__st *e, int hidden) { return e->n_dense ? e->dense[e->n_dense - 1].out : hidden; }
+
+/* Whether the steps can run on the device after pooling: Dense without activation, then at most
+ * one Normalize at the end (the host's). */
+static bool forge__st_device_steps(const forge__st *e) {
+    for (int k = 0; k < e->n_steps; k++) {
+        if (e->steps[k] < 0 && k != e->n_steps - 1) return false;
+        if (e->steps[k] >= 0 && e->dense[e->steps[k]].tanh) return false;
+    }
+    return e->n_dense > 0;
 }
 
 /* The sentence-transformers pipeline of the checkpoint in dir (none: last-token pooling); a

@@ -239,6 +239,7 @@ static void forge__probe_safetensors(forge_model *m, const char *dir, forge__pro
         if (!parse) continue;
         /* the parser judges the length; a sane one is read whole */
         uint64_t want = 8 + FORGE__MIN(hlen, (uint64_t)100 << 20);
+        m->tensors.model_names = true;
         if ((st = forge__file_read_head(&f, path, want, &m->err)) ||
             (st = forge__safetensors_parse(&f, &m->tensors, &m->arena, &m->err))) {
             forge__probe_fail(r, st, &m->err);

@@ -6,8 +6,9 @@
  * Both run classify's batches (classify.c: sorted by length, right-padded, one pass a batch,
  * the session's cache as scratch). An embedding pass ends in FORGE__OUT_POOL_ROWS / _MEAN
  * (forward.c): each text's final-norm row, or the mean of its rows, read back as [B, hidden];
- * the sentence-transformers steps after pooling (config.c's forge__st: Dense, Normalize) run
- * here on the host, in double. A rerank pass is FORGE__OUT_CLASSIFY: the head at one row of each
+ * the sentence-transformers steps after pooling (config.c's forge__st): Dense projections on the
+ * device after pooling where the session can (forge__session_embed_dense), else here on the host
+ * in double; Normalize here. A rerank pass is FORGE__OUT_CLASSIFY: the head at one row of each
  * pair (a cross-encoder's score head, or the LM head whose "yes" / "no" logits give P(yes)).
  */
 
@@ -31,10 +32,7 @@ FORGE_API forge_rerank_params forge_rerank_default_params(void) {
 }
 
 /* The vector's length after the sentence-transformers steps (before truncation). */
-static int forge__embed_dim(const forge_model *m) {
-    const forge__st *e = &m->embed;
-    return e->n_dense ? e->dense[e->n_dense - 1].out : m->cfg.hidden;
-}
+static int forge__embed_dim(const forge_model *m) { return forge__st_dim(&m->embed, m->cfg.hidden); }
 
 /* The longest text embedded whole: max_seq_length, within the model's context. */
 static int forge__embed_limit(const forge_model *m) {
@@ -74,16 +72,18 @@ static void forge__l2_normalize(double *x, int n) {
     for (int i = 0; i < n; i++) x[i] /= norm;
 }
 
-/* A pooled row through the checkpoint's steps after pooling (its Normalize steps only when
- * `normalize`): pooled [hidden] in, y [dim] out; tmp holds the widest step. */
-static void forge__embed_steps(const forge__st *e, const float *pooled, int hidden, bool normalize, double *y, double *tmp) {
-    int n = hidden;
-    for (int i = 0; i < n; i++) y[i] = pooled[i];
+/* A row read back through the checkpoint's steps after pooling (its Normalize steps only when
+ * `normalize`; its Dense steps only when not `dense_done` on the device): row [width] in, y
+ * [dim] out; tmp holds the widest step. */
+static void forge__embed_steps(const forge__st *e, const float *row, int width, bool dense_done, bool normalize, double *y, double *tmp) {
+    int n = width;
+    for (int i = 0; i < n; i++) y[i] = row[i];
     for (int k = 0; k < e->n_steps; k++) {
         if (e->steps[k] < 0) {
             if (normalize) forge__l2_normalize(y, n);
             continue;
         }
+        if (dense_done) continue;
         const forge__st_dense *d = &e->dense[e->steps[k]];
         for (int o = 0; o < d->out; o++) {
             const float *w = d->w + (size_t)o * (size_t)d->in;
@@ -111,26 +111,6 @@ static forge_status forge__embed_tokenize(forge_session *s, const char *prefix, 
     if (st == FORGE_ERR_OUT_OF_MEMORY) return forge__fail(&s->err, st, "out of host memory");
     if (st) return forge__fail(&s->err, st, "tokenizing: %s", forge_model_errmsg(s->m));
     return FORGE_OK;
-}
-
-/* The readback's rows after a pass: B rows of `cols` floats into rows. */
-static void forge__batch_read(forge_session *s, int B, int cols, float *rows) {
-    uint64_t bytes = 4ull * (uint64_t)B * (uint64_t)cols;
-    forge__readback_invalidate(&s->m->dev, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
-    memcpy(rows, (uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
-}
-
-/* The call's metrics, as classify reports them. */
-static void forge__batch_metrics(forge_session *s, int64_t total, double t0) {
-    forge_metrics mt;
-    memset(&mt, 0, sizeof mt);
-    mt.struct_size = sizeof mt;
-    mt.prompt_tokens = (int)FORGE__MIN(total, (int64_t)INT_MAX);
-    mt.prefill_ms = (forge__now_s() - t0) * 1e3;
-    mt.prefill_tok_s = mt.prefill_ms > 0 ? (double)total / (mt.prefill_ms * 1e-3) : 0;
-    mt.peak_device_bytes = forge__mem_peak(&s->m->mem_total);
-    mt.prompt_cache_hits = s->prompt_cache_hits;
-    s->metrics = mt;
 }
 
 /* The sequences a call runs: each one's ids (owned when forge made them) and length. */
@@ -215,7 +195,8 @@ static forge_status forge__embed(forge_session *s, const forge_classify_prompt *
     s->n_dropped = 0;
     forge__seqs q;
     int max_b = forge__batch_max(s);
-    float *rows = (float *)malloc(4ull * (size_t)max_b * (size_t)H);
+    int width = s->embed_dense ? full_dim : H; /* what a pass reads back per text */
+    float *rows = (float *)malloc(4ull * (size_t)max_b * (size_t)width);
     int widest = H; /* the widest step after pooling */
     for (int k = 0; k < e->n_dense; k++) widest = FORGE__MAX(widest, e->dense[k].out);
     double *y = (double *)malloc(sizeof *y * (size_t)widest * 2), *tmp = y ? y + widest : NULL;
@@ -261,10 +242,10 @@ static forge_status forge__embed(forge_session *s, const forge_classify_prompt *
         for (int k = 0; k < B; k++) /* the row each text is read at: its last (last-token, and the mean's end), or its first */
             rows_k[k] = (uint32_t)(k * T) + (pooling == FORGE_POOLING_CLS ? 0u : (uint32_t)(q.lens[q.order[b0 + k]] - 1));
         if ((st = forge__batch_pass(s, q.toks, q.lens, q.order, b0, B, T, mean ? FORGE__OUT_POOL_MEAN : FORGE__OUT_POOL_ROWS, rows_k))) break;
-        forge__batch_read(s, B, H, rows);
+        forge__batch_read(s, B, width, rows);
         for (int k = 0; k < B; k++) {
             int i = q.order[b0 + k];
-            forge__embed_steps(e, rows + (size_t)k * (size_t)H, H, p.normalize != 0, y, tmp);
+            forge__embed_steps(e, rows + (size_t)k * (size_t)width, width, s->embed_dense, p.normalize != 0, y, tmp);
             if (p.normalize == 1) forge__l2_normalize(y, dim); /* the vector returned: after truncation */
             float *out = vectors + (size_t)i * (size_t)dim;
             for (int d = 0; d < dim; d++) out[d] = (float)y[d];

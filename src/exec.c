@@ -566,6 +566,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     if ((st = forge__zero_ranges(d, s->cmd_pool, s->fence, &s->attn_done, 1, &s->err))) return st; /* attention_decode's counters */
     /* Record the decode steps now, so the first token pays no recording cost (a model that
      * only embeds or reranks decodes nothing). */
+    s->embed_dense = forge__session_embed_dense(s);
     forge__recording *rc;
     if (c->bidirectional || c->n_labels) return FORGE_OK;
     if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;

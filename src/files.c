@@ -302,6 +302,7 @@ typedef struct forge__tensor_table {
     int count, capacity;
     int *hash;                 /* open addressing: index+1, 0 = empty; size hash_cap */
     int hash_cap;
+    bool model_names;          /* a checkpoint's tensors: a bare XModel's names take "model." (forge__hf_canonical_name) */
 } forge__tensor_table;
 
 static uint64_t forge__hash_str(const char *s) { return forge__fnv(FORGE__FNV_BASIS, s, strlen(s)); }
@@ -385,9 +386,10 @@ static forge__dtype forge__safetensors_dtype(const char *s) {
 
 /* Strips the prefixes multimodal and wrapped checkpoints put before the text model's names:
  * "language_model.model.x" and "model.language_model.x" -> "model.x"; "language_model.lm_head"
- * -> "lm_head"; a bare model's "layers.x", "embed_tokens.x", "norm.x" -> "model.x". Returns NULL for tensors of other towers (vision, audio, projector), which
+ * -> "lm_head"; in a checkpoint's table (model_names), a bare model's "layers.x", "embed_tokens.x",
+ * "norm.weight" -> "model.x" (state files name their own tensors "layers.N.k"). Returns NULL for tensors of other towers (vision, audio, projector), which
  * forge skips. */
-static const char *forge__hf_canonical_name(const char *name, char *buf, size_t size) {
+static const char *forge__hf_canonical_name(const char *name, bool model_names, char *buf, size_t size) {
     static const char *skip[] = {"vision_tower.", "vision_model.", "multi_modal_projector.",
                                  "model.vision_tower.", "model.multi_modal_projector.",
                                  "audio_tower.", "model.audio_tower.", "embed_vision.",
@@ -400,8 +402,7 @@ static const char *forge__hf_canonical_name(const char *name, char *buf, size_t 
     } else if (strncmp(name, "model.language_model.", 21) == 0) {
         snprintf(buf, size, "model.%s", name + 21);
         return buf;
-    } else if (strncmp(name, "layers.", 7) == 0 || !strcmp(name, "embed_tokens.weight") || !strcmp(name, "norm.weight") ||
-               strncmp(name, "embed_tokens.", 13) == 0) {
+    } else if (model_names && (strncmp(name, "layers.", 7) == 0 || strncmp(name, "embed_tokens.", 13) == 0 || !strcmp(name, "norm.weight"))) {
         /* a bare XModel as sentence-transformers saves its Transformer module (Qwen3-Embedding,
          * EmbeddingGemma): the text model without the "model." of an XForCausalLM */
         snprintf(buf, size, "model.%s", name);
@@ -478,7 +479,7 @@ static forge_status forge__safetensors_parse_meta(const forge__file *f, forge__t
         }
         int nd = cJSON_GetArraySize(js);
         char nbuf[512];
-        const char *canon = forge__hf_canonical_name(key, nbuf, sizeof nbuf);
+        const char *canon = forge__hf_canonical_name(key, table->model_names, nbuf, sizeof nbuf);
         if (!canon) continue; /* another tower's weights (vision, audio: a video patch embedding has 5 dimensions) */
         if (nd > FORGE__MAX_DIMS) {
             st = forge__fail(err, FORGE_ERR_UNSUPPORTED, "%s: tensor '%s' has %d dimensions (at most %d)", path,

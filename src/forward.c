@@ -782,7 +782,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             }
         } else { /* prefill and training: tiles of queries x keys, one grid layer per sequence */
             forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
-            forge__op cm = c->bidirectional ? FORGE__OP_COUNT : forge__attn_cm_op(p, D); /* attention_tiled alone has no causal rule */
+            forge__op cm = forge__attn_cm_op(p, D);
             uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
             forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
                             p->batch);
@@ -1044,25 +1044,34 @@ static void forge__record_forward(forge_session *s, forge__rec *r, uint32_t n, u
         forge__record_layer(&p, l, &a);
     }
     if (n_out == 0) return;
-    if (pooled) { /* one row of H per text: the final norm, pooled, read back */
-        forge__range rb = {s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET};
+    if (pooled) { /* one row per text: the final norm, pooled, [the Dense steps,] read back */
+        forge__range rb = {s->readback.buf, FORGE__RB_LOGITS_OFFSET, s->readback.size - FORGE__RB_LOGITS_OFFSET}, cur;
         if (mode == FORGE__OUT_POOL_ROWS) { /* each text's row (the row table) gathered, then normed */
             forge__pc_embed pe = {n_out, H, 0, n, 1.0f, 0, 0, 0, 0};
             forge__range b[5] = {s->penalty_r, s->x, s->xn, p.dummy, p.dummy};
             forge__dispatch(r, (forge__op)(FORGE__OP_EMBED + FORGE__W_F32), b, &pe, n_out, 1, 1);
             forge__barrier(r);
             forge__rmsnorm(&p, s->xn, 0, &m->output_norm, s->xn, 0, n_out, H, 0);
-            forge__barrier(r);
-            forge__copy(r, s->xn, rb, 4ull * n_out * H);
+            cur = s->xn;
         } else { /* every row normed, each text's rows averaged into x's first rows */
             forge__rmsnorm(&p, s->x, 0, &m->output_norm, s->xn, 0, n, H, 0);
             forge__barrier(r);
             forge__pc_pool pp = {out_row0, H};
             forge__range b[3] = {s->penalty_r, s->xn, s->x};
             forge__dispatch(r, FORGE__OP_POOL_MEAN, b, &pp, (H + 63) / 64, n_out, 1);
-            forge__barrier(r);
-            forge__copy(r, s->x, rb, 4ull * n_out * H);
+            cur = s->x;
         }
+        forge__barrier(r);
+        uint32_t width = H;
+        for (int k = 0; s->embed_dense && k < m->embed.n_dense; k++) { /* [n_out, in] -> [n_out, out], in the logits and gate|up buffers in turn */
+            const forge__st_dense *d = &m->embed.dense[k];
+            forge__range next = k % 2 ? s->gu : s->logits;
+            forge__linear(&p, &m->embed_w[k], cur, 0, n_out, next, (uint32_t)d->out, 0, d->b ? &m->embed_b[k] : NULL, NULL, 0, 0);
+            forge__barrier(r);
+            cur = next;
+            width = (uint32_t)d->out;
+        }
+        forge__copy(r, cur, rb, 4ull * n_out * width);
         forge__host_barrier(r);
         return;
     }

@@ -126,6 +126,8 @@ struct forge_model {
     forge__tensor_table tensors;
     forge__tokenizer tok;
     forge__st embed;              /* the sentence-transformers pipeline forge_embed follows (config.c) */
+    forge__weight embed_w[FORGE__ST_MAX_STEPS]; /* its Dense projections on the device (forge__st_device_steps), */
+    forge__vec embed_b[FORGE__ST_MAX_STEPS];    /* and their biases */
     bool vocab_only;              /* loaded with forge_model_params.vocab_only: tokenizer only */
     forge__device dev;
     forge__mem_counter mem;       /* the model's own device memory (weights) */
@@ -1340,6 +1342,12 @@ static forge_status forge__plan_model(forge__loader *L) {
     snprintf(why, sizeof why, "hidden %d", c->hidden);
     if ((st = forge__plan_vec_role(L, &m->output_norm, FORGE__R_OUT_NORM, 0, (uint32_t)c->hidden, true, norm_add, why))) return st;
     if (c->ple_dim && (st = forge__plan_ple(L))) return st;
+    for (int k = 0; forge__st_device_steps(&m->embed) && k < m->embed.n_dense; k++) { /* forge_embed's Dense steps, from the arena */
+        forge__st_dense *d = &m->embed.dense[k];
+        snprintf(why, sizeof why, "Dense %d -> %d", d->in, d->out);
+        if ((st = forge__plan_weight(L, &m->embed_w[k], &d->wt, (uint32_t)d->out, (uint32_t)d->in, why))) return st;
+        if (d->b && (st = forge__plan_vec(L, &m->embed_b[k], &d->bt, (uint32_t)d->out, 0, why))) return st;
+    }
     m->layers = (forge__layer *)forge__arena_alloc(&m->arena, sizeof *m->layers * (size_t)c->n_layers, 16);
     if (!m->layers) return forge__fail(&m->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int i = 0; i < c->n_layers && !st; i++) {

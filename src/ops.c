@@ -75,7 +75,8 @@ typedef struct forge__pc_attention { /* kernels/pc_attention.glsl: attention_til
 #define FORGE__ATTN_MERGE 128u
 #define FORGE__ATTN_MERGE_Q8 256u
 /* bidirectional attention (FORGE__OUT_POOL_*, embedding models): no causal rule, the keys of
- * each sequence's real rows (the row table), a window on both sides (attention_tiled.comp) */
+ * each sequence's real rows (the row table), a window on both sides (attention_tiled.comp,
+ * attention_cm.comp) */
 #define FORGE__ATTN_BIDIRECTIONAL 512u
 typedef struct forge__pc_pool {     /* pool_mean.comp */
     uint32_t rows_per_text, hidden;

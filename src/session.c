@@ -98,6 +98,7 @@ struct forge_session {
     forge__range x, xn, att;           /* [n_batch, dim] f32 each */
     forge__range qkv;                   /* [n_batch, q_dim + 2 kv_dim]: each token's q | k | v */
     forge__range h, gu;                 /* MLP: act(gate) * up [n_batch, ffn]; gate and up [n_batch, 2 ffn] */
+    bool embed_dense;                   /* forge_embed's Dense steps run on the device (forge__session_embed_dense) */
     forge__range lora_u;                /* the adapter's x A^T [n_batch, FORGE__T_COUNT * max_rank] (16 bytes without one) */
     forge__range logits;                /* [n_out_max, vocab] */
     forge__range router, route, moe, moe_y, moe_out, mlp_sum; /* mixture of experts (forge__session_pack) */
@@ -400,9 +401,22 @@ static uint64_t forge__session_io_bytes(const forge_model *m, const forge__sessi
 }
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
     uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
-    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * (uint64_t)FORGE__MAX(m->cfg.n_vocab, m->cfg.hidden), batch_cands);
+    uint64_t row = (uint64_t)FORGE__MAX(FORGE__MAX(m->cfg.n_vocab, m->cfg.hidden), forge__st_dim(&m->embed, m->cfg.hidden)); /* logits, or a vector */
+    return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * row, batch_cands);
 }
 static uint64_t forge__session_host_visible_bytes(const forge_model *m, const forge__session_plan *sp) {
     return forge__session_io_bytes(m, sp) + forge__session_readback_bytes(m, sp);
 }
 
+/* Whether forge_embed's Dense steps run on the device in session s: the model has them there
+ * (forge__st_device_steps), and each step's output for n_out_max texts fits the buffer it is
+ * written to (the logits and gate|up buffers in turn). Else the host runs them. */
+static bool forge__session_embed_dense(const forge_session *s) {
+    const forge__st *e = &s->m->embed;
+    if (!forge__st_device_steps(e)) return false;
+    for (int k = 0; k < e->n_dense; k++) {
+        uint64_t need = 4ull * (uint64_t)s->n_out_max * (uint64_t)e->dense[k].out;
+        if (need > (k % 2 ? s->gu.size : s->logits.size)) return false;
+    }
+    return true;
+}

@@ -1522,6 +1522,11 @@ void ft_model_fingerprint(const forge_model *m, char *buf, size_t size) {
 void ft_state_disk_left(uint64_t bytes) { forge__test_disk_left = bytes; }
 /* ---- sessions (context overflow) ---- */
 
+int ft_session_embed_dense(forge_session *s, int set) {
+    if (set >= 0) s->embed_dense = set != 0;
+    return s->embed_dense;
+}
+
 int ft_session_history(const forge_session *s, int32_t *out, int cap) {
     int n = FORGE__MIN(s->n_past, cap);
     memcpy(out, s->history, 4ull * (size_t)n);

@@ -344,6 +344,10 @@ forge_status ft_generate_checkpointed(forge_session *s, const int32_t *prompt, i
 /* ---- sessions (context overflow) ---- */
 /* The tokens the session's cache holds, in cache order (n_past of them) into out[0..cap). */
 int ft_session_history(const forge_session *s, int32_t *out, int cap);
+/* Whether forge_embed runs the model's Dense steps on the device in s; `set` >= 0 switches it
+ * (0: the host's path, as for a Tanh Dense), for the tests to hold both paths to one answer:
+ * before the session's first embedding pass (its recordings keep the path they were made with). */
+int ft_session_embed_dense(forge_session *s, int set);
 /* Rows [row0, row0 + n) of layer l's K (v = 0) or V (v = 1) cache, [n, n_kv_heads * head_dim]
  * (an f16 cache's values widened to f32). */
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out);

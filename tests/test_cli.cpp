@@ -104,7 +104,8 @@ std::string forge_on_tty(const std::vector<std::string> &args) {
 
 TEST(Cli, HelpForEachCommand) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
-    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "bench", "tokenize", "bench-tokenize"}) {
+    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "embed", "rerank", "bench", "tokenize",
+                             "bench-tokenize"}) {
         SCOPED_TRACE(verb);
         for (const std::string &args : {std::string("help ") + verb, std::string(verb) + " --help", std::string(verb) + " -h"}) {
             Out o = forge_cli(args);
@@ -368,8 +369,8 @@ TEST(Cli, ProgressBarOnlyOnATerminal) {
  * VERB's text), not the whole command list; exit status 2. */
 TEST(Cli, UnexpectedArgumentNamesItAndTheVerbsUsage) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
-    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "bench", "train", "tokenize",
-                             "bench-tokenize"}) {
+    for (const char *verb : {"run", "chat", "devices", "info", "discover", "logits", "keys", "classify", "embed", "rerank", "bench", "train",
+                             "tokenize", "bench-tokenize"}) {
         SCOPED_TRACE(verb);
         Split s = forge_split(std::string(verb) + " --bogus");
         EXPECT_EQ(s.status, 2) << s.err;
@@ -644,7 +645,8 @@ TEST(Cli, FlagWithoutItsValueSaysSo) {
                               {"run", "--ctx"},        {"run", "--adapter"},   {"run", "--device"},      {"chat", "--system"},
                               {"chat", "--temp"},      {"info", "--kv"},       {"discover", "--depth"},  {"logits", "--tokens"},
                               {"keys", "--layer"},     {"classify", "--top-k"}, {"bench", "-r"},          {"bench", "--targets"},
-                              {"bench-tokenize", "-r"}, {"train", "--device"}, {"train", "--steps"}};
+                              {"bench-tokenize", "-r"}, {"train", "--device"}, {"train", "--steps"}, {"embed", "--dim"},
+                              {"embed", "--prompt"},   {"rerank", "--query"},  {"rerank", "--instruction"}};
     for (auto &f : flags) {
         Split s = forge_split(std::string(f[0]) + " " + model + " " + f[1]);
         EXPECT_EQ(s.status, 2) << f[0] << " " << f[1] << ": " << s.err;

@@ -1,6 +1,7 @@
 /* cli.h: what the CLI's source files share: tools/forge_cli.c (the verbs and main),
  * tools/cli_common.c (model loading, option and value parsing), tools/cli_train.c
- * (`forge train`), tools/cli_batch.c (`forge run --batch-file`) and tools/cli_bench.c (`forge bench`, `forge bench-tokenize`). */
+ * (`forge train`), tools/cli_batch.c (`forge run --batch-file`), tools/cli_bench.c (`forge bench`, `forge bench-tokenize`)
+ * and tools/cli_embed.c (`forge embed`, `forge rerank`). */
 #ifndef FORGE_CLI_H
 #define FORGE_CLI_H
 
@@ -86,6 +87,9 @@ int forge_cli_needs_value(const char *verb, const char *arg, int has_value, cons
 /* Prints VERB's usage (the usage text's entries of VERB and the common options) on f; 0, or 2
  * when there is no such verb (tools/forge_cli.c). */
 int forge_cli_verb_help(const char *verb, FILE *f);
+/* A usage error other than an unexpected argument: prints "forge VERB: MESSAGE" and VERB's usage
+ * on stderr; returns 2 (tools/forge_cli.c). */
+int forge_cli_usage_error(const char *verb, const char *message);
 
 /* Writes s[0..n) to stdout as a JSON string (quoted, escaped). */
 void forge_cli_json_string(const char *s, size_t n);
@@ -112,12 +116,26 @@ const forge_constraint *forge_cli_constraint_get(const forge_cli_constraint *c);
 
 /* A whole file, NUL-terminated, malloc'd (its length to *len when not NULL); NULL when it cannot be read. */
 char *forge_cli_read_file(const char *path, size_t *len);
+/* All of stdin, NUL-terminated, malloc'd (its length to *len); NULL when out of memory. */
+char *forge_cli_read_stdin(size_t *len);
+
+/* A session for batched passes (classify, embed, rerank) over inputs of up to `longest` tokens,
+ * `total` in all: n_batch holds the longest (and at least 512), and grows toward the total up to
+ * FORGE_CLI_BATCH_TOKENS so that many short inputs share a pass; neither n_batch nor the
+ * longest goes past the model's context (or --ctx): the library then refuses the input by
+ * name. n_ctx = n_batch (the cache is scratch for one batch) unless --ctx. A device that cannot
+ * hold the grown batch (lavapipe's 128 MiB buffers) gets the smallest; `profile` times every
+ * kernel (forge_session_profile). NULL on failure, the message printed. */
+#define FORGE_CLI_BATCH_TOKENS 8192
+forge_session *forge_cli_batch_session(forge_model *m, const forge_cli_opts *o, int longest, long long total, int profile);
 
 /* The verbs that live outside tools/forge_cli.c. */
 int cmd_train(int argc, char **argv);                  /* tools/cli_train.c */
 int forge_bench_main(int argc, char **argv);           /* tools/cli_bench.c */
 int forge_bench_tokenize_main(int argc, char **argv);  /* tools/cli_bench.c */
 int forge_bench_grammar_main(int argc, char **argv);   /* tools/cli_bench.c */
+int cmd_embed(int argc, char **argv);                  /* tools/cli_embed.c */
+int cmd_rerank(int argc, char **argv);                 /* tools/cli_embed.c */
 /* `forge run PATH --batch-file FILE`: the file's lines generated together on `places` sequences
  * (0: as many as lines, at most 16) with gp's sampling; tools/cli_batch.c. Returns the exit code. */
 int forge_cli_run_batch(const char *path, const forge_cli_opts *o, const char *file, const forge_generate_params *gp, int places,

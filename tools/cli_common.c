@@ -289,6 +289,22 @@ char *forge_cli_read_file(const char *path, size_t *len) {
     return buf;
 }
 
+char *forge_cli_read_stdin(size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (size_t r; buf && (r = fread(buf + n, 1, cap - n - 1, stdin)) > 0;) {
+        n += r;
+        if (n + 1 == cap) {
+            char *b = realloc(buf, cap *= 2);
+            if (!b) free(buf);
+            buf = b;
+        }
+    }
+    if (buf) buf[n] = 0;
+    *len = buf ? n : 0;
+    return buf;
+}
+
 int forge_cli_take_constraint(const char *cmd, int *argc, char **argv, forge_cli_constraint *out, int with_choices) {
     memset(out, 0, sizeof *out);
     out->c.struct_size = sizeof out->c;
@@ -362,3 +378,28 @@ void forge_cli_constraint_free(forge_cli_constraint *c) {
 }
 
 const forge_constraint *forge_cli_constraint_get(const forge_cli_constraint *c) { return c->c.kind != FORGE_CONSTRAINT_NONE ? &c->c : NULL; }
+
+forge_session *forge_cli_batch_session(forge_model *m, const forge_cli_opts *o, int longest, long long total, int profile) {
+    int limit = forge_model_n_ctx_train(m);
+    if (limit <= 0 || (o->n_ctx && o->n_ctx < limit)) limit = o->n_ctx ? o->n_ctx : 4096;
+    if (longest > limit) longest = limit;
+    forge_session_params sp = forge_session_default_params();
+    int least = longest > 512 ? (longest + 7) / 8 * 8 : 512;
+    if (least > limit && longest > 512) least = limit;
+    long long want = total < FORGE_CLI_BATCH_TOKENS ? (total + 7) / 8 * 8 : FORGE_CLI_BATCH_TOKENS;
+    if (want > limit) want = limit;
+    sp.n_batch = want > least ? (int)want : least;
+    sp.kv_type = o->kv_type;
+    sp.profile = profile;
+    forge_session *s = NULL;
+    for (;;) {
+        sp.n_ctx = o->n_ctx ? o->n_ctx : sp.n_batch;
+        forge_status st = forge_session_create(m, &sp, &s);
+        if (st == FORGE_OK) return s;
+        if (sp.n_batch == least) {
+            fprintf(stderr, "forge: %s (%s)\n", forge_model_errmsg(m), forge_status_name(st));
+            return NULL;
+        }
+        sp.n_batch = least;
+    }
+}

@@ -2,7 +2,8 @@
  * options (`forge help`, `forge help COMMAND`); docs/cli.md (which shows that text) and
  * docs/json.md say the same at more length. `--json` output is stable: one schema per
  * command. The verbs live here except train (tools/cli_train.c), run --batch-file
- * (tools/cli_batch.c) and bench, bench-tokenize (tools/cli_bench.c). */
+ * (tools/cli_batch.c), bench, bench-tokenize (tools/cli_bench.c) and embed, rerank
+ * (tools/cli_embed.c). */
 #define _DEFAULT_SOURCE 1
 #include "cli.h"
 
@@ -82,6 +83,29 @@ static const char usage_text[] =
             "                                   than the model's context (or --ctx) is refused; Ctrl-C stops\n"
             "                                   between batches, printing no results; --choices: each\n"
             "                                   answer is one of the strings (its \"choice\" in the output)\n"
+            "  embed MODEL (--stdin-json | TEXT...) [--json] [--pooling last|mean|cls]\n"
+            "      [--normalize|--no-normalize] [--dim N] [--prompt-name NAME | --prompt TEXT] [--no-truncate]\n"
+            "      [--profile]\n"
+            "                                   one vector per text, as sentence-transformers' encode() makes\n"
+            "                                   it (the checkpoint's pooling, Dense, Normalize and prompts;\n"
+            "                                   without them the last token's hidden state): a line of\n"
+            "                                   space-separated values per text, or with --json one JSON\n"
+            "                                   object; --stdin-json reads a JSON array of strings; --dim N\n"
+            "                                   keeps the first N values; --prompt-name: a prompt of the\n"
+            "                                   checkpoint's (default: its default_prompt_name), --prompt:\n"
+            "                                   this text, before each text; a text longer than the model's\n"
+            "                                   limit keeps its first tokens (--no-truncate: refused);\n"
+            "                                   Ctrl-C stops between batches, printing nothing\n"
+            "  rerank MODEL --query Q (--stdin-json | DOC...) [--instruction TEXT] [--raw] [--json]\n"
+            "      [--no-truncate]\n"
+            "                                   each document's relevance to the query (a sequence-\n"
+            "                                   classification head's sigmoid, or a Qwen3-Reranker's P(yes)):\n"
+            "                                   a line SCORE<TAB>INDEX<TAB>the document's first 60 characters\n"
+            "                                   per document, in the given order, or with --json one JSON\n"
+            "                                   object; --raw: the logits; --instruction: the reranker's\n"
+            "                                   <Instruct>; --stdin-json reads a JSON array of strings; a pair\n"
+            "                                   longer than the context loses its end (--no-truncate:\n"
+            "                                   refused); Ctrl-C stops between batches, printing nothing\n"
             "  bench MODEL [-p 512] [-n 128] [-r 3] [--batch B] [--profile]\n"
             "                                   prefill and decode speed as one JSON object (--batch: also\n"
             "                                   the aggregate decode speed of B sequences generated together;\n"
@@ -115,14 +139,15 @@ static const char usage_text[] =
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores, no int8 activations: slower, no rounding)\n"
             "         --kv f16|f32          the KV cache's type (default: f16 on GPUs, f32 on CPUs and with --exact)\n"
-            "         --json                run, devices, info, discover, keys, classify, tokenize, train: the\n"
-            "                               results as JSON on stdout, one schema per command\n"
-            "                               (docs/json.md); logits and bench always print JSON (and take\n"
-            "                               --json as well)\n"
+            "         --json                run, devices, info, discover, keys, classify, embed, rerank,\n"
+            "                               tokenize, train: the results as JSON on stdout, one schema per\n"
+            "                               command (docs/json.md); logits and bench always print JSON\n"
+            "                               (and take --json as well)\n"
             "         -v                    log to stderr\n"
             "MODEL: a directory (config.json + *.safetensors), a .safetensors file or a .gguf file;\n"
             "       -m MODEL or --model MODEL may stand for it; when the command line names none, the\n"
-            "       FORGE_MODEL environment variable does (classify: then every argument is a PROMPT)\n"
+            "       FORGE_MODEL environment variable does (classify, embed, rerank: then every argument\n"
+            "       is a PROMPT, TEXT or DOC)\n"
             "PATH: a MODEL, a tokenizer.json, a directory holding one, or a vocab-only .gguf\n"
             "progress: a bar on stderr while a model loads and while forge train steps, only when stderr\n"
             "       is a terminal\n"
@@ -173,6 +198,8 @@ static int verb_usage_error(const char *verb, const char *message) {
     forge_cli_verb_help(verb, stderr);
     return 2;
 }
+
+int forge_cli_usage_error(const char *verb, const char *message) { return verb_usage_error(verb, message); }
 
 static const char no_model[] = "no MODEL given (and FORGE_MODEL is not set)";
 
@@ -701,18 +728,6 @@ static int cmd_keys(int argc, char **argv) {
     return rc;
 }
 
-static char *read_stdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (size_t r; buf && (r = fread(buf + n, 1, cap - n, stdin)) > 0;) {
-        n += r;
-        if (n == cap) buf = realloc(buf, cap *= 2);
-    }
-    if (buf) buf[n < cap ? n : cap - 1] = 0;
-    *len = n;
-    return buf;
-}
-
 /* Prints the ids of one text as a JSON array; 0 on success. */
 static int print_ids(forge_model *m, const char *text, size_t len, uint32_t flags) {
     size_t cap = len + 16, n = 0;
@@ -836,7 +851,7 @@ static int cmd_tokenize(int argc, char **argv) {
         free(ids);
     } else {
         size_t len;
-        char *in = read_stdin(&len);
+        char *in = forge_cli_read_stdin(&len);
         cJSON *arr = in ? cJSON_ParseWithLength(in, len) : NULL;
         if (!cJSON_IsArray(arr)) {
             fprintf(stderr, "forge: --stdin-json: stdin is not a JSON array\n");
@@ -935,7 +950,7 @@ static int cmd_classify_body(int argc, char **argv, const forge_cli_constraint *
     char *in = NULL;
     if (stdin_json) {
         size_t len;
-        in = read_stdin(&len);
+        in = forge_cli_read_stdin(&len);
         arr = in ? cJSON_ParseWithLength(in, len) : NULL;
         if (!cJSON_IsArray(arr)) {
             fprintf(stderr, "forge classify: --stdin-json: stdin is not a JSON array\n");
@@ -967,11 +982,11 @@ static int cmd_classify_body(int argc, char **argv, const forge_cli_constraint *
     }
     forge_model *m = rc == 2 ? NULL : forge_cli_load(path, &o);
     if (m) {
-        /* a batch must hold the longest prompt: n_batch at least its length; the KV cache is
-         * scratch for one batch, so n_ctx need not be more than n_batch. Neither goes past the
-         * model's context (or --ctx): forge_classify refuses a longer prompt (FORGE_ERR_LIMIT,
-         * naming it) before any batch runs, instead of a session sized to it running for ever. */
+        /* the session holds the longest prompt (forge_cli_batch_session); past the model's context
+         * (or --ctx) forge_classify refuses a prompt (FORGE_ERR_LIMIT, naming it) before any batch
+         * runs, instead of a session sized to it running for ever */
         int longest = 0;
+        long long total = 0;
         for (int i = 0; i < n; i++) {
             int len = prompts[i].n_tokens;
             if (prompts[i].text) {
@@ -980,16 +995,8 @@ static int cmd_classify_body(int argc, char **argv, const forge_cli_constraint *
                 len = (int)(cnt > INT32_MAX ? INT32_MAX : cnt);
             }
             if (len > longest) longest = len;
+            total += len;
         }
-        int limit = forge_model_n_ctx_train(m);
-        if (limit <= 0 || (o.n_ctx && o.n_ctx < limit)) limit = o.n_ctx ? o.n_ctx : 4096;
-        if (longest > limit) longest = limit;
-        forge_session_params sp = forge_session_default_params();
-        sp.n_batch = longest > 512 ? (longest + 7) / 8 * 8 : 512;
-        if (sp.n_batch > limit && longest > 512) sp.n_batch = limit;
-        sp.n_ctx = o.n_ctx ? o.n_ctx : sp.n_batch;
-        sp.kv_type = o.kv_type;
-        forge_session *s = NULL;
         int V = forge_model_n_vocab(m);
         forge_classify_result *res = calloc((size_t)n + 1, sizeof *res);
         if (res) res[0].struct_size = sizeof *res; /* the array's element size (forge.h) */
@@ -997,9 +1004,8 @@ static int cmd_classify_body(int argc, char **argv, const forge_cli_constraint *
         cp.logits = lg;
         cp.logits_capacity = lg ? (size_t)n * (size_t)V : 0;
         cp.cancel = forge_cli_cancel_flag(); /* Ctrl-C: stop between batches (no results) */
-        if (forge_session_create(m, &sp, &s) != FORGE_OK) {
-            fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
-        } else {
+        forge_session *s = forge_cli_batch_session(m, &o, longest, total, 0);
+        if (s) {
             forge_cli_catch_sigint(NULL, 0);
             forge_status st = forge_classify(s, prompts, n, &cp, res);
             if (st != FORGE_OK) {
@@ -1877,9 +1883,10 @@ int main(int argc, char **argv) {
         argv[kept++] = argv[i];
     }
     argc = kept;
-    /* classify's PROMPTs are positional too, so with FORGE_MODEL set they are all prompts and
-     * only -m names another model */
-    if (!model_flag && !strcmp(cmd, "classify")) model_flag = (char *)forge_cli_env_model();
+    /* classify's PROMPTs (embed's TEXTs, rerank's DOCs) are positional too, so with FORGE_MODEL
+     * set they are all prompts and only -m names another model */
+    if (!model_flag && (!strcmp(cmd, "classify") || !strcmp(cmd, "embed") || !strcmp(cmd, "rerank")))
+        model_flag = (char *)forge_cli_env_model();
     if (!model_flag) return run_command(cmd, argc - 2, argv + 2);
     char **args = malloc(sizeof *args * (size_t)argc);
     if (!args) { fprintf(stderr, "forge: out of host memory\n"); return 1; }
@@ -1900,6 +1907,8 @@ static int run_command(const char *cmd, int argc, char **argv) {
     if (!strcmp(cmd, "logits")) return cmd_logits(argc, argv);
     if (!strcmp(cmd, "keys")) return cmd_keys(argc, argv);
     if (!strcmp(cmd, "classify")) return cmd_classify(argc, argv);
+    if (!strcmp(cmd, "embed")) return cmd_embed(argc, argv);
+    if (!strcmp(cmd, "rerank")) return cmd_rerank(argc, argv);
     if (!strcmp(cmd, "bench")) return forge_bench_main(argc, argv);
     if (!strcmp(cmd, "train")) return cmd_train(argc, argv);
     if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc, argv);

@@ -40,7 +40,7 @@ __all__ = [
     "InvalidArgumentError", "FileError", "FormatError", "UnsupportedError", "ModelError", "DeviceError",
     "OutOfMemoryError", "LimitError", "BufferTooSmallError", "CancelledError", "LibraryNotFoundError",
     "ModelInfo", "MemoryStats", "SpecialTokens", "Metrics", "Classification", "Completion", "ToolCall", "Device",
-    "devices", "library_version", "Trainer", "TrainStats",
+    "devices", "library_version", "Trainer", "TrainStats", "EmbedInfo",
 ]
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +303,35 @@ class Classification:
         return self.id
 
 
+_POOLING = {None: _ffi.POOLING_DEFAULT, "last": _ffi.POOLING_LAST, "mean": _ffi.POOLING_MEAN, "cls": _ffi.POOLING_CLS}
+_POOLING_NAMES = {v: k for k, v in _POOLING.items() if k is not None}
+
+
+@dataclass(frozen=True)
+class EmbedInfo:
+    """forge_embed_info: what Session.embed does with this model (Model.embed_info())."""
+
+    dim: int                    # the vector's length before truncation (the last Dense's output, else hidden)
+    pooling: str                # the checkpoint's pooling: "last", "mean" or "cls"
+    normalize: bool             # the checkpoint ends in Normalize: vectors are unit length
+    max_tokens: int             # the longest text embedded whole (max_seq_length, else the context)
+    n_dense: int                # Dense projections after pooling
+    bidirectional: bool         # attention sees both sides (EmbeddingGemma): embedding only
+    sentence_transformers: bool  # the checkpoint's modules.json was read
+    prompt_names: tuple[str, ...]  # config_sentence_transformers.json's prompts ("query", "document", ...)
+    default_prompt_name: Optional[str]  # the prompt used when none is named, or None
+
+
+def _numpy() -> Any:
+    """numpy, or None when it does not import: Session.embed returns an array with it, lists
+    without."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
 @dataclass
 class Completion:
     """One prompt's result from Session.batch_generate. `error` is set (and the rest empty)
@@ -516,6 +545,23 @@ class Model:
             self._raise(status)
         return SpecialTokens(bos=sp.bos, eos=sp.eos, eot=sp.eot, pad=sp.pad, unk=sp.unk,
                              eos_ids=tuple(sp.eos_ids[: sp.n_eos]), sot=sp.sot)
+
+    def embed_info(self) -> EmbedInfo:
+        """What Session.embed does with this model (forge_embed_info_get): the vector's
+        length, the pooling, whether vectors are normalized, the longest text embedded whole,
+        the Dense projections, the prompts of config_sentence_transformers.json. The first
+        call reads the checkpoint's sentence-transformers files: their errors are raised here
+        (and by Session.embed)."""
+        info = _ffi.sized(_ffi.EmbedInfo)
+        status = self._lib.forge_embed_info_get(self._h(), ctypes.byref(info))
+        if status != _ffi.OK:
+            self._raise(status)
+        names = _ffi.text(info.prompt_names)
+        return EmbedInfo(dim=int(info.dim), pooling=_POOLING_NAMES.get(info.pooling, str(info.pooling)),
+                         normalize=bool(info.normalize), max_tokens=int(info.max_tokens), n_dense=int(info.n_dense),
+                         bidirectional=bool(info.bidirectional), sentence_transformers=bool(info.sentence_transformers),
+                         prompt_names=tuple(names.split(",")) if names else (),
+                         default_prompt_name=_ffi.text(info.default_prompt_name) if info.default_prompt_name else None)
 
     # -- tokenizer -------------------------------------------------------------------------
 
@@ -1059,6 +1105,115 @@ class Session(_ModelChild):
             choice = int(r.choice) if constraint is not None and r.choice >= 0 else None
             found.append(Classification(id=int(r.token), text=text, n_tokens=int(r.n_tokens), logits=row, choice=choice))
         return found
+
+    def embed(self, texts: Sequence[Prompt], *, pooling: Optional[str] = None, normalize: Optional[bool] = None,
+              dim: int = 0, prompt_name: Optional[str] = None, prompt: Optional[str] = None, truncate: bool = True,
+              add_special: bool = True) -> Any:
+        """Embeds `texts` (a list of str, or of token-id lists) as sentence-transformers'
+        encode() does (forge_embed): batched as classify batches, each vector independent of
+        the others in the call. Returns a numpy float32 array of shape [len(texts), dim] when
+        numpy imports, else a list of lists of float.
+
+        pooling: None (the checkpoint's Pooling module; without one the last token), "last",
+        "mean" or "cls". normalize: None (as the checkpoint declares: its Normalize module,
+        before truncation), False (never) or True (L2-normalize the vector returned, after
+        truncation). dim: keep the first dim values (Matryoshka); 0: all. prompt_name: a
+        prompt of config_sentence_transformers.json ("query", "document"; None: its
+        default_prompt_name, or none) put before each text; prompt: the prefix text itself
+        (wins over prompt_name; "" for none). Token-id lists get no prefix. truncate: a text
+        longer than the model's limit (Model.embed_info().max_tokens) keeps its first tokens
+        and the tokenizer's closing ones; False raises LimitError naming it instead. A
+        prompt_name the model lacks raises InvalidArgumentError naming the ones it has. The
+        session's cache is scratch here, as for classify."""
+        h = self._h()
+        self._settle()
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("texts is a list of texts (str) or of token-id lists: embed([text]) for one")
+        if pooling not in _POOLING:
+            raise ValueError(f"pooling must be None or one of {sorted(k for k in _POOLING if k)}, not {pooling!r}")
+        params = self._lib.forge_embed_default_params()
+        params.pooling = _POOLING[pooling]
+        params.normalize = -1 if normalize is None else int(bool(normalize))
+        params.dim, params.truncate, params.add_special = dim, int(bool(truncate)), int(bool(add_special))
+        keep: list = []
+        if prompt_name is not None:
+            keep.append(prompt_name.encode("utf-8", "surrogatepass"))
+            params.prompt_name = keep[-1]
+        if prompt is not None:
+            keep.append(prompt.encode("utf-8", "surrogatepass"))
+            params.prompt = keep[-1]
+        n = len(texts)
+        np = _numpy()
+        c_texts = _ffi.sized_array(_ffi.ClassifyPrompt, n)
+        for i, text in enumerate(texts):
+            if isinstance(text, str):
+                data = text.encode("utf-8", "surrogatepass")
+                keep.append(data)
+                c_texts[i].text, c_texts[i].text_len = data, len(data)
+            elif isinstance(text, (bytes, int)):
+                raise TypeError(f"text {i} is neither a str nor a list of token ids: {text!r}")
+            else:
+                ids = list(text)
+                arr = _ffi.int32_array(ids)
+                keep.append(arr)
+                c_texts[i].tokens, c_texts[i].n_tokens = arr, len(ids)
+        if n == 0:
+            if np is None:
+                return []
+            return np.zeros((0, dim if dim > 0 else self.model.embed_info().dim), dtype=np.float32)
+        # the vector's length: forge writes it with no vectors asked for (capacity 0)
+        out_dim = ctypes.c_int(0)
+        status = self._lib.forge_embed(h, c_texts, n, ctypes.byref(params), None, 0, ctypes.byref(out_dim))
+        if status not in (_ffi.OK, _ffi.ERR_BUFFER_TOO_SMALL):
+            self._raise(status)
+        d = out_dim.value
+        if np is not None:
+            found = np.zeros((n, d), dtype=np.float32)
+            vectors = found.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        else:
+            found = (ctypes.c_float * (n * d))()
+            vectors = found
+        status = self._lib.forge_embed(h, c_texts, n, ctypes.byref(params), vectors, n * d, ctypes.byref(out_dim))
+        del keep
+        if status != _ffi.OK:
+            self._raise(status)
+        if np is not None:
+            return found
+        return [found[i * d:(i + 1) * d] for i in range(n)]
+
+    def rerank(self, query: str, documents: Sequence[str], *, instruction: Optional[str] = None, raw: bool = False,
+               truncate: bool = True) -> list[float]:
+        """Scores each of `documents` against `query` (forge_rerank), higher for more relevant:
+        a sequence-classification checkpoint's head (the pair as its tokenizer joins them, the
+        logit through a sigmoid, as sentence-transformers' CrossEncoder.predict), or a causal
+        LM with "yes" and "no" tokens as Qwen3-Reranker's model card prompts it (P("yes")).
+        instruction: Qwen3-Reranker's <Instruct> (None: its default). raw: the logit instead
+        of the probability. truncate: a pair longer than the context loses tokens from its
+        longer part's end; False raises LimitError instead. A model with neither formulation
+        raises UnsupportedError saying what it lacks."""
+        h = self._h()
+        self._settle()
+        if isinstance(documents, (str, bytes)):
+            raise TypeError("documents is a list of str: rerank(query, [document]) for one")
+        if not isinstance(query, str) or not all(isinstance(d, str) for d in documents):
+            raise TypeError("rerank takes a query (str) and documents (a list of str)")
+        n = len(documents)
+        if n == 0:
+            return []
+        params = self._lib.forge_rerank_default_params()
+        keep: list = []
+        if instruction is not None:
+            keep.append(instruction.encode("utf-8", "surrogatepass"))
+            params.instruction = keep[-1]
+        params.raw, params.truncate = int(bool(raw)), int(bool(truncate))
+        docs = [d.encode("utf-8", "surrogatepass") for d in documents]
+        arr = (ctypes.c_char_p * n)(*docs)
+        scores = (ctypes.c_float * n)()
+        status = self._lib.forge_rerank(h, query.encode("utf-8", "surrogatepass"), arr, n, ctypes.byref(params), scores)
+        del keep
+        if status != _ffi.OK:
+            self._raise(status)
+        return list(scores)
 
     def batch_generate(self, prompts: Sequence[Prompt], *, max_tokens: int = 256, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,

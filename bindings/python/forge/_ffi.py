@@ -64,6 +64,12 @@ CONSTRAINT_JSON_SCHEMA = 2
 CONSTRAINT_JSON_OBJECT = 3
 CONSTRAINT_CHOICES = 4
 
+# enum forge_pooling
+POOLING_DEFAULT = 0
+POOLING_LAST = 1
+POOLING_MEAN = 2
+POOLING_CLS = 3
+
 log_fn = CFUNCTYPE(None, c_void_p, c_int, c_char_p)
 progress_fn = CFUNCTYPE(None, c_void_p, c_float)
 # The token callback takes text as a pointer, not c_char_p: text is not NUL-terminated
@@ -340,6 +346,45 @@ class ClassifyResult(Structure):
     ]
 
 
+class EmbedParams(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("pooling", c_int),
+        ("normalize", c_int),
+        ("dim", c_int),
+        ("prompt_name", c_char_p),
+        ("prompt", c_char_p),
+        ("truncate", c_int),
+        ("add_special", c_int),
+        ("cancel", POINTER(c_int)),
+    ]
+
+
+class EmbedInfo(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("dim", c_int),
+        ("pooling", c_int),
+        ("normalize", c_int),
+        ("max_tokens", c_int),
+        ("n_dense", c_int),
+        ("bidirectional", c_int),
+        ("sentence_transformers", c_int),
+        ("prompt_names", c_char_p),
+        ("default_prompt_name", c_char_p),
+    ]
+
+
+class RerankParams(Structure):
+    _fields_ = [
+        ("struct_size", c_uint32),
+        ("instruction", c_char_p),
+        ("raw", c_int),
+        ("truncate", c_int),
+        ("cancel", POINTER(c_int)),
+    ]
+
+
 class TrainParams(Structure):
     _fields_ = [
         ("struct_size", c_uint32),
@@ -438,6 +483,11 @@ _PROTOTYPES = {
                                         _P(ChatReply), _P(Metrics)]),
     "forge_classify_default_params": (ClassifyParams, []),
     "forge_classify": (forge_status, [c_void_p, _P(ClassifyPrompt), c_int, _P(ClassifyParams), _P(ClassifyResult)]),
+    "forge_embed_default_params": (EmbedParams, []),
+    "forge_embed_info_get": (forge_status, [c_void_p, _P(EmbedInfo)]),
+    "forge_embed": (forge_status, [c_void_p, _P(ClassifyPrompt), c_int, _P(EmbedParams), _P(c_float), c_size_t, _P(c_int)]),
+    "forge_rerank_default_params": (RerankParams, []),
+    "forge_rerank": (forge_status, [c_void_p, c_char_p, _P(c_char_p), c_int, _P(RerankParams), _P(c_float)]),
     "forge_train_default_params": (TrainParams, []),
     "forge_trainer_plan": (forge_status, [c_void_p, _P(TrainParams), _P(MemoryStats)]),
     "forge_trainer_create": (forge_status, [c_void_p, _P(TrainParams), _P(c_void_p)]),
@@ -470,6 +520,9 @@ _MIRRORS = {
     "forge_classify_prompt": ClassifyPrompt,
     "forge_classify_params": ClassifyParams,
     "forge_classify_result": ClassifyResult,
+    "forge_embed_params": EmbedParams,
+    "forge_embed_info": EmbedInfo,
+    "forge_rerank_params": RerankParams,
     "forge_train_params": TrainParams,
     "forge_train_batch": TrainBatch,
     "forge_train_stats": TrainStats,
