@@ -12,6 +12,8 @@
       DIR/texts.json             1,000 texts of 64-512 tokens (a fixed pseudo-random draw of
                                  words), the same for both
     TOKENIZERS holds qwen3/tokenizer.json and gemma3/tokenizer.json (../shared/tokenizers).
+  python3 bench/embed_bench.py make-np DIR TOKENIZERS   the same shapes and files with numpy
+      alone (no torch: a machine without a GPU stack; texts of the same lengths in words)
   python3 bench/embed_bench.py peer DIR MODEL OUT.json [VECTORS.f32]
       sentence-transformers' encode() of the texts on CUDA, batch 32, BF16 as the weights are
       saved: the best of 3 timed runs after a warm-up, texts per second; with VECTORS.f32 (forge's
@@ -126,6 +128,99 @@ def make(out, toks):
              [(torch.randn(3072, 768) * 0.02).to(torch.bfloat16), (torch.randn(768, 3072) * 0.02).to(torch.bfloat16)])
 
 
+def save_bf16(path, tensors):
+    """A safetensors file of numpy float32 arrays stored as BF16 (rounded to nearest even)."""
+    import numpy as np
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+        b = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h)
+        for b in blobs:
+            f.write(b)
+
+
+def make_np(out, toks):
+    """The same two shapes, texts and sentence-transformers files without torch (numpy only), for
+    a machine without a GPU stack: the lavapipe measurement. Weights N(0, 0.02), norms 1
+    (Gemma's stored as 0: it multiplies by 1 + w)."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    os.makedirs(out, exist_ok=True)
+    r = random.Random(7)
+    syll = ["ka", "lo", "mi", "ren", "ta", "vor", "qui", "ze", "pan", "dor", "li", "sen", "mo", "tri", "gal", "ux"]
+    words = ["".join(r.choice(syll) for _ in range(r.randint(1, 3))) for _ in range(3000)] + \
+        "the of and to in is that for it as with was on be by this are from at or".split()
+    texts = [" ".join(r.choice(words) for _ in range(int(r.randint(64, 512) * 0.45))) for _ in range(1000)]
+    json.dump(texts, open(os.path.join(out, "texts.json"), "w"))
+
+    def w(*shape):
+        return (rng.standard_normal(shape, dtype=np.float32) * 0.02)
+
+    def model(d, cfg, layers, norm_one, extra_norms, st_pooling, prompts, max_seq, dense, family, special):
+        os.makedirs(d, exist_ok=True)
+        json.dump(cfg, open(os.path.join(d, "config.json"), "w"), indent=1)
+        H, D, nh, nkv, F = cfg["hidden_size"], cfg["head_dim"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+        one = np.ones if norm_one else np.zeros
+        t = {"embed_tokens.weight": w(cfg["vocab_size"], H), "norm.weight": one(H, np.float32)}
+        for l in range(layers):
+            p = f"layers.{l}."
+            t.update({p + "self_attn.q_proj.weight": w(nh * D, H), p + "self_attn.k_proj.weight": w(nkv * D, H),
+                      p + "self_attn.v_proj.weight": w(nkv * D, H), p + "self_attn.o_proj.weight": w(H, nh * D),
+                      p + "self_attn.q_norm.weight": one(D, np.float32), p + "self_attn.k_norm.weight": one(D, np.float32),
+                      p + "input_layernorm.weight": one(H, np.float32), p + "post_attention_layernorm.weight": one(H, np.float32),
+                      p + "mlp.gate_proj.weight": w(F, H), p + "mlp.up_proj.weight": w(F, H), p + "mlp.down_proj.weight": w(H, F)})
+            for n in extra_norms:
+                t[p + n + ".weight"] = one(H, np.float32)
+        save_bf16(os.path.join(d, "model.safetensors"), t)
+        tj = json.load(open(os.path.join(toks, family, "tokenizer.json"), encoding="utf-8"))
+        tj["post_processor"] = special
+        json.dump(tj, open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8"), ensure_ascii=False)
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast"}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+        mods = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        os.makedirs(os.path.join(d, "1_Pooling"), exist_ok=True)
+        json.dump({"word_embedding_dimension": H, st_pooling: True, "include_prompt": True}, open(os.path.join(d, "1_Pooling", "config.json"), "w"))
+        for (o, i) in dense:
+            path = f"{len(mods)}_Dense"
+            os.makedirs(os.path.join(d, path), exist_ok=True)
+            json.dump({"in_features": i, "out_features": o, "bias": False, "activation_function": "torch.nn.modules.linear.Identity"},
+                      open(os.path.join(d, path, "config.json"), "w"))
+            save_bf16(os.path.join(d, path, "model.safetensors"), {"linear.weight": w(o, i)})
+            mods.append({"idx": len(mods), "name": str(len(mods)), "path": path, "type": "sentence_transformers.models.Dense"})
+        mods.append({"idx": len(mods), "name": str(len(mods)), "path": f"{len(mods)}_Normalize", "type": "sentence_transformers.models.Normalize"})
+        json.dump(mods, open(os.path.join(d, "modules.json"), "w"))
+        json.dump({"prompts": prompts}, open(os.path.join(d, "config_sentence_transformers.json"), "w"))
+        json.dump({"max_seq_length": max_seq}, open(os.path.join(d, "sentence_bert_config.json"), "w"))
+
+    tmpl = lambda first, last: {"type": "TemplateProcessing", "single": ([{"SpecialToken": {"id": first[0], "type_id": 0}}] if first else []) +
+                                [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": last[0], "type_id": 0}}], "pair": [],
+                                "special_tokens": {n: {"id": n, "ids": [i], "tokens": [n]} for n, i in ([first] if first else []) + [last]}}
+    model(os.path.join(out, "qwen3-embedding-0.6b"),
+          {"architectures": ["Qwen3Model"], "model_type": "qwen3", "vocab_size": 151669, "hidden_size": 1024, "intermediate_size": 3072,
+           "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 32768,
+           "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "dtype": "bfloat16"},
+          28, True, [], "pooling_mode_lasttoken", {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"},
+          8192, [], "qwen3", tmpl(None, ("<|endoftext|>", 151643)))
+    model(os.path.join(out, "embeddinggemma-300m"),
+          {"architectures": ["Gemma3TextModel"], "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 768, "intermediate_size": 1152,
+           "num_hidden_layers": 24, "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 256, "query_pre_attn_scalar": 256,
+           "sliding_window": 512, "max_position_embeddings": 2048, "use_bidirectional_attention": True, "rms_norm_eps": 1e-6,
+           "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 4, "hidden_activation": "gelu_pytorch_tanh",
+           "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                               "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+           "tie_word_embeddings": True, "dtype": "bfloat16"},
+          24, False, ["pre_feedforward_layernorm", "post_feedforward_layernorm"], "pooling_mode_mean_tokens",
+          {"query": "task: search result | query: ", "document": "title: none | text: "}, 2048, [(3072, 768), (768, 3072)], "gemma3",
+          tmpl(("<bos>", 2), ("<eos>", 1)))
+
+
 def peer(out, model, dst, vectors=None):
     import numpy as np
     import torch
@@ -156,5 +251,7 @@ def peer(out, model, dst, vectors=None):
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "make-np":
+        make_np(sys.argv[2], sys.argv[3])
     else:
         peer(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else None)

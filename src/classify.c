@@ -251,9 +251,11 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params: %s", fault);
     forge_model *m = s->m;
     const int V = m->cfg.n_vocab;
-    if (m->cfg.bidirectional || m->cfg.n_labels)
+    if (m->cfg.bidirectional || m->cfg.n_labels || m->cfg.no_head)
         return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "classify draws the next token, and this model has %s: use forge_embed or forge_rerank",
-                           m->cfg.bidirectional ? "bidirectional attention (an embedding model)" : "a sequence classifier's head");
+                           m->cfg.bidirectional ? "bidirectional attention (an embedding model)"
+                           : m->cfg.no_head     ? "no LM head (an embedding model)"
+                                                : "a sequence classifier's head");
     if (p.logits && p.logits_capacity < (size_t)n_prompts * (size_t)V)
         return forge__fail(&s->err, FORGE_ERR_BUFFER_TOO_SMALL, "logits buffer holds %zu floats; %d prompts x %d need %zu", p.logits_capacity,
                            n_prompts, V, (size_t)n_prompts * (size_t)V);

@@ -114,6 +114,7 @@ typedef struct forge__config {
                                    * side); only forge_embed runs such a model */
     int n_labels;                 /* an XForSequenceClassification: its `score` head's rows (the model's only head) */
     int pad_id;                   /* pad_token_id (-1: none): the sequence-classification head reads the last other token */
+    bool no_head;                 /* a sentence-transformers checkpoint saved without its untied LM head (model.c): it only embeds */
 } forge__config;
 
 /* Qwen 3.5's linear-attention widths: the convolved q|k|v row, the value row. */

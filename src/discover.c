@@ -277,6 +277,7 @@ static void forge__probe_candidate(const forge__discovery *d, const forge__candi
             memset(&L, 0, sizeof L);
             L.m = m;
             L.gguf = c->gguf;
+            if (!c->gguf) forge__st_load(&m->embed, c->path, &m->arena); /* its Dense weights are planned too */
             forge_status st = forge__plan_model(&L);
             if (!st) st = forge__pack_plan(&L.pack, &m->arena, &m->dev.caps, &m->err);
             if (st) {

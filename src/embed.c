@@ -380,7 +380,7 @@ static forge_status forge__rerank(forge_session *s, const char *query, const cha
     if (!cross) {
         yes = forge_token_id(m, "yes");
         no = forge_token_id(m, "no");
-        if (c->bidirectional || yes < 0 || no < 0)
+        if (c->bidirectional || c->no_head || yes < 0 || no < 0)
             return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED,
                                "the model has neither a sequence-classification head (score.weight) nor, as a causal LM, the tokens 'yes' "
                                "and 'no' that Qwen3-Reranker's formulation reads");

@@ -93,10 +93,13 @@ static void forge__record_forward_fn(void *ctx, forge__rec *r) {
 static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t out_row0, uint32_t n_out, forge__out_mode mode,
                                         forge__recording **out) {
     const forge__config *c = &s->m->cfg;
-    if ((c->bidirectional || c->n_labels) && mode != FORGE__OUT_CLASSIFY && mode != FORGE__OUT_POOL_ROWS && mode != FORGE__OUT_POOL_MEAN)
-        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "%s: only forge_embed and forge_rerank run it",
+    bool pooled = mode == FORGE__OUT_POOL_ROWS || mode == FORGE__OUT_POOL_MEAN;
+    if (((c->bidirectional || c->n_labels) && mode != FORGE__OUT_CLASSIFY && !pooled) || (c->no_head && !pooled))
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "%s: only %s",
                            c->bidirectional ? "the model's attention is bidirectional (an embedding model)"
-                                            : "the model's head is a sequence classifier's (score), not a language model's");
+                           : c->no_head     ? "the checkpoint has no LM head (an embedding model saved without one)"
+                                            : "the model's head is a sequence classifier's (score), not a language model's",
+                           c->no_head ? "forge_embed runs it" : "forge_embed and forge_rerank run it");
     for (int i = 0; i < FORGE__RECORDINGS; i++) {
         forge__recording *rc = &s->rec[i];
         if (rc->cb && rc->n_tokens == n && rc->out_row0 == out_row0 && rc->n_out == n_out && rc->mode == (uint32_t)mode) {
@@ -568,7 +571,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
      * only embeds or reranks decodes nothing). */
     s->embed_dense = forge__session_embed_dense(s);
     forge__recording *rc;
-    if (c->bidirectional || c->n_labels) return FORGE_OK;
+    if (c->bidirectional || c->n_labels || c->no_head) return FORGE_OK;
     if ((st = forge__get_recording(s, 1, 0, 1, FORGE__OUT_SAMPLE, &rc))) return st;
     return forge__get_recording(s, 1, 0, 1, FORGE__OUT_LOGITS, &rc);
 }

@@ -1336,7 +1336,9 @@ static forge_status forge__plan_model(forge__loader *L) {
     snprintf(why, sizeof why, "vocab %d, hidden %d", c->n_vocab, c->hidden);
     if ((st = forge__plan_weight_role(L, &m->tok_embd, FORGE__R_EMBED, 0, (uint32_t)c->n_vocab, (uint32_t)c->hidden, why))) return st;
     if (c->n_labels) snprintf(why, sizeof why, "labels %d, hidden %d", c->n_labels, c->hidden);
-    if (!c->tied && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)forge__head_rows(c), (uint32_t)c->hidden, why)))
+    /* an embedding checkpoint has no use for an untied LM head and is saved without one */
+    m->cfg.no_head = !c->tied && !c->n_labels && !L->gguf && m->embed.present && !forge__tensor_find(&m->tensors, "lm_head.weight");
+    if (!c->tied && !c->no_head && (st = forge__plan_weight_role(L, &m->output, FORGE__R_OUTPUT, 0, (uint32_t)forge__head_rows(c), (uint32_t)c->hidden, why)))
         return st;
     float norm_add = c->norm_plus_one && !forge__norms_hold_one(L) ? 1.0f : 0.0f;
     snprintf(why, sizeof why, "hidden %d", c->hidden);

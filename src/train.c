@@ -906,9 +906,9 @@ FORGE_API forge_status forge_trainer_create(forge_model *m, const forge_train_pa
     *out = NULL;
     if (!forge__model_ready(m)) return FORGE_ERR_INVALID_ARGUMENT;
     if (!forge__model_has_weights(m, "forge_trainer_create")) return FORGE_ERR_UNSUPPORTED;
-    if (m->cfg.bidirectional || m->cfg.n_labels) /* the trainer's loss is the causal LM's */
+    if (m->cfg.bidirectional || m->cfg.n_labels || m->cfg.no_head) /* the trainer's loss is the causal LM's */
         return forge__model_fail(m, FORGE_ERR_UNSUPPORTED, "forge_trainer_create: the model has %s; forge trains causal language models",
-                                 m->cfg.bidirectional ? "bidirectional attention" : "a sequence classifier's head");
+                                 m->cfg.bidirectional ? "bidirectional attention" : m->cfg.no_head ? "no LM head" : "a sequence classifier's head");
     forge_train_params p;
     FORGE__COPY_PARAMS(p, params, forge_train_default_params);
     forge_trainer *tr = (forge_trainer *)calloc(1, sizeof *tr);

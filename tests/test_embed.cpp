@@ -8,7 +8,10 @@
  * and bad input each checked. */
 #include <cjson/cJSON.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
+#include <cstring>
 
 #include "internal.h"
 #include "util.h"
@@ -185,6 +188,40 @@ TEST(Embed, FastPathsStayCloseToTheReference) {
         forge_session_free(s);
         forge_model_free(m);
     }
+}
+
+/* A sentence-transformers checkpoint whose untied LM head was not saved (Qwen3-Embedding-8B's
+ * kind): qwen3_embed_f32 with tie_word_embeddings false loads, embeds the same vectors, and
+ * refuses to generate by name. */
+TEST(Embed, CheckpointWithoutItsLmHeadEmbeds) {
+    std::string src = fx("qwen3_embed_f32"), dir = ft::tmpdir("embed_no_head");
+    EmbedRef ref = read_embed_ref(src);
+    for (const char *f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json", "modules.json", "config_sentence_transformers.json",
+                          "sentence_bert_config.json"}) {
+        std::vector<uint8_t> b = ft::read_file(src + "/" + f);
+        ft::write_file(dir + "/" + f, b.data(), b.size());
+    }
+    mkdir((dir + "/1_Pooling").c_str(), 0777);
+    std::vector<uint8_t> pool = ft::read_file(src + "/1_Pooling/config.json");
+    ft::write_file(dir + "/1_Pooling/config.json", pool.data(), pool.size());
+    cJSON *cfg = read_json(src + "/config.json");
+    cJSON_ReplaceItemInObject(cfg, "tie_word_embeddings", cJSON_CreateFalse());
+    char *text = cJSON_Print(cfg);
+    ft::write_file(dir + "/config.json", text, strlen(text));
+    free(text);
+    cJSON_Delete(cfg);
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 256, 512);
+    ASSERT_NE(s, nullptr);
+    int dim = 0;
+    std::vector<float> v = embed(s, text_prompts(ref.texts), forge_embed_default_params(), &dim);
+    for (size_t i = 0; i < ref.texts.size(); i++) EXPECT_LE(max_abs(v.data() + i * dim, ref.cases[0].vectors[i]), 1e-4) << "text " << i;
+    int32_t tok = 1;
+    EXPECT_EQ(forge_eval(s, &tok, 1, 0, nullptr, 0), FORGE_ERR_UNSUPPORTED);
+    EXPECT_NE(std::string(forge_session_errmsg(s)).find("no LM head"), std::string::npos) << forge_session_errmsg(s);
+    forge_session_free(s);
+    forge_model_free(m);
 }
 
 /* EmbeddingGemma's Dense projections on the device (as forge runs them) and on the host (the
