@@ -665,6 +665,30 @@ class Model:
         return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep,
                        kv_type=kv_type)
 
+    # -- embeddings and reranking, on a session made for the call --------------------------
+
+    def _batch_session(self, longest: int) -> "Session":
+        """A session whose batch holds `longest` tokens (and grows toward 8,192, as the CLI's)."""
+        limit = max(self.info.n_ctx_train, 1)
+        n_batch = min(max(512, min(8192, longest * 8), (longest + 7) // 8 * 8), limit)
+        return self.session(n_ctx=n_batch, n_batch=n_batch)
+
+    def embed(self, texts: Sequence[Prompt], **options: Any) -> Any:
+        """Session.embed on a session made for this call and freed after it (options as
+        Session.embed's). A session of your own is faster for many calls."""
+        info = self.embed_info()
+        longest = min(info.max_tokens, max([len(self.tokenize(t, add_special=True)) if isinstance(t, str) else len(t) for t in texts] or [1]) + 256)
+        with self._batch_session(longest) as s:
+            return s.embed(texts, **options)
+
+    def rerank(self, query: str, documents: Sequence[str], **options: Any) -> list[float]:
+        """Session.rerank on a session made for this call and freed after it (options as
+        Session.rerank's)."""
+        q = len(self.tokenize(query))
+        longest = q + max([len(self.tokenize(d)) for d in documents] or [1]) + 320
+        with self._batch_session(longest) as s:
+            return s.rerank(query, documents, **options)
+
     # -- training --------------------------------------------------------------------------
 
     def trainer(self, **options: Any) -> "Trainer":

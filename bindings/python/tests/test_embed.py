@@ -1,4 +1,4 @@
-"""Tests of Session.embed, Session.rerank and Model.embed_info on the committed fixtures
+"""Tests of Session.embed, Session.rerank, Model.embed / rerank / embed_info on the committed fixtures
 (tests/fixtures/embed: tiny random-weight checkpoints laid out as sentence-transformers
 publishes them, with sentence-transformers' own vectors and scores in reference.json; made by
 tools/fixtures/make_embed_fixtures.py). Run as test_forge.py is:
@@ -287,3 +287,15 @@ def test_the_readme_example_runs():
     # docs:end embed
     assert info.dim == 64 and len(small[0]) == 16 and len(similarity) == 2
     assert all(-1.0001 <= s <= 1.0001 for s in similarity) and all(0 < s < 1 for s in scores)
+
+
+def test_model_embed_and_rerank_make_their_own_session():
+    """Model.embed / Model.rerank: the same results as on a session, with no session to manage."""
+    ref = reference("qwen3_embed_f32")
+    want = next(c for c in ref["cases"] if c.get("prompt_name") == "query")["vectors"]
+    with forge.Model(str(FIXTURES / "qwen3_embed_f32")) as m:
+        assert worst(m.embed(ref["texts"], prompt_name="query"), want) <= TOL
+    ref = reference("qwen3_rerank_f32")
+    with forge.Model(str(FIXTURES / "qwen3_rerank_f32")) as m:
+        got = m.rerank(ref["query"], ref["documents"])
+        assert max(abs(a - b) for a, b in zip(got, ref["cases"][0]["scores"])) <= TOL
