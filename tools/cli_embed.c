@@ -1,8 +1,9 @@
 /* cli_embed.c: `forge embed` (forge_embed: one vector per text) and `forge rerank`
  * (forge_rerank: one score per document against a query). The texts or documents are the
  * positional arguments after MODEL, or with --stdin-json a JSON array of strings on stdin. The
- * session is sized as classify's: a batch holds the longest input (at least 512 tokens), the KV
- * cache is scratch for one batch, and neither goes past the model's context (or --ctx). Output:
+ * session is classify's (forge_cli_batch_session): a batch holds the longest input and grows
+ * toward all the inputs' tokens, the KV cache is scratch for one batch, and neither goes past the
+ * model's context (or --ctx). Output:
  * plain lines, or with --json one JSON object (docs/json.md). Ctrl-C stops between batches;
  * the library then returns no results, so nothing is printed, and the exit status is 130. */
 #define _DEFAULT_SOURCE 1
