@@ -294,6 +294,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
         if ((st = forge__tokenizer_from_gguf(&m->tok, &gguf, &m->arena, path, &m->err))) return st;
         forge__chat_template_from_gguf(m, &gguf);
     }
+    for (int i = 0; i < m->n_files; i++) forge__file_release_pages(&m->files[i], m->files[i].data, m->files[i].size);
     return FORGE_OK;
 }
 

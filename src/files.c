@@ -141,6 +141,19 @@ static forge_status forge__file_read_head(forge__file *f, const char *path, uint
     return FORGE_OK;
 }
 
+/* Drops the process's copies of a mapped file's pages once the weights are on the device (the
+ * upload does it as it goes, tensor by tensor, and the load once more at its end): the
+ * mapping stays valid, and a later read (the tokenizer, a fingerprint) faults its page in again
+ * from the file, which a read-only private mapping never wrote. Without it the process holds the
+ * weights twice, the file's pages and the device copy, and on a CPU device both are host memory. */
+static void forge__file_release_pages(const forge__file *f, const uint8_t *p, uint64_t bytes) {
+    /* only a mapping's own pages: on heap memory MADV_DONTNEED would zero them */
+    if (f->heap || !f->data || !p || p < f->data || p >= f->data + f->size || !bytes) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / page * page;
+    uintptr_t hi = (uintptr_t)FORGE__MIN((uint64_t)(uintptr_t)(p + bytes), (uint64_t)(uintptr_t)(f->data + f->size));
+    (void)madvise((void *)lo, (size_t)(hi - lo), MADV_DONTNEED); /* the mapping starts on a page */
+}
+
 static void forge__file_unmap(forge__file *f) {
     if (f->heap) free((void *)f->data);
     else if (f->data) munmap((void *)f->data, (size_t)f->size);

@@ -1445,6 +1445,22 @@ static void forge__upload_fill_pairs(const forge__upload *u, uint64_t off, uint6
     }
 }
 
+/* Releases the file pages of bytes [off, off + n) of an upload once copied (forge__release_pages):
+ * loading then holds the weights about once, not the file's pages and the copy. Source bytes are
+ * u->bytes of raw data, half of it from each of src and src2 for interleaved rows, and from a
+ * narrower type for vectors widened to f32, whose few bytes go whole. */
+static void forge__upload_release(const forge_model *m, const forge__upload *u, uint64_t off, uint64_t n) {
+    if (u->to_f32) return;
+    for (int f = 0; f < m->n_files; f++) { /* sources in a mapped file, not converted ones on the heap */
+        if (u->src2) {
+            forge__file_release_pages(&m->files[f], u->src + off / 2, n / 2);
+            forge__file_release_pages(&m->files[f], u->src2 + off / 2, n / 2);
+        } else {
+            forge__file_release_pages(&m->files[f], u->src + off, n);
+        }
+    }
+}
+
 static void forge__upload_fill(const forge__upload *u, uint8_t *dst) {
     if (u->src2) {
         forge__upload_fill_pairs(u, 0, u->bytes, dst);
@@ -1510,6 +1526,7 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
         for (int i = 0; i < L->n_ups; i++) {
             const forge__pack_item *it = &L->pack.items[L->ups[i].pack_item];
             forge__upload_fill(&L->ups[i], (uint8_t *)m->blocks[it->block].mapped + it->offset + L->ups[i].item_offset);
+            forge__upload_release(m, &L->ups[i], 0, L->ups[i].bytes);
             done += L->ups[i].bytes;
             if (params->progress) params->progress(params->progress_user_data, total ? (float)done / (float)total : 1.0f);
         }
@@ -1559,6 +1576,7 @@ static forge_status forge__upload_all(forge__loader *L, forge_model_params const
                 memcpy((uint8_t *)staging.mapped + used, u->src + part, (size_t)n);
             }
             const forge__pack_item *it = &L->pack.items[u->pack_item];
+            forge__upload_release(m, u, part, n); /* in staging now */
             VkBufferCopy region = {used, it->offset + u->item_offset + part, n};
             d->vk.vkCmdCopyBuffer(cb, staging.buf, m->blocks[it->block].buf, 1, &region);
             used = forge__align_up(used + n, 16);
