@@ -466,6 +466,22 @@ FORGE_API int forge_session_n_past(const forge_session *session);
 /* The type the session's KV cache holds (FORGE_KV_F32 or FORGE_KV_F16: DEFAULT resolved). */
 FORGE_API forge_kv_type forge_session_kv_type(const forge_session *session);
 
+/* Prewarm: compiles, before the first call, the kernels a session's first calls run: a prompt
+ * step of n_prompt tokens (0 or more than n_batch: n_batch; 1: a one-token prompt, which runs
+ * the generation step's kernels) and a generation step; for a model that only embeds, classifies
+ * or reranks, a batch of n_prompt tokens of that. Another prompt length may run other kernels,
+ * compiled when first used. Drivers compile a kernel when it is first created (most GPU drivers) or
+ * first dispatched (lavapipe: LLVM, one kernel at a time, up to seconds each while Mesa's shader
+ * cache, ~/.cache/mesa_shader_cache or MESA_SHADER_CACHE_DIR, is cold); without this, the first
+ * prompt waits for them. Each kernel is created and dispatched once with no work; `progress`
+ * (optional) is called before each with (done, total, its name) and once at the end with
+ * (total, total, NULL). Kernels already prewarmed on the model (by any of its sessions) are not
+ * counted: a second call reports total 0. FORGE_ERR_INVALID_ARGUMENT for n_prompt < 0. Apps can run it at install time, where the driver keeps
+ * a disk cache (Mesa's, NVIDIA's), so a user's first run starts warm. Takes a parallel slot;
+ * returns FORGE_ERR_DEVICE (message on the session) if the driver fails. */
+typedef void (*forge_prewarm_fn)(void *user_data, int done, int total, const char *kernel);
+FORGE_API forge_status forge_session_prewarm(forge_session *session, int n_prompt, forge_prewarm_fn progress, void *user_data);
+
 /* Forgets all but the first n_keep tokens of the cached sequence (0 = reset). A model with
  * linear-attention layers (Qwen 3.5), whose recurrent state cannot go back to an earlier position,
  * evaluates the n_keep tokens again (a prefill; takes a parallel slot), from the session's

@@ -567,6 +567,16 @@ FORGE_API forge_status forge_eval(forge_session *s, const int32_t *tokens, int n
     return st;
 }
 
+FORGE_API forge_status forge_session_prewarm(forge_session *s, int n_prompt, forge_prewarm_fn progress, void *user_data) {
+    if (!s) return FORGE_ERR_INVALID_ARGUMENT;
+    if (n_prompt < 0) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "prewarm: n_prompt %d is negative", n_prompt);
+    forge_status st = forge__slot_acquire(s->m, &s->err);
+    if (st) return st;
+    st = forge__prewarm(s, n_prompt, progress, user_data);
+    forge__slot_release(s->m);
+    return st;
+}
+
 FORGE_API forge_status forge_session_truncate(forge_session *s, int n_keep) {
     if (!s) return FORGE_ERR_INVALID_ARGUMENT;
     if (n_keep < 0 || n_keep > s->n_past)

@@ -19,11 +19,16 @@ static void forge__recording_free(forge__device *d, VkCommandPool cmd_pool, forg
  * exactly, then for real (with a timestamp after every dispatch when profiling). Sessions
  * and trainers record this way; the caller fills the slot's key. */
 typedef void (*forge__record_fn)(void *ctx, forge__rec *r);
+/* A recorder over the model's pipelines, in counting mode (creates pipelines, records nothing). */
+static forge__rec forge__rec_counting(forge_model *m, forge__err *err) {
+    return (forge__rec){.dev = &m->dev, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err,
+                        .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim_max, 8), .mv_paths = forge__matvec_paths(m)};
+}
+
 static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool profile, forge__record_fn fn, void *ctx, forge__recording *slot,
                                   forge__err *err) {
     forge__device *d = &m->dev;
-    forge__rec r = {.dev = d, .pipes = m->pipes, .pipe_lock = &m->pipe_lock, .counting = true, .err = err,
-                    .dmax = (uint32_t)forge__align_up((uint64_t)m->cfg.head_dim_max, 8), .mv_paths = forge__matvec_paths(m)};
+    forge__rec r = forge__rec_counting(m, err);
     fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
@@ -119,6 +124,110 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     slot->last_use = ++s->use_clock;
     *out = slot;
     return FORGE_OK;
+}
+
+/* ---- Prewarm: a session's kernels compiled before its first call ----
+ * A driver compiles a kernel when its pipeline is created (most GPU drivers) or at its first
+ * dispatch (lavapipe: LLVM on one thread, seconds for a large kernel while Mesa's shader cache is
+ * cold), so without this the first prompt waits for every compile and nobody can say why.
+ * Counting passes of what a call would record (nothing recorded) create the pipelines; each one
+ * not yet dispatched then runs once with zero workgroups, a submission each, so the compiles
+ * happen here, one at a time, and the caller's callback can say which. */
+
+/* The passes whose kernels a session's first calls need: a prompt step of nb tokens (at most
+ * n_batch) and a generation step; for a model that only embeds (or only classifies and reranks, a
+ * score head), a batch of nb tokens of that. */
+static int forge__prewarm_passes(const forge_session *s, uint32_t nb, forge__forward_args *out) {
+    const forge__config *c = &s->m->cfg;
+    forge_session *ms = (forge_session *)s;
+    if (c->bidirectional || c->no_head) {
+        out[0] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_POOL_ROWS};
+        out[1] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_POOL_MEAN};
+        return 2;
+    }
+    if (c->n_labels) {
+        out[0] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_CLASSIFY};
+        return 1;
+    }
+    out[0] = (forge__forward_args){ms, 1, 0, 1, FORGE__OUT_SAMPLE};
+    out[1] = (forge__forward_args){ms, nb, nb - 1, 1, FORGE__OUT_SAMPLE};
+    return nb > 1 ? 2 : 1;
+}
+
+static forge_status forge__prewarm(forge_session *s, int n_prompt, forge_prewarm_fn progress, void *user_data) {
+    forge_model *m = s->m;
+    forge__device *d = &m->dev;
+    forge__forward_args passes[2];
+    uint32_t nb = n_prompt > 0 && n_prompt < s->n_batch ? (uint32_t)n_prompt : (uint32_t)s->n_batch;
+    int n_passes = forge__prewarm_passes(s, nb, passes);
+    for (int i = 0; i < n_passes; i++) {
+        forge__rec r = forge__rec_counting(m, &s->err);
+        forge__record_forward_fn(&passes[i], &r);
+        if (r.st) return r.st;
+    }
+    int todo[FORGE__OP_COUNT], n = 0;
+    pthread_mutex_lock(&m->pipe_lock);
+    for (int op = 0; op < FORGE__OP_COUNT; op++)
+        if (m->pipes[op].pipe && !m->pipes[op].warm) todo[n++] = op;
+    pthread_mutex_unlock(&m->pipe_lock);
+    forge_status st = FORGE_OK;
+    VkDescriptorPool pool = VK_NULL_HANDLE;
+    VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, (uint32_t)(n ? n : 1) * FORGE__MAX_BINDINGS};
+    VkDescriptorPoolCreateInfo dpi = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, .maxSets = (uint32_t)(n ? n : 1),
+                                      .poolSizeCount = 1, .pPoolSizes = &ps};
+    if (n && d->vk.vkCreateDescriptorPool(d->dev, &dpi, NULL, &pool) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "vkCreateDescriptorPool(%d sets) failed", n);
+    static const uint8_t zeros[256]; /* push constants: nothing runs, but every range is set */
+    for (int i = 0; i < n && !st; i++) {
+        const forge__op_desc *op = &forge__ops[todo[i]];
+        forge__pipeline *p = &m->pipes[todo[i]];
+        if (progress) progress(user_data, i, n, op->name);
+        if (op->push_bytes > sizeof zeros) {
+            st = forge__fail(&s->err, FORGE_ERR_DEVICE, "kernel %s: %u bytes of push constants", op->name, op->push_bytes);
+            break;
+        }
+        double t0 = forge__now_s();
+        VkDescriptorSet set;
+        VkDescriptorSetAllocateInfo ai = {.sType = VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, .descriptorPool = pool,
+                                          .descriptorSetCount = 1, .pSetLayouts = &p->dsl};
+        if (d->vk.vkAllocateDescriptorSets(d->dev, &ai, &set) != VK_SUCCESS) {
+            st = forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateDescriptorSets failed");
+            break;
+        }
+        VkDescriptorBufferInfo bi[FORGE__MAX_BINDINGS];
+        VkWriteDescriptorSet w[FORGE__MAX_BINDINGS];
+        for (uint32_t b = 0; b < op->n_bindings; b++) { /* any valid range: no invocation reads it */
+            bi[b] = (VkDescriptorBufferInfo){s->io.buf, 0, 16};
+            w[b] = (VkWriteDescriptorSet){.sType = VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, .dstSet = set, .dstBinding = b,
+                                          .descriptorCount = 1, .descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, .pBufferInfo = &bi[b]};
+        }
+        d->vk.vkUpdateDescriptorSets(d->dev, op->n_bindings, w, 0, NULL);
+        VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                           .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+        VkCommandBuffer cb;
+        if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS) {
+            st = forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+            break;
+        }
+        VkCommandBufferBeginInfo cbi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+        d->vk.vkBeginCommandBuffer(cb, &cbi);
+        d->vk.vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->pipe);
+        d->vk.vkCmdBindDescriptorSets(cb, VK_PIPELINE_BIND_POINT_COMPUTE, p->layout, 0, 1, &set, 0, NULL);
+        d->vk.vkCmdPushConstants(cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, op->push_bytes, zeros);
+        d->vk.vkCmdDispatch(cb, 0, 0, 0);
+        d->vk.vkEndCommandBuffer(cb);
+        st = forge__submit_wait(d, cb, s->fence, &s->err);
+        d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
+        if (!st) {
+            pthread_mutex_lock(&m->pipe_lock);
+            p->warm = true;
+            pthread_mutex_unlock(&m->pipe_lock);
+            forge__log(&m->log, FORGE_LOG_DEBUG, "prewarm: kernel %s ready in %.3f s", op->name, forge__now_s() - t0);
+        }
+    }
+    if (pool) d->vk.vkDestroyDescriptorPool(d->dev, pool, NULL);
+    if (!st && progress) progress(user_data, n, n, NULL);
+    return st;
 }
 
 /* ---- Profiling: a timestamp after every dispatch ---- */

@@ -528,6 +528,7 @@ typedef struct forge__pipeline {
     VkDescriptorSetLayout dsl;
     VkPipelineLayout layout;
     VkPipeline pipe;
+    bool warm;                     /* forge_session_prewarm has dispatched it (compiled on every driver) */
 } forge__pipeline;
 
 /* Queries per workgroup of attention_tiled.comp, as its DMAX specialization picks them. */

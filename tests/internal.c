@@ -1358,6 +1358,17 @@ forge_status ft_adamw(ft_ctx *c, float *p, float *g, float *m, float *v, uint32_
 void ft_model_set_device_memory(forge_model *m, uint64_t bytes) { m->dev.caps.device_local_bytes = bytes; }
 void ft_model_set_sample_on_host(forge_model *m, int on) { m->sample_on_host = on != 0; }
 int ft_model_on_cpu(const forge_model *m) { return m->dev.caps.type == FORGE_DEVICE_CPU; }
+int ft_model_pipelines(forge_model *m, int *warm) {
+    int n = 0, w = 0;
+    pthread_mutex_lock(&m->pipe_lock);
+    for (int op = 0; op < FORGE__OP_COUNT; op++) {
+        n += m->pipes[op].pipe != VK_NULL_HANDLE;
+        w += m->pipes[op].warm;
+    }
+    pthread_mutex_unlock(&m->pipe_lock);
+    if (warm) *warm = w;
+    return n;
+}
 int ft_model_set_attn_subgroups(forge_model *m, int on) {
     if (on && !forge__runs_attn_decode(&m->dev.caps)) return 0;
     m->attn_subgroups = on != 0;

@@ -273,6 +273,9 @@ int ft_model_set_attn_cm(forge_model *m, int on);
 int ft_model_set_attn_subgroups(forge_model *m, int on);
 /* 1 when the model runs on a CPU device (lavapipe). */
 int ft_model_on_cpu(const forge_model *m);
+/* The model's pipelines created so far (kernels compiled or being compiled); *warm gets how many
+ * of them forge_session_prewarm has dispatched. */
+int ft_model_pipelines(forge_model *m, int *warm);
 #ifdef __cplusplus
 }
 #endif

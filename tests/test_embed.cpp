@@ -10,6 +10,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -162,6 +163,35 @@ TEST(Embed, BatchingAndOrderNeverChangeAVector) {
         forge_session_free(narrow);
         forge_model_free(m);
     }
+}
+
+/* forge_session_prewarm on a model that only embeds (EmbeddingGemma's layout, bidirectional, no
+ * generation) prewarms a pooled batch, pool_mean included, and the vectors stay the reference's. */
+TEST(Embed, PrewarmOfAnEmbeddingModelIsItsPooledBatch) {
+    std::string dir = fx("gemma3_embed_f32");
+    EmbedRef ref = read_embed_ref(dir);
+    forge_model *m = ft::load(dir);
+    ASSERT_NE(m, nullptr);
+    forge_session *s = ft::session(m, 256, 512);
+    ASSERT_NE(s, nullptr);
+    std::vector<std::string> names;
+    auto cb = [](void *u, int, int, const char *kernel) {
+        if (kernel) ((std::vector<std::string> *)u)->push_back(kernel);
+    };
+    ASSERT_EQ(forge_session_prewarm(s, 0, cb, &names), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_NE(std::find(names.begin(), names.end(), "pool_mean"), names.end());
+    EXPECT_EQ(std::find(names.begin(), names.end(), "penalty"), names.end()) << "a generation kernel for a model that cannot generate";
+    const EmbedCase &ec = ref.cases[0];
+    forge_embed_params ep = forge_embed_default_params();
+    if (!ec.prompt_name.empty()) ep.prompt_name = ec.prompt_name.c_str();
+    if (ec.has_prompt) ep.prompt = ec.prompt.c_str();
+    ep.dim = ec.truncate_dim;
+    int dim = 0;
+    std::vector<float> v = embed(s, text_prompts(ref.texts), ep, &dim);
+    ASSERT_EQ(dim, (int)ec.vectors[0].size());
+    for (size_t i = 0; i < ref.texts.size(); i++) EXPECT_LE(max_abs(v.data() + i * dim, ec.vectors[i]), 1e-4) << "text " << i;
+    forge_session_free(s);
+    forge_model_free(m);
 }
 
 /* The default (not exact) paths: an f16 KV cache, and on GPUs with cooperative matrices the

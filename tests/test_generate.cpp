@@ -7,6 +7,7 @@
 #include <random>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "internal.h"
 #include "util.h"
@@ -219,6 +220,81 @@ TEST(Generate, GreedyMatchesArgmaxOfEval) {
     EXPECT_EQ(c.text.substr(0, strlen(kStory)), kStory);
     forge_session_free(a);
     forge_session_free(b);
+}
+
+/* forge_session_prewarm creates and dispatches exactly the kernels generation then runs: after it
+ * a generation from a one-token prompt (and, prewarmed for 20, one from a 20-token prompt)
+ * creates no pipeline; the callback counts every kernel, names each once, and ends with
+ * (total, total, NULL); a second call finds nothing to do; the story is the same. */
+TEST(Generate, PrewarmCompilesWhatGenerationRuns) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    forge_session *s = st.session();
+    ASSERT_NE(s, nullptr);
+    struct Calls {
+        std::vector<std::tuple<int, int, std::string>> seen;
+        int ends = 0;
+        static void cb(void *u, int done, int total, const char *kernel) {
+            Calls *c = (Calls *)u;
+            if (kernel) c->seen.emplace_back(done, total, kernel);
+            else {
+                EXPECT_EQ(done, total);
+                c->ends++;
+            }
+        }
+    } calls;
+    int warm = -1; /* the session has recorded its decode steps: their pipelines exist, not yet dispatched */
+    int before = ft_model_pipelines(st.m, &warm);
+    EXPECT_EQ(warm, 0);
+    ASSERT_EQ(forge_session_prewarm(s, 1, Calls::cb, &calls), FORGE_OK) << forge_session_errmsg(s);
+    int n = (int)calls.seen.size();
+    EXPECT_GE(n, before);
+    EXPECT_GT(n, 2);
+    EXPECT_EQ(calls.ends, 1);
+    std::set<std::string> names;
+    for (int i = 0; i < n; i++) {
+        EXPECT_EQ(std::get<0>(calls.seen[i]), i);
+        EXPECT_EQ(std::get<1>(calls.seen[i]), n);
+        names.insert(std::get<2>(calls.seen[i]));
+    }
+    EXPECT_EQ((int)names.size(), n);
+    EXPECT_EQ(ft_model_pipelines(st.m, &warm), n);
+    EXPECT_EQ(warm, n);
+
+    int32_t bos = 1;
+    forge_generate_params p = forge_generate_default_params();
+    p.max_tokens = 30;
+    Collect c;
+    p.on_token = Collect::cb;
+    p.user_data = &c;
+    ASSERT_EQ(forge_generate_tokens(s, &bos, 1, &p, nullptr), FORGE_OK) << forge_session_errmsg(s);
+    EXPECT_EQ(c.text.substr(0, 40), std::string(kStory).substr(0, 40));
+    EXPECT_EQ(ft_model_pipelines(st.m, nullptr), n) << "generation from one token created a kernel the prewarm did not";
+
+    Calls again; /* everything is warm: nothing to do, but the end is still reported */
+    ASSERT_EQ(forge_session_prewarm(s, 1, Calls::cb, &again), FORGE_OK);
+    EXPECT_TRUE(again.seen.empty());
+    EXPECT_EQ(again.ends, 1);
+
+    forge_session *t = st.session();
+    ASSERT_NE(t, nullptr);
+    Calls longer; /* a 20-token prompt's step: the prefill's kernels, only those not yet warm */
+    ASSERT_EQ(forge_session_prewarm(t, 20, Calls::cb, &longer), FORGE_OK) << forge_session_errmsg(t);
+    int total = ft_model_pipelines(st.m, &warm);
+    EXPECT_EQ(total, n + (int)longer.seen.size());
+    EXPECT_EQ(warm, total);
+    for (auto &k : longer.seen) EXPECT_EQ(names.count(std::get<2>(k)), 0u) << std::get<2>(k) << " was prewarmed twice";
+    std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 429, 271, 266, 2, 400, 33, 7, 100, 101, 102, 300, 12, 9, 77, 5};
+    Collect c2;
+    p.user_data = &c2;
+    ASSERT_EQ(forge_generate_tokens(t, prompt.data(), (int)prompt.size(), &p, nullptr), FORGE_OK) << forge_session_errmsg(t);
+    EXPECT_EQ(ft_model_pipelines(st.m, nullptr), total) << "a 20-token prompt created a kernel its prewarm did not";
+
+    EXPECT_EQ(forge_session_prewarm(nullptr, 0, nullptr, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_EQ(forge_session_prewarm(t, -1, nullptr, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(forge_session_errmsg(t)).find("n_prompt -1"), std::string::npos) << forge_session_errmsg(t);
+    forge_session_free(t);
+    forge_session_free(s);
 }
 
 TEST(Generate, SameSeedSameOutput) {

@@ -31,6 +31,11 @@ int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opt
  * terminal, the log with -v); prints the library's message and returns NULL on failure. */
 forge_model *forge_cli_load(const char *path, const forge_cli_opts *o);
 
+/* forge_session_prewarm(s, n_prompt, ...) with, on a terminal, "compiling kernels for DEVICE (first run only)" and a
+ * bar once it has taken half a second (a warm driver cache finishes before that and shows
+ * nothing); erased when done. Returns 0, or 1 after printing the session's message. */
+int forge_cli_prewarm(forge_model *m, forge_session *s, int n_prompt);
+
 /* Loads only the tokenizer of PATH (vocab_only). */
 forge_model *forge_cli_load_vocab(const char *path, int verbose);
 

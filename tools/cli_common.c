@@ -6,10 +6,12 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static void log_stderr(void *user, forge_log_level level, const char *msg) {
@@ -108,6 +110,82 @@ forge_model *forge_cli_load(const char *path, const forge_cli_opts *o) {
         mp.progress_user_data = &shown;
     }
     return load_with(path, &mp, o->verbose);
+}
+
+/* The prewarm's line: drawn by a timer thread once the prewarm has taken PREWARM_SHOW_S, then
+ * by the callback at each kernel; the lock keeps the two from drawing at once. */
+#define PREWARM_SHOW_S 0.5
+typedef struct prewarm_ui {
+    pthread_mutex_t lock;
+    pthread_cond_t finished_cv;
+    int done, total, finished, shown, len;
+    char kernel[48], device[96];
+} prewarm_ui;
+
+static void prewarm_draw(prewarm_ui *u) { /* under the lock */
+    char label[192], line[320];
+    snprintf(label, sizeof label, "compiling kernels for %s (first run only)", u->device);
+    int n = forge_cli_bar(line, sizeof line, label, u->total ? (double)u->done / u->total : 0.0);
+    n += snprintf(line + n, sizeof line - (size_t)n, " %d/%d %s", u->done, u->total, u->kernel);
+    if (n >= (int)sizeof line) n = (int)sizeof line - 1;
+    fprintf(stderr, "\r%s%*s", line, u->len > n ? u->len - n : 0, ""); /* blanks over a longer last line */
+    fflush(stderr);
+    u->len = n;
+    u->shown = 1;
+}
+
+static void prewarm_progress(void *user, int done, int total, const char *kernel) {
+    prewarm_ui *u = (prewarm_ui *)user;
+    pthread_mutex_lock(&u->lock);
+    u->done = done;
+    u->total = total;
+    snprintf(u->kernel, sizeof u->kernel, "%s", kernel ? kernel : "");
+    if (u->shown) prewarm_draw(u);
+    pthread_mutex_unlock(&u->lock);
+}
+
+static void *prewarm_timer(void *user) {
+    prewarm_ui *u = (prewarm_ui *)user;
+    struct timespec at;
+    clock_gettime(CLOCK_REALTIME, &at);
+    at.tv_nsec += (long)(PREWARM_SHOW_S * 1e9);
+    at.tv_sec += at.tv_nsec / 1000000000L;
+    at.tv_nsec %= 1000000000L;
+    pthread_mutex_lock(&u->lock);
+    while (!u->finished && pthread_cond_timedwait(&u->finished_cv, &u->lock, &at) == 0) {
+    }
+    if (!u->finished) prewarm_draw(u);
+    pthread_mutex_unlock(&u->lock);
+    return NULL;
+}
+
+int forge_cli_prewarm(forge_model *m, forge_session *s, int n_prompt) {
+    if (!isatty(2)) {
+        if (forge_session_prewarm(s, n_prompt, NULL, NULL) == FORGE_OK) return 0;
+        fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
+        return 1;
+    }
+    prewarm_ui u = {.len = 0};
+    forge_model_info info = {.struct_size = sizeof info};
+    snprintf(u.device, sizeof u.device, "%s", forge_model_get_info(m, &info) == FORGE_OK ? info.device_name : "the device");
+    char *paren = strstr(u.device, " ("); /* "llvmpipe (LLVM 15.0.6, 256 bits)": the name is enough */
+    if (paren) *paren = 0;
+    pthread_mutex_init(&u.lock, NULL);
+    pthread_cond_init(&u.finished_cv, NULL);
+    pthread_t timer;
+    int timing = pthread_create(&timer, NULL, prewarm_timer, &u) == 0;
+    forge_status st = forge_session_prewarm(s, n_prompt, prewarm_progress, &u);
+    pthread_mutex_lock(&u.lock);
+    u.finished = 1;
+    pthread_cond_signal(&u.finished_cv);
+    pthread_mutex_unlock(&u.lock);
+    if (timing) pthread_join(timer, NULL);
+    if (u.shown) fprintf(stderr, "\r%*s\r", u.len, ""); /* erased: the command's output follows */
+    pthread_cond_destroy(&u.finished_cv);
+    pthread_mutex_destroy(&u.lock);
+    if (st == FORGE_OK) return 0;
+    fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
+    return 1;
 }
 
 forge_model *forge_cli_load_vocab(const char *path, int verbose) {

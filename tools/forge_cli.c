@@ -1386,6 +1386,8 @@ static int cmd_run_body(int argc, char **argv, const forge_cli_constraint *con) 
     int rc = 1;
     if (forge_session_create(m, &sp, &s) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    } else if (forge_cli_prewarm(m, s, tokens ? n_ids : !prompt || !*prompt ? 1 : 0)) { /* the bare story's prompt is BOS alone */
+        /* the message is out */
     } else if (load_state && forge_session_load(s, load_state) != FORGE_OK) {
         fprintf(stderr, "forge: %s\n", forge_session_errmsg(s));
     } else if (load_state && prompt && *prompt && !(ids = tokenize_plain(m, prompt, &n_ids))) {
@@ -1728,8 +1730,9 @@ static int cmd_chat_body(int argc, char **argv, const forge_cli_constraint *con)
     sp.n_ctx = o.n_ctx;
     sp.kv_type = o.kv_type;
     forge_session *s = NULL;
-    if (forge_session_create(m, &sp, &s) != FORGE_OK) {
-        fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+    if (forge_session_create(m, &sp, &s) != FORGE_OK || forge_cli_prewarm(m, s, 0)) {
+        if (!s) fprintf(stderr, "forge: %s\n", forge_model_errmsg(m));
+        forge_session_free(s);
         chat_tools_free(&tools);
         forge_model_free(m);
         return 1;
