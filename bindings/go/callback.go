@@ -1,8 +1,9 @@
 package forge
 
-// The token callback forge calls during generation. It lives in its own file because a file
-// with //export may only declare C functions in its preamble; the C trampoline that forge
-// calls (forge_go_on_token) is defined in forge.go's preamble.
+// The callbacks forge calls into Go: generation's tokens, Discover's models and Prewarm's
+// progress. They live in their own file because a file with //export may only declare C
+// functions in its preamble; the C trampolines that forge calls (forge_go_on_token,
+// forge_go_on_prewarm, forge_go_on_model) are defined in session.go's and discover.go's preambles.
 
 /*
 #include <stddef.h>
@@ -41,4 +42,11 @@ func goForgeDiscover(handle C.uintptr_t, model *C.forge_discovered_model) C.int 
 	}
 	*found = append(*found, discovered(model))
 	return 0
+}
+
+//export goForgePrewarm
+func goForgePrewarm(handle C.uintptr_t, done, total C.int, kernel *C.char) {
+	if sink, ok := cgo.Handle(handle).Value().(*prewarmSink); ok {
+		sink.onKernel(int(done), int(total), C.GoString(kernel)) // "" for NULL, the end call
+	}
 }

@@ -667,6 +667,99 @@ func TestSessionStateRoundTrip(t *testing.T) {
 	}
 }
 
+type prewarmCall struct {
+	done, total int
+	kernel      string
+}
+
+// Prewarm reports each kernel, then the end; a second call (from any session of the model)
+// reports only the end, and generation gives the same text as without it.
+func TestSessionPrewarm(t *testing.T) {
+	want, _ := greedy(t, model(t), once, 32)
+	m, err := forge.LoadModel(modelPath, forge.WithContextLen(512)) // nothing prewarmed on it yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.Prewarm(-1, nil); !errors.Is(err, forge.StatusInvalidArgument) || !strings.Contains(err.Error(), "n_prompt") {
+		t.Errorf("Prewarm(-1): %v", err)
+	}
+	var calls []prewarmCall
+	record := func(calls *[]prewarmCall) func(int, int, string) {
+		return func(done, total int, kernel string) { *calls = append(*calls, prewarmCall{done, total, kernel}) }
+	}
+	if err := s.Prewarm(0, record(&calls)); err != nil {
+		t.Fatal(err)
+	}
+	n := len(calls) - 1
+	if n < 1 || calls[n] != (prewarmCall{n, n, ""}) {
+		t.Fatalf("Prewarm's calls: %v", calls)
+	}
+	for i, c := range calls[:n] {
+		if c.done != i || c.total != n || c.kernel == "" {
+			t.Errorf("call %d: %+v (of %d kernels)", i, c, n)
+		}
+	}
+	var again []prewarmCall
+	if err := s.Prewarm(0, record(&again)); err != nil || !slices.Equal(again, []prewarmCall{{0, 0, ""}}) {
+		t.Errorf("second Prewarm: %v, %v", again, err)
+	}
+	if got, _ := collect(s.Generate(context.Background(), once, forge.WithMaxTokens(32))); got != want {
+		t.Errorf("after Prewarm: %q, want %q", got, want)
+	}
+	s2, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	var other []prewarmCall
+	if err := s2.Prewarm(16, record(&other)); err != nil || !slices.Equal(other, []prewarmCall{{0, 0, ""}}) {
+		t.Errorf("Prewarm on another session: %v, %v", other, err)
+	}
+	if err := s2.Prewarm(0, nil); err != nil {
+		t.Errorf("Prewarm without progress: %v", err)
+	}
+}
+
+// A panic in Prewarm's progress stops the calls to it and is raised once forge has returned.
+func TestPanicInPrewarmProgress(t *testing.T) {
+	m, err := forge.LoadModel(modelPath, forge.WithContextLen(512))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	s, err := m.NewSession(forge.SessionConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	calls := 0
+	func() {
+		defer func() {
+			if r := recover(); r != "boom" {
+				t.Errorf("recovered %v", r)
+			}
+		}()
+		s.Prewarm(0, func(int, int, string) { calls++; panic("boom") })
+	}()
+	if calls != 1 {
+		t.Errorf("progress called %d times after it panicked", calls)
+	}
+	var again []prewarmCall
+	err = s.Prewarm(0, func(done, total int, kernel string) { again = append(again, prewarmCall{done, total, kernel}) })
+	if err != nil || !slices.Equal(again, []prewarmCall{{0, 0, ""}}) { // compiled all the same
+		t.Errorf("Prewarm after a panic: %v, %v", again, err)
+	}
+	if text, _ := collect(s.Generate(context.Background(), once, forge.WithMaxTokens(4))); text == "" {
+		t.Error("no text after a panic in Prewarm")
+	}
+}
+
 // KVF16 halves the KV cache and generates; a state file of one type loads into the other.
 func TestSessionKVType(t *testing.T) {
 	m := model(t)

@@ -17,6 +17,18 @@ static void forge_go_set_callback(forge_generate_params *p, uintptr_t handle) {
 	p->on_token = forge_go_on_token;
 	p->user_data = (void *)handle;
 }
+
+// Defined by callback.go's //export.
+extern void goForgePrewarm(uintptr_t handle, int done, int total, char *kernel);
+
+static void forge_go_on_prewarm(void *user_data, int done, int total, const char *kernel) {
+	goForgePrewarm((uintptr_t)user_data, done, total, (char *)kernel);
+}
+
+// forge_session_prewarm with its progress in Go; handle 0 (never a runtime/cgo.Handle): none.
+static forge_status forge_go_prewarm(forge_session *s, int n_prompt, uintptr_t handle) {
+	return forge_session_prewarm(s, n_prompt, handle ? forge_go_on_prewarm : NULL, (void *)handle);
+}
 */
 import "C"
 
@@ -552,6 +564,57 @@ func (s *Session) KVType() KVType {
 	}
 	defer s.end()
 	return KVType(C.forge_session_kv_type(cs))
+}
+
+// prewarmSink hands Prewarm's progress to its func.
+type prewarmSink struct {
+	progress func(done, total int, kernel string)
+	panicked bool // progress panicked: never call it again
+	panicVal any
+}
+
+func (p *prewarmSink) onKernel(done, total int, kernel string) {
+	if p.panicked {
+		return
+	}
+	// A panic in progress must not unwind through forge's C frames: keep it and panic again
+	// once the C call has returned.
+	defer func() {
+		if r := recover(); r != nil {
+			p.panicked, p.panicVal = true, r
+		}
+	}()
+	p.progress(done, total, kernel)
+}
+
+// Prewarm compiles, before the first call, the kernels the session's first calls run
+// (forge_session_prewarm): a prompt step of nPrompt tokens (0, or more than the batch size: the
+// batch size; 1: a one-token prompt) and a generation step, so that the first prompt does not
+// wait for the driver's compiler (lavapipe compiles each kernel when first dispatched, up to
+// seconds each while Mesa's shader cache is cold). Run at install time, it fills the driver's
+// disk cache so a user's first run starts warm. progress (nil: none) is called before each
+// kernel with (done, total, its name) and once at the end with (total, total, ""). Kernels the
+// model has already prewarmed (on any of its sessions) are not counted: a second call reports
+// only (0, 0, ""). A panic in progress stops the calls to it (the kernels are still compiled)
+// and is raised again once the C call has returned. nPrompt < 0 fails with
+// StatusInvalidArgument, a driver failure with StatusDevice.
+func (s *Session) Prewarm(nPrompt int, progress func(done, total int, kernel string)) error {
+	cs, err := s.begin()
+	if err != nil {
+		return err
+	}
+	defer s.end()
+	sink := &prewarmSink{progress: progress}
+	var h cgo.Handle
+	if progress != nil {
+		h = cgo.NewHandle(sink)
+		defer h.Delete()
+	}
+	status := C.forge_go_prewarm(cs, C.int(nPrompt), C.uintptr_t(h))
+	if sink.panicked {
+		panic(sink.panicVal)
+	}
+	return newError(status, C.forge_session_errmsg(cs))
 }
 
 // Truncate forgets all but the first keep cached tokens (0: a fresh sequence).

@@ -25,7 +25,7 @@ import threading
 import weakref
 from array import array
 from dataclasses import dataclass, fields
-from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar, Union
 
 from . import _ffi
 from ._ffi import LibraryNotFoundError
@@ -956,6 +956,42 @@ class Session(_ModelChild):
         """Replaces the session's state with a file that save() wrote for the same model."""
         self._settle()
         status = self._lib.forge_session_load(self._h(), os.fsencode(path))
+        if status != _ffi.OK:
+            self._raise(status)
+
+    def prewarm(self, n_prompt: int = 0,
+                progress: Optional[Callable[[int, int, Optional[str]], Any]] = None) -> None:
+        """Compiles, before the first call, the kernels the session's first calls run
+        (forge_session_prewarm): a prompt step of n_prompt tokens (0, or more than n_batch:
+        n_batch; 1: a one-token prompt) and a generation step, so that the first prompt does not
+        wait for the driver's compiler (lavapipe compiles each kernel when first dispatched, up
+        to seconds each while Mesa's shader cache is cold). Run at install time, it fills the
+        driver's disk cache so a user's first run starts warm.
+
+        `progress(done, total, kernel)` is called before each kernel with its name, then once
+        at the end as (total, total, None). Kernels the model has already prewarmed (on any of
+        its sessions) are not counted: a second call reports only (0, 0, None). An exception
+        in `progress` never crosses into C: progress is not called again, the kernels are still
+        compiled, and the exception is raised when the call returns. n_prompt < 0 raises
+        InvalidArgumentError; a driver failure raises DeviceError."""
+        h = self._h()
+        self._settle()
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress must be a callable(done, total, kernel) or None, not {progress!r}")
+        raised: list[BaseException] = []
+
+        def on_kernel(user: Optional[int], done: int, total: int, kernel: Optional[bytes]) -> None:
+            if raised:  # the callback failed once: leave it alone
+                return
+            try:
+                progress(done, total, None if kernel is None else kernel.decode("utf-8", "replace"))
+            except BaseException as e:  # never let an exception cross into C
+                raised.append(e)
+
+        callback = _ffi.prewarm_fn() if progress is None else _ffi.prewarm_fn(on_kernel)  # (): NULL
+        status = self._lib.forge_session_prewarm(h, n_prompt, callback, None)
+        if raised:
+            raise raised[0]
         if status != _ffi.OK:
             self._raise(status)
 

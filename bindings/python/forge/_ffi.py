@@ -75,6 +75,8 @@ progress_fn = CFUNCTYPE(None, c_void_p, c_float)
 # The token callback takes text as a pointer, not c_char_p: text is not NUL-terminated
 # (text_len counts it) and ctypes would stop a c_char_p at the first NUL.
 token_fn = CFUNCTYPE(c_int, c_void_p, c_int32, POINTER(c_char), c_size_t)
+# forge_prewarm_fn: (user_data, done, total, kernel name or NULL at the end)
+prewarm_fn = CFUNCTYPE(None, c_void_p, c_int, c_int, c_char_p)
 
 
 class DeviceInfo(Structure):
@@ -461,6 +463,7 @@ _PROTOTYPES = {
     "forge_session_errmsg": (c_char_p, [c_void_p]),
     "forge_session_n_past": (c_int, [c_void_p]),
     "forge_session_kv_type": (c_int, [c_void_p]),
+    "forge_session_prewarm": (forge_status, [c_void_p, c_int, prewarm_fn, c_void_p]),
     "forge_session_truncate": (forge_status, [c_void_p, c_int]),
     "forge_session_memory": (forge_status, [c_void_p, _P(MemoryStats)]),
     "forge_session_save": (forge_status, [c_void_p, c_char_p]),

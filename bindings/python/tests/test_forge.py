@@ -310,6 +310,51 @@ def test_an_exception_in_the_token_callback_does_not_cross_into_c(session, monke
     assert session.generate(ONCE, max_tokens=4).read()
 
 
+# --- prewarm -------------------------------------------------------------------------------
+
+
+def test_prewarm_reports_each_kernel_then_the_end_and_leaves_generation_unchanged(model):
+    want, _ = greedy(model, ONCE, 32)
+    with forge.Model(MODEL) as m:  # a model of its own: nothing prewarmed on it yet
+        with m.session(n_ctx=512) as s:
+            calls = []
+            assert s.prewarm(progress=lambda *args: calls.append(args)) is None
+            n = len(calls) - 1
+            assert n > 0 and calls[-1] == (n, n, None)
+            assert [(done, total) for done, total, _ in calls[:-1]] == [(i, n) for i in range(n)]
+            assert all(isinstance(name, str) and name for _, _, name in calls[:-1])
+            again = []
+            s.prewarm(progress=lambda *args: again.append(args))
+            assert again == [(0, 0, None)]
+            assert "".join(s.generate(ONCE, max_tokens=32)) == want
+        with m.session(n_ctx=512) as s:  # the model's kernels are warm for its other sessions
+            other = []
+            s.prewarm(16, lambda *args: other.append(args))
+            s.prewarm()  # no callback
+            assert other == [(0, 0, None)]
+
+
+def test_prewarm_errors_and_an_exception_in_progress():
+    with forge.Model(MODEL) as m, m.session(n_ctx=512) as s:
+        with pytest.raises(forge.InvalidArgumentError, match="n_prompt") as e:
+            s.prewarm(-1)
+        assert e.value.status_name == "FORGE_ERR_INVALID_ARGUMENT"
+        with pytest.raises(TypeError, match="progress"):
+            s.prewarm(progress="not callable")
+        calls = []
+
+        def fail(*args):
+            calls.append(args)
+            raise RuntimeError("progress failed")
+        with pytest.raises(RuntimeError, match="progress failed"):
+            s.prewarm(progress=fail)
+        assert len(calls) == 1 and calls[0][0] == 0 < calls[0][1]  # not called again after it raised
+        again = []
+        s.prewarm(progress=lambda *args: again.append(args))  # the kernels were compiled all the same
+        assert again == [(0, 0, None)]
+        assert s.generate(ONCE, max_tokens=4).read()
+
+
 # --- lifetime -------------------------------------------------------------------------------
 
 
