@@ -137,20 +137,19 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
 /* The passes whose kernels a session's first calls need: a prompt step of nb tokens (at most
  * n_batch) and a generation step; for a model that only embeds (or only classifies and reranks, a
  * score head), a batch of nb tokens of that. */
-static int forge__prewarm_passes(const forge_session *s, uint32_t nb, forge__forward_args *out) {
+static int forge__prewarm_passes(forge_session *s, uint32_t nb, forge__forward_args *out) {
     const forge__config *c = &s->m->cfg;
-    forge_session *ms = (forge_session *)s;
     if (c->bidirectional || c->no_head) {
-        out[0] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_POOL_ROWS};
-        out[1] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_POOL_MEAN};
+        out[0] = (forge__forward_args){s, nb, nb, 1, FORGE__OUT_POOL_ROWS};
+        out[1] = (forge__forward_args){s, nb, nb, 1, FORGE__OUT_POOL_MEAN};
         return 2;
     }
     if (c->n_labels) {
-        out[0] = (forge__forward_args){ms, nb, nb, 1, FORGE__OUT_CLASSIFY};
+        out[0] = (forge__forward_args){s, nb, nb, 1, FORGE__OUT_CLASSIFY};
         return 1;
     }
-    out[0] = (forge__forward_args){ms, 1, 0, 1, FORGE__OUT_SAMPLE};
-    out[1] = (forge__forward_args){ms, nb, nb - 1, 1, FORGE__OUT_SAMPLE};
+    out[0] = (forge__forward_args){s, 1, 0, 1, FORGE__OUT_SAMPLE};
+    out[1] = (forge__forward_args){s, nb, nb - 1, 1, FORGE__OUT_SAMPLE};
     return nb > 1 ? 2 : 1;
 }
 
