@@ -672,20 +672,28 @@ type prewarmCall struct {
 	kernel      string
 }
 
-// Prewarm reports each kernel, then the end; a second call (from any session of the model)
-// reports only the end, and generation gives the same text as without it.
-func TestSessionPrewarm(t *testing.T) {
-	want, _ := greedy(t, model(t), once, 32)
-	m, err := forge.LoadModel(modelPath, forge.WithContextLen(512)) // nothing prewarmed on it yet
+// A model loaded for the test alone (nothing prewarmed on it yet) and a session on it, both
+// closed when the test ends.
+func unwarmedSession(t *testing.T) (*forge.Model, *forge.Session) {
+	t.Helper()
+	m, err := forge.LoadModel(modelPath, forge.WithContextLen(512))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.Close()
+	t.Cleanup(func() { m.Close() })
 	s, err := m.NewSession(forge.SessionConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
+	t.Cleanup(func() { s.Close() })
+	return m, s
+}
+
+// Prewarm reports each kernel, then the end; a second call (from any session of the model)
+// reports only the end, and generation gives the same text as without it.
+func TestSessionPrewarm(t *testing.T) {
+	want, _ := greedy(t, model(t), once, 32)
+	m, s := unwarmedSession(t)
 	if err := s.Prewarm(-1, nil); !errors.Is(err, forge.StatusInvalidArgument) || !strings.Contains(err.Error(), "n_prompt") {
 		t.Errorf("Prewarm(-1): %v", err)
 	}
@@ -728,16 +736,7 @@ func TestSessionPrewarm(t *testing.T) {
 
 // A panic in Prewarm's progress stops the calls to it and is raised once forge has returned.
 func TestPanicInPrewarmProgress(t *testing.T) {
-	m, err := forge.LoadModel(modelPath, forge.WithContextLen(512))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	s, err := m.NewSession(forge.SessionConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	_, s := unwarmedSession(t)
 	calls := 0
 	func() {
 		defer func() {
@@ -751,7 +750,7 @@ func TestPanicInPrewarmProgress(t *testing.T) {
 		t.Errorf("progress called %d times after it panicked", calls)
 	}
 	var again []prewarmCall
-	err = s.Prewarm(0, func(done, total int, kernel string) { again = append(again, prewarmCall{done, total, kernel}) })
+	err := s.Prewarm(0, func(done, total int, kernel string) { again = append(again, prewarmCall{done, total, kernel}) })
 	if err != nil || !slices.Equal(again, []prewarmCall{{0, 0, ""}}) { // compiled all the same
 		t.Errorf("Prewarm after a panic: %v, %v", again, err)
 	}
