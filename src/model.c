@@ -1445,7 +1445,7 @@ static void forge__upload_fill_pairs(const forge__upload *u, uint64_t off, uint6
     }
 }
 
-/* Releases the file pages of bytes [off, off + n) of an upload once copied (forge__release_pages):
+/* Releases the file pages of bytes [off, off + n) of an upload once copied (forge__file_release_pages):
  * loading then holds the weights about once, not the file's pages and the copy. Source bytes are
  * u->bytes of raw data, half of it from each of src and src2 for interleaved rows, and from a
  * narrower type for vectors widened to f32, whose few bytes go whole. */
