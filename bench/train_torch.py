@@ -2,9 +2,11 @@
 """PyTorch + PEFT LoRA training speed on a checkpoint, to set beside `forge bench --train`.
 
     python3 bench/train_torch.py HF_DIR [--batch 4] [--seq 512] [--rank 16] [--targets all]
-                                 [--grad-checkpoint] [--reps 5]
+                                 [--grad-checkpoint] [--attn sdpa|eager] [--reps 5]
 
-What it runs is what a PEFT user runs: the base model in bfloat16 on the GPU, eager attention,
+What it runs is what a PEFT user runs: the base model in bfloat16 on the GPU, attention as
+transformers' `attn_implementation` (sdpa, PyTorch's fused scaled_dot_product_attention, the
+default a user gets; eager, the plain matmul-softmax-matmul, for comparison),
 LoRA (r, alpha 2r, dropout 0) on the chosen projections with PEFT's float32 adapters, the
 forward pass under torch.autocast(bfloat16), HF's causal-LM loss on the batch (labels = the
 tokens), backward, torch.optim.AdamW (lr 1e-4). One warm-up step, then `reps` timed steps
@@ -39,13 +41,14 @@ def main():
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--targets", default="all")
     ap.add_argument("--grad-checkpoint", action="store_true")
+    ap.add_argument("--attn", choices=["sdpa", "eager"], default="sdpa")
     ap.add_argument("--reps", type=int, default=5)
     a = ap.parse_args()
     targets = ALL if a.targets == "all" else a.targets.split(",")
     dev = torch.device("cuda")
     torch.manual_seed(0)
     t0 = time.time()
-    model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation="eager").to(dev)
+    model = transformers.AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, attn_implementation=a.attn).to(dev)
     load_s = time.time() - t0
     if a.grad_checkpoint:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -77,7 +80,7 @@ def main():
     print(json.dumps({
         "framework": f"torch {torch.__version__} + transformers {transformers.__version__} + peft {peft.__version__}",
         "device": torch.cuda.get_device_name(0), "model": a.model, "dtype": "bf16 weights, bf16 autocast, fp32 adapters",
-        "attention": "eager", "train_batch": a.batch, "train_seq": a.seq, "rank": a.rank, "targets": a.targets,
+        "attention": a.attn, "train_batch": a.batch, "train_seq": a.seq, "rank": a.rank, "targets": a.targets,
         "grad_checkpoint": a.grad_checkpoint, "trainable_parameters": n_train, "reps": a.reps,
         "train_step_ms": round(step * 1e3, 3), "train_tok_s": round(a.batch * a.seq / step, 2),
         "train_loss": losses[-1], "peak_device_bytes": torch.cuda.max_memory_allocated(), "load_s": round(load_s, 3)}))

@@ -11,6 +11,7 @@ Presets (see PRESETS):
                    quantized embedding)
   llama8b-q4_0     Llama-3.1-8B shape (hidden 4096, 32 layers, ffn 14336, untied LM head) as ONE
                    GGUF, Q4_0 (4.7 GB)
+  llama8b-bf16     the same weights, HF layout, BF16 (16 GB): PyTorch's side of bench/train_bench.sh's 8B row
   gemma3-1b-bf16   Gemma3-1B shape (gemma3_text), HF layout, BF16
   qwen3-0.6b-f16   Qwen3-0.6B shape, HF layout, F16
   gemma4-e2b-bf16  Gemma-4-E2B shape (gemma4_text: 35 layers 4 sliding : 1 full, head_dim 256 / 512, the
@@ -256,6 +257,7 @@ PRESETS = {
     "llama1b-q8_0": ("llama", "gguf", "q8_0"),
     "llama1b-mlx4": ("llama", "mlx", "float16"),
     "llama8b-q4_0": ("llama8b", "gguf", "q4_0"),
+    "llama8b-bf16": ("llama8b", "hf", "bfloat16"),
     "gemma3-1b-bf16": ("gemma3", "hf", "bfloat16"),
     "qwen3-0.6b-f16": ("qwen3", "hf", "float16"),
     "qwen3moe-30b-a3b-q4_0": ("qwen3moe", "gguf", "q4_0"),
