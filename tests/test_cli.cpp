@@ -365,6 +365,41 @@ TEST(Cli, ProgressBarOnlyOnATerminal) {
     EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
 }
 
+/* forge run's prewarm on a terminal: with Mesa's shader cache empty, lavapipe compiles for seconds
+ * and the terminal shows "compiling kernels for llvmpipe (first run only)" with its bar, erased
+ * before the story; stderr to a file shows nothing of it, cold as well. (A GPU driver compiles in
+ * under half a second: there only the story is checked.) */
+TEST(Cli, FirstRunSaysItCompilesOnlyOnATerminal) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled();
+    forge_model *m = ft::load(model);
+    ASSERT_NE(m, nullptr);
+    forge_model_info info = ft::sized<forge_model_info>();
+    ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+    bool cpu = std::string(info.device_name).find("llvmpipe") != std::string::npos;
+    forge_model_free(m);
+    std::string d = ft::tmpdir("cli_first_run");
+    const char *old = getenv("MESA_SHADER_CACHE_DIR"); /* forkpty's child inherits the environment */
+    std::string saved = old ? old : "";
+    setenv("MESA_SHADER_CACHE_DIR", (d + "/tty").c_str(), 1);
+    std::string tty = forge_on_tty({"run", model, "-n", "8"});
+    if (old) setenv("MESA_SHADER_CACHE_DIR", saved.c_str(), 1);
+    else unsetenv("MESA_SHADER_CACHE_DIR");
+    Split file = forge_split("run " + model + " -n 8", "MESA_SHADER_CACHE_DIR='" + d + "/file'");
+    ASSERT_EQ(file.status, 0) << file.err;
+    EXPECT_EQ(file.err.find("compiling"), std::string::npos) << file.err;
+    EXPECT_EQ(file.out.rfind("Once upon a time", 0), 0u) << file.out;
+    if (cpu) {
+        EXPECT_NE(tty.find("\rcompiling kernels for llvmpipe (first run only) ["), std::string::npos) << tty;
+        size_t bar = tty.rfind("compiling kernels for"), erased = tty.find("\r", bar); /* then blanks and \r */
+        ASSERT_NE(erased, std::string::npos) << tty;
+        size_t end = tty.find("\r", erased + 1);
+        ASSERT_NE(end, std::string::npos) << tty;
+        EXPECT_EQ(tty.substr(erased + 1, end - erased - 1).find_first_not_of(' '), std::string::npos) << tty;
+    }
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
 /* Issue 42: every verb names an argument it does not take, then prints its own usage (forge help
  * VERB's text), not the whole command list; exit status 2. */
 TEST(Cli, UnexpectedArgumentNamesItAndTheVerbsUsage) {
