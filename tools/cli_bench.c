@@ -11,7 +11,8 @@
  *    chooses), "prefill_tok_s", "decode_tok_s", "ttft_ms",
  *    "classify_prompts_s", "peak_device_bytes", "load_s"}, and with --profile "profile": device
  *    ms per kernel over all runs (warm-up and classify included; timestamps after every
- *    dispatch slow the run a little).
+ *    dispatch slow the run a little) and "prefill_profile": the same for one prefill of the P
+ *    tokens alone, on a session of its own.
  * ttft_ms: the call's start to its first generated token.
  * classify_prompts_s: forge_classify of 64 prompts of 32 pseudo-random tokens each (greedy,
  * no logits copied out) on the same session, prompts per second of wall time, median of R
@@ -97,8 +98,8 @@ static void print_model_fields(const forge_model_info *info, const char *path) {
            (unsigned long long)info->weight_bytes);
 }
 
-/* Prints `, "profile": {...}` from a profile call that fills a caller buffer. */
-static void print_profile(const void *obj, forge_status (*get)(const void *, char *, size_t, size_t *)) {
+/* Prints `, "KEY": {...}` from a profile call that fills a caller buffer. */
+static void print_profile(const char *key, const void *obj, forge_status (*get)(const void *, char *, size_t, size_t *)) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     forge_status st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
@@ -108,7 +109,7 @@ static void print_profile(const void *obj, forge_status (*get)(const void *, cha
         buf = malloc(cap);
         st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
     }
-    if (st == FORGE_OK) printf(", \"profile\": %s", buf);
+    if (st == FORGE_OK) printf(", \"%s\": %s", key, buf);
     free(buf);
 }
 
@@ -193,7 +194,7 @@ static int bench_train(forge_model *m, const char *path, const train_bench *tb, 
                step_ms, (double)n / (step_ms * 1e-3));
         printf(", \"train_loss\": %.6g, \"peak_device_bytes\": %llu, \"load_s\": %.3f", stats.loss,
                (unsigned long long)stats.peak_device_bytes, load_s);
-        if (profile) print_profile(t, trainer_profile);
+        if (profile) print_profile("profile", t, trainer_profile);
         printf("}\n");
     }
     free(tokens);
@@ -402,6 +403,13 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         if (r > 0) cls[r - 1] = CLASSIFY_PROMPTS / (now_s() - t);
     }
     free(cls_ids);
+    /* --profile: one prefill of the prompt alone on a session of its own (the pipelines exist
+     * by now), whose kernel times are the prefill's without decode or classify */
+    forge_session *prefill_s = NULL;
+    if (!rc && profile && forge_session_create(m, &sp, &prefill_s) == FORGE_OK && forge_eval(prefill_s, prompt, P, 0, NULL, 0) != FORGE_OK) {
+        fprintf(stderr, "forge bench: the profiled prefill: %s\n", forge_session_errmsg(prefill_s));
+        rc = 2;
+    }
     double batch_tok_s = 0, batch1_tok_s = 0;
     char *batch_profile = NULL;
     if (!rc && batch_set) {
@@ -435,11 +443,13 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
                    kinds[constraint->kind <= 4 ? constraint->kind : 0], con[0], plain > 0 ? con[0] / plain : 0, con[1], con[2], con[3], con[4]);
         }
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)model_peak_bytes(m), load_s);
-        if (profile) print_profile(s, session_profile);
+        if (profile) print_profile("profile", s, session_profile);
+        if (prefill_s) print_profile("prefill_profile", prefill_s, session_profile);
         if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
         printf("}\n");
     }
     free(batch_profile);
+    forge_session_free(prefill_s);
     free(prompt);
     free(pre);
     free(dec);
