@@ -26,15 +26,30 @@
 // Split along k (batch decode's few rows, too few tiles to fill the device), as matmul.comp:
 // flags 64, workgroup z takes k in [z k_split, (z + 1) k_split) (k_split a multiple of 64) and
 // writes its raw sums to C = partials [z, M, N]; linear_reduce.comp adds them up.
+// MOE (matmul_cm_moe): a mixture of experts' product grouped by expert (the prefill), as
+// matmul.comp's MOE build: W is a chunk of an expert weight (experts e0 .. e0 + n_exp - 1 of N
+// rows each), workgroup y a tile of moe_group.comp's table (binding 6: the tile count, then
+// (expert, first, rows) per tile, rows <= 32, and from word order_off the (token, choice) pairs
+// sorted by expert); tile row m is pair p = order[first + m], whose A row is p / a_div (a_div =
+// top_k: the token's f16 activations; 1: the pair's own row) and whose C row is p. 32 x 128
+// tiles, 4 subgroups of 32 x 32; every store goes through the epilogue (the rows scatter).
+// Where the experts' products ran on matmul_moe_s (SIMT, 32 x 128 tiles) the Qwen3.5-35B-A3B
+// shape's 512-token prefill spent 5.4 + 2.5 s of a profiled run in them at 0.8-1.3 TFLOP/s.
 // Needs subgroups of 32 (checked by the host).
 // Bindings: 0 A [*, K] f16 (packed) | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 MLX scales and biases, unused by other formats
+//           3 bias f32 | 4, 5 MLX scales and biases, unused by other formats | 6 MOE: the tiles
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_EXT_control_flow_attributes : require
+#ifdef MOE
+#define BM 32
+#define BN 128
+#define WARPS_M 1
+#define WARPS_N 4
+#endif
 #ifdef SKINNY
 #define BM 32
 #define BN 64
@@ -80,6 +95,31 @@ layout(local_size_x = THREADS) in;
 layout(binding = 0) readonly buffer A8_ { uvec4 a8[]; };
 layout(binding = 2) buffer C_ { float c[]; };
 layout(binding = 3) readonly buffer Bias_ { float bias[]; };
+#ifdef MOE
+layout(binding = 6) readonly buffer Moe_ { uint moe[]; };
+#endif
+
+// The tile's rows of A and C, and W's first row: a plain product's m0 + m (m < M); a MOE
+// tile's pair order[first + m] (m < tile_rows) and its expert's rows.
+uint tile_rows = 0u, tile_first = 0u, w_base = 0u;
+bool c_row_of(uint m, out uint row) {
+#ifdef MOE
+    row = m < tile_rows ? moe[pc.order_off + tile_first + m] : 0u;
+    return m < tile_rows;
+#else
+    row = m;
+    return m < pc.M;
+#endif
+}
+bool a_row_of(uint m, out uint row) {
+#ifdef MOE
+    row = m < tile_rows ? moe[pc.order_off + tile_first + m] / pc.a_div : 0u;
+    return m < tile_rows;
+#else
+    row = m;
+    return m < pc.M;
+#endif
+}
 
 const uint LDS = BK + 8;             // padded row stride (halves): 144 bytes
 const uint LDS4 = LDS / 4u;          // the same in units of 4 halves
@@ -137,14 +177,16 @@ uvec2 rwq[2u * W_PER];        // ... converted to f16
 void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
         uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
-        ra[r] = m < pc.M && k < ke ? a8[((pc.a_row0 + m) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
+        uint row;
+        bool in_ = a_row_of(m, row);
+        ra[r] = in_ && k < ke ? a8[((pc.a_row0 + row) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
 #if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
         uint idx = tid_() + r * THREADS;
         uint n = n0 + idx / (BK / 32u), kb = (k0 >> 5) + idx % (BK / 32u);
         bool in_ = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of BK, K a multiple of 32
-        uint bo = in_ ? (n * (pc.K >> 5) + kb) * QB_BYTES : 0u, w = bo >> 2;
+        uint bo = in_ ? ((w_base + n) * (pc.K >> 5) + kb) * QB_BYTES : 0u, w = bo >> 2;
         rq_odd[r] = (bo & 2u) != 0u;
         // the QB_WORDS words from w hold bytes bo .. bo + QB_BYTES - 1 (blocks start 2-byte
         // aligned; the binding's size is a multiple of 4)
@@ -153,13 +195,13 @@ void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
 #elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
-        rh[r] = n < pc.N && k < ke ? w_u4[(n * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
+        rh[r] = n < pc.N && k < ke ? w_u4[((w_base + n) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
         uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (n < pc.N && k < ke) w_get8_any(n, k, pc.K, lo, hi); // ke: K or a multiple of BK
+        if (n < pc.N && k < ke) w_get8_any(w_base + n, k, pc.K, lo, hi); // ke: K or a multiple of BK
         rw[2u * r] = lo;
         rw[2u * r + 1u] = hi;
     }
@@ -250,6 +292,16 @@ void stash(uint base) { // base: the stage's first element; the weights converte
 void main() {
     uint warp = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     uint m0 = gl_WorkGroupID.y * BM, n0 = gl_WorkGroupID.x * BN;
+#ifdef MOE
+    uint tile = gl_WorkGroupID.y;
+    if (tile >= moe[0]) return;
+    uint expert = moe[4u + 4u * tile];
+    if (expert < pc.e0 || expert >= pc.e0 + pc.n_exp) return; // another chunk's expert
+    tile_first = moe[5u + 4u * tile];
+    tile_rows = moe[6u + 4u * tile];
+    w_base = (expert - pc.e0) * pc.N;
+    m0 = 0u;
+#endif
     uint wm = (warp / WARPS_N) * (BM / WARPS_M), wn = (warp % WARPS_N) * (BN / WARPS_N); // this subgroup's part
     bool part = (pc.flags & 64u) != 0u;
     uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
@@ -315,15 +367,19 @@ void main() {
     // kernel ran at 30 TFLOP/s instead of 70-100 (bench/RESULTS.md).
     // Whole tiles without bias, cap or residual go straight to C (ldc and c_col0 multiples of 4:
     // 16-byte aligned rows); the rest through a per-subgroup scratch, one fragment at a time.
+#ifdef MOE
+    const bool direct = false;
+#else
     bool direct = flags == 0u && m0 + BM <= pc.M && n0 + BN <= pc.N && (ldc & 3u) == 0u && (col0 & 3u) == 0u;
+#endif
 #define STORE_DIRECT(i, j) coopMatStoreNV(acc[i][j], c, (row0 + m0 + wm + 16u * i) * ldc + col0 + n0 + wn + 16u * j, ldc, false);
 #define STORE_EPILOGUE(i, j) {                                                                  \
         coopMatStoreNV(acc[i][j], smem, CS + warp * 128u, 8u, false);                           \
         subgroupMemoryBarrierShared();                                                          \
         subgroupBarrier();                                                                      \
         for (uint e = lane; e < 256u; e += 32u) {                                               \
-            uint m = m0 + wm + 16u * i + e / 16u, n = n0 + wn + 16u * j + e % 16u;             \
-            if (m >= pc.M || n >= pc.N) continue;                                               \
+            uint m, n = n0 + wn + 16u * j + e % 16u;                                            \
+            if (!c_row_of(m0 + wm + 16u * i + e / 16u, m) || n >= pc.N) continue;               \
             uvec2 pair = smem[CS + warp * 128u + e / 2u];                                       \
             float v = uintBitsToFloat((e & 1u) != 0u ? pair.y : pair.x);                        \
             if ((flags & 1u) != 0u) v += bias[pc.bias_off + n];                                 \

@@ -639,7 +639,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
         [FORGE__SB_ROUTER] = &s->router, [FORGE__SB_ROUTE] = &s->route, [FORGE__SB_MOE] = &s->moe, [FORGE__SB_MOE_Y] = &s->moe_y,
         [FORGE__SB_MOE_OUT] = &s->moe_out, [FORGE__SB_MLP_SUM] = &s->mlp_sum, [FORGE__SB_PLE] = &s->ple, [FORGE__SB_PLE_TMP] = &s->ple_tmp,
         [FORGE__SB_PLE_G] = &s->ple_g, [FORGE__SB_LIN_MIX] = &s->lin_mix, [FORGE__SB_LIN_QKV] = &s->lin_qkv, [FORGE__SB_LIN_OUT] = &s->lin_out,
-        [FORGE__SB_SHARED_S] = &s->shared_s, [FORGE__SB_LIN_CKPT] = &s->lin_ckpt,
+        [FORGE__SB_SHARED_S] = &s->shared_s, [FORGE__SB_LIN_CKPT] = &s->lin_ckpt, [FORGE__SB_LIN_CHUNK] = &s->lin_chunk,
     };
     int it = 0;
     for (size_t i = 0; i < FORGE__SB_COUNT; i++, it++) {

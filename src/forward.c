@@ -81,6 +81,7 @@ typedef struct forge__acts {
     forge__range lin_mix;      /* [n, conv_dim + VD + 2 NV] a linear layer's in-projection: q|k|v, z, b, a (training: kept) */
     forge__range lin_qkv;      /* [n, conv_dim] q|k|v after the convolution and SiLU (training: kept) */
     forge__range lin_out;      /* [n, VD] the delta rule's gated-norm output, out_proj's input (training: kept) */
+    forge__range lin_chunk;    /* [n, NV, 2 * 64 + 4] the chunked delta rule's work (none: the recurrent form only) */
     forge__range shared_s;     /* [n] x . shared_expert_gate (MoE) */
     /* kc, vc: a linear layer's convolution and delta-rule states (forge_session.kc) */
 } forge__acts;
@@ -460,7 +461,8 @@ static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__r
  * each for down too (a token's choices in parallel, not in turn: the H200 read the 30B-A3B
  * shape's down experts at 0.31 TB/s summing in the kernel). Otherwise (prefill): moe_group.comp
  * sorts the pairs by expert into tiles of at most 32 or 64 pairs (forge__moe_tile_rows), and
- * matmul.comp's MOE build (SKINNY for 32) multiplies each tile with its expert's rows. Either way moe_combine.comp then sums each
+ * matmul.comp's MOE build (SKINNY for 32) multiplies each tile with its expert's rows; with
+ * tensor cores, matmul_cm.comp's MOE build does, on f16 copies of the inputs, in 32-pair tiles. Either way moe_combine.comp then sums each
  * token's outputs by weight. Expert weights are row-chunked by whole experts
  * (forge__plan_expert_weight); every dispatch runs per chunk and skips the others' experts. */
 
@@ -511,18 +513,24 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
             forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, pairs);
         }
     } else {
-        /* the pairs grouped by expert */
-        uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs), bm = forge__moe_tile_rows(E, pairs);
-        uint32_t tiles = (pairs + bm - 1) / bm + E, bn = bm == FORGE__MOE_BM_S ? 128 : 64; /* matmul.comp's tiles: 32 x 128 or 64 x 64 */
-        forge__op moe_op = bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
+        /* the pairs grouped by expert; on the tensor cores (matmul_cm_moe, 32-pair tiles) where
+         * the pass has them and f16 copies of both inputs fit its scratch */
+        uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs);
+        forge__range a16 = p->a16;
+        bool cm = a16.buf && H % 8 == 0 && I % 8 == 0 && 2ull * n * H <= a16.size && 2ull * pairs * I <= a16.size && forge__apart(a16, xin) &&
+                  forge__apart(a16, a->h) && forge__apart(a16, a->gu) && forge__apart(a16, a->moe_y);
+        uint32_t bm = cm ? FORGE__MOE_BM_S : forge__moe_tile_rows(E, pairs);
+        uint32_t tiles = (pairs + bm - 1) / bm + E, bn = cm || bm == FORGE__MOE_BM_S ? 128 : 64; /* tiles: 32 x 128 or 64 x 64 */
+        forge__op moe_op = cm ? FORGE__OP_MATMUL_CM_MOE : bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
         forge__pc_moe_group pg = {pairs, (uint32_t)c->n_experts, bm, order_off};
         forge__range bg[2] = {a->route, a->moe};
         forge__dispatch(r, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
+        if (cm) forge__record_act_f16(r, xin, 0, n, H, a16); /* (its barrier orders moe_group too) */
         forge__barrier(r);
         for (int i = 0; i < gu->n_chunks; i++) { /* gu [pairs, 2I]: each pair's gate and up, interleaved */
             const forge__wchunk *ch = &gu->chunks[i];
             bool mlx = gu->fmt == FORGE__W_MLX;
-            forge__range b[7] = {xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__range b[7] = {cm ? a16 : xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
                                    ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
             forge__dispatch(r, (forge__op)(moe_op + gu->fmt), b, &pc, (2 * I + bn - 1) / bn, tiles, 1);
@@ -530,10 +538,11 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         forge__barrier(r);
         forge__record_act_mul(p, a->h, a->gu, pairs * I, I, FORGE__GU_PAIRS);
         forge__barrier(r);
+        if (cm) forge__record_act_f16(r, a->h, 0, pairs, I, a16);
         for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
             const forge__wchunk *ch = &dn->chunks[i];
             bool mlx = dn->fmt == FORGE__W_MLX;
-            forge__range b[7] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__range b[7] = {cm ? a16 : a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
                                    order_off};
             forge__dispatch(r, (forge__op)(moe_op + dn->fmt), b, &pc, (H + bn - 1) / bn, tiles, 1);
@@ -595,19 +604,31 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     uint32_t group = p->table == FORGE__TABLE_DECODE ? 1 : p->seq ? p->seq : n, table = p->table ? 1u : 0u;
     forge__pc_conv pc = {n, CD, (uint32_t)c->lin_conv, MIX, group, table};
     forge__range bc[5] = {p->params, a->lin_mix, ly->conv_w.r, a->kc, a->lin_qkv};
-    forge__dispatch(r, FORGE__OP_CONV1D, bc, &pc, (CD + 63) / 64, n / group, 1);
+    forge__dispatch(r, FORGE__OP_CONV1D, bc, &pc, (CD + 31) / 32, n / group, 1);
     forge__barrier(r);
     const uint32_t DK = (uint32_t)c->lin_k_dim, DV = (uint32_t)c->lin_v_dim, lanes = forge__delta_lanes(m);
+    /* a prompt's groups in chunks (delta_rule_prep then delta_rule_chunk: n / 64 dependent steps
+     * instead of n), where the pass has the work buffer for them; else the recurrent form */
+    const bool chunked = group >= FORGE__DELTA_CHUNK_MIN && a->lin_chunk.size >= forge__delta_chunk_bytes(c, n);
     forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, DK, DV, group, table, MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps,
-                          c->lin_v_tiled ? 1u : 0u, lanes, 0};
+                          c->lin_v_tiled ? 1u : 0u, lanes, chunked ? FORGE__DELTA_CHUNK : 0};
     forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};
-    if (lanes) { /* the state's columns in registers over many workgroups, then the gated norm per head */
+    if (chunked) {
+        uint32_t chunks = (group + FORGE__DELTA_CHUNK - 1) / FORGE__DELTA_CHUNK;
+        forge__range bp[5] = {a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, a->lin_chunk};
+        forge__dispatch(r, FORGE__OP_DELTA_RULE_PREP, bp, &pd, chunks * NV, n / group, 1);
+        forge__barrier(r);
+        forge__range bk[5] = {p->params, a->lin_qkv, a->lin_chunk, a->vc, a->lin_out};
+        forge__dispatch(r, FORGE__OP_DELTA_RULE_CHUNK, bk, &pd, NV * ((DV + FORGE__DELTA_CHUNK_COLS - 1) / FORGE__DELTA_CHUNK_COLS), n / group, 1);
+    } else if (lanes) { /* the state's columns in registers over many workgroups, then the gated norm per head */
         forge__dispatch(r, FORGE__OP_DELTA_RULE_SG, bd, &pd, (NV * DV + 64 / lanes - 1) / (64 / lanes), n / group, 1);
+    } else {
+        forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
+    }
+    if (chunked || lanes) {
         forge__barrier(r);
         forge__range bn[3] = {a->lin_mix, ly->lin_norm.r, a->lin_out};
         forge__dispatch(r, FORGE__OP_GATED_NORM, bn, &pd, NV, n, 1);
-    } else {
-        forge__dispatch(r, FORGE__OP_DELTA_RULE, bd, &pd, NV, n / group, 1);
     }
     forge__barrier(r);
     forge__linear(p, &ly->wo, a->lin_out, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);
@@ -962,7 +983,7 @@ static forge__acts forge__session_acts(forge_session *s, int l) {
                          .slots = s->slots[l], .attn_part = s->attn_part, .attn_done = s->attn_done, .u = s->lora_u, .o = s->xn, .d = s->xn,
                          .router = s->router, .route = s->route, .moe = s->moe, .moe_y = s->moe_y, .moe_out = s->moe_out,
                          .mlp_sum = s->mlp_sum, .ple = s->ple, .ple_tmp = s->ple_tmp, .ple_g = s->ple_g, .lin_mix = s->lin_mix,
-                         .lin_qkv = s->lin_qkv, .lin_out = s->lin_out, .shared_s = s->shared_s};
+                         .lin_qkv = s->lin_qkv, .lin_out = s->lin_out, .lin_chunk = s->lin_chunk, .shared_s = s->shared_s};
 }
 
 /* Rows `tokens` (u32) of the table emb into x [n, dim], times scale (rounded as the model's

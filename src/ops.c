@@ -114,7 +114,7 @@ typedef struct forge__pc_delta {    /* kernels/pc_delta.glsl: delta_rule(_sg).co
     float eps;
     uint32_t v_tiled;               /* value head h reads key head h % k_heads (llama.cpp's order), not h / (v_heads / k_heads) */
     uint32_t lanes;                 /* delta_rule_sg: invocations a state column */
-    uint32_t chunk;                 /* delta_rule_back: rows between its checkpoints (0 elsewhere) */
+    uint32_t chunk;                 /* delta_rule_back: rows between its checkpoints; delta_rule_prep / _chunk: a chunk's rows */
 } forge__pc_delta;
 typedef struct forge__pc_moe_route { /* moe_route.comp */
     uint32_t n_experts, top_k, flags;   /* flags: 1 renormalize the chosen weights, 2 times expert_scale */
@@ -209,6 +209,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_MOE = FORGE__OP_MATMUL_S + FORGE__W_COUNT,  /* experts' products grouped by expert (moe_group.comp's tiles) */
     FORGE__OP_MATMUL_MOE_S = FORGE__OP_MATMUL_MOE + FORGE__W_COUNT, /* the same in 32 x 128 tiles: experts of few pairs each */
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
+    FORGE__OP_MATMUL_CM_MOE,      /* + forge__wfmt: experts' products on tensor cores (moe_group.comp's 32-pair tiles) */
+    FORGE__OP_MATMUL_CM_MOE_LAST = FORGE__OP_MATMUL_CM_MOE + FORGE__W_COUNT - 1,
     /* matvec_sg with a post-attention norm added to its input first (F32, F16, BF16: + forge__wfmt) */
     FORGE__OP_MATVEC_SG_POST,
     FORGE__OP_MATVEC_SG_POST_LAST = FORGE__OP_MATVEC_SG_POST + FORGE__W_BF16,
@@ -248,7 +250,9 @@ typedef enum forge__op {
     FORGE__OP_CONV1D,             /* Qwen 3.5's linear attention: the causal convolution of q|k|v, */
     FORGE__OP_DELTA_RULE,         /* then the gated delta rule and the gated norm, */
     FORGE__OP_DELTA_RULE_SG,      /* or the rule with the state in registers (subgroup shuffles) */
-    FORGE__OP_GATED_NORM,         /* and then the gated norm */
+    FORGE__OP_GATED_NORM,         /* and then the gated norm; */
+    FORGE__OP_DELTA_RULE_PREP,    /* or, over a prompt, the chunked form: each chunk's state-free part, */
+    FORGE__OP_DELTA_RULE_CHUNK,   /* then the walk over the chunks (and the gated norm after) */
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
@@ -321,7 +325,8 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
 /* matmul_cm exists where glslang knew GL_NV_cooperative_matrix (tools/build_kernels.sh) */
 #if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
 #define FORGE__CM_OP(FMT, name) \
-    [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}}, \
+    [FORGE__OP_MATMUL_CM_MOE + FMT] = {"matmul_cm_moe_" #name, FORGE__SPV(matmul_cm_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}},
 #define FORGE__CM_S_OP \
     [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}}, \
     [FORGE__OP_ACT_F16] = {"act_f16", FORGE__SPV(act_f16), 2, sizeof(forge__pc_act_f16), 0, {0}}, \
@@ -397,6 +402,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_DELTA_RULE] = {"delta_rule", FORGE__SPV(delta_rule), 8, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_DELTA_RULE_SG] = {"delta_rule_sg", FORGE__SPV(delta_rule_sg), 8, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_GATED_NORM] = {"gated_norm", FORGE__SPV(gated_norm), 3, sizeof(forge__pc_delta), 0, {0}},
+    [FORGE__OP_DELTA_RULE_PREP] = {"delta_rule_prep", FORGE__SPV(delta_rule_prep), 5, sizeof(forge__pc_delta), 0, {0}},
+    [FORGE__OP_DELTA_RULE_CHUNK] = {"delta_rule_chunk", FORGE__SPV(delta_rule_chunk), 5, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_PENALTY] = {"penalty", FORGE__SPV(penalty), 3, 4, 0, {0}},
     [FORGE__OP_LOGIT_MASK] = {"logit_mask", FORGE__SPV(logit_mask), 2, 4, 0, {0}},
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
@@ -449,6 +456,14 @@ FORGE__PUSH_IS(matmul_cm_q4_k, forge__pc_linear);
 FORGE__PUSH_IS(matmul_cm_q6_k, forge__pc_linear);
 FORGE__PUSH_IS(matmul_cm_mlx, forge__pc_linear);
 FORGE__PUSH_IS(matmul_cm_s_f16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_f32, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_f16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_bf16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_q4_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_q6_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_moe_mlx, forge__pc_linear);
 FORGE__PUSH_IS(act_f16, forge__pc_act_f16);
 FORGE__PUSH_IS(attention_cm_d64, forge__pc_attention);
 FORGE__PUSH_IS(attention_cm_d128, forge__pc_attention);
@@ -486,6 +501,8 @@ FORGE__PUSH_IS(conv1d, forge__pc_conv);
 FORGE__PUSH_IS(delta_rule, forge__pc_delta);
 FORGE__PUSH_IS(delta_rule_sg, forge__pc_delta);
 FORGE__PUSH_IS(gated_norm, forge__pc_delta);
+FORGE__PUSH_IS(delta_rule_prep, forge__pc_delta);
+FORGE__PUSH_IS(delta_rule_chunk, forge__pc_delta);
 FORGE__PUSH_IS(moe_route, forge__pc_moe_route);
 FORGE__PUSH_IS(moe_group, forge__pc_moe_group);
 FORGE__PUSH_IS(moe_combine, forge__pc_moe_combine);

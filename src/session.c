@@ -108,6 +108,8 @@ struct forge_session {
     forge__range shared_s;              /* Qwen 3.5-MoE: x . shared_expert_gate per row [n_batch] */
     forge__range lin_ckpt;              /* Qwen 3.5: the prompt cache's checkpoint, sequence 0's recurrent states after the
                                          * first ckpt_pos tokens: per linear layer its convolution's state, then its delta rule's */
+    forge__range lin_chunk;             /* Qwen 3.5: the delta rule's chunked form's work [n_batch, NV, 2 * 64 + 4] (16 bytes when
+                                         * n_batch < FORGE__DELTA_CHUNK_MIN) */
     int ckpt_pos;                       /* -1: no checkpoint */
     int32_t *ckpt_tokens;               /* [n_ctx] the tokens the checkpoint follows (ckpt_pos of them) */
     forge__range *kc, *vc;            /* per layer [n_seq, slots, n_kv_heads, head_dim], f32 or (kv_f16) f16; a linear-attention
@@ -158,6 +160,17 @@ static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { r
 static uint64_t forge__lin_mix_dim(const forge__config *c) { return forge__lin_conv_dim(c) + forge__lin_v_dim(c) + 2ull * c->lin_v_heads; }
 static uint64_t forge__conv_state_bytes(const forge__config *c) { return 4ull * (uint64_t)(c->lin_conv - 1) * forge__lin_conv_dim(c); }
 static uint64_t forge__delta_state_bytes(const forge__config *c) { return 4ull * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim; }
+/* The delta rule's chunked form (delta_rule_prep.comp, delta_rule_chunk.comp) takes a step's
+ * groups of at least FORGE__DELTA_CHUNK_MIN rows (a prompt, a classify batch's sequences) in
+ * chunks of FORGE__DELTA_CHUNK rows; shorter groups (decode, batch generation's steps) take the
+ * recurrent form. Its work buffer holds, per row and value head, T's and P's rows and four
+ * scalars (delta_rule_prep.comp's header). */
+#define FORGE__DELTA_CHUNK 64u
+#define FORGE__DELTA_CHUNK_MIN 16u
+#define FORGE__DELTA_CHUNK_COLS 16u /* delta_rule_chunk.comp's state columns a workgroup */
+static uint64_t forge__delta_chunk_bytes(const forge__config *c, uint64_t rows) {
+    return rows >= FORGE__DELTA_CHUNK_MIN ? 4ull * rows * c->lin_v_heads * (2 * FORGE__DELTA_CHUNK + 4) : 16;
+}
 /* One sequence's recurrent states over all linear layers (the checkpoint's size). */
 static uint64_t forge__recurrent_seq_bytes(const forge__config *c) {
     uint64_t n = 0;
@@ -300,7 +313,7 @@ typedef enum forge__session_buf {
     FORGE__SB_ACT_Q8_RES, FORGE__SB_A16,
     FORGE__SB_ROUTER, FORGE__SB_ROUTE, FORGE__SB_MOE, FORGE__SB_MOE_Y, FORGE__SB_MOE_OUT, FORGE__SB_MLP_SUM,
     FORGE__SB_PLE, FORGE__SB_PLE_TMP, FORGE__SB_PLE_G, FORGE__SB_LIN_MIX, FORGE__SB_LIN_QKV, FORGE__SB_LIN_OUT, FORGE__SB_SHARED_S,
-    FORGE__SB_LIN_CKPT, FORGE__SB_COUNT
+    FORGE__SB_LIN_CKPT, FORGE__SB_LIN_CHUNK, FORGE__SB_COUNT
 } forge__session_buf;
 
 #define FORGE__MOE_BM 64   /* matmul.comp's tile rows: moe_group.comp's tiles hold at most this many pairs */
@@ -361,6 +374,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_LIN_OUT] = forge__has_linear(c) ? nb * forge__lin_v_dim(c) * 4 : 16,
         [FORGE__SB_SHARED_S] = c->shared_ffn ? FORGE__MAX(nb * 4, 16) : 16,
         [FORGE__SB_LIN_CKPT] = FORGE__MAX(forge__recurrent_seq_bytes(c), 16),
+        [FORGE__SB_LIN_CHUNK] = forge__has_linear(c) ? forge__delta_chunk_bytes(c, nb) : 16,
     };
     for (size_t i = 0; i < FORGE__SB_COUNT; i++)
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");

@@ -173,7 +173,8 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
 
 forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
                         uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C) {
-    if (!grouped && !c->dev.caps.subgroup_arith) return FORGE_ERR_UNSUPPORTED;
+    if ((!grouped && !c->dev.caps.subgroup_arith) || (grouped == 4 && !c->dev.caps.coopmat_nv)) return FORGE_ERR_UNSUPPORTED;
+    if (grouped == 4 && K % 8) return FORGE_ERR_INVALID_ARGUMENT;
     uint32_t pairs = n_tokens * top_k;
     if (!chunk_experts) chunk_experts = E;
     uint32_t *route = (uint32_t *)malloc(8ull * pairs);
@@ -191,9 +192,14 @@ forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t 
     forge__range cc = ft_buf(&j, NULL, 4ull * pairs * R);
     forge__range dummy = ft_buf(&j, NULL, 16);
     uint32_t order_off = forge__moe_order_off(E, pairs);
-    uint32_t bm = grouped == 2 ? FORGE__MOE_BM : grouped == 3 ? FORGE__MOE_BM_S : forge__moe_tile_rows(E, pairs);
+    uint32_t bm = grouped == 2 ? FORGE__MOE_BM : grouped >= 3 ? FORGE__MOE_BM_S : forge__moe_tile_rows(E, pairs);
     uint32_t tiles = (pairs + bm - 1) / bm + E, bn = bm == FORGE__MOE_BM_S ? 128 : 64;
-    forge__op moe_op = bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
+    forge__op moe_op = grouped == 4 ? FORGE__OP_MATMUL_CM_MOE : bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
+    if (grouped == 4) { /* the tensor cores' input in f16, as forge__record_experts makes it */
+        forge__range a16 = ft_buf(&j, NULL, 2ull * n_tokens * K + 16);
+        forge__record_act_f16(&j.rec, a, 0, n_tokens, K, a16);
+        a = a16;
+    }
     forge__range moe = dummy;
     if (grouped) {
         moe = ft_buf(&j, NULL, 4ull * (order_off + pairs));
@@ -498,7 +504,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
     return ft_end(&j, 0, g, 4ull * count, 0, NULL, 0);
 }
 
-forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
+forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t chunk, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
                            uint32_t DV, int v_tiled, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias, const float *w,
                            float eps, float *state, float *out) {
     ft_job j;
@@ -508,9 +514,18 @@ forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group
     forge__range pb = ft_buf(&j, params, sizeof params), qb = ft_buf(&j, qkv, 4ull * n * CD), mb = ft_buf(&j, mix, 4ull * n * MIX);
     forge__range ab = ft_buf(&j, neg_a, 4ull * VH), db = ft_buf(&j, dt_bias, 4ull * VH), wb = ft_buf(&j, w, 4ull * DV);
     forge__range sb = ft_buf(&j, state, 4ull * groups * VH * DK * DV), ob = ft_buf(&j, NULL, 4ull * n * VH * DV);
-    forge__pc_delta pc = {n, KH, VH, DK, DV, group_rows, 0, MIX, 0, VH * DV, VH * DV + VH, eps, v_tiled ? 1u : 0u, lanes, 0};
+    forge__pc_delta pc = {n, KH, VH, DK, DV, group_rows, 0, MIX, 0, VH * DV, VH * DV + VH, eps, v_tiled ? 1u : 0u, lanes, chunk};
     forge__range b[8] = {pb, qb, mb, ab, db, wb, sb, ob};
-    if (lanes) {
+    if (chunk) {
+        forge__range work = ft_buf(&j, NULL, 4ull * n * VH * (2 * FORGE__DELTA_CHUNK + 4));
+        forge__range bp[5] = {qb, mb, ab, db, work}, bk[5] = {pb, qb, work, sb, ob};
+        forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_PREP, bp, &pc, (group_rows + chunk - 1) / chunk * VH, groups, 1);
+        forge__barrier(&j.rec);
+        forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_CHUNK, bk, &pc, VH * ((DV + FORGE__DELTA_CHUNK_COLS - 1) / FORGE__DELTA_CHUNK_COLS), groups, 1);
+        forge__barrier(&j.rec);
+        forge__range bn[3] = {mb, wb, ob};
+        forge__dispatch(&j.rec, FORGE__OP_GATED_NORM, bn, &pc, VH, n, 1);
+    } else if (lanes) {
         forge__dispatch(&j.rec, FORGE__OP_DELTA_RULE_SG, b, &pc, (VH * DV + 64 / lanes - 1) / (64 / lanes), groups, 1);
         forge__barrier(&j.rec);
         forge__range bn[3] = {mb, wb, ob};
@@ -520,6 +535,20 @@ forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group
     }
     forge__host_barrier(&j.rec);
     return ft_end(&j, 6, state, 4ull * groups * VH * DK * DV, 7, out, 4ull * n * VH * DV);
+}
+
+forge_status ft_conv1d(ft_ctx *c, const float *x, const float *w, float *state, float *y, uint32_t n, uint32_t channels, uint32_t taps,
+                       uint32_t in_stride, uint32_t group_rows, uint32_t pos0) {
+    ft_job j;
+    ft_begin(&j, c);
+    uint32_t params[16] = {pos0, n}, groups = n / group_rows;
+    forge__range pb = ft_buf(&j, params, sizeof params), xb = ft_buf(&j, x, 4ull * n * in_stride), wb = ft_buf(&j, w, 4ull * channels * taps);
+    forge__range sb = ft_buf(&j, state, 4ull * groups * (taps - 1) * channels), yb = ft_buf(&j, NULL, 4ull * n * channels);
+    forge__range b[5] = {pb, xb, wb, sb, yb};
+    forge__pc_conv pc = {n, channels, taps, in_stride, group_rows, 0};
+    forge__dispatch(&j.rec, FORGE__OP_CONV1D, b, &pc, (channels + 31) / 32, groups, 1);
+    forge__host_barrier(&j.rec);
+    return ft_end(&j, 3, state, 4ull * groups * (taps - 1) * channels, 4, y, 4ull * n * channels);
 }
 
 int ft_has_subgroup_shuffle(ft_ctx *c, uint32_t *width) {

@@ -94,7 +94,8 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
  * choice) pair's product with the token's row of A [n_tokens, K]. grouped 0: decode's matvec_sg
  * EXPERTS (FORGE_ERR_UNSUPPORTED without subgroup arithmetic); 1: prefill's moe_group +
  * matmul_moe (its tile rows by forge__moe_tile_rows; 2: 64-row tiles, 3: 32-row tiles, whatever
- * the pairs). chunk_experts: experts per weight chunk (0: one chunk). */
+ * the pairs); 4: moe_group + matmul_cm_moe, the tensor cores on A in f16 (FORGE_ERR_UNSUPPORTED
+ * without them). chunk_experts: experts per weight chunk (0: one chunk). */
 forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
                         uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C);
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
@@ -133,13 +134,19 @@ forge_status ft_matvec_kind(ft_ctx *c, const ft_weight *w, const float *A, uint3
 forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uint32_t act);
 /* A linear-attention layer's gated delta rule and gated norm over n rows, in groups of
  * group_rows rows (group g in state place g), the groups starting at position pos0 (0: from a
- * zero state): delta_rule.comp (lanes 0), or delta_rule_sg.comp with `lanes` invocations a
- * column then gated_norm.comp. qkv [n, 2 KH DK + VH DV], mix [n, mix_stride] (z at 0, b at
+ * zero state): delta_rule.comp (lanes 0, chunk 0), delta_rule_sg.comp with `lanes` invocations a
+ * column then gated_norm.comp, or (chunk > 0) the chunked form in chunks of `chunk` rows
+ * (delta_rule_prep.comp, delta_rule_chunk.comp, then gated_norm.comp). qkv [n, 2 KH DK + VH DV], mix [n, mix_stride] (z at 0, b at
  * VH DV, a at VH DV + VH), neg_a, dt_bias [VH], w [DV]; state [groups, VH, DK, DV] in and out;
  * out [n, VH DV]. */
-forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
+forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t chunk, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
                            uint32_t DV, int v_tiled, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias, const float *w,
                            float eps, float *state, float *out);
+/* conv1d.comp: the causal depthwise convolution and SiLU of n rows (channels of each, the row
+ * in_stride apart) in groups of group_rows (group g in state place g), the groups starting at
+ * position pos0 (0: zeros before them); state [groups, taps - 1, channels] in and out, y [n, channels]. */
+forge_status ft_conv1d(ft_ctx *c, const float *x, const float *w, float *state, float *y, uint32_t n, uint32_t channels, uint32_t taps,
+                       uint32_t in_stride, uint32_t group_rows, uint32_t pos0);
 /* Whether the device runs delta_rule_sg.comp (subgroup shuffles, subgroups of 8 or more), and its width. */
 int ft_has_subgroup_shuffle(ft_ctx *c, uint32_t *width);
 

@@ -520,6 +520,85 @@ TEST(Kernel, ActMulSiluAndGeluTanh) {
  * key head dims take (k_dim 16 .. 256: 1, 2, 4 and 8 invocations a column, as the subgroup
  * allows), two sequences in their own places, from a zero state (position 0) and on from a
  * given one, with grouped and tiled value heads (llama.cpp's order). */
+/* conv1d.comp against the convolution in double: groups of 1 (decode), 2 (fewer rows than the
+ * state holds), 37 and 100 rows (runs of 3 and 7 rows, one run short), taps 4 and 2, channels
+ * past a workgroup's 32, from zeros and from a state; the state left is the last inputs. */
+TEST(Kernel, Conv1dMatchesTheConvolution) {
+    NEED_DEVICE();
+    const uint32_t C = 70, stride = 75;
+    for (uint32_t K : {4u, 2u})
+        for (uint32_t group : {1u, 2u, 37u, 100u})
+            for (uint32_t pos0 : {0u, 9u}) {
+                const uint32_t groups = group == 100 ? 1 : 3, n = group * groups;
+                std::vector<float> x = ft::randn((size_t)n * stride, 1.0f, 50 + group), w = ft::randn((size_t)C * K, 0.5f, 51);
+                std::vector<float> s0 = ft::randn((size_t)groups * (K - 1) * C, 1.0f, 52), st = s0, y((size_t)n * C);
+                ASSERT_EQ(ft_conv1d(ctx().c, x.data(), w.data(), st.data(), y.data(), n, C, K, stride, group, pos0), FORGE_OK);
+                std::vector<float> ref((size_t)n * C), sref(s0.size());
+                for (uint32_t g = 0; g < groups; g++)
+                    for (uint32_t c = 0; c < C; c++) {
+                        /* the group's inputs after its K - 1 earlier ones */
+                        std::vector<double> in(K - 1 + group);
+                        for (uint32_t j = 0; j + 1 < K; j++) in[j] = pos0 ? s0[((size_t)g * (K - 1) + j) * C + c] : 0.0;
+                        for (uint32_t t = 0; t < group; t++) in[K - 1 + t] = x[((size_t)g * group + t) * stride + c];
+                        for (uint32_t t = 0; t < group; t++) {
+                            double a = 0;
+                            for (uint32_t j = 0; j < K; j++) a += (double)w[c * K + j] * in[t + j];
+                            ref[((size_t)g * group + t) * C + c] = (float)(a / (1.0 + std::exp(-a)));
+                        }
+                        for (uint32_t j = 0; j + 1 < K; j++) sref[((size_t)g * (K - 1) + j) * C + c] = (float)in[group + j];
+                    }
+                std::string what = "K " + std::to_string(K) + " group " + std::to_string(group) + " pos0 " + std::to_string(pos0);
+                EXPECT_LT(ft::rel_err(y.data(), ref.data(), ref.size()), 1e-6) << what;
+                EXPECT_EQ(st, sref) << what;
+            }
+}
+
+/* The gated delta rule and gated norm in double, row by row, as delta_rule.comp's header writes
+ * them: n rows in groups of `group` (group g in state place g); S [groups, VH, DK, DV] in and out. */
+static std::vector<float> delta_rule_ref(uint32_t n, uint32_t group, uint32_t KH, uint32_t VH, uint32_t DK, uint32_t DV, int v_tiled,
+                                         const std::vector<float> &qkv, const std::vector<float> &mix, const std::vector<float> &neg_a,
+                                         const std::vector<float> &dt, const std::vector<float> &w, std::vector<double> &S) {
+    const uint32_t CD = 2 * KH * DK + VH * DV, MIX = VH * DV + 2 * VH;
+    std::vector<float> ref((size_t)n * VH * DV);
+    for (uint32_t t = 0; t < n; t++) {
+        uint32_t g = t / group;
+        const float *row = &qkv[(size_t)t * CD], *mr = &mix[(size_t)t * MIX];
+        for (uint32_t h = 0; h < VH; h++) {
+            uint32_t kh = v_tiled ? h % KH : h / (VH / KH);
+            const float *q = row + kh * DK, *k = row + KH * DK + kh * DK, *v = row + 2 * KH * DK + h * DV;
+            double nq = 0, nk = 0;
+            for (uint32_t i = 0; i < DK; i++) nq += (double)q[i] * q[i], nk += (double)k[i] * k[i];
+            nq = 1.0 / std::sqrt(nq + 1e-6) / std::sqrt((double)DK);
+            nk = 1.0 / std::sqrt(nk + 1e-6);
+            double beta = 1.0 / (1.0 + std::exp(-(double)mr[VH * DV + h])), ax = (double)mr[VH * DV + VH + h] + dt[h];
+            double decay = std::exp(neg_a[h] * (ax > 20 ? ax : std::log1p(std::exp(ax))));
+            double *Sh = &S[((size_t)g * VH + h) * DK * DV];
+            std::vector<double> o(DV);
+            double ss = 0;
+            for (uint32_t jj = 0; jj < DV; jj++) {
+                double kv = 0;
+                for (uint32_t i = 0; i < DK; i++) kv += Sh[i * DV + jj] * k[i] * nk;
+                double delta = (v[jj] - decay * kv) * beta, acc = 0;
+                for (uint32_t i = 0; i < DK; i++) {
+                    Sh[i * DV + jj] = decay * Sh[i * DV + jj] + k[i] * nk * delta;
+                    acc += Sh[i * DV + jj] * q[i] * nq;
+                }
+                o[jj] = acc;
+                ss += acc * acc;
+            }
+            double inv = 1.0 / std::sqrt(ss / DV + 1e-6);
+            for (uint32_t jj = 0; jj < DV; jj++) {
+                double z = mr[h * DV + jj];
+                ref[(size_t)t * VH * DV + h * DV + jj] = (float)(o[jj] * inv * w[jj] * z / (1.0 + std::exp(-z)));
+            }
+        }
+    }
+    return ref;
+}
+
+/* The three forms of the rule against the recurrence in double: delta_rule.comp,
+ * delta_rule_sg.comp (where the device shuffles) and the chunked form in chunks of 64, 4 and 3
+ * rows (groups of 5: one short chunk, a whole and a short one, two whole ones' worth). */
 TEST(Kernel, DeltaRuleBothFormsMatchTheRecurrence) {
     NEED_DEVICE();
     uint32_t width = 0;
@@ -537,52 +616,24 @@ TEST(Kernel, DeltaRuleBothFormsMatchTheRecurrence) {
             std::vector<float> s0 = ft::randn((size_t)groups * VH * DK * DV, 0.3f, 36);
             for (int v_tiled : {0, 1})
                 for (uint32_t pos0 : {0u, 7u}) {
-                    /* the reference, in double */
                     std::vector<double> S(s0.begin(), s0.end());
                     if (pos0 == 0) std::fill(S.begin(), S.end(), 0.0);
-                    std::vector<float> ref((size_t)n * VH * DV);
-                    for (uint32_t t = 0; t < n; t++) {
-                        uint32_t g = t / group;
-                        const float *row = &qkv[(size_t)t * CD], *mr = &mix[(size_t)t * MIX];
-                        for (uint32_t h = 0; h < VH; h++) {
-                            uint32_t kh = v_tiled ? h % KH : h / (VH / KH);
-                            const float *q = row + kh * DK, *k = row + KH * DK + kh * DK, *v = row + 2 * KH * DK + h * DV;
-                            double nq = 0, nk = 0;
-                            for (uint32_t i = 0; i < DK; i++) nq += (double)q[i] * q[i], nk += (double)k[i] * k[i];
-                            nq = 1.0 / std::sqrt(nq + 1e-6) / std::sqrt((double)DK);
-                            nk = 1.0 / std::sqrt(nk + 1e-6);
-                            double beta = 1.0 / (1.0 + std::exp(-(double)mr[VH * DV + h])), ax = (double)mr[VH * DV + VH + h] + dt[h];
-                            double decay = std::exp(neg_a[h] * (ax > 20 ? ax : std::log1p(std::exp(ax))));
-                            double *Sh = &S[((size_t)g * VH + h) * DK * DV];
-                            std::vector<double> o(DV);
-                            double ss = 0;
-                            for (uint32_t jj = 0; jj < DV; jj++) {
-                                double kv = 0;
-                                for (uint32_t i = 0; i < DK; i++) kv += Sh[i * DV + jj] * k[i] * nk;
-                                double delta = (v[jj] - decay * kv) * beta, acc = 0;
-                                for (uint32_t i = 0; i < DK; i++) {
-                                    Sh[i * DV + jj] = decay * Sh[i * DV + jj] + k[i] * nk * delta;
-                                    acc += Sh[i * DV + jj] * q[i] * nq;
-                                }
-                                o[jj] = acc;
-                                ss += acc * acc;
-                            }
-                            double inv = 1.0 / std::sqrt(ss / DV + 1e-6);
-                            for (uint32_t jj = 0; jj < DV; jj++) {
-                                double z = mr[h * DV + jj];
-                                ref[(size_t)t * VH * DV + h * DV + jj] = (float)(o[jj] * inv * w[jj] * z / (1.0 + std::exp(-z)));
-                            }
-                        }
-                    }
+                    std::vector<float> ref = delta_rule_ref(n, group, KH, VH, DK, DV, v_tiled, qkv, mix, neg_a, dt, w, S);
                     std::vector<float> sref(S.begin(), S.end());
-                    for (uint32_t L : {0u, lanes}) {
-                        if (L && (!sg || L > width)) continue;
+                    struct Form {
+                        uint32_t lanes, chunk;
+                    };
+                    for (Form f : {Form{0, 0}, Form{lanes, 0}, Form{0, 64}, Form{0, 4}, Form{0, 3}}) {
+                        if (f.lanes && (!sg || f.lanes > width)) continue;
                         std::vector<float> st = s0, out((size_t)n * VH * DV);
-                        ASSERT_EQ(ft_delta_rule(ctx().c, L, n, group, pos0, KH, VH, DK, DV, v_tiled, qkv.data(), mix.data(), neg_a.data(), dt.data(),
-                                                w.data(), 1e-6f, st.data(), out.data()),
+                        ASSERT_EQ(ft_delta_rule(ctx().c, f.lanes, f.chunk, n, group, pos0, KH, VH, DK, DV, v_tiled, qkv.data(), mix.data(), neg_a.data(),
+                                                dt.data(), w.data(), 1e-6f, st.data(), out.data()),
                                   FORGE_OK);
-                        std::string what = (L ? "delta_rule_sg lanes " + std::to_string(L) : std::string("delta_rule")) + " DK " + std::to_string(DK) +
-                                           " DV " + std::to_string(DV) + (v_tiled ? " tiled" : "") + " pos0 " + std::to_string(pos0);
+                        std::string what = (f.chunk ? "chunked, chunks of " + std::to_string(f.chunk)
+                                            : f.lanes ? "delta_rule_sg lanes " + std::to_string(f.lanes)
+                                                      : std::string("delta_rule")) +
+                                           " DK " + std::to_string(DK) + " DV " + std::to_string(DV) + (v_tiled ? " tiled" : "") + " pos0 " +
+                                           std::to_string(pos0);
                         EXPECT_LT(ft::rel_err(out.data(), ref.data(), ref.size()), 1e-5) << what;
                         EXPECT_LT(ft::rel_err(st.data(), sref.data(), sref.size()), 1e-5) << what << " (state)";
                     }
@@ -590,4 +641,32 @@ TEST(Kernel, DeltaRuleBothFormsMatchTheRecurrence) {
         }
     }
     if (!sg) GTEST_SKIP() << "this device has no subgroup shuffles: delta_rule_sg.comp was not run";
+}
+
+/* The chunked form over prompts of several 64-row chunks (Qwen 3.5's head dims, two sequences
+ * of 150 rows: chunks of 64, 64 and 22), from a zero state and on from a given one, against the
+ * recurrence in double; the decays strong enough that e^G underflows within a chunk. */
+TEST(Kernel, DeltaRuleChunkedFormOverLongPrompts) {
+    NEED_DEVICE();
+    const uint32_t KH = 2, VH = 4, group = 150, n = 2 * group, groups = 2;
+    for (uint32_t DK : {128u, 64u}) {
+        const uint32_t DV = DK == 128 ? 128u : 40u, CD = 2 * KH * DK + VH * DV, MIX = VH * DV + 2 * VH;
+        std::vector<float> qkv = ft::randn((size_t)n * CD, 1.0f, 41 + DK), mix = ft::randn((size_t)n * MIX, 1.5f, 42);
+        std::vector<float> neg_a = ft::randn(VH, 1.0f, 43), dt = ft::randn(VH, 0.5f, 44), w = ft::randn(DV, 0.2f, 45);
+        for (size_t h = 0; h < VH; h++) neg_a[h] = -std::exp(neg_a[h]) * (h == 1 ? 40.0f : 1.0f); /* head 1: decays near 0 */
+        for (float &x : w) x += 1.0f;
+        std::vector<float> s0 = ft::randn((size_t)groups * VH * DK * DV, 0.3f, 46);
+        for (uint32_t pos0 : {0u, 300u}) {
+            std::vector<double> S(s0.begin(), s0.end());
+            if (pos0 == 0) std::fill(S.begin(), S.end(), 0.0);
+            std::vector<float> ref = delta_rule_ref(n, group, KH, VH, DK, DV, 0, qkv, mix, neg_a, dt, w, S);
+            std::vector<float> sref(S.begin(), S.end()), st = s0, out((size_t)n * VH * DV);
+            ASSERT_EQ(ft_delta_rule(ctx().c, 0, 64, n, group, pos0, KH, VH, DK, DV, 0, qkv.data(), mix.data(), neg_a.data(), dt.data(), w.data(),
+                                    1e-6f, st.data(), out.data()),
+                      FORGE_OK);
+            std::string what = "DK " + std::to_string(DK) + " pos0 " + std::to_string(pos0);
+            EXPECT_LT(ft::rel_err(out.data(), ref.data(), ref.size()), 1e-5) << what;
+            EXPECT_LT(ft::rel_err(st.data(), sref.data(), sref.size()), 1e-5) << what << " (state)";
+        }
+    }
 }
