@@ -609,7 +609,7 @@ static void forge__record_linear(const forge__pass *p, int l, const forge__acts 
     const uint32_t DK = (uint32_t)c->lin_k_dim, DV = (uint32_t)c->lin_v_dim, lanes = forge__delta_lanes(m);
     /* a prompt's groups in chunks (delta_rule_prep then delta_rule_chunk: n / 64 dependent steps
      * instead of n), where the pass has the work buffer for them; else the recurrent form */
-    const bool chunked = group >= FORGE__DELTA_CHUNK_MIN && a->lin_chunk.size >= forge__delta_chunk_bytes(c, n);
+    const bool chunked = forge__delta_chunked(c, group) && a->lin_chunk.size >= forge__delta_chunk_bytes(c, n);
     forge__pc_delta pd = {n, (uint32_t)c->lin_k_heads, NV, DK, DV, group, table, MIX, CD, CD + VD, CD + VD + NV, (float)c->norm_eps,
                           c->lin_v_tiled ? 1u : 0u, lanes, chunked ? FORGE__DELTA_CHUNK : 0};
     forge__range bd[8] = {p->params, a->lin_qkv, a->lin_mix, ly->lin_neg_a.r, ly->dt_bias.r, ly->lin_norm.r, a->vc, a->lin_out};

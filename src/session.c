@@ -162,14 +162,19 @@ static uint64_t forge__conv_state_bytes(const forge__config *c) { return 4ull * 
 static uint64_t forge__delta_state_bytes(const forge__config *c) { return 4ull * c->lin_v_heads * c->lin_k_dim * c->lin_v_dim; }
 /* The delta rule's chunked form (delta_rule_prep.comp, delta_rule_chunk.comp) takes a step's
  * groups of at least FORGE__DELTA_CHUNK_MIN rows (a prompt, a classify batch's sequences) in
- * chunks of FORGE__DELTA_CHUNK rows; shorter groups (decode, batch generation's steps) take the
+ * chunks of FORGE__DELTA_CHUNK rows where key heads are at most FORGE__DELTA_CHUNK_MAX_K_DIM wide
+ * (Qwen 3.5's are 128); shorter groups (decode, batch generation's steps) and wider heads take the
  * recurrent form. Its work buffer holds, per row and value head, T's and P's rows and four
  * scalars (delta_rule_prep.comp's header). */
 #define FORGE__DELTA_CHUNK 64u
 #define FORGE__DELTA_CHUNK_MIN 16u
 #define FORGE__DELTA_CHUNK_COLS 16u /* delta_rule_chunk.comp's state columns a workgroup */
+#define FORGE__DELTA_CHUNK_MAX_K_DIM 128u /* delta_rule_chunk.comp's state block in 32 KB of shared memory */
+static bool forge__delta_chunked(const forge__config *c, uint64_t rows) {
+    return rows >= FORGE__DELTA_CHUNK_MIN && (uint64_t)c->lin_k_dim <= FORGE__DELTA_CHUNK_MAX_K_DIM;
+}
 static uint64_t forge__delta_chunk_bytes(const forge__config *c, uint64_t rows) {
-    return rows >= FORGE__DELTA_CHUNK_MIN ? 4ull * rows * c->lin_v_heads * (2 * FORGE__DELTA_CHUNK + 4) : 16;
+    return forge__delta_chunked(c, rows) ? 4ull * rows * c->lin_v_heads * (2 * FORGE__DELTA_CHUNK + 4) : 16;
 }
 /* One sequence's recurrent states over all linear layers (the checkpoint's size). */
 static uint64_t forge__recurrent_seq_bytes(const forge__config *c) {

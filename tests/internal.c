@@ -507,6 +507,7 @@ forge_status ft_act_mul(ft_ctx *c, float *g, const float *u, uint32_t count, uin
 forge_status ft_delta_rule(ft_ctx *c, uint32_t lanes, uint32_t chunk, uint32_t n, uint32_t group_rows, uint32_t pos0, uint32_t KH, uint32_t VH, uint32_t DK,
                            uint32_t DV, int v_tiled, const float *qkv, const float *mix, const float *neg_a, const float *dt_bias, const float *w,
                            float eps, float *state, float *out) {
+    if (chunk && DK > FORGE__DELTA_CHUNK_MAX_K_DIM) return FORGE_ERR_UNSUPPORTED; /* (the recurrent form's) */
     ft_job j;
     ft_begin(&j, c);
     const uint32_t CD = 2 * KH * DK + VH * DV, MIX = VH * DV + 2 * VH, groups = n / group_rows;

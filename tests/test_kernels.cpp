@@ -626,9 +626,11 @@ TEST(Kernel, DeltaRuleBothFormsMatchTheRecurrence) {
                     for (Form f : {Form{0, 0}, Form{lanes, 0}, Form{0, 64}, Form{0, 4}, Form{0, 3}}) {
                         if (f.lanes && (!sg || f.lanes > width)) continue;
                         std::vector<float> st = s0, out((size_t)n * VH * DV);
+                        forge_status want = f.chunk && DK > 128 ? FORGE_ERR_UNSUPPORTED : FORGE_OK; /* (heads wider take the recurrent form) */
                         ASSERT_EQ(ft_delta_rule(ctx().c, f.lanes, f.chunk, n, group, pos0, KH, VH, DK, DV, v_tiled, qkv.data(), mix.data(), neg_a.data(),
                                                 dt.data(), w.data(), 1e-6f, st.data(), out.data()),
-                                  FORGE_OK);
+                                  want);
+                        if (want != FORGE_OK) continue;
                         std::string what = (f.chunk ? "chunked, chunks of " + std::to_string(f.chunk)
                                             : f.lanes ? "delta_rule_sg lanes " + std::to_string(f.lanes)
                                                       : std::string("delta_rule")) +
