@@ -234,6 +234,22 @@ TEST(Cli, JsonOutputs) {
     EXPECT_GT(num(run, "decode_tok_s"), 0);
     cJSON_Delete(run);
 
+    /* bench --profile: the whole run's kernel times, one prefill's, and the -n decode steps
+     * after it: one attention a layer a step (the prompt's last token again, then n - 1), and
+     * none of the prefill's matrix products */
+    cJSON *bench = json_of(forge_split("bench " + model + " -p 16 -n 6 -r 1 --profile"));
+    EXPECT_EQ(num(bench, "n_prompt"), 16);
+    EXPECT_GT(num(bench, "prefill_tok_s"), 0);
+    EXPECT_GT(num(bench, "decode_tok_s"), 0);
+    const cJSON *prefill = cJSON_GetObjectItem(bench, "prefill_profile"), *decode = cJSON_GetObjectItem(bench, "decode_profile");
+    ASSERT_TRUE(cJSON_IsObject(prefill) && cJSON_IsObject(decode));
+    EXPECT_EQ(num(cJSON_GetObjectItem(prefill, "embed_f32"), "calls"), 1);
+    EXPECT_EQ(num(cJSON_GetObjectItem(decode, "embed_f32"), "calls"), 6);
+    EXPECT_EQ(num(cJSON_GetObjectItem(decode, "attention_decode"), "calls"), 6 * 5); /* (5 layers) */
+    EXPECT_EQ(cJSON_GetObjectItem(decode, "matmul_f32"), nullptr);
+    EXPECT_GT(num(cJSON_GetObjectItem(decode, "attention_decode"), "ms"), 0);
+    cJSON_Delete(bench);
+
     /* tokenize: the library's ids; --decode --json: the text as a JSON string */
     int32_t ids[64];
     size_t n_ids = 0;

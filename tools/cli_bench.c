@@ -11,8 +11,9 @@
  *    chooses), "prefill_tok_s", "decode_tok_s", "ttft_ms",
  *    "classify_prompts_s", "peak_device_bytes", "load_s"}, and with --profile "profile": device
  *    ms per kernel over all runs (warm-up and classify included; timestamps after every
- *    dispatch slow the run a little) and "prefill_profile": the same for one prefill of the P
- *    tokens alone, on a session of its own.
+ *    dispatch slow the run a little), "prefill_profile": the same for one prefill of the P
+ *    tokens alone, on a session of its own, and "decode_profile": the N decode steps that
+ *    follow it there (that session's profile after them less its prefill's).
  * ttft_ms: the call's start to its first generated token.
  * classify_prompts_s: forge_classify of 64 prompts of 32 pseudo-random tokens each (greedy,
  * no logits copied out) on the same session, prompts per second of wall time, median of R
@@ -56,6 +57,8 @@
  * max}, "mask_us" {p50, p90, p99, mean, max, n}, "token_us" {p50, p99, mean}. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+
+#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -111,6 +114,46 @@ static void print_profile(const char *key, const void *obj, forge_status (*get)(
     }
     if (st == FORGE_OK) printf(", \"%s\": %s", key, buf);
     free(buf);
+}
+
+/* A session's profile as a malloc'd string, or NULL. */
+static char *profile_string(const forge_session *s) {
+    size_t len = 0;
+    char *buf = NULL;
+    if (forge_session_profile(s, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL && (buf = malloc(len + 1)) &&
+        forge_session_profile(s, buf, len + 1, &len) != FORGE_OK) {
+        free(buf);
+        buf = NULL;
+    }
+    return buf;
+}
+
+/* Prints `, "KEY": {...}`: the kernel times of profile `after` less those of `before` (the
+ * same session's, earlier): calls and ms subtracted, the rates ("gb_s", "tflop_s") those of
+ * the difference (a rate times ms is additive), kernels without calls in between left out. */
+static void print_profile_difference(const char *key, const char *before, const char *after) {
+    cJSON *b = cJSON_Parse(before), *a = cJSON_Parse(after), *out = cJSON_CreateObject(), *e;
+    cJSON_ArrayForEach(e, a) {
+        cJSON *was = cJSON_GetObjectItemCaseSensitive(b, e->string);
+        double ms = cJSON_GetNumberValue(cJSON_GetObjectItem(e, "ms")), ms0 = was ? cJSON_GetNumberValue(cJSON_GetObjectItem(was, "ms")) : 0;
+        double calls = cJSON_GetNumberValue(cJSON_GetObjectItem(e, "calls")) - (was ? cJSON_GetNumberValue(cJSON_GetObjectItem(was, "calls")) : 0);
+        if (calls <= 0) continue;
+        cJSON *d = cJSON_AddObjectToObject(out, e->string), *f;
+        cJSON_ArrayForEach(f, e) {
+            double v = f->valuedouble, v0 = was ? cJSON_GetNumberValue(cJSON_GetObjectItem(was, f->string)) : 0;
+            if (v0 != v0) v0 = 0; /* (NaN: not in before) */
+            size_t n = strlen(f->string);
+            int rate = n > 2 && !strcmp(f->string + n - 2, "_s");
+            double dv = rate ? (ms - ms0 > 0 ? (v * ms - v0 * ms0) / (ms - ms0) : 0) : v - v0;
+            cJSON_AddNumberToObject(d, f->string, dv);
+        }
+    }
+    char *text = a && b ? cJSON_PrintUnformatted(out) : NULL;
+    if (text) printf(", \"%s\": %s", key, text);
+    free(text);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    cJSON_Delete(out);
 }
 
 static forge_status session_profile(const void *s, char *out, size_t cap, size_t *len) {
@@ -410,6 +453,18 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         fprintf(stderr, "forge bench: the profiled prefill: %s\n", forge_session_errmsg(prefill_s));
         rc = 2;
     }
+    /* ... and then the N decode steps on it (the prompt's rows cached: its last token is
+     * evaluated again), whose kernel times are the difference */
+    char *prefill_json = NULL, *decode_json = NULL;
+    if (!rc && prefill_s && (prefill_json = profile_string(prefill_s))) {
+        forge_metrics mt = {.struct_size = sizeof mt};
+        if (forge_generate_tokens(prefill_s, prompt, P, &gp, &mt) != FORGE_OK) {
+            fprintf(stderr, "forge bench: the profiled decode: %s\n", forge_session_errmsg(prefill_s));
+            rc = 2;
+        } else {
+            decode_json = profile_string(prefill_s);
+        }
+    }
     double batch_tok_s = 0, batch1_tok_s = 0;
     char *batch_profile = NULL;
     if (!rc && batch_set) {
@@ -444,11 +499,14 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         }
         printf(", \"peak_device_bytes\": %llu, \"load_s\": %.3f", (unsigned long long)model_peak_bytes(m), load_s);
         if (profile) print_profile("profile", s, session_profile);
-        if (prefill_s) print_profile("prefill_profile", prefill_s, session_profile);
+        if (prefill_json) printf(", \"prefill_profile\": %s", prefill_json);
+        if (prefill_json && decode_json) print_profile_difference("decode_profile", prefill_json, decode_json);
         if (batch_profile) printf(", \"batch_profile\": %s", batch_profile);
         printf("}\n");
     }
     free(batch_profile);
+    free(prefill_json);
+    free(decode_json);
     forge_session_free(prefill_s);
     free(prompt);
     free(pre);
