@@ -526,7 +526,7 @@ TEST(Kernel, ActMulSiluAndGeluTanh) {
 TEST(Kernel, Conv1dMatchesTheConvolution) {
     NEED_DEVICE();
     const uint32_t C = 70, stride = 75;
-    for (uint32_t K : {4u, 2u})
+    for (uint32_t K : {4u, 2u, 8u}) /* (8: FORGE__MAX_LINEAR_CONV) */
         for (uint32_t group : {1u, 2u, 37u, 100u})
             for (uint32_t pos0 : {0u, 9u}) {
                 const uint32_t groups = group == 100 ? 1 : 3, n = group * groups;
