@@ -145,6 +145,14 @@ static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, ui
     return w->fmt <= FORGE__W_BF16 && forge__pair_outputs(m, M, outs, gated) && (!gated || w->cols % 8 == 0);
 }
 
+/* Row a_row0 of x [*, K] (times norm's weight if given, and over its RMS) to int8 blocks of 32
+ * in p->act_q8 (act_q8.comp), for the products of flag QUANTIZED after a barrier. */
+static void forge__record_act_q8(const forge__pass *p, forge__range x, uint32_t a_row0, uint32_t K, const forge__vec *norm) {
+    forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
+    forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
+    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+}
+
 /* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
  * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
  * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's;
@@ -160,9 +168,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     forge__range in = flags & FORGE__LINEAR_QUANTIZED_RES ? p->act_q8_res : p->act_q8;
     if (!(flags & (FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES))) {
         forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
-        forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
-        forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
-        forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+        forge__record_act_q8(p, x, a_row0, K, norm);
         forge__barrier(p->r);
     }
     bool g8 = flags & (FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_A_G8);
@@ -466,6 +472,18 @@ static void forge__record_act_mul(const forge__pass *p, forge__range h, forge__r
  * token's outputs by weight. Expert weights are row-chunked by whole experts
  * (forge__plan_expert_weight); every dispatch runs per chunk and skips the others' experts. */
 
+/* acts.route from the router's logits in acts.router (moe_route.comp). */
+static void forge__record_route_pick(const forge__pass *p, int l, const forge__acts *a) {
+    const forge__config *c = &p->m->cfg;
+    const forge__layer *ly = &p->m->layers[l];
+    bool scaled = c->router == FORGE__ROUTER_GEMMA4;
+    forge__pc_moe_route pc = {(uint32_t)c->n_experts, (uint32_t)c->n_experts_used, (c->moe_norm_topk ? 1u : 0u) | (scaled ? 2u : 0u), p->n};
+    forge__range b[3] = {a->router, a->route, scaled ? ly->expert_scale.r : p->dummy};
+    uint32_t gx, gy;
+    forge__grid(p->n, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_MOE_ROUTE, b, &pc, gx, gy, 1);
+}
+
 /* The router: acts.route from the normed input xin [n, H]. */
 static void forge__record_route(const forge__pass *p, int l, const forge__acts *a, forge__range xin) {
     const forge__config *c = &p->m->cfg;
@@ -473,14 +491,52 @@ static void forge__record_route(const forge__pass *p, int l, const forge__acts *
     uint32_t E = (uint32_t)c->n_experts;
     forge__linear(p, &ly->router, xin, 0, p->n, a->router, E, 0, NULL, NULL, 0, 0);
     forge__barrier(p->r);
-    bool scaled = c->router == FORGE__ROUTER_GEMMA4;
-    forge__pc_moe_route pc = {E, (uint32_t)c->n_experts_used, (c->moe_norm_topk ? 1u : 0u) | (scaled ? 2u : 0u), p->n};
-    forge__range b[3] = {a->router, a->route, scaled ? ly->expert_scale.r : p->dummy};
-    uint32_t gx, gy;
-    forge__grid(p->n, &gx, &gy);
-    forge__dispatch(p->r, FORGE__OP_MOE_ROUTE, b, &pc, gx, gy, 1);
+    forge__record_route_pick(p, l, a);
     forge__barrier(p->r);
 }
+
+/* A few tokens' experts on matvec_sg (forge__experts_by_pair), acts.route set: h [pairs, I] =
+ * act(gate) * up of each pair's expert on xin's rows ... */
+static void forge__record_experts_gate_up(const forge__pass *p, int l, const forge__acts *a, forge__range xin, forge__range h) {
+    const forge__config *c = &p->m->cfg;
+    const forge__weight *gu = &p->m->layers[l].exp_gate_up;
+    uint32_t K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden, rows = forge__matvec_rows_per_wg(true, 0), gx, gy;
+    uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
+    for (int i = 0; i < gu->n_chunks; i++) {
+        const forge__wchunk *ch = &gu->chunks[i];
+        bool mlx = gu->fmt == FORGE__W_MLX;
+        forge__range b[8] = {xin, ch->w, h, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
+        forge__pc_linear pc = {1, H, I, 0, I, 0, FORGE__LINEAR_GATED | FORGE__LINEAR_EXPERTS | act_flag, 0, 0, gu->bits, gu->group,
+                               gu->qflags, 0, 0, 0, ch->row0 / (2 * I), ch->rows / (2 * I), K, K, 0};
+        forge__grid((I + rows - 1) / rows, &gx, &gy);
+        forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG + gu->fmt), b, &pc, gx, gy, p->n * K);
+    }
+}
+/* ... then moe_y [pairs, H] = down(h) of each pair's expert */
+static void forge__record_experts_down(const forge__pass *p, int l, const forge__acts *a, forge__range h) {
+    const forge__config *c = &p->m->cfg;
+    const forge__weight *dn = &p->m->layers[l].exp_down;
+    uint32_t K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden, rows = forge__matvec_rows_per_wg(true, 0), gx, gy;
+    for (int i = 0; i < dn->n_chunks; i++) {
+        const forge__wchunk *ch = &dn->chunks[i];
+        bool mlx = dn->fmt == FORGE__W_MLX;
+        forge__range b[8] = {h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
+        forge__pc_linear pc = {1, I, H, 0, H, 0, FORGE__LINEAR_EXPERTS, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0,
+                               ch->row0 / H, ch->rows / H, K, 1, 0};
+        forge__grid((H + rows - 1) / rows, &gx, &gy);
+        forge__dispatch(p->r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, p->n * K);
+    }
+}
+/* out [n, H] (+)= each token's moe_y rows by their weights (moe_combine.comp). */
+static void forge__record_experts_combine(const forge__pass *p, const forge__acts *a, forge__range out, bool accumulate) {
+    const forge__config *c = &p->m->cfg;
+    uint32_t H = (uint32_t)c->hidden, gx, gy;
+    forge__pc_moe_combine pcm = {p->n, H, (uint32_t)c->n_experts_used, accumulate ? 1u : 0u};
+    forge__range bc[3] = {a->route, a->moe_y, out};
+    forge__grid(p->n, &gx, &gy);
+    forge__dispatch(p->r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
+}
+static bool forge__experts_by_pair(const forge__pass *p) { return p->n <= forge__matvec_max_m(p->m) && p->m->dev.caps.subgroup_arith; }
 
 /* out [n, H] (+)= sum over each token's choices of weight * expert(xin row) (acts.route set). */
 static void forge__record_experts(const forge__pass *p, int l, const forge__acts *a, forge__range xin, forge__range out, bool accumulate) {
@@ -489,29 +545,11 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
     const forge__layer *ly = &m->layers[l];
     const forge__weight *gu = &ly->exp_gate_up, *dn = &ly->exp_down;
     uint32_t n = p->n, K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, H = (uint32_t)c->hidden, pairs = n * K;
-    uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0, gx, gy;
     forge__rec *r = p->r;
-    if (n <= forge__matvec_max_m(m) && m->dev.caps.subgroup_arith) {
-        uint32_t rows = forge__matvec_rows_per_wg(true, 0);
-        for (int i = 0; i < gu->n_chunks; i++) { /* h [pairs, I] = act(gate) * up of each pair's expert */
-            const forge__wchunk *ch = &gu->chunks[i];
-            bool mlx = gu->fmt == FORGE__W_MLX;
-            forge__range b[8] = {xin, ch->w, a->h, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
-            forge__pc_linear pc = {1, H, I, 0, I, 0, FORGE__LINEAR_GATED | FORGE__LINEAR_EXPERTS | act_flag, 0, 0, gu->bits, gu->group,
-                                   gu->qflags, 0, 0, 0, ch->row0 / (2 * I), ch->rows / (2 * I), K, K, 0};
-            forge__grid((I + rows - 1) / rows, &gx, &gy);
-            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + gu->fmt), b, &pc, gx, gy, pairs);
-        }
+    if (forge__experts_by_pair(p)) {
+        forge__record_experts_gate_up(p, l, a, xin, a->h);
         forge__barrier(r);
-        for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] = down(h) of each pair's expert */
-            const forge__wchunk *ch = &dn->chunks[i];
-            bool mlx = dn->fmt == FORGE__W_MLX;
-            forge__range b[8] = {a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, p->dummy, a->route};
-            forge__pc_linear pc = {1, I, H, 0, H, 0, FORGE__LINEAR_EXPERTS, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0,
-                                   ch->row0 / H, ch->rows / H, K, 1, 0};
-            forge__grid((H + rows - 1) / rows, &gx, &gy);
-            forge__dispatch(r, (forge__op)(FORGE__OP_MATVEC_SG + dn->fmt), b, &pc, gx, gy, pairs);
-        }
+        forge__record_experts_down(p, l, a, a->h);
     } else {
         /* the pairs grouped by expert; on the tensor cores (matmul_cm_moe, 32-pair tiles) where
          * the pass has them and f16 copies of both inputs fit its scratch */
@@ -549,10 +587,56 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         }
     }
     forge__barrier(r);
-    forge__pc_moe_combine pcm = {n, H, K, accumulate ? 1u : 0u};
-    forge__range bc[3] = {a->route, a->moe_y, out};
-    forge__grid(n, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
+    forge__record_experts_combine(p, a, out, accumulate);
+}
+
+/* Qwen 3.5-MoE's MLP for a few tokens (the experts on matvec_sg: decode): x += shared(xn) +
+ * experts(xn), xn = ffn_norm(x). The shared expert and the routed ones read the same row, so
+ * each stage holds one of each where neither waits on the other: 7 barriers a layer where one
+ * after the other took 13 (and the shared expert's gate reads the int8 row its gate|up does).
+ * The experts' middle goes to h after the shared expert's (rows n ..). False, recording nothing,
+ * with adapters or where h cannot hold both. */
+static bool forge__record_shared_moe_by_pair(const forge__pass *p, int l, const forge__acts *a, bool adapters) {
+    forge_model *m = p->m;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    forge__rec *r = p->r;
+    uint32_t n = p->n, H = (uint32_t)c->hidden, F = (uint32_t)c->layer_ffn[l], K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn;
+    uint64_t h2_off = forge__align_up(4ull * n * F, m->dev.caps.storage_align);
+    if (adapters || !forge__experts_by_pair(p) || !ly->dense_mlp || h2_off + 4ull * n * K * I > a->h.size) return false;
+    forge__range h2 = {a->h.buf, a->h.offset + h2_off, 4ull * n * K * I};
+    bool q8 = ly->fused_gate_up ? forge__uses_q8a(p, &ly->gate_up, n) : forge__uses_q8a(p, &ly->gate, n) || forge__uses_q8a(p, &ly->up, n);
+    q8 |= forge__uses_q8a(p, &ly->shared_gate, n);
+    bool q8_down = forge__uses_q8a(p, &ly->down, n);
+    uint32_t qf = q8 ? FORGE__LINEAR_QUANTIZED : 0, layout = ly->fused_gate_up ? FORGE__GU_PAIRS : FORGE__GU_HALVES;
+    forge__rmsnorm(p, a->x, 0, &ly->ffn_norm, a->xn, 0, n, H, 0);
+    forge__barrier(r);
+    /* the router's logits; the row in int8 for the shared expert */
+    forge__linear(p, &ly->router, a->xn, 0, n, a->router, (uint32_t)c->n_experts, 0, NULL, NULL, 0, 0);
+    if (q8) forge__record_act_q8(p, a->xn, 0, H, NULL);
+    forge__barrier(r);
+    /* the route; the shared expert's gate|up and its gate */
+    forge__record_route_pick(p, l, a);
+    if (ly->fused_gate_up) {
+        forge__linear(p, &ly->gate_up, a->xn, 0, n, a->gu, 2 * F, 0, NULL, NULL, qf, 0);
+    } else {
+        forge__linear(p, &ly->gate, a->xn, 0, n, a->gu, 2 * F, 0, NULL, NULL, qf, 0);
+        forge__linear(p, &ly->up, a->xn, 0, n, a->gu, 2 * F, F, NULL, NULL, qf, 0);
+    }
+    forge__linear(p, &ly->shared_gate, a->xn, 0, n, a->shared_s, 1, 0, NULL, NULL, qf, 0);
+    forge__barrier(r);
+    /* the experts' gate|up; the shared expert's middle, times sigmoid(gate) */
+    forge__record_experts_gate_up(p, l, a, a->xn, h2);
+    forge__record_act_mul_ex(p, a->h, a->gu, a->shared_s, n * F, F, layout, (uint32_t)c->act | FORGE__ACT_ROW_SIGMOID, 1, 0);
+    forge__barrier(r);
+    /* the experts' down; the shared middle in int8 */
+    forge__record_experts_down(p, l, a, h2);
+    if (q8_down) forge__record_act_q8(p, a->h, 0, F, NULL);
+    forge__barrier(r);
+    forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | (q8_down ? FORGE__LINEAR_QUANTIZED : 0), 0);
+    forge__barrier(r);
+    forge__record_experts_combine(p, a, a->x, true);
+    return true;
 }
 
 /* ---- Qwen 3.5's linear attention (Gated DeltaNet) ----
@@ -847,6 +931,11 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     uint32_t act_flag = c->act == FORGE__ACT_GELU_TANH ? FORGE__LINEAR_GELU : 0;
     bool lora_gu = forge__lora_any(p, l, FORGE__T_GU);
     bool shared_expert = c->layer_moe[l] && c->shared_ffn > 0; /* Qwen 3.5-MoE: the dense MLP is the shared expert, beside the experts */
+    if (shared_expert && !ple && !c->sandwich_norms && !chain && !post_fused &&
+        forge__record_shared_moe_by_pair(p, l, a, lora_gu || forge__lora_any(p, l, 1u << FORGE__T_DOWN))) {
+        forge__barrier(r);
+        return;
+    }
     if (!ly->dense_mlp) {
         /* Qwen3-MoE's sparse layers: the experts alone, added to the residual */
     } else if (chain) { /* the residual as o quantized it; the middle quantized for down */
