@@ -403,7 +403,7 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         forge_model_free(m);
         return 1;
     }
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)P);
+    int32_t *prompt = malloc(sizeof(int32_t) * ((size_t)P + 1)); /* (+ 1: the profiled decode's) */
     double *pre = malloc(sizeof(double) * (size_t)R), *dec = malloc(sizeof(double) * (size_t)R), *first = malloc(sizeof(double) * (size_t)R);
     double *cls = malloc(sizeof(double) * (size_t)R);
     uint32_t rng = 12345;
@@ -453,12 +453,14 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         fprintf(stderr, "forge bench: the profiled prefill: %s\n", forge_session_errmsg(prefill_s));
         rc = 2;
     }
-    /* ... and then the N decode steps on it (the prompt's rows cached: its last token is
-     * evaluated again), whose kernel times are the difference */
+    /* ... and then the N decode steps on it, whose kernel times are the difference: the prompt
+     * and one more token (the cache an exact prefix, recurrent states included: one row
+     * evaluated, then N - 1 decode steps) */
     char *prefill_json = NULL, *decode_json = NULL;
     if (!rc && prefill_s && (prefill_json = profile_string(prefill_s))) {
         forge_metrics mt = {.struct_size = sizeof mt};
-        if (forge_generate_tokens(prefill_s, prompt, P, &gp, &mt) != FORGE_OK) {
+        prompt[P] = prompt[0];
+        if (forge_generate_tokens(prefill_s, prompt, P + 1, &gp, &mt) != FORGE_OK) {
             fprintf(stderr, "forge bench: the profiled decode: %s\n", forge_session_errmsg(prefill_s));
             rc = 2;
         } else {
