@@ -101,31 +101,28 @@ static void print_model_fields(const forge_model_info *info, const char *path) {
            (unsigned long long)info->weight_bytes);
 }
 
-/* Prints `, "KEY": {...}` from a profile call that fills a caller buffer. */
-static void print_profile(const char *key, const void *obj, forge_status (*get)(const void *, char *, size_t, size_t *)) {
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    forge_status st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
-    if (st == FORGE_ERR_BUFFER_TOO_SMALL) {
-        free(buf);
-        cap = len + 1;
-        buf = malloc(cap);
-        st = buf ? get(obj, buf, cap, &len) : FORGE_ERR_OUT_OF_MEMORY;
-    }
-    if (st == FORGE_OK) printf(", \"%s\": %s", key, buf);
-    free(buf);
+typedef forge_status (*profile_get)(const void *, char *, size_t, size_t *);
+
+static forge_status session_profile(const void *s, char *out, size_t cap, size_t *len) {
+    return forge_session_profile((const forge_session *)s, out, cap, len);
 }
 
-/* A session's profile as a malloc'd string, or NULL. */
-static char *profile_string(const forge_session *s) {
+/* The JSON of a profile call that fills a caller buffer, malloc'd, or NULL. */
+static char *profile_text(const void *obj, profile_get get) {
     size_t len = 0;
     char *buf = NULL;
-    if (forge_session_profile(s, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL && (buf = malloc(len + 1)) &&
-        forge_session_profile(s, buf, len + 1, &len) != FORGE_OK) {
+    if (get(obj, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL && (buf = malloc(len + 1)) && get(obj, buf, len + 1, &len) != FORGE_OK) {
         free(buf);
         buf = NULL;
     }
     return buf;
+}
+
+/* Prints `, "KEY": {...}` from a profile call. */
+static void print_profile(const char *key, const void *obj, profile_get get) {
+    char *buf = profile_text(obj, get);
+    if (buf) printf(", \"%s\": %s", key, buf);
+    free(buf);
 }
 
 /* Prints `, "KEY": {...}`: the kernel times of profile `after` less those of `before` (the
@@ -154,10 +151,6 @@ static void print_profile_difference(const char *key, const char *before, const 
     cJSON_Delete(a);
     cJSON_Delete(b);
     cJSON_Delete(out);
-}
-
-static forge_status session_profile(const void *s, char *out, size_t cap, size_t *len) {
-    return forge_session_profile((const forge_session *)s, out, cap, len);
 }
 
 static forge_status trainer_profile(const void *t, char *out, size_t cap, size_t *len) {
@@ -289,12 +282,7 @@ static double bench_batch(forge_model *m, int B, int P, int N, int R, int kv_typ
         else if (r > 0) agg[r - 1] = lockstep_ms > 0 ? (double)B * (N - 1) / (lockstep_ms * 1e-3) : 0;
     }
     if (ok) out = median(agg, R);
-    size_t len = 0;
-    if (ok && profile && profile_json && forge_session_profile(s, NULL, 0, &len) == FORGE_ERR_BUFFER_TOO_SMALL &&
-        (*profile_json = malloc(len + 1)) && forge_session_profile(s, *profile_json, len + 1, &len) != FORGE_OK) {
-        free(*profile_json);
-        *profile_json = NULL;
-    }
+    if (ok && profile && profile_json) *profile_json = profile_text(s, session_profile);
     free(ids);
     free(items);
     free(res);
@@ -457,14 +445,14 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
      * and one more token (the cache an exact prefix, recurrent states included: one row
      * evaluated, then N - 1 decode steps) */
     char *prefill_json = NULL, *decode_json = NULL;
-    if (!rc && prefill_s && (prefill_json = profile_string(prefill_s))) {
+    if (!rc && prefill_s && (prefill_json = profile_text(prefill_s, session_profile))) {
         forge_metrics mt = {.struct_size = sizeof mt};
         prompt[P] = prompt[0];
         if (forge_generate_tokens(prefill_s, prompt, P + 1, &gp, &mt) != FORGE_OK) {
             fprintf(stderr, "forge bench: the profiled decode: %s\n", forge_session_errmsg(prefill_s));
             rc = 2;
         } else {
-            decode_json = profile_string(prefill_s);
+            decode_json = profile_text(prefill_s, session_profile);
         }
     }
     double batch_tok_s = 0, batch1_tok_s = 0;
