@@ -1284,7 +1284,12 @@ typedef struct forge_train_params {
     const char *targets;      /* HF names, comma-separated, from q_proj k_proj v_proj o_proj
                                * gate_proj up_proj down_proj and (Qwen 3.5's linear-attention
                                * layers) in_proj_qkv in_proj_z in_proj_b in_proj_a out_proj, or
-                               * "all": each layer's of them; default "q_proj,v_proj" */
+                               * "all": each layer's of them; default "q_proj,v_proj". On a
+                               * mixture-of-experts layer gate/up/down_proj are its shared
+                               * expert's (Qwen 3.5-MoE's mlp.shared_expert.*, as PEFT names
+                               * them; Qwen 3 MoE's sparse layers have none); the routed
+                               * experts and the router stay frozen, and the backward pass runs
+                               * through them */
     int n_layers;             /* adapt the last n_layers layers (mlx-lm's num_layers); 0: all */
     uint64_t seed;            /* A's initialisation and the dropout masks; default 0 */
     const char *adapter_path; /* start from this adapter (PEFT or mlx-lm); its rank, alpha and
@@ -1346,8 +1351,9 @@ FORGE_API forge_status forge_trainer_plan(forge_model *model, const forge_train_
 /* Creates a trainer on a loaded model. Fails with FORGE_ERR_OUT_OF_MEMORY, naming the numbers,
  * when the plan exceeds the device's memory; with FORGE_ERR_FORMAT / FORGE_ERR_MODEL on an
  * adapter that is malformed or does not fit the model (the message names the file and key);
- * with FORGE_ERR_UNSUPPORTED on models with experts (Qwen 3 MoE, Qwen 3.5 MoE) and on Gemma 4,
- * naming why. On failure *out is NULL and the message is on the model. */
+ * with FORGE_ERR_UNSUPPORTED on Gemma 4 (its per-layer inputs, value norms and experts), on
+ * models whose layers differ in shape, and on models that only embed or classify, naming why.
+ * On failure *out is NULL and the message is on the model. */
 FORGE_API forge_status forge_trainer_create(forge_model *model, const forge_train_params *params, forge_trainer **out);
 FORGE_API void forge_trainer_free(forge_trainer *trainer);
 FORGE_API const char *forge_trainer_errmsg(const forge_trainer *trainer);

@@ -12,8 +12,11 @@
 // in binding 1, du to binding 2, which may be dh's own range (each element is read before it is
 // written, by the same invocation), and the gates in binding 3's rows of up_stride at column
 // up_col0 (the q|k|v|gate rows), dg to binding 4 at the same places (their gradient's rows).
+// act + 8 (act_mul's rows times sigmoid(a scalar), Qwen 3.5-MoE's shared expert): h's row r was
+// also multiplied by sigmoid(s_r), s_r at binding 3's [r * up_stride + up_col0], so dh is first;
+// the scalar's own gradient is moe_route_back.comp's (flags 4).
 // Bindings: 0 dh f32 [count] | 1 gu f32 [count / ffn, 2 ffn] (layout 4: u) | 2 dgu f32 (same layout as gu; 4: du)
-//           3 layout 4: the gates' rows | 4 layout 4: their gradient's rows
+//           3 layout 4: the gates' rows; act + 8: the rows' scalars | 4 layout 4: their gradient's rows
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 256) in;
 
@@ -49,12 +52,13 @@ void main() {
         g = gu[gi];
         u = gu[ui];
     }
+    uint act = pc.act & 7u;
     float a, da;
-    if (pc.act == 0u) {
+    if (act == 0u) {
         float s = 1.0 / (1.0 + exp(-g));
         a = g * s;
         da = s * (1.0 + g * (1.0 - s));
-    } else if (pc.act == 2u) {
+    } else if (act == 2u) {
         a = 1.0 / (1.0 + exp(-g));
         da = a * (1.0 - a);
     } else {
@@ -64,6 +68,7 @@ void main() {
         da = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * g * g);
     }
     float d = dh[i];
+    if ((pc.act & 8u) != 0u) d *= 1.0 / (1.0 + exp(-gates[(i / pc.ffn) * pc.up_stride + pc.up_col0]));
     if (pc.layout_ == 4u) {
         dgates[gi] = d * u * da;
         dgu[ui] = d * a;

@@ -6,12 +6,13 @@
 // The push constants are mirrored field for field by forge__pc_back (src/ops.c), which the host
 // pushes whole to both kernels; tools/build_kernels.sh records each module's block size
 // (FORGE_SPV_PUSH_BYTES_<module>) and src/ops.c checks it equals sizeof(forge__pc_back).
-// flags: 1 accumulate into C.
+// flags: 1 accumulate into C; 2 (matmul_back's MOE build) dY rows times their pair's weight.
 layout(local_size_x = 256) in;
 
 layout(push_constant) uniform PC {
     uint M, K, N, y_col0, ldy, ldc, c_col0, flags;
     uint qbits, qgroup, qflags;   // MLX affine: bits, group size, 1 = bf16 scales
+    uint e0, n_exp, order_off, y_div; // matmul_back's MOE build: the chunk's experts, the sorted pairs in binding 5, dY row = pair / y_div
 } pc;
 
 #include "common.glsl"

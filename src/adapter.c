@@ -14,22 +14,27 @@
 
 /* ---- Targets ---- */
 
-/* The module a target sits in, as HF names it: layers.N.<group>.<target>. */
-static const char *forge__target_group(forge__target t) {
-    return t <= FORGE__T_O ? "self_attn" : t <= FORGE__T_DOWN ? "mlp" : "linear_attn";
+/* The module a target sits in, as HF names it: layers.N.<group>.<target>. A mixture-of-experts
+ * layer's MLP projections are its shared expert's (Qwen 3.5-MoE's mlp.shared_expert.gate_proj):
+ * the routed experts are fused parameters in transformers, which PEFT's target names do not reach. */
+static const char *forge__target_group(const forge__config *c, forge__target t) {
+    return t <= FORGE__T_O ? "self_attn" : t <= FORGE__T_DOWN ? (c->shared_ffn > 0 ? "mlp.shared_expert" : "mlp") : "linear_attn";
 }
 
 /* Whether layer l has projection t: attention's on attention layers, the linear attention's on
- * Qwen 3.5's linear ones, the MLP's on every layer. */
+ * Qwen 3.5's linear ones, the MLP's on every layer with a dense MLP (Qwen 3 MoE's sparse layers
+ * have none; Qwen 3.5-MoE's shared expert is one). */
 static bool forge__target_on(const forge__config *c, int l, forge__target t) {
-    return (t >= FORGE__T_GATE && t <= FORGE__T_DOWN) || (t >= FORGE__T_LIN_QKV) == (c->layer_linear[l] != 0);
+    if (t >= FORGE__T_GATE && t <= FORGE__T_DOWN) return !c->layer_moe[l] || c->shared_ffn > 0;
+    return (t >= FORGE__T_LIN_QKV) == (c->layer_linear[l] != 0);
 }
 
 /* Why adapters (and so training) do not fit model c's layers, or NULL where they do: layers of
- * one shape (no experts, no Gemma 4 extras), or Qwen 3.5's dense ones (linear-attention layers beside
- * full-attention layers of one shape). */
+ * one shape (no Gemma 4 extras), Qwen 3.5's linear-attention layers beside full-attention layers of
+ * one shape, and experts behind a softmax router (Qwen 3 MoE, Qwen 3.5-MoE: frozen, with the
+ * backward pass through them and their router). */
 static const char *forge__lora_unsupported(const forge__config *c) {
-    if (c->n_experts) return "mixture-of-experts layers: forge has no adapters on experts and no backward pass through them";
+    if (c->n_experts && c->router != FORGE__ROUTER_SOFTMAX) return "Gemma 4's experts: forge's backward pass takes a softmax router's";
     if (c->ple_dim || c->v_norm) return "Gemma 4's per-layer inputs and value norms";
     for (int l = 0; l < c->n_layers; l++) {
         if (forge__kv_shared(c, l) || c->layer_k_eq_v[l]) return "layers sharing another layer's KV cache, or keys as values";
@@ -153,7 +158,7 @@ static void forge__lora_map(const forge__config *c, forge__target t, bool b, flo
  * linear_attn.in_proj_z...): layer, target and the leaf after the projection's name; NULL when
  * the name is not of that shape. *other_tower is set for the vision or audio tower of a
  * multimodal checkpoint, whose adapters forge skips with the tower. */
-static const char *forge__adapter_key(const char *name, int *layer, forge__target *t, bool *other_tower) {
+static const char *forge__adapter_key(const forge__config *c, const char *name, int *layer, forge__target *t, bool *other_tower) {
     *other_tower = strstr(name, "vision") || strstr(name, "visual") || strstr(name, "audio") || strstr(name, "multi_modal");
     const char *p = strstr(name, "layers.");
     while (p && p != name && p[-1] != '.') p = strstr(p + 1, "layers.");
@@ -164,7 +169,7 @@ static const char *forge__adapter_key(const char *name, int *layer, forge__targe
     while (isdigit((unsigned char)*p) && l < 100000) l = l * 10 + (*p++ - '0');
     if (*p++ != '.') return NULL;
     for (int k = 0; k < FORGE__T_COUNT; k++) {
-        const char *g = forge__target_group((forge__target)k), *tn = forge__target_names[k];
+        const char *g = forge__target_group(c, (forge__target)k), *tn = forge__target_names[k];
         size_t gl = strlen(g), n = strlen(tn);
         if (!strncmp(p, g, gl) && p[gl] == '.' && !strncmp(p + gl + 1, tn, n) && p[gl + 1 + n] == '.') {
             *layer = (int)l;
@@ -267,7 +272,7 @@ static forge_status forge__adapter_read(const forge_model *m, const char *dir, f
         int layer;
         forge__target tg;
         bool other;
-        const char *leaf = forge__adapter_key(t->name, &layer, &tg, &other);
+        const char *leaf = forge__adapter_key(c, t->name, &layer, &tg, &other);
         int which = !leaf ? -1 : peft ? (!strcmp(leaf, "lora_A.weight") ? 0 : !strcmp(leaf, "lora_B.weight") ? 1 : -1)
                                       : (!strcmp(leaf, "lora_a") ? 0 : !strcmp(leaf, "lora_b") ? 1 : -1);
         if (other) continue; /* the vision or audio tower: forge runs the text model only */
@@ -513,7 +518,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
                     o->cols = rows;
                 }
                 free(hf);
-                snprintf(o->name, sizeof o->name, "%slayers.%d.%s.%s.%s", prefix, l, forge__target_group((forge__target)t), forge__target_names[t],
+                snprintf(o->name, sizeof o->name, "%slayers.%d.%s.%s.%s", prefix, l, forge__target_group(c, (forge__target)t), forge__target_names[t],
                          peft ? (which ? "lora_B.weight" : "lora_A.weight") : (which ? "lora_b" : "lora_a"));
             }
         }
@@ -529,7 +534,7 @@ static forge_status forge__adapter_write(const forge_model *m, const forge__adap
     for (int t = 0; t < FORGE__T_COUNT; t++)
         if (ah->targets >> t & 1u) {
             char key[40];
-            snprintf(key, sizeof key, "%s%s%s", peft ? "" : forge__target_group((forge__target)t), peft ? "" : ".", forge__target_names[t]);
+            snprintf(key, sizeof key, "%s%s%s", peft ? "" : forge__target_group(c, (forge__target)t), peft ? "" : ".", forge__target_names[t]);
             cJSON_AddItemToArray(targets, cJSON_CreateString(key));
         }
     if (peft) {

@@ -71,6 +71,8 @@ typedef struct forge__acts {
     forge__range route;        /* [n * top_k] (expert, weight bits) per (token, choice) pair */
     forge__range moe;          /* moe_group.comp's tiles and sorted pairs (prefill) */
     forge__range moe_y;        /* [n * top_k, H] each pair's expert output (prefill) */
+    forge__range exp_gu;       /* training: [n * top_k, 2 I] each pair's gate and up, and */
+    forge__range exp_h;        /* [n * top_k, I] its middle, kept apart from the shared expert's gu and h; unset: in gu and h */
     forge__range moe_out;      /* [n, H] Gemma 4: the experts' weighted sum */
     forge__range mlp_sum;      /* [n, H] Gemma 4: the dense MLP's and the experts' normed outputs added */
     /* Gemma 4's per-layer inputs */
@@ -536,7 +538,8 @@ static void forge__record_experts_combine(const forge__pass *p, const forge__act
     forge__grid(p->n, &gx, &gy);
     forge__dispatch(p->r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
 }
-static bool forge__experts_by_pair(const forge__pass *p) { return p->n <= forge__matvec_max_m(p->m) && p->m->dev.caps.subgroup_arith; }
+/* (training groups the pairs however few: the backward pass reads the gate|up rows and the table) */
+static bool forge__experts_by_pair(const forge__pass *p) { return !p->train && p->n <= forge__matvec_max_m(p->m) && p->m->dev.caps.subgroup_arith; }
 
 /* out [n, H] (+)= sum over each token's choices of weight * expert(xin row) (acts.route set). */
 static void forge__record_experts(const forge__pass *p, int l, const forge__acts *a, forge__range xin, forge__range out, bool accumulate) {
@@ -554,9 +557,9 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         /* the pairs grouped by expert; on the tensor cores (matmul_cm_moe, 32-pair tiles) where
          * the pass has them and f16 copies of both inputs fit its scratch */
         uint32_t E = (uint32_t)c->n_experts, order_off = forge__moe_order_off(E, pairs);
-        forge__range a16 = p->a16;
+        forge__range a16 = p->a16, egu = a->exp_gu.buf ? a->exp_gu : a->gu, eh = a->exp_h.buf ? a->exp_h : a->h;
         bool cm = a16.buf && H % 8 == 0 && I % 8 == 0 && 2ull * n * H <= a16.size && 2ull * pairs * I <= a16.size && forge__apart(a16, xin) &&
-                  forge__apart(a16, a->h) && forge__apart(a16, a->gu) && forge__apart(a16, a->moe_y);
+                  forge__apart(a16, eh) && forge__apart(a16, egu) && forge__apart(a16, a->moe_y);
         uint32_t bm = cm ? FORGE__MOE_BM_S : forge__moe_tile_rows(E, pairs);
         uint32_t tiles = (pairs + bm - 1) / bm + E, bn = cm || bm == FORGE__MOE_BM_S ? 128 : 64; /* tiles: 32 x 128 or 64 x 64 */
         forge__op moe_op = cm ? FORGE__OP_MATMUL_CM_MOE : bm == FORGE__MOE_BM_S ? FORGE__OP_MATMUL_MOE_S : FORGE__OP_MATMUL_MOE;
@@ -568,19 +571,19 @@ static void forge__record_experts(const forge__pass *p, int l, const forge__acts
         for (int i = 0; i < gu->n_chunks; i++) { /* gu [pairs, 2I]: each pair's gate and up, interleaved */
             const forge__wchunk *ch = &gu->chunks[i];
             bool mlx = gu->fmt == FORGE__W_MLX;
-            forge__range b[7] = {cm ? a16 : xin, ch->w, a->gu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__range b[7] = {cm ? a16 : xin, ch->w, egu, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, H, 2 * I, 0, 2 * I, 0, 0, 0, 0, gu->bits, gu->group, gu->qflags, 0, 0, 0,
                                    ch->row0 / (2 * I), ch->rows / (2 * I), K, K, order_off};
             forge__dispatch(r, (forge__op)(moe_op + gu->fmt), b, &pc, (2 * I + bn - 1) / bn, tiles, 1);
         }
         forge__barrier(r);
-        forge__record_act_mul(p, a->h, a->gu, pairs * I, I, FORGE__GU_PAIRS);
+        forge__record_act_mul(p, eh, egu, pairs * I, I, FORGE__GU_PAIRS);
         forge__barrier(r);
-        if (cm) forge__record_act_f16(r, a->h, 0, pairs, I, a16);
+        if (cm) forge__record_act_f16(r, eh, 0, pairs, I, a16);
         for (int i = 0; i < dn->n_chunks; i++) { /* moe_y [pairs, H] */
             const forge__wchunk *ch = &dn->chunks[i];
             bool mlx = dn->fmt == FORGE__W_MLX;
-            forge__range b[7] = {cm ? a16 : a->h, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
+            forge__range b[7] = {cm ? a16 : eh, ch->w, a->moe_y, p->dummy, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe};
             forge__pc_linear pc = {pairs, I, H, 0, H, 0, 0, 0, 0, dn->bits, dn->group, dn->qflags, 0, 0, 0, ch->row0 / H, ch->rows / H, K, 1,
                                    order_off};
             forge__dispatch(r, (forge__op)(moe_op + dn->fmt), b, &pc, (H + bn - 1) / bn, tiles, 1);

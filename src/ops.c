@@ -124,13 +124,18 @@ typedef struct forge__pc_moe_group { /* moe_group.comp */
     uint32_t n_pairs, n_experts, bm, order_off;
 } forge__pc_moe_group;
 typedef struct forge__pc_moe_combine { /* moe_combine.comp */
-    uint32_t n_tokens, dim, top_k, flags; /* flags: 1 add to out */
+    uint32_t n_tokens, dim, top_k, flags; /* flags: 1 add to out, 2 every weight 1 (training: the pairs' input gradients summed) */
 } forge__pc_moe_combine;
+typedef struct forge__pc_moe_route_back { /* moe_route_back.comp */
+    uint32_t n_experts, top_k, flags;   /* flags: 1 the chosen weights were renormalized; 4 the shared expert's gate instead */
+    uint32_t n_tokens, dim;
+} forge__pc_moe_route_back;
 
 /* The backward kernels (training) */
 typedef struct forge__pc_back {     /* kernels/matmul_back_common.glsl: matmul_back(_big).comp, C (+)= dY . W */
-    uint32_t M, K, N, y_col0, ldy, ldc, c_col0, flags;
+    uint32_t M, K, N, y_col0, ldy, ldc, c_col0, flags; /* flags: 1 accumulate, 2 (MOE) dY rows times their pair's weight */
     uint32_t qbits, qgroup, qflags;
+    uint32_t e0, n_exp, order_off, y_div; /* matmul_back_moe: the chunk's experts, moe_group.comp's table, dY row = pair / y_div */
 } forge__pc_back;
 typedef struct forge__pc_gemm {     /* gemm.comp: C(m, n) (+)= alpha sum_k A(m, k) B(k, n), strided */
     uint32_t M, N, K;
@@ -256,11 +261,13 @@ typedef enum forge__op {
     /* training: the backward twins and the optimizer */
     FORGE__OP_MATMUL_BACK,                             /* + forge__wfmt */
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
-    FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK_BIG + FORGE__W_COUNT,
+    FORGE__OP_MATMUL_BACK_MOE = FORGE__OP_MATMUL_BACK_BIG + FORGE__W_COUNT, /* experts' input gradients grouped by expert (moe_group.comp's tiles) */
+    FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK_MOE + FORGE__W_COUNT,
     FORGE__OP_RMSNORM_BACK,
     FORGE__OP_ROPE_BACK,
     FORGE__OP_ATTN_BACK,
     FORGE__OP_ACT_MUL_BACK,
+    FORGE__OP_MOE_ROUTE_BACK,     /* mixture of experts: the router's (and the shared expert's gate's) gradient */
     FORGE__OP_CONV1D_BACK,        /* Qwen 3.5's linear attention: the convolution, */
     FORGE__OP_DELTA_RULE_BACK,    /* the gated norm, delta rule and gates, */
     FORGE__OP_L2NORM_BACK,        /* and the L2 norms of q and k */
@@ -351,6 +358,7 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_MATMUL_S + FMT] = {"matmul_s_" #name, FORGE__SPV(matmul_s_##name), 6, sizeof(forge__pc_linear), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK + FMT] = {"matmul_back_" #name, FORGE__SPV(matmul_back_##name), 5, sizeof(forge__pc_back), 0, {0}},  \
     [FORGE__OP_MATMUL_BACK_BIG + FMT] = {"matmul_back_big_" #name, FORGE__SPV(matmul_back_big_##name), 5, sizeof(forge__pc_back), 0, {0}}, \
+    [FORGE__OP_MATMUL_BACK_MOE + FMT] = {"matmul_back_moe_" #name, FORGE__SPV(matmul_back_moe_##name), 7, sizeof(forge__pc_back), 0, {0}}, \
     FORGE__CM_OP(FMT, name)
 static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__WEIGHT_OPS(FORGE__W_F32, f32)
@@ -413,6 +421,7 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 1, {256}, false, true},
     [FORGE__OP_ACT_MUL_BACK] = {"act_mul_back", FORGE__SPV(act_mul_back), 5, sizeof(forge__pc_act), 0, {0}},
+    [FORGE__OP_MOE_ROUTE_BACK] = {"moe_route_back", FORGE__SPV(moe_route_back), 5, sizeof(forge__pc_moe_route_back), 0, {0}},
     [FORGE__OP_CONV1D_BACK] = {"conv1d_back", FORGE__SPV(conv1d_back), 4, sizeof(forge__pc_conv), 0, {0}},
     [FORGE__OP_DELTA_RULE_BACK] = {"delta_rule_back", FORGE__SPV(delta_rule_back), 10, sizeof(forge__pc_delta), 0, {0}},
     [FORGE__OP_L2NORM_BACK] = {"l2norm_back", FORGE__SPV(l2norm_back), 3, sizeof(forge__pc_delta), 0, {0}},
@@ -437,7 +446,8 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     FORGE__PUSH_IS(matmul_moe_s_##name, forge__pc_linear);  \
     FORGE__PUSH_IS(matmul_big_##name, forge__pc_linear);  \
     FORGE__PUSH_IS(matmul_back_##name, forge__pc_back);   \
-    FORGE__PUSH_IS(matmul_back_big_##name, forge__pc_back)
+    FORGE__PUSH_IS(matmul_back_big_##name, forge__pc_back); \
+    FORGE__PUSH_IS(matmul_back_moe_##name, forge__pc_back)
 FORGE__WEIGHT_PUSH(f32);
 FORGE__WEIGHT_PUSH(f16);
 FORGE__WEIGHT_PUSH(bf16);
@@ -516,6 +526,7 @@ FORGE__PUSH_IS(rope_back, forge__pc_rope_back);
 FORGE__PUSH_IS(rope_shift_kv16, forge__pc_rope_back);
 FORGE__PUSH_IS(attention_back, forge__pc_attn_back);
 FORGE__PUSH_IS(act_mul_back, forge__pc_act);
+FORGE__PUSH_IS(moe_route_back, forge__pc_moe_route_back);
 FORGE__PUSH_IS(conv1d_back, forge__pc_conv);
 FORGE__PUSH_IS(delta_rule_back, forge__pc_delta);
 FORGE__PUSH_IS(l2norm_back, forge__pc_delta);
@@ -692,10 +703,11 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
             else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
             *w = (forge__mat_work){rows, pl->K, M, forge__bits16(f, pl->qbits, pl->qgroup), mats};
-        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes */
+        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes, and the experts' (every expert of the chunk, at most the pairs) */
             const forge__pc_back *pb = (const forge__pc_back *)push;
+            uint32_t mats = op >= FORGE__OP_MATMUL_BACK_MOE ? FORGE__MIN(pb->n_exp, pb->M) : 1;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
-                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), 1};
+                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), mats};
         }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }

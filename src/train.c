@@ -50,6 +50,9 @@ typedef enum forge__train_buf {
     FORGE__TB_DQK,                 /* [N, NV, 2, DK] each value head's dq, dk (delta_rule_back.comp -> l2norm_back.comp) */
     FORGE__TB_CONV_STATE,          /* the forward's convolution states [max_batch, K - 1, conv_dim] (written, never read) */
     FORGE__TB_DELTA,               /* delta_rule_back.comp's work buffer, and the forward's delta-rule states before it */
+    FORGE__TB_DPAIR,               /* [N * top_k, H] mixture of experts: each pair's input gradient, before they are summed per token */
+    FORGE__TB_DLOGITS,             /* [N, E] the router logits' gradient */
+    FORGE__TB_DS,                  /* [N] the shared expert's gate's gradient */
     FORGE__TB_COUNT
 } forge__train_buf;
 typedef enum forge__train_layer_buf {
@@ -57,6 +60,8 @@ typedef enum forge__train_layer_buf {
     FORGE__TL_K, FORGE__TL_V, FORGE__TL_O, FORGE__TL_D, FORGE__TL_U,
     FORGE__TL_ATT_G,               /* Qwen 3.5's attention layers: att times its output gate */
     FORGE__TL_LIN_MIX, FORGE__TL_LIN_QKV, FORGE__TL_LIN_OUT, /* Qwen 3.5's linear-attention layers (forge__acts) */
+    FORGE__TL_ROUTER, FORGE__TL_ROUTE, FORGE__TL_MOE, FORGE__TL_MOE_Y, FORGE__TL_EXP_GU, FORGE__TL_EXP_H, /* mixture-of-experts layers (forge__acts) */
+    FORGE__TL_SHARED_S,            /* Qwen 3.5-MoE: x . shared_expert_gate */
     FORGE__TL_COUNT
 } forge__train_layer_buf;
 
@@ -110,9 +115,10 @@ FORGE_API forge_train_params forge_train_default_params(void) {
 /* Bytes of each per-layer buffer of layer l (0: not kept for its type) for `rows` rows. */
 static void forge__train_layer_sizes(const forge_model *m, const forge__train_layout *L, int l, uint64_t rows, uint64_t *sz) {
     const forge__config *c = &m->cfg;
-    bool lin = c->layer_linear[l], sw = c->sandwich_norms;
-    uint64_t H = (uint64_t)c->hidden, F = (uint64_t)c->layer_ffn[l], QD = lin ? 0 : forge__q_dim(c, l), KVD = lin ? 0 : forge__kv_dim(c, l);
-    uint64_t QKVD = lin ? 0 : forge__qkv_dim(c, l);
+    bool lin = c->layer_linear[l], sw = c->sandwich_norms, moe = c->layer_moe[l] != 0;
+    uint64_t H = (uint64_t)c->hidden, F = moe && !c->shared_ffn ? 0 : (uint64_t)c->layer_ffn[l];
+    uint64_t QD = lin ? 0 : forge__q_dim(c, l), KVD = lin ? 0 : forge__kv_dim(c, l), QKVD = lin ? 0 : forge__qkv_dim(c, l);
+    uint64_t K = moe ? (uint64_t)c->n_experts_used : 0, I = (uint64_t)c->moe_ffn, E = (uint64_t)c->n_experts;
     uint64_t w[FORGE__TL_COUNT] = {
         [FORGE__TL_X_IN] = H, [FORGE__TL_X_MID] = H, [FORGE__TL_QKV] = QKVD, [FORGE__TL_QKV_RAW] = c->qk_norm ? QKVD : 0,
         [FORGE__TL_ATT] = QD, [FORGE__TL_LSE] = lin ? 0 : 2 * (uint64_t)c->n_heads, [FORGE__TL_GU] = 2 * F, [FORGE__TL_H] = F,
@@ -120,8 +126,12 @@ static void forge__train_layer_sizes(const forge_model *m, const forge__train_la
         [FORGE__TL_U] = (uint64_t)FORGE__T_COUNT * L->lora.max_rank, [FORGE__TL_ATT_G] = c->attn_gate ? QD : 0,
         [FORGE__TL_LIN_MIX] = lin ? forge__lin_mix_dim(c) : 0, [FORGE__TL_LIN_QKV] = lin ? forge__lin_conv_dim(c) : 0,
         [FORGE__TL_LIN_OUT] = lin ? forge__lin_v_dim(c) : 0,
+        [FORGE__TL_ROUTER] = moe ? E : 0, [FORGE__TL_ROUTE] = 2 * K, [FORGE__TL_MOE_Y] = K * H, [FORGE__TL_EXP_GU] = 2 * K * I,
+        [FORGE__TL_EXP_H] = K * I, [FORGE__TL_SHARED_S] = moe && c->shared_ffn ? 1 : 0,
     };
     for (int i = 0; i < FORGE__TL_COUNT; i++) sz[i] = 4 * rows * w[i];
+    /* moe_group.comp's table: its tiles, then the pairs sorted by expert */
+    sz[FORGE__TL_MOE] = moe ? 4ull * (forge__moe_order_off((uint32_t)E, rows * K) + rows * K) : 0;
 }
 
 /* delta_rule_back.comp's work buffer, floats per (sequence, value head) for sequences of seq
@@ -267,6 +277,7 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
 static forge_status forge__train_pack(const forge_model *m, const forge__train_layout *L, forge__pack *pack, forge__arena *a, forge__err *err) {
     const forge__config *c = &m->cfg;
     uint64_t N = L->max_rows, H = (uint64_t)c->hidden, F = (uint64_t)c->ffn, U = (uint64_t)FORGE__T_COUNT * L->lora.max_rank;
+    uint64_t KI = c->n_experts ? (uint64_t)c->n_experts_used * c->moe_ffn : 0, KH = c->n_experts ? (uint64_t)c->n_experts_used * H : 0;
     bool ok = true, lin = forge__has_linear(c);
     for (int s = 0; s < L->n_segs; s++)
         for (int k = 0; k < 4; k++) ok &= forge__pack_add(pack, a, 4 * L->seg_count[s]) >= 0;
@@ -283,7 +294,8 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
         [FORGE__TB_X] = 4 * N * H, [FORGE__TB_XN] = 4 * N * H, [FORGE__TB_XF] = 4 * N * H, [FORGE__TB_DX] = 4 * N * H, [FORGE__TB_DXN] = 4 * N * H,
         [FORGE__TB_DQKV] = FORGE__MAX(shared[FORGE__TL_QKV], shared[FORGE__TL_LIN_MIX]),
         [FORGE__TB_DATT] = FORGE__MAX(shared[FORGE__TL_ATT], shared[FORGE__TL_LIN_OUT]),
-        [FORGE__TB_DH] = 4 * N * F, [FORGE__TB_DGU] = 8 * N * F, [FORGE__TB_DU] = 4 * N * U,
+        /* (the shared expert's or the dense MLP's middle, or the experts' of every pair: one after the other) */
+        [FORGE__TB_DH] = 4 * N * FORGE__MAX(F, KI), [FORGE__TB_DGU] = 8 * N * FORGE__MAX(F, KI), [FORGE__TB_DU] = 4 * N * U,
         [FORGE__TB_LOGITS] = L->p.loss == FORGE_LOSS_MSE_HIDDEN ? 16 : 4ull * L->loss_rows * c->n_vocab,
         [FORGE__TB_LOSS] = 4 * N, [FORGE__TB_NORM] = 4ull * (1 + L->n_parts), [FORGE__TB_DUMMY] = 256,
         /* split-K partial sums of the widest low-rank product: tokens, or a projection's features, by rank */
@@ -293,6 +305,7 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
         [FORGE__TB_DQK] = lin ? 8 * N * c->lin_v_heads * c->lin_k_dim : 0,
         [FORGE__TB_CONV_STATE] = lin ? (uint64_t)L->p.max_batch * forge__conv_state_bytes(c) : 0,
         [FORGE__TB_DELTA] = lin ? 4ull * L->p.max_batch * c->lin_v_heads * forge__delta_work_floats(c, L->delta_chunk, (uint32_t)L->p.max_seq) : 0,
+        [FORGE__TB_DPAIR] = 4 * N * KH, [FORGE__TB_DLOGITS] = 4 * N * (uint64_t)c->n_experts, [FORGE__TB_DS] = c->shared_ffn ? 4 * N : 0,
     };
     for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i] ? sizes[i] : 16) >= 0;
     for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, shared[i] ? shared[i] : 16) >= 0;
@@ -422,7 +435,7 @@ static void forge__linear_back(const forge__pass *p, const forge__weight *w, for
         const forge__wchunk *c = &w->chunks[i];
         bool mlx = w->fmt == FORGE__W_MLX;
         forge__range b[5] = {dy, c->w, dx, mlx ? c->scales : p->dummy, mlx ? c->biases : p->dummy};
-        forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, accumulate || i > 0 ? 1u : 0u, w->bits, w->group, w->qflags};
+        forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, accumulate || i > 0 ? 1u : 0u, w->bits, w->group, w->qflags, 0, 0, 0, 1};
         if (i) forge__barrier(p->r);
         /* 128 x 128 tiles where there are enough of them, as in the forward products */
         bool big = (uint64_t)((w->cols + 127) / 128) * ((M + 127) / 128) >= FORGE__BIG_TILES_MIN;
@@ -625,6 +638,60 @@ static void forge__record_linear_back(forge_trainer *tr, const forge__pass *p, i
     forge__lora_back_row(tr, p, l, ts, 4, xn, a->u, dxn, dmix, MIX, col0);
 }
 
+/* The routed experts' backward pass (frozen experts, softmax router): dd [n, H] holds the gradient
+ * of the layer's expert output out_t = sum_j w_j y_{tK+j}, y_p = down_e(act(gate_e xn) * up_e xn)
+ * for pair p's expert e, w the route's weights; writes dxn [n, H], the gradient of xn through the
+ * experts and their router:
+ *   the router (moe_route_back.comp): dw_j = dd_t . y_p, through the renormalized top-k softmax into
+ *     dlogits [n, E], then dxn += dlogits . W_router;
+ *   the experts (matmul_back_moe, grouped by moe_group.comp's table from the forward pass):
+ *     dh_p = (w_p dd_t) . W_down(e) [pairs, I], dgu_p = act_mul_back(dh_p, gu_p) [pairs, 2 I],
+ *     dxn_p = dgu_p . W_gate_up(e) [pairs, H], summed per token (moe_combine.comp, weights 1). */
+static void forge__record_experts_back(forge_trainer *tr, const forge__pass *p, int l, const forge__acts *a, forge__range dd) {
+    forge_model *m = p->m;
+    forge__rec *r = p->r;
+    const forge__config *c = &m->cfg;
+    const forge__layer *ly = &m->layers[l];
+    uint32_t n = p->n, H = (uint32_t)c->hidden, K = (uint32_t)c->n_experts_used, I = (uint32_t)c->moe_ffn, E = (uint32_t)c->n_experts, gx, gy;
+    uint32_t pairs = n * K, order_off = forge__moe_order_off(E, pairs), tiles = (uint32_t)forge__moe_max_tiles(E, pairs);
+    forge__range dxn = tr->r[FORGE__TB_DXN], dh = tr->r[FORGE__TB_DH], dgu = tr->r[FORGE__TB_DGU], dpair = tr->r[FORGE__TB_DPAIR];
+    forge__range dlogits = tr->r[FORGE__TB_DLOGITS];
+    forge__pc_moe_route_back prb = {E, K, c->moe_norm_topk ? 1u : 0u, n, H};
+    forge__range brb[5] = {a->router, a->route, dd, a->moe_y, dlogits};
+    forge__grid(n, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_MOE_ROUTE_BACK, brb, &prb, gx, gy, 1);
+    /* the experts' down, then gate|up, each chunk its own experts' pairs (no chunk writes another's rows) */
+    const forge__weight *dn = &ly->exp_down, *gu = &ly->exp_gate_up;
+    for (int i = 0; i < dn->n_chunks; i++) {
+        const forge__wchunk *ch = &dn->chunks[i];
+        bool mlx = dn->fmt == FORGE__W_MLX;
+        forge__range b[7] = {dd, ch->w, dh, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe, a->route};
+        forge__pc_back pc = {pairs, I, H, 0, H, I, 0, 2, dn->bits, dn->group, dn->qflags, ch->row0 / H, ch->rows / H, order_off, K};
+        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_BACK_MOE + dn->fmt), b, &pc, (I + 63) / 64, tiles, 1);
+    }
+    forge__barrier(r);
+    forge__pc_act pact = {pairs * I, (uint32_t)c->act, FORGE__GU_PAIRS, I, 0, 0};
+    forge__range bact[5] = {dh, a->exp_gu, dgu, p->dummy, p->dummy};
+    forge__grid(((uint64_t)pairs * I + 255) / 256, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
+    forge__barrier(r);
+    for (int i = 0; i < gu->n_chunks; i++) {
+        const forge__wchunk *ch = &gu->chunks[i];
+        bool mlx = gu->fmt == FORGE__W_MLX;
+        forge__range b[7] = {dgu, ch->w, dpair, mlx ? ch->scales : p->dummy, mlx ? ch->biases : p->dummy, a->moe, a->route};
+        forge__pc_back pc = {pairs, H, 2 * I, 0, 2 * I, H, 0, 0, gu->bits, gu->group, gu->qflags, ch->row0 / (2 * I), ch->rows / (2 * I), order_off, 1};
+        forge__dispatch(r, (forge__op)(FORGE__OP_MATMUL_BACK_MOE + gu->fmt), b, &pc, (H + 63) / 64, tiles, 1);
+    }
+    forge__barrier(r);
+    forge__pc_moe_combine pcm = {n, H, K, 2};
+    forge__range bc[3] = {a->route, dpair, dxn};
+    forge__grid(n, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_MOE_COMBINE, bc, &pcm, (H + 255) / 256, gx, gy);
+    forge__barrier(r);
+    forge__linear_back(p, &ly->router, dlogits, E, 0, n, dxn, H, 0, true);
+    forge__barrier(r);
+}
+
 /* One layer's backward pass: tr->r[DX] holds the gradient of the layer's output (the residual
  * stream after it) and leaves holding the gradient of its input. `a` holds the layer's forward
  * activations (kept, or just recomputed). */
@@ -637,32 +704,49 @@ static void forge__record_layer_back(forge_trainer *tr, const forge__pass *p, in
     forge__range dx = tr->r[FORGE__TB_DX], dxn = tr->r[FORGE__TB_DXN], xn = tr->r[FORGE__TB_XN];
     forge__range dh = tr->r[FORGE__TB_DH], dgu = tr->r[FORGE__TB_DGU];
 
-    /* ---- the MLP: x_out = x_mid + [post-norm](down(act(gate xn2) * up xn2)), xn2 = norm(x_mid) */
+    /* ---- the MLP: x_out = x_mid + [post-norm](down(act(gate xn2) * up xn2)), xn2 = norm(x_mid);
+     * a mixture-of-experts layer adds its experts' output (Qwen 3 MoE's sparse layers: theirs alone),
+     * and Qwen 3.5-MoE's dense MLP is the shared expert, its middle times sigmoid(xn2 . shared_gate) */
     forge__range dd = dx; /* the gradient of down's output */
     if (c->sandwich_norms) {
         forge__rmsnorm_back(p, a->d, &ly->post_ffn_norm, dx, dxn, n, H, 0, 0, 0, false);
         forge__barrier(r);
         dd = dxn;
     }
-    forge__linear_back(p, &ly->down, dd, H, 0, n, dh, F, 0, false);
-    forge__rmsnorm(p, a->x_mid, 0, &ly->ffn_norm, xn, 0, n, H, 0); /* the gate and up products' input, again */
-    forge__barrier(r);
-    forge__lora_back_one(tr, p, l, FORGE__T_DOWN, a->h, a->u, dh, dd, H);
+    bool experts = c->layer_moe[l] != 0, shared = experts && ly->dense_mlp;
     bool pairs = ly->fused_gate_up;
-    forge__pc_act pact = {n * F, (uint32_t)c->act, pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F, 0, 0};
-    forge__range bact[5] = {dh, a->gu, dgu, p->dummy, p->dummy};
-    forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
-    forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
-    forge__barrier(r);
-    if (pairs) {
-        forge__linear_back(p, &ly->gate_up, dgu, 2 * F, 0, n, dxn, H, 0, false);
-    } else {
-        forge__linear_back(p, &ly->gate, dgu, 2 * F, 0, n, dxn, H, 0, false);
+    if (experts) forge__record_experts_back(tr, p, l, a, dd); /* dxn: the experts' share */
+    if (ly->dense_mlp) {
+        forge__linear_back(p, &ly->down, dd, H, 0, n, dh, F, 0, false);
+        forge__rmsnorm(p, a->x_mid, 0, &ly->ffn_norm, xn, 0, n, H, 0); /* the gate and up products' input, again */
         forge__barrier(r);
-        forge__linear_back(p, &ly->up, dgu, 2 * F, F, n, dxn, H, 0, true);
+        forge__lora_back_one(tr, p, l, FORGE__T_DOWN, a->h, a->u, dh, dd, H);
+        forge__barrier(r);
+        if (shared) { /* the gate's gradient, ds = (1 - sigmoid(s)) dh . h (moe_route_back.comp) */
+            forge__pc_moe_route_back pds = {1, 1, 4, n, F};
+            forge__range bds[5] = {a->shared_s, p->dummy, dh, a->h, tr->r[FORGE__TB_DS]};
+            forge__grid(n, &gx, &gy);
+            forge__dispatch(r, FORGE__OP_MOE_ROUTE_BACK, bds, &pds, gx, gy, 1);
+        }
+        forge__pc_act pact = {n * F, (uint32_t)c->act | (shared ? FORGE__ACT_ROW_SIGMOID : 0), pairs ? FORGE__GU_PAIRS : FORGE__GU_HALVES, F, 1, 0};
+        forge__range bact[5] = {dh, a->gu, dgu, shared ? a->shared_s : p->dummy, p->dummy};
+        forge__grid(((uint64_t)n * F + 255) / 256, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ACT_MUL_BACK, bact, &pact, gx, gy, 1);
+        forge__barrier(r);
+        if (pairs) {
+            forge__linear_back(p, &ly->gate_up, dgu, 2 * F, 0, n, dxn, H, 0, experts);
+        } else {
+            forge__linear_back(p, &ly->gate, dgu, 2 * F, 0, n, dxn, H, 0, experts);
+            forge__barrier(r);
+            forge__linear_back(p, &ly->up, dgu, 2 * F, F, n, dxn, H, 0, true);
+        }
+        if (shared) {
+            forge__barrier(r);
+            forge__linear_back(p, &ly->shared_gate, tr->r[FORGE__TB_DS], 1, 0, n, dxn, H, 0, true);
+        }
     }
     forge__barrier(r);
-    if (forge__lora_any(p, l, FORGE__T_GU)) {
+    if (ly->dense_mlp && forge__lora_any(p, l, FORGE__T_GU)) {
         forge__target ts[2] = {FORGE__T_GATE, FORGE__T_UP};
         forge__range dys[2] = {dgu, dgu};
         uint32_t ldy[2] = {2 * F, 2 * F}, col0[2] = {0, pairs ? 1 : F}, step[2] = {pairs ? 2u : 1u, pairs ? 2u : 1u};
@@ -862,6 +946,16 @@ static forge_status forge__trainer_init(forge_trainer *tr) {
             .lse = adapted ? own[FORGE__TL_LSE] : (forge__range){0},
             .att_g = adapted && c->attn_gate ? own[FORGE__TL_ATT_G] : (forge__range){0},
         };
+        if (c->layer_moe[l]) { /* the route, the experts' rows and outputs: kept where the layer is adapted (the backward pass reads them) */
+            forge__acts *a = &tr->acts[l];
+            a->router = own[FORGE__TL_ROUTER];
+            a->route = own[FORGE__TL_ROUTE];
+            a->moe = own[FORGE__TL_MOE];
+            a->moe_y = own[FORGE__TL_MOE_Y];
+            a->exp_gu = own[FORGE__TL_EXP_GU];
+            a->exp_h = own[FORGE__TL_EXP_H];
+            a->shared_s = own[FORGE__TL_SHARED_S];
+        }
         if (lin) { /* the recurrent states, one place per sequence, written by the forward pass and never read */
             tr->acts[l].kc = tr->r[FORGE__TB_CONV_STATE];
             tr->acts[l].vc = tr->r[FORGE__TB_DELTA];
