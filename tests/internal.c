@@ -171,24 +171,30 @@ forge_status ft_linear_w(ft_ctx *c, const ft_weight *w, const float *A, uint32_t
     return ft_end(&j, 1, C, 4ull * M * ldc, 0, NULL, 0);
 }
 
+/* A route (moe_route.comp's (expert, weight bits) per pair) on the device; weights NULL: all 1. */
+static forge__range ft_route_buf(ft_job *j, const uint32_t *experts, const float *weights, uint32_t pairs) {
+    uint32_t *route = (uint32_t *)malloc(8ull * pairs);
+    if (!route) return ft_buf(j, NULL, 8ull * pairs); /* (zeros: the check that reads the result fails) */
+    for (uint32_t p = 0; p < pairs; p++) {
+        float w = weights ? weights[p] : 1.0f;
+        route[2 * p] = experts[p];
+        memcpy(&route[2 * p + 1], &w, 4);
+    }
+    forge__range rb = ft_buf(j, route, 8ull * pairs);
+    free(route);
+    return rb;
+}
+
 forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
                         uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C) {
     if ((!grouped && !c->dev.caps.subgroup_arith) || (grouped == 4 && !c->dev.caps.coopmat_nv)) return FORGE_ERR_UNSUPPORTED;
     if (grouped == 4 && K % 8) return FORGE_ERR_INVALID_ARGUMENT;
     uint32_t pairs = n_tokens * top_k;
     if (!chunk_experts) chunk_experts = E;
-    uint32_t *route = (uint32_t *)malloc(8ull * pairs);
-    if (!route) return FORGE_ERR_OUT_OF_MEMORY;
     ft_job j;
     ft_begin(&j, c);
-    for (uint32_t p = 0; p < pairs; p++) {
-        float one = 1.0f;
-        route[2 * p] = experts[p];
-        memcpy(&route[2 * p + 1], &one, 4);
-    }
     forge__range a = ft_buf(&j, A, 4ull * n_tokens * K);
-    forge__range rb = ft_buf(&j, route, 8ull * pairs);
-    free(route);
+    forge__range rb = ft_route_buf(&j, experts, NULL, pairs);
     forge__range cc = ft_buf(&j, NULL, 4ull * pairs * R);
     forge__range dummy = ft_buf(&j, NULL, 16);
     uint32_t order_off = forge__moe_order_off(E, pairs);
@@ -225,6 +231,33 @@ forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t 
         }
     }
     return ft_end(&j, 2, C, 4ull * pairs * R, 0, NULL, 0);
+}
+
+forge_status ft_experts_back(ft_ctx *c, const ft_weight *w, const float *dY, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
+                             uint32_t top_k, const uint32_t *experts, const float *weights, int per_token, uint32_t chunk_experts, float *dX) {
+    uint32_t pairs = n_tokens * top_k, y_rows = per_token ? n_tokens : pairs;
+    if (!chunk_experts) chunk_experts = E;
+    ft_job j;
+    ft_begin(&j, c);
+    forge__range yb = ft_buf(&j, dY, 4ull * y_rows * R);
+    forge__range rb = ft_route_buf(&j, experts, weights, pairs);
+    forge__range xb = ft_buf(&j, NULL, 4ull * pairs * K);
+    forge__range dummy = ft_buf(&j, NULL, 16);
+    uint32_t order_off = forge__moe_order_off(E, pairs), bm = forge__moe_tile_rows(E, pairs);
+    forge__range moe = ft_buf(&j, NULL, 4ull * (order_off + pairs));
+    forge__pc_moe_group pg = {pairs, E, bm, order_off};
+    forge__range bg[2] = {rb, moe};
+    forge__dispatch(&j.rec, FORGE__OP_MOE_GROUP, bg, &pg, 1, 1, 1);
+    forge__barrier(&j.rec);
+    for (uint32_t e0 = 0; e0 < E; e0 += chunk_experts) { /* row-chunks of whole experts, each writing its own pairs' rows */
+        uint32_t n_exp = FORGE__MIN(chunk_experts, E - e0);
+        forge__range wb, sb, bb;
+        ft_weight_chunk(&j, w, e0 * R, n_exp * R, dummy, &wb, &sb, &bb);
+        forge__pc_back pc = {pairs, K, R, 0, R, K, 0, per_token ? 2u : 0u, w->bits, w->group, w->qflags, e0, n_exp, order_off, per_token ? top_k : 1};
+        forge__range binds[7] = {yb, wb, xb, sb, bb, moe, rb};
+        forge__dispatch(&j.rec, (forge__op)(FORGE__OP_MATMUL_BACK_MOE + w->fmt), binds, &pc, (K + 63) / 64, (uint32_t)forge__moe_max_tiles(E, pairs), 1);
+    }
+    return ft_end(&j, 2, dX, 4ull * pairs * K, 0, NULL, 0);
 }
 
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C) {
@@ -1159,7 +1192,7 @@ forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint
         forge__range wb, sb, bb;
         ft_weight_chunk(&j, w, r0, rows, dummy, &wb, &sb, &bb);
         forge__range b[5] = {yb, wb, xb, sb, bb};
-        forge__pc_back pc = {M, K, rows, r0, N, K, 0, r0 ? 1u : 0u, w->bits, w->group, w->qflags};
+        forge__pc_back pc = {M, K, rows, r0, N, K, 0, r0 ? 1u : 0u, w->bits, w->group, w->qflags, 0, 0, 0, 1};
         if (r0) forge__barrier(&j.rec);
         uint32_t tile = big ? 128 : 64;
         forge__dispatch(&j.rec, (forge__op)((big ? FORGE__OP_MATMUL_BACK_BIG : FORGE__OP_MATMUL_BACK) + w->fmt), b, &pc, (K + tile - 1) / tile,

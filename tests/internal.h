@@ -98,6 +98,12 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
  * without them). chunk_experts: experts per weight chunk (0: one chunk). */
 forge_status ft_experts(ft_ctx *c, const ft_weight *w, const float *A, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
                         uint32_t top_k, const uint32_t *experts, uint32_t chunk_experts, int grouped, float *C);
+/* The experts' backward product (matmul_back_moe, grouped by moe_group.comp as training runs it):
+ * dX [pairs, K] = dY_row . W_expert(p) for pair p = t * top_k + j, W's rows e * R .. as in
+ * ft_experts; dY rows per pair ([pairs, R]), or per token ([n_tokens, R], per_token) times the
+ * pair's weight. chunk_experts: experts a row-chunk (0: all). */
+forge_status ft_experts_back(ft_ctx *c, const ft_weight *w, const float *dY, uint32_t n_tokens, uint32_t K, uint32_t E, uint32_t R,
+                             uint32_t top_k, const uint32_t *experts, const float *weights, int per_token, uint32_t chunk_experts, float *dX);
 forge_status ft_matmul_big(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);
 /* The 32 x 128-tile matmul of batch decode's few rows (matmul_s). */
 forge_status ft_matmul_s(ft_ctx *c, const ft_weight *w, const float *A, uint32_t M, uint32_t K, uint32_t N, float *C);

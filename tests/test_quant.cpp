@@ -189,7 +189,7 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
     /* mixture of experts: the weight's first 3 R rows as 3 experts of R rows; 5 tokens choose 2
      * each (one token twice the same); decode's per-pair matvec and prefill's grouped matmul, the
      * experts in one chunk and one a chunk; the grouped product in either tile size, and on the
-     * tensor cores where the device has them (f16 operands) */
+     * tensor cores where the device has them (f16 operands); then the backward product */
     {
         const uint32_t E = 3, R = N / E, T = 5, top_k = 2;
         const std::vector<uint32_t> ex = {2, 0, 1, 2, 0, 0, 2, 1, 1, 0};
@@ -209,6 +209,26 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
                 ASSERT_EQ(st, FORGE_OK) << ft_errmsg(device());
                 EXPECT_LT(ft::rel_err(C.data(), ref.data(), C.size()), grouped == 4 ? 3e-3 : 2e-6) << what << " experts, grouped " << grouped << " chunk " << chunk;
             }
+        /* training's backward twin (matmul_back_moe): dX_p = dY . W_e(p), dY the pair's own row, or
+         * the token's row times the pair's weight (down's input gradient) */
+        std::vector<float> wts = ft::randn(T * top_k, 1.0f, 32);
+        for (int per_token = 0; per_token < 2; per_token++) {
+            uint32_t y_rows = per_token ? T : T * top_k;
+            std::vector<float> dY = ft::randn((size_t)y_rows * R, 1.0f, 33), dX((size_t)T * top_k * K), dref(dX.size());
+            for (uint32_t p = 0; p < T * top_k; p++)
+                for (uint32_t k = 0; k < K; k++) {
+                    double acc = 0;
+                    uint32_t yr = per_token ? p / top_k : p;
+                    for (uint32_t r = 0; r < R; r++) acc += (double)dY[(size_t)yr * R + r] * q.deq[(size_t)(ex[p] * R + r) * K + k];
+                    dref[(size_t)p * K + k] = (float)(per_token ? acc * wts[p] : acc);
+                }
+            for (uint32_t chunk : {0u, 1u}) {
+                std::fill(dX.begin(), dX.end(), NAN);
+                ASSERT_EQ(ft_experts_back(device(), &w, dY.data(), T, K, E, R, top_k, ex.data(), wts.data(), per_token, chunk, dX.data()), FORGE_OK)
+                    << ft_errmsg(device());
+                EXPECT_LT(ft::rel_err(dX.data(), dref.data(), dX.size()), 2e-6) << what << " experts backward, per token " << per_token << " chunk " << chunk;
+            }
+        }
     }
     std::vector<uint32_t> toks = {0, N - 1, N / 2, 1};
     std::vector<float> out(toks.size() * K);
