@@ -208,10 +208,13 @@ typedef struct forge_model_params {
                                     * activations): slower prefill and quantized decode on such
                                     * GPUs, results bit-for-bit those of the f32 kernels.
                                     * 0 (default): products of more than 8 rows (prefill, classify,
-                                    * batch decode) run on the tensor cores where the device has
-                                    * them (VK_NV_cooperative_matrix), so a batched sequence or a
-                                    * prompt's logits can differ from a one-row run by f16
-                                    * rounding; and on GPUs with integer dot products a decode
+                                    * batch decode, training's forward and its input gradients
+                                    * through the frozen weights) run on the tensor cores where the
+                                    * device has them (VK_NV_cooperative_matrix), so a batched
+                                    * sequence or a prompt's logits can differ from a one-row run
+                                    * by f16 rounding (training's gradients, rows of output
+                                    * gradients each scaled by a power of two before rounding, by
+                                    * ~2e-3 to 5e-2 of the largest on the test fixtures); and on GPUs with integer dot products a decode
                                     * step's products of Q4_0 / Q8_0 weights take activations
                                     * rounded to 8 bits a block of 32, as llama.cpp's quantized
                                     * products do (logits within llama.cpp's own distance from the

@@ -35,9 +35,21 @@
 // tiles, 4 subgroups of 32 x 32; every store goes through the epilogue (the rows scatter).
 // Where the experts' products ran on matmul_moe_s (SIMT, 32 x 128 tiles) the Qwen3.5-35B-A3B
 // shape's 512-token prefill spent 5.4 + 2.5 s of a profiled run in them at 0.8-1.3 TFLOP/s.
+// BACK (matmul_cm_back): training's input gradient through a frozen weight (matmul_back.comp's
+// product on the tensor cores), the reduction along W's rows instead of its columns:
+//   C[m, c_col0 + k] (+)= rs[m] * sum_n A[m, n] * W[n, k]     (n < N: the chunk's rows)
+// A = dY [M, N] f16 (rows padded to a multiple of 8 with zeros), each row scaled by a power of two first (act_f16.comp's ROW_SCALE build:
+// a gradient's values lie far below f16's normal range, 6e-5: the head's are ~1e-4 / tokens),
+// rs[m] the inverse of that power (binding 3). The W tile is a BK-row step of the reduction by
+// the BN output columns, read as forward reads its tiles (the same rows of W in memory, the
+// same dequantization) and loaded as B row-major. Every store goes through the epilogue (the
+// row scale; flags 2: accumulate into C). Split along n (flags 64, the head's few rows and
+// 128k-long reduction): workgroup z takes n in [z k_split, (z + 1) k_split) and writes its
+// row-scaled sums to C = partials [z, M, K] for linear_reduce.comp.
 // Needs subgroups of 32 (checked by the host).
-// Bindings: 0 A [*, K] f16 (packed) | 1 W chunk [N, K] (format per build) | 2 C [*, ldc] f32
-//           3 bias f32 | 4, 5 MLX scales and biases, unused by other formats | 6 MOE: the tiles
+// Bindings: 0 A [*, K] f16 (packed; BACK: [M, N]) | 1 W chunk [N, K] (format per build)
+//           2 C [*, ldc] f32 | 3 bias f32 (BACK: rs [M]) | 4, 5 MLX scales and biases, unused
+//           by other formats | 6 MOE: the tiles
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -74,6 +86,11 @@
 #endif
 #ifndef STAGES
 #define STAGES 1
+#endif
+#ifdef BACK
+#define BACK_ROWS true
+#else
+#define BACK_ROWS false
 #endif
 #define FM (BM / WARPS_M / 16)   /* fragments per subgroup along m */
 #define FN (BN / WARPS_N / 16)   /* and along n */
@@ -121,8 +138,23 @@ bool a_row_of(uint m, out uint row) {
 #endif
 }
 
-const uint LDS = BK + 8;             // padded row stride (halves): 144 bytes
+const uint LDS = BK + 8;             // padded row stride of the A tile (halves): 144 bytes
 const uint LDS4 = LDS / 4u;          // the same in units of 4 halves
+// The W tile: WR rows of W by WC columns, row-major in shared memory with stride LDW. Forward:
+// BN rows (the outputs) by a BK step of the reduction, B column-major; BACK: a BK step of the
+// reduction (W's rows) by BN output columns, B row-major.
+#ifdef BACK
+const uint WR = BK, WC = BN;
+#else
+const uint WR = BN, WC = BK;
+#endif
+const uint LDW = WC + 8u, LDW4 = LDW / 4u;
+// A's row length: the reduction (BACK: the chunk's rows of W, N, rounded up to 8; else K)
+#ifdef BACK
+#define A_LD ((pc.N + 7u) & ~7u)
+#else
+#define A_LD pc.K
+#endif
 // One shared array, 4 halves an element: the A tile, row-major [m][k], at AS; the W tile,
 // row-major [n][k] = B column-major, at WS; after the k loop the epilogue's scratch (each
 // subgroup's 16 x 16 f32 fragment, two floats an element) over the A tile at CS.
@@ -130,7 +162,7 @@ const uint AS = 0u, CS = 0u;
 #ifdef W_DIRECT
 const uint WS = 0u, STAGE = BM * LDS4;
 #else
-const uint WS = BM * LDS4, STAGE = BM * LDS4 + BN * LDS4;
+const uint WS = BM * LDS4, STAGE = BM * LDS4 + WR * LDW4;
 #endif
 const uint SMEM = max(STAGES * STAGE, WARPS_M * WARPS_N * 128u);
 shared uvec2 smem[SMEM];
@@ -142,15 +174,15 @@ uint tid_() { return gl_LocalInvocationID.x; }
 // of the next step are in flight during the products and hold as few registers as they can):
 // A_PER x 8 halves of A (rows idx / (BK / 8), columns 8 (idx % (BK / 8)), idx = tid + r THREADS),
 // copied as they are, and of W
-//   Q4_0, Q8_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: row idx / (BK / 32),
-//         block idx % (BK / 32) of the step): its 18 / 34 bytes in the 5 / 9 aligned words
-//         that hold them
-//   F16, BF16: W_PER x 8 halves (rows idx / 8, columns 8 (idx % 8)), as they are (bf16
-//         converted by convert, in place)
+//   Q4_0, Q8_0: QB_PER whole blocks a thread (block idx = tid + r THREADS: tile row
+//         idx / (WC / 32), block idx % (WC / 32) of the tile's columns): its 18 / 34 bytes in
+//         the 5 / 9 aligned words that hold them
+//   F16, BF16: W_PER x 8 halves (tile rows idx / (WC / 8), columns 8 (idx % (WC / 8))), as
+//         they are (bf16 converted by convert, in place)
 //   else: W_PER x 8 values dequantized to f32 (weights.glsl)
 const uint A_PER = BM * BK / 8u / THREADS;
 uvec4 ra[A_PER];
-const uint W_PER = BN * BK / 8u / THREADS;
+const uint W_PER = WR * WC / 8u / THREADS;
 #if defined(W_DIRECT)
 #elif defined(W_Q4_0) || defined(W_Q8_0)
 #define W_RAW_BLOCKS 1
@@ -159,7 +191,7 @@ const uint QB_BYTES = 18u, QB_WORDS = 5u;   // f16 d, 16 bytes of nibbles
 #else
 const uint QB_BYTES = 34u, QB_WORDS = 9u;   // f16 d, 32 int8 codes
 #endif
-const uint QB_PER = BN * BK / 32u / THREADS;
+const uint QB_PER = WR * WC / 32u / THREADS;
 #if (BN * BK / 32) % THREADS != 0
 #error "Q4_0 / Q8_0 fetch: whole blocks a thread"
 #endif
@@ -174,18 +206,24 @@ vec4 rw[2u * W_PER];
 uvec2 rwq[2u * W_PER];        // ... converted to f16
 #endif
 
-void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
+void fetch(uint m0, uint n0, uint k0, uint ke) { // the reduction's k0 .. min(k0 + BK, ke); n0: the output tile's
     [[unroll]] for (uint r = 0; r < A_PER; r++) {
         uint idx = tid_() + r * THREADS, m = m0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
         uint row;
         bool in_ = a_row_of(m, row);
-        ra[r] = in_ && k < ke ? a8[((pc.a_row0 + row) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
+        ra[r] = in_ && k < ke ? a8[((pc.a_row0 + row) * A_LD + k) >> 3] : uvec4(0u); // (A_LD % 8 == 0)
     }
+    // the W tile: rows wr0 .. < wr_end of W, columns wc0 .. < wc_end (of K, W's row length)
+#ifdef BACK
+    uint wr0 = k0, wr_end = ke, wc0 = n0, wc_end = pc.K;
+#else
+    uint wr0 = n0, wr_end = pc.N, wc0 = k0, wc_end = ke;
+#endif
 #if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
         uint idx = tid_() + r * THREADS;
-        uint n = n0 + idx / (BK / 32u), kb = (k0 >> 5) + idx % (BK / 32u);
-        bool in_ = n < pc.N && (kb << 5) < ke;   // ke: K or a multiple of BK, K a multiple of 32
+        uint n = wr0 + idx / (WC / 32u), kb = (wc0 >> 5) + idx % (WC / 32u);
+        bool in_ = n < wr_end && (kb << 5) < wc_end;   // wc_end: K or a multiple of BK, K a multiple of 32
         uint bo = in_ ? ((w_base + n) * (pc.K >> 5) + kb) * QB_BYTES : 0u, w = bo >> 2;
         rq_odd[r] = (bo & 2u) != 0u;
         // the QB_WORDS words from w hold bytes bo .. bo + QB_BYTES - 1 (blocks start 2-byte
@@ -194,14 +232,14 @@ void fetch(uint m0, uint n0, uint k0, uint ke) { // k < ke
     }
 #elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
-        rh[r] = n < pc.N && k < ke ? w_u4[((w_base + n) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
+        uint idx = tid_() + r * THREADS, n = wr0 + idx / (WC / 8u), k = wc0 + (idx % (WC / 8u)) * 8u;
+        rh[r] = n < wr_end && k < wc_end ? w_u4[((w_base + n) * pc.K + k) >> 3] : uvec4(0u); // (K % 8 == 0)
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, n = n0 + idx / (BK / 8u), k = k0 + (idx % (BK / 8u)) * 8u;
+        uint idx = tid_() + r * THREADS, n = wr0 + idx / (WC / 8u), k = wc0 + (idx % (WC / 8u)) * 8u;
         vec4 lo = vec4(0.0), hi = vec4(0.0);
-        if (n < pc.N && k < ke) w_get8_any(w_base + n, k, pc.K, lo, hi); // ke: K or a multiple of BK
+        if (n < wr_end && k < wc_end) w_get8_any(w_base + n, k, pc.K, lo, hi); // wc_end: K or a multiple of BK
         rw[2u * r] = lo;
         rw[2u * r + 1u] = hi;
     }
@@ -271,18 +309,18 @@ void stash(uint base) { // base: the stage's first element; the weights converte
     }
 #if defined(W_RAW_BLOCKS)
     [[unroll]] for (uint r = 0; r < QB_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 32u)) * LDS4 + (idx % (BK / 32u)) * 8u;
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (WC / 32u)) * LDW4 + (idx % (WC / 32u)) * 8u;
         [[unroll]] for (uint i = 0; i < 8u; i++) smem[row + i] = wq[r][i];
     }
 #elif defined(W_RAW_16)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (WC / 8u)) * LDW4 + (idx % (WC / 8u)) * 2u;
         smem[row] = rh[r].xy;
         smem[row + 1u] = rh[r].zw;
     }
 #elif !defined(W_DIRECT)
     [[unroll]] for (uint r = 0; r < W_PER; r++) {
-        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (BK / 8u)) * LDS4 + (idx % (BK / 8u)) * 2u;
+        uint idx = tid_() + r * THREADS, row = base + WS + (idx / (WC / 8u)) * LDW4 + (idx % (WC / 8u)) * 2u;
         smem[row] = rwq[2u * r];
         smem[row + 1u] = rwq[2u * r + 1u];
     }
@@ -304,9 +342,16 @@ void main() {
 #endif
     uint wm = (warp / WARPS_N) * (BM / WARPS_M), wn = (warp % WARPS_N) * (BN / WARPS_N); // this subgroup's part
     bool part = (pc.flags & 64u) != 0u;
-    uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(pc.K, kb + pc.k_split) : pc.K;
-    // where the results go: C, or split z's partial sums [M, N]
-    uint ldc = part ? pc.N : pc.ldc, col0 = part ? 0u : pc.c_col0, row0 = part ? gl_WorkGroupID.z * pc.M : 0u;
+#ifdef BACK
+    uint red = pc.N; // the reduction's length
+    const uint n_out = pc.K; // C's columns
+#else
+    uint red = pc.K;
+    const uint n_out = pc.N;
+#endif
+    uint kb = part ? gl_WorkGroupID.z * pc.k_split : 0u, ke = part ? min(red, kb + pc.k_split) : red;
+    // where the results go: C, or split z's partial sums [M, n_out]
+    uint ldc = part ? n_out : pc.ldc, col0 = part ? 0u : pc.c_col0, row0 = part ? gl_WorkGroupID.z * pc.M : 0u;
     uint flags = part ? 0u : pc.flags;
     fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[FM][FN];
     [[unroll]] for (uint i = 0; i < FM; i++)
@@ -331,7 +376,11 @@ void main() {
                 [[unroll]] for (uint i = 0; i < FM; i++) acc[i][0] = coopMatMulAddNV(fa[i], fb[0], acc[i][0]);
             }
 #else
-            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, cur + WS + (wn + 16u * j) * LDS4 + ks / 4u, LDS4, true);
+#ifdef BACK
+            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, cur + WS + ks * LDW4 + (wn + 16u * j) / 4u, LDW4, false);
+#else
+            [[unroll]] for (uint j = 0; j < FN; j++) coopMatLoadNV(fb[j], smem, cur + WS + (wn + 16u * j) * LDW4 + ks / 4u, LDW4, true);
+#endif
             [[unroll]] for (uint i = 0; i < FM; i++)
                 [[unroll]] for (uint j = 0; j < FN; j++) acc[i][j] = coopMatMulAddNV(fa[i], fb[j], acc[i][j]);
 #endif
@@ -367,7 +416,7 @@ void main() {
     // kernel ran at 30 TFLOP/s instead of 70-100 (bench/RESULTS.md).
     // Whole tiles without bias, cap or residual go straight to C (ldc and c_col0 multiples of 4:
     // 16-byte aligned rows); the rest through a per-subgroup scratch, one fragment at a time.
-#ifdef MOE
+#if defined(MOE) || defined(BACK)
     const bool direct = false;
 #else
     bool direct = flags == 0u && m0 + BM <= pc.M && n0 + BN <= pc.N && (ldc & 3u) == 0u && (col0 & 3u) == 0u;
@@ -379,9 +428,10 @@ void main() {
         subgroupBarrier();                                                                      \
         for (uint e = lane; e < 256u; e += 32u) {                                               \
             uint m, n = n0 + wn + 16u * j + e % 16u;                                            \
-            if (!c_row_of(m0 + wm + 16u * i + e / 16u, m) || n >= pc.N) continue;               \
+            if (!c_row_of(m0 + wm + 16u * i + e / 16u, m) || n >= n_out) continue;              \
             uvec2 pair = smem[CS + warp * 128u + e / 2u];                                       \
             float v = uintBitsToFloat((e & 1u) != 0u ? pair.y : pair.x);                        \
+            if (BACK_ROWS) v *= bias[m]; /* BACK: the row's scale undone */                     \
             if ((flags & 1u) != 0u) v += bias[pc.bias_off + n];                                 \
             if ((flags & 4u) != 0u) v = safe_tanh(v / pc.softcap) * pc.softcap;                 \
             uint ci = (row0 + m) * ldc + col0 + n;                                              \

@@ -270,6 +270,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->q8_chain = true;
     m->pairs_min_rows = m->dev.caps.type != FORGE_DEVICE_CPU ? 4096 : 0;
     m->attn_cm = true;
+    m->back_cm = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);

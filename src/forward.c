@@ -196,7 +196,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
 /* Rows a_row0 .. a_row0 + M of x [*, K] rounded to f16 into a16 [M, K] (act_f16.comp), for
  * matmul_cm, then a barrier. K % 8 == 0. */
 static void forge__record_act_f16(forge__rec *r, forge__range x, uint32_t a_row0, uint32_t M, uint32_t K, forge__range a16) {
-    forge__pc_act_f16 pc = {K, a_row0, M};
+    forge__pc_act_f16 pc = {K, a_row0, M, 0, 0, 0};
     forge__range b[2] = {x, a16};
     uint32_t gx, gy;
     forge__grid(((uint64_t)M * (K / 8) + 255) / 256, &gx, &gy);

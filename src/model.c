@@ -170,6 +170,10 @@ struct forge_model {
     /* The prefill attention on tensor cores (forge__attn_cm_op) where the device has them. Set
      * at load; tests switch it off to compare with attention_tiled. */
     bool attn_cm;
+    /* Training's input gradients through frozen weights on tensor cores (forge__linear_back_cm)
+     * where the pass has their scratch (not exact). Set at load; tests switch it off to compare
+     * with the SIMT kernels. */
+    bool back_cm;
     /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;

@@ -30,6 +30,7 @@ typedef struct forge__pc_act_q8 {   /* act_q8.comp */
 } forge__pc_act_q8;
 typedef struct forge__pc_act_f16 {  /* act_f16.comp: rows a_row0 .. a_row0 + M of [*, K] */
     uint32_t K, a_row0, M;
+    uint32_t ld, col0, width;       /* act_f16_scaled: the source's row stride, first column and values a row (K: width rounded up to 8) */
 } forge__pc_act_f16;
 typedef struct forge__pc_embed {    /* embed.comp */
     uint32_t n_tokens, hidden, row_begin, row_count;
@@ -216,6 +217,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_CM_S = FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT, /* tensor cores, <= 32 rows of f16 weights: batch decode */
     FORGE__OP_MATMUL_CM_MOE,      /* + forge__wfmt: experts' products on tensor cores (moe_group.comp's 32-pair tiles) */
     FORGE__OP_MATMUL_CM_MOE_LAST = FORGE__OP_MATMUL_CM_MOE + FORGE__W_COUNT - 1,
+    FORGE__OP_MATMUL_CM_BACK,     /* + forge__wfmt: training's input gradients through frozen weights on tensor cores */
+    FORGE__OP_MATMUL_CM_BACK_LAST = FORGE__OP_MATMUL_CM_BACK + FORGE__W_COUNT - 1,
     /* matvec_sg with a post-attention norm added to its input first (F32, F16, BF16: + forge__wfmt) */
     FORGE__OP_MATVEC_SG_POST,
     FORGE__OP_MATVEC_SG_POST_LAST = FORGE__OP_MATVEC_SG_POST + FORGE__W_BF16,
@@ -240,6 +243,7 @@ typedef enum forge__op {
     FORGE__OP_TOPK_MERGE,
     FORGE__OP_ACT_Q8,             /* one token's activations as int8 blocks, matvec_q8a's input */
     FORGE__OP_ACT_F16,            /* rows of activations in f16, matmul_cm's input */
+    FORGE__OP_ACT_F16_SCALED,     /* ... rows of gradients, each by a power of two (matmul_cm_back's input) */
     FORGE__OP_ATTN_CM,            /* prefill attention on tensor cores, heads of 64 (+ 1: 128, + 2: 256) over an f16 cache */
     FORGE__OP_ATTN_CM_128,
     FORGE__OP_ATTN_CM_256,
@@ -333,10 +337,12 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
 #if FORGE_SPV_HAVE_NV_COOPERATIVE_MATRIX
 #define FORGE__CM_OP(FMT, name) \
     [FORGE__OP_MATMUL_CM + FMT] = {"matmul_cm_" #name, FORGE__SPV(matmul_cm_##name), 6, sizeof(forge__pc_linear), 0, {0}}, \
-    [FORGE__OP_MATMUL_CM_MOE + FMT] = {"matmul_cm_moe_" #name, FORGE__SPV(matmul_cm_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}},
+    [FORGE__OP_MATMUL_CM_MOE + FMT] = {"matmul_cm_moe_" #name, FORGE__SPV(matmul_cm_moe_##name), 7, sizeof(forge__pc_linear), 0, {0}}, \
+    [FORGE__OP_MATMUL_CM_BACK + FMT] = {"matmul_cm_back_" #name, FORGE__SPV(matmul_cm_back_##name), 6, sizeof(forge__pc_linear), 0, {0}},
 #define FORGE__CM_S_OP \
     [FORGE__OP_MATMUL_CM_S] = {"matmul_cm_s_f16", FORGE__SPV(matmul_cm_s_f16), 6, sizeof(forge__pc_linear), 0, {0}}, \
     [FORGE__OP_ACT_F16] = {"act_f16", FORGE__SPV(act_f16), 2, sizeof(forge__pc_act_f16), 0, {0}}, \
+    [FORGE__OP_ACT_F16_SCALED] = {"act_f16_scaled", FORGE__SPV(act_f16_scaled), 3, sizeof(forge__pc_act_f16), 0, {0}}, \
     [FORGE__OP_ATTN_CM] = {"attention_cm_d64", FORGE__SPV(attention_cm_d64), 6, sizeof(forge__pc_attention), 0, {0}}, \
     [FORGE__OP_ATTN_CM_128] = {"attention_cm_d128", FORGE__SPV(attention_cm_d128), 6, sizeof(forge__pc_attention), 0, {0}}, \
     [FORGE__OP_ATTN_CM_256] = {"attention_cm_d256", FORGE__SPV(attention_cm_d256), 6, sizeof(forge__pc_attention), 0, {0}},
@@ -475,6 +481,15 @@ FORGE__PUSH_IS(matmul_cm_moe_q4_k, forge__pc_linear);
 FORGE__PUSH_IS(matmul_cm_moe_q6_k, forge__pc_linear);
 FORGE__PUSH_IS(matmul_cm_moe_mlx, forge__pc_linear);
 FORGE__PUSH_IS(act_f16, forge__pc_act_f16);
+FORGE__PUSH_IS(act_f16_scaled, forge__pc_act_f16);
+FORGE__PUSH_IS(matmul_cm_back_f32, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_f16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_bf16, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_q4_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_q6_k, forge__pc_linear);
+FORGE__PUSH_IS(matmul_cm_back_mlx, forge__pc_linear);
 FORGE__PUSH_IS(attention_cm_d64, forge__pc_attention);
 FORGE__PUSH_IS(attention_cm_d128, forge__pc_attention);
 FORGE__PUSH_IS(attention_cm_d256, forge__pc_attention);

@@ -10,7 +10,11 @@
 
 #define FORGE__TRAIN_RECORDINGS 4
 #define FORGE__TRAIN_PAD 32            /* a batch's length is padded up to a multiple of this (fewer recordings) */
-#define FORGE__LOSS_CHUNK_BYTES ((uint64_t)256 << 20) /* logits rows per loss chunk: at most this many bytes (512 rows of a 128k vocabulary: the head's products stay large) */
+/* logits rows per loss chunk: at most this many bytes, whole 128-row tiles where more than one
+ * (256 rows of a 128k vocabulary: the head's forward products stay large, its backward ones on
+ * the tensor cores are split along the vocabulary, and their f16 input fits the scratch the
+ * layers' need) */
+#define FORGE__LOSS_CHUNK_BYTES ((uint64_t)128 << 20)
 
 /* A run of the flat parameter vector in one device buffer each for the parameters, their
  * gradients and AdamW's two moments. */
@@ -220,6 +224,7 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     uint64_t V = (uint64_t)c->n_vocab;
     if (4 * V > range) return forge__fail(err, FORGE_ERR_LIMIT, "a logits row of %llu bytes exceeds the binding limit", (unsigned long long)(4 * V));
     L->loss_rows = (uint32_t)FORGE__MIN(rows, FORGE__MAX(1, FORGE__MIN(FORGE__LOSS_CHUNK_BYTES, range) / (4 * V)));
+    if (L->loss_rows > 128 && L->loss_rows < rows) L->loss_rows = L->loss_rows / 128 * 128;
     if (p->loss == FORGE_LOSS_MSE_HIDDEN) L->targets_width = (uint32_t)c->hidden;
     if (p->loss == FORGE_LOSS_MSE_LOGITS) {
         L->targets_width = (uint32_t)V;
@@ -270,6 +275,18 @@ static forge_status forge__train_layout_make(forge_model *m, const forge_train_p
     return FORGE_OK;
 }
 
+/* forge__linear_back_cm's scratch for M rows of a chunk of `rows` outputs into K inputs, split
+ * in `splits` along the reduction: dy's rows in f16 [M, rows rounded up to 8], then (each part
+ * 256-byte aligned, for binding) the rows' inverse scales [M] f32 and, split, the partial sums
+ * [splits, M, K] f32. The trainer keeps FORGE__BACK_CM_PART_BYTES for the partials: splits are
+ * chosen to make about 256 tiles of 128 x 128, so their sums hold about 256 tiles' worth. */
+#define FORGE__BACK_CM_PART_BYTES ((uint64_t)4 * 256 * 128 * 128)
+static uint64_t forge__back_cm_scales_at(uint32_t M, uint32_t rows) { return forge__align_up(2ull * M * forge__align_up(rows, 8), 256); }
+static uint64_t forge__back_cm_part_at(uint32_t M, uint32_t rows) { return forge__back_cm_scales_at(M, rows) + forge__align_up(4ull * M, 256); }
+static uint64_t forge__back_cm_bytes(uint32_t M, uint32_t rows, uint32_t K, uint32_t splits) {
+    return forge__back_cm_part_at(M, rows) + (splits > 1 ? 4ull * splits * M * K : 0);
+}
+
 /* Adds every device buffer of the trainer to `pack`: the segments (parameters, gradients, two
  * moments each), the working buffers (forge__train_buf), the shared layer set (every layer's
  * activations under checkpointing, or of the layers without adapters), then per adapted layer
@@ -307,6 +324,12 @@ static forge_status forge__train_pack(const forge_model *m, const forge__train_l
         [FORGE__TB_DELTA] = lin ? 4ull * L->p.max_batch * c->lin_v_heads * forge__delta_work_floats(c, L->delta_chunk, (uint32_t)L->p.max_seq) : 0,
         [FORGE__TB_DPAIR] = 4 * N * KH, [FORGE__TB_DLOGITS] = 4 * N * (uint64_t)c->n_experts, [FORGE__TB_DS] = c->shared_ffn ? 4 * N : 0,
     };
+    /* the tensor cores' scratch also holds the widest output gradient of the layers' products in
+     * f16 (forge__linear_back_cm; the head's goes in groups of rows) */
+    if (forge__uses_a16(m))
+        sizes[FORGE__TB_A16] = FORGE__MAX(sizes[FORGE__TB_A16],
+                                          forge__back_cm_bytes((uint32_t)N, (uint32_t)(FORGE__MAX(FORGE__MAX(sizes[FORGE__TB_DQKV], sizes[FORGE__TB_DGU]), 4 * N * H) / (4 * N)), 0, 1) +
+                                              FORGE__BACK_CM_PART_BYTES);
     for (int i = 0; i < FORGE__TB_COUNT; i++) ok &= forge__pack_add(pack, a, sizes[i] ? sizes[i] : 16) >= 0;
     for (int i = 0; i < FORGE__TL_COUNT; i++) ok &= forge__pack_add(pack, a, shared[i] ? shared[i] : 16) >= 0;
     for (int l = L->first_layer; l < c->n_layers; l++) {
@@ -426,23 +449,91 @@ static forge_status forge__train_init_params(forge_trainer *tr) {
 
 /* ---- Recording a training step ---- */
 
+/* The tensor cores' share of forge__linear_back: M rows of dx (+)= dy . W for one row-chunk c
+ * of W (matmul_cm_back, W's format), on dy's columns for those rows rounded to f16 by a power of
+ * two a row (act_f16_scaled) into a16, the rows' inverse scales after them. Where the product
+ * has too few 128 x 128 tiles to fill a large GPU (the head's: a loss chunk's rows by the
+ * hidden size) it is split along the reduction as far as a16 holds the partial sums, which
+ * linear_reduce.comp then adds into dx. The caller has seen that a16 holds
+ * forge__back_cm_bytes(M, c->rows, w->cols, 1) and is apart from dy and dx, that w->cols is a
+ * multiple of 8, and has put a barrier before (a16 may still be read by an earlier product). */
+static void forge__linear_back_cm(forge__rec *r, const forge__weight *w, const forge__wchunk *c, forge__range dy, uint32_t ldy, uint32_t y_col0,
+                                  uint32_t M, forge__range dx, uint32_t ldc, uint32_t c_off, bool accumulate, forge__range a16, forge__range dummy) {
+    uint32_t K = w->cols, N = c->rows, tiles = ((K + 127) / 128) * ((M + 127) / 128), splits = 1, k_split = 0;
+    if (tiles < 256 && N >= 256) {
+        splits = FORGE__MIN(FORGE__MIN(16u, (256 + tiles - 1) / tiles), N / 64);
+        for (; splits > 1; splits--) {
+            k_split = (uint32_t)forge__align_up((N + splits - 1) / splits, 64); /* whole k steps */
+            if (forge__back_cm_bytes(M, N, K, (N + k_split - 1) / k_split) <= a16.size) break;
+        }
+        if (splits > 1) splits = (N + k_split - 1) / k_split;
+    }
+    forge__range inv = {a16.buf, a16.offset + forge__back_cm_scales_at(M, N), 4ull * M};
+    forge__pc_act_f16 pa = {(uint32_t)forge__align_up(N, 8), 0, M, ldy, y_col0 + c->row0, N};
+    forge__range ba[3] = {dy, a16, inv};
+    uint32_t gx, gy;
+    forge__grid(M, &gx, &gy);
+    forge__dispatch(r, FORGE__OP_ACT_F16_SCALED, ba, &pa, gx, gy, 1);
+    forge__barrier(r);
+    bool mlx = w->fmt == FORGE__W_MLX;
+    forge__range part = {a16.buf, a16.offset + forge__back_cm_part_at(M, N), 4ull * splits * M * K};
+    forge__range b[6] = {a16, c->w, splits > 1 ? part : dx, inv, mlx ? c->scales : dummy, mlx ? c->biases : dummy};
+    forge__pc_linear pc = {M, K, N, 0, ldc, c_off, accumulate ? FORGE__LINEAR_ACCUMULATE : 0, 0, 0, w->bits, w->group, w->qflags,
+                           0, 0, 0, 0, 0, 0, 0, 0};
+    forge__op op = (forge__op)(FORGE__OP_MATMUL_CM_BACK + w->fmt);
+    if (splits == 1) {
+        forge__dispatch(r, op, b, &pc, (K + 127) / 128, (M + 127) / 128, 1);
+        return;
+    }
+    forge__pc_linear pp = pc;
+    pp.flags = FORGE__LINEAR_SPLIT_K;
+    pp.k_split = k_split;
+    forge__dispatch(r, op, b, &pp, (K + 127) / 128, (M + 127) / 128, splits);
+    forge__barrier(r);
+    forge__pc_linear pr = {M, 0, K, 0, ldc, c_off, pc.flags, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}; /* (the reduce's N: dx's width) */
+    forge__record_linear_reduce(r, part, dx, dummy, &pr, splits);
+}
+
 /* dx[M, ldc] (+)= dy . W (matmul_back.comp): dy holds W's outputs at columns y_col0 + row of
  * each row of ldy floats (y_col0 may also skip whole rows: it is a flat offset), dx W's inputs
- * at c_off + k. Chunks add up, a barrier between them. */
-static void forge__linear_back(const forge__pass *p, const forge__weight *w, forge__range dy, uint32_t ldy, uint32_t y_col0, uint32_t M,
-                               forge__range dx, uint32_t ldc, uint32_t c_off, bool accumulate) {
+ * at c_off + k (flat too). Chunks add up, a barrier between them. With `cm` (the caller's
+ * choice: the tensor cores' scratch a16 is set, apart from dy and dx) the product runs on the
+ * tensor cores (forge__linear_back_cm), in groups of rows (whole 128-row tiles) as many as a16
+ * holds (the head's: a loss chunk of a vocabulary's columns); else, or where a chunk does not
+ * fit, on the SIMT kernels. */
+static void forge__linear_back_rec(forge__rec *r, bool cm, const forge__weight *w, forge__range dy, uint32_t ldy, uint32_t y_col0, uint32_t M,
+                                   forge__range dx, uint32_t ldc, uint32_t c_off, bool accumulate, forge__range a16, forge__range dummy) {
+    cm = cm && w->cols % 8 == 0;
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
+        bool acc = accumulate || i > 0;
+        uint32_t group = M;
+        while (group > 128 && forge__back_cm_bytes(group, c->rows, w->cols, 1) > a16.size) group = (group - 1) / 128 * 128;
+        if (cm && forge__back_cm_bytes(group, c->rows, w->cols, 1) <= a16.size) {
+            for (uint32_t m0 = 0; m0 < M; m0 += group) {
+                forge__barrier(r);
+                forge__linear_back_cm(r, w, c, dy, ldy, y_col0 + m0 * ldy, FORGE__MIN(group, M - m0), dx, ldc, c_off + m0 * ldc, acc, a16, dummy);
+            }
+            continue;
+        }
         bool mlx = w->fmt == FORGE__W_MLX;
-        forge__range b[5] = {dy, c->w, dx, mlx ? c->scales : p->dummy, mlx ? c->biases : p->dummy};
-        forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, accumulate || i > 0 ? 1u : 0u, w->bits, w->group, w->qflags, 0, 0, 0, 1};
-        if (i) forge__barrier(p->r);
+        forge__range b[5] = {dy, c->w, dx, mlx ? c->scales : dummy, mlx ? c->biases : dummy};
+        forge__pc_back pc = {M, w->cols, c->rows, y_col0 + c->row0, ldy, ldc, c_off, acc ? 1u : 0u, w->bits, w->group, w->qflags, 0, 0, 0, 1};
+        if (i) forge__barrier(r);
         /* 128 x 128 tiles where there are enough of them, as in the forward products */
         bool big = (uint64_t)((w->cols + 127) / 128) * ((M + 127) / 128) >= FORGE__BIG_TILES_MIN;
         uint32_t tile = big ? 128 : 64;
-        forge__dispatch(p->r, (forge__op)((big ? FORGE__OP_MATMUL_BACK_BIG : FORGE__OP_MATMUL_BACK) + w->fmt), b, &pc, (w->cols + tile - 1) / tile,
+        forge__dispatch(r, (forge__op)((big ? FORGE__OP_MATMUL_BACK_BIG : FORGE__OP_MATMUL_BACK) + w->fmt), b, &pc, (w->cols + tile - 1) / tile,
                         (M + tile - 1) / tile, 1);
     }
+}
+/* ... for a pass: on the tensor cores where it has their scratch (not exact) and more rows than
+ * a matrix-vector kernel takes */
+static void forge__linear_back(const forge__pass *p, const forge__weight *w, forge__range dy, uint32_t ldy, uint32_t y_col0, uint32_t M,
+                               forge__range dx, uint32_t ldc, uint32_t c_off, bool accumulate) {
+    forge__range a16 = p->a16;
+    bool cm = a16.buf && p->m->back_cm && M > forge__matvec_max_m(p->m) && forge__apart(a16, dy) && forge__apart(a16, dx);
+    forge__linear_back_rec(p->r, cm, w, dy, ldy, y_col0, M, dx, ldc, c_off, accumulate, a16, p->dummy);
 }
 
 /* dx (+)= the RMSNorm's input gradient for rows of x (block norm: rows of dim; heads > 0: the

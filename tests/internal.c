@@ -1181,12 +1181,26 @@ forge_status ft_attention_rope_decode(ft_ctx *c, const float *qkv, uint32_t H, u
 
 forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
                             float *dx) {
+    if (big >= 2 && !c->dev.caps.coopmat_nv) return FORGE_ERR_UNSUPPORTED;
     ft_job j;
     ft_begin(&j, c);
     forge__range yb = ft_buf(&j, dy, 4ull * M * N);
     forge__range xb = ft_buf(&j, NULL, 4ull * M * K);
     forge__range dummy = ft_buf(&j, NULL, 16);
     if (!chunk_rows) chunk_rows = N;
+    if (big >= 2) { /* the tensor cores, through the trainer's own recording */
+        forge__wchunk chunks[64];
+        forge__weight fw = {"w", (forge__wfmt)w->fmt, N, K, w->bits, w->group, w->qflags, 0, chunks};
+        for (uint32_t r0 = 0; r0 < N && fw.n_chunks < 64; r0 += chunk_rows, fw.n_chunks++) {
+            forge__wchunk *wc = &chunks[fw.n_chunks];
+            wc->row0 = r0, wc->rows = FORGE__MIN(chunk_rows, N - r0);
+            ft_weight_chunk(&j, w, r0, wc->rows, dummy, &wc->w, &wc->scales, &wc->biases);
+        }
+        uint32_t rows = big == 3 ? FORGE__MIN(M, 128u) : M;
+        forge__range a16 = ft_buf(&j, NULL, forge__back_cm_bytes(rows, chunk_rows, K, 1) + 4ull * 16 * rows * K); /* (and 16 splits' partial sums) */
+        forge__linear_back_rec(&j.rec, true, &fw, yb, N, 0, M, xb, K, 0, false, a16, dummy);
+        return ft_end(&j, 1, dx, 4ull * M * K, 0, NULL, 0);
+    }
     for (uint32_t r0 = 0; r0 < N; r0 += chunk_rows) {
         uint32_t rows = FORGE__MIN(chunk_rows, N - r0);
         forge__range wb, sb, bb;
@@ -1445,6 +1459,8 @@ int ft_model_set_act_q8(forge_model *m, int on) {
 
 void ft_model_set_q8_chain(forge_model *m, int on) { m->q8_chain = on != 0; }
 void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows) { m->pairs_min_rows = min_rows; }
+
+void ft_model_set_back_cm(forge_model *m, int on) { m->back_cm = on != 0; }
 
 int ft_model_set_attn_cm(forge_model *m, int on) {
     m->attn_cm = on != 0;

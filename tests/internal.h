@@ -205,7 +205,11 @@ void ft_model_fingerprint(const forge_model *m, char *buf, size_t size);
 extern "C" {
 #endif
 /* The backward kernels. dX [M, K] = dY [M, N] . W (W [N, K] stored as w, in chunks of chunk_rows);
- * big: the 128 x 128-tile kernel (matmul_back_big.comp), else matmul_back.comp. */
+ * big 1: the 128 x 128-tile kernel (matmul_back_big.comp), 0: matmul_back.comp; 2: the tensor
+ * cores as the trainer records them (forge__linear_back_rec: act_f16_scaled, matmul_cm_back;
+ * FORGE_ERR_UNSUPPORTED where the device has none; K % 8 == 0, else the SIMT kernels; split
+ * along N where the product has few tiles and N >= 256), 3: the same with a scratch for 128 rows
+ * (more go in groups). */
 forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
                             float *dx);
 /* gemm.comp: strides {a_off, a_sm, a_sk, b_off, b_sk, b_sn, c_off, c_sm, c_sn}; C in/out (c_n floats). */
@@ -281,6 +285,9 @@ void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows);
  * attention_tiled (0), for the sessions created after the call; returns whether the device and
  * model can take the first at all (tensor cores, not exact). */
 int ft_model_set_attn_cm(forge_model *m, int on);
+/* Training's input gradients through frozen weights on tensor cores (1, the default where the
+ * trainer has their scratch) or on the SIMT kernels (0), for the trainers created after the call. */
+void ft_model_set_back_cm(forge_model *m, int on);
 /* The decode attention on subgroups (attention_decode.comp, 1) or attention_split.comp (0), for
  * the sessions created after the call; returns 0 where the device cannot run the first. */
 int ft_model_set_attn_subgroups(forge_model *m, int on);

@@ -185,6 +185,19 @@ void check_linear(const Quant &q, int fmt, uint32_t N, uint32_t K, const char *w
             ASSERT_EQ(ft_matmul_back(device(), &w, dY.data(), M, N, K, chunk, big, dX.data()), FORGE_OK) << ft_errmsg(device());
             EXPECT_LT(ft::rel_err(dX.data(), ref.data(), dX.size()), 2e-6) << what << " backward, chunk " << chunk << " big " << big;
         }
+        /* ... on the tensor cores where the device has them: f16 operands, dY's rows scaled by
+         * powers of two (a row of gradients around 1e-7, far under f16's normal range, as well as
+         * one around 1) */
+        std::vector<float> dYs = dY;
+        for (uint32_t n = 0; n < N; n++) dYs[n] *= 1e-7f;
+        for (size_t i = 0; i < K; i++) ref[i] *= 1e-7f;
+        std::fill(dX.begin(), dX.end(), NAN);
+        forge_status cst = ft_matmul_back(device(), &w, dYs.data(), M, N, K, chunk, 2, dX.data());
+        if (cst != FORGE_ERR_UNSUPPORTED) {
+            ASSERT_EQ(cst, FORGE_OK) << ft_errmsg(device());
+            EXPECT_LT(ft::rel_err(dX.data(), ref.data(), dX.size()), 3e-3) << what << " backward on tensor cores, chunk " << chunk;
+            EXPECT_LT(ft::rel_err(dX.data(), ref.data(), K), 3e-3) << what << " backward on tensor cores, the row of 1e-7, chunk " << chunk;
+        }
     }
     /* mixture of experts: the weight's first 3 R rows as 3 experts of R rows; 5 tokens choose 2
      * each (one token twice the same); decode's per-pair matvec and prefill's grouped matmul, the

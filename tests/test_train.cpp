@@ -250,56 +250,87 @@ TEST_P(LoraParity, ThreeAdamWSteps) {
     forge_model_free(m);
 }
 
-/* The gradient of step 0 (its micro-batches, before clipping) against PEFT's, every tensor. */
-TEST_P(LoraParity, GradientsOfStepZero) {
-    LoraCase c = read_case(GetParam());
-    forge_model *m = ft::load(c.base);
-    ASSERT_NE(m, nullptr);
+/* The worst gradient of step 0 (its micro-batches, before clipping) against PEFT's over every
+ * tensor, max|d| / max|ref|, on model m with or without checkpointing. */
+double step0_grad_gap(LoraCase &c, forge_model *m, int ckpt, std::string *worst_key) {
     std::string init = c.dir + "/adapter_init";
     c.params.adapter_path = init.c_str();
     auto ref = read_tensors(c.dir + "/grads_step0.safetensors");
     bool se = false; /* Qwen 3.5-MoE: mlp.shared_expert.gate_proj */
     for (auto &kv : ref) se |= kv.first.find(".mlp.shared_expert.") != std::string::npos;
     auto key = [&](int l, int t, const char *ab) { return peft_key(l, t, ab, se); };
+    c.params.grad_checkpoint = ckpt;
+    forge_trainer *tr = nullptr;
+    EXPECT_EQ(forge_trainer_create(m, &c.params, &tr), FORGE_OK) << forge_model_errmsg(m);
+    if (!tr) return INFINITY;
+    EXPECT_EQ(ft_train_checkpointing(tr), ckpt);
+    /* every micro-batch of step 0, accumulated without an optimizer step */
+    for (const MicroBatch &mb : c.steps[0].micro) {
+        forge_train_batch b = batch_of(mb);
+        double loss;
+        EXPECT_EQ(ft_train_backward(tr, &b, &loss), FORGE_OK) << forge_trainer_errmsg(tr);
+    }
+    std::vector<float> g(1 << 16);
+    std::map<std::string, std::vector<float>> got;
+    for (int l = 0; l < c.n_layers; l++)
+        for (int t = 0; t < kNumTargets; t++) {
+            size_t n = ft_train_grad_read(tr, l, t, g.data(), g.size());
+            EXPECT_EQ(n > 0, ref.count(key(l, t, "A")) > 0) << "layer " << l << " " << kTargets[t];
+            if (!n || !ref.count(key(l, t, "A"))) continue; /* a projection the layer does not have */
+            const std::vector<float> &ra = ref[key(l, t, "A")];
+            got[key(l, t, "A")].assign(g.begin(), g.begin() + (long)ra.size());
+            got[key(l, t, "B")].assign(g.begin() + (long)ra.size(), g.begin() + (long)n);
+        }
+    forge_trainer_free(tr);
+    double worst = 0;
+    for (auto &kv : ref) {
+        EXPECT_TRUE(got.count(kv.first)) << kv.first;
+        if (!got.count(kv.first)) return INFINITY;
+        double e = ft::rel_err(got[kv.first].data(), kv.second.data(), kv.second.size());
+        if (e > worst) worst = e, *worst_key = kv.first;
+    }
+    return worst;
+}
+
+/* The gradient of step 0 against PEFT's, every tensor. */
+TEST_P(LoraParity, GradientsOfStepZero) {
+    LoraCase c = read_case(GetParam());
+    forge_model *m = ft::load(c.base);
+    ASSERT_NE(m, nullptr);
     for (int ckpt = 0; ckpt < 2; ckpt++) { /* gradient checkpointing gives the same gradients */
-        c.params.grad_checkpoint = ckpt;
-        forge_trainer *tr = nullptr;
-        ASSERT_EQ(forge_trainer_create(m, &c.params, &tr), FORGE_OK) << forge_model_errmsg(m);
-        ASSERT_EQ(ft_train_checkpointing(tr), ckpt);
-        /* every micro-batch of step 0, accumulated without an optimizer step */
-        for (const MicroBatch &mb : c.steps[0].micro) {
-            forge_train_batch b = batch_of(mb);
-            double loss;
-            ASSERT_EQ(ft_train_backward(tr, &b, &loss), FORGE_OK) << forge_trainer_errmsg(tr);
-        }
-        std::vector<float> g(1 << 16);
-        std::map<std::string, std::vector<float>> got;
-        for (int l = 0; l < c.n_layers; l++)
-            for (int t = 0; t < kNumTargets; t++) {
-                size_t n = ft_train_grad_read(tr, l, t, g.data(), g.size());
-                ASSERT_EQ(n > 0, ref.count(key(l, t, "A")) > 0) << "layer " << l << " " << kTargets[t];
-                if (!n) continue; /* a projection the layer does not have */
-                const std::vector<float> &ra = ref[key(l, t, "A")];
-                got[key(l, t, "A")].assign(g.begin(), g.begin() + (long)ra.size());
-                got[key(l, t, "B")].assign(g.begin() + (long)ra.size(), g.begin() + (long)n);
-            }
-        double worst = 0;
         std::string worst_key;
-        for (auto &kv : ref) {
-            ASSERT_TRUE(got.count(kv.first)) << kv.first;
-            double e = ft::rel_err(got[kv.first].data(), kv.second.data(), kv.second.size());
-            if (e > worst) worst = e, worst_key = kv.first;
-        }
+        double worst = step0_grad_gap(c, m, ckpt, &worst_key);
         printf("  %-14s step-0 gradients (checkpointing %s): max|d|/max|ref| = %.2e (%s)\n", c.name.c_str(), ckpt ? "on" : "off", worst,
                worst_key.c_str());
         EXPECT_LE(worst, c.grad_tol) << worst_key;
-        forge_trainer_free(tr);
     }
     forge_model_free(m);
 }
 
-/* The adapted model's logits (inference with forge_model_params.adapter_path), from the PEFT
- * and the mlx-lm files of the same adapter, and from PEFT's adapter after training. */
+/* ... with the products on the tensor cores (a model loaded without `exact`: f16 operands), where
+ * the device has them: the forward's products alone, then with the backward's products through
+ * the frozen weights there too (matmul_cm_back), each within f16's rounding of PEFT's f32
+ * gradients, and the backward's share of that rounding no larger than the forward's. */
+TEST_P(LoraParity, GradientsOfStepZeroOnTensorCores) {
+    LoraCase c = read_case(GetParam());
+    forge_model *m = ft::load(c.base, 0, 0, 0);
+    ASSERT_NE(m, nullptr);
+    if (!ft_model_set_attn_cm(m, 1)) {
+        forge_model_free(m);
+        GTEST_SKIP() << "no tensor cores on this device (or the model is exact)";
+    }
+    std::string key_fwd, key_both;
+    ft_model_set_back_cm(m, 0);
+    double fwd = step0_grad_gap(c, m, 0, &key_fwd);
+    ft_model_set_back_cm(m, 1);
+    double both = step0_grad_gap(c, m, 0, &key_both);
+    printf("  %-14s step-0 gradients on tensor cores: forward %.2e (%s), forward and backward %.2e (%s)\n", c.name.c_str(), fwd,
+           key_fwd.c_str(), both, key_both.c_str());
+    EXPECT_LE(both, 2 * fwd + 2e-3) << key_both;
+    EXPECT_LE(both, 1e-1) << key_both;
+    forge_model_free(m);
+}
+
 TEST_P(LoraParity, AdaptedLogits) {
     LoraCase c = read_case(GetParam());
     std::vector<float> want_init = ft::read_f32(c.dir + "/logits_init.f32"), want_final = ft::read_f32(c.dir + "/logits_final.f32");

@@ -448,6 +448,58 @@ TEST(TrainKernels, MatmulBackMatchesFiniteDifferences) {
     }
 }
 
+/* ... on the tensor cores (matmul_cm_back on act_f16_scaled's rows), where the device has them,
+ * against the exact SIMT kernel: chunks of W that add up (and whose rows are no multiple of 8:
+ * dY's f16 rows padded), partial tiles, rows in groups when the scratch holds only 128 of them,
+ * and rows of gradients many orders under f16's normal range. */
+TEST(TrainKernels, MatmulBackOnTensorCoresMatchesTheSimtKernel) {
+    NEED_DEVICE();
+    struct Shape { uint32_t M, N, chunk; };
+    const uint32_t K = 160;
+    /* 45 rows of W in chunks of 16; 1000 rows in one chunk, few tiles: split along N */
+    for (Shape sh : {Shape{300, 45, 16}, Shape{150, 1000, 0}})
+    for (int fmt : {FT_F16, FT_Q4_0}) {
+        const uint32_t M = sh.M, N = sh.N;
+        std::vector<uint8_t> bytes;
+        size_t row_bytes;
+        std::vector<float> Wf = ft::randn((size_t)N * K, 0.5f, 20);
+        if (fmt == FT_F16) {
+            row_bytes = 2 * K;
+            bytes.resize(N * row_bytes);
+            for (size_t i = 0; i < Wf.size(); i++) {
+                uint16_t h = ft_f32_to_f16(Wf[i]);
+                memcpy(&bytes[2 * i], &h, 2);
+            }
+        } else { /* Q4_0 blocks: an f16 scale, then 16 bytes of nibbles (codes - 8) */
+            row_bytes = (size_t)K / 32 * 18;
+            bytes.assign(N * row_bytes, 0);
+            for (uint32_t n = 0; n < N; n++)
+                for (uint32_t b = 0; b < K / 32; b++) {
+                    uint8_t *blk = &bytes[n * row_bytes + b * 18];
+                    uint16_t d = ft_f32_to_f16(0.05f + 0.01f * (float)((n + b) % 7));
+                    memcpy(blk, &d, 2);
+                    for (uint32_t j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(((n * 7 + b * 3 + j) % 16) | (((n * 5 + j * 11 + b) % 16) << 4));
+                }
+        }
+        ft_weight w = {fmt, bytes.data(), row_bytes, nullptr, nullptr, 0, 0, 0, 0};
+        std::vector<float> dy = ft::randn((size_t)M * N, 1.0f, 21);
+        for (uint32_t m = 0; m < M; m += 3) /* every third row far under f16's normal range */
+            for (uint32_t n = 0; n < N; n++) dy[(size_t)m * N + n] *= 3e-9f;
+        std::vector<float> ref((size_t)M * K), got(ref.size(), NAN);
+        ASSERT_EQ(ft_matmul_back(dev(), &w, dy.data(), M, N, K, sh.chunk, 1, ref.data()), FORGE_OK);
+        for (int mode : {2, 3}) {
+            forge_status st = ft_matmul_back(dev(), &w, dy.data(), M, N, K, sh.chunk, mode, got.data());
+            if (st == FORGE_ERR_UNSUPPORTED) GTEST_SKIP() << "no cooperative matrices on this device";
+            ASSERT_EQ(st, FORGE_OK);
+            double worst = 0;
+            for (uint32_t m = 0; m < M; m++) /* each row against itself: the scaled rows too */
+                worst = std::fmax(worst, rel(std::vector<float>(got.begin() + (long)m * K, got.begin() + (long)(m + 1) * K),
+                                             std::vector<double>(ref.begin() + (long)m * K, ref.begin() + (long)(m + 1) * K)));
+            EXPECT_LE(worst, 3e-3) << "format " << fmt << " mode " << mode << " M " << M << " N " << N;
+        }
+    }
+}
+
 /* ---- the low-rank path's gemm ---- */
 
 uint32_t lowbias(uint32_t x) { /* common.glsl lowbias_hash */
