@@ -245,10 +245,11 @@ static void forge__profile_collect(forge__device *d, forge__profile *pf, const f
         const forge__mat_work *w = &rc->shapes[i];
         if (!w->N) continue;
         int k = 0; /* per matrix shape too: where the time of the products goes */
-        while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].N != w->N || pf->shape[k].K != w->K)) k++;
+        uint32_t m_key = w->bits16 ? 0 : w->M; /* (gemm: keyed by M too) */
+        while (k < pf->n_shapes && (pf->shape[k].op != rc->ops[i] || pf->shape[k].N != w->N || pf->shape[k].K != w->K || pf->shape[k].M != m_key)) k++;
         if (k == pf->n_shapes) {
             if (k == (int)FORGE__ARRAY_LEN(pf->shape)) continue;
-            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], w->N, w->K, w->bits16, 0, 0, 0, 0};
+            pf->shape[k] = (struct forge__prof_shape){rc->ops[i], w->N, w->K, w->bits16, m_key, 0, 0, 0, 0};
             pf->n_shapes++;
         }
         pf->shape[k].ms += ms;
@@ -276,6 +277,12 @@ static forge_status forge__profile_json(const forge__profile *pf, char *out, siz
     for (int i = 0; i < pf->n_shapes; i++) {
         const struct forge__prof_shape *sh = &pf->shape[i];
         double sec = sh->ms > 0 ? sh->ms * 1e-3 : 1e-30, nk = (double)sh->N * (double)sh->K;
+        if (sh->M) { /* gemm.comp: M x N x K, no weight read */
+            FORGE__PJ("%s\"%s %ux%ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"tflop_s\": %.2f}", first ? "" : ", ", forge__ops[sh->op].name, sh->M, sh->N,
+                      sh->K, (unsigned long long)sh->calls, sh->ms, 2.0 * nk * (double)sh->rows / sec * 1e-12);
+            first = 0;
+            continue;
+        }
         FORGE__PJ("%s\"%s %ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"rows\": %llu, \"gb_s\": %.1f, \"tflop_s\": %.2f}", first ? "" : ", ",
                   forge__ops[sh->op].name, sh->N, sh->K, (unsigned long long)sh->calls, sh->ms, (unsigned long long)sh->rows,
                   nk * sh->bits16 / 128.0 * (double)sh->mats / sec * 1e-9, 2.0 * nk * (double)sh->rows / sec * 1e-12);

@@ -365,7 +365,20 @@ typedef struct forge__mview {
 static forge__mview forge__rows(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, ld, 1}; }
 static forge__mview forge__cols(forge__range r, uint32_t off, uint32_t ld) { return (forge__mview){r, off, 1, ld}; } /* transposed */
 
-#define FORGE__GEMM_MAX_SPLITS 16
+#define FORGE__GEMM_MAX_SPLITS 16 /* the partial sums' buffer holds this many of the widest product (fewer splits fit a wider one) */
+/* A product is split until it has about FORGE__GEMM_FILL workgroups, in k chunks of at least
+ * FORGE__GEMM_MIN_CHUNK, at most FORGE__GEMM_MOST_SPLITS: the low-rank products are thin (an
+ * output of rank columns or rows) and read one large operand once, so they are bound by how
+ * many loads are in flight, not by arithmetic. */
+#ifndef FORGE__GEMM_FILL
+#define FORGE__GEMM_FILL 4096
+#endif
+#ifndef FORGE__GEMM_MIN_CHUNK
+#define FORGE__GEMM_MIN_CHUNK 64
+#endif
+#ifndef FORGE__GEMM_MOST_SPLITS
+#define FORGE__GEMM_MOST_SPLITS 64
+#endif
 
 /* C [M, N] (+)= alpha A [M, K] B [K, N]; drop_on / stream: dropout of x (gemm.comp). A product
  * with a long k and too few 32 x 32 tiles to fill the device is split along k into partial sums
@@ -377,8 +390,8 @@ static void forge__gemm(const forge__pass *p, forge__mview a, forge__mview b, fo
     bool drop = drop_on && p->dropout && rate > 0.0f;
     uint64_t tiles = (uint64_t)((M + 31) / 32) * ((N + 31) / 32);
     uint32_t splits = 1, k_chunk = K;
-    if (p->gemm_part.buf && K >= 512 && tiles < 512) {
-        splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)FORGE__GEMM_MAX_SPLITS, K / 256), (512 + tiles - 1) / tiles);
+    if (p->gemm_part.buf && K >= 2 * FORGE__GEMM_MIN_CHUNK && tiles < FORGE__GEMM_FILL) {
+        splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)FORGE__GEMM_MOST_SPLITS, K / FORGE__GEMM_MIN_CHUNK), (FORGE__GEMM_FILL + tiles - 1) / tiles);
         while (splits > 1 && (uint64_t)splits * M * N * 4 > p->gemm_part.size) splits--;
         k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 32);
         splits = (K + k_chunk - 1) / k_chunk;

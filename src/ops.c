@@ -561,7 +561,7 @@ static uint32_t forge__bits16(forge__wfmt f, uint32_t mlx_bits, uint32_t mlx_gro
 }
 
 /* One matrix product dispatch, for the profile: C [M, N] from A [M, K] and weights [N, K] of
- * bits16 / 16 bits each. */
+ * bits16 / 16 bits each (0: gemm.comp's product of two activations, its shape M x N x K). */
 typedef struct forge__mat_work {
     uint32_t N, K, M, bits16;
     uint32_t mats;           /* weight matrices of N x K read (an expert product: one per chosen expert) */
@@ -708,7 +708,10 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
                           : op >= FORGE__OP_MATVEC_SG_PAIR ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_PAIR)
                           : op >= FORGE__OP_MATVEC_SG_POST ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_POST)
-                                                            : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
+                          : op >= FORGE__OP_MATMUL_CM_BACK ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_BACK)
+                          : op >= FORGE__OP_MATMUL_CM_MOE ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_MOE)
+                          : op == FORGE__OP_MATMUL_CM_S ? FORGE__W_F16
+                                                        : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
             /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
             uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
             /* expert products (the shape is one expert's): decode reads the expert of each pair
@@ -723,6 +726,9 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             uint32_t mats = op >= FORGE__OP_MATMUL_BACK_MOE ? FORGE__MIN(pb->n_exp, pb->M) : 1;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
                                    forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), mats};
+        } else if (op == FORGE__OP_GEMM && !((const forge__pc_gemm *)push)->reduce) { /* the low-rank products: no weight (bits16 0), keyed M x N x K */
+            const forge__pc_gemm *pg = (const forge__pc_gemm *)push;
+            *w = (forge__mat_work){pg->N, pg->K, pg->M, 0, 0};
         }
         r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
     }

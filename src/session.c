@@ -65,10 +65,11 @@ typedef struct forge__profile {
     struct forge__prof_shape {
         uint16_t op;
         uint32_t N, K, bits16;            /* a matrix kernel's shape and weight format (forge__mat_work) */
+        uint32_t M;                       /* gemm.comp's products (bits16 0): their M too; else 0 */
         double ms;
         uint64_t calls, rows;             /* rows: the products' M summed over the calls */
         uint64_t mats;                    /* weight matrices read, summed over the calls (forge__mat_work) */
-    } shape[64];
+    } shape[128];
     int n_shapes;
 } forge__profile;
 
