@@ -57,6 +57,29 @@ void finish(uint m, uint n, float v, uint key) {
     c[ci] = v;
 }
 
+// The A and B tiles at k0 into registers: element i of each at (slow0 + 2 i, fast) of the
+// operand's (slow, fast) dimensions, zero outside the matrix and past kend.
+void load_tiles(uint k0, uint kend, uint m0, uint n0, uint slow0, uint fast, bool a_k_fast, bool b_n_fast, uint key,
+                out float ra[16], out float rb[16]) {
+    for (uint i = 0; i < 16u; i++) {
+        uint slow = slow0 + 2u * i;
+        uint m = m0 + (a_k_fast ? slow : fast), k = k0 + (a_k_fast ? fast : slow);
+        float v = 0.0;
+        if (m < pc.M && k < kend) {
+            v = a[pc.a_off + m * pc.a_sm + k * pc.a_sk];
+            if (pc.drop_on == 1u) v *= keep(m * pc.drop_ld + k, key);
+        }
+        ra[i] = v;
+        uint n = n0 + (b_n_fast ? fast : slow), kb = k0 + (b_n_fast ? slow : fast);
+        v = 0.0;
+        if (n < pc.N && kb < kend) {
+            v = b[pc.b_off + kb * pc.b_sk + n * pc.b_sn];
+            if (pc.drop_on == 2u) v *= keep(kb * pc.drop_ld + n, key);
+        }
+        rb[i] = v;
+    }
+}
+
 void main() {
     uint tid = gl_LocalInvocationID.x;
     uint key = pc.drop_on != 0u ? lowbias_hash(params.seed ^ lowbias_hash(pc.drop_stream + 0x9e3779b9u)) : 0u;
@@ -76,27 +99,21 @@ void main() {
         for (uint j = 0; j < 4u; j++) acc[i][j] = 0.0;
     // consecutive invocations load along the operand's contiguous dimension (coalesced)
     bool a_k_fast = pc.a_sk <= pc.a_sm, b_n_fast = pc.b_sn <= pc.b_sk;
+    // Each thread's 16 elements of each tile: element i sits at (tid / 32 + 2 i, tid % 32) along
+    // (slow, fast) of the operand's layout. The next tile's 32 loads are issued into registers
+    // before the current tile's products, so they are in flight together and behind the math
+    // (a load-then-store loop keeps one load in flight and waits on each in turn).
+    uint slow0 = tid / 32u, fast = tid % 32u;
+    float ra[16], rb[16];
+    load_tiles(kz, kend, m0, n0, slow0, fast, a_k_fast, b_n_fast, key, ra, rb);
     for (uint k0 = kz; k0 < kend; k0 += BK) {
-        // 1024 elements of each tile, 16 per thread
-        for (uint e = tid; e < BM * BK; e += 64u) {
-            uint mm = a_k_fast ? e / BK : e % BM, kk = a_k_fast ? e % BK : e / BM, m = m0 + mm, k = k0 + kk;
-            float v = 0.0;
-            if (m < pc.M && k < kend) {
-                v = a[pc.a_off + m * pc.a_sm + k * pc.a_sk];
-                if (pc.drop_on == 1u) v *= keep(m * pc.drop_ld + k, key);
-            }
-            As[kk][mm] = v;
-        }
-        for (uint e = tid; e < BN * BK; e += 64u) {
-            uint nn = b_n_fast ? e % BN : e / BK, kk = b_n_fast ? e / BN : e % BK, n = n0 + nn, k = k0 + kk;
-            float v = 0.0;
-            if (n < pc.N && k < kend) {
-                v = b[pc.b_off + k * pc.b_sk + n * pc.b_sn];
-                if (pc.drop_on == 2u) v *= keep(k * pc.drop_ld + n, key);
-            }
-            Bs[kk][nn] = v;
+        for (uint i = 0; i < 16u; i++) {
+            uint slow = slow0 + 2u * i;
+            if (a_k_fast) As[fast][slow] = ra[i]; else As[slow][fast] = ra[i];
+            if (b_n_fast) Bs[slow][fast] = rb[i]; else Bs[fast][slow] = rb[i];
         }
         barrier();
+        if (k0 + BK < kend) load_tiles(k0 + BK, kend, m0, n0, slow0, fast, a_k_fast, b_n_fast, key, ra, rb);
         for (uint k = 0; k < BK; k++) {
             float av[4], bv[4];
             for (uint i = 0; i < 4u; i++) av[i] = As[k][ty * 4u + i];
