@@ -841,6 +841,18 @@ typedef struct forge_generate_params {
      * the flag and clears it before reusing it. */
     const int *cancel;
     const forge_constraint *constraint; /* optional: what the output must match (see Constraints); NULL: free text */
+    /* Prompt lookup (speculative decoding without a second model): 0 off (default); N in 1..15
+     * drafts up to N tokens a step from the sequence itself (what followed the latest earlier
+     * occurrence of its last 3, 2 or 1 tokens) and verifies them with the drawn token in one
+     * pass. Each position's token is drawn from that pass's logits with this call's sampling
+     * rules and seed, and a draft is kept only while it equals the draw, so the output is
+     * distributed as without lookup (greedy: the same tokens, up to the rounding differences
+     * between a one-token and a several-token pass). Pays where the output repeats the input
+     * (editing, extraction, code); metrics.draft_tokens / draft_accepted say how it went.
+     * Ignored with a constraint (its forced text is already evaluated several tokens a step),
+     * on models with linear-attention layers (their recurrent state cannot be cut back to
+     * drop rejected drafts) and by forge_batch_generate. */
+    int lookup;
 } forge_generate_params;
 
 FORGE_API forge_generate_params forge_generate_default_params(void);
@@ -864,6 +876,8 @@ typedef struct forge_metrics {
     int forced_tokens;                /* generated tokens the constraint forced (written, not sampled) */
     int constraint_masks;             /* draws the device's candidates could not decide: the whole row was read on the host */
     double constraint_ms;             /* host time spent on the constraint: compiling, checks, masks, forced text */
+    int draft_tokens;                 /* prompt lookup (forge_generate_params.lookup): tokens drafted and verified */
+    int draft_accepted;               /* of which kept (generated without a step of their own) */
 } forge_metrics;
 
 /* Generates from a token prompt. The session's cache keeps what it holds of an exact prefix of

@@ -44,99 +44,6 @@ typedef struct forge__bwork {
     char piece[512];
 } forge__bwork;
 
-/* Row `row` of the table: position `pos` of the sequence in place `place`. */
-static void forge__batch_row(forge_session *s, uint32_t row, uint32_t pos, uint32_t place) {
-    uint32_t *t = (uint32_t *)((uint8_t *)s->io.mapped + FORGE__IO_PENALTY_OFFSET);
-    t[2 * row] = pos;
-    t[2 * row + 1] = place;
-}
-
-/* Whether a batch mode reads back logits rows (else the reduction of each row). */
-static bool forge__batch_logits_mode(forge__out_mode mode) {
-    return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
-}
-
-/* 1 / temperature of out row `row` (greedy: 0, the best candidate alone), which the device's
- * reduction reads. */
-static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
-    float inv = temperature > 0.0f ? 1.0f / temperature : 0.0f;
-    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
-}
-
-/* Runs n rows (their table and temperatures written). Logits modes point *logits at the n_out
- * logits rows read back; the others copy each row's reduction to w->red. */
-static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
-                                      forge__out_mode mode, const float **logits, uint32_t *red) {
-    forge__device *d = &s->m->dev;
-    forge__recording *rc;
-    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
-    if (st) return st;
-    forge__step_params p = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
-    memcpy(s->io.mapped, &p, sizeof p);
-    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
-    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
-    if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
-    const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
-    uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
-    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
-    if (forge__batch_logits_mode(mode)) *logits = (const float *)rb;
-    else memcpy(red, rb, (size_t)bytes); /* the readback then serves a row's logits (forge__batch_fetch_row) */
-    return FORGE_OK;
-}
-
-/* Copies logits row `row` of the last step to the host: a draw past the candidates. */
-static forge_status forge__batch_fetch_row(forge_session *s, uint32_t row, float *out) {
-    forge__device *d = &s->m->dev;
-    uint64_t bytes = 4ull * s->m->cfg.n_vocab;
-    VkCommandBuffer cb = VK_NULL_HANDLE;
-    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
-                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
-    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
-        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
-    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
-    d->vk.vkBeginCommandBuffer(cb, &bi);
-    forge__rec r = {.dev = d, .cb = cb, .err = &s->err};
-    forge__copy(&r, (forge__range){s->logits.buf, s->logits.offset + bytes * row, bytes}, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0},
-                bytes);
-    forge__host_barrier(&r);
-    d->vk.vkEndCommandBuffer(cb);
-    forge_status st = forge__submit_wait(d, cb, s->fence, &s->err);
-    d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
-    if (st) return st;
-    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
-    memcpy(out, (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
-    return FORGE_OK;
-}
-
-/* Keeps the best of (logit, id) in a min-heap of k (the worst at the root). */
-static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) {
-    if (*n == k) {
-        if (forge__cmp_cand(&c, &h[0]) >= 0) return; /* not better than the worst kept */
-        int i = 0;                                   /* replace the root, sift down */
-        for (;;) {
-            int l = 2 * i + 1, r = l + 1, w = i;
-            forge__cand *best = &c;
-            if (l < k && forge__cmp_cand(&h[l], best) > 0) { w = l; best = &h[l]; }
-            if (r < k && forge__cmp_cand(&h[r], best) > 0) w = r;
-            if (w == i) break;
-            h[i] = h[w];
-            i = w;
-        }
-        h[i] = c;
-        return;
-    }
-    int i = (*n)++;
-    while (i > 0 && forge__cmp_cand(&c, &h[(i - 1) / 2]) > 0) { /* c is worse than its parent: up */
-        h[i] = h[(i - 1) / 2];
-        i = (i - 1) / 2;
-    }
-    h[i] = c;
-}
-
-/* Draws a sequence's next token as forge__sample does: from the device's reduction of out row
- * `out_row` (red: its normalizer and candidates), the row's logits fetched only when the draw
- * needs them; or, in a logits step (red NULL), from the logits row after the repeat penalty over
- * the sequence's last repeat_window tokens, candidates and normalizer made on the host. */
 typedef struct forge__batch_rowctx {
     forge_session *s;
     uint32_t row;
@@ -146,6 +53,9 @@ static forge_status forge__batch_fetch_cb(void *ctx, float *row) {
     return forge__batch_fetch_row(c->s, c->row, row);
 }
 
+/* Draws a sequence's next token from out row `out_row` of the step: the constraint's draw with
+ * one, else forge__draw_row's (the device's reduction red, or the logits row under the
+ * sequence's repeat penalty). */
 static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const float *row, const uint32_t *red, uint32_t out_row,
                                       forge__bwork *w, int32_t *out) {
     const forge_generate_params *p = &q->p;
@@ -164,81 +74,13 @@ static forge_status forge__batch_draw(forge_session *s, forge__bseq *q, const fl
                 w->top[i].id = (int32_t)red[3 + 2 * i];
             }
         } else {
-            if (p->repeat_penalty != 1.0f) { /* the penalty on the host, as below */
-                memcpy(w->row, row, 4ull * V);
-                int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
-                for (int i = q->n_past - 1; i >= FORGE__MAX(0, q->n_past - window); i--) {
-                    int32_t t = q->hist[i];
-                    bool seen = false;
-                    for (int j = q->n_past - 1; j > i && !seen; j--) seen = q->hist[j] == t;
-                    if (seen || t < 0 || t >= V) continue;
-                    float l = w->row[t];
-                    w->row[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-                }
-                row = w->row;
-            }
+            row = forge__penalize_row(row, V, q->hist, q->n_past, p, w->row);
             forge__reduce_row_on_host(row, V, src.n, p->temperature > 0.0f ? 1.0 / p->temperature : 0.0, w->top, &src.M, &src.S);
             src.row = row;
         }
         return forge__draw_constrained(q->g, p, q->rng, &src, V, w->cands, w->probs, w->row, w->mask, out, &s->err);
     }
-    if (red) {
-        float M, S;
-        memcpy(&M, &red[0], 4);
-        memcpy(&S, &red[1], 4);
-        int n = FORGE__MIN(FORGE__CANDIDATES, V);
-        for (int i = 0; i < n; i++) {
-            memcpy(&w->cands[i].logit, &red[2 + 2 * i], 4);
-            w->cands[i].id = (int32_t)red[3 + 2 * i];
-        }
-        int32_t tok = forge__sample_candidates(w->cands, n, n == V, M, S, p, q->rng, w->probs);
-        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
-            forge_status st = forge__batch_fetch_row(s, out_row, w->row);
-            if (st) return st;
-            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){w->row[i], i};
-            forge__sort_cands(w->cands, V);
-            tok = forge__sample_candidates(w->cands, V, 1, M, S, p, q->rng, w->probs);
-        }
-        if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
-        *out = tok;
-        return FORGE_OK;
-    }
-    if (p->repeat_penalty != 1.0f) {
-        memcpy(w->row, row, 4ull * V);
-        int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
-        for (int i = q->n_past - 1; i >= FORGE__MAX(0, q->n_past - window); i--) {
-            int32_t t = q->hist[i];
-            bool seen = false; /* each distinct id once, as penalty.comp gets them */
-            for (int j = q->n_past - 1; j > i && !seen; j--) seen = q->hist[j] == t;
-            if (seen || t < 0 || t >= V) continue;
-            float l = w->row[t];
-            w->row[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
-        }
-        row = w->row;
-    }
-    int32_t tok = -1;
-    if (p->temperature <= 0.0f) { /* the argmax, ties to the lower id */
-        tok = 0;
-        for (int i = 1; i < V; i++)
-            if (row[i] > row[tok]) tok = i;
-    } else {
-        float mx = row[0];
-        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-        double inv_t = 1.0 / p->temperature, S = 0;
-        for (int i = 0; i < V; i++) S += exp(((double)row[i] - mx) * inv_t);
-        int k = FORGE__MIN(FORGE__CANDIDATES, V), n = 0;
-        for (int i = 0; i < V; i++) forge__cand_heap_push(w->cands, &n, k, (forge__cand){row[i], i});
-        qsort(w->cands, (size_t)n, sizeof *w->cands, forge__cmp_cand);
-        tok = forge__sample_candidates(w->cands, n, n == V, mx, S, p, q->rng, w->probs);
-        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
-            for (int i = 0; i < V; i++) w->cands[i] = (forge__cand){row[i], i};
-            forge__sort_cands(w->cands, V);
-            tok = forge__sample_candidates(w->cands, V, 1, mx, S, p, q->rng, w->probs);
-        }
-    }
-    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
-    *out = tok;
-    return FORGE_OK;
+    return forge__draw_row(s, p, q->rng, row, red, out_row, q->hist, q->n_past, w->cands, w->probs, w->row, out);
 }
 
 /* Takes the token a sequence drew through generate's stop rules and callback: true when the
@@ -330,7 +172,7 @@ static forge_status forge__batch_start(forge_session *s, forge__bseq *q, int b, 
     FORGE__COPY_PARAMS(q->p, it->params, forge_generate_default_params);
     const forge_generate_params *p = &q->p;
     char fault[96];
-    if (forge__sampling_fault(fault, sizeof fault, p->max_tokens, p->repeat_window, p->temperature, p->top_p, p->min_p, p->repeat_penalty, p->top_k)) {
+    if (forge__sampling_fault(fault, sizeof fault, p->max_tokens, p->repeat_window, p->temperature, p->top_p, p->min_p, p->repeat_penalty, p->top_k, p->lookup)) {
         res->status = forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "batch item %d: generate params: %s", idx, fault);
         return FORGE_OK;
     }

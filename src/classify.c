@@ -247,7 +247,7 @@ static forge_status forge__classify(forge_session *s, const forge_classify_promp
     forge_classify_params p;
     FORGE__COPY_PARAMS(p, params, forge_classify_default_params);
     char fault[96];
-    if (forge__sampling_fault(fault, sizeof fault, 0, 0, p.temperature, p.top_p, p.min_p, 1.0f, p.top_k))
+    if (forge__sampling_fault(fault, sizeof fault, 0, 0, p.temperature, p.top_p, p.min_p, 1.0f, p.top_k, 0))
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "classify params: %s", fault);
     forge_model *m = s->m;
     const int V = m->cfg.n_vocab;

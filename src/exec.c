@@ -338,6 +338,75 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     return FORGE_OK;
 }
 
+/* ---- Steps over the row table ----
+ * Rows that name their own (position, place) in the io buffer's row table instead of following
+ * pos0: batch generation's steps (batch.c), and generate's lookup step, which verifies drafted
+ * tokens of one sequence in one pass with every row reduced as a decode step's row. */
+
+/* Row `row` of the table: position `pos` of the sequence in place `place`. */
+static void forge__batch_row(forge_session *s, uint32_t row, uint32_t pos, uint32_t place) {
+    uint32_t *t = (uint32_t *)((uint8_t *)s->io.mapped + FORGE__IO_PENALTY_OFFSET);
+    t[2 * row] = pos;
+    t[2 * row + 1] = place;
+}
+
+/* Whether a batch mode reads back logits rows (else the reduction of each row). */
+static bool forge__batch_logits_mode(forge__out_mode mode) {
+    return mode == FORGE__OUT_BATCH_PREFILL_LOGITS || mode == FORGE__OUT_BATCH_DECODE_LOGITS;
+}
+
+/* 1 / temperature of out row `row` (greedy: 0, the best candidate alone), which the device's
+ * reduction reads. */
+static void forge__batch_temp(forge_session *s, uint32_t row, float temperature) {
+    float inv = temperature > 0.0f ? 1.0f / temperature : 0.0f;
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset + s->tokens_r.size + 4ull * row, &inv, 4);
+}
+
+/* Runs n rows (their table and temperatures written). Logits modes point *logits at the n_out
+ * logits rows read back; the others copy each row's reduction to w->red. */
+static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, uint32_t n, uint32_t out_row0, uint32_t n_out,
+                                      forge__out_mode mode, const float **logits, uint32_t *red) {
+    forge__device *d = &s->m->dev;
+    forge__recording *rc;
+    forge_status st = forge__get_recording(s, n, out_row0, n_out, mode, &rc);
+    if (st) return st;
+    forge__step_params p = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
+    memcpy(s->io.mapped, &p, sizeof p);
+    memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
+    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
+    const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
+    uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    if (forge__batch_logits_mode(mode)) *logits = (const float *)rb;
+    else memcpy(red, rb, (size_t)bytes); /* the readback then serves a row's logits (forge__batch_fetch_row) */
+    return FORGE_OK;
+}
+
+/* Copies logits row `row` of the last step to the host: a draw past the candidates. */
+static forge_status forge__batch_fetch_row(forge_session *s, uint32_t row, float *out) {
+    forge__device *d = &s->m->dev;
+    uint64_t bytes = 4ull * s->m->cfg.n_vocab;
+    VkCommandBuffer cb = VK_NULL_HANDLE;
+    VkCommandBufferAllocateInfo cai = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO, .commandPool = s->cmd_pool,
+                                       .level = VK_COMMAND_BUFFER_LEVEL_PRIMARY, .commandBufferCount = 1};
+    if (d->vk.vkAllocateCommandBuffers(d->dev, &cai, &cb) != VK_SUCCESS)
+        return forge__fail(&s->err, FORGE_ERR_DEVICE, "vkAllocateCommandBuffers failed");
+    VkCommandBufferBeginInfo bi = {.sType = VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO, .flags = VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT};
+    d->vk.vkBeginCommandBuffer(cb, &bi);
+    forge__rec r = {.dev = d, .cb = cb, .err = &s->err};
+    forge__copy(&r, (forge__range){s->logits.buf, s->logits.offset + bytes * row, bytes}, (forge__range){s->readback.buf, FORGE__RB_LOGITS_OFFSET, 0},
+                bytes);
+    forge__host_barrier(&r);
+    d->vk.vkEndCommandBuffer(cb);
+    forge_status st = forge__submit_wait(d, cb, s->fence, &s->err);
+    d->vk.vkFreeCommandBuffers(d->dev, s->cmd_pool, 1, &cb);
+    if (st) return st;
+    forge__readback_invalidate(d, &s->readback, FORGE__RB_LOGITS_OFFSET, bytes);
+    memcpy(out, (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET, (size_t)bytes);
+    return FORGE_OK;
+}
+
 /* ---- The prompt cache's checkpoint (Qwen 3.5) ----
  * A linear-attention layer's recurrent state holds every token it has seen and cannot go back
  * to an earlier position: without help, a prompt that leaves the cached tokens anywhere would

@@ -285,6 +285,106 @@ static forge_status forge__sample(forge_session *s, const forge_generate_params 
     return FORGE_OK;
 }
 
+/* Keeps the best of (logit, id) in a min-heap of k (the worst at the root). */
+static void forge__cand_heap_push(forge__cand *h, int *n, int k, forge__cand c) {
+    if (*n == k) {
+        if (forge__cmp_cand(&c, &h[0]) >= 0) return; /* not better than the worst kept */
+        int i = 0;                                   /* replace the root, sift down */
+        for (;;) {
+            int l = 2 * i + 1, r = l + 1, w = i;
+            forge__cand *best = &c;
+            if (l < k && forge__cmp_cand(&h[l], best) > 0) { w = l; best = &h[l]; }
+            if (r < k && forge__cmp_cand(&h[r], best) > 0) w = r;
+            if (w == i) break;
+            h[i] = h[w];
+            i = w;
+        }
+        h[i] = c;
+        return;
+    }
+    int i = (*n)++;
+    while (i > 0 && forge__cmp_cand(&c, &h[(i - 1) / 2]) > 0) { /* c is worse than its parent: up */
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+/* The logits row after the repeat penalty over the last repeat_window of hist[0 .. n_hist) (each
+ * distinct id once, as penalty.comp gets them): row itself without a penalty, else a copy in
+ * scratch [V]. */
+static const float *forge__penalize_row(const float *row, int V, const int32_t *hist, int n_hist, const forge_generate_params *p,
+                                        float *scratch) {
+    if (p->repeat_penalty == 1.0f) return row;
+    memcpy(scratch, row, 4ull * V);
+    int window = FORGE__MIN(p->repeat_window, FORGE__MAX_PENALTY_WINDOW);
+    for (int i = n_hist - 1; i >= FORGE__MAX(0, n_hist - window); i--) {
+        int32_t t = hist[i];
+        bool seen = false;
+        for (int j = n_hist - 1; j > i && !seen; j--) seen = hist[j] == t;
+        if (seen || t < 0 || t >= V) continue;
+        float l = scratch[t];
+        scratch[t] = l > 0.0f ? l / p->repeat_penalty : l * p->repeat_penalty;
+    }
+    return scratch;
+}
+
+/* Draws a token with forge__sample's rules from out row `out_row` of a row-table step
+ * (forge__batch_step): from the device's reduction (red: its normalizer and candidates), the
+ * row's logits fetched only when the draw needs them; or, in a logits step (red NULL), from the
+ * logits row after the repeat penalty over hist[0 .. n_hist), candidates and normalizer made on
+ * the host. cands, probs and scratch hold n_vocab entries. */
+static forge_status forge__draw_row(forge_session *s, const forge_generate_params *p, uint64_t rng[4], const float *row, const uint32_t *red,
+                                    uint32_t out_row, const int32_t *hist, int n_hist, forge__cand *cands, double *probs, float *scratch,
+                                    int32_t *out) {
+    int V = s->m->cfg.n_vocab;
+    if (red) {
+        float M, S;
+        memcpy(&M, &red[0], 4);
+        memcpy(&S, &red[1], 4);
+        int n = FORGE__MIN(FORGE__CANDIDATES, V);
+        for (int i = 0; i < n; i++) {
+            memcpy(&cands[i].logit, &red[2 + 2 * i], 4);
+            cands[i].id = (int32_t)red[3 + 2 * i];
+        }
+        int32_t tok = forge__sample_candidates(cands, n, n == V, M, S, p, rng, probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            forge_status st = forge__batch_fetch_row(s, out_row, scratch);
+            if (st) return st;
+            for (int i = 0; i < V; i++) cands[i] = (forge__cand){scratch[i], i};
+            forge__sort_cands(cands, V);
+            tok = forge__sample_candidates(cands, V, 1, M, S, p, rng, probs);
+        }
+        if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+        *out = tok;
+        return FORGE_OK;
+    }
+    row = forge__penalize_row(row, V, hist, n_hist, p, scratch);
+    int32_t tok = -1;
+    if (p->temperature <= 0.0f) { /* the argmax, ties to the lower id */
+        tok = 0;
+        for (int i = 1; i < V; i++)
+            if (row[i] > row[tok]) tok = i;
+    } else {
+        float mx = row[0];
+        for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        double inv_t = 1.0 / p->temperature, S = 0;
+        for (int i = 0; i < V; i++) S += exp(((double)row[i] - mx) * inv_t);
+        int k = FORGE__MIN(FORGE__CANDIDATES, V), n = 0;
+        for (int i = 0; i < V; i++) forge__cand_heap_push(cands, &n, k, (forge__cand){row[i], i});
+        qsort(cands, (size_t)n, sizeof *cands, forge__cmp_cand);
+        tok = forge__sample_candidates(cands, n, n == V, mx, S, p, rng, probs);
+        if (tok < 0) { /* the draw reaches past the candidates: the whole row */
+            for (int i = 0; i < V; i++) cands[i] = (forge__cand){row[i], i};
+            forge__sort_cands(cands, V);
+            tok = forge__sample_candidates(cands, V, 1, mx, S, p, rng, probs);
+        }
+    }
+    if (tok < 0 || tok >= V) return forge__fail(&s->err, FORGE_ERR_DEVICE, "the sampler produced no token (non-finite logits?)");
+    *out = tok;
+    return FORGE_OK;
+}
+
 /* ---- constrained draws ----
  * The allowed candidates are a prefix of the allowed tokens in logit order (every allowed token
  * outside them has a logit at most the last candidate's). Greedy takes the first allowed one.
@@ -539,7 +639,7 @@ static forge_status forge__skip_dropped(forge_session *s, const int32_t *prompt,
 /* The first sampling parameter out of its range, named with its value and the range, into msg;
  * false when all are in range. (Classify passes the ones it has no use for at their defaults.) */
 static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repeat_window, float temperature, float top_p,
-                                  float min_p, float repeat_penalty, int top_k) {
+                                  float min_p, float repeat_penalty, int top_k, int lookup) {
     if (max_tokens < 0) snprintf(msg, n, "max_tokens %d (must be >= 0)", max_tokens);
     else if (repeat_window < 0) snprintf(msg, n, "repeat_window %d (must be >= 0)", repeat_window);
     else if (!(temperature >= 0)) snprintf(msg, n, "temperature %g (must be >= 0)", (double)temperature);
@@ -547,6 +647,7 @@ static bool forge__sampling_fault(char *msg, size_t n, int max_tokens, int repea
     else if (!(min_p >= 0 && min_p <= 1)) snprintf(msg, n, "min_p %g (must be in [0, 1])", (double)min_p);
     else if (!(repeat_penalty > 0)) snprintf(msg, n, "repeat_penalty %g (must be > 0)", (double)repeat_penalty);
     else if (top_k < 0) snprintf(msg, n, "top_k %d (must be >= 0)", top_k);
+    else if (lookup < 0 || lookup > FORGE__LOOKUP_MAX) snprintf(msg, n, "lookup %d (must be 0 to %d draft tokens)", lookup, FORGE__LOOKUP_MAX);
     else return false;
     return true;
 }
@@ -570,6 +671,90 @@ static bool forge__emit(forge_model *m, const forge_generate_params *p, forge__s
     if (found) { mt->stop_reason = FORGE_STOP_STRING; stop->len = 0; return false; }
     if (mt->generated_tokens >= p->max_tokens) { mt->stop_reason = FORGE_STOP_MAX_TOKENS; return false; }
     return true;
+}
+
+/* ---- prompt lookup (forge_generate_params.lookup) ----
+ * A draft is what followed the latest earlier occurrence of the sequence's last n tokens (n
+ * from FORGE__LOOKUP_NGRAM down to 1). The drawn token and the drafts go through one pass of
+ * row-table rows at consecutive positions, each row reduced as a decode step's (or its logits
+ * read back under a repeat penalty), and the host draws row by row with the call's sampler:
+ * the draw from row i is the token at position i + 1 whatever the drafts were, so a draft
+ * stays only while it equals the draw, and the first draw that differs (or the one after the
+ * last draft) is the next token. The rows of rejected drafts are then cut off the cache. */
+#define FORGE__LOOKUP_NGRAM 3
+
+/* Up to cap tokens into out (returned how many) from seq[0 .. len). */
+static int forge__lookup_draft(const int32_t *seq, int len, int cap, int32_t *out) {
+    for (int n = FORGE__MIN(FORGE__LOOKUP_NGRAM, len - 1); n >= 1 && cap > 0; n--) {
+        const int32_t *tail = seq + len - n;
+        for (int j = len - n - 1; j >= 0; j--) { /* seq[j .. j + n) == tail, with a token after it */
+            if (memcmp(seq + j, tail, 4ull * (size_t)n)) continue;
+            int k = FORGE__MIN(cap, len - (j + n));
+            memcpy(out, seq + j + n, 4ull * (size_t)k);
+            return k;
+        }
+    }
+    return 0;
+}
+
+/* What a lookup step needs of its generate call. */
+typedef struct forge__lookup_ctx {
+    const forge_generate_params *p;
+    forge_metrics *mt;
+    forge__stopper *stop;
+    forge_detok_stream *ds;
+    char *piece;
+    size_t piece_size;
+    forge__cand *cands;            /* [n_vocab] */
+    double *probs;                 /* [n_vocab] */
+    float *row;                    /* [n_vocab] */
+    uint32_t *red;                 /* [FORGE__LOOKUP_MAX + 1, 1 + FORGE__CANDIDATES] uvec2 */
+    int span;                      /* the next draft's most tokens (1 .. lookup): follows how many were kept */
+} forge__lookup_ctx;
+
+/* Evaluates the drawn token tok and draft[0 .. k) at positions n_past .. n_past + k and draws
+ * from each row in turn: accepted drafts are emitted (as generated tokens), *next gets the
+ * first draw that is not a draft's (not yet evaluated), or -1 when generation stopped
+ * (mt->stop_reason). The cache keeps tok and the accepted drafts but an emitted one that
+ * ended generation, as a plain decode step would have left it. */
+static forge_status forge__lookup_step(forge_session *s, const forge__lookup_ctx *x, int32_t tok, const int32_t *draft, int k,
+                                       int32_t *next) {
+    const forge_generate_params *p = x->p;
+    const forge__tokenizer *tk = s->m->tok.n_vocab ? &s->m->tok : NULL;
+    int V = s->m->cfg.n_vocab, n0 = s->n_past;
+    int32_t rows[1 + FORGE__LOOKUP_MAX];
+    rows[0] = tok;
+    memcpy(rows + 1, draft, 4ull * (size_t)k);
+    for (int i = 0; i <= k; i++) {
+        forge__batch_row(s, (uint32_t)i, (uint32_t)(n0 + i), 0);
+        forge__batch_temp(s, (uint32_t)i, p->temperature);
+    }
+    bool host = p->repeat_penalty != 1.0f; /* the penalty differs row by row: applied on the host */
+    const float *logits = NULL;
+    forge_status st = forge__batch_step(s, rows, (uint32_t)k + 1, 0, (uint32_t)k + 1,
+                                        host ? FORGE__OUT_BATCH_PREFILL_LOGITS : FORGE__OUT_BATCH_PREFILL, &logits, x->red);
+    if (st) return st;
+    memcpy(s->history + n0, rows, 4ull * (size_t)(k + 1));
+    s->n_past = n0 + k + 1;
+    s->kv_high = FORGE__MAX(s->kv_high, s->n_past);
+    x->mt->draft_tokens += k;
+    int keep = n0 + 1;
+    *next = -1;
+    for (int i = 0; i <= k; i++) {
+        int32_t t;
+        const uint32_t *red = host ? NULL : x->red + (size_t)i * 2 * (1 + FORGE__CANDIDATES);
+        if ((st = forge__draw_row(s, p, s->rng, host ? logits + (size_t)i * V : NULL, red, (uint32_t)i, s->history, n0 + 1 + i, x->cands,
+                                  x->probs, x->row, &t)))
+            break;
+        if (i == k || t != draft[i]) { *next = t; break; }
+        forge_stop_reason why;
+        if (forge__is_stop_token(tk, p, t, &why)) { x->mt->stop_reason = why; break; }
+        x->mt->draft_accepted++;
+        if (!forge__emit(s->m, p, x->stop, x->ds, x->piece, x->piece_size, t, x->mt)) break;
+        keep++;
+    }
+    s->n_past = keep;
+    return st;
 }
 
 /* The caller's constraint compiled for this call into *g (NULL without one). */
@@ -602,7 +787,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     if (n_prompt > s->n_ctx && s->overflow == FORGE_OVERFLOW_FAIL)
         return forge__fail(&s->err, FORGE_ERR_LIMIT, "the prompt has %d tokens; the session's context holds %d", n_prompt, s->n_ctx);
     char fault[96];
-    if (forge__sampling_fault(fault, sizeof fault, p.max_tokens, p.repeat_window, p.temperature, p.top_p, p.min_p, p.repeat_penalty, p.top_k))
+    if (forge__sampling_fault(fault, sizeof fault, p.max_tokens, p.repeat_window, p.temperature, p.top_p, p.min_p, p.repeat_penalty, p.top_k, p.lookup))
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: %s", fault);
     forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
     if (bad) return bad;
@@ -670,11 +855,25 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     int32_t steps[1 + FORGE__MAX_FORCED_STEP]; /* the tokens the next step evaluates: the drawn one, then forced ones */
     int n_steps = 0;
     bool forced_start = g != NULL; /* text the constraint forces from the start comes before any draw */
+    int32_t carried = -1; /* the next token, drawn by a lookup step */
+    forge__lookup_ctx lk = {&p, &mt, &stop, &ds, piece, sizeof piece, cands, probs, NULL, NULL, p.lookup};
+    float *lk_row = NULL;
+    if (!st && p.lookup > 0 && !g && !forge__has_linear(&m->cfg)) {
+        lk_row = (float *)malloc(4ull * (size_t)V);
+        lk.red = (uint32_t *)malloc(8ull * (FORGE__LOOKUP_MAX + 1) * (1 + FORGE__CANDIDATES));
+        lk.row = lk_row;
+        if (!lk_row || !lk.red) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
     while (!st && !mt.stop_reason) {
         int32_t tok = -1;
         if (n_steps == 0 && !forced_start) { /* a draw from the last step's logits */
             if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; }
-            if ((st = g ? forge__sample_constrained(s, &p, g, &cw, masked, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) break;
+            if (carried >= 0) { /* a lookup step's draw */
+                tok = carried;
+                carried = -1;
+            } else if ((st = g ? forge__sample_constrained(s, &p, g, &cw, masked, cands, probs, &tok) : forge__sample(s, &p, cands, probs, &tok))) {
+                break;
+            }
             if (mt.generated_tokens == 0) {
                 t_first = forge__now_s();
                 mt.ttft_ms = (t_first - t0) * 1e3;
@@ -707,6 +906,25 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         forced_start = false;
         if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* matched: nothing to evaluate */
         if (n_steps == 0) continue;
+        if (lk.red && n_steps == 1) { /* prompt lookup: drafts verified with the drawn token */
+            int cap = FORGE__MIN(FORGE__MIN(lk.span, s->n_batch - 1), FORGE__MIN(s->n_ctx - s->n_past - 1, p.max_tokens - mt.generated_tokens));
+            cap = FORGE__MIN(cap, forge__rollback_room(s));
+            int32_t draft[FORGE__LOOKUP_MAX];
+            int k = 0;
+            if (cap > 0) {
+                s->history[s->n_past] = steps[0]; /* the sequence with the drawn token (n_past < n_ctx: cap > 0) */
+                k = forge__lookup_draft(s->history, s->n_past + 1, cap, draft);
+            }
+            if (k > 0) {
+                if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
+                int kept0 = mt.draft_accepted;
+                st = forge__lookup_step(s, &lk, steps[0], draft, k, &carried);
+                /* the next draft's length: 2 more after a whole draft kept, else one past what was */
+                lk.span = mt.draft_accepted - kept0 == k ? FORGE__MIN(p.lookup, lk.span + 2) : mt.draft_accepted - kept0 + 1;
+                n_steps = 0;
+                continue;
+            }
+        }
         if (s->n_past + n_steps > s->n_ctx) {
             if (s->overflow == FORGE_OVERFLOW_FAIL) { mt.stop_reason = FORGE_STOP_CONTEXT; break; }
             if ((st = forge__make_room(s, n_steps))) break;
@@ -743,6 +961,8 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     s->metrics = mt;
     if (metrics) FORGE__PUT(metrics, mt);
     forge__matcher_free(g);
+    free(lk_row);
+    free(lk.red);
     free(cw.cands);
     free(cw.row);
     free(cw.mask);

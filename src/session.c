@@ -57,6 +57,7 @@ typedef enum forge__out_mode {
 #define FORGE__TOPK_CHUNK 1024         /* topk.comp CHUNK */
 #define FORGE__MAX_PENALTY_WINDOW 1024 /* penalty ids the io buffer holds */
 #define FORGE__BATCH_MAX_SEQ 512       /* rows of batch generation's table, which fills the penalty ids' place */
+#define FORGE__LOOKUP_MAX 15           /* draft tokens of prompt lookup a step verifies (generate.c), with the drawn one 16 rows */
 
 /* Device time per kernel (and per matrix shape), summed over a session's or trainer's steps. */
 typedef struct forge__profile {
@@ -149,6 +150,7 @@ struct forge_session {
 typedef struct forge__session_plan {
     int n_ctx, n_batch, n_out_max;
     int n_seq;                        /* sequences of batch generation, each with its own slots */
+    int n_reduced;                    /* out rows a step can reduce (sampler buffers): n_seq, or a lookup step's rows */
     bool kv_f16;                      /* the KV cache in f16 (forge_kv_type) */
     uint32_t slots[FORGE__MAX_LAYERS];
 } forge__session_plan;
@@ -233,6 +235,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     n_out = FORGE__MIN(n_out, sp->n_batch);
     n_out = (int)FORGE__MIN((uint64_t)n_out, range / row);
     sp->n_out_max = FORGE__MAX(n_out, 1);
+    sp->n_reduced = FORGE__MAX(sp->n_seq, FORGE__MIN(FORGE__LOOKUP_MAX + 1, sp->n_batch));
     if (sp->n_seq > sp->n_out_max) /* a batched decode step reads one logits row per sequence */
         return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d needs as many logit rows per step; n_batch and "
                            "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
@@ -350,9 +353,9 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_GU] = nb * forge__max_ffn(c) * 8,
         [FORGE__SB_LOGITS] = (uint64_t)sp->n_out_max * c->n_vocab * 4,
         [FORGE__SB_DUMMY] = 256,
-        [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m) * FORGE__CANDIDATES,
-        [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_seq * forge__topk_chunks(m),
-        [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES),
+        [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_reduced * forge__topk_chunks(m) * FORGE__CANDIDATES,
+        [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_reduced * forge__topk_chunks(m),
+        [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_reduced * (1 + FORGE__CANDIDATES),
         [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim_max + 2) * /* a batched step's splits or one sequence's */
                                 FORGE__MAX((uint64_t)sp->n_seq * forge__attn_splits(m, true), (uint64_t)forge__attn_splits(m, false)),
         [FORGE__SB_ATTN_DONE] = 4ull * c->n_heads * nb,
@@ -414,13 +417,13 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
 #define FORGE__IO_TOKENS_OFFSET (FORGE__IO_PENALTY_OFFSET + 4 * FORGE__MAX_PENALTY_WINDOW)
 #define FORGE__RB_LOGITS_OFFSET 4096   /* >= 8 * (1 + FORGE__CANDIDATES), a multiple of any alignment */
 static uint64_t forge__session_io_mask_offset(const forge__session_plan *sp) {
-    return (FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_seq + 255) & ~255ull;
+    return (FORGE__IO_TOKENS_OFFSET + 4ull * sp->n_batch + 4ull * sp->n_reduced + 255) & ~255ull;
 }
 static uint64_t forge__session_io_bytes(const forge_model *m, const forge__session_plan *sp) {
     return forge__session_io_mask_offset(sp) + 4ull * (((uint64_t)m->cfg.n_vocab + 31) / 32);
 }
 static uint64_t forge__session_readback_bytes(const forge_model *m, const forge__session_plan *sp) {
-    uint64_t batch_cands = 8ull * (uint64_t)sp->n_seq * (1 + FORGE__CANDIDATES); /* batch generation: candidates per row */
+    uint64_t batch_cands = 8ull * (uint64_t)sp->n_reduced * (1 + FORGE__CANDIDATES); /* batch generation and lookup: candidates per row */
     uint64_t row = (uint64_t)FORGE__MAX(FORGE__MAX(m->cfg.n_vocab, m->cfg.hidden), forge__st_dim(&m->embed, m->cfg.hidden)); /* logits, or a vector */
     return FORGE__RB_LOGITS_OFFSET + FORGE__MAX(4ull * sp->n_out_max * row, batch_cands);
 }

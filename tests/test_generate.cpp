@@ -596,6 +596,105 @@ TEST(Generate, RotatingCacheWrapIsDetectedAndResultsStayExact) {
     forge_model_free(m);
 }
 
+/* Prompt lookup: the drafts are verified in one pass and each position's token is drawn from
+ * that pass's row with the call's sampler and seed, so the output is the plain decode's: greedy,
+ * sampled (top-k, top-p), under a repeat penalty (the rows' logits read back and penalized on
+ * the host), with a stop string and at max_tokens; the session holds the same tokens after. */
+TEST(Generate, LookupDrawsWhatPlainDecodingDraws) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    std::string twice = std::string(kStory) + " " + kStory + " Once upon a time, there was a little girl named";
+    std::vector<int32_t> prompt(twice.size() + 8);
+    size_t n_ids = 0;
+    ASSERT_EQ(forge_tokenize(st.m, twice.data(), twice.size(), FORGE_TOKENIZE_ADD_SPECIAL, prompt.data(), prompt.size(), &n_ids), FORGE_OK);
+    prompt.resize(n_ids);
+    ASSERT_GT(prompt.size(), 40u);
+    struct Case { float t; int k; float top_p, penalty; int max; const char *stop; } cases[] = {
+        {0.0f, 0, 1.0f, 1.0f, 96, nullptr}, {0.9f, 40, 1.0f, 1.0f, 64, nullptr}, {1.1f, 0, 0.9f, 1.0f, 64, nullptr},
+        {0.8f, 0, 1.0f, 1.2f, 64, nullptr}, {0.0f, 0, 1.0f, 1.3f, 64, nullptr}, {0.0f, 0, 1.0f, 1.0f, 5, nullptr},
+        {0.0f, 0, 1.0f, 1.0f, 96, "park"}};
+    int drafted = 0, kept = 0;
+    for (const Case &c : cases) {
+        auto run = [&](int lookup, forge_metrics *mt, std::vector<int32_t> *held) {
+            forge_session *s = st.session(512);
+            forge_generate_params p = forge_generate_default_params();
+            p.max_tokens = c.max;
+            p.temperature = c.t;
+            p.top_k = c.k;
+            p.top_p = c.top_p;
+            p.repeat_penalty = c.penalty;
+            p.seed = 11;
+            p.lookup = lookup;
+            const char *stops[1] = {c.stop};
+            p.stop_strings = stops;
+            p.n_stop_strings = c.stop ? 1 : 0;
+            Collect col;
+            p.on_token = Collect::cb;
+            p.user_data = &col;
+            EXPECT_EQ(forge_generate_tokens(s, prompt.data(), (int)prompt.size(), &p, mt), FORGE_OK) << forge_session_errmsg(s);
+            size_t n = 0;
+            held->resize(1024);
+            EXPECT_EQ(forge_session_tokens(s, held->data(), held->size(), &n), FORGE_OK);
+            held->resize(n);
+            forge_session_free(s);
+            return col;
+        };
+        forge_metrics a = ft::sized<forge_metrics>(), b = ft::sized<forge_metrics>();
+        std::vector<int32_t> held_a, held_b;
+        Collect plain = run(0, &a, &held_a), looked = run(8, &b, &held_b);
+        std::string what = "temperature " + std::to_string(c.t) + " penalty " + std::to_string(c.penalty) + " max " + std::to_string(c.max);
+        EXPECT_EQ(plain.tokens, looked.tokens) << what;
+        EXPECT_EQ(plain.text, looked.text) << what;
+        EXPECT_EQ(a.generated_tokens, b.generated_tokens) << what;
+        EXPECT_EQ(a.stop_reason, b.stop_reason) << what;
+        EXPECT_EQ(held_a, held_b) << what;
+        EXPECT_EQ(a.draft_tokens, 0);
+        EXPECT_LE(b.draft_accepted, b.draft_tokens);
+        if (c.stop) { EXPECT_EQ(b.stop_reason, FORGE_STOP_STRING); }
+        drafted += b.draft_tokens;
+        kept += b.draft_accepted;
+    }
+    EXPECT_GT(drafted, 0);
+    EXPECT_GT(kept, 0); /* the story repeats: some drafts are the model's own continuation */
+}
+
+/* A rotating sliding-window cache (Gemma 2 with a window of 8) takes rejected drafts back only
+ * while the ring still holds what the kept position needs: lookup and plain decoding give the
+ * same tokens through many wraps of the ring; out-of-range lookup is named. */
+TEST(Generate, LookupOnARotatingCacheAndItsRange) {
+    forge_model *m = ft::load(ft::src("tests/fixtures/parity/gemma2_f32"));
+    ASSERT_NE(m, nullptr);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 24; i++) prompt.push_back((i % 6) * 37 + 11);
+    forge_metrics mt = ft::sized<forge_metrics>();
+    auto run = [&](int lookup) {
+        forge_session *s = ft::session(m, 64, 8);
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 36;
+        p.ignore_eos = 1;
+        p.lookup = lookup;
+        Collect c;
+        p.on_token = Collect::cb;
+        p.user_data = &c;
+        EXPECT_EQ(forge_generate_tokens(s, prompt.data(), (int)prompt.size(), &p, &mt), FORGE_OK) << forge_session_errmsg(s);
+        forge_session_free(s);
+        return c.tokens;
+    };
+    std::vector<int32_t> plain = run(0), looked = run(15);
+    EXPECT_EQ(plain.size(), 36u);
+    EXPECT_EQ(plain, looked);
+    EXPECT_GT(mt.draft_tokens, 0);
+    forge_session *s = ft::session(m, 64, 8);
+    for (int bad : {-1, 16}) {
+        forge_generate_params p = forge_generate_default_params();
+        p.lookup = bad;
+        EXPECT_EQ(forge_generate_tokens(s, prompt.data(), 4, &p, nullptr), FORGE_ERR_INVALID_ARGUMENT);
+        EXPECT_EQ(std::string(forge_session_errmsg(s)), "generate params: lookup " + std::to_string(bad) + " (must be 0 to 15 draft tokens)");
+    }
+    forge_session_free(s);
+    forge_model_free(m);
+}
+
 /* Text in, text out: the empty prompt (the tokenizer adds BOS) and a text prompt. */
 TEST(Generate, TextInTextOutStories) {
     Stories st;

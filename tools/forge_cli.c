@@ -21,7 +21,7 @@
 static const char usage_text[] =
             "usage: forge <command> [options]\n"
             "  run [MODEL] [-p PROMPT | --tokens \"1 2 3\"] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-            "      [--min-p M] [--repeat-penalty R] [--seed S] [--stop STR] [--metrics] [--adapter DIR]\n"
+            "      [--min-p M] [--repeat-penalty R] [--seed S] [--stop STR] [--lookup N] [--metrics] [--adapter DIR]\n"
             "      [--ctx-overflow fail|shift|recompute] [--keep N] [--load-state FILE] [--save-state FILE] [--json]\n"
             "      [--json-schema FILE | --grammar FILE | --json-object] [--trigger STR]\n"
             "                                   generate text, streamed to stdout (default model: FORGE_MODEL,\n"
@@ -1141,7 +1141,7 @@ static int stream_stdout(void *user, int32_t token, const char *text, size_t len
  * model has no tokenizer (then it and the text are null); `prompt_ids` the ids of --tokens, or
  * NULL (no "prompt_ids"). */
 static void run_json(const char *prompt, const int32_t *prompt_ids, int n_prompt_ids, const run_output *r, forge_status st,
-                     const forge_metrics *m, int constrained) {
+                     const forge_metrics *m, int constrained, int lookup) {
     printf("{\"prompt\": ");
     if (prompt) forge_cli_json_cstr(prompt);
     else fputs("null", stdout);
@@ -1161,6 +1161,7 @@ static void run_json(const char *prompt, const int32_t *prompt_ids, int n_prompt
     if (constrained)
         printf(", \"constraint_complete\": %s, \"forced_tokens\": %d, \"constraint_masks\": %d, \"constraint_ms\": %.3f",
                m->constraint_complete ? "true" : "false", m->forced_tokens, m->constraint_masks, m->constraint_ms);
+    if (lookup) printf(", \"draft_tokens\": %d, \"draft_accepted\": %d", m->draft_tokens, m->draft_accepted);
     printf("}\n");
 }
 
@@ -1171,6 +1172,7 @@ static void print_metrics(const forge_metrics *m) {
             m->prompt_tokens, m->cached_tokens, m->generated_tokens, m->ttft_ms, m->prefill_tok_s, m->decode_tok_s,
             (double)m->peak_device_bytes / (1 << 20), why[m->stop_reason]);
     if (m->context_slides) fprintf(stderr, ", context slides %d", m->context_slides);
+    if (m->draft_tokens) fprintf(stderr, ", lookup %d of %d drafts kept", m->draft_accepted, m->draft_tokens);
     if (m->constraint_ms > 0)
         fprintf(stderr, ", constraint %s (%d forced, %d masks, %.1f ms)", m->constraint_complete ? "matched" : "not matched", m->forced_tokens,
                 m->constraint_masks, m->constraint_ms);
@@ -1206,7 +1208,7 @@ static int take_overflow(const char *cmd, int *argc, char **argv, forge_session_
 static int take_sampling(const char *cmd, int *argc, char **argv, forge_generate_params *gp, const char **stops, int *n_stops,
                          int max_stops) {
     static const char *const values[] = {"-n", "--top-k", "--repeat-window", "--temp", "--top-p", "--min-p", "--repeat-penalty", "--seed",
-                                         "--stop", NULL};
+                                         "--stop", "--lookup", NULL};
     int w = 0;
     for (int i = 0; i < *argc; i++) {
         const char *a = argv[i];
@@ -1239,6 +1241,9 @@ static int take_sampling(const char *cmd, int *argc, char **argv, forge_generate
             uint64_t u;
             if (forge_cli_parse_u64(cmd, a, argv[++i], &u)) return 2;
             gp->seed = u;
+        } else if (!strcmp(a, "--lookup") && has) {
+            if (forge_cli_parse_int(cmd, a, argv[++i], 0, 15, &k)) return 2;
+            gp->lookup = (int)k;
         } else if (!strcmp(a, "--stop") && has) {
             if (*n_stops == max_stops) { fprintf(stderr, "forge %s: at most %d --stop strings\n", cmd, max_stops); return 2; }
             stops[(*n_stops)++] = argv[++i];
@@ -1420,7 +1425,7 @@ static int cmd_run_body(int argc, char **argv, const forge_cli_constraint *con) 
                                      : forge_generate(s, prompt, strlen(prompt), &gp, &mt);
         if (out.failed) st = FORGE_ERR_OUT_OF_MEMORY;
         if (st == FORGE_OK && out.echo) fputs(out.echo, stdout); /* no text came: the prompt alone */
-        if (json) run_json(has_tokenizer ? prompt : NULL, tokens ? ids : NULL, n_ids, &out, st, &mt, gp.constraint != NULL);
+        if (json) run_json(has_tokenizer ? prompt : NULL, tokens ? ids : NULL, n_ids, &out, st, &mt, gp.constraint != NULL, gp.lookup > 0);
         else if (st == FORGE_OK || !out.echo) printf("\n");
         fflush(stdout);
         free(out.text);

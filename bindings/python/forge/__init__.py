@@ -280,6 +280,8 @@ class Metrics:
     forced_tokens: int         # generated tokens the constraint forced (written, not sampled)
     constraint_masks: int      # draws the device's candidates could not decide: the whole row was read on the host
     constraint_ms: float       # host time spent on the constraint: compiling, checks, masks, forced text
+    draft_tokens: int = 0      # prompt lookup (forge_generate_params.lookup): tokens drafted and verified
+    draft_accepted: int = 0    # of which kept
 
 
 @dataclass(frozen=True)

@@ -225,6 +225,7 @@ class GenerateParams(Structure):
         ("user_data", c_void_p),
         ("cancel", POINTER(c_int)),
         ("constraint", POINTER(Constraint)),
+        ("lookup", c_int),
     ]
 
 
@@ -248,6 +249,8 @@ class Metrics(Structure):
         ("forced_tokens", c_int),
         ("constraint_masks", c_int),
         ("constraint_ms", c_double),
+        ("draft_tokens", c_int),
+        ("draft_accepted", c_int),
     ]
 
 
