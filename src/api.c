@@ -506,20 +506,6 @@ static bool forge__truncate_valid(const forge_session *s, int n_keep) {
     return true;
 }
 
-/* How many positions past n_past + 1 a step may write and still be cut back to n_past + 1, as
- * forge__truncate_valid would allow (generate's lookup step, which drops rejected drafts):
- * rotating layers must still hold what continuing after n_past + 1 needs; none with a
- * recurrent state. INT_MAX without rotating layers. */
-static int forge__rollback_room(const forge_session *s) {
-    const forge__config *c = &s->m->cfg;
-    if (forge__has_linear(c)) return 0;
-    int keep = s->n_past + 1, need_from = FORGE__MAX(0, keep - c->sliding_window + 1), room = INT_MAX;
-    if (s->kv_from > need_from) return 0;
-    for (int l = 0; l < c->n_layers; l++)
-        if ((int)s->slots[l] < s->n_ctx) room = FORGE__MIN(room, need_from + (int)s->slots[l] - keep);
-    return FORGE__MAX(room, 0);
-}
-
 FORGE_API forge_status forge_session_profile(const forge_session *s, char *out, size_t capacity, size_t *len) {
     if (!s || !len) return FORGE_ERR_INVALID_ARGUMENT;
     return forge__profile_json(&s->prof, out, capacity, len);

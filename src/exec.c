@@ -685,6 +685,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->n_ctx = sp->n_ctx;
     s->n_batch = sp->n_batch;
     s->n_out_max = sp->n_out_max;
+    s->n_reduced = sp->n_reduced;
     s->n_seq = sp->n_seq;
     s->kv_f16 = sp->kv_f16;
     s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);

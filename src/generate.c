@@ -680,7 +680,8 @@ static bool forge__emit(forge_model *m, const forge_generate_params *p, forge__s
  * read back under a repeat penalty), and the host draws row by row with the call's sampler:
  * the draw from row i is the token at position i + 1 whatever the drafts were, so a draft
  * stays only while it equals the draw, and the first draw that differs (or the one after the
- * last draft) is the next token. The rows of rejected drafts are then cut off the cache. */
+ * last draft) is the next token. The rows of rejected drafts are then cut off the cache (a
+ * step's rows are at most n_batch, which a rotating layer's ring allows for). */
 #define FORGE__LOOKUP_NGRAM 3
 
 /* Up to cap tokens into out (returned how many) from seq[0 .. len). */
@@ -857,12 +858,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     bool forced_start = g != NULL; /* text the constraint forces from the start comes before any draw */
     int32_t carried = -1; /* the next token, drawn by a lookup step */
     forge__lookup_ctx lk = {&p, &mt, &stop, &ds, piece, sizeof piece, cands, probs, NULL, NULL, p.lookup};
-    float *lk_row = NULL;
     if (!st && p.lookup > 0 && !g && !forge__has_linear(&m->cfg)) {
-        lk_row = (float *)malloc(4ull * (size_t)V);
+        lk.row = (float *)malloc(4ull * (size_t)V);
         lk.red = (uint32_t *)malloc(8ull * (FORGE__LOOKUP_MAX + 1) * (1 + FORGE__CANDIDATES));
-        lk.row = lk_row;
-        if (!lk_row || !lk.red) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
+        if (!lk.row || !lk.red) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     while (!st && !mt.stop_reason) {
         int32_t tok = -1;
@@ -907,8 +906,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* matched: nothing to evaluate */
         if (n_steps == 0) continue;
         if (lk.red && n_steps == 1) { /* prompt lookup: drafts verified with the drawn token */
-            int cap = FORGE__MIN(FORGE__MIN(lk.span, s->n_batch - 1), FORGE__MIN(s->n_ctx - s->n_past - 1, p.max_tokens - mt.generated_tokens));
-            cap = FORGE__MIN(cap, forge__rollback_room(s));
+            /* at most n_batch rows: a rotating layer's ring (window + n_batch - 1 slots) then still
+             * holds every position the kept rows' successor attends to, so rejected rows can go */
+            int rows = FORGE__MIN(s->n_batch, s->n_reduced); /* and as many as the sampler's buffers reduce */
+            int cap = FORGE__MIN(FORGE__MIN(lk.span, rows - 1), FORGE__MIN(s->n_ctx - s->n_past - 1, p.max_tokens - mt.generated_tokens));
             int32_t draft[FORGE__LOOKUP_MAX];
             int k = 0;
             if (cap > 0) {
@@ -961,7 +962,7 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     s->metrics = mt;
     if (metrics) FORGE__PUT(metrics, mt);
     forge__matcher_free(g);
-    free(lk_row);
+    free(lk.row);
     free(lk.red);
     free(cw.cands);
     free(cw.row);

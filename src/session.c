@@ -80,6 +80,7 @@ struct forge_session {
     forge__arena arena;
     int n_ctx, n_batch, n_out_max;
     int n_seq;                        /* batch generation: sequences, each with slots[l] of every layer's cache */
+    int n_reduced;                    /* out rows one step can reduce on the device (the plan's) */
     int n_past;
     int32_t *history;                 /* [n_ctx] the tokens in the cache */
     forge__mem_counter mem;
@@ -207,6 +208,11 @@ static bool forge__head_dims_by4(const forge__config *c) {
     return true;
 }
 
+/* The sampler's chunks of the vocabulary, each reduced to its top candidates. */
+static uint32_t forge__topk_chunks(const forge_model *m) {
+    return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
+}
+
 static forge_status forge__session_sizes(forge_model *m, const forge_session_params *p, forge__session_plan *sp, forge__err *err) {
     const forge__config *c = &m->cfg;
     const forge__caps *caps = &m->dev.caps;
@@ -235,7 +241,10 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     n_out = FORGE__MIN(n_out, sp->n_batch);
     n_out = (int)FORGE__MIN((uint64_t)n_out, range / row);
     sp->n_out_max = FORGE__MAX(n_out, 1);
-    sp->n_reduced = FORGE__MAX(sp->n_seq, FORGE__MIN(FORGE__LOOKUP_MAX + 1, sp->n_batch));
+    /* a lookup step's rows too, as far as one binding holds each row's candidates (lowered limits) */
+    uint64_t reduced_row = 8ull * FORGE__MAX((uint64_t)forge__topk_chunks(m) * FORGE__CANDIDATES, 1ull + FORGE__CANDIDATES);
+    int lookup_rows = (int)FORGE__MIN((uint64_t)FORGE__MIN(FORGE__LOOKUP_MAX + 1, sp->n_batch), range / reduced_row);
+    sp->n_reduced = FORGE__MAX(sp->n_seq, lookup_rows);
     if (sp->n_seq > sp->n_out_max) /* a batched decode step reads one logits row per sequence */
         return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d needs as many logit rows per step; n_batch and "
                            "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
@@ -310,9 +319,6 @@ static uint32_t forge__attn_splits(const forge_model *m, bool batched) {
  * 328-331 tok/s at 512-640 positions, 270-271 / 267-268 at 4096-4224 (bench/RESULTS.md). */
 static uint32_t forge__attn_min_run(const forge_model *m) {
     return (uint64_t)m->cfg.n_heads * m->cfg.head_dim_max >= 4096 ? 32 : 0;
-}
-static uint32_t forge__topk_chunks(const forge_model *m) {
-    return (uint32_t)((m->cfg.n_vocab + FORGE__TOPK_CHUNK - 1) / FORGE__TOPK_CHUNK);
 }
 
 /* The session's activation buffers, in pack order (then the per-layer K and V caches). */

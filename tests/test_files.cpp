@@ -456,6 +456,28 @@ TEST(Limits, TensorsLargerThanTheBindingRange) {
     EXPECT_LT(ft::rel_err(lb.data(), la.data(), la.size()), 1e-5);
     forge_session_free(sa);
     forge_session_free(sb);
+    /* prompt lookup's rows as far as one binding holds their candidates (8 of 16 here): what
+     * plain decoding draws at the default limits */
+    std::vector<int32_t> twice(toks);
+    twice.insert(twice.end(), toks.begin(), toks.end());
+    auto generate = [&](forge_model *m, int lookup, forge_metrics *mt) {
+        forge_session *s = ft::session(m, 128);
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = 40;
+        p.temperature = 0.0f;
+        p.lookup = lookup;
+        EXPECT_EQ(forge_generate_tokens(s, twice.data(), (int)twice.size(), &p, mt), FORGE_OK) << forge_session_errmsg(s);
+        std::vector<int32_t> held(256);
+        size_t n = 0;
+        EXPECT_EQ(forge_session_tokens(s, held.data(), held.size(), &n), FORGE_OK);
+        held.resize(n);
+        forge_session_free(s);
+        return held;
+    };
+    forge_metrics plain = ft::sized<forge_metrics>(), looked = ft::sized<forge_metrics>();
+    EXPECT_EQ(generate(b, 15, &looked), generate(a, 0, &plain));
+    EXPECT_GT(looked.draft_tokens, 0);
+    EXPECT_EQ(plain.draft_tokens, 0);
     forge_model_free(a);
     forge_model_free(b);
 }
