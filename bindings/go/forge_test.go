@@ -266,6 +266,27 @@ func TestSamplingIsSeeded(t *testing.T) {
 	}
 }
 
+func TestLookupDrawsWhatPlainDecodingDraws(t *testing.T) {
+	m := model(t)
+	story, _ := greedy(t, m, once, 60)
+	prompt := once + story + " " + once // the output repeats the prompt: drafts are kept
+	opts := []forge.GenerateOption{forge.WithMaxTokens(48), forge.WithTemperature(0.8), forge.WithTopK(40), forge.WithSeed(3)}
+	plain, _ := collect(m.Generate(context.Background(), prompt, opts...))
+	plainMet := m.Metrics()
+	looked, _ := collect(m.Generate(context.Background(), prompt, append(opts, forge.WithLookup(8))...))
+	met := m.Metrics()
+	if m.Err() != nil || looked != plain {
+		t.Errorf("lookup changed the text: %q / %q (%v)", looked, plain, m.Err())
+	}
+	if plainMet.DraftTokens != 0 || met.DraftAccepted <= 0 || met.DraftAccepted > met.DraftTokens {
+		t.Errorf("drafts: plain %d, lookup %d of %d kept", plainMet.DraftTokens, met.DraftAccepted, met.DraftTokens)
+	}
+	if _, _ = collect(m.Generate(context.Background(), prompt, forge.WithLookup(16))); m.Err() == nil ||
+		!strings.Contains(m.Err().Error(), "lookup 16") {
+		t.Errorf("lookup 16: %v, want an error naming it", m.Err())
+	}
+}
+
 func TestChatWithoutTemplateIsUnsupported(t *testing.T) {
 	m := model(t)
 	msgs := []forge.Message{{Role: "user", Content: "hi"}}

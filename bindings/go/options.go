@@ -123,6 +123,7 @@ type GenerateConfig struct {
 	Tools              []Tool     // Chat, ChatTools, RenderChat: functions the model may call
 	StrictToolCalls    bool       // Chat, ChatTools: a call the model opens matches a tool's schema
 	RequiredToolCalls  bool       // Chat, ChatTools: the reply is tool calls only
+	Lookup             int        // prompt lookup: draft tokens checked a step (0: off, at most 15)
 
 	err        error    // an option's error (two constraints, a schema that does not marshal)
 	toolParams []string // check: each tool's parameters as JSON text ("": none)
@@ -179,6 +180,12 @@ func WithRepeatWindow(n int) GenerateOption { return func(c *GenerateConfig) { c
 
 // WithSeed seeds the sampler.
 func WithSeed(seed uint64) GenerateOption { return func(c *GenerateConfig) { c.Seed = seed } }
+
+// WithLookup turns on prompt lookup: up to n tokens a step (1 to 15) are drafted from what
+// followed an earlier occurrence of the text's last tokens and checked in one pass. The output
+// is what plain decoding draws with the same seed, sooner where it repeats the prompt (an edit
+// of a given text); Metrics.DraftTokens and DraftAccepted say how often. Off with a constraint.
+func WithLookup(n int) GenerateOption { return func(c *GenerateConfig) { c.Lookup = n } }
 
 // WithStopTokens adds token ids that end generation (they are not emitted).
 func WithStopTokens(ids ...int32) GenerateOption {

@@ -233,6 +233,7 @@ func (a *cmem) generateParams(c *GenerateConfig) *C.forge_generate_params {
 	p.repeat_penalty = C.float(c.RepeatPenalty)
 	p.repeat_window = C.int(c.RepeatWindow)
 	p.seed = C.uint64_t(c.Seed)
+	p.lookup = C.int(c.Lookup)
 	if n := len(c.StopTokens); n > 0 {
 		ids := (*C.int32_t)(a.alloc(uintptr(n) * 4))
 		for i, id := range c.StopTokens {

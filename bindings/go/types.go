@@ -160,6 +160,8 @@ type Metrics struct {
 	ForcedTokens        int           // generated tokens the constraint forced (written, not sampled)
 	ConstraintMasks     int           // draws the device's candidates could not decide: the whole row was read on the host
 	ConstraintDuration  time.Duration // host time on the constraint: compiling, checks, masks, forced text
+	DraftTokens         int           // WithLookup: tokens drafted from the text and checked
+	DraftAccepted       int           // of which kept (each equal to the token drawn at its place)
 }
 
 func ms(v C.double) time.Duration { return time.Duration(float64(v) * float64(time.Millisecond)) }
@@ -183,6 +185,8 @@ func metrics(m *C.forge_metrics) Metrics {
 		ForcedTokens:        int(m.forced_tokens),
 		ConstraintMasks:     int(m.constraint_masks),
 		ConstraintDuration:  ms(m.constraint_ms),
+		DraftTokens:         int(m.draft_tokens),
+		DraftAccepted:       int(m.draft_accepted),
 	}
 }
 

@@ -1005,7 +1005,7 @@ class Session(_ModelChild):
                  ignore_eos: bool = False, add_special: bool = True, grammar: Optional[str] = None,
                  json_schema: Union[Mapping[str, Any], str, None] = None, json_object: bool = False,
                  choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
-                 sample_forced: bool = False) -> "TokenStream":
+                 sample_forced: bool = False, lookup: int = 0) -> "TokenStream":
         """Generates from `prompt` (text, or a list of token ids) and returns a TokenStream:
         iterate it for the tokens as they come (each a Token: its text, with .id). Breaking out
         of the loop (or closing the stream) stops generation before the next token and leaves
@@ -1028,13 +1028,19 @@ class Session(_ModelChild):
         makes the constraint lazy: the text is free until the trigger string appears, and the
         text after it must match. A constraint forge cannot compile (a grammar or schema error,
         named by line, rule or keyword) raises while iterating, as other errors do.
+
+        `lookup` (1 to 15; 0: off) turns on prompt lookup (forge_generate_params.lookup): up to
+        that many tokens a step are drafted from what followed an earlier occurrence of the
+        text's last tokens and checked in one pass; the tokens are the ones plain decoding draws
+        with the same seed, faster where the output repeats its prompt (metrics.draft_tokens,
+        draft_accepted). Off with a constraint.
         """
         h = self._h()
         self._settle()
         params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
                                         repeat_window, seed, stop, stop_tokens, ignore_eos, add_special,
                                         grammar=grammar, json_schema=json_schema, json_object=json_object,
-                                        choices=choices, trigger=trigger, sample_forced=sample_forced)
+                                        choices=choices, trigger=trigger, sample_forced=sample_forced, lookup=lookup)
         if isinstance(prompt, str):
             data = prompt.encode("utf-8", "surrogatepass")
 
@@ -1352,7 +1358,7 @@ class Session(_ModelChild):
 
 _CONSTRAINTS = ("grammar", "json_schema", "json_object", "choices")
 _SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_window", "seed", "stop",
-             "stop_tokens", "ignore_eos", "add_special") + _CONSTRAINTS + ("trigger", "sample_forced")
+             "stop_tokens", "ignore_eos", "add_special") + _CONSTRAINTS + ("trigger", "sample_forced", "lookup")
 _TOOL_CHOICE = {"auto": 0, "required": _ffi.CHAT_TOOL_REQUIRED | _ffi.CHAT_TOOL_ARGUMENTS}
 
 
@@ -1362,7 +1368,8 @@ def _sampling_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         raise TypeError(f"unexpected keyword argument(s) {sorted(unknown)}; sampling takes {list(_SAMPLING)}")
     defaults = dict(max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                     repeat_window=64, seed=0, stop=None, stop_tokens=(), ignore_eos=False, add_special=True,
-                    grammar=None, json_schema=None, json_object=False, choices=None, trigger=None, sample_forced=False)
+                    grammar=None, json_schema=None, json_object=False, choices=None, trigger=None, sample_forced=False,
+                    lookup=0)
     defaults.update(kwargs)
     return defaults
 
@@ -1430,7 +1437,7 @@ def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_
                      stop_tokens: Sequence[int], ignore_eos: bool, add_special: bool, *,
                      grammar: Optional[str] = None, json_schema: Union[Mapping[str, Any], str, None] = None,
                      json_object: bool = False, choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
-                     sample_forced: bool = False) -> tuple[_ffi.GenerateParams, list]:
+                     sample_forced: bool = False, lookup: int = 0) -> tuple[_ffi.GenerateParams, list]:
     """forge_generate_params from the keywords, and the objects its pointers point into (to be
     kept alive as long as the params are used)."""
     constraint, keep = _constraint(grammar=grammar, json_schema=json_schema, json_object=json_object, choices=choices,
@@ -1441,6 +1448,7 @@ def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_
     p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p = max_tokens, temperature, top_k, top_p, min_p
     p.repeat_penalty, p.repeat_window, p.seed = repeat_penalty, repeat_window, seed
     p.ignore_eos, p.add_special = int(bool(ignore_eos)), int(bool(add_special))
+    p.lookup = lookup
     strings = [stop] if isinstance(stop, str) else list(stop or [])
     if strings:
         encoded = [s.encode("utf-8", "surrogatepass") for s in strings]

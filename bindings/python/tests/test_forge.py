@@ -138,6 +138,20 @@ def test_stream_yields_tokens_with_ids_and_metrics(session):
     assert session.n_past == 5 + 12 - 1
 
 
+def test_lookup_drafts_from_the_prompt_and_draws_what_plain_decoding_draws(model):
+    text, _ = greedy(model, ONCE, 60)
+    prompt = ONCE + text + " " + ONCE  # the output repeats the prompt: drafts are kept
+    with model.session(n_ctx=512) as s:
+        plain = s.generate(prompt, max_tokens=48, temperature=0.8, top_k=40, seed=3)
+        plain_text = "".join(plain)
+        looked = s.generate(prompt, max_tokens=48, temperature=0.8, top_k=40, seed=3, lookup=8)
+        assert "".join(looked) == plain_text and looked.tokens == plain.tokens
+        assert plain.metrics.draft_tokens == 0
+        assert 0 < looked.metrics.draft_accepted <= looked.metrics.draft_tokens
+        with pytest.raises(forge.InvalidArgumentError, match="lookup 16"):
+            list(s.generate(prompt, max_tokens=4, lookup=16))
+
+
 def test_breaking_out_stops_generation_and_leaves_the_session_usable(model, session):
     full_text, full_ids = greedy(model, ONCE, 30)
     seen = []
