@@ -853,6 +853,18 @@ typedef struct forge_generate_params {
      * on models with linear-attention layers (their recurrent state cannot be cut back to
      * drop rejected drafts) and by forge_batch_generate. */
     int lookup;
+    /* Speculative decoding with a draft model (NULL: off): a session of a smaller model with
+     * the same vocabulary (a Llama-3.2-1B beside a Llama-3.1-8B). Each step the draft model
+     * writes up to `lookup` tokens greedily (4 when lookup is 0) after the sequence, in place
+     * of prompt lookup's, and they are verified as those are: the output is distributed as
+     * without a draft (greedy: the same tokens). The call brings the draft session's cache to
+     * the sequence (reusing the prefix it holds, so a chat's next turn drafts at once) and
+     * leaves it holding a prefix of the result; drafting pauses where the draft's context is
+     * full. Use the draft session for nothing else during the call. FORGE_ERR_INVALID_ARGUMENT
+     * when it is this session or its vocabulary's size differs; FORGE_ERR_UNSUPPORTED on models
+     * with linear-attention layers (either). Ignored with a constraint and by
+     * forge_batch_generate, as lookup is. */
+    forge_session *draft;
 } forge_generate_params;
 
 FORGE_API forge_generate_params forge_generate_default_params(void);

@@ -710,8 +710,41 @@ typedef struct forge__lookup_ctx {
     double *probs;                 /* [n_vocab] */
     float *row;                    /* [n_vocab] */
     uint32_t *red;                 /* [FORGE__LOOKUP_MAX + 1, 1 + FORGE__CANDIDATES] uvec2 */
-    int span;                      /* the next draft's most tokens (1 .. lookup): follows how many were kept */
+    int span;                      /* the next draft's most tokens (1 .. most): follows how many were kept */
+    int most;                      /* the longest draft (lookup, or a draft model's default) */
 } forge__lookup_ctx;
+
+/* A draft model's default draft length (forge_generate_params.draft with lookup 0). */
+#define FORGE__DRAFT_DEFAULT 4
+
+/* Speculation with a draft model: brings the draft session ds to seq[0 .. len) (its cache
+ * reused as far as it agrees with seq) and writes up to cap tokens that the draft model
+ * continues seq with, greedily, into out (*n_out of them: fewer where its context ends).
+ * cands and probs: [n_vocab] scratch. */
+static forge_status forge__draft_tokens(forge_session *ds, const int32_t *seq, int len, int cap, int32_t *out, int *n_out,
+                                        forge__cand *cands, double *probs) {
+    *n_out = 0;
+    cap = FORGE__MIN(cap, ds->n_ctx - len + 1); /* out[0 .. cap - 1) are evaluated at len .. len + cap - 2 */
+    if (cap <= 0) return FORGE_OK;
+    int wrapped;
+    int done = forge__reuse_prefix(ds, seq, len, &wrapped); /* at least seq's last token is evaluated again */
+    forge_generate_params greedy = forge_generate_default_params();
+    forge__step_params sp = {0, 0, 0, 1.0f, 0.0f, 0, {0, 0}};
+    forge_status st = FORGE_OK;
+    while (!st && done < len) {
+        int step = FORGE__MIN(len - done, ds->n_batch);
+        bool last = done + step == len;
+        st = forge__step(ds, seq + done, (uint32_t)step, (uint32_t)step - 1, last ? 1u : 0u, last ? FORGE__OUT_SAMPLE : FORGE__OUT_LOGITS, &sp,
+                         NULL);
+        done += step;
+    }
+    for (int i = 0; !st && i < cap; i++) {
+        if (i > 0 && (st = forge__step(ds, out + i - 1, 1, 0, 1, FORGE__OUT_SAMPLE, &sp, NULL))) break;
+        if ((st = forge__sample(ds, &greedy, cands, probs, out + i))) break;
+        *n_out = i + 1;
+    }
+    return st;
+}
 
 /* Evaluates the drawn token tok and draft[0 .. k) at positions n_past .. n_past + k and draws
  * from each row in turn: accepted drafts are emitted (as generated tokens), *next gets the
@@ -792,6 +825,14 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: %s", fault);
     forge_status bad = forge__check_token_ids(s, prompt, n_prompt);
     if (bad) return bad;
+    if (p.draft == s) return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: the draft session is this session");
+    if (p.draft && p.draft->m->cfg.n_vocab != V)
+        return forge__fail(&s->err, FORGE_ERR_INVALID_ARGUMENT, "generate params: the draft model's vocabulary has %d tokens; this model's has %d",
+                           p.draft->m->cfg.n_vocab, V);
+    if (p.draft && (forge__has_linear(&m->cfg) || forge__has_linear(&p.draft->m->cfg)))
+        return forge__fail(&s->err, FORGE_ERR_UNSUPPORTED, "generate params: a draft model needs models without linear-attention layers "
+                           "(their recurrent state cannot be cut back to drop rejected drafts); %s has them",
+                           forge__has_linear(&m->cfg) ? "this model" : "the draft model");
     forge__matcher *g = NULL; /* the constraint, compiled before any work */
     if ((bad = forge__constraint_for(s, &p, &g))) return bad;
     forge__rng_seed(s->rng, p.seed);
@@ -857,8 +898,9 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
     int n_steps = 0;
     bool forced_start = g != NULL; /* text the constraint forces from the start comes before any draw */
     int32_t carried = -1; /* the next token, drawn by a lookup step */
-    forge__lookup_ctx lk = {&p, &mt, &stop, &ds, piece, sizeof piece, cands, probs, NULL, NULL, p.lookup};
-    if (!st && p.lookup > 0 && !g && !forge__has_linear(&m->cfg)) {
+    int most = p.draft && !p.lookup ? FORGE__DRAFT_DEFAULT : p.lookup;
+    forge__lookup_ctx lk = {&p, &mt, &stop, &ds, piece, sizeof piece, cands, probs, NULL, NULL, most, most};
+    if (!st && most > 0 && !g && !forge__has_linear(&m->cfg)) {
         lk.row = (float *)malloc(4ull * (size_t)V);
         lk.red = (uint32_t *)malloc(8ull * (FORGE__LOOKUP_MAX + 1) * (1 + FORGE__CANDIDATES));
         if (!lk.row || !lk.red) st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -914,14 +956,18 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
             int k = 0;
             if (cap > 0) {
                 s->history[s->n_past] = steps[0]; /* the sequence with the drawn token (n_past < n_ctx: cap > 0) */
-                k = forge__lookup_draft(s->history, s->n_past + 1, cap, draft);
+                if (!p.draft) k = forge__lookup_draft(s->history, s->n_past + 1, cap, draft);
+                else if ((st = forge__draft_tokens(p.draft, s->history, s->n_past + 1, cap, draft, &k, cands, probs))) {
+                    forge__fail(&s->err, st, "the draft session: %s", p.draft->err.msg);
+                    break;
+                }
             }
             if (k > 0) {
                 if (forge__cancelled(p.cancel)) { mt.stop_reason = FORGE_STOP_CANCELLED; break; }
                 int kept0 = mt.draft_accepted;
                 st = forge__lookup_step(s, &lk, steps[0], draft, k, &carried);
                 /* the next draft's length: 2 more after a whole draft kept, else one past what was */
-                lk.span = mt.draft_accepted - kept0 == k ? FORGE__MIN(p.lookup, lk.span + 2) : mt.draft_accepted - kept0 + 1;
+                lk.span = mt.draft_accepted - kept0 == k ? FORGE__MIN(lk.most, lk.span + 2) : mt.draft_accepted - kept0 + 1;
                 n_steps = 0;
                 continue;
             }

@@ -657,6 +657,35 @@ TEST(Cli, RunTokensIsTheTextPromptsRun) {
     cJSON_Delete(ids);
 }
 
+/* --draft: a second model drafts, and the text is the plain run's; --lookup N, and its refusals */
+TEST(Cli, RunDraftModelGivesThePlainText) {
+    ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
+    const std::string model = bundled(), other = ft::src("tests/fixtures/parity/qwen3_f32_sharded");
+    cJSON *plain = json_of(forge_split("run " + model + " -p 'Once upon a time' -n 48 --json"));
+    cJSON *drafted = json_of(forge_split("run " + model + " -p 'Once upon a time' -n 48 --json --draft " + model + " --lookup 6"));
+    ASSERT_TRUE(plain && drafted);
+    EXPECT_EQ(str(drafted, "text"), str(plain, "text"));
+    EXPECT_EQ(ints(drafted, "ids"), ints(plain, "ids"));
+    EXPECT_GT(num(drafted, "draft_accepted"), 0);
+    EXPECT_GE(num(drafted, "draft_tokens"), num(drafted, "draft_accepted"));
+    EXPECT_EQ(cJSON_GetObjectItem(plain, "draft_tokens"), nullptr);
+    cJSON_Delete(plain);
+    cJSON_Delete(drafted);
+    Split bad = forge_split("run " + model + " -p Once -n 4 --draft " + other);
+    EXPECT_EQ(bad.status, 1);
+    EXPECT_NE(bad.err.find("forge: generate params: the draft model's vocabulary has 256 tokens; this model's has 512"), std::string::npos)
+        << bad.err;
+    std::string d = ft::tmpdir("cli_draft"), lines = d + "/prompts.txt";
+    ft::write_file(lines, "Once\n", 5);
+    Split batch = forge_split("run " + model + " --batch-file " + lines + " --draft " + model);
+    EXPECT_EQ(batch.status, 2);
+    EXPECT_EQ(batch.err.rfind("forge run: --draft goes without --batch-file (batch generation drafts nothing)\n", 0), 0u) << batch.err;
+    Split missing = forge_split("run " + model + " --draft /nonexistent/model -n 4");
+    EXPECT_EQ(missing.status, 1);
+    EXPECT_NE(missing.err.find("/nonexistent/model"), std::string::npos) << missing.err;
+    EXPECT_EQ(system(("rm -rf '" + d + "'").c_str()), 0);
+}
+
 TEST(Cli, RunTokensErrorsSayWhat) {
     ASSERT_TRUE(ft::exists("./forge")) << "run the tests from the build tree, where the forge binary is";
     const std::string model = bundled(), none = ft::src("tests/fixtures/parity/qwen3_5_text_f32");

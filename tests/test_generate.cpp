@@ -695,6 +695,81 @@ TEST(Generate, LookupOnARotatingCacheAndItsRange) {
     forge_model_free(m);
 }
 
+/* A draft model's tokens are verified as prompt lookup's: the output is plain decoding's, with
+ * the model itself as its draft (nearly every draft kept), a draft of another architecture and a
+ * rotating target cache, a draft session whose context ends before the target's, and a second
+ * call on a different prompt (the draft's cache taken back to what agrees); bad drafts named. */
+TEST(Generate, DraftModelDrawsWhatPlainDecodingDraws) {
+    Stories st;
+    ASSERT_NE(st.m, nullptr);
+    std::string text = std::string(kStory) + " Once upon a time, there was a little girl named";
+    std::vector<int32_t> prompt(text.size() + 8);
+    size_t n_ids = 0;
+    ASSERT_EQ(forge_tokenize(st.m, text.data(), text.size(), FORGE_TOKENIZE_ADD_SPECIAL, prompt.data(), prompt.size(), &n_ids), FORGE_OK);
+    prompt.resize(n_ids);
+    auto run = [](forge_model *m, forge_session *draft, const std::vector<int32_t> &ids, float t, int lookup, int max, forge_metrics *mt) {
+        forge_session *s = ft::session(m, 256);
+        forge_generate_params p = forge_generate_default_params();
+        p.max_tokens = max;
+        p.temperature = t;
+        p.top_k = t > 0 ? 40 : 0;
+        p.seed = 5;
+        p.ignore_eos = 1;
+        p.lookup = lookup;
+        p.draft = draft;
+        Collect c;
+        p.on_token = Collect::cb;
+        p.user_data = &c;
+        EXPECT_EQ(forge_generate_tokens(s, ids.data(), (int)ids.size(), &p, mt), FORGE_OK) << forge_session_errmsg(s);
+        forge_session_free(s);
+        return c.tokens;
+    };
+    forge_session *self = ft::session(st.m, 256), *short_ctx = ft::session(st.m, 64);
+    for (float t : {0.0f, 0.9f}) {
+        forge_metrics a = ft::sized<forge_metrics>(), b = ft::sized<forge_metrics>(), c = ft::sized<forge_metrics>();
+        std::vector<int32_t> plain = run(st.m, nullptr, prompt, t, 0, 80, &a);
+        EXPECT_EQ(run(st.m, self, prompt, t, 0, 80, &b), plain) << "temperature " << t;
+        EXPECT_EQ(run(st.m, short_ctx, prompt, t, 6, 80, &c), plain) << "temperature " << t;
+        EXPECT_GT(b.draft_tokens, 0);
+        EXPECT_LE(b.draft_accepted, b.draft_tokens);
+        if (t == 0.0f) { EXPECT_GT(b.draft_accepted * 10, b.draft_tokens * 9); } /* the model drafts for itself */
+        EXPECT_GT(c.draft_tokens, 0);
+        EXPECT_LT(c.draft_tokens, b.draft_tokens); /* the 64-position draft stops drafting */
+    }
+    /* a second call on another prompt: the draft's cache agrees with it only at the start */
+    std::vector<int32_t> other(prompt.begin(), prompt.begin() + 10);
+    forge_metrics mt = ft::sized<forge_metrics>();
+    EXPECT_EQ(run(st.m, self, other, 0.0f, 3, 40, &mt), run(st.m, nullptr, other, 0.0f, 0, 40, nullptr));
+    EXPECT_GT(mt.draft_accepted, 0);
+
+    forge_model *gemma = ft::load(ft::src("tests/fixtures/parity/gemma2_f32"));   /* window 8: a rotating cache */
+    forge_model *qwen = ft::load(ft::src("tests/fixtures/parity/qwen3_f32_sharded")); /* the same vocabulary size */
+    forge_model *linear = ft::load(ft::src("tests/fixtures/parity/qwen3_5_text_f32"));
+    ASSERT_TRUE(gemma && qwen && linear);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 20; i++) ids.push_back((i % 5) * 41 + 7);
+    forge_session *qd = ft::session(qwen, 256);
+    forge_metrics q = ft::sized<forge_metrics>();
+    EXPECT_EQ(run(gemma, qd, ids, 0.0f, 5, 40, &q), run(gemma, nullptr, ids, 0.0f, 0, 40, nullptr));
+    EXPECT_GT(q.draft_tokens, 0);
+    EXPECT_EQ(run(gemma, qd, ids, 1.0f, 5, 40, nullptr), run(gemma, nullptr, ids, 1.0f, 0, 40, nullptr));
+
+    forge_session *s = ft::session(gemma, 64), *ld = ft::session(linear, 64);
+    struct Bad { forge_session *draft; forge_status st; std::string msg; } bad[] = {
+        {s, FORGE_ERR_INVALID_ARGUMENT, "generate params: the draft session is this session"},
+        {self, FORGE_ERR_INVALID_ARGUMENT, "generate params: the draft model's vocabulary has 512 tokens; this model's has 256"},
+        {ld, FORGE_ERR_UNSUPPORTED, "generate params: a draft model needs models without linear-attention layers (their recurrent "
+                                    "state cannot be cut back to drop rejected drafts); the draft model has them"}};
+    for (const Bad &b : bad) {
+        forge_generate_params p = forge_generate_default_params();
+        p.draft = b.draft;
+        EXPECT_EQ(forge_generate_tokens(s, ids.data(), 4, &p, nullptr), b.st);
+        EXPECT_EQ(std::string(forge_session_errmsg(s)), b.msg);
+    }
+    for (forge_session *x : {s, ld, qd, self, short_ctx}) forge_session_free(x);
+    for (forge_model *x : {gemma, qwen, linear}) forge_model_free(x);
+}
+
 /* Text in, text out: the empty prompt (the tokenizer adds BOS) and a text prompt. */
 TEST(Generate, TextInTextOutStories) {
     Stories st;

@@ -287,6 +287,34 @@ func TestLookupDrawsWhatPlainDecodingDraws(t *testing.T) {
 	}
 }
 
+func TestDraftModelGivesTheSameText(t *testing.T) {
+	m := model(t)
+	s, err := m.NewSession(forge.SessionConfig{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	d, err := m.NewSession(forge.SessionConfig{ContextLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	opts := []forge.GenerateOption{forge.WithMaxTokens(40), forge.WithTemperature(0.7), forge.WithSeed(2)}
+	plain, _ := collect(s.Generate(context.Background(), once, opts...))
+	drafted, _ := collect(s.Generate(context.Background(), once, append(opts, forge.WithDraft(d), forge.WithLookup(5))...))
+	met := s.Metrics()
+	if s.Err() != nil || drafted != plain {
+		t.Errorf("the draft changed the text: %q / %q (%v)", drafted, plain, s.Err())
+	}
+	if met.DraftAccepted <= 0 || met.DraftAccepted > met.DraftTokens {
+		t.Errorf("drafts: %d of %d kept", met.DraftAccepted, met.DraftTokens)
+	}
+	if _, _ = collect(s.Generate(context.Background(), once, forge.WithDraft(s))); s.Err() == nil ||
+		!strings.Contains(s.Err().Error(), "the draft session is this session") {
+		t.Errorf("drafting for itself: %v, want forge's message", s.Err())
+	}
+}
+
 func TestChatWithoutTemplateIsUnsupported(t *testing.T) {
 	m := model(t)
 	msgs := []forge.Message{{Role: "user", Content: "hi"}}

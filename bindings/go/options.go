@@ -124,6 +124,7 @@ type GenerateConfig struct {
 	StrictToolCalls    bool       // Chat, ChatTools: a call the model opens matches a tool's schema
 	RequiredToolCalls  bool       // Chat, ChatTools: the reply is tool calls only
 	Lookup             int        // prompt lookup: draft tokens checked a step (0: off, at most 15)
+	Draft              *Session   // a draft model's session that drafts instead (WithDraft)
 
 	err        error    // an option's error (two constraints, a schema that does not marshal)
 	toolParams []string // check: each tool's parameters as JSON text ("": none)
@@ -186,6 +187,12 @@ func WithSeed(seed uint64) GenerateOption { return func(c *GenerateConfig) { c.S
 // is what plain decoding draws with the same seed, sooner where it repeats the prompt (an edit
 // of a given text); Metrics.DraftTokens and DraftAccepted say how often. Off with a constraint.
 func WithLookup(n int) GenerateOption { return func(c *GenerateConfig) { c.Lookup = n } }
+
+// WithDraft makes a session of a smaller model with the same vocabulary draft the tokens
+// instead, WithLookup's n a step (4 without it), greedily: the output is the same, sooner the
+// more often the draft model guesses this one's next token. The draft session is the call's
+// while it runs (another call on it meanwhile gets ErrBusy, and this one fails while that runs).
+func WithDraft(draft *Session) GenerateOption { return func(c *GenerateConfig) { c.Draft = draft } }
 
 // WithStopTokens adds token ids that end generation (they are not emitted).
 func WithStopTokens(ids ...int32) GenerateOption {

@@ -34,6 +34,7 @@ import "C"
 
 import (
 	"context"
+	"fmt"
 	"iter"
 	"runtime/cgo"
 	"strings"
@@ -320,6 +321,16 @@ func (s *Session) run(ctx context.Context, cfg *GenerateConfig, st *stream, call
 	var a cmem
 	defer a.free()
 	p := a.generateParams(cfg)
+	if d := cfg.Draft; d == s {
+		p.draft = cs // forge names the mistake
+	} else if d != nil {
+		ds, err := d.begin()
+		if err != nil {
+			return Metrics{}, fmt.Errorf("the draft session: %w", err)
+		}
+		defer d.end()
+		p.draft = ds
+	}
 	h := cgo.NewHandle(tokenSink(st))
 	defer h.Delete()
 	C.forge_go_set_callback(p, C.uintptr_t(h))

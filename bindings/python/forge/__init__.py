@@ -1005,7 +1005,7 @@ class Session(_ModelChild):
                  ignore_eos: bool = False, add_special: bool = True, grammar: Optional[str] = None,
                  json_schema: Union[Mapping[str, Any], str, None] = None, json_object: bool = False,
                  choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
-                 sample_forced: bool = False, lookup: int = 0) -> "TokenStream":
+                 sample_forced: bool = False, lookup: int = 0, draft: Optional["Session"] = None) -> "TokenStream":
         """Generates from `prompt` (text, or a list of token ids) and returns a TokenStream:
         iterate it for the tokens as they come (each a Token: its text, with .id). Breaking out
         of the loop (or closing the stream) stops generation before the next token and leaves
@@ -1033,14 +1033,18 @@ class Session(_ModelChild):
         that many tokens a step are drafted from what followed an earlier occurrence of the
         text's last tokens and checked in one pass; the tokens are the ones plain decoding draws
         with the same seed, faster where the output repeats its prompt (metrics.draft_tokens,
-        draft_accepted). Off with a constraint.
+        draft_accepted). Off with a constraint. `draft` (a Session of a smaller model with the
+        same vocabulary) drafts instead, `lookup` tokens a step (4 when 0), greedily: the same
+        output, sooner the more often it guesses this model's next token
+        (forge_generate_params.draft). The draft session is the call's until the stream ends:
+        use it for nothing else meanwhile.
         """
         h = self._h()
         self._settle()
         params, keep = _generate_params(self._lib, max_tokens, temperature, top_k, top_p, min_p, repeat_penalty,
                                         repeat_window, seed, stop, stop_tokens, ignore_eos, add_special,
                                         grammar=grammar, json_schema=json_schema, json_object=json_object,
-                                        choices=choices, trigger=trigger, sample_forced=sample_forced, lookup=lookup)
+                                        choices=choices, trigger=trigger, sample_forced=sample_forced, lookup=lookup, draft=draft)
         if isinstance(prompt, str):
             data = prompt.encode("utf-8", "surrogatepass")
 
@@ -1358,7 +1362,7 @@ class Session(_ModelChild):
 
 _CONSTRAINTS = ("grammar", "json_schema", "json_object", "choices")
 _SAMPLING = ("max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_window", "seed", "stop",
-             "stop_tokens", "ignore_eos", "add_special") + _CONSTRAINTS + ("trigger", "sample_forced", "lookup")
+             "stop_tokens", "ignore_eos", "add_special") + _CONSTRAINTS + ("trigger", "sample_forced", "lookup", "draft")
 _TOOL_CHOICE = {"auto": 0, "required": _ffi.CHAT_TOOL_REQUIRED | _ffi.CHAT_TOOL_ARGUMENTS}
 
 
@@ -1369,7 +1373,7 @@ def _sampling_args(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     defaults = dict(max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0,
                     repeat_window=64, seed=0, stop=None, stop_tokens=(), ignore_eos=False, add_special=True,
                     grammar=None, json_schema=None, json_object=False, choices=None, trigger=None, sample_forced=False,
-                    lookup=0)
+                    lookup=0, draft=None)
     defaults.update(kwargs)
     return defaults
 
@@ -1437,7 +1441,8 @@ def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_
                      stop_tokens: Sequence[int], ignore_eos: bool, add_special: bool, *,
                      grammar: Optional[str] = None, json_schema: Union[Mapping[str, Any], str, None] = None,
                      json_object: bool = False, choices: Optional[Sequence[str]] = None, trigger: Optional[str] = None,
-                     sample_forced: bool = False, lookup: int = 0) -> tuple[_ffi.GenerateParams, list]:
+                     sample_forced: bool = False, lookup: int = 0,
+                     draft: Optional["Session"] = None) -> tuple[_ffi.GenerateParams, list]:
     """forge_generate_params from the keywords, and the objects its pointers point into (to be
     kept alive as long as the params are used)."""
     constraint, keep = _constraint(grammar=grammar, json_schema=json_schema, json_object=json_object, choices=choices,
@@ -1449,6 +1454,12 @@ def _generate_params(lib: ctypes.CDLL, max_tokens: int, temperature: float, top_
     p.repeat_penalty, p.repeat_window, p.seed = repeat_penalty, repeat_window, seed
     p.ignore_eos, p.add_special = int(bool(ignore_eos)), int(bool(add_special))
     p.lookup = lookup
+    if draft is not None:
+        if not isinstance(draft, Session):
+            raise TypeError(f"draft must be a Session (of a draft model), not {type(draft).__name__}")
+        draft._settle()
+        p.draft = draft._h()
+        keep.append(draft)
     strings = [stop] if isinstance(stop, str) else list(stop or [])
     if strings:
         encoded = [s.encode("utf-8", "surrogatepass") for s in strings]

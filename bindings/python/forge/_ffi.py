@@ -226,6 +226,7 @@ class GenerateParams(Structure):
         ("cancel", POINTER(c_int)),
         ("constraint", POINTER(Constraint)),
         ("lookup", c_int),
+        ("draft", c_void_p),
     ]
 
 

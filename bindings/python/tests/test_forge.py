@@ -152,6 +152,19 @@ def test_lookup_drafts_from_the_prompt_and_draws_what_plain_decoding_draws(model
             list(s.generate(prompt, max_tokens=4, lookup=16))
 
 
+def test_a_draft_model_gives_the_same_text(model):
+    with model.session(n_ctx=512) as s, model.session(n_ctx=512) as d:
+        plain = s.generate(ONCE, max_tokens=40, temperature=0.7, seed=2)
+        plain_text = "".join(plain)
+        drafted = s.generate(ONCE, max_tokens=40, temperature=0.7, seed=2, draft=d, lookup=5)
+        assert "".join(drafted) == plain_text and drafted.tokens == plain.tokens
+        assert 0 < drafted.metrics.draft_accepted <= drafted.metrics.draft_tokens
+        with pytest.raises(forge.InvalidArgumentError, match="the draft session is this session"):
+            list(s.generate(ONCE, max_tokens=4, draft=s))
+        with pytest.raises(TypeError, match="draft must be a Session"):
+            s.generate(ONCE, draft=model)
+
+
 def test_breaking_out_stops_generation_and_leaves_the_session_usable(model, session):
     full_text, full_ids = greedy(model, ONCE, 30)
     seen = []
