@@ -948,10 +948,10 @@ static forge_status forge__generate_tokens(forge_session *s, const int32_t *prom
         if (g && (g->done || g->dead)) { mt.stop_reason = FORGE_STOP_CONSTRAINT; break; } /* matched: nothing to evaluate */
         if (n_steps == 0) continue;
         if (lk.red && n_steps == 1) { /* prompt lookup: drafts verified with the drawn token */
-            /* at most n_batch rows: a rotating layer's ring (window + n_batch - 1 slots) then still
-             * holds every position the kept rows' successor attends to, so rejected rows can go */
-            int rows = FORGE__MIN(s->n_batch, s->n_reduced); /* and as many as the sampler's buffers reduce */
-            int cap = FORGE__MIN(FORGE__MIN(lk.span, rows - 1), FORGE__MIN(s->n_ctx - s->n_past - 1, p.max_tokens - mt.generated_tokens));
+            /* as many rows as the sampler's buffers reduce, at most n_batch (the plan's): a rotating
+             * layer's ring (window + n_batch - 1 slots) then still holds every position the kept
+             * rows' successor attends to, so rejected rows can go */
+            int cap = FORGE__MIN(FORGE__MIN(lk.span, s->n_reduced - 1), FORGE__MIN(s->n_ctx - s->n_past - 1, p.max_tokens - mt.generated_tokens));
             int32_t draft[FORGE__LOOKUP_MAX];
             int k = 0;
             if (cap > 0) {

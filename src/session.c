@@ -80,7 +80,7 @@ struct forge_session {
     forge__arena arena;
     int n_ctx, n_batch, n_out_max;
     int n_seq;                        /* batch generation: sequences, each with slots[l] of every layer's cache */
-    int n_reduced;                    /* out rows one step can reduce on the device (the plan's) */
+    int n_reduced;                    /* out rows one step can reduce on the device (the plan's; <= n_batch) */
     int n_past;
     int32_t *history;                 /* [n_ctx] the tokens in the cache */
     forge__mem_counter mem;
