@@ -847,8 +847,12 @@ typedef struct forge_generate_params {
      * pass. Each position's token is drawn from that pass's logits with this call's sampling
      * rules and seed, and a draft is kept only while it equals the draw, so the output is
      * distributed as without lookup (greedy: the same tokens, up to the rounding differences
-     * between a one-token and a several-token pass). Pays where the output repeats the input
-     * (editing, extraction, code); metrics.draft_tokens / draft_accepted say how it went.
+     * between a one-token and a several-token pass: on a GPU the one-token pass chains int8
+     * products that a several-token pass does not, so near-ties can go the other way). After a
+     * draft that keeps nothing, drafting pauses 1, 3, 7 .. 15 steps (a rejected draft costs a
+     * wider pass for one token); the next kept draft ends the pauses. Pays where the output
+     * repeats the input (editing, extraction, code); metrics.draft_tokens / draft_accepted say
+     * how it went.
      * Ignored with a constraint (its forced text is already evaluated several tokens a step),
      * on models with linear-attention layers (their recurrent state cannot be cut back to
      * drop rejected drafts) and by forge_batch_generate. */
@@ -857,7 +861,7 @@ typedef struct forge_generate_params {
      * the same vocabulary (a Llama-3.2-1B beside a Llama-3.1-8B). Each step the draft model
      * writes up to `lookup` tokens greedily (4 when lookup is 0) after the sequence, in place
      * of prompt lookup's, and they are verified as those are: the output is distributed as
-     * without a draft (greedy: the same tokens). The call brings the draft session's cache to
+     * without a draft (greedy: the same tokens, with lookup's rounding caveat; its pauses too). The call brings the draft session's cache to
      * the sequence (reusing the prefix it holds, so a chat's next turn drafts at once) and
      * leaves it holding a prefix of the result; drafting pauses where the draft's context is
      * full. Use the draft session for nothing else during the call. FORGE_ERR_INVALID_ARGUMENT

@@ -14,7 +14,13 @@
 #           a 32-token pattern repeated 8 times; random weights do not copy text, so this row
 #           measures what a verification pass of N + 1 rows costs against a decode step, and
 #           its acceptance is whatever loops the random model falls into
-#   usage: bash bench/lookup_bench.sh [PRESET...]   env: N (lookup, 8), TOKENS (256), REPS (3)
+#   draft   each TARGET:DRAFT pair of presets in DRAFTS (e.g. llama8b-q4_0:llama1b-q4_0, the same
+#           vocabulary): the tokens prompt at temperature 0, the target alone against the target
+#           with --draft DRAFT (--lookup N tokens a step). Random weights do not agree, so the
+#           acceptance here is near nothing: the row measures what drafting and verifying cost,
+#           which with the plain step time gives the speed-up at any acceptance rate
+#   usage: bash bench/lookup_bench.sh [PRESET...]   env: N (lookup, 8), TOKENS (256), REPS (3),
+#          DRAFTS (none)
 set -u
 REPO=$(pwd)
 N=${N:-8} TOKENS=${TOKENS:-256} REPS=${REPS:-3}
@@ -38,6 +44,7 @@ run() {
     shift 3
     local extra=()
     [ "$lookup" -gt 0 ] && extra=(--lookup "$lookup")
+    [ "$lookup" -gt 0 ] && [ -n "${DRAFT_MODEL:-}" ] && extra+=(--draft "$DRAFT_MODEL")
     "$FORGE" run "$model" "$@" -n "$TOKENS" --json "${extra[@]}" 2> /tmp/lookup_err.txt |
         python3 -c "
 import json, sys
@@ -72,12 +79,26 @@ STORIES=$REPO/models/stories260K/stories260K.gguf
 "$FORGE" run "$STORIES" -n 8 --lookup "$N" -p "$STORY $STORY" > /dev/null 2>&1
 row "$STORIES" repeat -p "$PROMPT_REPEAT"
 row "$STORIES" free
-for p in "$@"; do
+# a preset's model file, written when it is not there yet (empty when writing failed)
+model_of() {
+    local p=$1
     [ -e "$MODELS/$p" ] || python3 tools/make_bench_model.py "$p" "$MODELS/$p" > /tmp/lookup_make_$p.log 2>&1 ||
-        { echo "lookup_bench: making $p failed" >&2; cat /tmp/lookup_make_$p.log >&2; continue; }
-    m=$MODELS/$p
+        { echo "lookup_bench: making $p failed" >&2; cat /tmp/lookup_make_$p.log >&2; return; }
+    local m=$MODELS/$p
     [ -f "$m.gguf" ] && m=$m.gguf
     [ -d "$m" ] && [ -f "$m/model.gguf" ] && m=$m/model.gguf
+    echo "$m"
+}
+
+for p in "$@"; do
+    m=$(model_of "$p")
+    [ -n "$m" ] || continue
     "$FORGE" run "$m" --tokens "1 2 3" -n 4 --lookup "$N" > /dev/null 2>&1 # warm-up: the pipelines
     row "$m" tokens --tokens "$PROMPT_TOKENS"
+done
+for pair in ${DRAFTS:-}; do
+    m=$(model_of "${pair%%:*}") d=$(model_of "${pair#*:}")
+    [ -n "$m" ] && [ -n "$d" ] || continue
+    "$FORGE" run "$m" --tokens "1 2 3" -n 4 --lookup "$N" --draft "$d" > /dev/null 2>&1 # warm-up
+    DRAFT_MODEL=$d row "$m" "draft:${pair#*:}" --tokens "$PROMPT_TOKENS"
 done

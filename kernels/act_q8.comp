@@ -1,5 +1,6 @@
 #version 450
-// act_q8: one token's activations as int8 blocks of 32, the input of matvec_q8a.
+// act_q8: one token's activations as int8 blocks of 32, the input of matvec_q8a (a grid layer
+// a row for the matvec_q8a_rows modules: row a_row0 + y into the layout below at 3 y K / 32 uvec4).
 //   q[k] = round(v[k] / d_b) in -127..127,  d_b = max over block b of |v[k]| / 127
 // where v is row a_row0 of A [*, K] (K a multiple of 32), or with PRENORM that row times g:
 // the RMS norm's weight. The norm's 1 / rms(row) is a common factor of the whole row, so it is
@@ -28,7 +29,7 @@ layout(binding = 2) writeonly buffer Q_ { uvec4 q4[]; };
 layout(binding = 2) writeonly buffer S_ { vec4 s4[]; };
 
 void main() {
-    uint b = gl_GlobalInvocationID.x, row4 = pc.a_row0 * (pc.K >> 2);
+    uint b = gl_GlobalInvocationID.x, row4 = (pc.a_row0 + gl_WorkGroupID.y) * (pc.K >> 2), o = 3u * (pc.K >> 5) * gl_WorkGroupID.y;
     if (b >= (pc.K >> 5)) return;
     bool prenorm = (pc.flags & 8u) != 0u;
     vec4 v[8];
@@ -41,7 +42,7 @@ void main() {
     uint w[8];
     vec2 ds;
     quantize_q8_block(v, w, ds);
-    q4[2u * b] = uvec4(w[0], w[1], w[2], w[3]);
-    q4[2u * b + 1u] = uvec4(w[4], w[5], w[6], w[7]);
-    s4[(pc.K >> 4) + b] = vec4(ds, ss, 0.0);
+    q4[o + 2u * b] = uvec4(w[0], w[1], w[2], w[3]);
+    q4[o + 2u * b + 1u] = uvec4(w[4], w[5], w[6], w[7]);
+    s4[o + (pc.K >> 4) + b] = vec4(ds, ss, 0.0);
 }

@@ -38,6 +38,12 @@
 // (n - 8 as a signed byte) before the dot products, so that the 4 scales of a block are all a
 // consumer reads beside the codes. Finer scales than act_q8's (and llama.cpp's) blocks, so a
 // chained product differs from the act_q8 path by its rounding.
+// ROWS_M (the matvec_q8a_rows_* modules): M = pc.M rows of activations, at most 8 (act_q8's
+// layout, row m at uvec4 3 m K / 32), each output's weight blocks read once for all of them:
+// prompt lookup's verification rows and other steps of a few tokens, which on matvec_sg ran the
+// 8B Q4_0 shape's 28672 x 4096 product at 517 GB/s against this kernel's 2190 for one row (H200,
+// 5989f30). A row's sum is taken in the one-row module's order (a lane's blocks two at a time,
+// then the subgroup), so each row gets what that module gives it. No PAIRED, Q8_OUT or A_G8.
 // Bindings: 0 activations | 1 W chunk [rows, K] | 2 C f32 | 3 bias f32 | 4 Q8_OUT: the output row
 //           in the G8 layout (ldc values) | 5 g f32 [ldc] (Q8_OUT_NORM)
 // flags: as matvec_sg (8 PRENORM, 16 GATED, linear_out.glsl's), 1024 Q8_OUT_NORM
@@ -86,57 +92,143 @@ int dot_s8_u8(uint a, uint b, spirv_literal int packed_format);
 // either way. The codes are the nibbles less 8: the activations' sums carry the 8 (act_q8), or
 // (G8) the nibbles become signed bytes n - 8 first (x = n ^ 8 is n - 8 in 4 bits; the multiply
 // copies bit 3 into bits 4-7, a byte at a time: 8 * 0x1e = 0xf0, no carries).
+// (block_load then block_dot_w: the rows module loads a block once for its rows)
+struct wblock {
+    float d;
+    uvec4 lo, hi; // the nibbles, element j of the block in byte j % 16 of lo (j < 16) or hi
+};
+wblock block_load(uint row, uint b, uint nb) {
+    uint bo = (row * nb + b) * 18u, w = bo >> 2;
+    uint x0 = w_u32[w], x1 = w_u32[w + 1u], x2 = w_u32[w + 2u], x3 = w_u32[w + 3u], x4 = w_u32[w + 4u];
+    bool odd = (bo & 2u) != 0u;
+    wblock k;
+    k.d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
+    uvec4 q = odd ? uvec4(x1, x2, x3, x4) : uvec4((x0 >> 16) | (x1 << 16), (x1 >> 16) | (x2 << 16), (x2 >> 16) | (x3 << 16), (x3 >> 16) | (x4 << 16));
+    k.lo = q & 0x0F0F0F0Fu;
+    k.hi = (q >> 4) & 0x0F0F0F0Fu;
+    return k;
+}
+float block_dot_w(wblock k, uvec4 a0, uvec4 a1, vec4 sa) {
+    int s = dot_s8_u8(a0.x, k.lo.x, 0) + dot_s8_u8(a0.y, k.lo.y, 0) + dot_s8_u8(a0.z, k.lo.z, 0) + dot_s8_u8(a0.w, k.lo.w, 0)
+          + dot_s8_u8(a1.x, k.hi.x, 0) + dot_s8_u8(a1.y, k.hi.y, 0) + dot_s8_u8(a1.z, k.hi.z, 0) + dot_s8_u8(a1.w, k.hi.w, 0);
+    return k.d * (sa.x * float(s) - 8.0 * sa.y);
+}
 #ifdef A_G8
 uvec4 centered(uvec4 n) {
     uvec4 x = n ^ 0x08080808u;
     return x | ((x & 0x08080808u) * 0x1eu);
 }
 float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 da) {
-#else
-float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
-#endif
     uint bo = (row * nb + b) * 18u, w = bo >> 2;
     uint x0 = w_u32[w], x1 = w_u32[w + 1u], x2 = w_u32[w + 2u], x3 = w_u32[w + 3u], x4 = w_u32[w + 4u];
     bool odd = (bo & 2u) != 0u;
     float d = unpackHalf2x16(odd ? x0 >> 16 : x0 & 0xffffu).x;
     uvec4 q = odd ? uvec4(x1, x2, x3, x4) : uvec4((x0 >> 16) | (x1 << 16), (x1 >> 16) | (x2 << 16), (x2 >> 16) | (x3 << 16), (x3 >> 16) | (x4 << 16));
     uvec4 lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;
-#ifdef A_G8
     lo = centered(lo);
     hi = centered(hi);
     ivec4 g = ivec4(dot_s8_s8(a0.x, lo.x, 0) + dot_s8_s8(a0.y, lo.y, 0), dot_s8_s8(a0.z, lo.z, 0) + dot_s8_s8(a0.w, lo.w, 0),
                     dot_s8_s8(a1.x, hi.x, 0) + dot_s8_s8(a1.y, hi.y, 0), dot_s8_s8(a1.z, hi.z, 0) + dot_s8_s8(a1.w, hi.w, 0));
     return d * dot(da, vec4(g));
-#else
-    int s = dot_s8_u8(a0.x, lo.x, 0) + dot_s8_u8(a0.y, lo.y, 0) + dot_s8_u8(a0.z, lo.z, 0) + dot_s8_u8(a0.w, lo.w, 0)
-          + dot_s8_u8(a1.x, hi.x, 0) + dot_s8_u8(a1.y, hi.y, 0) + dot_s8_u8(a1.z, hi.z, 0) + dot_s8_u8(a1.w, hi.w, 0);
-    return d * (sa.x * float(s) - 8.0 * sa.y);
-#endif
 }
+#else
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) { return block_dot_w(block_load(row, b, nb), a0, a1, sa); }
+#endif
 #elif defined(W_Q8_0)
 // Q8_0: f16 d, then 32 int8 codes; 34 bytes at a 2-byte aligned offset, 9 aligned words
-float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
+struct wblock {
+    float d;
+    uvec4 q0, q1; // the codes, 4 to a word
+};
+wblock block_load(uint row, uint b, uint nb) {
     uint bo = (row * nb + b) * 34u, w = bo >> 2;
     uint x[9];
     [[unroll]] for (uint i = 0u; i < 9u; i++) x[i] = w_u32[w + i];
     bool odd = (bo & 2u) != 0u;
-    float d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
     uint q[8];
     [[unroll]] for (uint i = 0u; i < 8u; i++) q[i] = odd ? x[i + 1u] : (x[i] >> 16) | (x[i + 1u] << 16);
-#ifdef A_G8
-    ivec4 g = ivec4(dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0), dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0),
-                    dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0), dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0));
-    return d * dot(sa, vec4(g)); // (sa: the 4 groups' scales)
-#else
-    int s = dot_s8_s8(a0.x, q[0], 0) + dot_s8_s8(a0.y, q[1], 0) + dot_s8_s8(a0.z, q[2], 0) + dot_s8_s8(a0.w, q[3], 0)
-          + dot_s8_s8(a1.x, q[4], 0) + dot_s8_s8(a1.y, q[5], 0) + dot_s8_s8(a1.z, q[6], 0) + dot_s8_s8(a1.w, q[7], 0);
-    return d * sa.x * float(s);
-#endif
+    wblock k;
+    k.d = unpackHalf2x16(odd ? x[0] >> 16 : x[0] & 0xffffu).x;
+    k.q0 = uvec4(q[0], q[1], q[2], q[3]);
+    k.q1 = uvec4(q[4], q[5], q[6], q[7]);
+    return k;
 }
+#ifdef A_G8
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) {
+    wblock k = block_load(row, b, nb);
+    ivec4 g = ivec4(dot_s8_s8(a0.x, k.q0.x, 0) + dot_s8_s8(a0.y, k.q0.y, 0), dot_s8_s8(a0.z, k.q0.z, 0) + dot_s8_s8(a0.w, k.q0.w, 0),
+                    dot_s8_s8(a1.x, k.q1.x, 0) + dot_s8_s8(a1.y, k.q1.y, 0), dot_s8_s8(a1.z, k.q1.z, 0) + dot_s8_s8(a1.w, k.q1.w, 0));
+    return k.d * dot(sa, vec4(g)); // (sa: the 4 groups' scales)
+}
+#else
+float block_dot_w(wblock k, uvec4 a0, uvec4 a1, vec4 sa) {
+    int s = dot_s8_s8(a0.x, k.q0.x, 0) + dot_s8_s8(a0.y, k.q0.y, 0) + dot_s8_s8(a0.z, k.q0.z, 0) + dot_s8_s8(a0.w, k.q0.w, 0)
+          + dot_s8_s8(a1.x, k.q1.x, 0) + dot_s8_s8(a1.y, k.q1.y, 0) + dot_s8_s8(a1.z, k.q1.z, 0) + dot_s8_s8(a1.w, k.q1.w, 0);
+    return k.d * sa.x * float(s);
+}
+float block_dot(uint row, uint b, uint nb, uvec4 a0, uvec4 a1, vec4 sa) { return block_dot_w(block_load(row, b, nb), a0, a1, sa); }
+#endif
 #else
 #error "matvec_q8a: W_Q4_0 or W_Q8_0"
 #endif
 
+#ifdef ROWS_M
+const uint MAX_ROWS = 8u;
+void main() {
+    uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
+    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    bool gated = (pc.flags & 16u) != 0u, prenorm = (pc.flags & 8u) != 0u;
+    uint nb = pc.K >> 5, sa0 = pc.K >> 4, stride = 3u * (pc.K >> 5), M = min(pc.M, MAX_ROWS);
+    for (uint r = gl_SubgroupID; r < ROWS; r += gl_NumSubgroups) {
+        uint out_row = wg * ROWS + r;
+        if (out_row >= pc.N) break; // uniform across the subgroup
+        uint w0 = gated ? 2u * out_row : out_row; // the weight row (gated: and the up row after it)
+        float s[MAX_ROWS], u[MAX_ROWS], ss[MAX_ROWS];
+        [[unroll]] for (uint m = 0u; m < MAX_ROWS; m++) {
+            s[m] = 0.0;
+            u[m] = 0.0;
+            ss[m] = 0.0;
+        }
+        for (uint b = lane; b < nb; b += 2u * width) {
+            uint b1 = b + width;
+            bool has1 = b1 < nb;
+            wblock k0 = block_load(w0, b, nb), k1 = k0, g0 = k0, g1 = k0; // (k1, g1: the second block's; g: the up row's)
+            if (has1) k1 = block_load(w0, b1, nb);
+            if (gated) {
+                g0 = block_load(w0 + 1u, b, nb);
+                if (has1) g1 = block_load(w0 + 1u, b1, nb);
+            }
+            [[unroll]] for (uint m = 0u; m < MAX_ROWS; m++) {
+                if (m >= M) break;
+                uint ab = m * stride;
+                uvec4 a0 = qa4[ab + 2u * b], a1 = qa4[ab + 2u * b + 1u];
+                vec4 sa = sa4[ab + sa0 + b];
+                uvec4 c0 = uvec4(0u), c1 = uvec4(0u);
+                vec4 sc = vec4(0.0);
+                if (has1) {
+                    c0 = qa4[ab + 2u * b1];
+                    c1 = qa4[ab + 2u * b1 + 1u];
+                    sc = sa4[ab + sa0 + b1];
+                }
+                ss[m] += sa.z + sc.z;
+                s[m] += block_dot_w(k0, a0, a1, sa);
+                if (has1) s[m] += block_dot_w(k1, c0, c1, sc);
+                if (gated) {
+                    u[m] += block_dot_w(g0, a0, a1, sa);
+                    if (has1) u[m] += block_dot_w(g1, c0, c1, sc);
+                }
+            }
+        }
+        [[unroll]] for (uint m = 0u; m < MAX_ROWS; m++) {
+            if (m >= M) break; // (uniform)
+            float inv = prenorm ? 1.0 / sqrt(subgroupAdd(ss[m]) / float(pc.K) + pc.eps) : 1.0;
+            float v = subgroupAdd(s[m]) * inv;
+            if (gated) v = act(v) * (subgroupAdd(u[m]) * inv);
+            if (lane == 0u) store(out_row, m, v);
+        }
+    }
+}
+#else
 void main() {
     uint lane = gl_SubgroupInvocationID, width = gl_SubgroupSize;
     uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
@@ -232,3 +324,4 @@ void main() {
     so[s0 + (pc.ldc >> 3) + grp] = ss;
 #endif
 }
+#endif

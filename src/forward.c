@@ -106,11 +106,16 @@ static uint32_t forge__matvec_paths(const forge_model *m) {
 
 static bool forge__fuses_norm(const forge_model *m, uint32_t M) { return M <= forge__matvec_max_m(m) && m->dev.caps.subgroup_arith; }
 
-/* Whether a product of M rows of x with w runs on int8 activations (forge__linear_q8a). */
-static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) {
-    return M == 1 && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) && w->cols % 32 == 0 &&
-           forge__act_q8_bytes(w->cols) <= p->act_q8.size;
+/* Whether M rows of x times w can run on int8 activations (forge__linear_q8a): Q4_0 / Q8_0
+ * weights, up to FORGE__MATVEC_MAX_M rows as far as the scratch holds their blocks (on any
+ * device: matvec_q8a_rows is a module of its own, whatever forge__matvec_paths leaves out). */
+static bool forge__q8a_fits(const forge__pass *p, const forge__weight *w, uint32_t M) {
+    return M >= 1 && M <= FORGE__MATVEC_MAX_M && p->act_q8.buf && (w->fmt == FORGE__W_Q4_0 || w->fmt == FORGE__W_Q8_0) &&
+           w->cols % 32 == 0 && M * forge__act_q8_bytes(w->cols) <= p->act_q8.size;
 }
+/* Whether one token's product with w runs on int8 activations: the decode layer's fused paths
+ * (the chain, the attention's quantized merge, the shared expert's) take one row. */
+static bool forge__uses_q8a(const forge__pass *p, const forge__weight *w, uint32_t M) { return M == 1 && forge__q8a_fits(p, w, M); }
 
 /* Whether a one-token product of w into y [ldc] (y's columns col_off..) can quantize its
  * output row for the next product (matvec_q8a's Q8_OUT): it writes all ldc columns, ldc a
@@ -147,22 +152,24 @@ static bool forge__matvec_pairs(const forge_model *m, const forge__weight *w, ui
     return w->fmt <= FORGE__W_BF16 && forge__pair_outputs(m, M, outs, gated) && (!gated || w->cols % 8 == 0);
 }
 
-/* Row a_row0 of x [*, K] (times norm's weight if given, and over its RMS) to int8 blocks of 32
- * in p->act_q8 (act_q8.comp), for the products of flag QUANTIZED after a barrier. */
-static void forge__record_act_q8(const forge__pass *p, forge__range x, uint32_t a_row0, uint32_t K, const forge__vec *norm) {
+/* Rows a_row0 .. a_row0 + M of x [*, K] (times norm's weight if given, and over its RMS) to
+ * int8 blocks of 32 in p->act_q8 (act_q8.comp, a row every forge__act_q8_bytes(K)), for the
+ * products of flag QUANTIZED (one row) or matvec_q8a_rows after a barrier. */
+static void forge__record_act_q8(const forge__pass *p, forge__range x, uint32_t a_row0, uint32_t M, uint32_t K, const forge__vec *norm) {
     forge__pc_act_q8 pq = {K, a_row0, norm ? FORGE__LINEAR_PRENORM : 0};
     forge__range bq[3] = {x, norm ? norm->r : p->dummy, p->act_q8};
-    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, 1, 1);
+    forge__dispatch(p->r, FORGE__OP_ACT_Q8, bq, &pq, (K / 32 + 63) / 64, M, 1);
 }
 
-/* One token's product on int8 activations (forge_model.act_q8): act_q8.comp quantizes row
- * a_row0 of x (times `norm`'s weight if given) into p->act_q8, then matvec_q8a multiplies
- * each row-chunk of W with it (and divides by the row's RMS). Arguments as forge__linear's;
+/* M tokens' product on int8 activations (forge_model.act_q8, forge__q8a_fits): act_q8.comp
+ * quantizes rows a_row0.. of x (times `norm`'s weight if given) into p->act_q8, then
+ * matvec_q8a (M > 1: matvec_q8a_rows) multiplies each row-chunk of W with them (and divides by
+ * each row's RMS). Arguments as forge__linear's; the flags below take one token;
  * in a decode layer's chain (forge__q8_chain) x comes quantized already (flags QUANTIZED:
  * in p->act_q8, QUANTIZED_RES: in p->act_q8_res, normed by `norm`; A_G8 where a product
  * wrote them, in groups of 8), and with Q8_OUT the product quantizes y for the next one, in
  * groups of 8 (into p->act_q8, or into p->act_q8_res times out_norm's weight: Q8_OUT_NORM). */
-static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, forge__range y, uint32_t ldc,
+static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y, uint32_t ldc,
                               uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap,
                               const forge__vec *out_norm) {
     forge_model *m = p->m;
@@ -170,7 +177,7 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     forge__range in = flags & FORGE__LINEAR_QUANTIZED_RES ? p->act_q8_res : p->act_q8;
     if (!(flags & (FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES))) {
         forge__barrier(p->r); /* an earlier product may still read the scratch (free after the caller's barrier) */
-        forge__record_act_q8(p, x, a_row0, K, norm);
+        forge__record_act_q8(p, x, a_row0, M, K, norm);
         forge__barrier(p->r);
     }
     bool g8 = flags & (FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_A_G8);
@@ -178,15 +185,16 @@ static void forge__linear_q8a(const forge__pass *p, const forge__weight *w, forg
     if (out_norm) flags |= FORGE__LINEAR_Q8_OUT | FORGE__LINEAR_Q8_OUT_NORM;
     bool gated = flags & FORGE__LINEAR_GATED;
     forge__range q8_out = !(flags & FORGE__LINEAR_Q8_OUT) ? p->dummy : out_norm ? p->act_q8_res : p->act_q8;
-    forge__op op = (forge__op)(FORGE__OP_MATVEC_Q8A + (w->fmt == FORGE__W_Q8_0 ? 4 : 0) + (g8 ? 2 : 0) + (flags & FORGE__LINEAR_Q8_OUT ? 1 : 0));
+    forge__op op = M > 1 ? (forge__op)(FORGE__OP_MATVEC_Q8A_ROWS + (w->fmt == FORGE__W_Q8_0 ? 1 : 0))
+                         : (forge__op)(FORGE__OP_MATVEC_Q8A + (w->fmt == FORGE__W_Q8_0 ? 4 : 0) + (g8 ? 2 : 0) + (flags & FORGE__LINEAR_Q8_OUT ? 1 : 0));
     for (int i = 0; i < w->n_chunks; i++) {
         const forge__wchunk *c = &w->chunks[i];
         uint32_t outs = gated ? c->rows / 2 : c->rows, out0 = gated ? c->row0 / 2 : c->row0;
         forge__range b[6] = {in, c->w, y, bias && bias->present ? bias->r : p->dummy, q8_out, out_norm ? out_norm->r : p->dummy};
-        forge__pc_linear pc = {1, K, outs, 0, ldc, col_off + out0,
+        forge__pc_linear pc = {M, K, outs, 0, ldc, col_off + out0,
                                flags | (bias && bias->present ? FORGE__LINEAR_BIAS : 0) | (norm ? FORGE__LINEAR_PRENORM : 0),
                                col_off + out0, softcap, 0, 0, 0, (float)m->cfg.norm_eps, 0, 0, 0, 0, 0, 0, 0};
-        bool paired = gated && forge__pair_outputs(m, 1, outs, true); /* (+ 8: two outputs a subgroup, 16 a workgroup) */
+        bool paired = gated && forge__pair_outputs(m, M, outs, true); /* (+ 8: two outputs a subgroup, 16 a workgroup; one token) */
         uint32_t per_wg = paired ? 2 * FORGE__SG_PER_WG : FORGE__SG_PER_WG;
         forge__grid((outs + per_wg - 1) / per_wg, &gx, &gy);
         forge__dispatch(p->r, paired ? (forge__op)(op + 8) : op, b, &pc, gx, gy, 1);
@@ -225,8 +233,8 @@ static void forge__record_linear_reduce(forge__rec *r, forge__range part, forge_
 static void forge__linear(const forge__pass *p, const forge__weight *w, forge__range x, uint32_t a_row0, uint32_t M, forge__range y,
                           uint32_t ldc, uint32_t col_off, const forge__vec *bias, const forge__vec *norm, uint32_t flags, float softcap) {
     forge_model *m = p->m;
-    if (forge__uses_q8a(p, w, M)) {
-        forge__linear_q8a(p, w, x, a_row0, y, ldc, col_off, bias, norm, flags, softcap, NULL);
+    if (forge__q8a_fits(p, w, M) && (M == 1 || !(flags & (FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES)))) {
+        forge__linear_q8a(p, w, x, a_row0, M, y, ldc, col_off, bias, norm, flags, softcap, NULL);
         return;
     }
     flags &= ~(FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_QUANTIZED_RES);
@@ -629,7 +637,7 @@ static bool forge__record_shared_moe_by_pair(const forge__pass *p, int l, const 
     forge__barrier(r);
     /* the router's logits; the row in int8 for the shared expert */
     forge__linear(p, &ly->router, a->xn, 0, n, a->router, (uint32_t)c->n_experts, 0, NULL, NULL, 0, 0);
-    if (q8) forge__record_act_q8(p, a->xn, 0, H, NULL);
+    if (q8) forge__record_act_q8(p, a->xn, 0, 1, H, NULL);
     forge__barrier(r);
     /* the route; the shared expert's gate|up and its gate */
     forge__record_route_pick(p, l, a);
@@ -647,7 +655,7 @@ static bool forge__record_shared_moe_by_pair(const forge__pass *p, int l, const 
     forge__barrier(r);
     /* the experts' down; the shared middle in int8 */
     forge__record_experts_down(p, l, a, h2);
-    if (q8_down) forge__record_act_q8(p, a->h, 0, F, NULL);
+    if (q8_down) forge__record_act_q8(p, a->h, 0, 1, F, NULL);
     forge__barrier(r);
     forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | (q8_down ? FORGE__LINEAR_QUANTIZED : 0), 0);
     forge__barrier(r);
@@ -847,8 +855,14 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         }
         forge__barrier(r);
         /* One token's decode on subgroups: RoPE (and the q / k / v head norms) in attention_decode
-         * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). */
-        bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE;
+         * (on the H100 a dependent dispatch costs about 4 us: 3.7% of the 1B F16 token). A few
+         * rows of one sequence from the row table (prompt lookup's verification) take the decode
+         * attention too, a grid layer a row, where the partials fit: attention_cm's 64-query
+         * tiles cost the 8B Q4_0 shape 88 us a layer for 2 rows at 400 positions against 16 us
+         * for a decode row (H200, 5989f30). */
+        uint64_t row_part = 4ull * forge__attn_splits(m, true) * NH * (D + 2);
+        bool decode = (n == 1 && !p->train && !p->table) || p->table == FORGE__TABLE_DECODE ||
+                      (p->table == FORGE__TABLE_PREFILL && n <= FORGE__LOOKUP_MAX + 1 && n * row_part <= a->attn_part.size);
         bool rope_fused = decode && !p->table && m->attn_subgroups && D % 4 == 0;
         if (c->qk_norm && !rope_fused) {
             if (a->qkv_raw.buf) { /* the norms' inputs, for their backward pass */
@@ -884,7 +898,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                                   (float)c->norm_eps, forge__attn_min_run(m)};
         if (c->bidirectional && ly->sliding) pa.window = (uint32_t)c->sliding_window / 2 + 1; /* |i - j| < w (forge__config.bidirectional) */
         /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
-        bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate;
+        bool o_quantized = decode && n == 1 && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate; /* (the merge quantizes row 0) */
         if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
             forge__range ba[13] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, rope->r, a->kc, a->vc,
                                    c->qk_norm ? ly->q_norm.r : p->dummy, c->qk_norm && !shared ? ly->k_norm.r : p->dummy,
@@ -925,7 +939,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__barrier(r);
             if (!post_fused) forge__rmsnorm(p, a->o, 0, &ly->post_attn_norm, a->x, 0, n, H, 1);
         } else if (chain) { /* ... and the residual quantized for gate|up */
-            forge__linear_q8a(p, &ly->wo, o_in, 0, a->x, H, 0, &ly->bo, NULL,
+            forge__linear_q8a(p, &ly->wo, o_in, 0, 1, a->x, H, 0, &ly->bo, NULL,
                               FORGE__LINEAR_ACCUMULATE | (o_quantized ? FORGE__LINEAR_QUANTIZED : 0), 0, &ly->ffn_norm);
         } else {
             forge__linear(p, &ly->wo, o_in, 0, n, a->x, H, 0, &ly->bo, NULL,
@@ -955,7 +969,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
     if (!ly->dense_mlp) {
         /* Qwen3-MoE's sparse layers: the experts alone, added to the residual */
     } else if (chain) { /* the residual as o quantized it; the middle quantized for down */
-        forge__linear_q8a(p, &ly->gate_up, a->x, 0, a->h, F, 0, NULL, &ly->ffn_norm,
+        forge__linear_q8a(p, &ly->gate_up, a->x, 0, 1, a->h, F, 0, NULL, &ly->ffn_norm,
                           FORGE__LINEAR_GATED | act_flag | FORGE__LINEAR_QUANTIZED_RES | FORGE__LINEAR_Q8_OUT, 0, NULL);
     } else if (post_fused) { /* x + post_attn_norm(o) the product's input, and written to gu */
         forge__pass pp = *p;
@@ -1036,7 +1050,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__rmsnorm_ex(p, a->d, 0, &ly->post_ffn_norm, a->x, 0, n, H, ple ? FORGE__NORM_ADD : end_flags, ly->out_scale, c->norm_eps);
         }
     } else if (chain) { /* the middle as gate|up quantized it; the residual for the next layer */
-        forge__linear_q8a(p, &ly->down, a->h, 0, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_A_G8, 0,
+        forge__linear_q8a(p, &ly->down, a->h, 0, 1, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_QUANTIZED | FORGE__LINEAR_A_G8, 0,
                           forge__q8_chain(p, l + 1) ? &m->layers[l + 1].attn_norm : NULL);
     } else {
         forge__linear(p, &ly->down, a->h, 0, n, a->x, H, 0, NULL, NULL, FORGE__LINEAR_ACCUMULATE, 0);

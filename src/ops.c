@@ -231,6 +231,9 @@ typedef enum forge__op {
      * + 8: gated, two outputs a subgroup (forge__matvec_pairs) */
     FORGE__OP_MATVEC_Q8A,
     FORGE__OP_MATVEC_Q8A_LAST = FORGE__OP_MATVEC_Q8A + 15,
+    /* ... of 2 to FORGE__MATVEC_MAX_M tokens, Q4_0 (+ 0) or Q8_0 (+ 1): the weights read once for all */
+    FORGE__OP_MATVEC_Q8A_ROWS,
+    FORGE__OP_MATVEC_Q8A_ROWS_LAST = FORGE__OP_MATVEC_Q8A_ROWS + 1,
     FORGE__OP_RMSNORM,
     FORGE__OP_ROPE,
     FORGE__OP_ATTENTION,          /* prefill: tiles of 8 queries x 16 keys */
@@ -382,6 +385,9 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
                                         {0, 2 * FORGE__SG_PER_WG, 1}, true},
     FORGE__Q8A_OP(0, q4_0) FORGE__Q8A_OP(1, out_q4_0) FORGE__Q8A_OP(2, g8_q4_0) FORGE__Q8A_OP(3, g8_out_q4_0)
     FORGE__Q8A_OP(4, q8_0) FORGE__Q8A_OP(5, out_q8_0) FORGE__Q8A_OP(6, g8_q8_0) FORGE__Q8A_OP(7, g8_out_q8_0)
+    [FORGE__OP_MATVEC_Q8A_ROWS] = {"matvec_q8a_rows_q4_0", FORGE__SPV(matvec_q8a_rows_q4_0), 6, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 0}, true},
+    [FORGE__OP_MATVEC_Q8A_ROWS + 1] = {"matvec_q8a_rows_q8_0", FORGE__SPV(matvec_q8a_rows_q8_0), 6, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 0},
+                                       true},
     [FORGE__OP_ACT_Q8] = {"act_q8", FORGE__SPV(act_q8), 3, sizeof(forge__pc_act_q8), 0, {0}},
     [FORGE__OP_LINEAR_REDUCE] = {"linear_reduce", FORGE__SPV(linear_reduce), 4, sizeof(forge__pc_linear), 0, {0}},
     [FORGE__OP_MATVEC_SG_POST] = {"matvec_sg_post_f32", FORGE__SPV(matvec_sg_post_f32), 11, sizeof(forge__pc_linear), 3, {0, FORGE__SG_PER_WG, 7}, true, .mv_paths = true},
@@ -508,6 +514,8 @@ FORGE__PUSH_IS(matvec_q8a_q8_0, forge__pc_linear);
 FORGE__PUSH_IS(matvec_q8a_out_q8_0, forge__pc_linear);
 FORGE__PUSH_IS(matvec_q8a_g8_q8_0, forge__pc_linear);
 FORGE__PUSH_IS(matvec_q8a_g8_out_q8_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_rows_q4_0, forge__pc_linear);
+FORGE__PUSH_IS(matvec_q8a_rows_q8_0, forge__pc_linear);
 FORGE__PUSH_IS(linear_reduce, forge__pc_linear);
 FORGE__PUSH_IS(act_q8, forge__pc_act_q8);
 FORGE__PUSH_IS(rmsnorm, forge__pc_rmsnorm);

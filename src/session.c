@@ -345,6 +345,25 @@ static uint32_t forge__moe_tile_rows(uint32_t n_experts, uint64_t pairs) {
 static uint64_t forge__moe_max_tiles(uint32_t n_experts, uint64_t pairs) { return (pairs + FORGE__MOE_BM_S - 1) / FORGE__MOE_BM_S + n_experts; }
 static uint32_t forge__moe_order_off(uint32_t n_experts, uint64_t pairs) { return (uint32_t)(4 + 4 * forge__moe_max_tiles(n_experts, pairs)); }
 
+/* The int8 activations' scratch: one token's in groups of 8 (a decode layer's chain), and up
+ * to FORGE__MATVEC_MAX_M tokens' in act_q8's blocks as far as one binding holds them
+ * (matvec_q8a_rows; forward.c checks what fits). */
+static uint64_t forge__act_q8_scratch_bytes(const forge_model *m) {
+    if (!m->act_q8) return 16;
+    uint64_t K = forge__max_product_k(&m->cfg), range = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc);
+    return FORGE__MAX(forge__act_q8_g8_bytes(K), FORGE__MIN(FORGE__MATVEC_MAX_M * forge__act_q8_bytes(K), range / 16 * 16));
+}
+
+/* The decode attention's partials: a batched step's splits (its sequences') or one sequence's,
+ * and, as far as one binding holds them, a lookup step's rows' (forge__record_layer: else those
+ * rows take the prefill attention). */
+static uint64_t forge__attn_part_bytes(const forge_model *m, const forge__session_plan *sp) {
+    uint64_t head = 4ull * m->cfg.n_heads * (m->cfg.head_dim_max + 2), batched = head * forge__attn_splits(m, true);
+    uint64_t need = FORGE__MAX((uint64_t)sp->n_seq * batched, head * forge__attn_splits(m, false));
+    uint64_t range = FORGE__MIN(m->dev.caps.max_storage_range, m->dev.caps.max_alloc);
+    return FORGE__MAX(need, FORGE__MIN((uint64_t)sp->n_reduced * batched, range / batched * batched));
+}
+
 /* Adds every device buffer of a session to `pack`: the activations by forge__session_buf,
  * then K and V of each layer. */
 static forge_status forge__session_pack(forge_model *m, const forge__session_plan *sp, forge__pack *pack, forge__arena *a, forge__err *err) {
@@ -362,11 +381,10 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         [FORGE__SB_CAND] = 8ull * (uint64_t)sp->n_reduced * forge__topk_chunks(m) * FORGE__CANDIDATES,
         [FORGE__SB_CAND_STATS] = 8ull * (uint64_t)sp->n_reduced * forge__topk_chunks(m),
         [FORGE__SB_SAMPLE_OUT] = 8ull * (uint64_t)sp->n_reduced * (1 + FORGE__CANDIDATES),
-        [FORGE__SB_ATTN_PART] = 4ull * c->n_heads * (c->head_dim_max + 2) * /* a batched step's splits or one sequence's */
-                                FORGE__MAX((uint64_t)sp->n_seq * forge__attn_splits(m, true), (uint64_t)forge__attn_splits(m, false)),
+        [FORGE__SB_ATTN_PART] = forge__attn_part_bytes(m, sp),
         [FORGE__SB_ATTN_DONE] = 4ull * c->n_heads * nb,
         [FORGE__SB_LORA_U] = m->adapter.pairs ? nb * FORGE__T_COUNT * m->adapter.max_rank * 4 : 16,
-        [FORGE__SB_ACT_Q8] = m->act_q8 ? forge__act_q8_g8_bytes(forge__max_product_k(c)) : 16,
+        [FORGE__SB_ACT_Q8] = forge__act_q8_scratch_bytes(m),
         [FORGE__SB_ACT_Q8_RES] = m->act_q8 ? forge__act_q8_g8_bytes(forge__max_product_k(c)) : 16,
         [FORGE__SB_A16] = forge__a16_bytes(m, nb),
         /* mixture of experts: router logits [nb, E], the choices (expert, weight) [nb * k], the

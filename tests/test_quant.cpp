@@ -390,17 +390,18 @@ class Int8Activations : public ::testing::TestWithParam<std::string> {};
  * Three times: with an act_q8 dispatch before each product, then as the default chain whose
  * products quantize their outputs for the next (matvec_q8a's Q8_OUT, in groups of 8), then the
  * chain with the gated gate|up taking two outputs a subgroup (matvec_q8a_pair_*, 16 outputs a
- * workgroup: two groups of 8), the last two held to the same references and to the first run's
- * logits at llama.cpp's tolerance. Row pairs are off in the first two runs. */
+ * workgroup: two groups of 8), then steps of 5 tokens (5, 5, 2: matvec_q8a_rows, each output's
+ * weights read once for the step's rows), the last three held to the same references and to the
+ * first run's logits at llama.cpp's tolerance. Row pairs are off in the first two runs. */
 TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
     std::string name = GetParam();
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file(name, q));
     if (!ft_model_set_act_q8(q.m, 1)) GTEST_SKIP() << "the device has no integer dot products";
     std::vector<float> first;
-    for (int run = 0; run < 3; run++) {
-        bool chain = run > 0, pairs = run == 2;
-        SCOPED_TRACE(pairs ? "the chain, gated outputs in pairs" : chain ? "the chain" : "act_q8 dispatches");
+    for (int run = 0; run < 4; run++) {
+        bool chain = run > 0, pairs = run == 2, rows = run == 3;
+        SCOPED_TRACE(rows ? "steps of 5 tokens" : pairs ? "the chain, gated outputs in pairs" : chain ? "the chain" : "act_q8 dispatches");
         ft_model_set_q8_chain(q.m, chain);
         ft_model_set_matvec_pairs(q.m, pairs ? 2 : 0);
         forge_session_params sp = forge_session_default_params();
@@ -415,15 +416,20 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
             steps += n;
             std::vector<float> got((size_t)n * QUANT_VOCAB);
             ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
-            for (int i = 0; i < n; i++)
-                ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + (size_t)i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
+            for (int i = 0, step = 1; i < n; i += step) {
+                step = rows ? std::min(5, n - i) : 1;
+                ASSERT_EQ(forge_eval(s, &toks[i], step, rows ? FORGE_EVAL_ALL_LOGITS : 0, got.data() + (size_t)i * QUANT_VOCAB,
+                                     (size_t)step * QUANT_VOCAB),
+                          FORGE_OK)
+                    << forge_session_errmsg(s);
+            }
             check_against_refs(q, name + " int8 activations", seq, got, true);
             all.insert(all.end(), got.begin(), got.end());
         }
         if (chain) {
             ASSERT_EQ(all.size(), first.size());
             double err = ft::rel_err(all.data(), first.data(), all.size());
-            printf("  the chain%s against act_q8 dispatches: max|d|/max|ref| = %.2e\n", pairs ? " (gated pairs)" : "", err);
+            printf("  %s against act_q8 dispatches: max|d|/max|ref| = %.2e\n", rows ? "steps of 5" : pairs ? "the chain (gated pairs)" : "the chain", err);
             cJSON *ref = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(q.file, "refs"), "llamacpp"), 0);
             EXPECT_LE(err, cJSON_GetObjectItem(ref, "tol_rel")->valuedouble);
         } else {
@@ -439,6 +445,13 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
         ASSERT_NE(pj, nullptr);
         const int layers = 2;
         double act_calls = cJSON_GetObjectItem(cJSON_GetObjectItem(pj, "act_q8"), "calls")->valuedouble;
+        if (rows) { /* act_q8 before every product (a grid layer a row), q|k|v, o, gate|up, down and the head's */
+            EXPECT_EQ(act_calls, 7.0 * (layers * 4 + 1)) << prof.data(); /* 7 steps: 5, 5, 2 and 5, 5, 5, 5 */
+            EXPECT_NE(cJSON_GetObjectItem(pj, ("matvec_q8a_rows_" + name).c_str()), nullptr) << prof.data();
+            cJSON_Delete(pj);
+            forge_session_free(s);
+            continue;
+        }
         EXPECT_EQ(act_calls, (double)steps * (chain ? 2 : layers * 3 + 1)) << prof.data();
         EXPECT_NE(cJSON_GetObjectItem(pj, name == "q4_0" ? "matvec_q8a_q4_0" : "matvec_q8a_q8_0"), nullptr) << prof.data();
         /* the gate|up product's kernel: on the attention's quantized output (g8), quantizing its own */
