@@ -898,7 +898,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                                   (float)c->norm_eps, forge__attn_min_run(m)};
         if (c->bidirectional && ly->sliding) pa.window = (uint32_t)c->sliding_window / 2 + 1; /* |i - j| < w (forge__config.bidirectional) */
         /* the o projection's input quantized by the attention's merge (one act_q8 dispatch fewer) */
-        bool o_quantized = decode && n == 1 && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate; /* (the merge quantizes row 0) */
+        bool o_quantized = decode && D % 32 == 0 && forge__uses_q8a(p, &ly->wo, n) && !c->attn_gate; /* (one token: the merge quantizes row 0) */
         if (decode && D % 4 == 0) { /* decode: the keys split over `splits` workgroups per head (and row) */
             forge__range ba[13] = {p->params, a->qkv, a->kc, a->vc, a->attn_part, rope->r, a->kc, a->vc,
                                    c->qk_norm ? ly->q_norm.r : p->dummy, c->qk_norm && !shared ? ly->k_norm.r : p->dummy,
