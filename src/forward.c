@@ -388,29 +388,75 @@ static forge__mview forge__cols(forge__range r, uint32_t off, uint32_t ld) { ret
 #define FORGE__GEMM_MOST_SPLITS 64
 #endif
 
+/* gemm_rank.comp's shapes: which of the three dimensions is the rank (<= FORGE__RANK_MAX). */
+typedef enum forge__rank_shape {
+    FORGE__RANK_WIDE, /* K: an output of tokens x features (y += s u B^T, dx += du A) */
+    FORGE__RANK_ROWS, /* N, A's k contiguous (u = x A^T, du = s dy B) */
+    FORGE__RANK_COLS, /* N, A's m contiguous (dB = s dy^T u; dA = du^T x transposed) */
+    FORGE__RANK_NONE  /* gemm.comp */
+} forge__rank_shape;
+#define FORGE__RANK_MAX 64 /* gemm_rank.comp's widest build (RMAX) */
+#define FORGE__RANK_WG_FILL 1024 /* gemm_rank's ROWS and COLS shapes are split along k to about this many workgroups */
+
+/* Picks gemm_rank.comp's shape for a product, transposing it (C^T = B^T A^T: the views' strides
+ * swapped) when the rank is M. NONE (the views unchanged) where no shape fits, or where dropout's index would not be
+ * gemm.comp's (gemm_rank takes an element's index from its view's strides: x and dx are rows of
+ * drop_ld floats). */
+static forge__rank_shape forge__rank_pick(forge__mview *a, forge__mview *b, forge__mview *c, uint32_t *M, uint32_t *N, uint32_t K,
+                                          uint32_t *drop_on, uint32_t drop_ld) {
+    forge__mview ta = *a, tb = *b, tc = *c;
+    uint32_t tM = *M, tN = *N, drop = *drop_on;
+    bool transposed = tM <= FORGE__RANK_MAX && tN > FORGE__RANK_MAX && K > FORGE__RANK_MAX && drop != 1 && drop != 3;
+    if (transposed) {
+        ta = (forge__mview){b->r, b->off, b->sj, b->si}, tb = (forge__mview){a->r, a->off, a->sj, a->si};
+        tc = (forge__mview){c->r, c->off, c->sj, c->si};
+        tM = *N, tN = *M;
+        if (drop == 2) drop = 1;
+    }
+    forge__rank_shape sh = K <= FORGE__RANK_MAX ? FORGE__RANK_WIDE : tN > FORGE__RANK_MAX ? FORGE__RANK_NONE
+                         : ta.sj <= ta.si ? FORGE__RANK_ROWS : FORGE__RANK_COLS;
+    /* gemm.comp's index of x: m drop_ld + k as A, k drop_ld + n as B (A here once transposed);
+     * WIDE masks only its output */
+    bool rows_of_ld = drop == 1 ? sh != FORGE__RANK_WIDE && (transposed ? ta.si == 1 && ta.sj == drop_ld : ta.si == drop_ld && ta.sj == 1)
+                    : drop == 3 ? sh == FORGE__RANK_WIDE && tc.si == drop_ld && tc.sj == 1 : drop == 0;
+    if (sh == FORGE__RANK_NONE || !rows_of_ld) return FORGE__RANK_NONE; /* (the views left as given) */
+    *a = ta, *b = tb, *c = tc, *M = tM, *N = tN, *drop_on = drop;
+    return sh;
+}
+
 /* C [M, N] (+)= alpha A [M, K] B [K, N]; drop_on / stream: dropout of x (gemm.comp). A product
  * with a long k and too few 32 x 32 tiles to fill the device is split along k into partial sums
  * (p->gemm_part, when the pass has one), then reduced in a fixed order; the partial buffer is
- * shared, so a split product ends with a barrier. */
+ * shared, so a split product ends with a barrier. Products with the rank as one dimension go to
+ * gemm_rank.comp (forge__rank_pick), the same way split. */
 static void forge__gemm(const forge__pass *p, forge__mview a, forge__mview b, forge__mview c, uint32_t M, uint32_t N, uint32_t K,
                         float alpha, bool accumulate, uint32_t drop_on, uint32_t drop_ld, uint32_t stream) {
     float rate = p->lora ? p->lora->dropout : 0.0f;
     bool drop = drop_on && p->dropout && rate > 0.0f;
-    uint64_t tiles = (uint64_t)((M + 31) / 32) * ((N + 31) / 32);
-    uint32_t splits = 1, k_chunk = K;
-    if (p->gemm_part.buf && K >= 2 * FORGE__GEMM_MIN_CHUNK && tiles < FORGE__GEMM_FILL) {
-        splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)FORGE__GEMM_MOST_SPLITS, K / FORGE__GEMM_MIN_CHUNK), (FORGE__GEMM_FILL + tiles - 1) / tiles);
+    uint32_t r_drop = drop ? drop_on : 0, splits = 1, k_chunk = K, fill, wgs, gx, gy;
+    forge__rank_shape shape = forge__rank_pick(&a, &b, &c, &M, &N, K, &r_drop, drop_ld);
+    forge__op op = FORGE__OP_GEMM;
+    if (shape == FORGE__RANK_NONE) { /* (the views as given: forge__rank_pick transposes only what it takes) */
+        gx = (N + 31) / 32, gy = (M + 31) / 32, wgs = gx * gy, fill = FORGE__GEMM_FILL;
+    } else { /* gemm_rank.comp's RMAX build; ROWS and COLS take 2 rows or m's a thread at RMAX 16, 1 at 64 */
+        uint32_t rmax = (shape == FORGE__RANK_WIDE ? K : N) <= 16 ? 16 : 64, rpt = rmax == 16 ? 2 : 1, tm = rmax > 16 ? 16 : 32;
+        op = (forge__op)(FORGE__OP_GEMM_RANK + 2 * shape + (rmax > 16));
+        gx = shape == FORGE__RANK_WIDE ? (N + 255) / 256 : shape == FORGE__RANK_ROWS ? (M + 8 * rpt - 1) / (8 * rpt) : (M + 256 * rpt - 1) / (256 * rpt);
+        gy = shape == FORGE__RANK_WIDE ? (M + tm - 1) / tm : 1;
+        wgs = gx * gy, fill = shape == FORGE__RANK_WIDE ? 0 : FORGE__RANK_WG_FILL; /* (WIDE: k is the rank, never split) */
+    }
+    if (p->gemm_part.buf && K >= 2 * FORGE__GEMM_MIN_CHUNK && wgs < fill) {
+        splits = FORGE__MIN(FORGE__MIN(FORGE__GEMM_MOST_SPLITS, K / FORGE__GEMM_MIN_CHUNK), (fill + wgs - 1) / wgs);
         while (splits > 1 && (uint64_t)splits * M * N * 4 > p->gemm_part.size) splits--;
-        k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 32);
+        k_chunk = (uint32_t)forge__align_up((K + splits - 1) / splits, 32); /* (gemm_rank: B's chunk of 32 in shared memory) */
         splits = (K + k_chunk - 1) / k_chunk;
     }
     forge__pc_gemm pc = {M, N, K, a.off, a.si, a.sj, b.off, b.si, b.sj, c.off, c.si, c.sj, alpha, accumulate,
-                         drop ? drop_on : 0u, drop_ld, stream, drop ? (uint32_t)fmin(4294967295.0, (double)rate * 4294967296.0) : 0u,
+                         r_drop, drop_ld, stream, drop ? (uint32_t)fmin(4294967295.0, (double)rate * 4294967296.0) : 0u,
                          drop ? 1.0f / (1.0f - rate) : 1.0f, splits, k_chunk, 0};
     forge__range bind[5] = {a.r, b.r, c.r, p->params, splits > 1 ? p->gemm_part : p->dummy};
-    forge__dispatch(p->r, FORGE__OP_GEMM, bind, &pc, (N + 31) / 32, (M + 31) / 32, splits);
-    if (splits > 1) {
-        uint32_t gx, gy;
+    forge__dispatch(p->r, op, bind, &pc, gx, gy, splits);
+    if (splits > 1) { /* gemm.comp's reduction (gemm_rank writes the same partial-sum layout) */
         forge__barrier(p->r);
         pc.reduce = 1;
         forge__grid(((uint64_t)M * N + 63) / 64, &gx, &gy);

@@ -270,7 +270,8 @@ typedef enum forge__op {
     FORGE__OP_MATMUL_BACK_BIG = FORGE__OP_MATMUL_BACK + FORGE__W_COUNT, /* 128 x 128 tiles */
     FORGE__OP_MATMUL_BACK_MOE = FORGE__OP_MATMUL_BACK_BIG + FORGE__W_COUNT, /* experts' input gradients grouped by expert (moe_group.comp's tiles) */
     FORGE__OP_GEMM = FORGE__OP_MATMUL_BACK_MOE + FORGE__W_COUNT,
-    FORGE__OP_RMSNORM_BACK,
+    FORGE__OP_GEMM_RANK,          /* + 2 shape (forge__rank_shape) + (rank > 16): the low-rank shapes of gemm's products */
+    FORGE__OP_RMSNORM_BACK = FORGE__OP_GEMM_RANK + 6,
     FORGE__OP_ROPE_BACK,
     FORGE__OP_ATTN_BACK,
     FORGE__OP_ACT_MUL_BACK,
@@ -429,6 +430,12 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_TOPK] = {"topk", FORGE__SPV(topk), 4, 12, 0, {0}},
     [FORGE__OP_TOPK_MERGE] = {"topk_merge", FORGE__SPV(topk_merge), 4, 12, 0, {0}},
     [FORGE__OP_GEMM] = {"gemm", FORGE__SPV(gemm), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 0] = {"gemm_wide_r16", FORGE__SPV(gemm_wide_r16), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 1] = {"gemm_wide_r64", FORGE__SPV(gemm_wide_r64), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 2] = {"gemm_rows_r16", FORGE__SPV(gemm_rows_r16), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 3] = {"gemm_rows_r64", FORGE__SPV(gemm_rows_r64), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 4] = {"gemm_cols_r16", FORGE__SPV(gemm_cols_r16), 5, sizeof(forge__pc_gemm), 0, {0}},
+    [FORGE__OP_GEMM_RANK + 5] = {"gemm_cols_r64", FORGE__SPV(gemm_cols_r64), 5, sizeof(forge__pc_gemm), 0, {0}},
     [FORGE__OP_RMSNORM_BACK] = {"rmsnorm_back", FORGE__SPV(rmsnorm_back), 4, sizeof(forge__pc_norm_back), 0, {0}},
     [FORGE__OP_ROPE_BACK] = {"rope_back", FORGE__SPV(rope_back), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_BACK] = {"attention_back", FORGE__SPV(attention_back), 7, sizeof(forge__pc_attn_back), 1, {256}, false, true},
@@ -544,6 +551,12 @@ FORGE__PUSH_IS(logit_mask, uint32_t);  /* n_vocab alone too */
 FORGE__PUSH_IS(topk, uint32_t[3]);     /* ... and {n, candidates, temp_word} */
 FORGE__PUSH_IS(topk_merge, uint32_t[3]);
 FORGE__PUSH_IS(gemm, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_wide_r16, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_wide_r64, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_rows_r16, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_rows_r64, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_cols_r16, forge__pc_gemm);
+FORGE__PUSH_IS(gemm_cols_r64, forge__pc_gemm);
 FORGE__PUSH_IS(rmsnorm_back, forge__pc_norm_back);
 FORGE__PUSH_IS(rope_back, forge__pc_rope_back);
 FORGE__PUSH_IS(rope_shift_kv16, forge__pc_rope_back);
@@ -734,7 +747,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
             uint32_t mats = op >= FORGE__OP_MATMUL_BACK_MOE ? FORGE__MIN(pb->n_exp, pb->M) : 1;
             *w = (forge__mat_work){pb->N, pb->K, pb->M,
                                    forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), mats};
-        } else if (op == FORGE__OP_GEMM && !((const forge__pc_gemm *)push)->reduce) { /* the low-rank products: no weight (bits16 0), keyed M x N x K */
+        } else if (op >= FORGE__OP_GEMM && op < FORGE__OP_GEMM_RANK + 6 && !((const forge__pc_gemm *)push)->reduce) { /* the low-rank products: no weight (bits16 0), keyed M x N x K */
             const forge__pc_gemm *pg = (const forge__pc_gemm *)push;
             *w = (forge__mat_work){pg->N, pg->K, pg->M, 0, 0};
         }

@@ -1231,6 +1231,12 @@ forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size
     return ft_end(&j, 2, cm, 4 * c_n, 0, NULL, 0);
 }
 
+int ft_gemm_shape(const uint32_t strides[9], uint32_t M, uint32_t N, uint32_t K, uint32_t drop_on, uint32_t drop_ld) {
+    forge__range none = {0};
+    forge__mview a = {none, strides[0], strides[1], strides[2]}, b = {none, strides[3], strides[4], strides[5]}, cv = {none, strides[6], strides[7], strides[8]};
+    return (int)forge__rank_pick(&a, &b, &cv, &M, &N, K, &drop_on, drop_ld);
+}
+
 forge_status ft_rmsnorm_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *out, size_t n_floats, uint32_t rows, uint32_t dim,
                              uint32_t heads, uint32_t row_stride, uint32_t col0, float eps, int accumulate) {
     ft_job j;

@@ -212,10 +212,15 @@ extern "C" {
  * (more go in groups). */
 forge_status ft_matmul_back(ft_ctx *c, const ft_weight *w, const float *dy, uint32_t M, uint32_t N, uint32_t K, uint32_t chunk_rows, int big,
                             float *dx);
-/* gemm.comp: strides {a_off, a_sm, a_sk, b_off, b_sk, b_sn, c_off, c_sm, c_sn}; C in/out (c_n floats). */
+/* The low-rank product as forge__gemm runs it (gemm.comp, or gemm_rank.comp where one dimension
+ * is a rank of at most 64): strides {a_off, a_sm, a_sk, b_off, b_sk, b_sn, c_off, c_sm, c_sn}; C
+ * in/out (c_n floats). */
 forge_status ft_gemm(ft_ctx *c, const float *a, size_t a_n, const float *b, size_t b_n, float *cm, size_t c_n, const uint32_t strides[9],
                      uint32_t M, uint32_t N, uint32_t K, float alpha, int accumulate, uint32_t drop_on, uint32_t drop_ld, float drop_p,
                      uint32_t seed, uint32_t stream);
+/* Which kernel ft_gemm's product takes (forge__rank_pick): 0 gemm_rank's WIDE shape (K is the
+ * rank), 1 ROWS, 2 COLS (N is, or M transposed), 3 gemm.comp. */
+int ft_gemm_shape(const uint32_t strides[9], uint32_t M, uint32_t N, uint32_t K, uint32_t drop_on, uint32_t drop_ld);
 /* rmsnorm_back.comp over n_floats of x, dy and out (in/out): block rows (heads 0) or per-head rows. */
 forge_status ft_rmsnorm_back(ft_ctx *c, const float *x, const float *w, const float *dy, float *out, size_t n_floats, uint32_t rows, uint32_t dim,
                              uint32_t heads, uint32_t row_stride, uint32_t col0, float eps, int accumulate);

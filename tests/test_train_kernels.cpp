@@ -557,6 +557,64 @@ TEST(TrainKernels, GemmStridesAccumulationAndDropout) {
     }
 }
 
+/* The adapter's six products (forward.c's forge__lora_down / _up, train.c's forge__lora_back_b /
+ * _a) at ranks 16 and 40 (gemm_rank's two builds), with the strides the trainer gives them (dy
+ * and y with the gate|up row's column step of 2, u and du columns of a wider scratch), dropout
+ * where the trainer has it, split along k and not: each on the shape it should take, against
+ * an f64 reference with gemm.comp's dropout indices. */
+TEST(TrainKernels, GemmRankShapesMatchTheReference) {
+    NEED_DEVICE();
+    const uint32_t T = 300, IN = 200, OUT = 160, LDY = 2 * OUT + 6, YC = 3, UL = 2 * 40 + 5, UC = 4;
+    const float alpha = 0.75f, p = 0.4f;
+    const uint32_t seed = 99, stream = 5, threshold = (uint32_t)(p * 4294967296.0);
+    uint32_t key = lowbias(seed ^ lowbias(stream + 0x9e3779b9u));
+    auto keep = [&](uint32_t idx) { return lowbias(idx ^ key) >= threshold ? 1.0 / (1.0 - p) : 0.0; };
+    std::vector<float> x = ft::randn((size_t)T * IN, 1.0f, 31), dy = ft::randn((size_t)T * LDY, 1.0f, 32);
+    std::vector<float> u = ft::randn((size_t)T * UL, 1.0f, 33), amat = ft::randn((size_t)40 * IN, 0.5f, 34), bmat = ft::randn((size_t)OUT * 40, 0.5f, 35);
+    struct Case {
+        const char *what;
+        const std::vector<float> *a, *b;
+        uint32_t strides[9], M, N, K, drop_on, drop_ld, c_n;
+        int shape; /* ft_gemm_shape: 0 WIDE, 1 ROWS, 2 COLS, 3 gemm.comp */
+    };
+    for (uint32_t R : {16u, 40u}) {
+        Case cases[] = {
+            {"u = drop(x) A^T", &x, &amat, {0, IN, 1, 0, 1, IN, UC, UL, 1}, T, R, IN, 1, IN, T * UL, 1},
+            {"u = x A^T, k unsplit", &x, &amat, {0, IN, 1, 0, 1, IN, UC, UL, 1}, T, R, 100, 0, 0, T * UL, 1},
+            {"y += s u B^T (gate|up step)", &u, &bmat, {UC, UL, 1, 0, 1, R, YC, LDY, 2}, T, OUT, R, 0, 0, T * LDY, 0},
+            {"dB += s dy^T u", &dy, &u, {YC, 2, LDY, UC, UL, 1, 0, R, 1}, OUT, R, T, 0, 0, OUT * R, 2},
+            {"dB, k unsplit", &dy, &u, {YC, 2, LDY, UC, UL, 1, 0, R, 1}, OUT, R, 100, 0, 0, OUT * R, 2},
+            {"du = s dy B", &dy, &bmat, {YC, LDY, 2, 0, R, 1, UC, UL, 1}, T, R, OUT, 0, 0, T * UL, 1},
+            {"dA += du^T drop(x)", &u, &x, {UC, 1, UL, 0, IN, 1, 0, IN, 1}, R, IN, T, 2, IN, R * IN, 2},
+            {"dx += drop'(du A)", &u, &amat, {UC, UL, 1, 0, IN, 1, 0, IN, 1}, T, IN, R, 3, IN, T * IN, 0},
+            {"x stored transposed, dropout: gemm.comp", &x, &amat, {0, 1, T, 0, 1, IN, UC, UL, 1}, T, R, IN, 1, IN, T * UL, 3},
+        };
+        for (const Case &k : cases) {
+            SCOPED_TRACE(std::string(k.what) + ", rank " + std::to_string(R));
+            const uint32_t *s = k.strides;
+            EXPECT_EQ(ft_gemm_shape(s, k.M, k.N, k.K, k.drop_on, k.drop_ld), k.shape);
+            std::vector<float> cm = ft::randn(k.c_n, 1.0f, 36), base = cm;
+            ASSERT_EQ(ft_gemm(dev(), k.a->data(), k.a->size(), k.b->data(), k.b->size(), cm.data(), cm.size(), s, k.M, k.N, k.K, alpha, 1, k.drop_on,
+                              k.drop_ld, p, seed, stream),
+                      FORGE_OK);
+            std::vector<double> want(base.begin(), base.end());
+            for (uint32_t m = 0; m < k.M; m++)
+                for (uint32_t n = 0; n < k.N; n++) {
+                    double sum = 0;
+                    for (uint32_t kk = 0; kk < k.K; kk++) {
+                        double av = (*k.a)[s[0] + (size_t)m * s[1] + (size_t)kk * s[2]], bv = (*k.b)[s[3] + (size_t)kk * s[4] + (size_t)n * s[5]];
+                        if (k.drop_on == 1) av *= keep(m * k.drop_ld + kk);
+                        if (k.drop_on == 2) bv *= keep(kk * k.drop_ld + n);
+                        sum += av * bv;
+                    }
+                    if (k.drop_on == 3) sum *= keep(m * k.drop_ld + n);
+                    want[s[6] + (size_t)m * s[7] + (size_t)n * s[8]] += alpha * sum;
+                }
+            EXPECT_LE(rel(cm, want), 2e-6);
+        }
+    }
+}
+
 /* ---- AdamW ---- */
 
 TEST(TrainKernels, AdamWMatchesTorchArithmetic) {
