@@ -426,12 +426,21 @@ typedef enum forge_overflow {
  *   F16:     rounded to f16 (to nearest, as llama.cpp's default cache): half the cache's
  *            memory and half the bytes decode attention reads; logits move by the rounding
  *            (on the parity fixtures 4.6e-4 to 6.1e-4 of the largest logit, against 1e-4). Needs head_dim a multiple of 4, else
- *            FORGE_ERR_UNSUPPORTED. State files keep the session's type; either type loads
- *            into either session (converted on the host). */
+ *            FORGE_ERR_UNSUPPORTED.
+ *   Q8_0:    llama.cpp's q8_0 blocks: each 32 values of a head as int8 codes and one f16 scale
+ *            (max |v| / 127): 0.53x f16's memory and decode attention's bytes (0.56x at heads
+ *            of 32), for long contexts and many sequences; logits move by the quantization (on
+ *            the parity fixtures with heads of 32, 2.1e-3 to 4.7e-2 of the largest logit). Needs
+ *            every attention layer's head_dim a multiple of 32, else FORGE_ERR_UNSUPPORTED.
+ *            Prompt attention runs on the SIMT kernel (the tensor-core one reads f16 caches).
+ * State files keep an f32 or f16 session's type, and hold a q8_0 session's keys and values as
+ * F32 (each q x d exactly, so that they load back into q8_0 as the same codes); any file loads
+ * into any session (converted on the host). */
 typedef enum forge_kv_type {
     FORGE_KV_DEFAULT = 0,
     FORGE_KV_F32 = 1,
     FORGE_KV_F16 = 2,
+    FORGE_KV_Q8_0 = 3,
 } forge_kv_type;
 
 typedef struct forge_session_params {
@@ -466,7 +475,7 @@ FORGE_API const char *forge_session_errmsg(const forge_session *session);
 /* Tokens the session's KV cache holds (the next token is evaluated at this position). */
 FORGE_API int forge_session_n_past(const forge_session *session);
 
-/* The type the session's KV cache holds (FORGE_KV_F32 or FORGE_KV_F16: DEFAULT resolved). */
+/* The type the session's KV cache holds (FORGE_KV_F32, F16 or Q8_0: DEFAULT resolved). */
 FORGE_API forge_kv_type forge_session_kv_type(const forge_session *session);
 
 /* Prewarm: compiles, before the first call, the kernels a session's first calls run: a prompt

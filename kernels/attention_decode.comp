@@ -41,7 +41,9 @@
 //           5 inv_freq f32 [D/2] | 6 K cache (written) | 7 V cache (written) | 8 q_norm f32 [D] | 9 k_norm f32 [D]
 //           10 out f32 [n, H, D] | 11 int8 output | 12 counters uint [n, H], zero between dispatches
 //           (5-7 read with flags 4 only, 8-9 with 32, 10-12 with 128, 11 with 256)
-// The cache is f32, or f16 built with -DKV_F16 (the loads stay as they are, half the bytes).
+// The cache is f32, or f16 built with -DKV_F16 (the loads stay as they are, half the bytes), or
+// q8_0 built with -DKV_Q8 (a word of codes and a scale a piece; the step's own key and value
+// quantized in shared memory before use, as rope.comp stores them).
 // One workgroup of 64 per (split, head, token); D % 4 == 0, D <= DMAX.
 // Spec constants: 0 = DMAX (the model's head_dim rounded up to 8), 1 = W, the subgroup width (4..64).
 #extension GL_GOOGLE_include_directive : require
@@ -57,22 +59,39 @@ layout(constant_id = 1) const uint W = 32;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
+// A head's pieces of 4 values: loaded (KV_LOAD, piece i of the head at hb, a head KV_HEAD apart)
+// and read as values (KV_PIECE).
 #ifdef KV_F16 // an f16 cache (common.glsl): a piece of 4 values is 2 words
 layout(binding = 2) readonly buffer K_ { uvec2 kc4[]; };
 layout(binding = 3) readonly buffer V_ { uvec2 vc4[]; };
 #define KV_PIECE(w) unpack_f16x4(w)
 #define KV_PIECE_T uvec2
+#define KV_HEAD D4
+#define KV_LOAD(c, hb, i) c[(hb) + (i)]
+#elif defined(KV_Q8) // a q8_0 cache (common.glsl): a piece is a word of codes and its block's scale
+layout(binding = 2) readonly buffer K_ { uint kc4[]; };
+layout(binding = 3) readonly buffer V_ { uint vc4[]; };
+#define KV_PIECE(w) (kv8_codes((w).x) * uintBitsToFloat((w).y))
+#define KV_PIECE_T uvec2
+#define KV_HEAD kv8_words(D)
+#define KV_LOAD(c, hb, i) uvec2(c[(hb) + (i)], floatBitsToUint(KV8_SCALE(c, hb, D, (i) >> 3)))
 #else
 layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
 layout(binding = 3) readonly buffer V_ { vec4 vc4[]; };
 #define KV_PIECE(v) (v)
 #define KV_PIECE_T vec4
+#define KV_HEAD D4
+#define KV_LOAD(c, hb, i) c[(hb) + (i)]
 #endif
 layout(binding = 4) coherent buffer PART_ { float part[]; };
 layout(binding = 4) coherent buffer PART2_ { vec2 part2[]; };
 layout(binding = 1) readonly buffer QF_ { float qf[]; };
 layout(binding = 5) readonly buffer F_ { float inv_freq[]; };
-#ifdef KV_F16
+#ifdef KV_Q8
+layout(binding = 6) writeonly buffer KW_ { uint kw4[]; };
+layout(binding = 7) writeonly buffer VW_ { uint vw4[]; };
+shared float sm_d8[64]; // the step's key blocks' scales, then its value blocks' (q8_0)
+#elif defined(KV_F16)
 layout(binding = 6) writeonly buffer KW_ { uvec2 kw4[]; };
 layout(binding = 7) writeonly buffer VW_ { uvec2 vw4[]; };
 #else
@@ -197,6 +216,20 @@ void main() {
             }
         }
         barrier();
+#ifdef KV_Q8
+        if (own_key) { // the key and value heads as the cache keeps them: a thread a block of 32
+            uint nb = D / 32u;
+            if (tid < 2u * nb) {
+                uint o = (tid < nb ? DMAX : 2u * DMAX) + 32u * (tid % nb);
+                float amax = 0.0;
+                for (uint e = 0u; e < 32u; e++) amax = max(amax, abs(sm_rot[o + e]));
+                float d = kv8_scale(amax);
+                for (uint e = 0u; e < 32u; e++) sm_rot[o + e] = float(kv8_code(sm_rot[o + e], d)) * d;
+                sm_d8[tid] = d;
+            }
+        }
+        barrier();
+#endif
         [[unroll]] for (uint c = 0u; c < NC; c++) {
             uint i = lane + c * W;
             if (i >= D4) continue;
@@ -208,12 +241,23 @@ void main() {
             vp[c] = vec4(sm_rot[o], sm_rot[o + 1u], sm_rot[o + 2u], sm_rot[o + 3u]);
         }
         if (own_key && h % group == 0u) { // the first head of the group stores the step's key and value
-            uint rb = ((kv0 + p % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            uint rb = ((kv0 + p % pc.cache_slots) * pc.n_kv_heads + kvh) * KV_HEAD;
+#ifdef KV_Q8
+            uint nb = D / 32u;
+            if (2u * tid < nb) { // the scale words
+                kw4[rb + D4 + tid] = packHalf2x16(vec2(sm_d8[2u * tid], 2u * tid + 1u < nb ? sm_d8[2u * tid + 1u] : 0.0));
+                vw4[rb + D4 + tid] = packHalf2x16(vec2(sm_d8[nb + 2u * tid], 2u * tid + 1u < nb ? sm_d8[nb + 2u * tid + 1u] : 0.0));
+            }
+#endif
             for (uint i = tid; i < D4; i += 64u) {
                 vec4 k4 = vec4(sm_rot[DMAX + 4u * i], sm_rot[DMAX + 4u * i + 1u], sm_rot[DMAX + 4u * i + 2u], sm_rot[DMAX + 4u * i + 3u]);
                 uint o = 2u * DMAX + 4u * i;
                 vec4 v4 = vec4(sm_rot[o], sm_rot[o + 1u], sm_rot[o + 2u], sm_rot[o + 3u]);
-#ifdef KV_F16
+#ifdef KV_Q8
+                float dk = sm_d8[i >> 3], dv = sm_d8[nb + (i >> 3)]; // (q d quantizes back to q)
+                kw4[rb + i] = kv8_pack(ivec4(kv8_code(k4.x, dk), kv8_code(k4.y, dk), kv8_code(k4.z, dk), kv8_code(k4.w, dk)));
+                vw4[rb + i] = kv8_pack(ivec4(kv8_code(v4.x, dv), kv8_code(v4.y, dv), kv8_code(v4.z, dv), kv8_code(v4.w, dv)));
+#elif defined(KV_F16)
                 kw4[rb + i] = uvec2(packHalf2x16(k4.xy), packHalf2x16(k4.zw)); // (exact: rounded already)
                 vw4[rb + i] = uvec2(packHalf2x16(v4.xy), packHalf2x16(v4.zw));
 #else
@@ -234,12 +278,12 @@ void main() {
         KV_PIECE_T kk[U][NC], vv[U][NC];
         [[unroll]] for (uint u = 0u; u < U; u++) {
             uint j = j0 + NSG * u;
-            uint rb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            uint rb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * KV_HEAD;
             [[unroll]] for (uint c = 0u; c < NC; c++) {
                 uint i = lane + c * W;
                 bool ok = j < k_stop && i < D4;
-                kk[u][c] = ok ? kc4[rb + i] : KV_PIECE_T(0);
-                vv[u][c] = ok ? vc4[rb + i] : KV_PIECE_T(0);
+                kk[u][c] = ok ? KV_LOAD(kc4, rb, i) : KV_PIECE_T(0);
+                vv[u][c] = ok ? KV_LOAD(vc4, rb, i) : KV_PIECE_T(0);
             }
         }
         float sc[U];

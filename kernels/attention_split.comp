@@ -8,7 +8,8 @@
 // Batch generation (flags 2): query t is at position tab[TAB + 2t] of sequence tab[TAB + 2t + 1],
 // whose keys and values fill slots [seq * cache_slots, (seq + 1) * cache_slots) of the caches.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache | 3 V cache | 4 part f32
-// One workgroup of 64 per (split, head, token); D <= DMAX <= 512. The cache is f32, or f16 with -DKV_F16.
+// One workgroup of 64 per (split, head, token); D <= DMAX <= 512. The cache is f32, f16 with -DKV_F16
+// or q8_0 with -DKV_Q8.
 // Spec constant 0 = DMAX (the model's head_dim rounded up to 8).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -19,16 +20,22 @@ layout(local_size_x = 64) in;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
+// Head hd of the cache (a key position's kv head): its key's piece i of 4 values and its value's element e.
 #ifdef KV_F16 // an f16 cache (common.glsl)
 layout(binding = 2) readonly buffer K_ { uvec2 kc4[]; };
 layout(binding = 3) readonly buffer V_ { uint vcw[]; };
-#define K_PIECE(i) unpack_f16x4(kc4[i])
-#define V_AT(e) f16_at(vcw[(e) >> 1], e)
+#define K_PIECE(hd, i) unpack_f16x4(kc4[(hd) * D4 + (i)])
+#define V_AT(hd, e) f16_at(vcw[((hd) * D + (e)) >> 1], e)
+#elif defined(KV_Q8) // a q8_0 cache (common.glsl)
+layout(binding = 2) readonly buffer K_ { uint kcw[]; };
+layout(binding = 3) readonly buffer V_ { uint vcw[]; };
+#define K_PIECE(hd, i) KV8_PIECE(kcw, (hd) * kv8_words(D), D, i)
+#define V_AT(hd, e) KV8_AT(vcw, (hd) * kv8_words(D), D, e)
 #else
 layout(binding = 2) readonly buffer K_ { vec4 kc4[]; };
 layout(binding = 3) readonly buffer V_ { float vc[]; };
-#define K_PIECE(i) kc4[i]
-#define V_AT(e) vc[e]
+#define K_PIECE(hd, i) kc4[(hd) * D4 + (i)]
+#define V_AT(hd, e) vc[(hd) * D + (e)]
 #endif
 layout(binding = 4) writeonly buffer O_ { float part[]; };
 
@@ -62,9 +69,9 @@ void main() {
         uint j = j0 + tid;
         float sc = -1.0 / 0.0;
         if (j <= p) {
-            uint kb = ((kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh) * D4;
+            uint kh = (kv0 + j % pc.cache_slots) * pc.n_kv_heads + kvh;
             float dot_qk = 0.0;
-            for (uint d = 0; d < D4; d++) dot_qk += dot(qs[d], K_PIECE(kb + d));
+            for (uint d = 0; d < D4; d++) dot_qk += dot(qs[d], K_PIECE(kh, d));
             sc = dot_qk * pc.scale;
             if (pc.softcap > 0.0) sc = safe_tanh(sc / pc.softcap) * pc.softcap;
         }
@@ -92,7 +99,7 @@ void main() {
             uint d = tid + k * T;
             if (d >= D) break;
             float a = acc[k] * corr;
-            for (uint jj = 0; jj < nk; jj++) a += ps[jj] * V_AT(((kv0 + (j0 + jj) % pc.cache_slots) * pc.n_kv_heads + kvh) * D + d);
+            for (uint jj = 0; jj < nk; jj++) a += ps[jj] * V_AT((kv0 + (j0 + jj) % pc.cache_slots) * pc.n_kv_heads + kvh, d);
             acc[k] = a;
         }
         barrier();

@@ -23,7 +23,8 @@
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * D) | 2 K cache [slots, Hkv, D]
 //           3 V cache [slots, Hkv, D] | 4 out f32 [n, H, D] | 5 lse f32 [n, H] (flags 1)
 // One workgroup of 64 per (block of BQ queries, head, sequence); D <= DMAX <= 512.
-// The cache is f32, or f16 built with -DKV_F16 (session caches only; training's stay f32).
+// The cache is f32, or f16 built with -DKV_F16, or q8_0 with -DKV_Q8 (session caches only;
+// training's stay f32).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x = 64) in;
@@ -33,7 +34,7 @@ layout(local_size_x = 64) in;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { float q[]; };
-#ifdef KV_F16 // an f16 cache (common.glsl): rows are read a word (2 values) at a time
+#if defined(KV_F16) || defined(KV_Q8) // an f16 cache (common.glsl): rows are read a word (2 values) at a time; q8_0: a word of 4 codes
 layout(binding = 2) readonly buffer K_ { uint kc[]; };
 layout(binding = 3) readonly buffer V_ { uint vc[]; };
 #else
@@ -59,7 +60,16 @@ shared float sc[BQ][BK];
 // when it is not live_row: past the block's last query); TPK threads per row, `part` a share each.
 void stage_row(bool values, uint kj, uint part, uint src, bool live_row) {
     uint D = pc.head_dim;
-#ifdef KV_F16
+#ifdef KV_Q8
+    uint W = D / 4u, w4 = (W + TPK - 1u) / TPK, hb = src / D * kv8_words(D); // src: a head's first element
+    for (uint w = part * w4; w < min(W, (part + 1u) * w4); w++) {
+        vec4 v = live_row ? (values ? KV8_PIECE(vc, hb, D, w) : KV8_PIECE(kc, hb, D, w)) : vec4(0.0);
+        kv[kj * DS + 4u * w] = v.x;
+        kv[kj * DS + 4u * w + 1u] = v.y;
+        kv[kj * DS + 4u * w + 2u] = v.z;
+        kv[kj * DS + 4u * w + 3u] = v.w;
+    }
+#elif defined(KV_F16)
     uint W = D / 2u, w4 = (W + TPK - 1u) / TPK;
     for (uint w = part * w4; w < min(W, (part + 1u) * w4); w++) {
         vec2 v = live_row ? unpackHalf2x16(values ? vc[src / 2u + w] : kc[src / 2u + w]) : vec2(0.0);

@@ -114,3 +114,29 @@ void kv16_unpack(uvec2 w, bool adjacent, out vec2 a, out vec2 b) {
     a = adjacent ? w0 : vec2(w0.x, w1.x);
     b = adjacent ? w1 : vec2(w0.y, w1.y);
 }
+
+// The KV cache in q8_0 (kv_type FORGE_KV_Q8_0; kernels built with -DKV_Q8), llama.cpp's block
+// format laid out for words: a head of D values (D % 32 == 0) is kv8_words(D) = D/4 + ceil(D/64)
+// words, its D codes 4 to a word (element e in byte e % 4 of word e / 4, two's complement), then
+// its D/32 blocks' scales in f16, block b's in half b & 1 of word D/4 + b / 2 (the last half unused
+// when D/32 is odd). A cache row (one position) is n_kv_heads such heads. A block's scale is
+// d = f16(max |v| / 127) and its codes q = clamp(round(v / d), -127, 127); it reads as q d, exact
+// in f32 (so a value quantized again from q d gives q back). Writers own whole blocks and scale
+// words: rope.comp an invocation per scale word of a head, attention_decode.comp and the context
+// shift (rope_back.comp) a workgroup per head.
+uint kv8_words(uint D) { return D / 4u + (D / 32u + 1u) / 2u; }
+float kv8_scale(float amax) { return round_f16(min(amax / 127.0, 65504.0)); }
+int kv8_code(float v, float d) { return d > 0.0 ? clamp(int(roundEven(v / d)), -127, 127) : 0; }
+uint kv8_pack(ivec4 q) {
+    uvec4 u = uvec4(q) & 255u;
+    return u.x | (u.y << 8) | (u.z << 16) | (u.w << 24);
+}
+vec4 kv8_codes(uint w) {
+    int s = int(w);
+    return vec4(bitfieldExtract(s, 0, 8), bitfieldExtract(s, 8, 8), bitfieldExtract(s, 16, 8), bitfieldExtract(s, 24, 8));
+}
+// Block b's scale of the head whose words start at hb in cache c (a uint[] buffer).
+#define KV8_SCALE(c, hb, D, b) f16_at(c[(hb) + (D) / 4u + ((b) >> 1)], (b))
+// Piece i (elements 4i .. 4i + 3) and element e of that head, as values.
+#define KV8_PIECE(c, hb, D, i) (kv8_codes(c[(hb) + (i)]) * KV8_SCALE(c, hb, D, (i) >> 3))
+#define KV8_AT(c, hb, D, e) (float(bitfieldExtract(int(c[(hb) + ((e) >> 2)]), 8 * int((e) & 3u), 8)) * KV8_SCALE(c, hb, D, (e) >> 5))

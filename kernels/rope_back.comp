@@ -12,7 +12,11 @@
 // "tokens" of key heads only (n_heads 0, k_off the first row), seq_len 1 and pos0 = d, it
 // turns keys rotated for position p into keys rotated for p - d, in place. Built with -DKV_F16
 // it is only that, on an f16 cache: one invocation per two pairs of a key head (common.glsl's
-// kv16_ helpers), the n * n_kv_heads * D/4 of them; stride and k_off count elements.
+// kv16_ helpers), the n * n_kv_heads * D/4 of them; stride and k_off count elements. Built with
+// -DKV_Q8, on a q8_0 cache (kv8_ helpers): a workgroup per key head, the n * n_kv_heads of them,
+// which reads the head's values into shared memory, rotates them and quantizes its blocks again
+// (a rotation mixes blocks: rotate-half pairs lie D/2 apart); stride and k_off count elements
+// still (head (t * stride + k_off) / D + h), D <= 512.
 #extension GL_GOOGLE_include_directive : require
 layout(local_size_x = 64) in;
 
@@ -20,7 +24,7 @@ layout(local_size_x = 64) in;
 
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; } params;
 layout(binding = 1) readonly buffer F_ { float inv_freq[]; };
-#ifdef KV_F16
+#if defined(KV_F16) || defined(KV_Q8)
 layout(binding = 2) buffer X_ { uint xw[]; };
 #else
 layout(binding = 2) buffer X_ { float x[]; };
@@ -37,6 +41,43 @@ vec2 unrotated(vec2 g, uint i, uint pos) {
     return vec2(g.x * cs.x + g.y * cs.y, g.y * cs.x - g.x * cs.y);
 }
 
+#ifdef KV_Q8
+shared float sh_in[512], sh_out[512];
+shared float sh_d[16];
+
+void main() {
+    uint wg = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+    if (wg >= pc.n_tokens * pc.n_kv_heads) return; // the whole workgroup
+    uint tid = gl_LocalInvocationID.x, D = pc.head_dim, half_d = D / 2u, nb = D / 32u;
+    uint h = wg % pc.n_kv_heads, t = wg / pc.n_kv_heads;
+    uint pos = params.pos0 + (pc.seq_len != 0u ? t % pc.seq_len : t);
+    uint hb = ((t * pc.stride + pc.k_off) / D + h) * kv8_words(D);
+    bool adj = pc.adjacent != 0u;
+    for (uint e = tid; e < D; e += 64u) sh_in[e] = KV8_AT(xw, hb, D, e);
+    barrier();
+    for (uint e = tid; e < D; e += 64u) {
+        bool first = adj ? (e & 1u) == 0u : e < half_d;
+        uint i = adj ? e / 2u : (first ? e : e - half_d);
+        uint i0 = adj ? 2u * i : i, i1 = adj ? 2u * i + 1u : i + half_d;
+        vec2 g = unrotated(vec2(sh_in[i0], sh_in[i1]), i, pos);
+        sh_out[e] = first ? g.x : g.y;
+    }
+    barrier();
+    if (tid < nb) {
+        float amax = 0.0;
+        for (uint e = 0u; e < 32u; e++) amax = max(amax, abs(sh_out[32u * tid + e]));
+        float d = kv8_scale(amax);
+        sh_d[tid] = d;
+        for (uint w = 0u; w < 8u; w++) {
+            uint o = 32u * tid + 4u * w;
+            xw[hb + 8u * tid + w] = kv8_pack(ivec4(kv8_code(sh_out[o], d), kv8_code(sh_out[o + 1u], d), kv8_code(sh_out[o + 2u], d),
+                                                   kv8_code(sh_out[o + 3u], d)));
+        }
+    }
+    barrier();
+    if (2u * tid < nb) xw[hb + D / 4u + tid] = packHalf2x16(vec2(sh_d[2u * tid], 2u * tid + 1u < nb ? sh_d[2u * tid + 1u] : 0.0));
+}
+#else
 void main() {
     uint half_d = pc.head_dim / 2u;
     uint idx = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * 64u;
@@ -71,3 +112,4 @@ void main() {
     x[src + i1] = g.y;
 #endif
 }
+#endif

@@ -487,7 +487,7 @@ FORGE_API forge_status forge_session_create(forge_model *m, const forge_session_
 FORGE_API void forge_session_free(forge_session *s) { forge__session_destroy(s); }
 FORGE_API const char *forge_session_errmsg(const forge_session *s) { return s ? s->err.msg : "no session"; }
 FORGE_API int forge_session_n_past(const forge_session *s) { return s ? s->n_past : 0; }
-FORGE_API forge_kv_type forge_session_kv_type(const forge_session *s) { return s && s->kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32; }
+FORGE_API forge_kv_type forge_session_kv_type(const forge_session *s) { return s ? s->kv : FORGE_KV_F32; }
 
 /* Can the cache go back to n_keep tokens? Sliding-window layers keep `slots` positions in a
  * ring: continuing at n_keep needs the keys of positions [n_keep - window + 1, n_keep), which

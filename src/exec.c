@@ -500,12 +500,18 @@ static int forge__slide_keep(const forge_session *s) {
 
 /* Rotates the keys of cache rows [row0, row0 + n) back by params.pos0 positions: rope_back
  * over the rows as n "tokens" of n_kv_heads key heads, every one at position pos0 (seq_len 1);
- * its -DKV_F16 build on an f16 cache. */
+ * its -DKV_F16 build on an f16 cache, its -DKV_Q8 build (a workgroup a key head) on a q8_0 one. */
 static void forge__rope_shift(forge__rec *r, forge__range params, forge__range inv_freq, forge__range kc, uint32_t row0, uint32_t n,
-                              uint32_t NKV, uint32_t D, bool adjacent, bool f16) {
+                              uint32_t NKV, uint32_t D, bool adjacent, forge_kv_type kv) {
     forge__pc_rope_back pc = {n, 0, NKV, D, adjacent, NKV * D, row0 * NKV * D, 1};
     forge__range b[3] = {params, inv_freq, kc};
     uint32_t gx, gy;
+    if (kv == FORGE_KV_Q8_0) {
+        forge__grid((uint64_t)n * NKV, &gx, &gy);
+        forge__dispatch(r, FORGE__OP_ROPE_SHIFT_KV8, b, &pc, gx, gy, 1);
+        return;
+    }
+    bool f16 = kv == FORGE_KV_F16;
     forge__grid(((uint64_t)n * NKV * (f16 ? D / 4 : D / 2) + 63) / 64, &gx, &gy); /* f16: two pairs an invocation */
     forge__dispatch(r, f16 ? FORGE__OP_ROPE_SHIFT_KV16 : FORGE__OP_ROPE_BACK, b, &pc, gx, gy, 1);
 }
@@ -537,7 +543,7 @@ static forge__range forge__shift_scratch(const forge_session *s) { return s->gu.
 static bool forge__shift_possible(const forge_session *s, int keep, int d) {
     const forge__config *c = &s->m->cfg;
     if (!forge__uniform_kv(c)) return false; /* Gemma 4's layers differ in shape: the context is recomputed instead */
-    uint64_t row = forge__kv_row_bytes(c, 0, s->kv_f16);
+    uint64_t row = forge__kv_row_bytes(c, 0, s->kv);
     for (int l = 0; l < c->n_layers; l++) {
         int S = (int)s->slots[l];
         if (s->n_past <= S) continue;
@@ -552,7 +558,7 @@ static void forge__record_shift_fn(void *ctx, forge__rec *r) {
     forge_session *s = a->s;
     const forge__config *c = &s->m->cfg;
     uint32_t D = (uint32_t)c->head_dim, NKV = (uint32_t)c->n_kv_heads, n_past = (uint32_t)s->n_past;
-    uint64_t row = forge__kv_row_bytes(c, 0, s->kv_f16);
+    uint64_t row = forge__kv_row_bytes(c, 0, s->kv);
     forge__range scratch = forge__shift_scratch(s);
     for (int l = 0; l < c->n_layers; l++) {
         uint32_t S = s->slots[l], row0 = a->keep, rows = n_past - a->keep - a->d; /* the rows to rotate back */
@@ -575,7 +581,7 @@ static void forge__record_shift_fn(void *ctx, forge__rec *r) {
             rows = S;
         }
         const forge__vec *rope = s->m->layers[l].sliding ? &s->m->rope_sliding : &s->m->rope_full;
-        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs, s->kv_f16);
+        forge__rope_shift(r, s->params_r, rope->r, s->kc[l], row0, rows, NKV, D, c->rope_adjacent_pairs, s->kv);
     }
     forge__barrier(r);
 }
@@ -687,7 +693,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->n_out_max = sp->n_out_max;
     s->n_reduced = sp->n_reduced;
     s->n_seq = sp->n_seq;
-    s->kv_f16 = sp->kv_f16;
+    s->kv = sp->kv;
     s->history = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16);
     s->ckpt_pos = -1;
     if (forge__has_linear(c) && !(s->ckpt_tokens = (int32_t *)forge__arena_alloc(&s->arena, 4ull * (size_t)sp->n_ctx, 16)))

@@ -30,7 +30,7 @@ typedef struct forge__pass {
     forge__range split_alt;    /* or this one where the first overlaps the product's input or output */
     forge__range act_q8;       /* one token's int8 activations (act_q8.comp), where the model uses them; unset: never */
     forge__range a16;          /* the tensor cores' input rows in f16 (act_f16.comp); unset: products on the SIMT kernels */
-    bool kv_f16;               /* the KV cache holds f16 (a session's kv_type; training's caches are f32) */
+    forge_kv_type kv;          /* what the KV cache holds (a session's kv_type; training's caches: 0, read as f32) */
     forge__range act_q8_res;   /* one token's int8 activations of the residual stream, for a decode layer's chain (forge__q8_chain); unset: no chain */
     forge__range post_p;       /* forge__linear, one token: x + rmsnorm(post_p) * post_w is the input, and goes to post_out
                                 * (matvec_sg's POST_ADD, forge__post_fused); unset: x */
@@ -832,8 +832,12 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
 static forge__op forge__attn_cm_head_op(uint32_t D) {
     return D == 64 ? FORGE__OP_ATTN_CM : D == 128 ? FORGE__OP_ATTN_CM_128 : D == 256 ? FORGE__OP_ATTN_CM_256 : FORGE__OP_COUNT;
 }
+/* A kernel that reads or writes the KV cache: its build for the pass's cache type. */
+static forge__op forge__kv_op(const forge__pass *p, forge__op f32, forge__op f16, forge__op q8) {
+    return p->kv == FORGE_KV_Q8_0 ? q8 : p->kv == FORGE_KV_F16 ? f16 : f32;
+}
 static forge__op forge__attn_cm_op(const forge__pass *p, uint32_t D) {
-    return p->kv_f16 && p->m->attn_cm && forge__uses_a16(p->m) ? forge__attn_cm_head_op(D) : FORGE__OP_COUNT;
+    return p->kv == FORGE_KV_F16 && p->m->attn_cm && forge__uses_a16(p->m) ? forge__attn_cm_head_op(D) : FORGE__OP_COUNT;
 }
 
 /* Gemma 2 / 3 decode: the post-attention norm added to the residual stream inside the gate|up
@@ -928,9 +932,10 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
         if (!rope_fused) {
             forge__pc_rope pr = {n, NH, rope_kv, D, c->rope_adjacent_pairs, a->slots, QKVD, QD, QD + KVD, p->seq, p->table ? 1u : 0u};
             forge__range br[5] = {p->params, rope->r, a->qkv, a->kc, a->vc};
-            uint32_t key_pairs = p->kv_f16 ? D / 4 : D / 2; /* an f16 cache's invocations take two pairs (rope.comp) */
-            forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_pairs) + 63) / 64, &gx, &gy);
-            forge__dispatch(r, p->kv_f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, br, &pr, gx, gy, 1);
+            /* a key head's invocations (rope.comp): f16 two pairs each, q8_0 two blocks of 32 each */
+            uint32_t key_inv = p->kv == FORGE_KV_Q8_0 ? (D / 32 + 1) / 2 : p->kv == FORGE_KV_F16 ? D / 4 : D / 2;
+            forge__grid(((uint64_t)n * (NH * (D / 2) + rope_kv * key_inv) + 63) / 64, &gx, &gy);
+            forge__dispatch(r, forge__kv_op(p, FORGE__OP_ROPE, FORGE__OP_ROPE_KV16, FORGE__OP_ROPE_KV8), br, &pr, gx, gy, 1);
             forge__barrier(r);
         }
         uint32_t seq = p->seq ? p->seq : n;
@@ -953,9 +958,9 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
                 /* the runs merged by the last workgroup of each head: no combine dispatch (on the H100
                  * 1B F16 decode 565 -> 577 tok/s, 1B Q4_0 877 -> 917, 8B Q4_0 301 -> 302) */
                 pa.flags |= FORGE__ATTN_MERGE | (o_quantized ? FORGE__ATTN_MERGE_Q8 : 0);
-                forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_DECODE_KV16 : FORGE__OP_ATTN_DECODE, ba, &pa, splits, NH, n);
+                forge__dispatch(r, forge__kv_op(p, FORGE__OP_ATTN_DECODE, FORGE__OP_ATTN_DECODE_KV16, FORGE__OP_ATTN_DECODE_KV8), ba, &pa, splits, NH, n);
             } else {
-                forge__dispatch(r, p->kv_f16 ? FORGE__OP_ATTN_SPLIT_KV16 : FORGE__OP_ATTN_SPLIT, ba, &pa, splits, NH, n);
+                forge__dispatch(r, forge__kv_op(p, FORGE__OP_ATTN_SPLIT, FORGE__OP_ATTN_SPLIT_KV16, FORGE__OP_ATTN_SPLIT_KV8), ba, &pa, splits, NH, n);
                 forge__barrier(r);
                 forge__pc_combine pcm = {NH, D, splits, o_quantized ? 1u : 0u};
                 forge__range bc[3] = {a->attn_part, a->att, o_quantized ? p->act_q8 : p->dummy};
@@ -965,7 +970,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
             forge__range ba[6] = {p->params, a->qkv, a->kc, a->vc, a->att, a->lse.buf ? a->lse : p->dummy};
             forge__op cm = forge__attn_cm_op(p, D);
             uint32_t bq = cm != FORGE__OP_COUNT ? FORGE__ATTN_CM_QUERIES : forge__attn_block_queries(r->dmax);
-            forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : p->kv_f16 ? FORGE__OP_ATTENTION_KV16 : FORGE__OP_ATTENTION, ba, &pa, (seq + bq - 1) / bq, NH,
+            forge__dispatch(r, cm != FORGE__OP_COUNT ? cm : forge__kv_op(p, FORGE__OP_ATTENTION, FORGE__OP_ATTENTION_KV16, FORGE__OP_ATTENTION_KV8), ba, &pa, (seq + bq - 1) / bq, NH,
                             p->batch);
         }
         forge__barrier(r);
@@ -1134,7 +1139,7 @@ static void forge__record_layer(const forge__pass *p, int l, const forge__acts *
 static forge__pass forge__session_pass(forge_session *s, forge__rec *r, uint32_t n) {
     forge_model *m = s->m;
     const forge__lora *lo = m->adapter.pairs ? &m->adapter : NULL;
-    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv_f16, {0}, {0}, {0}, {0}};
+    forge__pass p = {m, r, s->dummy, s->params_r, lo, n, 0, 1, forge__fuses_norm(m, n) && !lo, false, false, {0}, 0, {0}, {0}, {0}, {0}, s->kv, {0}, {0}, {0}, {0}};
     if (m->act_q8) {
         p.act_q8 = s->act_q8;
         p.act_q8_res = s->act_q8_res;

@@ -256,6 +256,11 @@ typedef enum forge__op {
     FORGE__OP_ATTN_SPLIT_KV16,
     FORGE__OP_ATTN_DECODE_KV16,
     FORGE__OP_ROPE_SHIFT_KV16,    /* the context shift's re-rotation of an f16 K cache (rope_back.comp) */
+    FORGE__OP_ROPE_KV8,           /* the same five on a q8_0 KV cache */
+    FORGE__OP_ATTENTION_KV8,
+    FORGE__OP_ATTN_SPLIT_KV8,
+    FORGE__OP_ATTN_DECODE_KV8,
+    FORGE__OP_ROPE_SHIFT_KV8,
     FORGE__OP_MOE_ROUTE,          /* mixture of experts: each token's experts and weights, */
     FORGE__OP_MOE_GROUP,          /* the prefill's pairs grouped by expert, */
     FORGE__OP_MOE_COMBINE,        /* and the experts' outputs weighted and summed */
@@ -413,6 +418,12 @@ static const forge__op_desc forge__ops[FORGE__OP_COUNT] = {
     [FORGE__OP_ATTN_DECODE_KV16] = {"attention_decode_kv16", FORGE__SPV(attention_decode_kv16), 13, sizeof(forge__pc_attention), 2, {256, 32},
                                     false, true, true},
     [FORGE__OP_ROPE_SHIFT_KV16] = {"rope_shift_kv16", FORGE__SPV(rope_shift_kv16), 3, sizeof(forge__pc_rope_back), 0, {0}},
+    [FORGE__OP_ROPE_KV8] = {"rope_kv8", FORGE__SPV(rope_kv8), 5, sizeof(forge__pc_rope), 0, {0}},
+    [FORGE__OP_ATTENTION_KV8] = {"attention_tiled_kv8", FORGE__SPV(attention_tiled_kv8), 6, sizeof(forge__pc_attention), 1, {256}, false, true},
+    [FORGE__OP_ATTN_SPLIT_KV8] = {"attention_split_kv8", FORGE__SPV(attention_split_kv8), 5, sizeof(forge__pc_attention), 1, {256}, false, true},
+    [FORGE__OP_ATTN_DECODE_KV8] = {"attention_decode_kv8", FORGE__SPV(attention_decode_kv8), 13, sizeof(forge__pc_attention), 2, {256, 32},
+                                   false, true, true},
+    [FORGE__OP_ROPE_SHIFT_KV8] = {"rope_shift_kv8", FORGE__SPV(rope_shift_kv8), 3, sizeof(forge__pc_rope_back), 0, {0}},
     [FORGE__OP_ATTN_COMBINE] = {"attention_combine", FORGE__SPV(attention_combine), 3, sizeof(forge__pc_combine), 0, {0}},
     [FORGE__OP_POOL_MEAN] = {"pool_mean", FORGE__SPV(pool_mean), 3, sizeof(forge__pc_pool), 0, {0}},
     [FORGE__OP_ACT_MUL] = {"act_mul", FORGE__SPV(act_mul), 3, sizeof(forge__pc_act), 0, {0}},

@@ -115,10 +115,10 @@ struct forge_session {
                                          * n_batch < FORGE__DELTA_CHUNK_MIN) */
     int ckpt_pos;                       /* -1: no checkpoint */
     int32_t *ckpt_tokens;               /* [n_ctx] the tokens the checkpoint follows (ckpt_pos of them) */
-    forge__range *kc, *vc;            /* per layer [n_seq, slots, n_kv_heads, head_dim], f32 or (kv_f16) f16; a linear-attention
+    forge__range *kc, *vc;            /* per layer [n_seq, slots, n_kv_heads, head_dim], f32, f16 or q8_0 (kv); a linear-attention
                                        * layer (Qwen 3.5) holds its recurrent state there instead, always f32: kc the convolution's
                                        * last inputs [n_seq, lin_conv - 1, conv_dim], vc the delta rule's [n_seq, NV, lin_k_dim, lin_v_dim] */
-    bool kv_f16;                      /* forge_session_params.kv_type resolved (forge__session_sizes) */
+    forge_kv_type kv;                 /* forge_session_params.kv_type resolved (forge__session_sizes): F32, F16 or Q8_0 */
     uint64_t kv_bytes, kv_sliding_bytes, state_bytes;
     uint32_t *slots;                  /* per layer: n_ctx, or window + n_batch - 1 for sliding layers */
     VkCommandPool cmd_pool;
@@ -152,12 +152,21 @@ typedef struct forge__session_plan {
     int n_ctx, n_batch, n_out_max;
     int n_seq;                        /* sequences of batch generation, each with its own slots */
     int n_reduced;                    /* out rows a step can reduce (sampler buffers): n_seq, or a lookup step's rows */
-    bool kv_f16;                      /* the KV cache in f16 (forge_kv_type) */
+    forge_kv_type kv;                 /* the KV cache's type: F32, F16 or Q8_0 (DEFAULT resolved) */
     uint32_t slots[FORGE__MAX_LAYERS];
 } forge__session_plan;
 
+/* Words of one head of D values in a q8_0 cache: D/4 words of codes, then the f16 scales of its
+ * D/32 blocks two a word (kernels/common.glsl's kv8_words, whose comment gives the layout). */
+static uint64_t forge__kv8_words(uint64_t D) { return D / 4 + (D / 32 + 1) / 2; }
+
+/* Bytes of `heads` heads of D values in a cache of type kv (F32, F16 or Q8_0). */
+static uint64_t forge__kv_bytes(forge_kv_type kv, uint64_t heads, uint64_t D) {
+    return heads * (kv == FORGE_KV_Q8_0 ? 4 * forge__kv8_words(D) : (kv == FORGE_KV_F16 ? 2 : 4) * D);
+}
+
 /* Bytes of one position of layer l's K (or V) cache. */
-static uint64_t forge__kv_row_bytes(const forge__config *c, int l, bool f16) { return (f16 ? 2ull : 4ull) * forge__kv_dim(c, l); }
+static uint64_t forge__kv_row_bytes(const forge__config *c, int l, forge_kv_type kv) { return forge__kv_bytes(kv, forge__nkv(c, l), forge__hd(c, l)); }
 
 /* Qwen 3.5's linear-attention layers: the in-projection's row (q|k|v, z, b, a), and per sequence
  * the convolution's state (its last lin_conv - 1 inputs) and the delta rule's state. */
@@ -248,13 +257,18 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
     if (sp->n_seq > sp->n_out_max) /* a batched decode step reads one logits row per sequence */
         return forge__fail(err, FORGE_ERR_LIMIT, "session params: n_seq_max %d needs as many logit rows per step; n_batch and "
                            "n_outputs_max allow %d", sp->n_seq, sp->n_out_max);
-    if (p->kv_type < FORGE_KV_DEFAULT || p->kv_type > FORGE_KV_F16)
-        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: kv_type %d is not a forge_kv_type (0 default, 1 f32, 2 f16)", p->kv_type);
+    if (p->kv_type < FORGE_KV_DEFAULT || p->kv_type > FORGE_KV_Q8_0)
+        return forge__fail(err, FORGE_ERR_INVALID_ARGUMENT, "session params: kv_type %d is not a forge_kv_type (0 default, 1 f32, 2 f16, 3 q8_0)",
+                           p->kv_type);
     if (p->kv_type == FORGE_KV_F16 && !forge__head_dims_by4(c))
         return forge__fail(err, FORGE_ERR_UNSUPPORTED, "session params: an f16 KV cache needs head_dim a multiple of 4; this model's is %d",
                            c->head_dim);
-    sp->kv_f16 = p->kv_type == FORGE_KV_F16 ||
-                 (p->kv_type == FORGE_KV_DEFAULT && forge__head_dims_by4(c) && !m->exact && caps->type != FORGE_DEVICE_CPU);
+    for (int l = 0; p->kv_type == FORGE_KV_Q8_0 && l < c->n_layers; l++)
+        if (!c->layer_linear[l] && forge__hd(c, l) % 32) /* q8_0's blocks are 32 values of one head */
+            return forge__fail(err, FORGE_ERR_UNSUPPORTED, "session params: a q8_0 KV cache needs head_dim a multiple of 32; layer %d's is %u", l,
+                               forge__hd(c, l));
+    if (p->kv_type != FORGE_KV_DEFAULT) sp->kv = (forge_kv_type)p->kv_type;
+    else sp->kv = forge__head_dims_by4(c) && !m->exact && caps->type != FORGE_DEVICE_CPU ? FORGE_KV_F16 : FORGE_KV_F32;
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_linear[l]) { /* a recurrent state of fixed size, not a cache of positions */
             uint64_t b = FORGE__MAX(forge__conv_state_bytes(c), forge__delta_state_bytes(c)) * (uint64_t)sp->n_seq;
@@ -264,7 +278,7 @@ static forge_status forge__session_sizes(forge_model *m, const forge_session_par
             sp->slots[l] = 0;
             continue;
         }
-        uint64_t kv_row = forge__kv_row_bytes(c, l, sp->kv_f16);
+        uint64_t kv_row = forge__kv_row_bytes(c, l, sp->kv);
         uint64_t s = (uint64_t)sp->n_ctx;
         if (c->layer_sliding[l] && c->sliding_window > 0)
             s = FORGE__MIN(s, (uint64_t)c->sliding_window + (uint64_t)sp->n_batch - 1);
@@ -413,7 +427,7 @@ static forge_status forge__session_pack(forge_model *m, const forge__session_pla
         if (forge__pack_add(pack, a, sizes[i]) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers; l++) /* a KV-shared layer's cache is its source's (16 bytes held in its place) */
         for (int kv = 0; kv < 2; kv++) {
-            uint64_t b = forge__kv_shared(c, l) ? 16 : (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16);
+            uint64_t b = forge__kv_shared(c, l) ? 16 : (uint64_t)sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv);
             if (c->layer_linear[l]) b = FORGE__MAX(16, (uint64_t)sp->n_seq * (kv ? forge__delta_state_bytes(c) : forge__conv_state_bytes(c)));
             if (forge__pack_add(pack, a, b) < 0) return forge__fail(err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
         }
@@ -427,7 +441,7 @@ static void forge__session_kv_bytes(const forge_model *m, const forge__session_p
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_linear[l]) *state += (uint64_t)sp->n_seq * (forge__conv_state_bytes(c) + forge__delta_state_bytes(c));
         if (forge__kv_shared(c, l) || c->layer_linear[l]) continue;
-        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv_f16);
+        uint64_t b = 2ull * sp->n_seq * sp->slots[l] * forge__kv_row_bytes(c, l, sp->kv);
         *all += b;
         if (c->layer_sliding[l] && c->sliding_window > 0) *sliding += b;
     }

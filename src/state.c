@@ -9,7 +9,7 @@
  * "__metadata__" names the format, the model (a fingerprint of its config, its tensors'
  * headers and a few bytes of each, and the adapter's identity) and the layout; the tensors
  * are "tokens" I32 [n_past] and per layer l "layers.l.k" and "layers.l.v" F32 [rows, kv heads,
- * head_dim]: the keys (after RoPE) and values of the last `rows` positions in position order,
+ * head_dim] (F16 from an f16 cache; a q8_0 cache's as F32, each value q d exactly): the keys (after RoPE) and values of the last `rows` positions in position order,
  * all n_past of them for full-attention layers, what the ring holds for sliding-window ones;
  * a linear-attention layer (Qwen 3.5) holds its recurrent state instead, whatever n_past:
  * "layers.l.conv" F32 [lin_conv - 1, conv_dim] (the convolution's last inputs, oldest first,
@@ -28,7 +28,12 @@
 
 /* Bytes of one position of an attention layer's K or V rows (every attention layer's: see
  * forge__state_supported). */
-static uint64_t forge__state_kv_row(const forge__config *c, bool f16) { return (f16 ? 2ull : 4ull) * (uint64_t)c->n_kv_heads * (uint64_t)c->head_dim; }
+static uint64_t forge__state_kv_row(const forge__config *c, forge_kv_type kv) { return forge__kv_bytes(kv, (uint64_t)c->n_kv_heads, (uint64_t)c->head_dim); }
+
+/* A state file's type of keys and values for a session's cache: its own, but f32 for a q8_0
+ * cache (its values q d are exact in f32, and load back into q8_0 as the same codes and scales;
+ * the file stays a safetensors file any reader takes). */
+static forge_kv_type forge__state_file_kv(forge_kv_type kv) { return kv == FORGE_KV_F16 ? FORGE_KV_F16 : FORGE_KV_F32; }
 
 /* A linear-attention layer's two recurrent states: the convolution's (tensor 0) and the delta
  * rule's (1), each of sequence 0 at the start of the layer's kc / vc range. */
@@ -52,13 +57,13 @@ static int forge__state_rows_needed(const forge__config *c, int layer, int n_pas
 }
 
 /* The file's first bytes for a state of n_past tokens whose layer l holds rows[l] rows of K
- * and V in the session's type (f32, or F16 for kv_f16): the header length (u64,
+ * and V in f32, or F16 for kv_f16: the header length (u64,
  * little-endian), the JSON header padded with spaces to a multiple of 8.
  * malloc'd into *out (*size bytes). */
 FORGE__INTERNAL forge_status forge__state_header(const forge_model *m, int n_ctx, int n_past, const int *rows, bool kv_f16, uint8_t **out,
                                                  size_t *size, forge__err *err) {
     const forge__config *c = &m->cfg;
-    const uint64_t kv_row = forge__state_kv_row(c, kv_f16);
+    const uint64_t kv_row = forge__state_kv_row(c, kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32);
     char num[64], *windows = (char *)malloc(12ull * (size_t)c->n_layers + 1), *rowlist = (char *)malloc(12ull * (size_t)c->n_layers + 1);
     cJSON *h = cJSON_CreateObject(), *md = cJSON_CreateObject();
     *out = NULL;
@@ -253,7 +258,7 @@ FORGE__INTERNAL forge_status forge__state_read(const forge_model *m, int n_ctx, 
     forge__tensor *k0 = st ? NULL : forge__tensor_find(&table, k0_name);
     if (k0 && k0->dtype == FORGE__F16) out->kv_f16 = true;
     const forge__dtype kv_dtype = out->kv_f16 ? FORGE__F16 : FORGE__F32;
-    const uint64_t kv_row = forge__state_kv_row(c, out->kv_f16);
+    const uint64_t kv_row = forge__state_kv_row(c, out->kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32);
     for (int l = 0; !st && l < c->n_layers; l++) {
         int window = c->layer_sliding[l] ? c->sliding_window : 0;
         if (!forge__list_int(windows, l, &v) || v != window) {
@@ -363,7 +368,7 @@ static forge_status forge__state_io_open(forge__state_io *io, forge_session *s, 
     const forge__config *c = &s->m->cfg;
     memset(io, 0, sizeof *io);
     io->s = s;
-    io->kv_row = forge__state_kv_row(c, s->kv_f16);
+    io->kv_row = forge__state_kv_row(c, s->kv);
     uint64_t most = (uint64_t)FORGE__MAX(1, most_rows) * io->kv_row;
     if (forge__has_linear(c)) most = FORGE__MAX(most, FORGE__MAX(forge__conv_state_bytes(c), forge__delta_state_bytes(c)));
     forge_status st = forge__buffer_create(d, FORGE__MIN(most, FORGE__STATE_STAGE_BYTES), to_device ? d->caps.mem_upload : d->caps.mem_readback,
@@ -449,6 +454,65 @@ static forge_status forge__state_rows(forge__state_io *io, forge__range cache, u
     return FORGE_OK;
 }
 
+/* ---- Converting between cache types ---- */
+
+/* One head of D keys or values in a cache of type kv (F32, F16 or Q8_0) to f32 and back, on the
+ * host; the bytes may be unaligned (a state file's mapping). A q8_0 head in bytes (the words of
+ * kernels/common.glsl's layout on a little-endian host): D int8 codes, then its D/32 blocks' f16
+ * scales, then padding to a word; it is quantized as the kernels do (kv8_scale, kv8_code, with
+ * IEEE division: a value q d quantizes back to q). */
+static void forge__kv_head_read(const uint8_t *src, forge_kv_type kv, uint32_t D, float *out) {
+    for (uint32_t e = 0; e < D; e++) {
+        if (kv == FORGE_KV_Q8_0) {
+            uint16_t h;
+            memcpy(&h, src + D + 2 * (e / 32), 2);
+            out[e] = (float)(int8_t)src[e] * forge__f16_to_f32(h);
+        } else if (kv == FORGE_KV_F16) {
+            uint16_t h;
+            memcpy(&h, src + 2 * e, 2);
+            out[e] = forge__f16_to_f32(h);
+        } else {
+            memcpy(out + e, src + 4 * e, 4);
+        }
+    }
+}
+static void forge__kv_head_write(const float *v, forge_kv_type kv, uint32_t D, uint8_t *dst) {
+    if (kv == FORGE_KV_Q8_0) {
+        memset(dst + D, 0, (size_t)forge__kv_bytes(kv, 1, D) - D);
+        for (uint32_t b = 0; b < D / 32; b++) {
+            float amax = 0;
+            for (uint32_t e = 32 * b; e < 32 * b + 32; e++) amax = fmaxf(amax, fabsf(v[e]));
+            uint16_t h = forge__f32_to_f16(fminf(amax / 127.0f, 65504.0f));
+            float d = forge__f16_to_f32(h);
+            memcpy(dst + D + 2 * b, &h, 2);
+            for (uint32_t e = 32 * b; e < 32 * b + 32; e++) {
+                float q = d > 0 ? fminf(fmaxf(nearbyintf(v[e] / d), -127.0f), 127.0f) : 0.0f;
+                dst[e] = (uint8_t)(int8_t)q;
+            }
+        }
+        return;
+    }
+    for (uint32_t e = 0; e < D; e++) {
+        if (kv == FORGE_KV_F16) {
+            uint16_t h = forge__f32_to_f16(v[e]);
+            memcpy(dst + 2 * e, &h, 2);
+        } else {
+            memcpy(dst + 4 * e, v + e, 4);
+        }
+    }
+}
+
+/* `heads` heads of D keys or values from one cache type to another, on the host (D <=
+ * FORGE__MAX_HEAD_DIM; src may be unaligned). */
+static void forge__kv_convert(const uint8_t *src, forge_kv_type from, uint8_t *dst, forge_kv_type to, size_t heads, uint32_t D) {
+    float v[FORGE__MAX_HEAD_DIM];
+    const size_t sb = (size_t)forge__kv_bytes(from, 1, D), db = (size_t)forge__kv_bytes(to, 1, D);
+    for (size_t h = 0; h < heads; h++, src += sb, dst += db) {
+        forge__kv_head_read(src, from, D, v);
+        forge__kv_head_write(v, to, D, dst);
+    }
+}
+
 /* ---- Saving ---- */
 
 /* Flushes the directory holding `path`, so that a rename in it survives a crash (best effort). */
@@ -500,8 +564,14 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     uint8_t *header = NULL;
     size_t header_size = 0;
     forge__state_io io = {0};
-    forge_status st = forge__state_header(s->m, s->n_ctx, n, rows, s->kv_f16, &header, &header_size, &s->err);
+    forge_status st = forge__state_header(s->m, s->n_ctx, n, rows, forge__state_file_kv(s->kv) == FORGE_KV_F16, &header, &header_size, &s->err);
     if (!st) st = forge__state_io_open(&io, s, most, false);
+    /* a q8_0 cache: a layer's rows read whole, then written as f32 (forge__state_file_kv) */
+    const size_t heads_most = (size_t)most * (size_t)c->n_kv_heads;
+    uint8_t *q8_rows = NULL, *f32_rows = NULL;
+    if (!st && s->kv == FORGE_KV_Q8_0 &&
+        (!(q8_rows = (uint8_t *)malloc((size_t)most * io.kv_row)) || !(f32_rows = (uint8_t *)malloc(heads_most * 4 * (size_t)c->head_dim))))
+        st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     FILE *fp = NULL;
     if (!st) {
         snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path);
@@ -517,9 +587,22 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
     if (!st && (!forge__write_all(fp, header, header_size) || !forge__write_all(fp, s->history, 4ull * (size_t)n)))
         st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
     for (int l = 0; l < c->n_layers && !st; l++)
-        for (int kv = 0; kv < 2 && !st; kv++)
-            st = c->layer_linear[l] ? forge__state_bytes(&io, (kv ? s->vc : s->kc)[l], 0, forge__state_recurrent_bytes(c, kv), fp, NULL, NULL, path)
-                                    : forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - rows[l], rows[l], fp, NULL, NULL, path);
+        for (int kv = 0; kv < 2 && !st; kv++) {
+            forge__range cache = (kv ? s->vc : s->kc)[l];
+            if (c->layer_linear[l]) {
+                st = forge__state_bytes(&io, cache, 0, forge__state_recurrent_bytes(c, kv), fp, NULL, NULL, path);
+            } else if (q8_rows) {
+                const size_t heads = (size_t)rows[l] * (size_t)c->n_kv_heads;
+                st = forge__state_rows(&io, cache, s->slots[l], n - rows[l], rows[l], NULL, q8_rows, NULL, path);
+                if (!st) forge__kv_convert(q8_rows, FORGE_KV_Q8_0, f32_rows, FORGE_KV_F32, heads, (uint32_t)c->head_dim);
+                if (!st && !forge__write_all(fp, f32_rows, heads * 4 * (size_t)c->head_dim))
+                    st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
+            } else {
+                st = forge__state_rows(&io, cache, s->slots[l], n - rows[l], rows[l], fp, NULL, NULL, path);
+            }
+        }
+    free(q8_rows);
+    free(f32_rows);
     if (fp) {
         if (!st && (fflush(fp) != 0 || fsync(fileno(fp)) != 0))
             st = forge__fail(&s->err, FORGE_ERR_IO, "%s: writing failed: %s", path, strerror(errno));
@@ -536,23 +619,6 @@ static forge_status forge__session_save(forge_session *s, const char *path) {
 
 /* ---- Loading ---- */
 
-/* n keys or values from f16 (src_f16) to f32 or the other way, on the host; src may be
- * unaligned (a state file's mapping). */
-static void forge__kv_convert(const uint8_t *src, bool src_f16, uint8_t *dst, size_t n) {
-    for (size_t i = 0; i < n; i++) {
-        if (src_f16) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            float f = forge__f16_to_f32(h);
-            memcpy(dst + 4 * i, &f, 4);
-        } else {
-            float f;
-            memcpy(&f, src + 4 * i, 4);
-            uint16_t h = forge__f32_to_f16(f);
-            memcpy(dst + 2 * i, &h, 2);
-        }
-    }
-}
 
 /* Replaces the session's state with a checked one (its keys and values converted to the
  * session's type where the file's differs). The session holds no tokens while its cache is
@@ -567,9 +633,10 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, most, true);
     const size_t per_row = (size_t)c->n_kv_heads * (size_t)c->head_dim;
-    const uint64_t file_row = forge__state_kv_row(c, state->kv_f16);
+    const forge_kv_type file_kv = state->kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32;
+    const uint64_t file_row = forge__state_kv_row(c, file_kv);
     uint8_t *converted = NULL; /* a layer's rows in the session's type, where the file's differs */
-    if (!st && state->kv_f16 != s->kv_f16 && !(converted = (uint8_t *)malloc((size_t)most * per_row * 4)))
+    if (!st && file_kv != s->kv && !(converted = (uint8_t *)malloc((size_t)most * per_row * 4))) /* (the largest row type: f32) */
         st = forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int l = 0; l < c->n_layers && !st; l++) {
         const forge__state_layer *sl = &state->layers[l];
@@ -585,7 +652,7 @@ static forge_status forge__state_apply(forge_session *s, const forge__state *sta
         for (int kv = 0; kv < 2 && !st; kv++) {
             const uint8_t *rows = (kv ? sl->v : sl->k) + skip;
             if (converted) {
-                forge__kv_convert(rows, state->kv_f16, converted, (size_t)keep * per_row);
+                forge__kv_convert(rows, file_kv, converted, s->kv, (size_t)keep * (size_t)c->n_kv_heads, (uint32_t)c->head_dim);
                 rows = converted;
             }
             st = forge__state_rows(&io, (kv ? s->vc : s->kc)[l], s->slots[l], n - keep, keep, NULL, NULL, rows, NULL);
@@ -655,14 +722,15 @@ static forge_status forge__session_keys(forge_session *s, int l, int first, int 
     const forge__config *c = &s->m->cfg;
     const int H = c->n_kv_heads, D = c->head_dim, half = D / 2;
     const size_t n = (size_t)rows * (size_t)H * (size_t)D;
-    float *tmp = (float *)malloc(4 * n + (s->kv_f16 ? 2 * n : 0)); /* an f16 cache's rows land after the floats */
+    const size_t raw_bytes = s->kv == FORGE_KV_F32 ? 0 : (size_t)rows * (size_t)forge__state_kv_row(c, s->kv);
+    float *tmp = (float *)malloc(4 * n + raw_bytes); /* an f16 or q8_0 cache's rows land after the floats */
     if (!tmp) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
-    uint8_t *raw = s->kv_f16 ? (uint8_t *)(tmp + n) : (uint8_t *)tmp;
+    uint8_t *raw = raw_bytes ? (uint8_t *)(tmp + n) : (uint8_t *)tmp;
     forge__state_io io;
     forge_status st = forge__state_io_open(&io, s, rows, false);
     if (!st) st = forge__state_rows(&io, s->kc[l], s->slots[l], first, rows, NULL, raw, NULL, NULL);
     forge__state_io_close(&io);
-    if (!st && s->kv_f16) forge__kv_convert(raw, true, (uint8_t *)tmp, n);
+    if (!st && raw_bytes) forge__kv_convert(raw, s->kv, (uint8_t *)tmp, FORGE_KV_F32, (size_t)rows * (size_t)H, (uint32_t)D);
     uint32_t run_first[4], run_len[4];
     const bool partial = c->rope_full.scaling == FORGE__ROPE_PARTIAL;
     if (partial) forge__rope_perm_runs((uint32_t)D, forge__rope_dims(c, (uint32_t)D), run_first, run_len);

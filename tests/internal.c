@@ -401,7 +401,7 @@ forge_status ft_rmsnorm(ft_ctx *c, const float *x, uint32_t x_rows, uint32_t x_r
 /* The fused rope kernel on q only (kc == NULL: x rotated in place), or on k and v only (x = k,
  * v separate: they are laid out as k | v rows, as in the fused qkv rows). */
 static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n, uint32_t heads, uint32_t D,
-                                 const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, void *kc, void *vc, bool f16) {
+                                 const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, void *kc, void *vc, forge_kv_type kv) {
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {pos0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
@@ -415,14 +415,15 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
         if (store) memcpy(rows + (size_t)t * stride + HD, v + (size_t)t * HD, 4ull * HD);
     }
     forge__range xb = ft_buf(&j, rows, 4ull * n * stride);
-    uint64_t cache_bytes = (f16 ? 2ull : 4ull) * slots * HD;
+    uint64_t cache_bytes = forge__kv_bytes(kv, (uint64_t)slots * heads, D);
     forge__range kb = store ? ft_buf(&j, kc, cache_bytes) : ft_buf(&j, NULL, 16);
     forge__range vb = store ? ft_buf(&j, vc, cache_bytes) : ft_buf(&j, NULL, 16);
     forge__range binds[5] = {pb, fb, xb, kb, vb};
     forge__pc_rope pc = {n, store ? 0 : heads, store ? heads : 0, D, (uint32_t)adjacent, store ? slots : 1, stride, 0, HD, 0, 0};
     uint32_t gx, gy;
-    forge__grid(((uint64_t)n * heads * (f16 ? D / 4 : D / 2) + 63) / 64, &gx, &gy);
-    forge__dispatch(&j.rec, f16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
+    uint32_t per_head = kv == FORGE_KV_Q8_0 ? (D / 32 + 1) / 2 : kv == FORGE_KV_F16 ? D / 4 : D / 2; /* (forward.c's key invocations) */
+    forge__grid(((uint64_t)n * heads * per_head + 63) / 64, &gx, &gy);
+    forge__dispatch(&j.rec, kv == FORGE_KV_Q8_0 ? FORGE__OP_ROPE_KV8 : kv == FORGE_KV_F16 ? FORGE__OP_ROPE_KV16 : FORGE__OP_ROPE, binds, &pc, gx, gy, 1);
     forge_status st;
     if (store) st = ft_end(&j, 3, kc, cache_bytes, 4, vc, cache_bytes);
     else st = ft_end(&j, 2, x, 4ull * n * HD, 0, NULL, 0);
@@ -431,17 +432,28 @@ static forge_status ft_rope_impl(ft_ctx *c, float *x, const float *v, uint32_t n
 }
 
 forge_status ft_rope(ft_ctx *c, float *x, uint32_t n, uint32_t heads, uint32_t D, const float *inv_freq, uint32_t pos0, int adjacent) {
-    return ft_rope_impl(c, x, NULL, n, heads, D, inv_freq, pos0, adjacent, 1, NULL, NULL, false);
+    return ft_rope_impl(c, x, NULL, n, heads, D, inv_freq, pos0, adjacent, 1, NULL, NULL, FORGE_KV_F32);
 }
 
 forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, float *kc, float *vc) {
-    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, false);
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, FORGE_KV_F32);
 }
 
 forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                              const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint16_t *kc, uint16_t *vc) {
-    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, true);
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, FORGE_KV_F16);
+}
+
+forge_status ft_rope_store8(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint8_t *kc, uint8_t *vc) {
+    return ft_rope_impl(c, (float *)k, v, n, heads, D, inv_freq, pos0, adjacent, slots, kc, vc, FORGE_KV_Q8_0);
+}
+
+size_t ft_kv8_head_bytes(uint32_t D) { return (size_t)forge__kv_bytes(FORGE_KV_Q8_0, 1, D); }
+
+void ft_kv_convert(const void *src, int from, void *dst, int to, size_t heads, uint32_t D) {
+    forge__kv_convert((const uint8_t *)src, (forge_kv_type)from, (uint8_t *)dst, (forge_kv_type)to, heads, D);
 }
 
 static forge_status ft_attention_impl(ft_ctx *c, const float *q, uint32_t n, uint32_t H, uint32_t Hkv, uint32_t D, const void *kc,
@@ -1578,7 +1590,7 @@ forge_status ft_state_mem(const uint8_t *data, size_t size, char *err, size_t er
     forge_status st = forge__state_read(ft_state_model(), 32, &f, &a, &state, &e);
     if (!st) { /* touch what a load would copy */
         volatile uint8_t sink = 0;
-        const uint64_t row = forge__kv_row_bytes(&ft_state_model()->cfg, 0, state.kv_f16);
+        const uint64_t row = forge__kv_row_bytes(&ft_state_model()->cfg, 0, state.kv_f16 ? FORGE_KV_F16 : FORGE_KV_F32);
         for (int l = 0; l < 3; l++)
             for (uint64_t i = 0; i < (uint64_t)state.layers[l].rows * row; i++) sink ^= state.layers[l].k[i] ^ state.layers[l].v[i];
         for (int i = 0; i < 4 * state.n_past; i++) sink ^= state.tokens[i];
@@ -1652,7 +1664,7 @@ forge_status ft_generate_checkpointed(forge_session *s, const int32_t *prompt, i
 
 forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, float *out) {
     forge__device *d = &s->m->dev;
-    uint64_t row = forge__kv_row_bytes(&s->m->cfg, layer, s->kv_f16);
+    uint64_t row = forge__kv_row_bytes(&s->m->cfg, layer, s->kv);
     forge__buffer b;
     forge_status st = forge__buffer_create(d, row * (uint64_t)n, d->caps.mem_upload, true, &s->mem, NULL, &b, &s->err);
     if (st) return st;
@@ -1662,7 +1674,8 @@ forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, 
     st = forge__record(s->m, s->cmd_pool, false, ft_kv_copy_fn, &a, &rc, &s->err);
     if (!st) st = forge__submit_wait(d, rc.cb, s->fence, &s->err);
     forge__recording_free(d, s->cmd_pool, &rc);
-    if (!st && s->kv_f16) forge__kv_convert((const uint8_t *)b.mapped, true, (uint8_t *)out, (size_t)n * s->m->cfg.n_kv_heads * s->m->cfg.head_dim);
+    if (!st && s->kv != FORGE_KV_F32)
+        forge__kv_convert((const uint8_t *)b.mapped, s->kv, (uint8_t *)out, FORGE_KV_F32, (size_t)n * forge__nkv(&s->m->cfg, layer), forge__hd(&s->m->cfg, layer));
     else if (!st) memcpy(out, b.mapped, (size_t)a.bytes);
     forge__buffer_destroy(d, &b, &s->mem, NULL);
     return st;
@@ -1673,24 +1686,28 @@ void ft_rope_inv_freq(double theta, int scaling, double factor, double low, doub
     forge__rope_inv_freq(&r, D, NULL, out);
 }
 
-static forge_status ft_rope_shift_impl(ft_ctx *c, void *k, bool f16, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq,
+static forge_status ft_rope_shift_impl(ft_ctx *c, void *k, forge_kv_type kv, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq,
                                        uint32_t d, int adjacent) {
     ft_job j;
     ft_begin(&j, c);
     forge__step_params sp = {d, 0, 0, 1.0f, 1.0f, 0, {0, 0}};
-    uint64_t bytes = (f16 ? 2ull : 4ull) * n * kv_heads * D;
+    uint64_t bytes = forge__kv_bytes(kv, (uint64_t)n * kv_heads, D);
     forge__range pb = ft_buf(&j, &sp, sizeof sp), fb = ft_buf(&j, inv_freq, 4ull * D / 2), kb = ft_buf(&j, k, bytes);
-    forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0, f16);
+    forge__rope_shift(&j.rec, pb, fb, kb, 0, n, kv_heads, D, adjacent != 0, kv);
     return ft_end(&j, 2, k, bytes, 0, NULL, 0);
 }
 
 forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent) {
-    return ft_rope_shift_impl(c, k, false, n, kv_heads, D, inv_freq, d, adjacent);
+    return ft_rope_shift_impl(c, k, FORGE_KV_F32, n, kv_heads, D, inv_freq, d, adjacent);
 }
 
 forge_status ft_rope_shift16(ft_ctx *c, uint16_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d,
                              int adjacent) {
-    return ft_rope_shift_impl(c, k, true, n, kv_heads, D, inv_freq, d, adjacent);
+    return ft_rope_shift_impl(c, k, FORGE_KV_F16, n, kv_heads, D, inv_freq, d, adjacent);
+}
+
+forge_status ft_rope_shift8(ft_ctx *c, uint8_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent) {
+    return ft_rope_shift_impl(c, k, FORGE_KV_Q8_0, n, kv_heads, D, inv_freq, d, adjacent);
 }
 static char ft_discover_dir[256];
 static void ft_discover_dir_remove(void) {

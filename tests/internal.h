@@ -64,6 +64,14 @@ forge_status ft_rope_store(ft_ctx *c, const float *k, const float *v, uint32_t n
 /* The same into an f16 cache (rope_kv16: D % 4 == 0). */
 forge_status ft_rope_store16(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
                              const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint16_t *kc, uint16_t *vc);
+/* The same into a q8_0 cache (rope_kv8: D % 32 == 0), [slots, heads] heads of ft_kv8_head_bytes(D). */
+forge_status ft_rope_store8(ft_ctx *c, const float *k, const float *v, uint32_t n, uint32_t heads, uint32_t D,
+                            const float *inv_freq, uint32_t pos0, int adjacent, uint32_t slots, uint8_t *kc, uint8_t *vc);
+/* Bytes of one q8_0 cache head of D values (D int8 codes, D/32 f16 scales, padding to a word). */
+size_t ft_kv8_head_bytes(uint32_t D);
+/* state.c's host conversion of `heads` heads of D values between cache types (forge_kv_type
+ * F32, F16, Q8_0): the quantizer the kernels' q8_0 stores mirror. */
+void ft_kv_convert(const void *src, int from, void *dst, int to, size_t heads, uint32_t D);
 /* split: 0 the tiled prefill kernel, 1 the split-K decode kernels (attention_split + combine),
  * 2 the same on subgroups (attention_decode + combine; FORGE_ERR_UNSUPPORTED where the device
  * has no subgroup arithmetic), 3 attention_decode merging its runs itself (FORGE__ATTN_MERGE, as
@@ -388,6 +396,8 @@ forge_status ft_rope_shift(ft_ctx *c, float *k, uint32_t n, uint32_t kv_heads, u
 /* The same on f16 rows (rope_shift_kv16: D % 4 == 0). */
 forge_status ft_rope_shift16(ft_ctx *c, uint16_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d,
                              int adjacent);
+/* The same on q8_0 rows (rope_shift_kv8: D % 32 == 0; n * kv_heads heads of ft_kv8_head_bytes(D)). */
+forge_status ft_rope_shift8(ft_ctx *c, uint8_t *k, uint32_t n, uint32_t kv_heads, uint32_t D, const float *inv_freq, uint32_t d, int adjacent);
 
 /* ---- push constants (tests/test_push_constants.cpp) ---- */
 /* Module i (0 .. ft_module_count() - 1) of the generated kernel header: its name, SPIR-V words,

@@ -169,7 +169,7 @@ TEST(Cli, BadValueNamesItsParameter) {
                             {"run --seed x", "--seed: 'x'"},
                             {"run --keep -3", "--keep: '-3'"},
                             {"chat --temp nan", "--temp: 'nan'"},
-                            {"run --kv f8", "--kv takes f16 or f32, not 'f8'"}};
+                            {"run --kv f8", "--kv takes f16, f32 or q8_0, not 'f8'"}};
     for (auto &b : bad) {
         Out o = forge_cli(b[0]);
         EXPECT_EQ(o.status, 2) << b[0] << ": " << o.text;

@@ -332,6 +332,51 @@ TEST(Kernel, RopeStoreIntoAnF16CacheRoundsTheF32Store) {
     }
 }
 
+/* rope_kv8 stores the f32 store quantized as state.c's host quantizer does (ft_kv_convert):
+ * the same f16 scales (and zeroed padding), codes within one step of the host's (the kernel's
+ * division may round a tie the other way), slots it does not write left as they were; D 32 (one
+ * block, half a scale word unused) and 96 (three blocks, an invocation taking two then one). */
+TEST(Kernel, RopeStoreIntoAQ8CacheQuantizesTheF32Store) {
+    NEED_DEVICE();
+    const uint32_t n = 4, heads = 2, slots = 6, pos0 = 9;
+    for (uint32_t D : {32u, 96u, 256u, 512u}) {
+        std::vector<float> inv(D / 2);
+        for (uint32_t i = 0; i < D / 2; i++) inv[i] = (float)(1.0 / std::pow(500000.0, 2.0 * i / D));
+        std::vector<float> k = ft::randn((size_t)n * heads * D, 3.0f, 8), v = ft::randn((size_t)n * heads * D, 3.0f, 9);
+        const size_t hb = ft_kv8_head_bytes(D);
+        ASSERT_EQ(hb, D + 4 * ((D / 32 + 1) / 2));
+        for (int adjacent : {0, 1}) {
+            SCOPED_TRACE(std::string(adjacent ? "adjacent pairs" : "rotate-half") + ", D " + std::to_string(D));
+            std::vector<float> kc((size_t)slots * heads * D, 0.0f), vc = kc;
+            std::vector<uint8_t> kc8((size_t)slots * heads * hb, 0xa5), vc8 = kc8, want_k(kc8.size()), want_v(kc8.size());
+            ASSERT_EQ(ft_rope_store(ctx().c, k.data(), v.data(), n, heads, D, inv.data(), pos0, adjacent, slots, kc.data(), vc.data()), FORGE_OK);
+            ASSERT_EQ(ft_rope_store8(ctx().c, k.data(), v.data(), n, heads, D, inv.data(), pos0, adjacent, slots, kc8.data(), vc8.data()),
+                      FORGE_OK);
+            ft_kv_convert(kc.data(), FORGE_KV_F32, want_k.data(), FORGE_KV_Q8_0, (size_t)slots * heads, D);
+            ft_kv_convert(vc.data(), FORGE_KV_F32, want_v.data(), FORGE_KV_Q8_0, (size_t)slots * heads, D);
+            int off_by_one = 0;
+            for (uint32_t slot = 0; slot < slots; slot++) {
+                bool written = false;
+                for (uint32_t t = 0; t < n; t++) written |= (pos0 + t) % slots == slot;
+                for (size_t i = (size_t)slot * heads * hb; i < (size_t)(slot + 1) * heads * hb; i++)
+                    for (int which = 0; which < 2; which++) {
+                        uint8_t got = (which ? vc8 : kc8)[i], want = (which ? want_v : want_k)[i];
+                        if (!written) {
+                            EXPECT_EQ(got, 0xa5) << "slot " << slot << " byte " << i;
+                        } else if (i % hb < D) { /* a code */
+                            int d = (int)(int8_t)got - (int)(int8_t)want;
+                            EXPECT_LE(std::abs(d), 1) << "slot " << slot << " byte " << i;
+                            off_by_one += d != 0;
+                        } else { /* a scale (or the padding) */
+                            EXPECT_EQ(got, want) << "slot " << slot << " byte " << i << (which ? " (values)" : " (keys)");
+                        }
+                    }
+            }
+            printf("  D %u %s: %d codes of %u one step from the host's\n", D, adjacent ? "adjacent" : "rotate-half", off_by_one, 2 * n * heads * D);
+        }
+    }
+}
+
 TEST(Kernel, AttentionCausalGqaWindowSoftcapSlots) {
     NEED_DEVICE();
     struct Case { uint32_t n, H, Hkv, D, pos0, slots, window; float softcap; };

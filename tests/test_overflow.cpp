@@ -337,6 +337,42 @@ TEST(Overflow, ReRotationOfF16KeysIsTheF32OneRounded) {
     }
 }
 
+/* The same on a q8_0 cache (rope_shift_kv8, a workgroup a key head: dequantize, rotate back,
+ * quantize again): every value within one quantization step of the f32 re-rotation of the same
+ * quantized keys quantized again (host side), and the result close to keys rotated directly
+ * for the new positions. D 96: three blocks, so a rotate-half pair spans two of them. */
+TEST(Overflow, ReRotationOfQ8KeysIsTheF32OneQuantized) {
+    ft_ctx *c = ft_device();
+    if (!c) GTEST_SKIP() << "no device";
+    const uint32_t D = 96, heads = 2, n = 24, d = 700;
+    const size_t H = (size_t)n * heads, hb = ft_kv8_head_bytes(D);
+    std::vector<float> inv(D / 2);
+    ft_rope_inv_freq(500000, 2, 8, 1.0, 4.0, 8192, D, inv.data());
+    for (int adjacent = 0; adjacent < 2; adjacent++) {
+        SCOPED_TRACE(adjacent ? "adjacent" : "rotate-half");
+        std::vector<float> x = ft::randn(H * D, 1.0f, 7), direct = x;
+        ASSERT_EQ(ft_rope(c, x.data(), n, heads, D, inv.data(), d + 5, adjacent), FORGE_OK);
+        ASSERT_EQ(ft_rope(c, direct.data(), n, heads, D, inv.data(), 5, adjacent), FORGE_OK);
+        std::vector<uint8_t> k8(H * hb), want8(H * hb);
+        std::vector<float> k32(x.size()), got(x.size()), want(x.size());
+        ft_kv_convert(x.data(), FORGE_KV_F32, k8.data(), FORGE_KV_Q8_0, H, D);
+        ft_kv_convert(k8.data(), FORGE_KV_Q8_0, k32.data(), FORGE_KV_F32, H, D);
+        ASSERT_EQ(ft_rope_shift8(c, k8.data(), n, heads, D, inv.data(), d, adjacent), FORGE_OK);
+        ASSERT_EQ(ft_rope_shift(c, k32.data(), n, heads, D, inv.data(), d, adjacent), FORGE_OK);
+        ft_kv_convert(k8.data(), FORGE_KV_Q8_0, got.data(), FORGE_KV_F32, H, D);
+        ft_kv_convert(k32.data(), FORGE_KV_F32, want8.data(), FORGE_KV_Q8_0, H, D);
+        ft_kv_convert(want8.data(), FORGE_KV_Q8_0, want.data(), FORGE_KV_F32, H, D);
+        for (size_t i = 0; i < x.size(); i++) {
+            float step = 0; /* the block's scale: max |v| / 127 */
+            for (size_t e = i / 32 * 32; e < i / 32 * 32 + 32; e++) step = std::fmax(step, std::fabs(want[e]) / 127.0f);
+            EXPECT_LE(std::fabs(got[i] - want[i]), step * 1.01f + 1e-7f) << "element " << i;
+        }
+        double err = ft::rel_err(got.data(), direct.data(), x.size());
+        printf("  %s: max|d|/max|ref| against keys rotated directly = %.2e\n", adjacent ? "adjacent" : "rotate-half", err);
+        EXPECT_LT(err, 2e-2);
+    }
+}
+
 /* Sliding-window models (Gemma 2 and 3, rotating caches of window 8 + n_batch 8 - 1 slots)
  * slide in both modes: RECOMPUTE exactly; SHIFT rotates the wrapped rings (their first layer's
  * rows of the positions the window still reaches equal a recompute's), and afterwards the ring

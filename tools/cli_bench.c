@@ -7,7 +7,7 @@
  * After a warm-up run, each is repeated R times and the median reported. Prints one JSON
  * object on stdout:
  *   {"device", "driver", "model", "format", "arch", "dtype", "parameters", "weight_bytes",
- *    "n_prompt", "n_gen", "reps", "kv_type" (the session's KV cache, "f16" or "f32"; --kv
+ *    "n_prompt", "n_gen", "reps", "kv_type" (the session's KV cache, "f16", "f32" or "q8_0"; --kv
  *    chooses), "prefill_tok_s", "decode_tok_s", "ttft_ms",
  *    "classify_prompts_s", "peak_device_bytes", "load_s"}, and with --profile "profile": device
  *    ms per kernel over all runs (warm-up and classify included; timestamps after every
@@ -476,7 +476,7 @@ static int forge_bench_run(int argc, char **argv, const forge_constraint *constr
         forge_model_get_info(m, &info);
         print_model_fields(&info, path);
         printf(", \"n_prompt\": %d, \"n_gen\": %d, \"reps\": %d, \"kv_type\": \"%s\"", P, N, R,
-               forge_session_kv_type(s) == FORGE_KV_F16 ? "f16" : "f32");
+               forge_session_kv_type(s) == FORGE_KV_Q8_0 ? "q8_0" : forge_session_kv_type(s) == FORGE_KV_F16 ? "f16" : "f32");
         printf(", \"prefill_tok_s\": %.2f, \"decode_tok_s\": %.2f, \"ttft_ms\": %.3f", median(pre, R), median(dec, R), median(first, R));
         printf(", \"classify_prompts_s\": %.2f", median(cls, R));
         if (batch_set) printf(", \"batch\": %d, \"batch_decode_tok_s\": %.2f, \"batch1_decode_tok_s\": %.2f", tb.batch, batch_tok_s, batch1_tok_s);

@@ -62,8 +62,9 @@ int forge_cli_take_common(const char *cmd, int *argc, char **argv, forge_cli_opt
             const char *v = argv[++i];
             if (!strcmp(v, "f16")) o->kv_type = FORGE_KV_F16;
             else if (!strcmp(v, "f32")) o->kv_type = FORGE_KV_F32;
+            else if (!strcmp(v, "q8_0")) o->kv_type = FORGE_KV_Q8_0;
             else {
-                fprintf(stderr, "forge %s: --kv takes f16 or f32, not '%s'\n", cmd, v);
+                fprintf(stderr, "forge %s: --kv takes f16, f32 or q8_0, not '%s'\n", cmd, v);
                 return 2;
             }
         } else if (!strcmp(a, "-v")) o->verbose = 1;

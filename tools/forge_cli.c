@@ -140,7 +140,7 @@ static const char usage_text[] =
             "         --adapter DIR         run, chat, logits, classify, bench: apply a LoRA adapter (PEFT or mlx-lm)\n"
             "         --merge-adapter       with --adapter: merge it into the weights at load (f32/f16/bf16)\n"
             "         --exact               every product in f32 (no tensor cores, no int8 activations: slower, no rounding)\n"
-            "         --kv f16|f32          the KV cache's type (default: f16 on GPUs, f32 on CPUs and with --exact)\n"
+            "         --kv f16|f32|q8_0     the KV cache's type (default: f16 on GPUs, f32 on CPUs and with --exact)\n"
             "         --json                run, devices, info, discover, keys, classify, embed, rerank,\n"
             "                               tokenize, train: the results as JSON on stdout, one schema per\n"
             "                               command (docs/json.md); logits and bench always print JSON\n"

@@ -45,6 +45,7 @@ func _() {
 	_ = x[KVDefault-C.FORGE_KV_DEFAULT]
 	_ = x[KVF32-C.FORGE_KV_F32]
 	_ = x[KVF16-C.FORGE_KV_F16]
+	_ = x[KVQ8_0-C.FORGE_KV_Q8_0]
 	_ = x[PoolingDefault-C.FORGE_POOLING_DEFAULT]
 	_ = x[PoolingLast-C.FORGE_POOLING_LAST]
 	_ = x[PoolingMean-C.FORGE_POOLING_MEAN]

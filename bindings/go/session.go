@@ -567,7 +567,7 @@ func (s *Session) NPast() int {
 	return int(C.forge_session_n_past(cs))
 }
 
-// KVType returns the type the session's KV cache holds, KVF32 or KVF16 (KVDefault resolved;
+// KVType returns the type the session's KV cache holds, KVF32, KVF16 or KVQ8_0 (KVDefault resolved;
 // KVDefault when closed or busy).
 func (s *Session) KVType() KVType {
 	cs, err := s.begin()

@@ -662,7 +662,8 @@ class Model:
         batch_generate decodes at once (0: 1); overflow: what a full context does, "fail",
         "shift" (llama.cpp's context shift) or "recompute"; n_keep: tokens a slide never drops;
         kv_type: the KV cache's type, "f16" (half the memory; the default on GPUs), "f32" (the
-        default on CPU devices and for exact models) or "default".
+        default on CPU devices and for exact models), "q8_0" (0.53-0.56x f16's memory; head_dim a
+        multiple of 32) or "default".
         """
         return Session(self, n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq_max, overflow=overflow, n_keep=n_keep,
                        kv_type=kv_type)
@@ -798,7 +799,7 @@ def _chat_flags(add_generation_prompt: bool, thinking: Optional[bool]) -> int:
 # ---------------------------------------------------------------------------------------------
 
 _OVERFLOW = {"fail": 0, "shift": 1, "recompute": 2}
-_KV_TYPE = {"default": 0, "f32": 1, "f16": 2}
+_KV_TYPE = {"default": 0, "f32": 1, "f16": 2, "q8_0": 3}
 
 
 class _SessionHandle:
@@ -918,8 +919,8 @@ class Session(_ModelChild):
 
     @property
     def kv_type(self) -> str:
-        """The KV cache's type: "f16" or "f32" (the session's kv_type, "default" resolved)."""
-        return "f16" if self._lib.forge_session_kv_type(self._h()) == 2 else "f32"
+        """The KV cache's type: "f16", "f32" or "q8_0" (the session's kv_type, "default" resolved)."""
+        return {v: k for k, v in _KV_TYPE.items()}[self._lib.forge_session_kv_type(self._h())]
 
     def truncate(self, n_keep: int = 0) -> None:
         """Forgets all but the first n_keep cached tokens (0: a fresh sequence)."""
