@@ -6,6 +6,7 @@
  * Overflow.ReRotationOfF16Keys* (test_overflow.cpp), Batch.StoriesOnAnF16Cache*. */
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "internal.h"
 #include "parity.h"
@@ -37,6 +38,39 @@ std::vector<float> keys(forge_session *s, int l) {
     std::vector<float> k(info.n_floats);
     EXPECT_EQ(forge_session_keys(s, l, k.data(), k.size(), &info), FORGE_OK) << forge_session_errmsg(s);
     return k;
+}
+
+/* Fixture `name`'s last sequence on a kv_type cache, its logits handed to check(path, got, hf,
+ * prefill): all positions of one prefill (path "prefill", prefill empty), then 8 tokens
+ * prefilled and the rest decoded a token a step, on attention_decode ("prefill+decode") and on
+ * attention_split ("prefill+decode (split)") where the device runs each (prefill: the first's). */
+using PathCheck = std::function<void(const char *path, const std::vector<float> &got, const std::vector<float> &hf,
+                                     const std::vector<float> &prefill)>;
+void each_attention_path(const char *name, int kv_type, const PathCheck &check) {
+    std::string n(name), ref_dir = ft::src("tests/fixtures/parity/" + n.substr(n.find('/') + 1));
+    ft::Fixture fx = ft::read_fixture(ref_dir);
+    ASSERT_FALSE(fx.seqs.empty());
+    forge_model *m = ft::load(n.rfind("gguf/", 0) == 0 ? ft::src("tests/fixtures/" + n + ".gguf") : ref_dir);
+    ASSERT_NE(m, nullptr);
+    const ft::Sequence &q = fx.seqs.back();
+    int V = fx.n_vocab, len = (int)q.tokens.size();
+    std::vector<float> prefill((size_t)len * V), got(prefill.size());
+    forge_session *s = kv_session(m, kv_type, 128);
+    ASSERT_NE(s, nullptr);
+    ASSERT_EQ(forge_eval(s, q.tokens.data(), len, FORGE_EVAL_ALL_LOGITS, prefill.data(), prefill.size()), FORGE_OK) << forge_session_errmsg(s);
+    forge_session_free(s);
+    check("prefill", prefill, q.logits, {});
+    for (int subgroups : {1, 0}) {
+        if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
+        s = kv_session(m, kv_type, 128, 8);
+        ASSERT_NE(s, nullptr);
+        std::fill(got.begin(), got.end(), 0.0f);
+        ASSERT_EQ(forge_eval(s, q.tokens.data(), 8, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
+        for (int p = 8; p < len; p++) ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK);
+        forge_session_free(s);
+        check(subgroups ? "prefill+decode" : "prefill+decode (split)", got, q.logits, prefill);
+    }
+    forge_model_free(m);
 }
 
 } // namespace
@@ -90,34 +124,12 @@ TEST(KvCache, TypeResolvesAndF16HalvesTheCache) {
 TEST(KvCache, F16StaysCloseToHF) {
     for (const char *name : {"parity/llama3_f32_untied", "gguf/llama3_f32_untied", "parity/qwen3_f32_sharded", "parity/gemma3_text_pattern_f32"}) {
         SCOPED_TRACE(name);
-        std::string n(name), ref_dir = ft::src("tests/fixtures/parity/" + n.substr(n.find('/') + 1));
-        ft::Fixture fx = ft::read_fixture(ref_dir);
-        ASSERT_FALSE(fx.seqs.empty());
-        forge_model *m = ft::load(n.rfind("gguf/", 0) == 0 ? ft::src("tests/fixtures/" + n + ".gguf") : ref_dir);
-        ASSERT_NE(m, nullptr);
-        const ft::Sequence &q = fx.seqs.back();
-        int V = fx.n_vocab, len = (int)q.tokens.size();
-        std::vector<float> got((size_t)len * V);
-        forge_session *s = kv_session(m, FORGE_KV_F16, 64);
-        ASSERT_NE(s, nullptr);
-        ASSERT_EQ(forge_eval(s, q.tokens.data(), len, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK) << forge_session_errmsg(s);
-        double err = ft::rel_err(got.data(), q.logits.data(), got.size());
-        printf("  %-36s f16 cache, prefill:        max|d|/max|ref| = %.2e\n", name, err);
-        EXPECT_LT(err, 5e-3);
-        forge_session_free(s);
-        for (int subgroups : {1, 0}) {
-            if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
-            s = kv_session(m, FORGE_KV_F16, 64, 8);
-            ASSERT_NE(s, nullptr);
-            std::fill(got.begin(), got.end(), 0.0f);
-            ASSERT_EQ(forge_eval(s, q.tokens.data(), 8, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
-            for (int p = 8; p < len; p++) ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK);
-            err = ft::rel_err(got.data(), q.logits.data(), got.size());
-            printf("  %-36s f16 cache, prefill+decode%s: max|d|/max|ref| = %.2e\n", name, subgroups ? "" : " (split)", err);
-            EXPECT_LT(err, 5e-3) << (subgroups ? "attention_decode" : "attention_split");
-            forge_session_free(s);
-        }
-        forge_model_free(m);
+        each_attention_path(name, FORGE_KV_F16, [&](const char *path, const std::vector<float> &got, const std::vector<float> &hf,
+                                                     const std::vector<float> &) {
+            double err = ft::rel_err(got.data(), hf.data(), got.size());
+            printf("  %-36s f16 cache, %-22s: max|d|/max|ref| = %.2e\n", name, path, err);
+            EXPECT_LT(err, 5e-3) << path;
+        });
     }
 }
 
@@ -170,41 +182,21 @@ TEST(KvCache, Q8StaysCloseToHF) {
     for (const char *name : {"parity/qwen3_f32_sharded", "gguf/qwen3_f32_sharded", "parity/mistral_window_f32", "parity/qwen3_5_text_f32",
                              "parity/gemma4_wide_f32"}) {
         SCOPED_TRACE(name);
-        std::string n(name), ref_dir = ft::src("tests/fixtures/parity/" + n.substr(n.find('/') + 1));
-        const bool to_hf = n.find("gemma4") == std::string::npos;
-        ft::Fixture fx = ft::read_fixture(ref_dir);
-        ASSERT_FALSE(fx.seqs.empty());
-        forge_model *m = ft::load(n.rfind("gguf/", 0) == 0 ? ft::src("tests/fixtures/" + n + ".gguf") : ref_dir);
-        ASSERT_NE(m, nullptr);
-        const ft::Sequence &q = fx.seqs.back();
-        int V = fx.n_vocab, len = (int)q.tokens.size();
-        std::vector<float> prefill((size_t)len * V), got(prefill.size());
-        forge_session *s = kv_session(m, FORGE_KV_Q8_0, 128);
-        ASSERT_NE(s, nullptr);
-        ASSERT_EQ(forge_eval(s, q.tokens.data(), len, FORGE_EVAL_ALL_LOGITS, prefill.data(), prefill.size()), FORGE_OK) << forge_session_errmsg(s);
-        double err = ft::rel_err(prefill.data(), q.logits.data(), prefill.size());
-        printf("  %-30s q8_0 cache, prefill:        max|d|/max|ref| = %.2e (HF)\n", name, err);
-        if (to_hf) {
-            EXPECT_LT(err, 8e-2);
-        }
-        forge_session_free(s);
-        for (int subgroups : {1, 0}) {
-            if (!ft_model_set_attn_subgroups(m, subgroups)) continue;
-            s = kv_session(m, FORGE_KV_Q8_0, 128, 8);
-            ASSERT_NE(s, nullptr);
-            std::fill(got.begin(), got.end(), 0.0f);
-            ASSERT_EQ(forge_eval(s, q.tokens.data(), 8, FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK);
-            for (int p = 8; p < len; p++) ASSERT_EQ(forge_eval(s, &q.tokens[p], 1, 0, got.data() + (size_t)p * V, V), FORGE_OK);
-            err = ft::rel_err(got.data(), q.logits.data(), got.size());
-            double paths = ft::rel_err(got.data(), prefill.data(), got.size());
-            printf("  %-30s q8_0 cache, prefill+decode%s: %.2e (HF), %.2e (the prefill's)\n", name, subgroups ? "" : " (split)", err, paths);
+        const bool to_hf = std::string(name).find("gemma4") == std::string::npos;
+        each_attention_path(name, FORGE_KV_Q8_0, [&](const char *path, const std::vector<float> &got, const std::vector<float> &hf,
+                                                      const std::vector<float> &prefill) {
+            double err = ft::rel_err(got.data(), hf.data(), got.size());
             if (to_hf) {
-                EXPECT_LT(err, 8e-2) << (subgroups ? "attention_decode" : "attention_split");
+                EXPECT_LT(err, 8e-2) << path;
             }
-            EXPECT_LT(paths, 1e-2) << (subgroups ? "attention_decode" : "attention_split");
-            forge_session_free(s);
-        }
-        forge_model_free(m);
+            if (prefill.empty()) {
+                printf("  %-30s q8_0 cache, %-22s: %.2e (HF)\n", name, path, err);
+                return;
+            }
+            double paths = ft::rel_err(got.data(), prefill.data(), got.size());
+            printf("  %-30s q8_0 cache, %-22s: %.2e (HF), %.2e (the prefill's)\n", name, path, err, paths);
+            EXPECT_LT(paths, 1e-2) << path;
+        });
     }
 }
 
