@@ -432,9 +432,10 @@ typedef enum forge_overflow {
  *            of 32), for long contexts and many sequences; logits move by the quantization (on
  *            the parity fixtures with heads of 32, 2.1e-3 to 4.7e-2 of the largest logit). Needs
  *            every attention layer's head_dim a multiple of 32, else FORGE_ERR_UNSUPPORTED.
- *            Prompt attention runs on the SIMT kernel (the tensor-core one reads f16 caches).
- *            For memory, not speed: on an H200 the 8B Q4_0 shape at 16384 positions decodes
- *            at 129 tok/s against f16's 190 (bench/RESULTS.md).
+ *            Prompt attention on tensor cores stages its tiles to f16 (on an H100 the 1B Q4_0
+ *            shape's 4096-token prompt: 38.4k tok/s against f16's 39.7k). For memory, not decode
+ *            speed: on an H200 the 8B Q4_0 shape at 16384 positions decodes at 129 tok/s
+ *            against f16's 190 (bench/RESULTS.md).
  * State files keep an f32 or f16 session's type, and hold a q8_0 session's keys and values as
  * F32 (each q x d exactly, so that they load back into q8_0 as the same codes); any file loads
  * into any session (converted on the host). */

@@ -19,7 +19,7 @@
 // Not exact: q and P are rounded to f16 (the cache already holds f16); forge.c keeps
 // attention_tiled for exact models, f32 caches and other head sizes.
 // Bindings: 0 params {pos0, n} | 1 q f32 [n, q_stride] (heads at h * HD) | 2 K cache f16 [slots, Hkv, HD]
-//           3 V cache f16 | 4 out f32 [n, H, HD] | 5 lse f32 [n, H] (flags 1)
+//           (q8_0: [slots, Hkv, kv8_words(HD)] words) | 3 V cache, the same | 4 out f32 [n, H, HD] | 5 lse f32 [n, H] (flags 1)
 // One workgroup of 128 (subgroups of 32, checked by the host) per (block of 64 queries, head, sequence).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_NV_cooperative_matrix : require
@@ -35,8 +35,13 @@ layout(local_size_x = 128) in;
 layout(binding = 0) readonly buffer P_ { uint pos0; uint n_tok; uint tab[]; } params;
 const uint TAB = 14; // the row table at byte 64
 layout(binding = 1) readonly buffer Q_ { vec4 q4[]; };
+#ifdef KV_Q8
+layout(binding = 2) readonly buffer K_ { uint kc[]; };    // a head: HD / 4 words of codes, then its scales
+layout(binding = 3) readonly buffer V_ { uint vc[]; };
+#else
 layout(binding = 2) readonly buffer K_ { uvec4 kc8[]; };  // 8 halves an element
 layout(binding = 3) readonly buffer V_ { uvec4 vc8[]; };
+#endif
 layout(binding = 4) buffer O_ { float o[]; };
 layout(binding = 5) writeonly buffer L_ { float lse[]; };
 
@@ -68,8 +73,19 @@ uint key_hi(uint p, bool bidi, uint seq_last) {
 void stage_keys(bool values, uint j0, uint p_last, uint kv0, uint kvh) {
     for (uint e = gl_LocalInvocationID.x; e < BKEYS * (HD / 8u); e += 128u) {
         uint kj = e / (HD / 8u), c8 = e % (HD / 8u), j = j0 + kj;
-        uint src = (kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * HD) / 8u + c8;
+        uint head = kv0 + ((j % pc.cache_slots) * pc.n_kv_heads + kvh) * HD; // its first element
+#ifdef KV_Q8 // 8 values: pieces 2 c8 and 2 c8 + 1 of the head, both in block c8 / 4
+        uint hb = head / HD * kv8_words(HD);
+        uvec4 w = uvec4(0u);
+        if (j <= p_last) {
+            float d = values ? KV8_SCALE(vc, hb, HD, c8 >> 2) : KV8_SCALE(kc, hb, HD, c8 >> 2);
+            uvec2 c = values ? uvec2(vc[hb + 2u * c8], vc[hb + 2u * c8 + 1u]) : uvec2(kc[hb + 2u * c8], kc[hb + 2u * c8 + 1u]);
+            w = uvec4(to_f16(kv8_codes(c.x) * d), to_f16(kv8_codes(c.y) * d));
+        }
+#else
+        uint src = head / 8u + c8;
         uvec4 w = j <= p_last ? (values ? vc8[src] : kc8[src]) : uvec4(0u);
+#endif
         tile[kj * LDK + 2u * c8] = w.xy;
         tile[kj * LDK + 2u * c8 + 1u] = w.zw;
     }

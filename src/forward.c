@@ -826,8 +826,9 @@ static bool forge__q8_chain(const forge__pass *p, int l) {
 }
 
 /* The prefill attention on tensor cores (attention_cm.comp: queries a workgroup below) for heads
- * of D elements where the pass can take it: f16 cache, tensor cores and not `exact` (q and P
- * are rounded to f16), a head of 64, 128 or 256; else FORGE__OP_COUNT (attention_tiled). */
+ * of D elements where the pass can take it: an f16 or q8_0 cache (q8_0 staged to f16 tiles),
+ * tensor cores and not `exact` (q and P are rounded to f16), a head of 64, 128 or 256; else
+ * FORGE__OP_COUNT (attention_tiled). */
 #define FORGE__ATTN_CM_QUERIES 64
 static forge__op forge__attn_cm_head_op(uint32_t D) {
     return D == 64 ? FORGE__OP_ATTN_CM : D == 128 ? FORGE__OP_ATTN_CM_128 : D == 256 ? FORGE__OP_ATTN_CM_256 : FORGE__OP_COUNT;
@@ -837,7 +838,9 @@ static forge__op forge__kv_op(const forge__pass *p, forge__op f32, forge__op f16
     return p->kv == FORGE_KV_Q8_0 ? q8 : p->kv == FORGE_KV_F16 ? f16 : f32;
 }
 static forge__op forge__attn_cm_op(const forge__pass *p, uint32_t D) {
-    return p->kv == FORGE_KV_F16 && p->m->attn_cm && forge__uses_a16(p->m) ? forge__attn_cm_head_op(D) : FORGE__OP_COUNT;
+    forge__op f16 = forge__attn_cm_head_op(D);
+    if ((p->kv != FORGE_KV_F16 && p->kv != FORGE_KV_Q8_0) || !p->m->attn_cm || !forge__uses_a16(p->m) || f16 == FORGE__OP_COUNT) return FORGE__OP_COUNT;
+    return forge__kv_op(p, FORGE__OP_COUNT, f16, (forge__op)(f16 + (FORGE__OP_ATTN_CM_KV8 - FORGE__OP_ATTN_CM)));
 }
 
 /* Gemma 2 / 3 decode: the post-attention norm added to the residual stream inside the gate|up

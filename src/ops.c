@@ -250,6 +250,9 @@ typedef enum forge__op {
     FORGE__OP_ATTN_CM,            /* prefill attention on tensor cores, heads of 64 (+ 1: 128, + 2: 256) over an f16 cache */
     FORGE__OP_ATTN_CM_128,
     FORGE__OP_ATTN_CM_256,
+    FORGE__OP_ATTN_CM_KV8,        /* the same three over a q8_0 cache */
+    FORGE__OP_ATTN_CM_128_KV8,
+    FORGE__OP_ATTN_CM_256_KV8,
     FORGE__OP_LINEAR_REDUCE,      /* a product split along k: the partial sums added up, then the epilogue */
     FORGE__OP_ROPE_KV16,          /* rope and the attention kernels on an f16 KV cache (forge_session_params.kv_type) */
     FORGE__OP_ATTENTION_KV16,
@@ -354,7 +357,10 @@ static uint32_t forge__matvec_rows_per_wg(bool sg, uint32_t split_rows) {
     [FORGE__OP_ACT_F16_SCALED] = {"act_f16_scaled", FORGE__SPV(act_f16_scaled), 3, sizeof(forge__pc_act_f16), 0, {0}}, \
     [FORGE__OP_ATTN_CM] = {"attention_cm_d64", FORGE__SPV(attention_cm_d64), 6, sizeof(forge__pc_attention), 0, {0}}, \
     [FORGE__OP_ATTN_CM_128] = {"attention_cm_d128", FORGE__SPV(attention_cm_d128), 6, sizeof(forge__pc_attention), 0, {0}}, \
-    [FORGE__OP_ATTN_CM_256] = {"attention_cm_d256", FORGE__SPV(attention_cm_d256), 6, sizeof(forge__pc_attention), 0, {0}},
+    [FORGE__OP_ATTN_CM_256] = {"attention_cm_d256", FORGE__SPV(attention_cm_d256), 6, sizeof(forge__pc_attention), 0, {0}}, \
+    [FORGE__OP_ATTN_CM_KV8] = {"attention_cm_d64_kv8", FORGE__SPV(attention_cm_d64_kv8), 6, sizeof(forge__pc_attention), 0, {0}}, \
+    [FORGE__OP_ATTN_CM_128_KV8] = {"attention_cm_d128_kv8", FORGE__SPV(attention_cm_d128_kv8), 6, sizeof(forge__pc_attention), 0, {0}}, \
+    [FORGE__OP_ATTN_CM_256_KV8] = {"attention_cm_d256_kv8", FORGE__SPV(attention_cm_d256_kv8), 6, sizeof(forge__pc_attention), 0, {0}},
 #else
 #define FORGE__CM_S_OP
 #define FORGE__CM_OP(FMT, name)
@@ -517,6 +523,9 @@ FORGE__PUSH_IS(matmul_cm_back_mlx, forge__pc_linear);
 FORGE__PUSH_IS(attention_cm_d64, forge__pc_attention);
 FORGE__PUSH_IS(attention_cm_d128, forge__pc_attention);
 FORGE__PUSH_IS(attention_cm_d256, forge__pc_attention);
+FORGE__PUSH_IS(attention_cm_d64_kv8, forge__pc_attention);
+FORGE__PUSH_IS(attention_cm_d128_kv8, forge__pc_attention);
+FORGE__PUSH_IS(attention_cm_d256_kv8, forge__pc_attention);
 #endif
 FORGE__PUSH_IS(matvec_sg_post_f32, forge__pc_linear);
 FORGE__PUSH_IS(matvec_sg_post_f16, forge__pc_linear);

@@ -464,10 +464,11 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q4_0"));
 
 /* A model's prefill with its attention on the tensor cores (attention_cm.comp, the default where
- * the device has them) against the same prefill on attention_tiled: the fixture's 64-element
- * heads, both sequences' logits (12 and 20 tokens: a subgroup's 16 rows stored whole, and
- * partial ones), which must differ (q and P are rounded to f16) by less than 1% of the largest;
- * the profile names the kernels that ran. */
+ * the device has them) against the same prefill on attention_tiled, over an f16 cache and over a
+ * q8_0 one (staged into f16 tiles): the fixture's 64-element heads, both sequences' logits (12
+ * and 20 tokens: a subgroup's 16 rows stored whole, and partial ones), which must differ (q and P
+ * are rounded to f16, and q8_0's q d too) by less than 1% of the largest; the profile names the
+ * kernels that ran. */
 TEST(TensorCores, PrefillAttentionMatchesTheTiledKernel) {
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file("q8_0", q));
@@ -475,35 +476,41 @@ TEST(TensorCores, PrefillAttentionMatchesTheTiledKernel) {
     q.m = ft::load(q.dir + cJSON_GetStringValue(cJSON_GetObjectItem(q.file, "gguf")), 0, 0, 0);
     ASSERT_NE(q.m, nullptr);
     if (!ft_model_set_attn_cm(q.m, 1)) GTEST_SKIP() << "the device has no tensor cores";
-    std::vector<float> logits[2];
-    for (int cm = 0; cm < 2; cm++) {
-        ft_model_set_attn_cm(q.m, cm);
-        forge_session_params sp = forge_session_default_params();
-        sp.profile = 1;
-        forge_session *s = nullptr;
-        ASSERT_EQ(forge_session_create(q.m, &sp, &s), FORGE_OK);
-        for (int seq = 0; seq < 2; seq++) {
-            std::vector<int32_t> toks = q.sequence(seq);
-            std::vector<float> got(toks.size() * QUANT_VOCAB);
-            ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
-            ASSERT_EQ(forge_eval(s, toks.data(), (int)toks.size(), FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK)
-                << forge_session_errmsg(s);
-            logits[cm].insert(logits[cm].end(), got.begin(), got.end());
+    for (forge_kv_type kv : {FORGE_KV_F16, FORGE_KV_Q8_0}) {
+        const std::string suffix = kv == FORGE_KV_Q8_0 ? "_kv8" : "_kv16";
+        SCOPED_TRACE(suffix);
+        std::vector<float> logits[2];
+        for (int cm = 0; cm < 2; cm++) {
+            ft_model_set_attn_cm(q.m, cm);
+            forge_session_params sp = forge_session_default_params();
+            sp.profile = 1;
+            sp.kv_type = kv;
+            forge_session *s = nullptr;
+            ASSERT_EQ(forge_session_create(q.m, &sp, &s), FORGE_OK) << forge_model_errmsg(q.m);
+            for (int seq = 0; seq < 2; seq++) {
+                std::vector<int32_t> toks = q.sequence(seq);
+                std::vector<float> got(toks.size() * QUANT_VOCAB);
+                ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+                ASSERT_EQ(forge_eval(s, toks.data(), (int)toks.size(), FORGE_EVAL_ALL_LOGITS, got.data(), got.size()), FORGE_OK)
+                    << forge_session_errmsg(s);
+                logits[cm].insert(logits[cm].end(), got.begin(), got.end());
+            }
+            std::vector<char> prof(1 << 16);
+            size_t len = 0;
+            ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
+            cJSON *pj = cJSON_Parse(prof.data());
+            ASSERT_NE(pj, nullptr);
+            const std::string cm_name = kv == FORGE_KV_Q8_0 ? "attention_cm_d64_kv8" : "attention_cm_d64";
+            EXPECT_EQ(cJSON_GetObjectItem(pj, cm_name.c_str()) != nullptr, cm == 1) << prof.data();
+            EXPECT_EQ(cJSON_GetObjectItem(pj, ("attention_tiled" + suffix).c_str()) != nullptr, cm == 0) << prof.data();
+            cJSON_Delete(pj);
+            forge_session_free(s);
         }
-        std::vector<char> prof(1 << 16);
-        size_t len = 0;
-        ASSERT_EQ(forge_session_profile(s, prof.data(), prof.size(), &len), FORGE_OK);
-        cJSON *pj = cJSON_Parse(prof.data());
-        ASSERT_NE(pj, nullptr);
-        EXPECT_EQ(cJSON_GetObjectItem(pj, "attention_cm_d64") != nullptr, cm == 1) << prof.data();
-        EXPECT_EQ(cJSON_GetObjectItem(pj, "attention_tiled_kv16") != nullptr, cm == 0) << prof.data();
-        cJSON_Delete(pj);
-        forge_session_free(s);
+        double err = ft::rel_err(logits[1].data(), logits[0].data(), logits[0].size());
+        printf("  tensor-core attention vs attention_tiled, %s cache: max|d|/max|ref| = %.2e\n", suffix.c_str() + 1, err);
+        EXPECT_LT(err, 1e-2);
+        EXPECT_GT(err, 0.0) << "the same logits: the tensor-core kernel did not run";
     }
-    double err = ft::rel_err(logits[1].data(), logits[0].data(), logits[0].size());
-    printf("  tensor-core attention vs attention_tiled: max|d|/max|ref| = %.2e\n", err);
-    EXPECT_LT(err, 1e-2);
-    EXPECT_GT(err, 0.0) << "the same logits: the tensor-core kernel did not run";
 }
 
 namespace {
