@@ -699,7 +699,7 @@ static forge_status forge__model_merge_adapter(forge_model *m) {
         return forge__fail(&m->err, FORGE_ERR_DEVICE, "creating a command pool for the adapter merge failed");
     }
     forge__recording rc = {0};
-    forge_status st = forge__record(m, pool, false, forge__record_merge_fn, m, &rc, &m->err);
+    forge_status st = forge__record(m, pool, false, forge__record_merge_fn, m, &rc, NULL, &m->err);
     if (!st) st = forge__submit_wait(d, rc.cb, fence, &m->err);
     forge__recording_free(d, pool, &rc);
     d->vk.vkDestroyFence(d->dev, fence, NULL);

@@ -272,6 +272,8 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->attn_cm = true;
     m->back_cm = true;
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
+    m->host_products = m->dev.caps.type == FORGE_DEVICE_CPU && m->dev.caps.uma;
+    m->host_min_bytes = FORGE__HOST_MIN_BYTES;
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;
@@ -336,6 +338,7 @@ FORGE_API void forge_model_free(forge_model *m) {
         for (int b = 0; b < m->n_blocks; b++) forge__buffer_destroy(d, &m->blocks[b], &m->mem, &m->mem_total);
         pthread_mutex_destroy(&m->pipe_lock);
     }
+    forge__host_pool_destroy(&m->host_pool);
     forge__device_close(d);
     forge__tokenizer_free(&m->tok);
     for (int i = 0; i < m->n_files; i++) forge__file_unmap(&m->files[i]);

@@ -217,7 +217,7 @@ static forge_status forge__batch_pass(forge_session *s, const int32_t *const *to
     if (st) return st;
     forge__step_params sp = {0, (uint32_t)(B * T), 0, 1.0f, 1.0f, 0, {0, 0}};
     memcpy(s->io.mapped, &sp, sizeof sp);
-    if ((st = forge__submit_wait(&m->dev, rc->cb, s->fence, &s->err))) return st;
+    if ((st = forge__recording_submit(m, rc, s->fence, &s->err))) return st;
     if (rc->qpool) forge__profile_collect(&m->dev, &s->prof, rc);
     return FORGE_OK;
 }

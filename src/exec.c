@@ -7,6 +7,7 @@
 /* ---- The recording cache: one recorded command buffer per shape ---- */
 
 static void forge__recording_free(forge__device *d, VkCommandPool cmd_pool, forge__recording *rc) {
+    forge__host_seq_free(d, cmd_pool, &rc->host);
     if (rc->cb) d->vk.vkFreeCommandBuffers(d->dev, cmd_pool, 1, &rc->cb);
     if (rc->pool) d->vk.vkDestroyDescriptorPool(d->dev, rc->pool, NULL);
     if (rc->qpool) d->vk.vkDestroyQueryPool(d->dev, rc->qpool, NULL);
@@ -17,7 +18,9 @@ static void forge__recording_free(forge__device *d, VkCommandPool cmd_pool, forg
 
 /* Records what `fn` records into `slot`: once in counting mode to size the descriptor pool
  * exactly, then for real (with a timestamp after every dispatch when profiling). Sessions
- * and trainers record this way; the caller fills the slot's key. */
+ * and trainers record this way; the caller fills the slot's key. With `host` (a session's
+ * forward pass where the model runs products on the host) the products with host twins
+ * become the slot's host segments (src/host.c): submit it with forge__recording_submit. */
 typedef void (*forge__record_fn)(void *ctx, forge__rec *r);
 /* A recorder over the model's pipelines, in counting mode (creates pipelines, records nothing). */
 static forge__rec forge__rec_counting(forge_model *m, forge__err *err) {
@@ -26,9 +29,15 @@ static forge__rec forge__rec_counting(forge_model *m, forge__err *err) {
 }
 
 static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool profile, forge__record_fn fn, void *ctx, forge__recording *slot,
-                                  forge__err *err) {
+                                  const forge__host_bufs *host, forge__err *err) {
     forge__device *d = &m->dev;
     forge__rec r = forge__rec_counting(m, err);
+    forge__host_rec hr = {.seq = &slot->host, .pool = cmd_pool, .min_bytes = m->host_min_bytes};
+    if (host) {
+        hr.bufs = *host;
+        r.host_take = forge__host_take;
+        r.host_ctx = &hr;
+    }
     fn(ctx, &r);
     if (r.st) return r.st;
     VkDescriptorPoolSize ps = {VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, r.n_descriptors ? r.n_descriptors : 1};
@@ -67,9 +76,15 @@ static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool p
         d->vk.vkCmdWriteTimestamp(slot->cb, VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, slot->qpool, 0);
     }
     fn(ctx, &r);
-    d->vk.vkEndCommandBuffer(slot->cb);
+    d->vk.vkEndCommandBuffer(r.cb); /* the last of the host segments' command buffers (else slot->cb) */
     if (r.st) forge__recording_free(d, cmd_pool, slot);
     return r.st;
+}
+
+/* Submits a recording and waits for it: its one command buffer, or its host segments'. */
+static forge_status forge__recording_submit(forge_model *m, const forge__recording *rc, VkFence fence, forge__err *err) {
+    if (!rc->host.n_ops) return forge__submit_wait(&m->dev, rc->cb, fence, err);
+    return forge__host_seq_run(&m->dev, &rc->host, fence, &m->host_pool, err);
 }
 
 /* A slot for a new recording among `n` (a free one, else the least recently used, freed). */
@@ -115,7 +130,14 @@ static forge_status forge__get_recording(forge_session *s, uint32_t n, uint32_t 
     }
     forge__recording *slot = forge__recording_slot(&s->m->dev, s->cmd_pool, s->rec, FORGE__RECORDINGS);
     forge__forward_args args = {s, n, out_row0, n_out, mode};
-    forge_status st = forge__record(s->m, s->cmd_pool, s->profile, forge__record_forward_fn, &args, slot, &s->err);
+    forge_model *m = s->m;
+    forge__host_bufs hb = {{m->blocks, s->blocks}, {m->n_blocks, s->n_blocks}};
+    if (m->host_products) {
+        pthread_mutex_lock(&m->pipe_lock);
+        if (!m->host_pool.n_threads) forge__host_pool_init(&m->host_pool, 0);
+        pthread_mutex_unlock(&m->pipe_lock);
+    }
+    forge_status st = forge__record(m, s->cmd_pool, s->profile, forge__record_forward_fn, &args, slot, m->host_products ? &hb : NULL, &s->err);
     if (st) return st;
     slot->n_tokens = n;
     slot->out_row0 = out_row0;
@@ -325,7 +347,7 @@ static forge_status forge__step(forge_session *s, const int32_t *tokens, uint32_
     if (!s->n_past) s->kv_from = s->kv_high = 0; /* a new sequence: nothing of the old one is left */
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
-    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if ((st = forge__recording_submit(s->m, rc, s->fence, &s->err))) return st;
     if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
     uint64_t bytes = 4ull * n_out * (uint64_t)s->m->cfg.n_vocab;
     if (mode == FORGE__OUT_LOGITS && bytes && logits) {
@@ -373,7 +395,7 @@ static forge_status forge__batch_step(forge_session *s, const int32_t *tokens, u
     forge__step_params p = {0, n, 0, 1.0f, 1.0f, 0, {0, 0}};
     memcpy(s->io.mapped, &p, sizeof p);
     memcpy((uint8_t *)s->io.mapped + s->tokens_r.offset, tokens, 4ull * n);
-    if ((st = forge__submit_wait(d, rc->cb, s->fence, &s->err))) return st;
+    if ((st = forge__recording_submit(s->m, rc, s->fence, &s->err))) return st;
     if (rc->qpool) forge__profile_collect(d, &s->prof, rc);
     const uint8_t *rb = (const uint8_t *)s->readback.mapped + FORGE__RB_LOGITS_OFFSET;
     uint64_t bytes = forge__batch_logits_mode(mode) ? 4ull * n_out * (uint64_t)s->m->cfg.n_vocab : 8ull * n_out * (1 + FORGE__CANDIDATES);
@@ -444,7 +466,7 @@ static void forge__record_ckpt_fn(void *ctx, forge__rec *r) {
 static forge_status forge__ckpt_copy(forge_session *s, bool restore) {
     forge__recording rc = {0};
     forge__ckpt_args args = {s, restore};
-    forge_status st = forge__record(s->m, s->cmd_pool, false, forge__record_ckpt_fn, &args, &rc, &s->err);
+    forge_status st = forge__record(s->m, s->cmd_pool, false, forge__record_ckpt_fn, &args, &rc, NULL, &s->err);
     if (!st) st = forge__submit_wait(&s->m->dev, rc.cb, s->fence, &s->err);
     forge__recording_free(&s->m->dev, s->cmd_pool, &rc);
     return st;
@@ -617,7 +639,7 @@ static forge_status forge__slide(forge_session *s) {
         memcpy(s->io.mapped, &p, sizeof p);
         forge__recording rc = {0};
         forge__shift_args args = {s, (uint32_t)keep, (uint32_t)d};
-        st = forge__record(s->m, s->cmd_pool, false, forge__record_shift_fn, &args, &rc, &s->err);
+        st = forge__record(s->m, s->cmd_pool, false, forge__record_shift_fn, &args, &rc, NULL, &s->err);
         if (!st) st = forge__submit_wait(&s->m->dev, rc.cb, s->fence, &s->err);
         forge__recording_free(&s->m->dev, s->cmd_pool, &rc);
         memmove(s->history + keep, s->history + keep + d, 4ull * (size_t)rest);
@@ -711,7 +733,7 @@ static forge_status forge__session_init(forge_session *s, const forge__session_p
     s->blocks = (forge__buffer *)forge__arena_alloc(&s->arena, sizeof *s->blocks * (size_t)s->n_blocks, 16);
     if (!s->blocks) return forge__fail(&s->err, FORGE_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int b = 0; b < s->n_blocks; b++)
-        if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, false, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
+        if ((st = forge__buffer_create(d, s->pack.block_sizes[b], d->caps.mem_device, m->host_products, &s->mem, &m->mem_total, &s->blocks[b], &s->err)))
             return forge__wrap(&s->err, st, "allocating session block %d of %d", b + 1, s->n_blocks);
     forge__range *dst[FORGE__SB_COUNT] = {
         [FORGE__SB_X] = &s->x, [FORGE__SB_XN] = &s->xn, [FORGE__SB_QKV] = &s->qkv, [FORGE__SB_ATT] = &s->att,

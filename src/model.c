@@ -177,6 +177,12 @@ struct forge_model {
     /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;
+    /* One-token products on the host, in C over the mapped buffers (src/host.c): CPU devices,
+     * products of host_min_bytes of weights or more (FORGE__HOST_MIN_BYTES). Set at load;
+     * tests switch it off or lower the bound. The pool starts with the first such recording. */
+    bool host_products;
+    uint64_t host_min_bytes;
+    forge__host_pool host_pool;   /* started under pipe_lock */
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */
     /* The tokens as bytes and their trie, for constraints (grammar.c's forge__vocab, one block
      * freed with free()); built on first use, under vocab_lock (the model is shared). */

@@ -681,6 +681,10 @@ typedef struct forge__rec {
     bool fenced;                   /* a barrier and nothing after it yet: another one would be redundant */
     forge_status st;
     forge__err *err;
+    /* CPU devices: takes a dispatch that runs on the host instead (src/host.c, forge__host_take)
+     * and returns true; NULL: every dispatch is recorded */
+    bool (*host_take)(struct forge__rec *r, forge__op op, const forge__range *binds, const void *push);
+    void *host_ctx;
 } forge__rec;
 
 static forge__pipeline *forge__get_pipeline(forge__rec *r, forge__op op) {
@@ -708,9 +712,46 @@ static void forge__grid(uint64_t groups, uint32_t *gx, uint32_t *gy) {
     *gy = (uint32_t)((groups + *gx - 1) / *gx);
 }
 
+/* Profiling: what dispatch n_dispatches - 1 was (its op and product shape) and a timestamp after
+ * it at `stage`. */
+static void forge__note_dispatch(forge__rec *r, forge__op op, const void *push, uint32_t gz, VkPipelineStageFlagBits stage) {
+    if (!r->qpool) return;
+    r->ops[r->n_dispatches - 1] = (uint16_t)op;
+    forge__mat_work *w = &r->shapes[r->n_dispatches - 1];
+    if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
+        const forge__pc_linear *pl = (const forge__pc_linear *)push;
+        forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
+                      : op >= FORGE__OP_MATVEC_SG_PAIR ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_PAIR)
+                      : op >= FORGE__OP_MATVEC_SG_POST ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_POST)
+                      : op >= FORGE__OP_MATMUL_CM_BACK ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_BACK)
+                      : op >= FORGE__OP_MATMUL_CM_MOE ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_MOE)
+                      : op == FORGE__OP_MATMUL_CM_S ? FORGE__W_F16
+                                                    : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
+        /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
+        uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
+        /* expert products (the shape is one expert's): decode reads the expert of each pair
+         * (workgroup z); prefill's grouped product every expert of the chunk that has pairs
+         * (at most the pairs) */
+        uint32_t M = pl->M, mats = 1;
+        if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
+        else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
+        *w = (forge__mat_work){rows, pl->K, M, forge__bits16(f, pl->qbits, pl->qgroup), mats};
+    } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes, and the experts' (every expert of the chunk, at most the pairs) */
+        const forge__pc_back *pb = (const forge__pc_back *)push;
+        uint32_t mats = op >= FORGE__OP_MATMUL_BACK_MOE ? FORGE__MIN(pb->n_exp, pb->M) : 1;
+        *w = (forge__mat_work){pb->N, pb->K, pb->M,
+                               forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), mats};
+    } else if (op >= FORGE__OP_GEMM && op < FORGE__OP_GEMM_RANK + 6 && !((const forge__pc_gemm *)push)->reduce) { /* the low-rank products: no weight (bits16 0), keyed M x N x K */
+        const forge__pc_gemm *pg = (const forge__pc_gemm *)push;
+        *w = (forge__mat_work){pg->N, pg->K, pg->M, 0, 0};
+    }
+    r->dev->vk.vkCmdWriteTimestamp(r->cb, stage, r->qpool, r->n_dispatches);
+}
+
 static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *binds, const void *push, uint32_t gx,
                             uint32_t gy, uint32_t gz) {
     if (r->st) return;
+    if (r->host_take && r->host_take(r, op, binds, push)) return; /* a product run on the host (src/host.c) */
     const forge__op_desc *desc = &forge__ops[op];
     forge__pipeline *p = forge__get_pipeline(r, op);
     if (!p) return;
@@ -741,38 +782,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
     r->fenced = false;
-    if (r->qpool) {
-        r->ops[r->n_dispatches - 1] = (uint16_t)op;
-        forge__mat_work *w = &r->shapes[r->n_dispatches - 1];
-        if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
-            const forge__pc_linear *pl = (const forge__pc_linear *)push;
-            forge__wfmt f = op >= FORGE__OP_MATVEC_Q8A ? ((op - FORGE__OP_MATVEC_Q8A) & 4 ? FORGE__W_Q8_0 : FORGE__W_Q4_0)
-                          : op >= FORGE__OP_MATVEC_SG_PAIR ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_PAIR)
-                          : op >= FORGE__OP_MATVEC_SG_POST ? (forge__wfmt)(op - FORGE__OP_MATVEC_SG_POST)
-                          : op >= FORGE__OP_MATMUL_CM_BACK ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_BACK)
-                          : op >= FORGE__OP_MATMUL_CM_MOE ? (forge__wfmt)(op - FORGE__OP_MATMUL_CM_MOE)
-                          : op == FORGE__OP_MATMUL_CM_S ? FORGE__W_F16
-                                                        : (forge__wfmt)((op - FORGE__OP_MATVEC) % FORGE__W_COUNT);
-            /* a gated product's N counts outputs, each from two rows (gate and up) of the weight */
-            uint32_t rows = pl->flags & FORGE__LINEAR_GATED ? 2 * pl->N : pl->N;
-            /* expert products (the shape is one expert's): decode reads the expert of each pair
-             * (workgroup z); prefill's grouped product every expert of the chunk that has pairs
-             * (at most the pairs) */
-            uint32_t M = pl->M, mats = 1;
-            if (pl->flags & FORGE__LINEAR_EXPERTS) M = mats = gz;
-            else if (op >= FORGE__OP_MATMUL_MOE && op < FORGE__OP_MATMUL_MOE_S + FORGE__W_COUNT) mats = FORGE__MIN(pl->n_exp, pl->M);
-            *w = (forge__mat_work){rows, pl->K, M, forge__bits16(f, pl->qbits, pl->qgroup), mats};
-        } else if (op >= FORGE__OP_MATMUL_BACK && op < FORGE__OP_GEMM) { /* both tile sizes, and the experts' (every expert of the chunk, at most the pairs) */
-            const forge__pc_back *pb = (const forge__pc_back *)push;
-            uint32_t mats = op >= FORGE__OP_MATMUL_BACK_MOE ? FORGE__MIN(pb->n_exp, pb->M) : 1;
-            *w = (forge__mat_work){pb->N, pb->K, pb->M,
-                                   forge__bits16((forge__wfmt)((op - FORGE__OP_MATMUL_BACK) % FORGE__W_COUNT), pb->qbits, pb->qgroup), mats};
-        } else if (op >= FORGE__OP_GEMM && op < FORGE__OP_GEMM_RANK + 6 && !((const forge__pc_gemm *)push)->reduce) { /* the low-rank products: no weight (bits16 0), keyed M x N x K */
-            const forge__pc_gemm *pg = (const forge__pc_gemm *)push;
-            *w = (forge__mat_work){pg->N, pg->K, pg->M, 0, 0};
-        }
-        r->dev->vk.vkCmdWriteTimestamp(r->cb, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
-    }
+    forge__note_dispatch(r, op, push, gz, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT);
 }
 
 /* Makes every earlier shader write visible to later shader reads and writes. */

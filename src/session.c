@@ -21,6 +21,7 @@ typedef struct forge__recording {
     uint16_t *ops;                             /* profiling: op per dispatch (malloc'd) */
     forge__mat_work *shapes;                   /* profiling: matrix product per dispatch (malloc'd) */
     uint32_t n_dispatches;
+    forge__host_seq host;                      /* CPU devices: the products run on the host, and the command buffers between */
 } forge__recording;
 
 /* The step inputs the kernels read (params buffer, binding 0 of rope, attention and the

@@ -1083,7 +1083,7 @@ static forge_status forge__trainer_init(forge_trainer *tr) {
     }
     if ((st = forge__train_zero(tr, zero, nz))) return st;
     if ((st = forge__train_init_params(tr))) return st;
-    return forge__record(m, tr->cmd_pool, tr->profile, forge__record_opt_fn, tr, &tr->opt_rec, &tr->err);
+    return forge__record(m, tr->cmd_pool, tr->profile, forge__record_opt_fn, tr, &tr->opt_rec, NULL, &tr->err);
 }
 
 FORGE_API forge_status forge_trainer_create(forge_model *m, const forge_train_params *params, forge_trainer **out) {
@@ -1200,7 +1200,7 @@ static forge_status forge__train_run(forge_trainer *tr, uint32_t B, uint32_t T, 
     if (!rc) {
         rc = forge__recording_slot(d, tr->cmd_pool, tr->rec, FORGE__TRAIN_RECORDINGS);
         forge__train_args args = {tr, B, T, step};
-        if ((st = forge__record(tr->m, tr->cmd_pool, tr->profile, forge__record_train_fn, &args, rc, &tr->err))) return st;
+        if ((st = forge__record(tr->m, tr->cmd_pool, tr->profile, forge__record_train_fn, &args, rc, NULL, &tr->err))) return st;
         rc->n_tokens = B;
         rc->out_row0 = T;
         rc->mode = (uint32_t)step;

@@ -1476,6 +1476,23 @@ int ft_model_set_act_q8(forge_model *m, int on) {
 }
 
 void ft_model_set_q8_chain(forge_model *m, int on) { m->q8_chain = on != 0; }
+int ft_model_set_host_products(forge_model *m, int on, uint64_t min_bytes) {
+    if (on && !(m->dev.caps.type == FORGE_DEVICE_CPU && m->dev.caps.uma)) return 0;
+    m->host_products = on != 0;
+    m->host_min_bytes = min_bytes;
+    return 1;
+}
+int ft_session_host_ops(const forge_session *s) {
+    int n = 0;
+    for (int i = 0; i < FORGE__RECORDINGS; i++) n += (int)s->rec[i].host.n_ops;
+    return n;
+}
+int ft_host_dot(int fmt, const uint8_t *w, const float *x, uint32_t K, float *plain, float *fast) {
+    *plain = forge__host_dot_plain((forge__wfmt)fmt, w, x, K);
+    forge__host_dot_fn f = forge__host_dot_choose();
+    *fast = f((forge__wfmt)fmt, w, x, K);
+    return f != forge__host_dot_plain;
+}
 void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows) { m->pairs_min_rows = min_rows; }
 
 void ft_model_set_back_cm(forge_model *m, int on) { m->back_cm = on != 0; }
@@ -1671,7 +1688,7 @@ forge_status ft_session_kv(forge_session *s, int layer, int v, int row0, int n, 
     ft_kv_args a = {(v ? s->vc : s->kc)[layer], {b.buf, 0, b.size}, row * (uint64_t)n};
     a.src.offset += row * (uint64_t)row0;
     forge__recording rc = {0};
-    st = forge__record(s->m, s->cmd_pool, false, ft_kv_copy_fn, &a, &rc, &s->err);
+    st = forge__record(s->m, s->cmd_pool, false, ft_kv_copy_fn, &a, &rc, NULL, &s->err);
     if (!st) st = forge__submit_wait(d, rc.cb, s->fence, &s->err);
     forge__recording_free(d, s->cmd_pool, &rc);
     if (!st && s->kv != FORGE_KV_F32)

@@ -290,6 +290,16 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* One token's layers as a chain of int8 products quantizing their outputs for the next (1, the
  * default) or an act_q8 dispatch before each product (0), for the sessions created after the call. */
 void ft_model_set_q8_chain(forge_model *m, int on);
+/* One-token products on the host (src/host.c) for weights of min_bytes or more (1), or every
+ * product on the device's kernels (0), for the sessions created after the call; returns 0 (and
+ * changes nothing) where the device is not a CPU device. */
+int ft_model_set_host_products(forge_model *m, int on, uint64_t min_bytes);
+/* The products the session's recordings run on the host. */
+int ft_session_host_ops(const forge_session *s);
+/* One row's dot product in weight format `fmt` (forge__wfmt: 0 F32, 1 F16, 2 BF16, 3 Q4_0,
+ * 4 Q8_0) by the portable code and by the one chosen for this CPU; returns whether they differ
+ * (1: the CPU has AVX2, FMA and F16C). */
+int ft_host_dot(int fmt, const uint8_t *w, const float *x, uint32_t K, float *plain, float *fast);
 /* One-token products with at least min_rows weight rows (gated: two an output) two outputs a
  * subgroup (matvec_sg_pair, and gated matvec_q8a_pair; 0: never), for the sessions created after
  * the call. */

@@ -220,6 +220,42 @@ TEST(ParityPairs, OneTokenProductsTwoOutputsASubgroup) {
     }
 }
 
+/* One-token products on the host (src/host.c, CPU devices' default for weights of 256 KiB and
+ * more), switched on here for every product: F32, BF16 and Q8_0 / Q4_0 weights, biases (Qwen 2),
+ * soft-capped logits and GELU (Gemma 2), gated SiLU, fused norms: the prefill-then-decode logits
+ * against HF's at the same 1e-4, and the products really ran on the host. */
+TEST(ParityHost, OneTokenProductsOnTheHost) {
+    for (const char *name : {"llama3_f32_untied", "llama3_bf16_tied", "qwen2_f32_tied", "gemma2_f32", "mistral_v03_bf16",
+                             "gguf/qwen3_5_text_q8_0", "gguf/qwen3_5_text_q4_0"}) {
+        SCOPED_TRACE(name);
+        Fixture fx = read_fixture(fixture_path(name));
+        ASSERT_FALSE(fx.seqs.empty());
+        const Sequence &q = fx.seqs.back();
+        const std::vector<float> &ref = fx.bf16 ? q.logits_f64 : q.logits;
+        bool gguf = !strncmp(name, "gguf/", 5);
+        forge_model *m = ft::load(fixture_path(name) + (gguf ? ".gguf" : ""));
+        ASSERT_NE(m, nullptr);
+        if (!ft_model_set_host_products(m, 1, 0)) {
+            forge_model_free(m);
+            GTEST_SKIP() << "host products run on CPU devices only";
+        }
+        forge_session_params sp = forge_session_default_params();
+        sp.n_ctx = 256;
+        forge_session *s = ft::session(m, sp);
+        ASSERT_NE(s, nullptr);
+        int V = fx.n_vocab, n = (int)q.tokens.size();
+        std::vector<float> got;
+        ASSERT_NO_FATAL_FAILURE(prefill_then_decode(s, q, V, 8, got));
+        expect_close(std::string(name) + " prefill+decode, host products", got.data(), ref.data(), n, V, 1e-4, 0);
+        forge_model_info info = ft::sized<forge_model_info>();
+        ASSERT_EQ(forge_model_get_info(m, &info), FORGE_OK);
+        /* the decode step's recording: at least a product a layer and the head's */
+        EXPECT_GE(ft_session_host_ops(s), info.n_layers + 1);
+        forge_session_free(s);
+        forge_model_free(m);
+    }
+}
+
 /* HF's own greedy generate (with its cache: for Qwen 3.5 the chunked prefill, then the recurrent
  * decode step) from each sequence, where the fixture records one: forge_generate_tokens gives the
  * same tokens. */

@@ -463,6 +463,111 @@ TEST_P(Int8Activations, DecodeMatchesLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q4_0"));
 
+class HostProducts : public ::testing::TestWithParam<std::string> {};
+
+/* One-token products on the host (src/host.c, a CPU device's default for weights of 256 KiB and
+ * more), switched on here for every product of the fixture's F32 / Q8_0 / Q4_0 weights: every
+ * token evaluated alone, the logits against the fixture's references as strictly as the
+ * kernels' (QuantFixture), and against the kernels' own one-token logits within 1e-5. */
+TEST_P(HostProducts, OneTokenMatchesTheKernels) {
+    QuantFile q;
+    ASSERT_NO_FATAL_FAILURE(open_quant_file(GetParam(), q));
+    if (!ft_model_set_host_products(q.m, 1, 0)) GTEST_SKIP() << "host products run on CPU devices only";
+    std::vector<float> logits[2];
+    for (int host = 1; host >= 0; host--) {
+        ft_model_set_host_products(q.m, host, 0);
+        forge_session *s = nullptr;
+        ASSERT_EQ(forge_session_create(q.m, nullptr, &s), FORGE_OK);
+        for (int seq = 0; seq < 2; seq++) {
+            std::vector<int32_t> toks = q.sequence(seq);
+            std::vector<float> got(toks.size() * QUANT_VOCAB);
+            ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+            for (size_t i = 0; i < toks.size(); i++)
+                ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
+            if (host) check_against_refs(q, GetParam() + " host products", seq, got, false);
+            logits[host].insert(logits[host].end(), got.begin(), got.end());
+        }
+        /* each recording of a token: every layer's four products (q|k|v, o, gate|up, down) and the head's */
+        if (host) EXPECT_TRUE(ft_session_host_ops(s) > 0 && ft_session_host_ops(s) % (2 * 4 + 1) == 0) << ft_session_host_ops(s);
+        else EXPECT_EQ(ft_session_host_ops(s), 0);
+        forge_session_free(s);
+    }
+    double err = ft::rel_err(logits[1].data(), logits[0].data(), logits[0].size());
+    printf("  host products vs the kernels: max|d|/max|ref| = %.2e\n", err);
+    EXPECT_LE(err, 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaCpp, HostProducts, ::testing::Values("f32", "q8_0", "q4_0"));
+
+/* The host products' dot products: the portable form and the one this CPU runs (AVX2 + FMA +
+ * F16C where it has them) on random rows of every format, against a double sum of the same
+ * dequantized weights; K leaves a tail past the vector loops for the plain formats. */
+TEST(HostProducts, DotFormsAgree) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int fmt = 0; fmt <= 4; fmt++) {
+        SCOPED_TRACE(fmt);
+        uint32_t K = fmt >= 3 ? 1024 : 1003;
+        std::vector<float> x(K), wf(K);
+        for (float &v : x) v = u(rng);
+        std::vector<uint8_t> w;
+        auto half = [](float f) { return ft_f32_to_f16(f); };
+        if (fmt == 0) {
+            for (float &v : wf) v = u(rng);
+            w.resize(4 * K);
+            memcpy(w.data(), wf.data(), 4 * K);
+        } else if (fmt == 1 || fmt == 2) {
+            for (uint32_t k = 0; k < K; k++) {
+                float v = u(rng);
+                uint16_t h;
+                if (fmt == 1) {
+                    h = half(v);
+                    wf[k] = ft_f16_to_f32(h);
+                } else {
+                    uint32_t b;
+                    memcpy(&b, &v, 4);
+                    h = (uint16_t)(b >> 16);
+                    b = (uint32_t)h << 16;
+                    memcpy(&wf[k], &b, 4);
+                }
+                w.push_back((uint8_t)h);
+                w.push_back((uint8_t)(h >> 8));
+            }
+        } else {
+            for (uint32_t b = 0; b < K / 32; b++) {
+                uint16_t d = half(0.01f + 0.1f * (u(rng) + 1.0f));
+                float df = ft_f16_to_f32(d);
+                w.push_back((uint8_t)d);
+                w.push_back((uint8_t)(d >> 8));
+                if (fmt == 3) {
+                    for (int j = 0; j < 16; j++) {
+                        uint8_t byte = (uint8_t)(rng() & 255);
+                        w.push_back(byte);
+                        wf[32 * b + j] = df * (float)((byte & 15) - 8);
+                        wf[32 * b + 16 + j] = df * (float)((byte >> 4) - 8);
+                    }
+                } else {
+                    for (int j = 0; j < 32; j++) {
+                        int8_t q = (int8_t)(rng() & 255);
+                        w.push_back((uint8_t)q);
+                        wf[32 * b + j] = df * (float)q;
+                    }
+                }
+            }
+        }
+        double want = 0, scale = 0;
+        for (uint32_t k = 0; k < K; k++) {
+            want += (double)wf[k] * x[k];
+            scale += fabs((double)wf[k] * x[k]);
+        }
+        float plain = 0, fast = 0;
+        int vector = ft_host_dot(fmt, w.data(), x.data(), K, &plain, &fast);
+        printf("  format %d: plain %.6f, %s %.6f, double %.6f\n", fmt, plain, vector ? "vector" : "(no vector form)", fast, want);
+        EXPECT_NEAR(plain, want, 1e-5 * scale);
+        EXPECT_NEAR(fast, want, 1e-5 * scale);
+    }
+}
+
 /* A model's prefill with its attention on the tensor cores (attention_cm.comp, the default where
  * the device has them) against the same prefill on attention_tiled, over an f16 cache and over a
  * q8_0 one (staged into f16 tiles): the fixture's 64-element heads, both sequences' logits (12
