@@ -49,7 +49,7 @@
 #include "src/tokenizer.c"  /* tokenizer.json and GGUF vocabularies: encode, decode */
 #include "src/device.c"     /* Vulkan instance, device choice, capabilities, buffers */
 #include "src/ops.c"        /* the op table (one row per kernel), pipelines, dispatch recording */
-#include "src/host.c"       /* CPU devices: one-token products run in C between submissions, the worker pool */
+#include "src/host.c"       /* CPU devices: products run in C between submissions (f32 or int8 activations), the worker pool */
 #include "src/model.c"      /* struct forge_model: weights by role, validation, the upload plan */
 #include "src/session.c"    /* struct forge_session: the KV cache and activations, planned */
 #include "src/forward.c"    /* recording a layer and the whole forward pass */

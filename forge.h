@@ -218,7 +218,8 @@ typedef struct forge_model_params {
                                     * step's products of Q4_0 / Q8_0 weights take activations
                                     * rounded to 8 bits a block of 32, as llama.cpp's quantized
                                     * products do (logits within llama.cpp's own distance from the
-                                    * exact ones). CPU devices (lavapipe) are always exact.
+                                    * exact ones); on CPU devices (lavapipe), where those
+                                    * products run on the host, so do a prompt's.
                                     * Sessions of an exact model keep an f32 KV cache unless
                                     * asked otherwise (forge_session_params.kv_type). */
     /* A LoRA adapter to apply (go-mlx's WithAdapterPath): a directory holding a PEFT adapter
@@ -581,7 +582,8 @@ FORGE_API forge_status forge_session_keys(forge_session *session, int layer, flo
  * product, one expert's), {"calls", "ms", "rows" (the rows of activations multiplied, summed
  * over the calls), "gb_s" (the weights' bytes read per second: an expert product reads one
  * expert per chosen (token, expert) pair in decode, every expert with tokens in prefill),
- * "tflop_s" (2 N K rows per second, in 1e12)}, ...}, into `out` (capacity
+ * "tflop_s" (2 N K rows per second, in 1e12)}, ...}; a product that ran on the host (CPU
+ * devices: its time and its submission's) as "host kernel" and "host kernel NxK", into `out` (capacity
  * bytes, NUL-terminated); *len gets the length. FORGE_ERR_BUFFER_TOO_SMALL when it does not
  * fit. Empty ("{}") when the device has no timestamps or profiling is off. */
 FORGE_API forge_status forge_session_profile(const forge_session *session, char *out, size_t capacity, size_t *len);

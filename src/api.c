@@ -274,6 +274,7 @@ static forge_status forge__model_load_impl(forge_model *m, const char *path, con
     m->attn_subgroups = forge__runs_attn_decode(&m->dev.caps);
     m->host_products = m->dev.caps.type == FORGE_DEVICE_CPU && m->dev.caps.uma;
     m->host_min_bytes = FORGE__HOST_MIN_BYTES;
+    m->host_q8 = m->host_products && !m->exact;
     pthread_mutex_init(&m->pipe_lock, NULL);
     forge__log(&m->log, FORGE_LOG_INFO, "device: %s (%s)", m->dev.info.name, m->dev.info.driver);
     forge__loader L;

@@ -32,7 +32,7 @@ static forge_status forge__record(forge_model *m, VkCommandPool cmd_pool, bool p
                                   const forge__host_bufs *host, forge__err *err) {
     forge__device *d = &m->dev;
     forge__rec r = forge__rec_counting(m, err);
-    forge__host_rec hr = {.seq = &slot->host, .pool = cmd_pool, .min_bytes = m->host_min_bytes};
+    forge__host_rec hr = {.seq = &slot->host, .pool = cmd_pool, .min_bytes = m->host_min_bytes, .q8 = m->host_q8};
     if (host) {
         hr.bufs = *host;
         r.host_take = forge__host_take;
@@ -290,27 +290,30 @@ static forge_status forge__profile_json(const forge__profile *pf, char *out, siz
     int first = 1;
 #define FORGE__PJ(...) do { int k_ = snprintf(out && o < capacity ? out + o : NULL, out && o < capacity ? capacity - o : 0, __VA_ARGS__); \
                             if (k_ > 0) o += (size_t)k_; } while (0)
+    /* an entry's name, two %s: "host " for a product run on the host, and its kernel's */
+#define FORGE__PROF_NAME(i) (i) >= FORGE__OP_COUNT ? "host " : "", forge__ops[(i) % FORGE__OP_COUNT].name
     FORGE__PJ("{");
-    for (int i = 0; i < FORGE__OP_COUNT; i++) {
+    for (int i = 0; i < 2 * FORGE__OP_COUNT; i++) {
         if (!pf->calls[i]) continue;
-        FORGE__PJ("%s\"%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", forge__ops[i].name, (unsigned long long)pf->calls[i], pf->ms[i]);
+        FORGE__PJ("%s\"%s%s\": {\"calls\": %llu, \"ms\": %.3f}", first ? "" : ", ", FORGE__PROF_NAME(i), (unsigned long long)pf->calls[i], pf->ms[i]);
         first = 0;
     }
     for (int i = 0; i < pf->n_shapes; i++) {
         const struct forge__prof_shape *sh = &pf->shape[i];
         double sec = sh->ms > 0 ? sh->ms * 1e-3 : 1e-30, nk = (double)sh->N * (double)sh->K;
         if (sh->M) { /* gemm.comp: M x N x K, no weight read */
-            FORGE__PJ("%s\"%s %ux%ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"tflop_s\": %.2f}", first ? "" : ", ", forge__ops[sh->op].name, sh->M, sh->N,
+            FORGE__PJ("%s\"%s%s %ux%ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"tflop_s\": %.2f}", first ? "" : ", ", FORGE__PROF_NAME(sh->op), sh->M, sh->N,
                       sh->K, (unsigned long long)sh->calls, sh->ms, 2.0 * nk * (double)sh->rows / sec * 1e-12);
             first = 0;
             continue;
         }
-        FORGE__PJ("%s\"%s %ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"rows\": %llu, \"gb_s\": %.1f, \"tflop_s\": %.2f}", first ? "" : ", ",
-                  forge__ops[sh->op].name, sh->N, sh->K, (unsigned long long)sh->calls, sh->ms, (unsigned long long)sh->rows,
+        FORGE__PJ("%s\"%s%s %ux%u\": {\"calls\": %llu, \"ms\": %.3f, \"rows\": %llu, \"gb_s\": %.1f, \"tflop_s\": %.2f}", first ? "" : ", ",
+                  FORGE__PROF_NAME(sh->op), sh->N, sh->K, (unsigned long long)sh->calls, sh->ms, (unsigned long long)sh->rows,
                   nk * sh->bits16 / 128.0 * (double)sh->mats / sec * 1e-9, 2.0 * nk * (double)sh->rows / sec * 1e-12);
         first = 0;
     }
     FORGE__PJ("}");
+#undef FORGE__PROF_NAME
 #undef FORGE__PJ
     *len = o;
     return out && capacity > o ? FORGE_OK : FORGE_ERR_BUFFER_TOO_SMALL;

@@ -289,7 +289,7 @@ static void forge__linear(const forge__pass *p, const forge__weight *w, forge__r
         uint32_t splits = 1;
         forge__range part = forge__apart(p->split_part, y) && forge__apart(p->split_part, x) ? p->split_part
                           : forge__apart(p->split_alt, y) && forge__apart(p->split_alt, x) ? p->split_alt : (forge__range){0};
-        if (part.buf && !gated && tiles < 256 && w->cols >= 128) { /* a few rows: split k to fill the device */
+        if (part.buf && !gated && tiles < 256 && w->cols >= 128 && !forge__host_takes(p->r, plain, &pc)) { /* a few rows: split k to fill the device */
             splits = (uint32_t)FORGE__MIN(FORGE__MIN((uint64_t)8, (256 + tiles - 1) / tiles), w->cols / 64);
             while (splits > 1 && 4ull * splits * M * outs > part.size) splits--;
         }

@@ -157,8 +157,8 @@ struct forge_model {
     bool sample_on_host;
     /* Decode products of Q4_0 and Q8_0 weights on int8 activations (act_q8 + matvec_q8a):
      * GPUs with integer dot products, unless `exact` (the activations are rounded to 8 bits a
-     * block, as llama.cpp's quantized products round them). Not on CPU devices, whose f32
-     * path is the one the parity tests hold at 1e-4. Set at load; tests may switch it. */
+     * block, as llama.cpp's quantized products round them). Not on CPU devices, where the
+     * host's products round them instead (host_q8). Set at load; tests may switch it. */
     bool act_q8;
     /* ... and one token's layers as a chain of such products, each quantizing its output for the
      * next (forge__q8_chain). Set at load; tests switch it off to compare the two. */
@@ -177,10 +177,12 @@ struct forge_model {
     /* The decode attention on subgroups (attention_decode.comp) where the device has subgroup
      * arithmetic at a width of 4 to 64; else attention_split.comp. Set at load; tests may switch it. */
     bool attn_subgroups;
-    /* One-token products on the host, in C over the mapped buffers (src/host.c): CPU devices,
-     * products of host_min_bytes of weights or more (FORGE__HOST_MIN_BYTES). Set at load;
-     * tests switch it off or lower the bound. The pool starts with the first such recording. */
-    bool host_products;
+    /* Products on the host, in C over the mapped buffers (src/host.c): CPU devices, one
+     * token's and a prompt's products of host_min_bytes of weights or more
+     * (FORGE__HOST_MIN_BYTES); with host_q8 (unless `exact`) those of Q4_0 / Q8_0 weights on
+     * int8 activations, as act_q8 on GPUs. Set at load; tests switch them or lower the bound.
+     * The pool starts with the first such recording. */
+    bool host_products, host_q8;
     uint64_t host_min_bytes;
     forge__host_pool host_pool;   /* started under pipe_lock */
     const char *chat_template;    /* the checkpoint's Jinja chat template, NULL if none (recognition only) */

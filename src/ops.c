@@ -676,9 +676,10 @@ typedef struct forge__rec {
     bool counting;
     uint32_t n_descriptors, n_dispatches;   /* one descriptor set per dispatch */
     VkQueryPool qpool;             /* profiling: a timestamp after each dispatch */
-    uint16_t *ops;                 /* profiling: the op of each dispatch, in order */
+    uint16_t *ops;                 /* profiling: the op of each dispatch, in order (+ FORGE__OP_COUNT: run on the host) */
     forge__mat_work *shapes;       /* profiling: each dispatch's matrix product (N 0: none) */
     bool fenced;                   /* a barrier and nothing after it yet: another one would be redundant */
+    uint32_t n_copies;             /* copies recorded (src/host.c: whether anything ran since its last product) */
     forge_status st;
     forge__err *err;
     /* CPU devices: takes a dispatch that runs on the host instead (src/host.c, forge__host_take)
@@ -714,9 +715,9 @@ static void forge__grid(uint64_t groups, uint32_t *gx, uint32_t *gy) {
 
 /* Profiling: what dispatch n_dispatches - 1 was (its op and product shape) and a timestamp after
  * it at `stage`. */
-static void forge__note_dispatch(forge__rec *r, forge__op op, const void *push, uint32_t gz, VkPipelineStageFlagBits stage) {
+static void forge__note_dispatch(forge__rec *r, forge__op op, const void *push, uint32_t gz, bool on_host) {
     if (!r->qpool) return;
-    r->ops[r->n_dispatches - 1] = (uint16_t)op;
+    r->ops[r->n_dispatches - 1] = (uint16_t)(op + (on_host ? FORGE__OP_COUNT : 0));
     forge__mat_work *w = &r->shapes[r->n_dispatches - 1];
     if (op >= FORGE__OP_MATVEC && op < FORGE__OP_RMSNORM) {
         const forge__pc_linear *pl = (const forge__pc_linear *)push;
@@ -745,7 +746,8 @@ static void forge__note_dispatch(forge__rec *r, forge__op op, const void *push, 
         const forge__pc_gemm *pg = (const forge__pc_gemm *)push;
         *w = (forge__mat_work){pg->N, pg->K, pg->M, 0, 0};
     }
-    r->dev->vk.vkCmdWriteTimestamp(r->cb, stage, r->qpool, r->n_dispatches);
+    /* a host product's: at the start of the command buffer after it */
+    r->dev->vk.vkCmdWriteTimestamp(r->cb, on_host ? VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT : VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, r->qpool, r->n_dispatches);
 }
 
 static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *binds, const void *push, uint32_t gx,
@@ -782,7 +784,7 @@ static void forge__dispatch(forge__rec *r, forge__op op, const forge__range *bin
     r->dev->vk.vkCmdPushConstants(r->cb, p->layout, VK_SHADER_STAGE_COMPUTE_BIT, 0, desc->push_bytes, push);
     r->dev->vk.vkCmdDispatch(r->cb, gx, gy, gz);
     r->fenced = false;
-    forge__note_dispatch(r, op, push, gz, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT);
+    forge__note_dispatch(r, op, push, gz, false);
 }
 
 /* Makes every earlier shader write visible to later shader reads and writes. */
@@ -808,6 +810,7 @@ static void forge__host_barrier(forge__rec *r) {
 static void forge__copy(forge__rec *r, forge__range src, forge__range dst, uint64_t bytes) {
     if (r->st || r->counting || !bytes) return;
     r->fenced = false;
+    r->n_copies++;
     VkBufferCopy c = {src.offset, dst.offset, bytes};
     r->dev->vk.vkCmdCopyBuffer(r->cb, src.buf, dst.buf, 1, &c);
 }

@@ -60,10 +60,11 @@ typedef enum forge__out_mode {
 #define FORGE__BATCH_MAX_SEQ 512       /* rows of batch generation's table, which fills the penalty ids' place */
 #define FORGE__LOOKUP_MAX 15           /* draft tokens of prompt lookup a step verifies (generate.c), with the drawn one 16 rows */
 
-/* Device time per kernel (and per matrix shape), summed over a session's or trainer's steps. */
+/* Device time per kernel (and per matrix shape), summed over a session's or trainer's steps;
+ * entries FORGE__OP_COUNT + op: op's products run on the host (src/host.c, "host " + its name). */
 typedef struct forge__profile {
-    double ms[FORGE__OP_COUNT];
-    uint64_t calls[FORGE__OP_COUNT];
+    double ms[2 * FORGE__OP_COUNT];
+    uint64_t calls[2 * FORGE__OP_COUNT];
     struct forge__prof_shape {
         uint16_t op;
         uint32_t N, K, bits16;            /* a matrix kernel's shape and weight format (forge__mat_work) */

@@ -1489,9 +1489,26 @@ int ft_session_host_ops(const forge_session *s) {
 }
 int ft_host_dot(int fmt, const uint8_t *w, const float *x, uint32_t K, float *plain, float *fast) {
     *plain = forge__host_dot_plain((forge__wfmt)fmt, w, x, K);
-    forge__host_dot_fn f = forge__host_dot_choose();
-    *fast = f((forge__wfmt)fmt, w, x, K);
-    return f != forge__host_dot_plain;
+    forge__host_dots d = forge__host_dots_choose();
+    *fast = d.f32((forge__wfmt)fmt, w, x, K);
+    return d.f32 != forge__host_dot_plain;
+}
+int ft_model_set_host_q8(forge_model *m, int on) {
+    if (on && !m->host_products) return 0;
+    m->host_q8 = on != 0;
+    return 1;
+}
+int ft_host_dot_q8(int fmt, const uint8_t *w, const float *x, uint32_t K, uint32_t R, float *plain, float *fast) {
+    int8_t *q = (int8_t *)malloc((size_t)R * K);
+    float *d = (float *)malloc(sizeof(float) * R * (K / 32));
+    if (!q || !d) abort();
+    forge__host_quantize(x, R, K, q, d);
+    forge__host_dot_q8_plain((forge__wfmt)fmt, w, q, d, K, R, plain);
+    forge__host_dots f = forge__host_dots_choose();
+    f.q8((forge__wfmt)fmt, w, q, d, K, R, fast);
+    free(q);
+    free(d);
+    return f.q8 != forge__host_dot_q8_plain;
 }
 void ft_model_set_matvec_pairs(forge_model *m, uint32_t min_rows) { m->pairs_min_rows = min_rows; }
 

@@ -290,16 +290,23 @@ int ft_model_set_act_q8(forge_model *m, int on);
 /* One token's layers as a chain of int8 products quantizing their outputs for the next (1, the
  * default) or an act_q8 dispatch before each product (0), for the sessions created after the call. */
 void ft_model_set_q8_chain(forge_model *m, int on);
-/* One-token products on the host (src/host.c) for weights of min_bytes or more (1), or every
- * product on the device's kernels (0), for the sessions created after the call; returns 0 (and
- * changes nothing) where the device is not a CPU device. */
+/* Products on the host (src/host.c: one token's and several rows') for weights of min_bytes or
+ * more (1), or every product on the device's kernels (0), for the sessions created after the
+ * call; returns 0 (and changes nothing) where the device is not a CPU device. */
 int ft_model_set_host_products(forge_model *m, int on, uint64_t min_bytes);
+/* The host's products of Q4_0 / Q8_0 weights on int8 activations (1, the default unless exact)
+ * or f32 ones (0), for the sessions created after the call; returns 0 where host products are off. */
+int ft_model_set_host_q8(forge_model *m, int on);
 /* The products the session's recordings run on the host. */
 int ft_session_host_ops(const forge_session *s);
 /* One row's dot product in weight format `fmt` (forge__wfmt: 0 F32, 1 F16, 2 BF16, 3 Q4_0,
  * 4 Q8_0) by the portable code and by the one chosen for this CPU; returns whether they differ
  * (1: the CPU has AVX2, FMA and F16C). */
 int ft_host_dot(int fmt, const uint8_t *w, const float *x, uint32_t K, float *plain, float *fast);
+/* A Q4_0 (3) or Q8_0 (4) weight row against R <= 4 rows x [R, K] rounded to int8 blocks, by the
+ * portable code and the one chosen for this CPU, into plain[R] and fast[R]; returns whether
+ * they differ (1: the CPU has AVX2, FMA and F16C). */
+int ft_host_dot_q8(int fmt, const uint8_t *w, const float *x, uint32_t K, uint32_t R, float *plain, float *fast);
 /* One-token products with at least min_rows weight rows (gated: two an output) two outputs a
  * subgroup (matvec_sg_pair, and gated matvec_q8a_pair; 0: never), for the sessions created after
  * the call. */

@@ -465,43 +465,90 @@ INSTANTIATE_TEST_SUITE_P(LlamaCpp, Int8Activations, ::testing::Values("q8_0", "q
 
 class HostProducts : public ::testing::TestWithParam<std::string> {};
 
-/* One-token products on the host (src/host.c, a CPU device's default for weights of 256 KiB and
- * more), switched on here for every product of the fixture's F32 / Q8_0 / Q4_0 weights: every
- * token evaluated alone, the logits against the fixture's references as strictly as the
- * kernels' (QuantFixture), and against the kernels' own one-token logits within 1e-5. */
-TEST_P(HostProducts, OneTokenMatchesTheKernels) {
+namespace {
+/* Both sequences' logits [n, 512] evaluated in steps of `step` tokens (each step's logits
+ * kept) on a new session of q.m; the products the session ran on the host in *host_ops. */
+std::vector<float> eval_in_steps(const QuantFile &q, int step, int *host_ops) {
+    std::vector<float> all;
+    forge_session *s = nullptr;
+    EXPECT_EQ(forge_session_create(q.m, nullptr, &s), FORGE_OK);
+    if (!s) return all;
+    for (int seq = 0; seq < 2; seq++) {
+        std::vector<int32_t> toks = q.sequence(seq);
+        int n = (int)toks.size();
+        std::vector<float> got((size_t)n * QUANT_VOCAB);
+        EXPECT_EQ(forge_session_truncate(s, 0), FORGE_OK);
+        for (int i = 0; i < n; i += step) {
+            int k = std::min(step, n - i);
+            EXPECT_EQ(forge_eval(s, &toks[i], k, FORGE_EVAL_ALL_LOGITS, got.data() + (size_t)i * QUANT_VOCAB, (size_t)k * QUANT_VOCAB), FORGE_OK)
+                << forge_session_errmsg(s);
+        }
+        all.insert(all.end(), got.begin(), got.end());
+    }
+    *host_ops = ft_session_host_ops(s);
+    forge_session_free(s);
+    return all;
+}
+
+/* all = both sequences' logits, checked against the fixture's references one sequence at a time */
+void check_both_against_refs(const QuantFile &q, const std::string &what, const std::vector<float> &all, bool rounded) {
+    size_t n0 = q.sequence(0).size() * QUANT_VOCAB;
+    check_against_refs(q, what, 0, std::vector<float>(all.begin(), all.begin() + n0), rounded);
+    check_against_refs(q, what, 1, std::vector<float>(all.begin() + n0, all.end()), rounded);
+}
+} // namespace
+
+/* Products on the host (src/host.c, a CPU device's default for weights of 256 KiB and more),
+ * switched on here for every product of the fixture's F32 / Q8_0 / Q4_0 weights, with f32
+ * activations and (Q8_0, Q4_0) on int8 ones, the default unless the model is exact:
+ * - one token at a time (matvec_sg's twins): f32 as strictly as the kernels (QuantFixture) and
+ *   within 1e-5 of the kernels' own one-token logits; int8 at llama.cpp's tolerance, against the
+ *   exact reference too, which they must differ from (the rounding ran);
+ * - the whole sequence in one step, and in steps of 5 (matmul's twins, several rows): against
+ *   the same references, and against the one-token host run of the same activations within
+ *   1e-5 (f32) or 1e-3 (int8: the products give a row the same sums whatever the rows, but
+ *   prefill's attention rounds apart from decode's, and a code can flip);
+ * each recording runs every layer's four products (q|k|v, o, gate|up, down) and the head's. */
+TEST_P(HostProducts, MatchTheKernels) {
     QuantFile q;
     ASSERT_NO_FATAL_FAILURE(open_quant_file(GetParam(), q));
     if (!ft_model_set_host_products(q.m, 1, 0)) GTEST_SKIP() << "host products run on CPU devices only";
-    std::vector<float> logits[2];
-    for (int host = 1; host >= 0; host--) {
-        ft_model_set_host_products(q.m, host, 0);
-        forge_session *s = nullptr;
-        ASSERT_EQ(forge_session_create(q.m, nullptr, &s), FORGE_OK);
-        for (int seq = 0; seq < 2; seq++) {
-            std::vector<int32_t> toks = q.sequence(seq);
-            std::vector<float> got(toks.size() * QUANT_VOCAB);
-            ASSERT_EQ(forge_session_truncate(s, 0), FORGE_OK);
-            for (size_t i = 0; i < toks.size(); i++)
-                ASSERT_EQ(forge_eval(s, &toks[i], 1, 0, got.data() + i * QUANT_VOCAB, QUANT_VOCAB), FORGE_OK) << forge_session_errmsg(s);
-            if (host) check_against_refs(q, GetParam() + " host products", seq, got, false);
-            logits[host].insert(logits[host].end(), got.begin(), got.end());
+    bool quantized = GetParam() != "f32";
+    double llama_tol = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetObjectItem(q.file, "refs"), "llamacpp"), 0),
+                                           "tol_rel")->valuedouble;
+    int ops = 0;
+    ft_model_set_host_products(q.m, 0, 0);
+    std::vector<float> kernels = eval_in_steps(q, 1, &ops);
+    EXPECT_EQ(ops, 0);
+    for (int q8 = 0; q8 <= (quantized ? 1 : 0); q8++) {
+        SCOPED_TRACE(q8 ? "int8 activations" : "f32 activations");
+        ft_model_set_host_products(q.m, 1, 0);
+        ASSERT_TRUE(ft_model_set_host_q8(q.m, q8));
+        std::string what = GetParam() + (q8 ? " host int8" : " host f32");
+        std::vector<float> one = eval_in_steps(q, 1, &ops);
+        EXPECT_TRUE(ops > 0 && ops % (2 * 4 + 1) == 0) << ops;
+        check_both_against_refs(q, what, one, q8);
+        double err = ft::rel_err(one.data(), kernels.data(), kernels.size());
+        printf("  %s, one token a step, vs the kernels: max|d|/max|ref| = %.2e\n", what.c_str(), err);
+        EXPECT_LE(err, q8 ? llama_tol : 1e-5);
+        for (int step : {64, 5}) {
+            SCOPED_TRACE(step);
+            std::vector<float> rows = eval_in_steps(q, step, &ops);
+            EXPECT_TRUE(ops > 0 && ops % (2 * 4 + 1) == 0) << ops;
+            check_both_against_refs(q, what + (step == 5 ? " steps of 5" : " whole prompt"), rows, q8);
+            err = ft::rel_err(rows.data(), one.data(), one.size());
+            printf("  %s, steps of %d, vs one token a step: max|d|/max|ref| = %.2e\n", what.c_str(), step, err);
+            EXPECT_LE(err, q8 ? 1e-3 : 1e-5);
         }
-        /* each recording of a token: every layer's four products (q|k|v, o, gate|up, down) and the head's */
-        if (host) EXPECT_TRUE(ft_session_host_ops(s) > 0 && ft_session_host_ops(s) % (2 * 4 + 1) == 0) << ft_session_host_ops(s);
-        else EXPECT_EQ(ft_session_host_ops(s), 0);
-        forge_session_free(s);
     }
-    double err = ft::rel_err(logits[1].data(), logits[0].data(), logits[0].size());
-    printf("  host products vs the kernels: max|d|/max|ref| = %.2e\n", err);
-    EXPECT_LE(err, 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaCpp, HostProducts, ::testing::Values("f32", "q8_0", "q4_0"));
 
 /* The host products' dot products: the portable form and the one this CPU runs (AVX2 + FMA +
  * F16C where it has them) on random rows of every format, against a double sum of the same
- * dequantized weights; K leaves a tail past the vector loops for the plain formats. */
+ * dequantized weights; K leaves a tail past the vector loops for the plain formats. Q4_0 and
+ * Q8_0 also on int8 activations, 4 rows at once and one at a time. */
 TEST(HostProducts, DotFormsAgree) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -565,6 +612,41 @@ TEST(HostProducts, DotFormsAgree) {
         printf("  format %d: plain %.6f, %s %.6f, double %.6f\n", fmt, plain, vector ? "vector" : "(no vector form)", fast, want);
         EXPECT_NEAR(plain, want, 1e-5 * scale);
         EXPECT_NEAR(fast, want, 1e-5 * scale);
+        if (fmt < 3) continue;
+        /* int8 activations: 4 rows (x, -x / 3, x^2, x rolled by 5), each rounded to int8 blocks;
+         * against a double sum of the weights times the rounded rows (recomputed here as
+         * act_q8.comp rounds), and each row's result the same alone as among 4 */
+        const uint32_t R = 4;
+        std::vector<float> xs(R * K);
+        for (uint32_t k = 0; k < K; k++) {
+            xs[k] = x[k];
+            xs[K + k] = -x[k] / 3;
+            xs[2 * K + k] = x[k] * x[k];
+            xs[3 * K + k] = x[(k + 5) % K];
+        }
+        float p4[R], f4[R];
+        ft_host_dot_q8(fmt, w.data(), xs.data(), K, R, p4, f4);
+        for (uint32_t r = 0; r < R; r++) {
+            const float *xr = xs.data() + r * K;
+            double want8 = 0, scale8 = 0;
+            for (uint32_t b = 0; b < K / 32; b++) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = std::max(amax, std::fabs(xr[32 * b + j]));
+                float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+                for (int j = 0; j < 32; j++) {
+                    double v = (double)wf[32 * b + j] * d * std::round(xr[32 * b + j] * id);
+                    want8 += v;
+                    scale8 += std::fabs(v);
+                }
+            }
+            float p1, f1;
+            ft_host_dot_q8(fmt, w.data(), xr, K, 1, &p1, &f1);
+            printf("  format %d int8 row %u: plain %.6f, fast %.6f, double %.6f\n", fmt, r, p4[r], f4[r], want8);
+            EXPECT_NEAR(p4[r], want8, 1e-5 * scale8);
+            EXPECT_NEAR(f4[r], want8, 1e-5 * scale8);
+            EXPECT_EQ(p1, p4[r]) << "row " << r;
+            EXPECT_EQ(f1, f4[r]) << "row " << r;
+        }
     }
 }
 
