@@ -713,8 +713,8 @@ static void forge__grid(uint64_t groups, uint32_t *gx, uint32_t *gy) {
     *gy = (uint32_t)((groups + *gx - 1) / *gx);
 }
 
-/* Profiling: what dispatch n_dispatches - 1 was (its op and product shape) and a timestamp after
- * it at `stage`. */
+/* Profiling: what dispatch n_dispatches - 1 was (its op and product shape, `on_host`: a product
+ * src/host.c runs) and a timestamp after it. */
 static void forge__note_dispatch(forge__rec *r, forge__op op, const void *push, uint32_t gz, bool on_host) {
     if (!r->qpool) return;
     r->ops[r->n_dispatches - 1] = (uint16_t)(op + (on_host ? FORGE__OP_COUNT : 0));

@@ -88,9 +88,9 @@ func WithDeviceIndex(i int) LoadOption { return func(c *LoadConfig) { c.DeviceIn
 // WithDeviceName picks the first Vulkan device whose name contains name.
 func WithDeviceName(name string) LoadOption { return func(c *LoadConfig) { c.DeviceName = name } }
 
-// WithExact keeps every product in f32 on GPUs (no tensor cores, no int8 activations for
-// Q4_0 / Q8_0 decode: results bit-for-bit those of the f32 kernels; CPU devices, lavapipe
-// included, are always exact).
+// WithExact keeps every product in f32 (no tensor cores, no int8 activations for Q4_0 / Q8_0
+// products: on GPUs a decode step's, on CPU devices such as lavapipe, where they run on the
+// host, a prompt's too): slower, results those of the f32 kernels.
 func WithExact() LoadOption { return func(c *LoadConfig) { c.Exact = true } }
 
 // WithParallelSlots caps how many calls run at once on the model (others wait).

@@ -441,7 +441,8 @@ class Model:
     one .safetensors file beside its config.json. `device` picks the Vulkan device: its index
     in devices() or part of its name (None: discrete, then integrated, then CPU). `adapter` is
     a LoRA adapter directory (PEFT or mlx-lm) applied beside the base weights. `exact` keeps
-    every product in f32 on GPUs (no tensor cores, no int8 activations). `vocab_only` loads the tokenizer alone (no
+    every product in f32 (no tensor cores; no int8 activations for Q4_0 / Q8_0 products, which
+    GPUs use in decode and CPU devices in decode and prefill). `vocab_only` loads the tokenizer alone (no
     device): only tokenize, detokenize and the token lookups work then. `max_device_memory`
     (bytes; 0: the device's heap) caps what the model, its sessions and trainers may use
     together: a plan over it raises OutOfMemoryError before anything is allocated.
