@@ -433,8 +433,8 @@ static uint64_t forge__host_scratch_bytes(const forge__host_op *o) {
 typedef struct forge__host_job_ctx {
     const forge__host_op *op;
     const float *x;       /* A' [M, K]: A, or PRENORM's normed row */
-    const int8_t *xq;     /* with q8: A' rounded [M, K] */
-    const float *xd;      /* ... and its blocks' scales [M, K / 32] */
+    int8_t *xq;           /* with q8: A' rounded [M, K] (forge__host_quantize_part writes it) */
+    float *xd;            /* ... and its blocks' scales [M, K / 32] */
     const forge__host_dots *dots;
 } forge__host_job_ctx;
 
@@ -442,7 +442,7 @@ typedef struct forge__host_job_ctx {
 static void forge__host_quantize_part(void *ctx, uint32_t part, uint32_t n_parts) {
     const forge__host_job_ctx *j = (const forge__host_job_ctx *)ctx;
     uint32_t M = j->op->pc.M, K = j->op->pc.K, r0 = (uint32_t)((uint64_t)M * part / n_parts), r1 = (uint32_t)((uint64_t)M * (part + 1) / n_parts);
-    forge__host_quantize(j->x + (uint64_t)r0 * K, r1 - r0, K, (int8_t *)j->xq + (uint64_t)r0 * K, (float *)j->xd + (uint64_t)r0 * (K / 32));
+    forge__host_quantize(j->x + (uint64_t)r0 * K, r1 - r0, K, j->xq + (uint64_t)r0 * K, j->xd + (uint64_t)r0 * (K / 32));
 }
 
 /* R rows from r0 of weight row `row` */
@@ -501,8 +501,8 @@ static void forge__host_op_run(const forge__host_op *o, uint8_t *scratch, forge_
         scratch += 4ull * pc->K;
     }
     if (o->q8) {
-        j.xq = (const int8_t *)scratch;
-        j.xd = (const float *)(scratch + (uint64_t)pc->M * pc->K);
+        j.xq = (int8_t *)scratch;
+        j.xd = (float *)(scratch + (uint64_t)pc->M * pc->K);
         if (pc->M == 1) forge__host_quantize_part(&j, 0, 1);
         else forge__host_pool_run(pool, forge__host_quantize_part, &j);
     }
@@ -555,8 +555,9 @@ static void *forge__host_addr(const forge__host_bufs *hb, forge__range r, uint64
 
 /* Whether dispatch (op, push) has a host twin: matvec_sg's one token (its fused norm and gated
  * pairs too) or matmul's rows (plain, _big, _s tiles; bias, accumulate, soft-cap), in a format
- * the twin reads, of at least min_bytes of weights; its format in *fmt. */
-static bool forge__host_twin(forge__op op, const void *push, uint64_t min_bytes, forge__wfmt *fmt) {
+ * the twin reads, of at least min_bytes of weights; its format in *fmt and its weight bytes in
+ * *wbytes. */
+static bool forge__host_twin(forge__op op, const void *push, uint64_t min_bytes, forge__wfmt *fmt, uint64_t *wbytes) {
     const forge__pc_linear *pc = (const forge__pc_linear *)push;
     uint32_t allowed = FORGE__LINEAR_BIAS | FORGE__LINEAR_ACCUMULATE | FORGE__LINEAR_SOFTCAP;
     forge__op base;
@@ -578,7 +579,8 @@ static bool forge__host_twin(forge__op op, const void *push, uint64_t min_bytes,
     if ((f == FORGE__W_Q4_0 || f == FORGE__W_Q8_0) && pc->K % 32) return false;
     uint64_t rows = pc->flags & FORGE__LINEAR_GATED ? 2ull * pc->N : pc->N;
     *fmt = f;
-    return rows * forge__host_row_bytes(f, pc->K) >= min_bytes;
+    *wbytes = rows * forge__host_row_bytes(f, pc->K);
+    return *wbytes >= min_bytes;
 }
 
 /* The twin of dispatch (op, binds, push) with host addresses; false where it has none or a
@@ -586,9 +588,9 @@ static bool forge__host_twin(forge__op op, const void *push, uint64_t min_bytes,
 static bool forge__host_op_of(const forge__host_bufs *hb, uint64_t min_bytes, bool q8, forge__op op, const forge__range *binds, const void *push,
                               forge__host_op *out) {
     forge__wfmt f;
-    if (!forge__host_twin(op, push, min_bytes, &f)) return false;
+    uint64_t wbytes;
+    if (!forge__host_twin(op, push, min_bytes, &f, &wbytes)) return false;
     const forge__pc_linear *pc = (const forge__pc_linear *)push;
-    uint64_t rows = pc->flags & FORGE__LINEAR_GATED ? 2ull * pc->N : pc->N, wbytes = rows * forge__host_row_bytes(f, pc->K);
     memset(out, 0, sizeof *out);
     out->fmt = f;
     out->pc = *pc;
@@ -696,5 +698,6 @@ static bool forge__host_take(forge__rec *r, forge__op op, const forge__range *bi
  * not run as a kernel skip the kernel's own arrangements (matmul's split along k). */
 static bool forge__host_takes(const forge__rec *r, forge__op op, const void *push) {
     forge__wfmt f;
-    return r->host_take == forge__host_take && forge__host_twin(op, push, ((const forge__host_rec *)r->host_ctx)->min_bytes, &f);
+    uint64_t wbytes;
+    return r->host_take == forge__host_take && forge__host_twin(op, push, ((const forge__host_rec *)r->host_ctx)->min_bytes, &f, &wbytes);
 }
